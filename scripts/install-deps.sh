@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the build and the VM test harness need.
+# Idempotent: skips apt entirely when everything is already present.
+set -euo pipefail
+pkgs=(qemu-system-x86 linux-image-amd64 busybox-static e2fsprogs xfsprogs cpio kmod
+      runc libseccomp2 thin-provisioning-tools dmsetup gcc make)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
