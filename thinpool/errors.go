@@ -1,0 +1,32 @@
+package thinpool
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Typed errors. Callers match them with errors.Is; the returned errors wrap
+// them with the pool, the device or thin id and the operation.
+var (
+	// ErrPoolFull means the pool cannot allocate: its data or its metadata
+	// space is exhausted. ErrDataFull and ErrMetadataFull both match it.
+	ErrPoolFull = errors.New("thin pool full")
+	// ErrDataFull means the pool's data device has no free block (the pool
+	// is in out_of_data_space mode, or the kernel answered ENOSPC).
+	ErrDataFull = fmt.Errorf("data space exhausted: %w", ErrPoolFull)
+	// ErrMetadataFull means the pool's metadata device has no free block
+	// (the pool went read-only for lack of metadata space).
+	ErrMetadataFull = fmt.Errorf("metadata space exhausted: %w", ErrPoolFull)
+	// ErrNotFound means the thin id is not in the pool's metadata, or the
+	// named device-mapper device does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrExists means the thin id or the device-mapper name is already taken.
+	ErrExists = errors.New("already exists")
+	// ErrBusy means the device is open or mounted (EBUSY from the kernel).
+	ErrBusy = errors.New("device busy")
+	// ErrInvalid means an argument broke a rule checked before any kernel
+	// call (thin id above MaxThinID, empty or too long name, bad size).
+	ErrInvalid = errors.New("invalid argument")
+	// ErrNotImplemented is returned by operations that are not available.
+	ErrNotImplemented = errors.New("not implemented")
+)
