@@ -27,6 +27,4 @@ var (
 	// ErrInvalid means an argument broke a rule checked before any kernel
 	// call (thin id above MaxThinID, empty or too long name, bad size).
 	ErrInvalid = errors.New("invalid argument")
-	// ErrNotImplemented is returned by operations that are not available.
-	ErrNotImplemented = errors.New("not implemented")
 )

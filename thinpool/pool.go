@@ -1,10 +1,8 @@
 package thinpool
 
 import (
-	"context"
-	"fmt"
-	"os"
 	"sync"
+	"sync/atomic"
 )
 
 // MaxThinID is the largest thin device id a pool accepts: the kernel's thin
@@ -49,14 +47,17 @@ type Config struct {
 
 // Pool is an open thin pool. Its methods are safe for concurrent use.
 type Pool struct {
-	cfg     Config
-	name    string
-	dataDev string // block device path of the data device
-	metaDev string // block device path of the metadata device
-	loops   []*os.File
+	cfg       Config
+	name      string
+	ctl       *dmControl
+	dev       uint64 // device number of the pool's dm device
+	devStr    string // "major:minor" as thin tables name the pool
+	metaPath  string // a node of the metadata device, for ThinIDs
+	blockSize uint32
 
-	mu     sync.Mutex
-	closed bool
+	metaSnapMu sync.Mutex // one metadata snapshot at a time
+	probeSeq   atomic.Uint64
+	closed     atomic.Bool
 }
 
 // ActiveDevice is a device-mapper device whose table is a thin target on
@@ -126,90 +127,4 @@ type ThinStatus struct {
 	HasMapped           bool
 	// Failed is true when the kernel reports the device as failed.
 	Failed bool
-}
-
-// Open creates the pool described by cfg when it is absent and reuses it
-// when it is present: an active pool of that name is reused as is (daemon
-// restart); when the pool is gone but its files are present (reboot), the
-// loop devices are reattached and the table reloaded, keeping the metadata.
-// A fresh metadata file has its first 4 KiB zeroed so the kernel formats it.
-func Open(ctx context.Context, cfg Config) (*Pool, error) {
-	return nil, fmt.Errorf("thinpool: open pool %q: %w", cfg.PoolName, ErrNotImplemented)
-}
-
-// Close releases the package's handles. It never removes the pool or any
-// thin device: the pool survives for the next Open.
-func (p *Pool) Close() error { return nil }
-
-// Name returns the device-mapper name of the pool.
-func (p *Pool) Name() string { return p.name }
-
-// CreateThin creates a new empty thin device with the given id in the pool
-// metadata. It returns ErrExists when the id is taken and ErrDataFull or
-// ErrMetadataFull when the pool cannot allocate.
-func (p *Pool) CreateThin(ctx context.Context, id uint32) error {
-	return fmt.Errorf("thinpool: pool %q: create_thin %d: %w", p.name, id, ErrNotImplemented)
-}
-
-// CreateSnap creates thin device id as a snapshot of originID. When the
-// origin is active it is suspended around the message and always resumed,
-// even on error. It returns ErrNotFound when the origin does not exist and
-// ErrExists when id is taken.
-func (p *Pool) CreateSnap(ctx context.Context, id, originID uint32) error {
-	return fmt.Errorf("thinpool: pool %q: create_snap %d from %d: %w", p.name, id, originID, ErrNotImplemented)
-}
-
-// Delete removes thin device id from the pool metadata, freeing its blocks.
-// It returns ErrNotFound when the id is absent and ErrBusy when the device
-// is active.
-func (p *Pool) Delete(ctx context.Context, id uint32) error {
-	return fmt.Errorf("thinpool: pool %q: delete %d: %w", p.name, id, ErrNotImplemented)
-}
-
-// Activate creates device-mapper device name mapping sizeBytes (rounded up
-// to whole sectors) of thin id, and returns its node path (DevicePath(name)).
-// It is idempotent: when name is already active on the same id it returns
-// the path; when name is active on another id it returns ErrExists.
-func (p *Pool) Activate(ctx context.Context, name string, id uint32, sizeBytes int64) (string, error) {
-	return "", fmt.Errorf("thinpool: pool %q: activate %q (thin %d): %w", p.name, name, id, ErrNotImplemented)
-}
-
-// Deactivate removes device-mapper device name, retrying with backoff while
-// the kernel reports it busy (bounded; then ErrBusy). A device that is not
-// active is not an error.
-func (p *Pool) Deactivate(ctx context.Context, name string) error {
-	return fmt.Errorf("thinpool: pool %q: deactivate %q: %w", p.name, name, ErrNotImplemented)
-}
-
-// IsActive reports whether device-mapper device name exists.
-func (p *Pool) IsActive(ctx context.Context, name string) (bool, error) {
-	return false, fmt.Errorf("thinpool: pool %q: is-active %q: %w", p.name, name, ErrNotImplemented)
-}
-
-// ThinExists reports whether thin id is in the pool metadata. It has no
-// lasting side effect.
-func (p *Pool) ThinExists(ctx context.Context, id uint32) (bool, error) {
-	return false, fmt.Errorf("thinpool: pool %q: probe thin %d: %w", p.name, id, ErrNotImplemented)
-}
-
-// ThinIDs returns every thin id the pool metadata holds, in increasing order.
-func (p *Pool) ThinIDs(ctx context.Context) ([]uint32, error) {
-	return nil, fmt.Errorf("thinpool: pool %q: list thin ids: %w", p.name, ErrNotImplemented)
-}
-
-// ActiveDevices returns the device-mapper devices whose table is a thin
-// target on this pool, sorted by name.
-func (p *Pool) ActiveDevices(ctx context.Context) ([]ActiveDevice, error) {
-	return nil, fmt.Errorf("thinpool: pool %q: list active devices: %w", p.name, ErrNotImplemented)
-}
-
-// Status returns the pool's parsed status line.
-func (p *Pool) Status(ctx context.Context) (PoolStatus, error) {
-	return PoolStatus{}, fmt.Errorf("thinpool: pool %q: status: %w", p.name, ErrNotImplemented)
-}
-
-// ThinStatus returns the parsed status of active thin device name; it
-// returns ErrNotFound when the device is not active.
-func (p *Pool) ThinStatus(ctx context.Context, name string) (ThinStatus, error) {
-	return ThinStatus{}, fmt.Errorf("thinpool: pool %q: thin status %q: %w", p.name, name, ErrNotImplemented)
 }

@@ -1,0 +1,368 @@
+package thinpool
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"unsafe"
+
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+)
+
+// Names of the loop-backed files under Config.RootDir.
+const (
+	DataFileName     = "data"
+	MetadataFileName = "metadata"
+)
+
+// checkName rejects a device-mapper name the kernel or /dev/mapper cannot
+// hold.
+func checkName(what, name string) error {
+	switch {
+	case name == "", name == ".", name == "..", name == "control":
+		return fmt.Errorf("%s name %q is reserved or empty: %w", what, name, ErrInvalid)
+	case len(name) > 127:
+		return fmt.Errorf("%s name %q is longer than 127 bytes: %w", what, name, ErrInvalid)
+	case strings.ContainsAny(name, "/\x00"):
+		return fmt.Errorf("%s name %q contains '/' or NUL: %w", what, name, ErrInvalid)
+	}
+	return nil
+}
+
+// withDefaults fills zero fields and checks the rules Open relies on.
+func (cfg Config) withDefaults() (Config, error) {
+	if err := checkName("pool", cfg.PoolName); err != nil {
+		return cfg, err
+	}
+	if (cfg.DataDevice == "") != (cfg.MetadataDevice == "") {
+		return cfg, fmt.Errorf("pool %q: DataDevice %q and MetadataDevice %q must be both set or both empty: %w",
+			cfg.PoolName, cfg.DataDevice, cfg.MetadataDevice, ErrInvalid)
+	}
+	if cfg.DataDevice == "" {
+		if cfg.RootDir == "" {
+			return cfg, fmt.Errorf("pool %q: RootDir is required for the loop-file pool: %w", cfg.PoolName, ErrInvalid)
+		}
+		abs, err := filepath.Abs(cfg.RootDir)
+		if err != nil {
+			return cfg, fmt.Errorf("pool %q: RootDir %q: %w", cfg.PoolName, cfg.RootDir, err)
+		}
+		cfg.RootDir = abs
+		if cfg.DataSize == 0 {
+			cfg.DataSize = DefaultDataSize
+		}
+		if cfg.MetadataSize == 0 {
+			cfg.MetadataSize = DefaultMetadataSize
+		}
+		if cfg.DataSize < 0 || cfg.MetadataSize < 2*metaBlockSize {
+			return cfg, fmt.Errorf("pool %q: DataSize %d / MetadataSize %d must be positive (metadata at least 8 KiB): %w",
+				cfg.PoolName, cfg.DataSize, cfg.MetadataSize, ErrInvalid)
+		}
+	}
+	if cfg.BlockSizeSectors == 0 {
+		cfg.BlockSizeSectors = DefaultBlockSizeSectors
+	}
+	if bs := cfg.BlockSizeSectors; bs%128 != 0 || bs < 128 || bs > 2097152 {
+		return cfg, fmt.Errorf("pool %q: BlockSizeSectors %d must be a multiple of 128 between 128 and 2097152: %w", cfg.PoolName, bs, ErrInvalid)
+	}
+	return cfg, nil
+}
+
+// Open creates the pool described by cfg when it is absent and reuses it
+// when it is present: an active pool of that name is reused as is (daemon
+// restart); when the pool is gone but its files are present (reboot), the
+// loop devices are reattached and the table reloaded, keeping the metadata.
+// A fresh metadata file has its first 4 KiB zeroed so the kernel formats it.
+// Existing DataDevice/MetadataDevice are used as given (a fresh metadata
+// device must have been zeroed by the caller).
+func Open(ctx context.Context, cfg Config) (*Pool, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("thinpool: open: %w", err)
+	}
+	ctl, err := control()
+	if err != nil {
+		return nil, fmt.Errorf("thinpool: open pool %q: %w", cfg.PoolName, err)
+	}
+	p := &Pool{cfg: cfg, name: cfg.PoolName, ctl: ctl, blockSize: cfg.BlockSizeSectors}
+	lg := log.G(ctx).WithField("pool", p.name)
+
+	info, err := ctl.info(p.name)
+	switch {
+	case err == nil && info.hasLiveTable():
+		if err := p.adopt(); err != nil {
+			return nil, fmt.Errorf("thinpool: open pool %q: reuse active pool: %w", p.name, err)
+		}
+		lg.WithField("dev", p.devStr).Debug("thinpool: reusing active pool")
+	case err == nil || errors.Is(err, unix.ENXIO):
+		created := err != nil
+		if err := p.activatePool(ctx, created); err != nil {
+			return nil, fmt.Errorf("thinpool: open pool %q: %w", p.name, err)
+		}
+		lg.WithField("dev", p.devStr).WithField("block_sectors", p.blockSize).Info("thinpool: pool activated")
+	default:
+		return nil, fmt.Errorf("thinpool: open pool %q: %w", p.name, err)
+	}
+	if _, err := ensureNode(p.name, p.dev); err != nil {
+		return nil, fmt.Errorf("thinpool: open pool %q: %w", p.name, err)
+	}
+	return p, nil
+}
+
+// adopt checks that the active device p.name is a thin pool on our devices
+// and learns its device number, block size and metadata device.
+func (p *Pool) adopt() error {
+	targets, info, err := p.ctl.tableStatus(p.name, true, false)
+	if err != nil {
+		return err
+	}
+	if len(targets) != 1 || targets[0].Type != "thin-pool" {
+		return fmt.Errorf("device %q is not a thin pool (table %v): %w", p.name, targets, ErrExists)
+	}
+	t, err := parsePoolTable(targets[0].Params)
+	if err != nil {
+		return err
+	}
+	metaDev, err := parseDevString(t.MetaDev)
+	if err != nil {
+		return err
+	}
+	if err := p.checkOwnMetadata(metaDev); err != nil {
+		return err
+	}
+	p.dev, p.devStr, p.blockSize = info.Dev, devString(info.Dev), t.BlockSize
+	p.metaPath, err = nodeFor(metaDev)
+	return err
+}
+
+// checkOwnMetadata refuses to adopt a pool of the same name that runs on
+// another metadata device than the configured one.
+func (p *Pool) checkOwnMetadata(metaDev uint64) error {
+	if p.cfg.MetadataDevice != "" {
+		want, err := blockDevNumber(p.cfg.MetadataDevice)
+		if err != nil {
+			return err
+		}
+		if want != metaDev {
+			return fmt.Errorf("active pool %q uses metadata device %s, config names %s (%s): %w",
+				p.name, devString(metaDev), p.cfg.MetadataDevice, devString(want), ErrExists)
+		}
+		return nil
+	}
+	want := filepath.Join(p.cfg.RootDir, MetadataFileName)
+	if got := loopBackingFile(metaDev); got != "" && filepath.Clean(strings.TrimSuffix(got, " (deleted)")) != want {
+		return fmt.Errorf("active pool %q keeps its metadata in %s, not %s: %w", p.name, got, want, ErrExists)
+	}
+	return nil
+}
+
+// activatePool loads the thin-pool table into device p.name (creating the
+// device when created is true) and resumes it. On failure a device it
+// created is removed again.
+func (p *Pool) activatePool(ctx context.Context, create bool) (err error) {
+	var metaNode, dataNode string
+	var hold []*os.File // loop devices stay open until the table holds them
+	defer func() {
+		for _, f := range hold {
+			f.Close()
+		}
+	}()
+	if p.cfg.DataDevice != "" {
+		metaNode, dataNode = p.cfg.MetadataDevice, p.cfg.DataDevice
+	} else {
+		metaFile, dataFile, err := p.ensureFiles(ctx)
+		if err != nil {
+			return err
+		}
+		ml, err := attachLoop(metaFile)
+		if err != nil {
+			return fmt.Errorf("metadata loop: %w", err)
+		}
+		hold = append(hold, ml)
+		dl, err := attachLoop(dataFile)
+		if err != nil {
+			return fmt.Errorf("data loop: %w", err)
+		}
+		hold = append(hold, dl)
+		metaNode, dataNode = ml.Name(), dl.Name()
+	}
+	metaDev, err := blockDevNumber(metaNode)
+	if err != nil {
+		return err
+	}
+	dataDev, err := blockDevNumber(dataNode)
+	if err != nil {
+		return err
+	}
+	if bs, ok := superblockDataBlockSize(metaNode); ok && bs != p.blockSize {
+		log.G(ctx).WithField("pool", p.name).WithField("configured", p.blockSize).WithField("metadata", bs).
+			Warn("thinpool: existing metadata has another data block size; keeping the metadata's")
+		p.blockSize = bs
+	}
+	dataBytes, err := deviceSize(dataNode)
+	if err != nil {
+		return err
+	}
+	sectors := uint64(dataBytes) / 512 / uint64(p.blockSize) * uint64(p.blockSize)
+	if sectors == 0 {
+		return fmt.Errorf("data device %s (%d bytes) is smaller than one %d-sector block: %w", dataNode, dataBytes, p.blockSize, ErrInvalid)
+	}
+	if create {
+		if _, err := p.ctl.create(p.name, ""); err != nil {
+			return err
+		}
+		defer func() {
+			if err != nil {
+				if rmErr := p.ctl.remove(p.name); rmErr != nil {
+					err = fmt.Errorf("%w (and removing the half-made pool device: %v)", err, rmErr)
+				}
+			}
+		}()
+	}
+	table := []dmTarget{{Start: 0, Length: sectors, Type: "thin-pool",
+		Params: poolTableParams(devString(metaDev), devString(dataDev), p.blockSize, p.cfg.LowWaterMarkBlocks)}}
+	if err := p.ctl.load(p.name, table, false); err != nil {
+		return fmt.Errorf("load table %q: %w", table[0].Params, err)
+	}
+	dev, err := p.ctl.resume(p.name)
+	if err != nil {
+		return err
+	}
+	p.dev, p.devStr = dev, devString(dev)
+	p.metaPath = metaNode
+	return nil
+}
+
+// ensureFiles creates the sparse data and metadata files when absent.
+func (p *Pool) ensureFiles(ctx context.Context) (metaFile, dataFile string, err error) {
+	if err := os.MkdirAll(p.cfg.RootDir, 0o700); err != nil {
+		return "", "", fmt.Errorf("make root dir: %w", err)
+	}
+	metaFile = filepath.Join(p.cfg.RootDir, MetadataFileName)
+	dataFile = filepath.Join(p.cfg.RootDir, DataFileName)
+	if err := makeSparse(dataFile, p.cfg.DataSize, false); err != nil {
+		return "", "", err
+	}
+	if err := makeSparse(metaFile, p.cfg.MetadataSize, true); err != nil {
+		return "", "", err
+	}
+	return metaFile, dataFile, nil
+}
+
+// makeSparse creates file of size bytes unless it exists; a new metadata
+// file gets its first 4 KiB explicitly zeroed and synced so the kernel sees
+// no superblock and formats fresh metadata. A file made only partly (crash)
+// is removed on failure.
+func makeSparse(path string, size int64, zeroHead bool) (err error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("create %s: %w", path, err)
+	}
+	defer func() {
+		if cerr := f.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("close %s: %w", path, cerr)
+		}
+		if err != nil {
+			os.Remove(path)
+		}
+	}()
+	if err := f.Truncate(size); err != nil {
+		return fmt.Errorf("size %s to %d bytes: %w", path, size, err)
+	}
+	if zeroHead {
+		if _, err := f.WriteAt(make([]byte, metaBlockSize), 0); err != nil {
+			return fmt.Errorf("zero the head of %s: %w", path, err)
+		}
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", path, err)
+	}
+	return nil
+}
+
+// superblockDataBlockSize reads the data block size recorded in existing
+// thin metadata; ok is false for fresh (zeroed) or unreadable metadata.
+func superblockDataBlockSize(metaNode string) (uint32, bool) {
+	r, err := openMetaReader(metaNode)
+	if err != nil {
+		return 0, false
+	}
+	defer r.Close()
+	b, err := r.block(0)
+	if err != nil || binary.LittleEndian.Uint64(b[32:]) != thinSuperMagic {
+		return 0, false
+	}
+	if _, err := detailsRootOf(b, 0); err != nil {
+		return 0, false
+	}
+	return binary.LittleEndian.Uint32(b[336:]), true
+}
+
+// deviceSize returns the size in bytes of a block device (BLKGETSIZE64).
+func deviceSize(path string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, fmt.Errorf("open %s: %w", path, err)
+	}
+	defer f.Close()
+	var size uint64
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.BLKGETSIZE64, uintptr(unsafe.Pointer(&size))); errno != 0 {
+		return 0, fmt.Errorf("BLKGETSIZE64 %s: %w", path, errno)
+	}
+	return int64(size), nil
+}
+
+// parseDevString parses "major:minor".
+func parseDevString(s string) (uint64, error) {
+	var maj, min uint32
+	if _, err := fmt.Sscanf(s, "%d:%d", &maj, &min); err != nil {
+		return 0, fmt.Errorf("device number %q: %w", s, err)
+	}
+	return unix.Mkdev(maj, min), nil
+}
+
+// nodeFor returns a path to a block node of dev: /dev/<DEVNAME> from sysfs,
+// else a node made under /dev/mapper/.thinpool.
+func nodeFor(dev uint64) (string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/sys/dev/block/%d:%d/uevent", unix.Major(dev), unix.Minor(dev)))
+	if err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if name, ok := strings.CutPrefix(line, "DEVNAME="); ok {
+				path := "/dev/" + name
+				if got, err := blockDevNumber(path); err == nil && got == dev {
+					return path, nil
+				}
+			}
+		}
+	}
+	dir := filepath.Join(MapperDir, ".thinpool")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("make %s: %w", dir, err)
+	}
+	path := filepath.Join(dir, fmt.Sprintf("%d-%d", unix.Major(dev), unix.Minor(dev)))
+	if got, err := blockDevNumber(path); err == nil && got == dev {
+		return path, nil
+	}
+	os.Remove(path)
+	if err := unix.Mknod(path, unix.S_IFBLK|0o600, int(dev)); err != nil {
+		return "", fmt.Errorf("mknod %s: %w", path, err)
+	}
+	return path, nil
+}
+
+// Close releases the package's handles. It never removes the pool or any
+// thin device: the pool survives for the next Open.
+func (p *Pool) Close() error {
+	p.closed.Store(true)
+	return nil
+}
+
+// Name returns the device-mapper name of the pool.
+func (p *Pool) Name() string { return p.name }

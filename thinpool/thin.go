@@ -1,0 +1,592 @@
+package thinpool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+)
+
+// Deactivate retries DEV_REMOVE while the device is busy, sleeping
+// deactivateFirstBackoff, doubling up to deactivateMaxBackoff, for at most
+// deactivateAttempts attempts (about 5 s in total).
+const (
+	deactivateAttempts     = 14
+	deactivateFirstBackoff = 10 * time.Millisecond
+	deactivateMaxBackoff   = 640 * time.Millisecond
+)
+
+func checkID(what string, id uint32) error {
+	if id > MaxThinID {
+		return fmt.Errorf("%s %d is above the 24-bit maximum %d: %w", what, id, MaxThinID, ErrInvalid)
+	}
+	return nil
+}
+
+func (p *Pool) usable() error {
+	if p == nil || p.ctl == nil {
+		return fmt.Errorf("thinpool: pool is not open: %w", ErrInvalid)
+	}
+	if p.closed.Load() {
+		return fmt.Errorf("thinpool: pool %q is closed: %w", p.name, ErrInvalid)
+	}
+	return nil
+}
+
+// errf builds the error of an operation on the pool: it names the pool,
+// the operation and device, and wraps the typed error (when kind is not
+// nil) and the cause.
+func (p *Pool) errf(kind error, cause error, format string, args ...any) error {
+	what := fmt.Sprintf(format, args...)
+	switch {
+	case kind != nil && cause != nil:
+		return fmt.Errorf("thinpool: pool %q: %s: %w: %w", p.name, what, kind, cause)
+	case kind != nil:
+		return fmt.Errorf("thinpool: pool %q: %s: %w", p.name, what, kind)
+	default:
+		return fmt.Errorf("thinpool: pool %q: %s: %w", p.name, what, cause)
+	}
+}
+
+// fullError returns ErrDataFull or ErrMetadataFull when the pool cannot
+// allocate, nil when it can, and an error when it is failed or read-only
+// for another reason.
+func (p *Pool) fullError() error {
+	st, err := p.status(true)
+	if err != nil {
+		return err
+	}
+	return st.fullError()
+}
+
+func (st PoolStatus) fullError() error {
+	switch {
+	case st.Mode == ModeFail || st.Mode == ModeError:
+		return fmt.Errorf("pool is in %s mode (metadata needs thin_check/repair)", st.Mode)
+	case st.TotalMetadataBlocks > 0 && st.UsedMetadataBlocks >= st.TotalMetadataBlocks:
+		return ErrMetadataFull
+	case st.Mode == ModeReadOnly && st.NeedsCheck:
+		return fmt.Errorf("pool is read-only and flagged needs_check")
+	case st.Mode == ModeReadOnly:
+		// The kernel goes read-only when it runs out of metadata space.
+		return ErrMetadataFull
+	case st.Mode == ModeOutOfDataSpace, st.TotalDataBlocks > 0 && st.UsedDataBlocks >= st.TotalDataBlocks:
+		return ErrDataFull
+	}
+	return nil
+}
+
+// poolMessage sends msg to the pool and maps its errno for thin id dev.
+func (p *Pool) poolMessage(msg string) error {
+	err := p.ctl.message(p.name, msg)
+	if err == nil {
+		return nil
+	}
+	switch {
+	case errors.Is(err, unix.EEXIST):
+		return p.errf(ErrExists, err, "%s", msg)
+	case errors.Is(err, unix.ENODATA), errors.Is(err, unix.ENOENT):
+		return p.errf(ErrNotFound, err, "%s", msg)
+	case errors.Is(err, unix.EBUSY):
+		return p.errf(ErrBusy, err, "%s", msg)
+	case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.EINVAL):
+		if full := p.fullError(); full != nil {
+			return p.errf(full, err, "%s", msg)
+		}
+		if errors.Is(err, unix.ENOSPC) {
+			return p.errf(ErrMetadataFull, err, "%s", msg)
+		}
+	}
+	return p.errf(nil, err, "%s", msg)
+}
+
+// CreateThin creates a new empty thin device with the given id in the pool
+// metadata. It returns ErrExists when the id is taken and ErrDataFull or
+// ErrMetadataFull when the pool cannot allocate (nothing is created then).
+func (p *Pool) CreateThin(ctx context.Context, id uint32) error {
+	if err := p.usable(); err != nil {
+		return err
+	}
+	if err := checkID("thin id", id); err != nil {
+		return p.errf(nil, err, "create_thin %d", id)
+	}
+	if err := p.fullError(); err != nil {
+		return p.errf(nil, err, "create_thin %d", id)
+	}
+	return p.poolMessage(fmt.Sprintf("create_thin %d", id))
+}
+
+// CreateSnap creates thin device id as a snapshot of originID. When the
+// origin is active it is suspended (IO flushed, a mounted filesystem
+// frozen) around the message and always resumed, even on error. It returns
+// ErrNotFound when the origin does not exist, ErrExists when id is taken and
+// ErrDataFull/ErrMetadataFull when the pool cannot allocate.
+func (p *Pool) CreateSnap(ctx context.Context, id, originID uint32) (err error) {
+	if err := p.usable(); err != nil {
+		return err
+	}
+	if err := checkID("thin id", id); err != nil {
+		return p.errf(nil, err, "create_snap %d %d", id, originID)
+	}
+	if err := checkID("origin thin id", originID); err != nil {
+		return p.errf(nil, err, "create_snap %d %d", id, originID)
+	}
+	if err := p.fullError(); err != nil {
+		return p.errf(nil, err, "create_snap %d %d", id, originID)
+	}
+	names, err := p.activeNamesOf(originID)
+	if err != nil {
+		return p.errf(nil, err, "create_snap %d %d: find active origin devices", id, originID)
+	}
+	var suspended []string
+	defer func() {
+		for _, n := range suspended {
+			if _, rerr := p.ctl.resume(n); rerr != nil {
+				rerr = p.errf(nil, rerr, "resume origin device %q (thin %d) after create_snap %d", n, originID, id)
+				log.G(ctx).WithError(rerr).Error("thinpool: origin left suspended")
+				err = errors.Join(err, rerr)
+			}
+		}
+	}()
+	for _, n := range names {
+		if serr := p.ctl.suspend(n, false); serr != nil {
+			if errors.Is(serr, unix.ENXIO) {
+				continue // deactivated meanwhile
+			}
+			return p.errf(nil, serr, "suspend origin device %q (thin %d) for create_snap %d", n, originID, id)
+		}
+		suspended = append(suspended, n)
+	}
+	return p.poolMessage(fmt.Sprintf("create_snap %d %d", id, originID))
+}
+
+// Delete removes thin device id from the pool metadata, freeing its blocks.
+// It returns ErrNotFound when the id is absent and ErrBusy when the device
+// is active.
+func (p *Pool) Delete(ctx context.Context, id uint32) error {
+	if err := p.usable(); err != nil {
+		return err
+	}
+	if err := checkID("thin id", id); err != nil {
+		return p.errf(nil, err, "delete %d", id)
+	}
+	return p.poolMessage(fmt.Sprintf("delete %d", id))
+}
+
+// thinUUID is the dm uuid Activate gives a device: it lets activeNamesOf
+// find the devices of a thin id with one LIST_DEVICES call. Empty when it
+// would not fit the kernel's 128 bytes (the device then has no uuid and is
+// found through its table).
+func (p *Pool) thinUUID(name string, id uint32) string {
+	u := p.uuidPrefix() + strconv.FormatUint(uint64(id), 10) + "-" + name
+	if len(u) > 128 {
+		return ""
+	}
+	return u
+}
+
+func (p *Pool) uuidPrefix() string { return "thinpool-" + p.name + "-" }
+
+// idFromUUID returns the thin id a uuid made by thinUUID names, ok false
+// when the uuid is not one of ours for that device name.
+func (p *Pool) idFromUUID(uuid, name string) (uint32, bool) {
+	rest, ok := strings.CutPrefix(uuid, p.uuidPrefix())
+	if !ok {
+		return 0, false
+	}
+	digits, n, ok := strings.Cut(rest, "-")
+	if !ok || n != name {
+		return 0, false
+	}
+	id, err := strconv.ParseUint(digits, 10, 32)
+	if err != nil || id > MaxThinID {
+		return 0, false
+	}
+	return uint32(id), true
+}
+
+// Activate creates device-mapper device name mapping sizeBytes (rounded up
+// to whole sectors) of thin id, and returns its node path (DevicePath(name)).
+// It is idempotent: when name is already active on the same id it returns
+// the path; when name is active on another id or as another kind of device
+// it returns ErrExists. A missing thin id is ErrNotFound. On any failure the
+// half-made device is removed.
+func (p *Pool) Activate(ctx context.Context, name string, id uint32, sizeBytes int64) (path string, err error) {
+	if err := p.usable(); err != nil {
+		return "", err
+	}
+	if err := checkName("device", name); err != nil {
+		return "", p.errf(nil, err, "activate thin %d", id)
+	}
+	if err := checkID("thin id", id); err != nil {
+		return "", p.errf(nil, err, "activate %q", name)
+	}
+	if sizeBytes <= 0 {
+		return "", p.errf(ErrInvalid, nil, "activate %q (thin %d): size %d bytes must be positive", name, id, sizeBytes)
+	}
+	if name == p.name {
+		return "", p.errf(ErrExists, nil, "activate thin %d: name %q is the pool itself", id, name)
+	}
+	sectors := (uint64(sizeBytes) + 511) / 512
+	if _, err := p.ctl.create(name, p.thinUUID(name, id)); err != nil {
+		if errors.Is(err, unix.EBUSY) || errors.Is(err, unix.EEXIST) {
+			return p.alreadyActive(name, id, err)
+		}
+		return "", p.errf(nil, err, "activate %q (thin %d)", name, id)
+	}
+	defer func() {
+		if err != nil {
+			if rmErr := p.ctl.remove(name); rmErr != nil && !errors.Is(rmErr, unix.ENXIO) {
+				err = errors.Join(err, p.errf(nil, rmErr, "remove half-made device %q", name))
+			}
+		}
+	}()
+	table := []dmTarget{{Start: 0, Length: sectors, Type: "thin", Params: p.devStr + " " + strconv.FormatUint(uint64(id), 10)}}
+	if err := p.ctl.load(name, table, false); err != nil {
+		if errors.Is(err, unix.ENODATA) || errors.Is(err, unix.ENOENT) {
+			return "", p.errf(ErrNotFound, err, "activate %q: thin %d is not in the pool", name, id)
+		}
+		return "", p.errf(nil, err, "activate %q (thin %d): load table", name, id)
+	}
+	dev, err := p.ctl.resume(name)
+	if err != nil {
+		return "", p.errf(nil, err, "activate %q (thin %d): resume", name, id)
+	}
+	path, err = ensureNode(name, dev)
+	if err != nil {
+		return "", p.errf(nil, err, "activate %q (thin %d)", name, id)
+	}
+	return path, nil
+}
+
+// alreadyActive handles DEV_CREATE refusing name (or its uuid).
+func (p *Pool) alreadyActive(name string, id uint32, createErr error) (string, error) {
+	targets, info, err := p.ctl.tableStatus(name, true, false)
+	if errors.Is(err, unix.ENXIO) {
+		// The name is free: the uuid is taken by a device of another name.
+		return "", p.errf(ErrExists, createErr, "activate %q (thin %d): a device with the same uuid exists", name, id)
+	}
+	if err != nil {
+		return "", p.errf(nil, err, "activate %q (thin %d): inspect existing device", name, id)
+	}
+	if len(targets) == 1 && targets[0].Type == "thin" {
+		if t, perr := parseThinTable(targets[0].Params); perr == nil && t.PoolDev == p.devStr && t.ID == id {
+			if info.suspended() {
+				if _, err := p.ctl.resume(name); err != nil {
+					return "", p.errf(nil, err, "activate %q (thin %d): resume suspended device", name, id)
+				}
+			}
+			path, err := ensureNode(name, info.Dev)
+			if err != nil {
+				return "", p.errf(nil, err, "activate %q (thin %d)", name, id)
+			}
+			return path, nil
+		}
+	}
+	return "", p.errf(ErrExists, createErr, "activate %q (thin %d): name in use with table %v", name, id, targets)
+}
+
+// Deactivate removes device-mapper device name, retrying with backoff while
+// the kernel reports it busy (bounded to about 5 s, or ctx; then ErrBusy). A
+// device that is not active is not an error. A device whose table is not a
+// thin target of this pool is refused (ErrInvalid).
+func (p *Pool) Deactivate(ctx context.Context, name string) error {
+	if err := p.usable(); err != nil {
+		return err
+	}
+	if err := checkName("device", name); err != nil {
+		return p.errf(nil, err, "deactivate")
+	}
+	if name == p.name {
+		return p.errf(ErrInvalid, nil, "deactivate %q: that is the pool itself", name)
+	}
+	targets, _, err := p.ctl.tableStatus(name, true, true)
+	if errors.Is(err, unix.ENXIO) {
+		return removeNodeErr(p, name)
+	}
+	if err != nil {
+		return p.errf(nil, err, "deactivate %q", name)
+	}
+	if len(targets) > 0 {
+		t, perr := parseThinTable(targets[0].Params)
+		if len(targets) != 1 || targets[0].Type != "thin" || perr != nil || t.PoolDev != p.devStr {
+			return p.errf(ErrInvalid, nil, "deactivate %q: not a thin device of this pool (table %v)", name, targets)
+		}
+	}
+	backoff := deactivateFirstBackoff
+	for attempt := 1; ; attempt++ {
+		err = p.ctl.remove(name)
+		if err == nil || errors.Is(err, unix.ENXIO) {
+			return removeNodeErr(p, name)
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			return p.errf(nil, err, "deactivate %q", name)
+		}
+		if attempt >= deactivateAttempts {
+			return p.errf(ErrBusy, err, "deactivate %q: still busy after %d attempts", name, attempt)
+		}
+		log.G(ctx).WithField("pool", p.name).WithField("device", name).WithField("attempt", attempt).
+			Debug("thinpool: device busy, retrying removal")
+		select {
+		case <-ctx.Done():
+			return p.errf(ErrBusy, errors.Join(err, ctx.Err()), "deactivate %q", name)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, deactivateMaxBackoff)
+	}
+}
+
+func removeNodeErr(p *Pool, name string) error {
+	if err := removeNode(name); err != nil {
+		return p.errf(nil, err, "deactivate %q", name)
+	}
+	return nil
+}
+
+// IsActive reports whether device-mapper device name exists.
+func (p *Pool) IsActive(ctx context.Context, name string) (bool, error) {
+	if err := p.usable(); err != nil {
+		return false, err
+	}
+	if err := checkName("device", name); err != nil {
+		return false, p.errf(nil, err, "is-active")
+	}
+	_, err := p.ctl.info(name)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, unix.ENXIO):
+		return false, nil
+	}
+	return false, p.errf(nil, err, "is-active %q", name)
+}
+
+// ThinExists reports whether thin id is in the pool metadata. It probes the
+// kernel: a temporary device gets a thin table for id loaded into its
+// inactive slot (the kernel refuses it with ENODATA when the id is absent)
+// and is removed again whatever happens; nothing is activated or written.
+func (p *Pool) ThinExists(ctx context.Context, id uint32) (bool, error) {
+	if err := p.usable(); err != nil {
+		return false, err
+	}
+	if err := checkID("thin id", id); err != nil {
+		return false, p.errf(nil, err, "probe")
+	}
+	probe := fmt.Sprintf("thinpool-probe-%d-%d", os.Getpid(), p.probeSeq.Add(1))
+	if _, err := p.ctl.create(probe, ""); err != nil {
+		return false, p.errf(nil, err, "probe thin %d: create %q", id, probe)
+	}
+	defer func() {
+		for i := 0; i < 50; i++ {
+			err := p.ctl.remove(probe)
+			if err == nil || errors.Is(err, unix.ENXIO) {
+				return
+			}
+			if !errors.Is(err, unix.EBUSY) {
+				log.G(ctx).WithError(err).WithField("pool", p.name).WithField("device", probe).Error("thinpool: probe device left behind")
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	table := []dmTarget{{Start: 0, Length: uint64(p.blockSize), Type: "thin", Params: p.devStr + " " + strconv.FormatUint(uint64(id), 10)}}
+	err := p.ctl.load(probe, table, true)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, unix.ENODATA), errors.Is(err, unix.ENOENT):
+		return false, nil
+	}
+	return false, p.errf(nil, err, "probe thin %d", id)
+}
+
+// ThinIDs returns every thin id the pool metadata holds, in increasing
+// order. It reserves a metadata snapshot, reads the ids of its
+// device-details btree from the metadata device (see thinmeta.go) and
+// releases the snapshot, always.
+func (p *Pool) ThinIDs(ctx context.Context) (ids []uint32, err error) {
+	if err := p.usable(); err != nil {
+		return nil, err
+	}
+	p.metaSnapMu.Lock()
+	defer p.metaSnapMu.Unlock()
+	err = p.ctl.message(p.name, "reserve_metadata_snap")
+	if errors.Is(err, unix.EBUSY) || errors.Is(err, unix.EINVAL) {
+		// A snapshot left held by a crashed reader: drop it and retry.
+		log.G(ctx).WithField("pool", p.name).Warn("thinpool: releasing a metadata snapshot left held")
+		_ = p.ctl.message(p.name, "release_metadata_snap")
+		err = p.ctl.message(p.name, "reserve_metadata_snap")
+	}
+	if err != nil {
+		return nil, p.errf(nil, err, "list thin ids: reserve_metadata_snap")
+	}
+	defer func() {
+		if rerr := p.ctl.message(p.name, "release_metadata_snap"); rerr != nil {
+			err = errors.Join(err, p.errf(nil, rerr, "list thin ids: release_metadata_snap"))
+		}
+	}()
+	st, err := p.status(true)
+	if err != nil {
+		return nil, p.errf(nil, err, "list thin ids")
+	}
+	if !st.HasHeldRoot {
+		return nil, p.errf(nil, errors.New("status shows no held metadata root after reserve_metadata_snap"), "list thin ids")
+	}
+	ids, err = readThinIDs(p.metaPath, st.HeldMetadataRoot)
+	if err != nil {
+		return nil, p.errf(nil, err, "list thin ids from metadata %s", p.metaPath)
+	}
+	return ids, nil
+}
+
+// activeNamesOf returns the names of active devices mapping thin id. Devices
+// carrying our uuid are recognised from LIST_DEVICES alone; any other device
+// has its table read.
+func (p *Pool) activeNamesOf(id uint32) ([]string, error) {
+	entries, err := p.ctl.list()
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, e := range entries {
+		if e.Dev == p.dev {
+			continue
+		}
+		if got, ok := p.idFromUUID(e.UUID, e.Name); ok {
+			if got == id {
+				names = append(names, e.Name)
+			}
+			continue
+		}
+		t, ok, err := p.thinTableOf(e.Name)
+		if err != nil {
+			return nil, err
+		}
+		if ok && t.ID == id {
+			names = append(names, e.Name)
+		}
+	}
+	return names, nil
+}
+
+// thinTableOf returns the thin table of device name when it is a thin
+// device of this pool.
+func (p *Pool) thinTableOf(name string) (thinTable, bool, error) {
+	targets, _, err := p.ctl.tableStatus(name, true, true)
+	if errors.Is(err, unix.ENXIO) {
+		return thinTable{}, false, nil
+	}
+	if err != nil {
+		return thinTable{}, false, err
+	}
+	if len(targets) != 1 || targets[0].Type != "thin" {
+		return thinTable{}, false, nil
+	}
+	t, err := parseThinTable(targets[0].Params)
+	if err != nil || t.PoolDev != p.devStr {
+		return thinTable{}, false, nil
+	}
+	return t, true, nil
+}
+
+// ActiveDevices returns the device-mapper devices whose live table is a
+// thin target on this pool, sorted by name. Every device's table is read,
+// so devices made by other tools are included.
+func (p *Pool) ActiveDevices(ctx context.Context) ([]ActiveDevice, error) {
+	if err := p.usable(); err != nil {
+		return nil, err
+	}
+	entries, err := p.ctl.list()
+	if err != nil {
+		return nil, p.errf(nil, err, "list active devices")
+	}
+	var out []ActiveDevice
+	for _, e := range entries {
+		if e.Dev == p.dev {
+			continue
+		}
+		targets, info, err := p.ctl.tableStatus(e.Name, true, true)
+		if errors.Is(err, unix.ENXIO) {
+			continue
+		}
+		if err != nil {
+			return nil, p.errf(nil, err, "list active devices: table of %q", e.Name)
+		}
+		if len(targets) != 1 || targets[0].Type != "thin" {
+			continue
+		}
+		t, err := parseThinTable(targets[0].Params)
+		if err != nil || t.PoolDev != p.devStr {
+			continue
+		}
+		out = append(out, ActiveDevice{
+			Name: e.Name, ThinID: t.ID, Sectors: targets[0].Length,
+			Major: unix.Major(info.Dev), Minor: unix.Minor(info.Dev), Suspended: info.suspended(),
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Status returns the pool's parsed status line (after the kernel commits
+// outstanding metadata changes).
+func (p *Pool) Status(ctx context.Context) (PoolStatus, error) {
+	if err := p.usable(); err != nil {
+		return PoolStatus{}, err
+	}
+	st, err := p.status(false)
+	if err != nil {
+		return PoolStatus{}, p.errf(nil, err, "status")
+	}
+	return st, nil
+}
+
+func (p *Pool) status(noflush bool) (PoolStatus, error) {
+	targets, _, err := p.ctl.tableStatus(p.name, false, noflush)
+	if err != nil {
+		return PoolStatus{}, err
+	}
+	if len(targets) != 1 || targets[0].Type != "thin-pool" {
+		return PoolStatus{}, fmt.Errorf("device %q is not a thin pool (status %v)", p.name, targets)
+	}
+	st, err := parsePoolStatus(targets[0].Params)
+	if err != nil {
+		return PoolStatus{}, err
+	}
+	st.BlockSizeSectors = p.blockSize
+	return st, nil
+}
+
+// ThinStatus returns the parsed status of active thin device name; it
+// returns ErrNotFound when the device is not active and ErrInvalid when it
+// is not a thin device.
+func (p *Pool) ThinStatus(ctx context.Context, name string) (ThinStatus, error) {
+	if err := p.usable(); err != nil {
+		return ThinStatus{}, err
+	}
+	if err := checkName("device", name); err != nil {
+		return ThinStatus{}, p.errf(nil, err, "thin status")
+	}
+	targets, _, err := p.ctl.tableStatus(name, false, false)
+	if errors.Is(err, unix.ENXIO) {
+		return ThinStatus{}, p.errf(ErrNotFound, err, "thin status %q", name)
+	}
+	if err != nil {
+		return ThinStatus{}, p.errf(nil, err, "thin status %q", name)
+	}
+	if len(targets) != 1 || targets[0].Type != "thin" {
+		return ThinStatus{}, p.errf(ErrInvalid, nil, "thin status %q: not a thin device (status %v)", name, targets)
+	}
+	st, err := parseThinStatus(targets[0].Params)
+	if err != nil {
+		return ThinStatus{}, p.errf(nil, err, "thin status %q", name)
+	}
+	return st, nil
+}

@@ -1,0 +1,212 @@
+package thinpool
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"sort"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Reading the thin ids from the pool metadata.
+//
+// The kernel has no ioctl or message that lists a pool's thin ids. Instead
+// of forking thin_ls/thin_dump (thin-provisioning-tools, which may be
+// absent), ThinIDs asks the kernel for a metadata snapshot
+// ("reserve_metadata_snap": the kernel commits, then copies the superblock
+// to a held block and pins the btrees it points to), reads the keys of the
+// device-details btree of that snapshot straight from the metadata device
+// with O_DIRECT (bypassing any stale page cache), then releases the
+// snapshot. Only the on-disk format documented in the kernel's
+// dm-thin-metadata.c and persistent-data/dm-btree-internal.h is used:
+//
+//	superblock: csum u32 | flags u32 | blocknr u64 | uuid [16] | magic u64 |
+//	  version u32 | time u32 | trans_id u64 | held_root u64 |
+//	  data sm root [128] | metadata sm root [128] | data_mapping_root u64 |
+//	  device_details_root u64 | data_block_size u32 | metadata_block_size u32 ...
+//	btree node: csum u32 | flags u32 (1 internal, 2 leaf) | blocknr u64 |
+//	  nr_entries u32 | max_entries u32 | value_size u32 | pad u32 |
+//	  keys [max_entries]u64 | values [max_entries][value_size]
+//
+// Checksums are crc32c over the block after the csum field, xor'd with a
+// per-kind constant; they and the blocknr fields are verified, so a torn or
+// misread block is an error, never a wrong list.
+
+const (
+	metaBlockSize      = 4096
+	thinSuperMagic     = 27022010
+	superCsumXor       = 160774
+	btreeCsumXor       = 121107
+	btreeInternalNode  = 1
+	btreeLeafNode      = 2
+	btreeHeaderSize    = 32
+	superDetailsRootAt = 328
+	maxBtreeDepth      = 16
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// dmChecksum is the kernel's dm_bm_checksum: crc32c seeded with ~0, not
+// inverted at the end, xor'd with a constant.
+func dmChecksum(b []byte, xor uint32) uint32 {
+	return ^crc32.Checksum(b, castagnoli) ^ xor
+}
+
+// metaReader reads 4 KiB metadata blocks with O_DIRECT.
+type metaReader struct {
+	f   *os.File
+	buf []byte // aligned block buffer
+}
+
+func openMetaReader(dev string) (*metaReader, error) {
+	f, err := os.OpenFile(dev, os.O_RDONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open metadata device: %w", err)
+	}
+	raw := make([]byte, 2*metaBlockSize)
+	off := int(uintptr(unsafe.Pointer(&raw[0])) & (metaBlockSize - 1))
+	if off != 0 {
+		off = metaBlockSize - off
+	}
+	return &metaReader{f: f, buf: raw[off : off+metaBlockSize]}, nil
+}
+
+func (r *metaReader) Close() error { return r.f.Close() }
+
+// block returns a copy of metadata block n.
+func (r *metaReader) block(n uint64) ([]byte, error) {
+	if _, err := r.f.ReadAt(r.buf, int64(n)*metaBlockSize); err != nil {
+		return nil, fmt.Errorf("read metadata block %d: %w", n, err)
+	}
+	return append([]byte(nil), r.buf...), nil
+}
+
+// detailsRootOf validates a superblock (or held-root copy) at block n and
+// returns its device-details btree root.
+func detailsRootOf(b []byte, n uint64) (uint64, error) {
+	le := binary.LittleEndian
+	if le.Uint64(b[32:]) != thinSuperMagic {
+		return 0, fmt.Errorf("metadata block %d: not a thin superblock (magic %d)", n, le.Uint64(b[32:]))
+	}
+	if got := le.Uint64(b[8:]); got != n {
+		return 0, fmt.Errorf("metadata block %d: superblock says it is block %d", n, got)
+	}
+	if want, got := le.Uint32(b[0:]), dmChecksum(b[4:], superCsumXor); want != got {
+		return 0, fmt.Errorf("metadata block %d: superblock checksum %#x, computed %#x", n, want, got)
+	}
+	return le.Uint64(b[superDetailsRootAt:]), nil
+}
+
+// btreeKeys returns every key of the btree rooted at block root.
+func (r *metaReader) btreeKeys(root uint64) ([]uint64, error) {
+	var keys []uint64
+	var walk func(n uint64, depth int) error
+	walk = func(n uint64, depth int) error {
+		if depth > maxBtreeDepth {
+			return fmt.Errorf("btree deeper than %d levels at block %d", maxBtreeDepth, n)
+		}
+		b, err := r.block(n)
+		if err != nil {
+			return err
+		}
+		node, err := parseBtreeNode(b, n)
+		if err != nil {
+			return err
+		}
+		if node.leaf {
+			keys = append(keys, node.keys...)
+			return nil
+		}
+		for _, child := range node.children {
+			if err := walk(child, depth+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := walk(root, 0); err != nil {
+		return nil, err
+	}
+	return keys, nil
+}
+
+type btreeNode struct {
+	leaf     bool
+	keys     []uint64
+	children []uint64 // internal nodes only
+}
+
+// parseBtreeNode decodes and validates btree node block n.
+func parseBtreeNode(b []byte, n uint64) (btreeNode, error) {
+	le := binary.LittleEndian
+	if want, got := le.Uint32(b[0:]), dmChecksum(b[4:], btreeCsumXor); want != got {
+		return btreeNode{}, fmt.Errorf("btree node %d: checksum %#x, computed %#x", n, want, got)
+	}
+	if got := le.Uint64(b[8:]); got != n {
+		return btreeNode{}, fmt.Errorf("btree node %d: node says it is block %d", n, got)
+	}
+	flags := le.Uint32(b[4:])
+	nr := int(le.Uint32(b[16:]))
+	max := int(le.Uint32(b[20:]))
+	vsize := int(le.Uint32(b[24:]))
+	if nr > max || btreeHeaderSize+max*(8+vsize) > len(b) {
+		return btreeNode{}, fmt.Errorf("btree node %d: %d of %d entries of %d-byte values do not fit a block", n, nr, max, vsize)
+	}
+	var node btreeNode
+	switch {
+	case flags&btreeLeafNode != 0:
+		node.leaf = true
+	case flags&btreeInternalNode != 0:
+		if vsize != 8 {
+			return btreeNode{}, fmt.Errorf("btree node %d: internal node with %d-byte values", n, vsize)
+		}
+	default:
+		return btreeNode{}, fmt.Errorf("btree node %d: flags %#x name neither leaf nor internal", n, flags)
+	}
+	node.keys = make([]uint64, nr)
+	for i := range node.keys {
+		node.keys[i] = le.Uint64(b[btreeHeaderSize+8*i:])
+	}
+	if !node.leaf {
+		vals := btreeHeaderSize + 8*max
+		node.children = make([]uint64, nr)
+		for i := range node.children {
+			node.children[i] = le.Uint64(b[vals+8*i:])
+		}
+	}
+	return node, nil
+}
+
+// readThinIDs reads the thin ids of the metadata snapshot held at block
+// heldRoot of metadata device dev.
+func readThinIDs(dev string, heldRoot uint64) ([]uint32, error) {
+	r, err := openMetaReader(dev)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	sb, err := r.block(heldRoot)
+	if err != nil {
+		return nil, err
+	}
+	root, err := detailsRootOf(sb, heldRoot)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := r.btreeKeys(root)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]uint32, 0, len(keys))
+	for _, k := range keys {
+		if k > MaxThinID {
+			return nil, fmt.Errorf("device details btree holds id %d above %d", k, MaxThinID)
+		}
+		ids = append(ids, uint32(k))
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids, nil
+}
