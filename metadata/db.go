@@ -1,0 +1,239 @@
+// Package metadata is the one SQLite database of the snapshotter: its schema
+// (embedded, numbered migrations with a SHA-256 ledger), the connection
+// settings of seed 000 and the typed queries of every table. Other packages
+// never see SQL: each table group has its file of typed queries here.
+package metadata
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/containerd/log"
+	"github.com/mattn/go-sqlite3"
+)
+
+// DefaultPath is where the daemon keeps its database unless configured
+// otherwise.
+const DefaultPath = "/var/lib/containerd-flyio-snapshotter/metadata.db"
+
+// DefaultBusyTimeout is seed 000's busy_timeout: how long a statement waits
+// for another connection's lock before failing with SQLITE_BUSY.
+const DefaultBusyTimeout = 5 * time.Second
+
+// Seed-000 connection pool settings.
+const (
+	maxOpenConns    = 10
+	maxIdleConns    = 5
+	connMaxLifetime = time.Hour
+)
+
+// driverName is the database/sql driver registered by this package: the
+// go-sqlite3 driver with a connect hook that applies the pragmas go-sqlite3
+// has no DSN parameter for, on every connection the pool opens.
+const driverName = "sqlite3_flyio_snapshotter"
+
+// connectPragmas are applied by the connect hook to every pooled connection
+// (read-write and read-only); the other seed-000 pragmas travel in the DSN
+// (see dsn).
+const connectPragmas = `PRAGMA temp_store = MEMORY; PRAGMA mmap_size = 268435456;`
+
+func init() {
+	sql.Register(driverName, &sqlite3.SQLiteDriver{
+		ConnectHook: func(c *sqlite3.SQLiteConn) error {
+			if _, err := c.Exec(connectPragmas, nil); err != nil {
+				return fmt.Errorf("metadata: applying connection pragmas: %w", err)
+			}
+			return nil
+		},
+	})
+}
+
+// ErrReadOnly is wrapped by every write attempted through a DB opened with
+// Options.ReadOnly.
+var ErrReadOnly = errors.New("metadata: database opened read-only")
+
+// ErrNoDatabase is wrapped by a read-only Open of a path where no database
+// file exists (a read-only open never creates one).
+var ErrNoDatabase = errors.New("metadata: no database file")
+
+// Options say which database to open and how.
+type Options struct {
+	// Path of the database file; empty means DefaultPath. The directory is
+	// created (0700) by a read-write open.
+	Path string
+	// ReadOnly opens the file read-only (SQLite mode=ro, query_only): the
+	// open never creates, migrates or writes anything, and works while the
+	// daemon writes (WAL readers never block the writer). For CLI readers.
+	ReadOnly bool
+	// BusyTimeout overrides DefaultBusyTimeout when positive.
+	BusyTimeout time.Duration
+
+	// maxVersion, when positive, stops migrating after that version (test
+	// hook to build databases at an older schema).
+	maxVersion int
+}
+
+// DB is an open metadata database: a pool of SQLite connections with the
+// seed-000 pragmas on each. It is safe for concurrent use.
+type DB struct {
+	db       *sql.DB
+	path     string
+	readOnly bool
+	migrated MigrateResult
+}
+
+// dsn builds the go-sqlite3 data source name for path: a file: URI carrying
+// the seed-000 pragmas go-sqlite3 applies itself on each new connection
+// (busy_timeout, foreign_keys, synchronous, cache_size, and for writers
+// journal_mode=WAL and BEGIN IMMEDIATE transactions; for readers mode=ro and
+// query_only).
+func dsn(path string, readOnly bool, busy time.Duration) string {
+	q := url.Values{}
+	q.Set("_busy_timeout", strconv.FormatInt(busy.Milliseconds(), 10))
+	q.Set("_foreign_keys", "1")
+	q.Set("_synchronous", "NORMAL")
+	q.Set("_cache_size", "-10000")
+	if readOnly {
+		q.Set("mode", "ro")
+		q.Set("_query_only", "1")
+	} else {
+		q.Set("_journal_mode", "WAL")
+		q.Set("_txlock", "immediate")
+	}
+	u := url.URL{Scheme: "file", Opaque: (&url.URL{Path: path}).EscapedPath(), RawQuery: q.Encode()}
+	return u.String()
+}
+
+// Open opens the database at opts.Path. A read-write open creates the file
+// if absent, sets WAL mode and migrates to the latest embedded migration
+// (refusing a database whose migration ledger does not match the embedded
+// migrations, and copying a non-empty database to <path>.pre-v<N> before
+// migrating it). A read-only open requires the file to exist, verifies the
+// ledger, and never writes.
+func Open(ctx context.Context, opts Options) (*DB, error) {
+	path := opts.Path
+	if path == "" {
+		path = DefaultPath
+	}
+	busy := opts.BusyTimeout
+	if busy <= 0 {
+		busy = DefaultBusyTimeout
+	}
+	if opts.ReadOnly {
+		if _, err := os.Stat(path); err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return nil, fmt.Errorf("metadata: open %s read-only: %w (the daemon creates it on first start, or run 'db migrate')", path, ErrNoDatabase)
+			}
+			return nil, fmt.Errorf("metadata: open %s read-only: %w", path, err)
+		}
+	} else if dir := dirOf(path); dir != "" {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("metadata: creating the directory of database %s: %w", path, err)
+		}
+	}
+
+	sdb, err := sql.Open(driverName, dsn(path, opts.ReadOnly, busy))
+	if err != nil {
+		return nil, fmt.Errorf("metadata: open %s: %w", path, err)
+	}
+	sdb.SetMaxOpenConns(maxOpenConns)
+	sdb.SetMaxIdleConns(maxIdleConns)
+	sdb.SetConnMaxLifetime(connMaxLifetime)
+	d := &DB{db: sdb, path: path, readOnly: opts.ReadOnly}
+
+	if err := d.Ping(ctx); err != nil {
+		sdb.Close()
+		return nil, err
+	}
+	if opts.ReadOnly {
+		if _, err := d.verifyLedger(ctx, true); err != nil {
+			sdb.Close()
+			return nil, err
+		}
+		return d, nil
+	}
+	res, err := d.migrate(ctx, opts.maxVersion)
+	if err != nil {
+		sdb.Close()
+		return nil, err
+	}
+	d.migrated = res
+	if len(res.Applied) > 0 {
+		log.G(ctx).WithField("db", path).WithField("from", res.From).WithField("to", res.To).
+			WithField("backup", res.Backup).Info("metadata: database migrated")
+	}
+	return d, nil
+}
+
+func dirOf(path string) string {
+	for i := len(path) - 1; i >= 0; i-- {
+		if path[i] == '/' {
+			if i == 0 {
+				return "/"
+			}
+			return path[:i]
+		}
+	}
+	return ""
+}
+
+// Close closes every connection of the pool.
+func (d *DB) Close() error {
+	if err := d.db.Close(); err != nil {
+		return fmt.Errorf("metadata: close %s: %w", d.path, err)
+	}
+	return nil
+}
+
+// Ping checks that the database file can be opened and read.
+func (d *DB) Ping(ctx context.Context) error {
+	var n int
+	if err := d.db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master`).Scan(&n); err != nil {
+		return fmt.Errorf("metadata: ping %s: %w", d.path, err)
+	}
+	return nil
+}
+
+// Path is the database file this DB was opened on.
+func (d *DB) Path() string { return d.path }
+
+// ReadOnly reports whether the DB was opened with Options.ReadOnly.
+func (d *DB) ReadOnly() bool { return d.readOnly }
+
+// Migrated reports what the read-write Open that returned d migrated (zero
+// for a read-only DB).
+func (d *DB) Migrated() MigrateResult { return d.migrated }
+
+// WithTx runs fn in one write transaction (BEGIN IMMEDIATE: the write lock is
+// taken at the start, so fn never fails half-way on a lock upgrade). The
+// transaction commits if fn returns nil and rolls back otherwise (also when
+// fn panics; the panic is re-raised). fn must not start other transactions.
+func (d *DB) WithTx(ctx context.Context, fn func(tx *sql.Tx) error) (err error) {
+	if d.readOnly {
+		return fmt.Errorf("metadata: write transaction on %s: %w", d.path, ErrReadOnly)
+	}
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("metadata: begin immediate on %s: %w", d.path, err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("metadata: commit on %s: %w", d.path, err)
+	}
+	committed = true
+	return nil
+}

@@ -1,0 +1,399 @@
+package metadata
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/log"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Migration is one embedded schema migration.
+type Migration struct {
+	Version     int
+	Name        string // file name without the number and extension, e.g. "initial"
+	SQL         string
+	SHA256      string // hex SHA-256 of the whitespace-trimmed SQL (seed 002's normalization)
+	Description string // the file's first comment line, or Name
+}
+
+// ErrLedgerMismatch is wrapped by Open and VerifyLedger when the migration
+// ledger (schema_migrations) disagrees with the embedded migrations: a
+// recorded hash differs, a recorded hash is missing, or versions have gaps.
+var ErrLedgerMismatch = errors.New("metadata: migration ledger mismatch")
+
+// ErrSchemaTooNew is wrapped by a read-write Open of a database migrated by
+// a newer binary (it records versions this binary does not embed).
+var ErrSchemaTooNew = errors.New("metadata: database schema newer than this binary")
+
+// migrationHook, when set (tests only), runs inside each migration's
+// transaction after the migration's SQL and before its ledger row.
+var migrationHook func(version int)
+
+// ledgerBootstrap is seed 000's schema_migrations table; the runner creates
+// it before the first migration so migration 1 can be recorded.
+const ledgerBootstrap = `CREATE TABLE IF NOT EXISTS schema_migrations (
+    version INTEGER PRIMARY KEY,
+    applied_at DATETIME NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    description TEXT
+);`
+
+var embedded = mustLoadMigrations()
+
+// Migrations returns the embedded migrations in version order.
+func Migrations() []Migration {
+	return append([]Migration(nil), embedded...)
+}
+
+// LatestVersion is the highest embedded migration version.
+func LatestVersion() int {
+	if len(embedded) == 0 {
+		return 0
+	}
+	return embedded[len(embedded)-1].Version
+}
+
+func hashSQL(s string) string {
+	sum := sha256.Sum256([]byte(strings.TrimSpace(s)))
+	return hex.EncodeToString(sum[:])
+}
+
+func mustLoadMigrations() []Migration {
+	ms, err := loadMigrations(migrationFS)
+	if err != nil {
+		panic(err)
+	}
+	return ms
+}
+
+// loadMigrations reads migrations/NNNN_name.sql from fsys; numbers must be
+// unique and contiguous from 1.
+func loadMigrations(fsys fs.FS) ([]Migration, error) {
+	names, err := fs.Glob(fsys, "migrations/*.sql")
+	if err != nil {
+		return nil, fmt.Errorf("metadata: listing embedded migrations: %w", err)
+	}
+	var ms []Migration
+	for _, n := range names {
+		base := path.Base(n)
+		num, rest, ok := strings.Cut(strings.TrimSuffix(base, ".sql"), "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil || v <= 0 {
+			return nil, fmt.Errorf("metadata: embedded migration %s: name must be NNNN_name.sql with NNNN >= 1", base)
+		}
+		b, err := fs.ReadFile(fsys, n)
+		if err != nil {
+			return nil, fmt.Errorf("metadata: reading embedded migration %s: %w", base, err)
+		}
+		m := Migration{Version: v, Name: rest, SQL: string(b), SHA256: hashSQL(string(b)), Description: rest}
+		for _, line := range strings.Split(m.SQL, "\n") {
+			if t, ok := strings.CutPrefix(strings.TrimSpace(line), "--"); ok && strings.TrimSpace(t) != "" {
+				m.Description = strings.TrimSpace(t)
+				break
+			}
+		}
+		ms = append(ms, m)
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
+	for i, m := range ms {
+		if m.Version != i+1 {
+			return nil, fmt.Errorf("metadata: embedded migrations must be numbered 1..N without gaps or duplicates: found %04d_%s at position %d", m.Version, m.Name, i+1)
+		}
+	}
+	return ms, nil
+}
+
+// LedgerRow is one row of schema_migrations.
+type LedgerRow struct {
+	Version     int
+	AppliedAt   string
+	Description string
+	SHA256      string // "" when NULL or before migration 3 added the column
+}
+
+// MigrateResult says what a read-write Open did to the schema.
+type MigrateResult struct {
+	From    int    // version before (0: new database)
+	To      int    // version after
+	Applied []int  // versions applied by this open, in order
+	Backup  string // path of the <db>.pre-v<N> copy written before migrating, if any
+}
+
+type queryer interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// readLedger returns the ledger rows in version order; no table means no
+// rows.
+func readLedger(ctx context.Context, q queryer) ([]LedgerRow, error) {
+	var n int
+	if err := q.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'`).Scan(&n); err != nil {
+		return nil, fmt.Errorf("metadata: looking for schema_migrations: %w", err)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	hasHash, err := hasColumn(ctx, q, "schema_migrations", "sql_sha256")
+	if err != nil {
+		return nil, err
+	}
+	hashCol := "''"
+	if hasHash {
+		hashCol = "COALESCE(sql_sha256, '')"
+	}
+	rows, err := q.QueryContext(ctx, `SELECT version, CAST(applied_at AS TEXT), COALESCE(description, ''), `+hashCol+` FROM schema_migrations ORDER BY version`)
+	if err != nil {
+		return nil, fmt.Errorf("metadata: reading schema_migrations: %w", err)
+	}
+	defer rows.Close()
+	var out []LedgerRow
+	for rows.Next() {
+		var r LedgerRow
+		if err := rows.Scan(&r.Version, &r.AppliedAt, &r.Description, &r.SHA256); err != nil {
+			return nil, fmt.Errorf("metadata: reading schema_migrations: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("metadata: reading schema_migrations: %w", err)
+	}
+	return out, nil
+}
+
+func hasColumn(ctx context.Context, q queryer, table, column string) (bool, error) {
+	var n int
+	if err := q.QueryRowContext(ctx, `SELECT count(*) FROM pragma_table_info(?) WHERE name = ?`, table, column).Scan(&n); err != nil {
+		return false, fmt.Errorf("metadata: inspecting columns of %s: %w", table, err)
+	}
+	return n > 0, nil
+}
+
+// checkLedger compares ledger rows with the embedded migrations. Versions the
+// binary does not embed are an ErrSchemaTooNew error unless allowNewer.
+func checkLedger(rows []LedgerRow, allowNewer bool) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	hashed := rows[len(rows)-1].Version >= 3 // migration 3 added and back-filled sql_sha256
+	for i, r := range rows {
+		if r.Version != i+1 {
+			return fmt.Errorf("%w: schema_migrations has version %d at position %d: versions must be 1..N without gaps", ErrLedgerMismatch, r.Version, i+1)
+		}
+		if r.Version > len(embedded) {
+			if allowNewer {
+				continue
+			}
+			return fmt.Errorf("%w: database records migration %d but this binary embeds only 1..%d: upgrade the binary", ErrSchemaTooNew, r.Version, len(embedded))
+		}
+		m := embedded[r.Version-1]
+		if r.SHA256 == "" {
+			if hashed {
+				return fmt.Errorf("%w: migration %d (%s) has no recorded sql_sha256", ErrLedgerMismatch, r.Version, m.Name)
+			}
+			continue
+		}
+		if r.SHA256 != m.SHA256 {
+			return fmt.Errorf("%w: migration %d (%s): recorded sql_sha256 %s differs from the embedded migration's %s (the migration was changed after it was applied, or the ledger was edited)", ErrLedgerMismatch, r.Version, m.Name, r.SHA256, m.SHA256)
+		}
+	}
+	return nil
+}
+
+// verifyLedger reads and checks the ledger, returning the current version.
+func (d *DB) verifyLedger(ctx context.Context, allowNewer bool) (int, error) {
+	rows, err := readLedger(ctx, d.db)
+	if err != nil {
+		return 0, fmt.Errorf("metadata: %s: %w", d.path, err)
+	}
+	if err := checkLedger(rows, allowNewer); err != nil {
+		return 0, fmt.Errorf("metadata: refusing database %s: %w", d.path, err)
+	}
+	if len(rows) == 0 {
+		return 0, nil
+	}
+	return rows[len(rows)-1].Version, nil
+}
+
+// Ledger returns the rows of schema_migrations (empty for a new database).
+func (d *DB) Ledger(ctx context.Context) ([]LedgerRow, error) {
+	rows, err := readLedger(ctx, d.db)
+	if err != nil {
+		return nil, fmt.Errorf("metadata: %s: %w", d.path, err)
+	}
+	return rows, nil
+}
+
+// VerifyLedger checks schema_migrations against the embedded migrations
+// (every recorded hash equal to the embedded migration's, versions 1..N
+// without gaps); the error wraps ErrLedgerMismatch and names the version.
+// Versions newer than this binary are reported too (ErrSchemaTooNew).
+func (d *DB) VerifyLedger(ctx context.Context) error {
+	_, err := d.verifyLedger(ctx, false)
+	return err
+}
+
+// SchemaVersion is the highest migration recorded in the ledger.
+func (d *DB) SchemaVersion(ctx context.Context) (int, error) {
+	rows, err := d.Ledger(ctx)
+	if err != nil || len(rows) == 0 {
+		return 0, err
+	}
+	return rows[len(rows)-1].Version, nil
+}
+
+// hasUserTables reports whether the file holds any table (a database with
+// data worth a copy before migrating, as opposed to a brand-new file).
+func (d *DB) hasUserTables(ctx context.Context) (bool, error) {
+	var n int
+	if err := d.db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'`).Scan(&n); err != nil {
+		return false, fmt.Errorf("metadata: inspecting %s: %w", d.path, err)
+	}
+	return n > 0, nil
+}
+
+// migrate brings the schema to the latest embedded migration (or max when
+// positive). Each migration runs with its ledger row in one BEGIN IMMEDIATE
+// transaction, so two processes never migrate at once, the second sees the
+// first one's work and skips it, and a process killed mid-migration leaves
+// the previous version intact for the next open to finish.
+func (d *DB) migrate(ctx context.Context, max int) (MigrateResult, error) {
+	target := len(embedded)
+	if max > 0 && max < target {
+		target = max
+	}
+	cur, err := d.verifyLedger(ctx, false)
+	if err != nil {
+		return MigrateResult{}, err
+	}
+	res := MigrateResult{From: cur, To: cur}
+	if cur >= target {
+		return res, nil
+	}
+	hasData, err := d.hasUserTables(ctx)
+	if err != nil {
+		return res, err
+	}
+	if hasData {
+		b, err := d.backupBeforeMigration(ctx, cur+1)
+		if err != nil {
+			return res, err
+		}
+		res.Backup = b
+	}
+	for _, m := range embedded[:target] {
+		applied, err := d.applyMigration(ctx, m)
+		if err != nil {
+			return res, err
+		}
+		if applied {
+			res.Applied = append(res.Applied, m.Version)
+		}
+		res.To = m.Version
+	}
+	return res, nil
+}
+
+// applyMigration applies m unless the ledger (read under the write lock)
+// already has it. The previous version must be recorded.
+func (d *DB) applyMigration(ctx context.Context, m Migration) (applied bool, err error) {
+	err = d.WithTx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, ledgerBootstrap); err != nil {
+			return fmt.Errorf("metadata: creating schema_migrations in %s: %w", d.path, err)
+		}
+		rows, err := readLedger(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if err := checkLedger(rows, false); err != nil {
+			return fmt.Errorf("metadata: refusing database %s: %w", d.path, err)
+		}
+		if len(rows) >= m.Version {
+			return nil // another process applied it while we waited
+		}
+		if len(rows) != m.Version-1 {
+			return fmt.Errorf("metadata: migration %d (%s) on %s: database is at version %d, expected %d", m.Version, m.Name, d.path, len(rows), m.Version-1)
+		}
+		if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
+			return fmt.Errorf("metadata: applying migration %04d_%s to %s: %w", m.Version, m.Name, d.path, err)
+		}
+		if migrationHook != nil {
+			migrationHook(m.Version)
+		}
+		withHash, err := hasColumn(ctx, tx, "schema_migrations", "sql_sha256")
+		if err != nil {
+			return err
+		}
+		if withHash {
+			_, err = tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, description, sql_sha256) VALUES (?, ?, ?)`, m.Version, m.Description, m.SHA256)
+		} else {
+			_, err = tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, description) VALUES (?, ?)`, m.Version, m.Description)
+		}
+		if err != nil {
+			return fmt.Errorf("metadata: recording migration %d in %s: %w", m.Version, d.path, err)
+		}
+		applied = true
+		return nil
+	})
+	return applied, err
+}
+
+// backupBeforeMigration writes a consistent copy of the database to
+// <path>.pre-v<next> (VACUUM INTO a temporary name, fsync, rename), so the
+// copy is either complete or absent.
+func (d *DB) backupBeforeMigration(ctx context.Context, next int) (string, error) {
+	dest := fmt.Sprintf("%s.pre-v%d", d.path, next)
+	if err := d.Backup(ctx, dest); err != nil {
+		return "", fmt.Errorf("metadata: copy before migrating to version %d: %w", next, err)
+	}
+	log.G(ctx).WithField("db", d.path).WithField("backup", dest).Info("metadata: copied database before migrating")
+	return dest, nil
+}
+
+// Backup writes a consistent copy of the database to dest while other
+// connections (and processes) keep writing: SQLite's VACUUM INTO reads one
+// read transaction's snapshot. The copy is written to a temporary file beside
+// dest, synced and renamed over dest, so dest is never half written. An
+// existing dest is replaced.
+func (d *DB) Backup(ctx context.Context, dest string) error {
+	tmp := fmt.Sprintf("%s.tmp-%d", dest, os.Getpid())
+	_ = os.Remove(tmp)
+	if _, err := d.db.ExecContext(ctx, `VACUUM INTO ?`, tmp); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("metadata: backup of %s to %s: %w", d.path, dest, err)
+	}
+	if err := syncFile(tmp); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("metadata: backup of %s to %s: %w", d.path, dest, err)
+	}
+	if err := os.Rename(tmp, dest); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("metadata: backup of %s to %s: %w", d.path, dest, err)
+	}
+	if dir := dirOf(dest); dir != "" {
+		_ = syncFile(dir)
+	}
+	return nil
+}
+
+func syncFile(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
