@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Builds (or reuses) the VM harness initramfs and prints its path.
+#
+# Usage: mkinitramfs.sh KERNEL_VERSION CACHE_DIR
+#
+# The initramfs holds only a static busybox, the guest init scripts (init,
+# stage2) and the kernel modules the harness needs (device-mapper thin pool,
+# loop, ext4, xfs, overlay, 9p over virtio, virtio console and rng), resolved
+# with that kernel's modules.dep/softdep through `modprobe --show-depends`.
+# Everything else comes from the host's root filesystem over 9p at run time.
+#
+# The result is cached as CACHE_DIR/initramfs-<sha256>.cpio, keyed by the
+# kernel version, this script, init, stage2, busybox and every module file,
+# so it is rebuilt only when one of them changes. Writes are atomic (temp file
+# + rename), so concurrent runs never see a half-written archive.
+set -euo pipefail
+
+kver=${1:?usage: mkinitramfs.sh KERNEL_VERSION CACHE_DIR}
+cache=${2:?usage: mkinitramfs.sh KERNEL_VERSION CACHE_DIR}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+busybox=/bin/busybox
+
+# Modules the guest needs; their dependencies are added by modprobe.
+wanted=(dm-mod dm-thin-pool dm-snapshot loop ext4 xfs overlay
+        virtio_pci 9pnet_virtio 9p virtio_console virtio-rng)
+
+[ -d "/lib/modules/$kver" ] || { echo "mkinitramfs: /lib/modules/$kver missing (install linux-image-amd64)" >&2; exit 1; }
+[ -x "$busybox" ] && "$busybox" --list | grep -qx switch_root || {
+  echo "mkinitramfs: $busybox is not a usable busybox (install busybox-static)" >&2; exit 1; }
+command -v modprobe >/dev/null || { echo "mkinitramfs: modprobe missing (install kmod)" >&2; exit 1; }
+command -v cpio >/dev/null || { echo "mkinitramfs: cpio missing (install cpio)" >&2; exit 1; }
+
+# Ordered, de-duplicated list of module files (dependencies first).
+mapfile -t mods < <(
+  for m in "${wanted[@]}"; do
+    modprobe -S "$kver" --show-depends "$m" || { echo "mkinitramfs: cannot resolve module $m for $kver" >&2; exit 1; }
+  done | awk '$1 == "insmod" && !seen[$2]++ { print $2 }')
+[ ${#mods[@]} -gt 0 ] || { echo "mkinitramfs: no modules resolved for $kver" >&2; exit 1; }
+for f in "${mods[@]}"; do
+  case $f in *.ko) ;; *) echo "mkinitramfs: compressed module $f not supported" >&2; exit 1 ;; esac
+done
+
+key=$( { echo "kernel $kver"; sha256sum "$here/mkinitramfs.sh" "$here/init" "$here/stage2" "$busybox" "${mods[@]}"; } \
+       | sha256sum | cut -c1-16)
+out="$cache/initramfs-$key.cpio"
+if [ -s "$out" ]; then echo "$out"; exit 0; fi
+
+mkdir -p "$cache"
+tmp=$(mktemp -d "$cache/.build.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+root=$tmp/root
+mkdir -p "$root"/{bin,dev,proc,sys,lib/modules,lower,upper,newroot,io}
+cp "$busybox" "$root/bin/busybox"
+install -m 0755 "$here/init" "$root/init"
+install -m 0755 "$here/stage2" "$root/stage2"
+: > "$root/modules.list"
+for f in "${mods[@]}"; do
+  b=$(basename "$f")
+  cp "$f" "$root/lib/modules/$b"
+  echo "$b" >> "$root/modules.list"
+done
+# Uncompressed: under TCG, gunzip in the guest costs more than copying.
+(cd "$root" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc --quiet --owner 0:0) > "$tmp/out.cpio"
+mv -f "$tmp/out.cpio" "$out"
+# Keep only the newest few archives.
+ls -1t "$cache"/initramfs-*.cpio 2>/dev/null | tail -n +4 | xargs -r rm -f
+echo "$out"
