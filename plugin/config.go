@@ -1,0 +1,501 @@
+// Package plugin holds the daemon's TOML configuration (defaults and
+// validation), the wiring that builds the whole service from a Config, and
+// the containerd plugin registration that links the snapshotter into a
+// custom containerd build. It holds no business logic.
+package plugin
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/containerd/containerd/v2/pkg/identifiers"
+	toml "github.com/pelletier/go-toml/v2"
+)
+
+// Defaults of the keys that are not derived from daemon.root_dir.
+const (
+	DefaultRootDir          = "/var/lib/containerd-flyio-snapshotter"
+	DefaultSocket           = "/run/containerd-flyio-snapshotter/containerd-flyio-snapshotter.sock"
+	DefaultControlSocket    = "/run/containerd-flyio-snapshotter/control.sock"
+	DefaultLogLevel         = "info"
+	DefaultPoolName         = "flyio-pool"
+	DefaultDataSize         = Size(100 << 30)
+	DefaultMetadataSize     = Size(1 << 30)
+	DefaultBlockSize        = Size(64 << 10)
+	DefaultBaseImageSize    = Size(10 << 30)
+	DefaultFSType           = "ext4"
+	DefaultMaxImageSize     = Size(10 << 30)
+	DefaultDownloadTimeout  = 5 * time.Minute
+	DefaultExtractTimeout   = 30 * time.Minute
+	DefaultStaleLockAge     = time.Hour
+	DefaultDownloads        = 5
+	DefaultUnpacking        = 2
+	DefaultContainerdSocket = "/run/containerd/containerd.sock"
+	DefaultNamespace        = "default"
+)
+
+// Config is the whole daemon configuration: one TOML file with a table per
+// section. Every key has a default (DefaultConfig); paths left empty that
+// are derived from daemon.root_dir are filled in by LoadConfig.
+type Config struct {
+	Daemon     DaemonConfig     `toml:"daemon"`
+	Metadata   MetadataConfig   `toml:"metadata"`
+	Pool       PoolConfig       `toml:"pool"`
+	S3         S3Config         `toml:"s3"`
+	Pipeline   PipelineConfig   `toml:"pipeline"`
+	Queues     QueuesConfig     `toml:"queues"`
+	Containerd ContainerdConfig `toml:"containerd"`
+}
+
+// DaemonConfig is the [daemon] section: where the daemon listens and keeps
+// its state.
+type DaemonConfig struct {
+	// Socket is the unix socket of the snapshots gRPC service that
+	// containerd's [proxy_plugins] entry names.
+	Socket string `toml:"socket"`
+	// ControlSocket is the unix socket of the daemon's operator API; empty
+	// disables it.
+	ControlSocket string `toml:"control_socket"`
+	// RootDir holds the daemon's state: the database, the loop-file pool
+	// and downloads, unless their own keys say otherwise.
+	RootDir string `toml:"root_dir"`
+	// LogLevel is one of trace, debug, info, warn, error, fatal, panic.
+	LogLevel string `toml:"log_level"`
+	// MetricsAddress is the host:port of the Prometheus /metrics endpoint;
+	// empty disables it.
+	MetricsAddress string `toml:"metrics_address"`
+}
+
+// MetadataConfig is the [metadata] section.
+type MetadataConfig struct {
+	// Path is the SQLite database file; empty means <root_dir>/metadata.db.
+	Path string `toml:"path"`
+}
+
+// PoolConfig is the [pool] section: the device-mapper thin pool and the
+// devices the snapshotter makes in it.
+type PoolConfig struct {
+	// Name is the device-mapper name of the pool.
+	Name string `toml:"name"`
+	// RootDir holds the pool's loop files; empty means <root_dir>/pool.
+	RootDir string `toml:"root_dir"`
+	// DataDevice and MetadataDevice are existing block devices used instead
+	// of loop files; both or neither.
+	DataDevice     string `toml:"data_device"`
+	MetadataDevice string `toml:"metadata_device"`
+	// DataSize and MetadataSize are the sparse loop-file sizes made on the
+	// first start (ignored when the files or devices exist).
+	DataSize     Size `toml:"data_size"`
+	MetadataSize Size `toml:"metadata_size"`
+	// BlockSize is the pool's data block size.
+	BlockSize Size `toml:"block_size"`
+	// LowWaterMark is the free data block count under which the kernel
+	// raises a dm event; 0 disables it.
+	LowWaterMark uint64 `toml:"low_water_mark"`
+	// BaseImageSize is the virtual size of every snapshot device.
+	BaseImageSize Size `toml:"base_image_size"`
+	// FSType is the filesystem of the base device: ext4 or xfs.
+	FSType string `toml:"fs_type"`
+	// MkfsOptions replace the mkfs defaults when not empty.
+	MkfsOptions []string `toml:"mkfs_options"`
+	// AsyncRemove leaves device deletion to Cleanup (containerd's garbage
+	// collector) instead of doing it inside Remove.
+	AsyncRemove bool `toml:"async_remove"`
+	// DeleteUnknownDevices makes start-up reconciliation delete thin devices
+	// that nothing in the database explains instead of only quarantining
+	// them.
+	DeleteUnknownDevices bool `toml:"delete_unknown_devices"`
+}
+
+// S3Config is the [s3] section: where S3 tarball images are fetched from.
+type S3Config struct {
+	// Bucket is the default bucket of `pull`; empty means it must be given.
+	Bucket string `toml:"bucket"`
+	// Region is the bucket's region; empty means the AWS SDK's default
+	// chain (AWS_REGION, ~/.aws/config).
+	Region string `toml:"region"`
+	// Endpoint overrides the S3 endpoint URL (S3-compatible servers).
+	Endpoint string `toml:"endpoint"`
+	// PathStyle addresses buckets as <endpoint>/<bucket> instead of
+	// <bucket>.<endpoint>.
+	PathStyle bool `toml:"path_style"`
+	// Anonymous sends unsigned requests (public buckets).
+	Anonymous bool `toml:"anonymous"`
+	// Prefix is prepended to every image key.
+	Prefix string `toml:"prefix"`
+}
+
+// PipelineConfig is the [pipeline] section: limits of the download, unpack
+// and activate state machines.
+type PipelineConfig struct {
+	// DownloadDir holds downloaded tarballs; empty means <root_dir>/images.
+	DownloadDir string `toml:"download_dir"`
+	// MaxImageSize is the largest image (sum of its tarballs) accepted.
+	MaxImageSize Size `toml:"max_image_size"`
+	// DownloadTimeout bounds one download attempt.
+	DownloadTimeout Duration `toml:"download_timeout"`
+	// ExtractTimeout bounds one extraction attempt.
+	ExtractTimeout Duration `toml:"extract_timeout"`
+	// StaleLockAge is the age after which an image lock counts as stale.
+	StaleLockAge Duration `toml:"stale_lock_age"`
+}
+
+// QueuesConfig is the [queues] section: how many state-machine runs of each
+// kind may run at once.
+type QueuesConfig struct {
+	Downloads int `toml:"downloads"`
+	Unpacking int `toml:"unpacking"`
+}
+
+// ContainerdConfig is the [containerd] section: the containerd the pipeline
+// registers images in.
+type ContainerdConfig struct {
+	// Address is containerd's gRPC socket.
+	Address string `toml:"address"`
+	// Namespace is the containerd namespace images are registered in.
+	Namespace string `toml:"namespace"`
+}
+
+// defaults returns the default configuration with the derived paths still
+// empty, so that a file changing daemon.root_dir moves them too.
+func defaults() *Config {
+	return &Config{
+		Daemon: DaemonConfig{
+			Socket:        DefaultSocket,
+			ControlSocket: DefaultControlSocket,
+			RootDir:       DefaultRootDir,
+			LogLevel:      DefaultLogLevel,
+		},
+		Pool: PoolConfig{
+			Name:          DefaultPoolName,
+			DataSize:      DefaultDataSize,
+			MetadataSize:  DefaultMetadataSize,
+			BlockSize:     DefaultBlockSize,
+			BaseImageSize: DefaultBaseImageSize,
+			FSType:        DefaultFSType,
+			AsyncRemove:   true,
+		},
+		Pipeline: PipelineConfig{
+			MaxImageSize:    DefaultMaxImageSize,
+			DownloadTimeout: D(DefaultDownloadTimeout),
+			ExtractTimeout:  D(DefaultExtractTimeout),
+			StaleLockAge:    D(DefaultStaleLockAge),
+		},
+		Queues: QueuesConfig{
+			Downloads: DefaultDownloads,
+			Unpacking: DefaultUnpacking,
+		},
+		Containerd: ContainerdConfig{
+			Address:   DefaultContainerdSocket,
+			Namespace: DefaultNamespace,
+		},
+	}
+}
+
+// DefaultConfig returns the configuration used when no file is given, with
+// the derived paths resolved against the default root directory. It is
+// valid.
+func DefaultConfig() *Config {
+	c := defaults()
+	c.resolve()
+	return c
+}
+
+// resolve fills the keys whose defaults derive from other keys and
+// normalizes empty lists to nil.
+func (c *Config) resolve() {
+	root := c.Daemon.RootDir
+	if c.Metadata.Path == "" {
+		c.Metadata.Path = filepath.Join(root, "metadata.db")
+	}
+	if c.Pool.RootDir == "" {
+		c.Pool.RootDir = filepath.Join(root, "pool")
+	}
+	if c.Pipeline.DownloadDir == "" {
+		c.Pipeline.DownloadDir = filepath.Join(root, "images")
+	}
+	if len(c.Pool.MkfsOptions) == 0 {
+		c.Pool.MkfsOptions = nil
+	}
+}
+
+// LoadConfig reads the TOML file at path over the defaults, resolves the
+// derived paths and validates the result. An empty path returns
+// DefaultConfig. Unknown keys, values of the wrong type and invalid values
+// are errors, one line per problem, each starting with "config PATH" and,
+// when go-toml knows it, ":LINE:COLUMN", then the dotted key and why.
+func LoadConfig(path string) (*Config, error) {
+	if path == "" {
+		return DefaultConfig(), nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return ParseConfig(path, data)
+}
+
+// ParseConfig is LoadConfig on the bytes of a file; source names the file
+// in errors.
+func ParseConfig(source string, data []byte) (*Config, error) {
+	c := defaults()
+	dec := toml.NewDecoder(bytes.NewReader(data)).DisallowUnknownFields()
+	if err := dec.Decode(c); err != nil {
+		return nil, decodeErrors(source, data, err)
+	}
+	c.resolve()
+	if err := c.Validate(); err != nil {
+		return nil, prefixLines("config "+source+": ", err)
+	}
+	return c, nil
+}
+
+// prefixLines puts prefix in front of every line of err's message; the
+// result unwraps to err.
+func prefixLines(prefix string, err error) error {
+	lines := strings.Split(err.Error(), "\n")
+	return &configError{msg: prefix + strings.Join(lines, "\n"+prefix), err: err}
+}
+
+// configError is a reformatted error that still unwraps to the original.
+type configError struct {
+	msg string
+	err error
+}
+
+func (e *configError) Error() string { return e.msg }
+func (e *configError) Unwrap() error { return e.err }
+
+// decodeErrors turns go-toml's errors into one line per problem naming the
+// file, the position and the dotted key.
+func decodeErrors(source string, data []byte, err error) error {
+	var strict *toml.StrictMissingError
+	if errors.As(err, &strict) {
+		var lines []string
+		for i := range strict.Errors {
+			e := &strict.Errors[i]
+			row, col := e.Position()
+			what := "unknown key"
+			if strings.Contains(e.Error(), "table") {
+				what = "unknown table"
+			}
+			lines = append(lines, fmt.Sprintf("config %s:%d:%d: %s %q", source, row, col, what, strings.Join(e.Key(), ".")))
+		}
+		return &configError{msg: strings.Join(lines, "\n"), err: err}
+	}
+	var de *toml.DecodeError
+	if errors.As(err, &de) {
+		row, col := de.Position()
+		msg := strings.TrimPrefix(de.Error(), "toml: ")
+		if k := de.Key(); len(k) > 0 {
+			msg = strings.Join(k, ".") + ": " + msg
+		}
+		return &configError{msg: fmt.Sprintf("config %s:%d:%d: %s", source, row, col, msg), err: err}
+	}
+	// go-toml returns a TextUnmarshaler's error without its key when the
+	// TOML value was not a string (an integer duration, a float size):
+	// find the key by type.
+	if key := misTypedKey(data); key != "" {
+		return fmt.Errorf("config %s: %s: %w", source, key, err)
+	}
+	return fmt.Errorf("config %s: %w", source, err)
+}
+
+// misTypedKey returns the dotted key of the first Size that holds neither a
+// string nor an integer, or Duration that holds no string, in the document.
+func misTypedKey(data []byte) string {
+	var doc map[string]any
+	if toml.Unmarshal(data, &doc) != nil {
+		return ""
+	}
+	sizeT, durT := reflect.TypeOf(Size(0)), reflect.TypeOf(Duration{})
+	rt := reflect.TypeOf(Config{})
+	for i := 0; i < rt.NumField(); i++ {
+		sec := rt.Field(i).Tag.Get("toml")
+		table, _ := doc[sec].(map[string]any)
+		st := rt.Field(i).Type
+		for j := 0; j < st.NumField(); j++ {
+			f := st.Field(j)
+			v, ok := table[f.Tag.Get("toml")]
+			if !ok {
+				continue
+			}
+			_, isString := v.(string)
+			_, isInt := v.(int64)
+			if (f.Type == sizeT && !isString && !isInt) || (f.Type == durT && !isString) {
+				return sec + "." + f.Tag.Get("toml")
+			}
+		}
+	}
+	return ""
+}
+
+// Limits enforced by Validate.
+const (
+	minBlockSize    = 64 << 10 // 128 sectors, the kernel's minimum
+	maxBlockSize    = 1 << 30  // 2097152 sectors, the kernel's maximum
+	minMetadataSize = 2 << 20
+	// The kernel uses at most 255 * 2^14 * 8 sectors (15.9 GiB) of a thin
+	// pool's metadata device.
+	maxMetadataSize  = 16 << 30
+	minBaseImageSize = 16 << 20
+	minDataSize      = 16 << 20
+	maxQueue         = 64
+	// sun_path holds 108 bytes including the terminating NUL.
+	maxSocketPath = 107
+	// DM_NAME_LEN is 128 including the NUL; leave room for device suffixes.
+	maxPoolName = 96
+)
+
+var (
+	poolNameRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]*$`)
+	bucketNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$`)
+)
+
+// Validate checks every key and returns one error per bad value, joined,
+// each starting with the dotted key ("pool.block_size: ...") and saying
+// what it must be and what it got. It expects derived paths to be resolved
+// (LoadConfig and DefaultConfig do that).
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{key}, args...)...))
+	}
+	absPath := func(key, p string, optional bool) {
+		switch {
+		case p == "" && optional:
+		case p == "":
+			bad(key, "must be an absolute path, got an empty value")
+		case !filepath.IsAbs(p):
+			bad(key, "must be an absolute path, got %q", p)
+		}
+	}
+	socket := func(key, p string, optional bool) {
+		absPath(key, p, optional)
+		if len(p) > maxSocketPath {
+			bad(key, "unix socket path must be at most %d bytes, got %d (%q)", maxSocketPath, len(p), p)
+		}
+	}
+	positiveDuration := func(key string, d Duration) {
+		if d.Duration <= 0 {
+			bad(key, "must be a positive duration such as \"30m\", got %q", d.String())
+		}
+	}
+
+	d := c.Daemon
+	socket("daemon.socket", d.Socket, false)
+	socket("daemon.control_socket", d.ControlSocket, true)
+	if d.ControlSocket != "" && d.ControlSocket == d.Socket {
+		bad("daemon.control_socket", "must differ from daemon.socket, both are %q", d.Socket)
+	}
+	absPath("daemon.root_dir", d.RootDir, false)
+	switch d.LogLevel {
+	case "trace", "debug", "info", "warn", "error", "fatal", "panic":
+	default:
+		bad("daemon.log_level", "must be one of trace, debug, info, warn, error, fatal, panic, got %q", d.LogLevel)
+	}
+	if d.MetricsAddress != "" {
+		if _, port, err := net.SplitHostPort(d.MetricsAddress); err != nil || port == "" {
+			bad("daemon.metrics_address", "must be host:port (e.g. \"127.0.0.1:9123\") or empty to disable, got %q", d.MetricsAddress)
+		}
+	}
+
+	absPath("metadata.path", c.Metadata.Path, false)
+
+	p := c.Pool
+	switch {
+	case p.Name == "":
+		bad("pool.name", "must not be empty")
+	case len(p.Name) > maxPoolName || !poolNameRE.MatchString(p.Name):
+		bad("pool.name", "must be at most %d characters of letters, digits and ._+- starting with a letter or digit (a device-mapper name), got %q", maxPoolName, p.Name)
+	}
+	absPath("pool.root_dir", p.RootDir, false)
+	absPath("pool.data_device", p.DataDevice, true)
+	absPath("pool.metadata_device", p.MetadataDevice, true)
+	if (p.DataDevice == "") != (p.MetadataDevice == "") {
+		if p.DataDevice == "" {
+			bad("pool.data_device", "must be set when pool.metadata_device is set (give both devices or neither)")
+		} else {
+			bad("pool.metadata_device", "must be set when pool.data_device is set (give both devices or neither)")
+		}
+	}
+	if p.DataDevice != "" && p.DataDevice == p.MetadataDevice {
+		bad("pool.metadata_device", "must differ from pool.data_device, both are %q", p.DataDevice)
+	}
+	blockOK := p.BlockSize >= minBlockSize && p.BlockSize <= maxBlockSize && p.BlockSize%minBlockSize == 0
+	if !blockOK {
+		bad("pool.block_size", "must be a multiple of 128 sectors (64 KiB) between 64 KiB and 1 GiB, got %s", p.BlockSize)
+	}
+	if p.DataDevice == "" {
+		switch {
+		case p.DataSize < minDataSize || p.DataSize%512 != 0:
+			bad("pool.data_size", "must be a multiple of 512 bytes and at least 16MiB, got %s", p.DataSize)
+		case blockOK && p.DataSize < p.BlockSize:
+			bad("pool.data_size", "must hold at least one data block of pool.block_size %s, got %s", p.BlockSize, p.DataSize)
+		}
+		if p.MetadataSize < minMetadataSize || p.MetadataSize > maxMetadataSize || p.MetadataSize%4096 != 0 {
+			bad("pool.metadata_size", "must be a multiple of 4KiB between 2MiB and 16GiB (the kernel uses at most 15.9GiB), got %s", p.MetadataSize)
+		}
+		if blockOK && p.DataSize >= minDataSize {
+			if blocks := uint64(p.DataSize / p.BlockSize); p.LowWaterMark >= blocks {
+				bad("pool.low_water_mark", "must be fewer than the pool's %d data blocks (pool.data_size / pool.block_size), got %d", blocks, p.LowWaterMark)
+			}
+		}
+	}
+	if p.BaseImageSize < minBaseImageSize || p.BaseImageSize%512 != 0 {
+		bad("pool.base_image_size", "must be a multiple of 512 bytes and at least 16MiB, got %s", p.BaseImageSize)
+	}
+	if p.FSType != "ext4" && p.FSType != "xfs" {
+		bad("pool.fs_type", "must be \"ext4\" or \"xfs\", got %q", p.FSType)
+	}
+	for i, o := range p.MkfsOptions {
+		if strings.TrimSpace(o) == "" {
+			bad(fmt.Sprintf("pool.mkfs_options[%d]", i), "must not be empty")
+		}
+	}
+
+	s := c.S3
+	if s.Bucket != "" && (!bucketNameRE.MatchString(s.Bucket) || strings.Contains(s.Bucket, "..")) {
+		bad("s3.bucket", "must be an S3 bucket name (3-63 lower-case letters, digits, '.' and '-', starting and ending with a letter or digit), got %q", s.Bucket)
+	}
+	if s.Endpoint != "" {
+		u, err := url.Parse(s.Endpoint)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("s3.endpoint", "must be an http:// or https:// URL with a host, got %q", s.Endpoint)
+		}
+	}
+	if strings.HasPrefix(s.Prefix, "/") {
+		bad("s3.prefix", "must not start with '/' (S3 keys have no leading slash), got %q", s.Prefix)
+	}
+
+	pl := c.Pipeline
+	absPath("pipeline.download_dir", pl.DownloadDir, false)
+	if pl.MaxImageSize <= 0 {
+		bad("pipeline.max_image_size", "must be positive, got %s", pl.MaxImageSize)
+	}
+	positiveDuration("pipeline.download_timeout", pl.DownloadTimeout)
+	positiveDuration("pipeline.extract_timeout", pl.ExtractTimeout)
+	positiveDuration("pipeline.stale_lock_age", pl.StaleLockAge)
+
+	if q := c.Queues.Downloads; q < 1 || q > maxQueue {
+		bad("queues.downloads", "must be between 1 and %d, got %d", maxQueue, q)
+	}
+	if q := c.Queues.Unpacking; q < 1 || q > maxQueue {
+		bad("queues.unpacking", "must be between 1 and %d, got %d", maxQueue, q)
+	}
+
+	socket("containerd.address", strings.TrimPrefix(c.Containerd.Address, "unix://"), false)
+	if err := identifiers.Validate(c.Containerd.Namespace); err != nil {
+		bad("containerd.namespace", "must be a containerd namespace (letters, digits and ._- separators, at most 76 characters), got %q", c.Containerd.Namespace)
+	}
+	return errors.Join(errs...)
+}

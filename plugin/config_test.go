@@ -1,0 +1,381 @@
+package plugin
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	toml "github.com/pelletier/go-toml/v2"
+)
+
+func writeConfig(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestDefaultConfigIsValidAndDerivesPaths(t *testing.T) {
+	c := DefaultConfig()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("default config invalid: %v", err)
+	}
+	want := map[string]string{
+		"metadata.path":          "/var/lib/containerd-flyio-snapshotter/metadata.db",
+		"pool.root_dir":          "/var/lib/containerd-flyio-snapshotter/pool",
+		"pipeline.download_dir":  "/var/lib/containerd-flyio-snapshotter/images",
+		"daemon.socket":          "/run/containerd-flyio-snapshotter/containerd-flyio-snapshotter.sock",
+		"containerd.address":     "/run/containerd/containerd.sock",
+		"containerd.namespace":   "default",
+		"pool.name":              "flyio-pool",
+		"pool.fs_type":           "ext4",
+		"pool.block_size(bytes)": "65536",
+	}
+	got := map[string]string{
+		"metadata.path":          c.Metadata.Path,
+		"pool.root_dir":          c.Pool.RootDir,
+		"pipeline.download_dir":  c.Pipeline.DownloadDir,
+		"daemon.socket":          c.Daemon.Socket,
+		"containerd.address":     c.Containerd.Address,
+		"containerd.namespace":   c.Containerd.Namespace,
+		"pool.name":              c.Pool.Name,
+		"pool.fs_type":           c.Pool.FSType,
+		"pool.block_size(bytes)": strconv.FormatInt(c.Pool.BlockSize.Bytes(), 10),
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("defaults:\n got %v\nwant %v", got, want)
+	}
+	if c.Queues.Downloads != 5 || c.Queues.Unpacking != 2 {
+		t.Errorf("queues = %+v, want downloads=5 unpacking=2", c.Queues)
+	}
+	if !c.Pool.AsyncRemove {
+		t.Error("pool.async_remove default is false, want true")
+	}
+}
+
+func TestEmptyPathLoadsDefaults(t *testing.T) {
+	c, err := LoadConfig("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(c, DefaultConfig()) {
+		t.Errorf("LoadConfig(\"\") = %+v, want defaults", c)
+	}
+}
+
+func TestRootDirMovesDerivedPaths(t *testing.T) {
+	p := writeConfig(t, "[daemon]\nroot_dir = \"/srv/flyio\"\n[pool]\nroot_dir = \"/mnt/pool\"\n")
+	c, err := LoadConfig(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Metadata.Path != "/srv/flyio/metadata.db" {
+		t.Errorf("metadata.path = %q", c.Metadata.Path)
+	}
+	if c.Pool.RootDir != "/mnt/pool" {
+		t.Errorf("explicit pool.root_dir overridden: %q", c.Pool.RootDir)
+	}
+	if c.Pipeline.DownloadDir != "/srv/flyio/images" {
+		t.Errorf("pipeline.download_dir = %q", c.Pipeline.DownloadDir)
+	}
+}
+
+func TestExampleFileEqualsDefaults(t *testing.T) {
+	c, err := LoadConfig("../config.toml.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(c, DefaultConfig()) {
+		t.Errorf("config.toml.example drifted from DefaultConfig:\n file %+v\n code %+v", c, DefaultConfig())
+	}
+}
+
+// TestExampleDocumentsEveryKey checks that every key of Config appears,
+// uncommented, in config.toml.example, so a new key cannot go undocumented.
+func TestExampleDocumentsEveryKey(t *testing.T) {
+	data, err := os.ReadFile("../config.toml.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]map[string]any
+	if err := toml.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	rt := reflect.TypeOf(Config{})
+	for i := 0; i < rt.NumField(); i++ {
+		sec := rt.Field(i).Tag.Get("toml")
+		st := rt.Field(i).Type
+		for j := 0; j < st.NumField(); j++ {
+			key := st.Field(j).Tag.Get("toml")
+			if _, ok := doc[sec][key]; !ok {
+				t.Errorf("config.toml.example does not set %s.%s", sec, key)
+			}
+		}
+	}
+}
+
+func TestFullFileRoundTrip(t *testing.T) {
+	body := `
+[daemon]
+socket = "/run/x/snap.sock"
+control_socket = ""
+root_dir = "/srv/x"
+log_level = "debug"
+metrics_address = "127.0.0.1:9123"
+[metadata]
+path = "/srv/db/meta.db"
+[pool]
+name = "pool-2"
+root_dir = "/srv/pool"
+data_device = "/dev/vdb"
+metadata_device = "/dev/vdc"
+data_size = 1073741824
+metadata_size = "64MiB"
+block_size = "256KiB"
+low_water_mark = 1024
+base_image_size = "1.5GiB"
+fs_type = "xfs"
+mkfs_options = ["-K", "-m", "crc=1"]
+async_remove = false
+delete_unknown_devices = true
+[s3]
+bucket = "my-images"
+region = "eu-west-1"
+endpoint = "http://127.0.0.1:9000"
+path_style = true
+anonymous = true
+prefix = "images/"
+[pipeline]
+download_dir = "/srv/dl"
+max_image_size = "2GB"
+download_timeout = "90s"
+extract_timeout = "1h"
+stale_lock_age = "45m"
+[queues]
+downloads = 8
+unpacking = 3
+[containerd]
+address = "/run/k3s/containerd.sock"
+namespace = "k8s.io"
+`
+	c, err := LoadConfig(writeConfig(t, body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &Config{
+		Daemon:   DaemonConfig{Socket: "/run/x/snap.sock", RootDir: "/srv/x", LogLevel: "debug", MetricsAddress: "127.0.0.1:9123"},
+		Metadata: MetadataConfig{Path: "/srv/db/meta.db"},
+		Pool: PoolConfig{Name: "pool-2", RootDir: "/srv/pool", DataDevice: "/dev/vdb", MetadataDevice: "/dev/vdc",
+			DataSize: 1 << 30, MetadataSize: 64 << 20, BlockSize: 256 << 10, LowWaterMark: 1024,
+			BaseImageSize: 3 << 29, FSType: "xfs", MkfsOptions: []string{"-K", "-m", "crc=1"},
+			AsyncRemove: false, DeleteUnknownDevices: true},
+		S3: S3Config{Bucket: "my-images", Region: "eu-west-1", Endpoint: "http://127.0.0.1:9000", PathStyle: true, Anonymous: true, Prefix: "images/"},
+		Pipeline: PipelineConfig{DownloadDir: "/srv/dl", MaxImageSize: 2_000_000_000,
+			DownloadTimeout: D(90 * time.Second), ExtractTimeout: D(time.Hour), StaleLockAge: D(45 * time.Minute)},
+		Queues:     QueuesConfig{Downloads: 8, Unpacking: 3},
+		Containerd: ContainerdConfig{Address: "/run/k3s/containerd.sock", Namespace: "k8s.io"},
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Fatalf("loaded\n %+v\nwant\n %+v", c, want)
+	}
+	// Marshal and load again: the written form reads back to the same value.
+	out, err := toml.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := ParseConfig("marshalled", out)
+	if err != nil {
+		t.Fatalf("re-reading marshalled config: %v\n%s", err, out)
+	}
+	if !reflect.DeepEqual(again, want) {
+		t.Fatalf("round trip changed the config:\n%s\n got %+v", out, again)
+	}
+}
+
+func TestUnknownKeysNameKeyFileAndLine(t *testing.T) {
+	p := writeConfig(t, "[daemon]\nsocket = \"/run/a.sock\"\nsockett = \"/x\"\n\n[pool]\nblocksize = 1\n[extra]\na = 1\n")
+	_, err := LoadConfig(p)
+	if err == nil {
+		t.Fatal("unknown keys accepted")
+	}
+	msg := err.Error()
+	for _, want := range []string{
+		p + ":3:1: unknown key \"daemon.sockett\"",
+		p + ":6:1: unknown key \"pool.blocksize\"",
+		"unknown table \"extra\"",
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error %q does not contain %q", msg, want)
+		}
+	}
+}
+
+func TestTypeErrorsNameKeyAndLine(t *testing.T) {
+	cases := []struct{ body, want string }{
+		{"[queues]\ndownloads = \"five\"\n", ":2:13: queues.downloads:"},
+		{"[pool]\nblock_size = \"64 KB/s\"\n", ":2:14: pool.block_size: size \"64 KB/s\""},
+		{"[pool]\ndata_size = \"ten\"\n", "pool.data_size: size \"ten\""},
+		{"[pipeline]\ndownload_timeout = 30\n", "pipeline.download_timeout: duration \"30\""},
+		{"[pipeline]\nextract_timeout = \"soon\"\n", "pipeline.extract_timeout: duration \"soon\""},
+		{"[pool]\nasync_remove = \"yes\"\n", "pool.async_remove:"},
+		{"[pool]\nbase_image_size = 1.5\n", "pool.base_image_size: size \"1.5\""},
+		{"[pool]\nmetadata_size = -1\n", ": pool.metadata_size: must be a multiple of 4KiB between 2MiB and 16GiB (the kernel uses at most 15.9GiB), got -1"},
+		{"[pool]\nmetadata_size = \"-1MiB\"\n", "pool.metadata_size: size \"-1MiB\": must not be negative"},
+	}
+	for _, tc := range cases {
+		p := writeConfig(t, tc.body)
+		_, err := LoadConfig(p)
+		if err == nil {
+			t.Errorf("%q accepted", tc.body)
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "config "+p) {
+			t.Errorf("%q: error %q, want it to start with the file and contain %q", tc.body, err, tc.want)
+		}
+	}
+}
+
+func TestMissingFile(t *testing.T) {
+	_, err := LoadConfig("/nonexistent/flyio.toml")
+	if err == nil || !strings.Contains(err.Error(), "/nonexistent/flyio.toml") {
+		t.Fatalf("err = %v, want it to name the file", err)
+	}
+}
+
+func TestValidateRules(t *testing.T) {
+	long := "/" + strings.Repeat("s", 120)
+	cases := []struct {
+		name   string
+		mutate func(c *Config)
+		want   string
+	}{
+		{"socket relative", func(c *Config) { c.Daemon.Socket = "run/x.sock" }, `daemon.socket: must be an absolute path, got "run/x.sock"`},
+		{"socket empty", func(c *Config) { c.Daemon.Socket = "" }, "daemon.socket: must be an absolute path, got an empty value"},
+		{"socket too long", func(c *Config) { c.Daemon.Socket = long }, "daemon.socket: unix socket path must be at most 107 bytes, got 121"},
+		{"control relative", func(c *Config) { c.Daemon.ControlSocket = "c.sock" }, "daemon.control_socket: must be an absolute path"},
+		{"control equals socket", func(c *Config) { c.Daemon.ControlSocket = c.Daemon.Socket }, "daemon.control_socket: must differ from daemon.socket"},
+		{"root relative", func(c *Config) { c.Daemon.RootDir = "var/lib" }, "daemon.root_dir: must be an absolute path"},
+		{"log level", func(c *Config) { c.Daemon.LogLevel = "loud" }, `daemon.log_level: must be one of trace, debug, info, warn, error, fatal, panic, got "loud"`},
+		{"log level empty", func(c *Config) { c.Daemon.LogLevel = "" }, "daemon.log_level: must be one of"},
+		{"metrics address", func(c *Config) { c.Daemon.MetricsAddress = "9123" }, `daemon.metrics_address: must be host:port`},
+		{"metadata path", func(c *Config) { c.Metadata.Path = "meta.db" }, "metadata.path: must be an absolute path"},
+		{"pool name empty", func(c *Config) { c.Pool.Name = "" }, "pool.name: must not be empty"},
+		{"pool name slash", func(c *Config) { c.Pool.Name = "a/b" }, `pool.name: must be at most 96 characters`},
+		{"pool name long", func(c *Config) { c.Pool.Name = strings.Repeat("p", 97) }, `pool.name: must be at most 96 characters`},
+		{"pool root", func(c *Config) { c.Pool.RootDir = "pool" }, "pool.root_dir: must be an absolute path"},
+		{"data device relative", func(c *Config) { c.Pool.DataDevice, c.Pool.MetadataDevice = "vdb", "/dev/vdc" }, "pool.data_device: must be an absolute path"},
+		{"metadata device relative", func(c *Config) { c.Pool.DataDevice, c.Pool.MetadataDevice = "/dev/vdb", "vdc" }, "pool.metadata_device: must be an absolute path"},
+		{"data device alone", func(c *Config) { c.Pool.DataDevice = "/dev/vdb" }, "pool.metadata_device: must be set when pool.data_device is set"},
+		{"metadata device alone", func(c *Config) { c.Pool.MetadataDevice = "/dev/vdc" }, "pool.data_device: must be set when pool.metadata_device is set"},
+		{"same devices", func(c *Config) { c.Pool.DataDevice, c.Pool.MetadataDevice = "/dev/vdb", "/dev/vdb" }, "pool.metadata_device: must differ from pool.data_device"},
+		{"block size 100", func(c *Config) { c.Pool.BlockSize = 100 }, "pool.block_size: must be a multiple of 128 sectors (64 KiB) between 64 KiB and 1 GiB, got 100"},
+		{"block size odd", func(c *Config) { c.Pool.BlockSize = 96 << 10 }, "pool.block_size: must be a multiple of 128 sectors (64 KiB) between 64 KiB and 1 GiB, got 96KiB"},
+		{"block size huge", func(c *Config) { c.Pool.BlockSize = 2 << 30 }, "got 2GiB"},
+		{"data size small", func(c *Config) { c.Pool.DataSize = 1 << 20 }, "pool.data_size: must be a multiple of 512 bytes and at least 16MiB, got 1MiB"},
+		{"data size unaligned", func(c *Config) { c.Pool.DataSize = 100<<20 + 1 }, "pool.data_size: must be a multiple of 512 bytes"},
+		{"data size below block", func(c *Config) { c.Pool.BlockSize, c.Pool.DataSize = 1<<30, 512<<20 }, "pool.data_size: must hold at least one data block of pool.block_size 1GiB, got 512MiB"},
+		{"metadata size small", func(c *Config) { c.Pool.MetadataSize = 1 << 20 }, "pool.metadata_size: must be a multiple of 4KiB between 2MiB and 16GiB"},
+		{"metadata size big", func(c *Config) { c.Pool.MetadataSize = 17 << 30 }, "pool.metadata_size: must be a multiple of 4KiB between 2MiB and 16GiB (the kernel uses at most 15.9GiB), got 17GiB"},
+		{"low water mark", func(c *Config) { c.Pool.DataSize, c.Pool.LowWaterMark = 64<<20, 1024 }, "pool.low_water_mark: must be fewer than the pool's 1024 data blocks"},
+		{"base size small", func(c *Config) { c.Pool.BaseImageSize = 1 << 20 }, "pool.base_image_size: must be a multiple of 512 bytes and at least 16MiB, got 1MiB"},
+		{"base size unaligned", func(c *Config) { c.Pool.BaseImageSize = 20<<20 + 3 }, "pool.base_image_size: must be a multiple of 512 bytes"},
+		{"fs type", func(c *Config) { c.Pool.FSType = "btrfs" }, `pool.fs_type: must be "ext4" or "xfs", got "btrfs"`},
+		{"mkfs empty option", func(c *Config) { c.Pool.MkfsOptions = []string{"-E", " "} }, "pool.mkfs_options[1]: must not be empty"},
+		{"bucket", func(c *Config) { c.S3.Bucket = "My_Bucket" }, `s3.bucket: must be an S3 bucket name`},
+		{"bucket dots", func(c *Config) { c.S3.Bucket = "a..b" }, `s3.bucket: must be an S3 bucket name`},
+		{"endpoint", func(c *Config) { c.S3.Endpoint = "127.0.0.1:9000" }, `s3.endpoint: must be an http:// or https:// URL with a host, got "127.0.0.1:9000"`},
+		{"prefix", func(c *Config) { c.S3.Prefix = "/images" }, "s3.prefix: must not start with '/'"},
+		{"download dir", func(c *Config) { c.Pipeline.DownloadDir = "dl" }, "pipeline.download_dir: must be an absolute path"},
+		{"max image size", func(c *Config) { c.Pipeline.MaxImageSize = 0 }, "pipeline.max_image_size: must be positive, got 0"},
+		{"download timeout", func(c *Config) { c.Pipeline.DownloadTimeout = D(0) }, `pipeline.download_timeout: must be a positive duration such as "30m", got "0s"`},
+		{"extract timeout", func(c *Config) { c.Pipeline.ExtractTimeout = D(-time.Second) }, "pipeline.extract_timeout: must be a positive duration"},
+		{"stale lock age", func(c *Config) { c.Pipeline.StaleLockAge = D(0) }, "pipeline.stale_lock_age: must be a positive duration"},
+		{"downloads zero", func(c *Config) { c.Queues.Downloads = 0 }, "queues.downloads: must be between 1 and 64, got 0"},
+		{"unpacking big", func(c *Config) { c.Queues.Unpacking = 65 }, "queues.unpacking: must be between 1 and 64, got 65"},
+		{"containerd address", func(c *Config) { c.Containerd.Address = "containerd.sock" }, "containerd.address: must be an absolute path"},
+		{"namespace", func(c *Config) { c.Containerd.Namespace = "bad ns" }, `containerd.namespace: must be a containerd namespace`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := DefaultConfig()
+			tc.mutate(c)
+			err := c.Validate()
+			if err == nil {
+				t.Fatalf("accepted; want %q", tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q\nwant it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestValidateAcceptsVariants(t *testing.T) {
+	c := DefaultConfig()
+	c.Daemon.ControlSocket = ""
+	c.Daemon.MetricsAddress = ":9123"
+	c.Pool.DataDevice, c.Pool.MetadataDevice = "/dev/vdb", "/dev/vdc"
+	c.Pool.DataSize = 0 // ignored with devices
+	c.Pool.FSType = "xfs"
+	c.Pool.BlockSize = 1 << 30
+	c.Containerd.Address = "unix:///run/containerd/containerd.sock"
+	c.S3.Bucket = "flyio.images-1"
+	c.S3.Endpoint = "https://s3.example.com"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestValidateReportsEveryProblem(t *testing.T) {
+	c := DefaultConfig()
+	c.Pool.FSType = "zfs"
+	c.Queues.Downloads = 0
+	err := c.Validate()
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, k := range []string{"pool.fs_type:", "queues.downloads:"} {
+		if !strings.Contains(err.Error(), k) {
+			t.Errorf("error %q misses %s", err, k)
+		}
+	}
+}
+
+func TestLoadConfigValidates(t *testing.T) {
+	p := writeConfig(t, "[pool]\nblock_size = 100\n")
+	_, err := LoadConfig(p)
+	want := "config " + p + ": pool.block_size: must be a multiple of 128 sectors (64 KiB) between 64 KiB and 1 GiB, got 100"
+	if err == nil || err.Error() != want {
+		t.Fatalf("err = %v\nwant %s", err, want)
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	good := map[string]int64{
+		"0": 0, "512": 512, "1_024": 1024, "0x10": 16, "64KiB": 64 << 10, "64 kib": 64 << 10,
+		"10GiB": 10 << 30, "1.5GiB": 3 << 29, "2GB": 2e9, "3MB": 3e6, "1TiB": 1 << 40, "7B": 7, "4KB": 4000,
+	}
+	for in, want := range good {
+		got, err := ParseSize(in)
+		if err != nil || got.Bytes() != want {
+			t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "GiB", "-1", "-1KiB", "1.5", "0.3KiB", "10 parsecs", "1e3", "99999999TiB"} {
+		if got, err := ParseSize(in); err == nil {
+			t.Errorf("ParseSize(%q) = %d, want an error", in, got)
+		}
+	}
+	for _, n := range []int64{0, 100, 64 << 10, 10 << 30, 3 << 29, 2e9} {
+		back, err := ParseSize(Size(n).String())
+		if err != nil || back.Bytes() != n {
+			t.Errorf("ParseSize(Size(%d).String()=%q) = %d, %v", n, Size(n).String(), back, err)
+		}
+	}
+}
