@@ -1,0 +1,550 @@
+package metadata
+
+// Typed queries for the snapshotter's tables (migration 0004_snapshotter.sql):
+// cd_snapshots, thin_devices, device_intents and quarantined_thin_ids.
+// Owner: snapshotter helper. Values are plain Go types; the snapshotter
+// package maps them to containerd's types.
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// Snapshot kinds stored in cd_snapshots.kind.
+const (
+	SnapKindActive    = "active"
+	SnapKindView      = "view"
+	SnapKindCommitted = "committed"
+)
+
+// Thin device roles and states stored in thin_devices.
+const (
+	ThinRoleBase     = "base"
+	ThinRoleSnapshot = "snapshot"
+
+	ThinStateActive   = "active"
+	ThinStateInactive = "inactive"
+	ThinStateRemoved  = "removed"
+)
+
+// Device intent operations stored in device_intents.op.
+const (
+	IntentCreate     = "create"
+	IntentFormatBase = "format_base"
+)
+
+// CDSnapshot is one containerd snapshot record joined with its device's name
+// and its parent's key.
+type CDSnapshot struct {
+	ID         int64
+	Namespace  string
+	Key        string
+	Kind       string // SnapKindActive, SnapKindView or SnapKindCommitted
+	ParentID   int64  // 0 when the snapshot has no parent
+	ParentKey  string // "" when the snapshot has no parent
+	DeviceID   uint32
+	DeviceName string
+	Labels     map[string]string // nil when the snapshot has no labels
+	CreatedNs  int64
+	UpdatedNs  int64
+	SizeBytes  int64
+	Inodes     int64
+}
+
+// ThinDevice is one thin device record.
+type ThinDevice struct {
+	ID        uint32
+	Name      string
+	OriginID  uint32 // 0 when created with create_thin (the base)
+	Role      string // ThinRoleBase or ThinRoleSnapshot
+	State     string // ThinStateActive, ThinStateInactive or ThinStateRemoved
+	SizeBytes int64
+	FSType    string
+	CreatedNs int64
+	UpdatedNs int64
+}
+
+// DeviceIntent is device work announced before it is done.
+type DeviceIntent struct {
+	ID        int64
+	Op        string // IntentCreate or IntentFormatBase
+	DeviceID  uint32
+	Name      string
+	OriginID  uint32 // 0 when the device has no origin
+	Namespace string // "" for the base device
+	Key       string // "" for the base device
+	CreatedNs int64
+}
+
+// QuarantinedID is a thin id that is never reused.
+type QuarantinedID struct {
+	DeviceID      uint32
+	Reason        string
+	Deleted       bool
+	QuarantinedNs int64
+}
+
+// snapQuerier is what both *sql.DB and *sql.Tx offer.
+type snapQuerier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// SnapshotterQueries runs the snapshotter's typed queries on either the
+// database handle (reads outside a transaction) or a write transaction from
+// (*DB).WithTx. Writes must go through SnapshotterTx so that a snapshot record
+// and its device record change together.
+type SnapshotterQueries struct {
+	q snapQuerier
+}
+
+// SnapshotterReads returns the snapshotter's queries on the database handle,
+// for reads that need no transaction.
+func (d *DB) SnapshotterReads() SnapshotterQueries {
+	return SnapshotterQueries{q: d.db}
+}
+
+// SnapshotterTx returns the snapshotter's queries inside tx, a transaction
+// given by (*DB).WithTx.
+func SnapshotterTx(tx *sql.Tx) SnapshotterQueries {
+	return SnapshotterQueries{q: tx}
+}
+
+const cdSnapshotColumns = `s.id, s.namespace, s.key, s.kind, IFNULL(s.parent_id, 0), IFNULL(p.key, ''),
+	s.device_id, d.name, s.labels, s.created_ns, s.updated_ns, s.size_bytes, s.inodes
+	FROM cd_snapshots s
+	JOIN thin_devices d ON d.device_id = s.device_id
+	LEFT JOIN cd_snapshots p ON p.id = s.parent_id`
+
+func scanCDSnapshot(sc interface{ Scan(...any) error }) (CDSnapshot, error) {
+	var (
+		s      CDSnapshot
+		labels string
+	)
+	if err := sc.Scan(&s.ID, &s.Namespace, &s.Key, &s.Kind, &s.ParentID, &s.ParentKey,
+		&s.DeviceID, &s.DeviceName, &labels, &s.CreatedNs, &s.UpdatedNs, &s.SizeBytes, &s.Inodes); err != nil {
+		return CDSnapshot{}, err
+	}
+	l, err := decodeLabels(labels)
+	if err != nil {
+		return CDSnapshot{}, fmt.Errorf("snapshot %q in namespace %q: %w", s.Key, s.Namespace, err)
+	}
+	s.Labels = l
+	return s, nil
+}
+
+func decodeLabels(text string) (map[string]string, error) {
+	if text == "" || text == "{}" {
+		return nil, nil
+	}
+	var m map[string]string
+	if err := json.Unmarshal([]byte(text), &m); err != nil {
+		return nil, fmt.Errorf("decode labels %q: %w", text, err)
+	}
+	if len(m) == 0 {
+		return nil, nil
+	}
+	return m, nil
+}
+
+func encodeLabels(m map[string]string) (string, error) {
+	if len(m) == 0 {
+		return "{}", nil
+	}
+	b, err := json.Marshal(m) // keys sorted: stable text
+	if err != nil {
+		return "", fmt.Errorf("encode labels: %w", err)
+	}
+	return string(b), nil
+}
+
+// Snapshot returns the snapshot keyed key in namespace ns; ok is false when
+// there is none.
+func (s SnapshotterQueries) Snapshot(ctx context.Context, ns, key string) (snap CDSnapshot, ok bool, err error) {
+	row := s.q.QueryRowContext(ctx, `SELECT `+cdSnapshotColumns+` WHERE s.namespace = ? AND s.key = ?`, ns, key)
+	snap, err = scanCDSnapshot(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return CDSnapshot{}, false, nil
+	}
+	if err != nil {
+		return CDSnapshot{}, false, fmt.Errorf("read snapshot %q in namespace %q: %w", key, ns, err)
+	}
+	return snap, true, nil
+}
+
+// SnapshotByID returns the snapshot whose row id is id; ok is false when
+// there is none.
+func (s SnapshotterQueries) SnapshotByID(ctx context.Context, id int64) (snap CDSnapshot, ok bool, err error) {
+	row := s.q.QueryRowContext(ctx, `SELECT `+cdSnapshotColumns+` WHERE s.id = ?`, id)
+	snap, err = scanCDSnapshot(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return CDSnapshot{}, false, nil
+	}
+	if err != nil {
+		return CDSnapshot{}, false, fmt.Errorf("read snapshot row %d: %w", id, err)
+	}
+	return snap, true, nil
+}
+
+// Snapshots returns every snapshot of namespace ns, or of all namespaces
+// when allNamespaces is true, ordered by row id.
+func (s SnapshotterQueries) Snapshots(ctx context.Context, ns string, allNamespaces bool) ([]CDSnapshot, error) {
+	var (
+		rows *sql.Rows
+		err  error
+	)
+	if allNamespaces {
+		rows, err = s.q.QueryContext(ctx, `SELECT `+cdSnapshotColumns+` ORDER BY s.id`)
+	} else {
+		rows, err = s.q.QueryContext(ctx, `SELECT `+cdSnapshotColumns+` WHERE s.namespace = ? ORDER BY s.id`, ns)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list snapshots of namespace %q: %w", ns, err)
+	}
+	defer rows.Close()
+	var out []CDSnapshot
+	for rows.Next() {
+		snap, err := scanCDSnapshot(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list snapshots of namespace %q: %w", ns, err)
+		}
+		out = append(out, snap)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list snapshots of namespace %q: %w", ns, err)
+	}
+	return out, nil
+}
+
+// ChildCount returns how many snapshots name row id as their parent.
+func (s SnapshotterQueries) ChildCount(ctx context.Context, id int64) (int, error) {
+	var n int
+	if err := s.q.QueryRowContext(ctx, `SELECT COUNT(*) FROM cd_snapshots WHERE parent_id = ?`, id).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count children of snapshot row %d: %w", id, err)
+	}
+	return n, nil
+}
+
+// InsertSnapshot records a new snapshot and returns its row id. The device
+// snap.DeviceID must already be recorded (InsertThinDevice) in the same
+// transaction.
+func (s SnapshotterQueries) InsertSnapshot(ctx context.Context, snap CDSnapshot) (int64, error) {
+	labels, err := encodeLabels(snap.Labels)
+	if err != nil {
+		return 0, fmt.Errorf("insert snapshot %q: %w", snap.Key, err)
+	}
+	var parent any
+	if snap.ParentID != 0 {
+		parent = snap.ParentID
+	}
+	res, err := s.q.ExecContext(ctx, `INSERT INTO cd_snapshots
+		(namespace, key, kind, parent_id, device_id, labels, created_ns, updated_ns, size_bytes, inodes)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		snap.Namespace, snap.Key, snap.Kind, parent, snap.DeviceID, labels,
+		snap.CreatedNs, snap.UpdatedNs, snap.SizeBytes, snap.Inodes)
+	if err != nil {
+		return 0, fmt.Errorf("insert snapshot %q in namespace %q: %w", snap.Key, snap.Namespace, err)
+	}
+	return res.LastInsertId()
+}
+
+// CommitSnapshot turns the active snapshot at row id into the committed
+// snapshot named name, replacing its labels and times and recording its
+// usage.
+func (s SnapshotterQueries) CommitSnapshot(ctx context.Context, id int64, name string, labels map[string]string, nowNs, sizeBytes, inodes int64) error {
+	text, err := encodeLabels(labels)
+	if err != nil {
+		return fmt.Errorf("commit snapshot row %d as %q: %w", id, name, err)
+	}
+	res, err := s.q.ExecContext(ctx, `UPDATE cd_snapshots SET key = ?, kind = 'committed', labels = ?,
+		created_ns = ?, updated_ns = ?, size_bytes = ?, inodes = ? WHERE id = ? AND kind = 'active'`,
+		name, text, nowNs, nowNs, sizeBytes, inodes, id)
+	if err != nil {
+		return fmt.Errorf("commit snapshot row %d as %q: %w", id, name, err)
+	}
+	return expectOneRow(res, fmt.Sprintf("commit snapshot row %d as %q: no active snapshot with that id", id, name))
+}
+
+// UpdateSnapshotLabels replaces the labels and the update time of row id.
+func (s SnapshotterQueries) UpdateSnapshotLabels(ctx context.Context, id int64, labels map[string]string, nowNs int64) error {
+	text, err := encodeLabels(labels)
+	if err != nil {
+		return fmt.Errorf("update labels of snapshot row %d: %w", id, err)
+	}
+	res, err := s.q.ExecContext(ctx, `UPDATE cd_snapshots SET labels = ?, updated_ns = ? WHERE id = ?`, text, nowNs, id)
+	if err != nil {
+		return fmt.Errorf("update labels of snapshot row %d: %w", id, err)
+	}
+	return expectOneRow(res, fmt.Sprintf("update labels of snapshot row %d: no such snapshot", id))
+}
+
+// DeleteSnapshot drops the snapshot record at row id. The caller checks for
+// children first (the foreign key refuses otherwise).
+func (s SnapshotterQueries) DeleteSnapshot(ctx context.Context, id int64) error {
+	res, err := s.q.ExecContext(ctx, `DELETE FROM cd_snapshots WHERE id = ?`, id)
+	if err != nil {
+		return fmt.Errorf("delete snapshot row %d: %w", id, err)
+	}
+	return expectOneRow(res, fmt.Sprintf("delete snapshot row %d: no such snapshot", id))
+}
+
+func expectOneRow(res sql.Result, msg string) error {
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("%s: %w", msg, err)
+	}
+	if n != 1 {
+		return errors.New(msg)
+	}
+	return nil
+}
+
+const thinDeviceColumns = `device_id, name, IFNULL(origin_id, 0), role, state, size_bytes, fs_type, created_ns, updated_ns FROM thin_devices`
+
+func scanThinDevice(sc interface{ Scan(...any) error }) (ThinDevice, error) {
+	var d ThinDevice
+	err := sc.Scan(&d.ID, &d.Name, &d.OriginID, &d.Role, &d.State, &d.SizeBytes, &d.FSType, &d.CreatedNs, &d.UpdatedNs)
+	return d, err
+}
+
+// InsertThinDevice records a thin device.
+func (s SnapshotterQueries) InsertThinDevice(ctx context.Context, d ThinDevice) error {
+	var origin any
+	if d.OriginID != 0 {
+		origin = d.OriginID
+	}
+	if _, err := s.q.ExecContext(ctx, `INSERT INTO thin_devices
+		(device_id, name, origin_id, role, state, size_bytes, fs_type, created_ns, updated_ns)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		d.ID, d.Name, origin, d.Role, d.State, d.SizeBytes, d.FSType, d.CreatedNs, d.UpdatedNs); err != nil {
+		return fmt.Errorf("insert thin device %d (%s): %w", d.ID, d.Name, err)
+	}
+	return nil
+}
+
+// ThinDevice returns the device record of thin id id; ok is false when there
+// is none.
+func (s SnapshotterQueries) ThinDevice(ctx context.Context, id uint32) (d ThinDevice, ok bool, err error) {
+	d, err = scanThinDevice(s.q.QueryRowContext(ctx, `SELECT `+thinDeviceColumns+` WHERE device_id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return ThinDevice{}, false, nil
+	}
+	if err != nil {
+		return ThinDevice{}, false, fmt.Errorf("read thin device %d: %w", id, err)
+	}
+	return d, true, nil
+}
+
+// BaseDevice returns the pool's base device record; ok is false until the
+// base has been formatted.
+func (s SnapshotterQueries) BaseDevice(ctx context.Context) (d ThinDevice, ok bool, err error) {
+	d, err = scanThinDevice(s.q.QueryRowContext(ctx, `SELECT `+thinDeviceColumns+` WHERE role = 'base'`))
+	if errors.Is(err, sql.ErrNoRows) {
+		return ThinDevice{}, false, nil
+	}
+	if err != nil {
+		return ThinDevice{}, false, fmt.Errorf("read base device: %w", err)
+	}
+	return d, true, nil
+}
+
+// ThinDevices returns every device record, or only those in state when
+// state is not "", ordered by id.
+func (s SnapshotterQueries) ThinDevices(ctx context.Context, state string) ([]ThinDevice, error) {
+	var (
+		rows *sql.Rows
+		err  error
+	)
+	if state == "" {
+		rows, err = s.q.QueryContext(ctx, `SELECT `+thinDeviceColumns+` ORDER BY device_id`)
+	} else {
+		rows, err = s.q.QueryContext(ctx, `SELECT `+thinDeviceColumns+` WHERE state = ? ORDER BY device_id`, state)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list thin devices (state %q): %w", state, err)
+	}
+	defer rows.Close()
+	var out []ThinDevice
+	for rows.Next() {
+		d, err := scanThinDevice(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list thin devices (state %q): %w", state, err)
+		}
+		out = append(out, d)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list thin devices (state %q): %w", state, err)
+	}
+	return out, nil
+}
+
+// SetThinDeviceState records that device id is now in state.
+func (s SnapshotterQueries) SetThinDeviceState(ctx context.Context, id uint32, state string, nowNs int64) error {
+	res, err := s.q.ExecContext(ctx, `UPDATE thin_devices SET state = ?, updated_ns = ? WHERE device_id = ?`, state, nowNs, id)
+	if err != nil {
+		return fmt.Errorf("set thin device %d state %q: %w", id, state, err)
+	}
+	return expectOneRow(res, fmt.Sprintf("set thin device %d state %q: no such device", id, state))
+}
+
+// DeleteThinDevice drops the record of device id, once the device is gone
+// from the pool. Deleting an absent record is not an error.
+func (s SnapshotterQueries) DeleteThinDevice(ctx context.Context, id uint32) error {
+	if _, err := s.q.ExecContext(ctx, `DELETE FROM thin_devices WHERE device_id = ?`, id); err != nil {
+		return fmt.Errorf("delete thin device %d: %w", id, err)
+	}
+	return nil
+}
+
+// InsertIntent records device work about to be done. It fails when the
+// device id, or the (namespace, key) pair, is already reserved by another
+// intent.
+func (s SnapshotterQueries) InsertIntent(ctx context.Context, in DeviceIntent) (int64, error) {
+	var origin, ns, key any
+	if in.OriginID != 0 {
+		origin = in.OriginID
+	}
+	if in.Key != "" {
+		ns, key = in.Namespace, in.Key
+	}
+	res, err := s.q.ExecContext(ctx, `INSERT INTO device_intents
+		(op, device_id, name, origin_id, namespace, key, created_ns) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+		in.Op, in.DeviceID, in.Name, origin, ns, key, in.CreatedNs)
+	if err != nil {
+		return 0, fmt.Errorf("record %s intent for device %d (%s): %w", in.Op, in.DeviceID, in.Name, err)
+	}
+	return res.LastInsertId()
+}
+
+// Intents returns every recorded intent, oldest first.
+func (s SnapshotterQueries) Intents(ctx context.Context) ([]DeviceIntent, error) {
+	rows, err := s.q.QueryContext(ctx, `SELECT id, op, device_id, name, IFNULL(origin_id, 0),
+		IFNULL(namespace, ''), IFNULL(key, ''), created_ns FROM device_intents ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("list device intents: %w", err)
+	}
+	defer rows.Close()
+	var out []DeviceIntent
+	for rows.Next() {
+		var in DeviceIntent
+		if err := rows.Scan(&in.ID, &in.Op, &in.DeviceID, &in.Name, &in.OriginID, &in.Namespace, &in.Key, &in.CreatedNs); err != nil {
+			return nil, fmt.Errorf("list device intents: %w", err)
+		}
+		out = append(out, in)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list device intents: %w", err)
+	}
+	return out, nil
+}
+
+// KeyReserved reports whether an intent reserves (ns, key).
+func (s SnapshotterQueries) KeyReserved(ctx context.Context, ns, key string) (bool, error) {
+	var n int
+	if err := s.q.QueryRowContext(ctx, `SELECT COUNT(*) FROM device_intents WHERE namespace = ? AND key = ?`, ns, key).Scan(&n); err != nil {
+		return false, fmt.Errorf("check intents for key %q in namespace %q: %w", key, ns, err)
+	}
+	return n > 0, nil
+}
+
+// IntentsWithOrigin returns how many intents create a device from origin.
+func (s SnapshotterQueries) IntentsWithOrigin(ctx context.Context, origin uint32) (int, error) {
+	var n int
+	if err := s.q.QueryRowContext(ctx, `SELECT COUNT(*) FROM device_intents WHERE origin_id = ?`, origin).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count intents with origin %d: %w", origin, err)
+	}
+	return n, nil
+}
+
+// DeleteIntent drops intent id. Deleting an absent intent is not an error.
+func (s SnapshotterQueries) DeleteIntent(ctx context.Context, id int64) error {
+	if _, err := s.q.ExecContext(ctx, `DELETE FROM device_intents WHERE id = ?`, id); err != nil {
+		return fmt.Errorf("delete device intent %d: %w", id, err)
+	}
+	return nil
+}
+
+// Quarantine records thin id id as never to be reused, with the reason and
+// whether its device was deleted from the pool. Quarantining an id again
+// updates the reason and the deleted flag (which never goes back to 0).
+func (s SnapshotterQueries) Quarantine(ctx context.Context, id uint32, reason string, deleted bool, nowNs int64) error {
+	del := 0
+	if deleted {
+		del = 1
+	}
+	if _, err := s.q.ExecContext(ctx, `INSERT INTO quarantined_thin_ids (device_id, reason, deleted, quarantined_ns)
+		VALUES (?, ?, ?, ?) ON CONFLICT(device_id) DO UPDATE SET reason = excluded.reason,
+		deleted = MAX(deleted, excluded.deleted)`, id, reason, del, nowNs); err != nil {
+		return fmt.Errorf("quarantine thin id %d: %w", id, err)
+	}
+	return nil
+}
+
+// QuarantinedIDs returns every quarantined thin id, ordered by id.
+func (s SnapshotterQueries) QuarantinedIDs(ctx context.Context) ([]QuarantinedID, error) {
+	rows, err := s.q.QueryContext(ctx, `SELECT device_id, reason, deleted, quarantined_ns FROM quarantined_thin_ids ORDER BY device_id`)
+	if err != nil {
+		return nil, fmt.Errorf("list quarantined thin ids: %w", err)
+	}
+	defer rows.Close()
+	var out []QuarantinedID
+	for rows.Next() {
+		var q QuarantinedID
+		if err := rows.Scan(&q.DeviceID, &q.Reason, &q.Deleted, &q.QuarantinedNs); err != nil {
+			return nil, fmt.Errorf("list quarantined thin ids: %w", err)
+		}
+		out = append(out, q)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list quarantined thin ids: %w", err)
+	}
+	return out, nil
+}
+
+// ThinIDUsed reports whether thin id id is taken: recorded as a device,
+// reserved by an intent, or quarantined.
+func (s SnapshotterQueries) ThinIDUsed(ctx context.Context, id uint32) (bool, error) {
+	var n int
+	if err := s.q.QueryRowContext(ctx, `SELECT
+		(SELECT COUNT(*) FROM thin_devices WHERE device_id = ?1) +
+		(SELECT COUNT(*) FROM device_intents WHERE device_id = ?1) +
+		(SELECT COUNT(*) FROM quarantined_thin_ids WHERE device_id = ?1)`, id).Scan(&n); err != nil {
+		return false, fmt.Errorf("check whether thin id %d is used: %w", id, err)
+	}
+	return n > 0, nil
+}
+
+// DeviceStateCounts returns how many devices are in each state the
+// snapshotter reports: "active", "view" and "committed" (snapshots by kind),
+// "removed-pending" (devices awaiting Cleanup), "quarantined" (quarantined
+// ids whose device may still be in the pool) and "base". Every key is
+// present, zero when nothing is in that state.
+func (s SnapshotterQueries) DeviceStateCounts(ctx context.Context) (map[string]int, error) {
+	out := map[string]int{"active": 0, "view": 0, "committed": 0, "removed-pending": 0, "quarantined": 0, "base": 0}
+	rows, err := s.q.QueryContext(ctx, `SELECT kind, COUNT(*) FROM cd_snapshots GROUP BY kind
+		UNION ALL SELECT 'removed-pending', COUNT(*) FROM thin_devices WHERE state = 'removed'
+		UNION ALL SELECT 'base', COUNT(*) FROM thin_devices WHERE role = 'base'
+		UNION ALL SELECT 'quarantined', COUNT(*) FROM quarantined_thin_ids WHERE deleted = 0`)
+	if err != nil {
+		return nil, fmt.Errorf("count devices by state: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			k string
+			n int
+		)
+		if err := rows.Scan(&k, &n); err != nil {
+			return nil, fmt.Errorf("count devices by state: %w", err)
+		}
+		out[k] += n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("count devices by state: %w", err)
+	}
+	return out, nil
+}

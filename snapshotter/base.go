@@ -1,0 +1,138 @@
+package snapshotter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
+)
+
+// ensureBase returns the pool's base device, creating and formatting it the
+// first time: create_thin, activate, mkfs, remove lost+found (containerd
+// expects an empty root), deactivate. The outcome is recorded only after all
+// of that succeeded; until then an intent row names the id, so a crash
+// leaves nothing that reconciliation cannot roll back.
+func (s *Snapshotter) ensureBase(ctx context.Context) (*metadata.ThinDevice, error) {
+	s.baseMu.Lock()
+	defer s.baseMu.Unlock()
+	if s.base != nil {
+		return s.base, nil
+	}
+	if d, ok, err := s.reads().BaseDevice(ctx); err != nil {
+		return nil, err
+	} else if ok {
+		if d.FSType != s.cfg.FSType {
+			log.G(ctx).WithFields(log.Fields{"pool": s.pool.Name(), "base_fs": d.FSType, "config_fs": s.cfg.FSType}).
+				Warn("pool's base device keeps the filesystem it was formatted with")
+		}
+		s.base = &d
+		return s.base, nil
+	}
+
+	var (
+		intentID int64
+		id       uint32
+		name     string
+	)
+	err := s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
+		var err error
+		id, err = probeID(ctx, candidateID("", baseSeedKey), q.ThinIDUsed)
+		if err != nil {
+			return err
+		}
+		name = baseDeviceName(s.pool.Name(), id)
+		intentID, err = q.InsertIntent(ctx, metadata.DeviceIntent{Op: metadata.IntentFormatBase, DeviceID: id, Name: name, CreatedNs: nowNs()})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("base device of pool %s: record intent: %w", s.pool.Name(), err)
+	}
+	plan := createPlan{intentID: intentID, id: id, name: name}
+	logger := log.G(ctx).WithFields(log.Fields{"pool": s.pool.Name(), "thin_id": id, "device": name, "fs": s.cfg.FSType})
+	if err := s.step("base:intent"); err != nil {
+		return nil, err
+	}
+	if err := s.pool.CreateThin(ctx, id); err != nil {
+		if errors.Is(err, thinpool.ErrExists) {
+			// Not ours: never touch it, never reuse the id. The next call
+			// chooses another.
+			s.quarantineAndDrop(ctx, plan, "found in pool while creating the base device; no record explains it")
+		} else {
+			s.rollbackCreate(ctx, plan, false, err)
+		}
+		return nil, fmt.Errorf("base device of pool %s: create_thin %d: %w", s.pool.Name(), id, err)
+	}
+	if err := s.formatBase(ctx, name, id); err != nil {
+		s.rollbackCreate(ctx, plan, true, err)
+		return nil, fmt.Errorf("base device of pool %s: %w", s.pool.Name(), err)
+	}
+	if err := s.step("base:formatted"); err != nil {
+		return nil, err
+	}
+	now := nowNs()
+	d := metadata.ThinDevice{ID: id, Name: name, Role: metadata.ThinRoleBase, State: metadata.ThinStateInactive,
+		SizeBytes: s.cfg.BaseImageSize, FSType: s.cfg.FSType, CreatedNs: now, UpdatedNs: now}
+	err = s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
+		if err := q.InsertThinDevice(ctx, d); err != nil {
+			return err
+		}
+		return q.DeleteIntent(ctx, intentID)
+	})
+	if err != nil {
+		s.rollbackCreate(ctx, plan, true, err)
+		return nil, fmt.Errorf("base device of pool %s: record outcome: %w", s.pool.Name(), err)
+	}
+	logger.Info("base device created and formatted")
+	s.base = &d
+	return s.base, nil
+}
+
+func (s *Snapshotter) formatBase(ctx context.Context, name string, id uint32) (err error) {
+	path, err := s.pool.Activate(ctx, name, id, s.cfg.BaseImageSize)
+	if err != nil {
+		return fmt.Errorf("activate %s: %w", name, err)
+	}
+	if err := thinpool.Mkfs(ctx, path, thinpool.FSType(s.cfg.FSType), s.cfg.MkfsOptions); err != nil {
+		return fmt.Errorf("mkfs %s on %s: %w", s.cfg.FSType, path, err)
+	}
+	if err := emptyRoot(path, s.cfg.FSType); err != nil {
+		return err
+	}
+	if err := s.pool.Deactivate(ctx, name); err != nil {
+		return fmt.Errorf("deactivate %s after mkfs: %w", name, err)
+	}
+	return nil
+}
+
+// emptyRoot mounts the fresh filesystem on path, removes lost+found and
+// makes the root 0755, so a parentless snapshot starts as an empty
+// directory, as containerd expects.
+func emptyRoot(path, fsType string) (err error) {
+	dir, err := os.MkdirTemp("", "flyio-base-")
+	if err != nil {
+		return fmt.Errorf("mount %s to empty its root: %w", path, err)
+	}
+	defer os.Remove(dir)
+	if err := unix.Mount(path, dir, fsType, 0, ""); err != nil {
+		return fmt.Errorf("mount %s (%s) on %s to empty its root: %w", path, fsType, dir, err)
+	}
+	defer func() {
+		if uerr := unix.Unmount(dir, 0); uerr != nil && err == nil {
+			err = fmt.Errorf("unmount %s from %s: %w", path, dir, uerr)
+		}
+	}()
+	if err := os.Remove(filepath.Join(dir, "lost+found")); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("remove lost+found on %s: %w", path, err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return fmt.Errorf("chmod root of %s: %w", path, err)
+	}
+	return nil
+}

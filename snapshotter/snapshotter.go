@@ -1,0 +1,785 @@
+package snapshotter
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"maps"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/filters"
+	"github.com/containerd/containerd/v2/pkg/labels"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
+)
+
+// Snapshotter is containerd's snapshots.Snapshotter and snapshots.Cleaner
+// over a thin pool. It is safe for concurrent use. It does not own the
+// database or the pool: Close leaves both open.
+type Snapshotter struct {
+	db   *metadata.DB
+	pool *thinpool.Pool
+	cfg  Config
+
+	baseMu sync.Mutex
+	base   *metadata.ThinDevice // set once the base device is formatted
+
+	closed atomic.Bool
+
+	// hook, when set (by tests only), is called at named points between the
+	// steps of an operation; an error wrapping errSimulatedCrash makes the
+	// operation stop there without undoing anything, as a crash would.
+	hook func(step string) error
+}
+
+// errSimulatedCrash marks a test hook's stop: no rollback is attempted.
+var errSimulatedCrash = errors.New("simulated crash")
+
+var (
+	_ snapshots.Snapshotter = (*Snapshotter)(nil)
+	_ snapshots.Cleaner     = (*Snapshotter)(nil)
+)
+
+// New returns a Snapshotter on pool with its records in db, after reconciling
+// the database with the pool (see Reconcile). db must have been opened
+// read-write (migrated to include 0004_snapshotter).
+func New(ctx context.Context, db *metadata.DB, pool *thinpool.Pool, cfg Config) (*Snapshotter, error) {
+	if db == nil || pool == nil {
+		return nil, fmt.Errorf("new snapshotter: database and pool are required: %w", errdefs.ErrInvalidArgument)
+	}
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("new snapshotter: %w", err)
+	}
+	s := &Snapshotter{db: db, pool: pool, cfg: cfg}
+	if err := s.reconcile(ctx); err != nil {
+		return nil, fmt.Errorf("new snapshotter on pool %s: reconcile: %w", pool.Name(), err)
+	}
+	return s, nil
+}
+
+func (s *Snapshotter) step(name string) error {
+	if s.hook == nil {
+		return nil
+	}
+	return s.hook(name)
+}
+
+func (s *Snapshotter) reads() metadata.SnapshotterQueries { return s.db.SnapshotterReads() }
+
+func (s *Snapshotter) withTx(ctx context.Context, fn func(q metadata.SnapshotterQueries) error) error {
+	return s.db.WithTx(ctx, func(tx *sql.Tx) error { return fn(metadata.SnapshotterTx(tx)) })
+}
+
+func (s *Snapshotter) open(ctx context.Context) (string, error) {
+	if s.closed.Load() {
+		return "", fmt.Errorf("snapshotter on pool %s is closed: %w", s.pool.Name(), errdefs.ErrFailedPrecondition)
+	}
+	return namespaces.NamespaceRequired(ctx)
+}
+
+func nowNs() int64 { return time.Now().UTC().UnixNano() }
+
+func kindOf(k string) snapshots.Kind {
+	switch k {
+	case metadata.SnapKindActive:
+		return snapshots.KindActive
+	case metadata.SnapKindView:
+		return snapshots.KindView
+	case metadata.SnapKindCommitted:
+		return snapshots.KindCommitted
+	}
+	return snapshots.KindUnknown
+}
+
+func infoOf(r metadata.CDSnapshot) snapshots.Info {
+	return snapshots.Info{
+		Kind:    kindOf(r.Kind),
+		Name:    r.Key,
+		Parent:  r.ParentKey,
+		Labels:  r.Labels,
+		Created: time.Unix(0, r.CreatedNs).UTC(),
+		Updated: time.Unix(0, r.UpdatedNs).UTC(),
+	}
+}
+
+func validateLabels(m map[string]string) error {
+	for k, v := range m {
+		if err := labels.Validate(k, v); err != nil {
+			return fmt.Errorf("label %q: %w", k, err)
+		}
+	}
+	return nil
+}
+
+func (s *Snapshotter) get(ctx context.Context, ns, key string) (metadata.CDSnapshot, error) {
+	r, ok, err := s.reads().Snapshot(ctx, ns, key)
+	if err != nil {
+		return r, err
+	}
+	if !ok {
+		return r, fmt.Errorf("snapshot %q in namespace %q: %w", key, ns, errdefs.ErrNotFound)
+	}
+	return r, nil
+}
+
+// Stat returns the info of the snapshot key in the context's namespace.
+func (s *Snapshotter) Stat(ctx context.Context, key string) (snapshots.Info, error) {
+	ns, err := s.open(ctx)
+	if err != nil {
+		return snapshots.Info{}, err
+	}
+	r, err := s.get(ctx, ns, key)
+	if err != nil {
+		return snapshots.Info{}, err
+	}
+	return infoOf(r), nil
+}
+
+// Update changes the labels of snapshot info.Name: all of them when no
+// fieldpaths are given or "labels" is one of them, or the single labels
+// named "labels.<key>" (an empty or absent value deletes the label). Any
+// other fieldpath is an invalid argument.
+func (s *Snapshotter) Update(ctx context.Context, info snapshots.Info, fieldpaths ...string) (snapshots.Info, error) {
+	ns, err := s.open(ctx)
+	if err != nil {
+		return snapshots.Info{}, err
+	}
+	var out snapshots.Info
+	err = s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
+		r, ok, err := q.Snapshot(ctx, ns, info.Name)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("update snapshot %q in namespace %q: %w", info.Name, ns, errdefs.ErrNotFound)
+		}
+		updated := maps.Clone(r.Labels)
+		if len(fieldpaths) == 0 {
+			updated = maps.Clone(info.Labels)
+		}
+		for _, fp := range fieldpaths {
+			if k, ok := strings.CutPrefix(fp, "labels."); ok {
+				if updated == nil {
+					updated = map[string]string{}
+				}
+				if v := info.Labels[k]; v != "" {
+					updated[k] = v
+				} else {
+					delete(updated, k)
+				}
+				continue
+			}
+			if fp == "labels" {
+				updated = maps.Clone(info.Labels)
+				continue
+			}
+			return fmt.Errorf("update snapshot %q: cannot update field %q (only labels and labels.<key>): %w", info.Name, fp, errdefs.ErrInvalidArgument)
+		}
+		maps.DeleteFunc(updated, func(_, v string) bool { return v == "" })
+		if err := validateLabels(updated); err != nil {
+			return fmt.Errorf("update snapshot %q: %w", info.Name, err)
+		}
+		now := nowNs()
+		if err := q.UpdateSnapshotLabels(ctx, r.ID, updated, now); err != nil {
+			return err
+		}
+		r.Labels = updated
+		if len(r.Labels) == 0 {
+			r.Labels = nil
+		}
+		r.UpdatedNs = now
+		out = infoOf(r)
+		return nil
+	})
+	return out, err
+}
+
+// Usage returns the bytes the snapshot key maps beyond its parent: for a
+// committed snapshot as recorded at commit, for an active or view snapshot
+// read from the pool now. Inodes are not counted (0).
+func (s *Snapshotter) Usage(ctx context.Context, key string) (snapshots.Usage, error) {
+	ns, err := s.open(ctx)
+	if err != nil {
+		return snapshots.Usage{}, err
+	}
+	r, err := s.get(ctx, ns, key)
+	if err != nil {
+		return snapshots.Usage{}, err
+	}
+	size := r.SizeBytes
+	if r.Kind != metadata.SnapKindCommitted {
+		size, err = s.mappedBytes(ctx, r)
+		if err != nil {
+			return snapshots.Usage{}, fmt.Errorf("usage of snapshot %q: %w", key, err)
+		}
+	}
+	if r.ParentID != 0 {
+		p, ok, err := s.reads().SnapshotByID(ctx, r.ParentID)
+		if err != nil {
+			return snapshots.Usage{}, err
+		}
+		if ok {
+			size -= p.SizeBytes
+		}
+	}
+	return snapshots.Usage{Size: max(size, 0)}, nil
+}
+
+// mappedBytes reads the mapped size of r's device, activating it if needed.
+func (s *Snapshotter) mappedBytes(ctx context.Context, r metadata.CDSnapshot) (int64, error) {
+	st, err := s.pool.ThinStatus(ctx, r.DeviceName)
+	if err != nil {
+		dev, ok, derr := s.reads().ThinDevice(ctx, r.DeviceID)
+		if derr != nil || !ok {
+			return 0, err
+		}
+		if _, aerr := s.pool.Activate(ctx, dev.Name, dev.ID, dev.SizeBytes); aerr != nil {
+			return 0, errors.Join(err, aerr)
+		}
+		if st, err = s.pool.ThinStatus(ctx, r.DeviceName); err != nil {
+			return 0, err
+		}
+	}
+	return int64(st.MappedSectors) * 512, nil
+}
+
+// Mounts returns the mounts of the active or view snapshot key, activating
+// its device if it is not active (after a reboot, for example).
+func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, error) {
+	ns, err := s.open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.get(ctx, ns, key)
+	if err != nil {
+		return nil, err
+	}
+	if r.Kind == metadata.SnapKindCommitted {
+		return nil, fmt.Errorf("mounts of snapshot %q: a committed snapshot has no mounts (view it instead): %w", key, errdefs.ErrFailedPrecondition)
+	}
+	dev, ok, err := s.reads().ThinDevice(ctx, r.DeviceID)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("mounts of snapshot %q: device %d has no record: %w", key, r.DeviceID, errdefs.ErrNotFound)
+	}
+	path, err := s.pool.Activate(ctx, dev.Name, dev.ID, dev.SizeBytes)
+	if err != nil {
+		return nil, fmt.Errorf("mounts of snapshot %q: activate %s: %w", key, dev.Name, err)
+	}
+	return s.mounts(dev.FSType, path, r.Kind == metadata.SnapKindView), nil
+}
+
+func (s *Snapshotter) mounts(fsType, path string, readOnly bool) []mount.Mount {
+	opts := thinpool.MountOptions(thinpool.FSType(fsType), readOnly)
+	if readOnly && fsType == string(thinpool.FSExt4) {
+		opts = appendMissing(opts, "ro", "noload")
+	} else if readOnly {
+		opts = appendMissing(opts, "ro")
+	}
+	return []mount.Mount{{Type: fsType, Source: path, Options: opts}}
+}
+
+func appendMissing(opts []string, add ...string) []string {
+	out := append([]string(nil), opts...)
+	for _, a := range add {
+		found := false
+		for _, o := range out {
+			if o == a {
+				found = true
+				break
+			}
+		}
+		if !found {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// Prepare creates the active snapshot key on parent ("" for an empty
+// filesystem) and returns its mounts. When the label
+// containerd.io/snapshot.ref names a committed snapshot that already exists
+// on the same parent, nothing is created and the error is AlreadyExists, as
+// containerd's unpacker expects.
+func (s *Snapshotter) Prepare(ctx context.Context, key, parent string, opts ...snapshots.Opt) ([]mount.Mount, error) {
+	return s.create(ctx, metadata.SnapKindActive, key, parent, opts)
+}
+
+// View creates the view snapshot key on parent, a snapshot whose mounts are
+// read-only.
+func (s *Snapshotter) View(ctx context.Context, key, parent string, opts ...snapshots.Opt) ([]mount.Mount, error) {
+	return s.create(ctx, metadata.SnapKindView, key, parent, opts)
+}
+
+// createPlan is what the intent transaction of create decided.
+type createPlan struct {
+	intentID int64
+	id       uint32
+	name     string
+	origin   uint32
+	parentID int64
+	size     int64
+	fsType   string
+}
+
+func (s *Snapshotter) create(ctx context.Context, kind, key, parent string, opts []snapshots.Opt) ([]mount.Mount, error) {
+	ns, err := s.open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if key == "" {
+		return nil, fmt.Errorf("create snapshot: empty key: %w", errdefs.ErrInvalidArgument)
+	}
+	var base snapshots.Info
+	for _, o := range opts {
+		if err := o(&base); err != nil {
+			return nil, err
+		}
+	}
+	if err := validateLabels(base.Labels); err != nil {
+		return nil, fmt.Errorf("create snapshot %q: %w", key, err)
+	}
+	logger := log.G(ctx).WithFields(log.Fields{"namespace": ns, "key": key, "parent": parent, "kind": kind})
+
+	var baseDev *metadata.ThinDevice
+	if parent == "" {
+		if baseDev, err = s.ensureBase(ctx); err != nil {
+			return nil, fmt.Errorf("create snapshot %q: %w", key, err)
+		}
+	}
+
+	var plan createPlan
+	for attempt := 0; ; attempt++ {
+		plan, err = s.planCreate(ctx, ns, kind, key, parent, base.Labels, baseDev)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.step("create:intent"); err != nil {
+			return nil, err
+		}
+		err = s.pool.CreateSnap(ctx, plan.id, plan.origin)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, thinpool.ErrExists) && attempt < 8 {
+			// The pool holds a device that nothing recorded: never touch it,
+			// never reuse its id.
+			if qerr := s.quarantineAndDrop(ctx, plan, "found in pool while creating a snapshot; no record explains it"); qerr != nil {
+				return nil, fmt.Errorf("create snapshot %q: quarantine thin id %d: %w", key, plan.id, qerr)
+			}
+			continue
+		}
+		s.rollbackCreate(ctx, plan, false, err)
+		return nil, fmt.Errorf("create snapshot %q: create_snap %d of %d: %w", key, plan.id, plan.origin, err)
+	}
+	if err := s.step("create:device"); err != nil {
+		return nil, err
+	}
+	path, err := s.pool.Activate(ctx, plan.name, plan.id, plan.size)
+	if err != nil {
+		s.rollbackCreate(ctx, plan, true, err)
+		return nil, fmt.Errorf("create snapshot %q: activate %s: %w", key, plan.name, err)
+	}
+	if err := s.step("create:activated"); err != nil {
+		return nil, err
+	}
+	now := nowNs()
+	err = s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
+		if err := q.InsertThinDevice(ctx, metadata.ThinDevice{
+			ID: plan.id, Name: plan.name, OriginID: plan.origin, Role: metadata.ThinRoleSnapshot,
+			State: metadata.ThinStateActive, SizeBytes: plan.size, FSType: plan.fsType, CreatedNs: now, UpdatedNs: now,
+		}); err != nil {
+			return err
+		}
+		if _, err := q.InsertSnapshot(ctx, metadata.CDSnapshot{
+			Namespace: ns, Key: key, Kind: kind, ParentID: plan.parentID, DeviceID: plan.id,
+			Labels: base.Labels, CreatedNs: now, UpdatedNs: now,
+		}); err != nil {
+			return err
+		}
+		return q.DeleteIntent(ctx, plan.intentID)
+	})
+	if err != nil {
+		s.rollbackCreate(ctx, plan, true, err)
+		return nil, fmt.Errorf("create snapshot %q: record outcome: %w", key, err)
+	}
+	logger.WithFields(log.Fields{"thin_id": plan.id, "device": plan.name}).Debug("snapshot created")
+	return s.mounts(plan.fsType, path, kind == metadata.SnapKindView), nil
+}
+
+// planCreate checks the request and records the create intent, in one write
+// transaction; it returns the plan of the device work.
+func (s *Snapshotter) planCreate(ctx context.Context, ns, kind, key, parent string, lbls map[string]string, baseDev *metadata.ThinDevice) (createPlan, error) {
+	var plan createPlan
+	err := s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
+		if target := lbls[snapshots.LabelSnapshotRef]; target != "" && kind == metadata.SnapKindActive {
+			found, err := findRefTarget(ctx, q, ns, target, parent)
+			if err != nil {
+				return err
+			}
+			if found != "" {
+				return fmt.Errorf("target snapshot %q (committed as %q): %w", target, found, errdefs.ErrAlreadyExists)
+			}
+		}
+		if _, ok, err := q.Snapshot(ctx, ns, key); err != nil {
+			return err
+		} else if ok {
+			return fmt.Errorf("snapshot %q in namespace %q: %w", key, ns, errdefs.ErrAlreadyExists)
+		}
+		if reserved, err := q.KeyReserved(ctx, ns, key); err != nil {
+			return err
+		} else if reserved {
+			return fmt.Errorf("snapshot %q in namespace %q is being created: %w", key, ns, errdefs.ErrAlreadyExists)
+		}
+		if parent != "" {
+			p, ok, err := q.Snapshot(ctx, ns, parent)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("parent snapshot %q of %q in namespace %q: %w", parent, key, ns, errdefs.ErrNotFound)
+			}
+			if p.Kind != metadata.SnapKindCommitted {
+				return fmt.Errorf("parent snapshot %q of %q is %s, not committed: %w", parent, key, p.Kind, errdefs.ErrInvalidArgument)
+			}
+			pd, ok, err := q.ThinDevice(ctx, p.DeviceID)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("parent snapshot %q: device %d has no record: %w", parent, p.DeviceID, errdefs.ErrNotFound)
+			}
+			plan.origin, plan.parentID, plan.size, plan.fsType = pd.ID, p.ID, pd.SizeBytes, pd.FSType
+		} else {
+			plan.origin, plan.size, plan.fsType = baseDev.ID, baseDev.SizeBytes, baseDev.FSType
+		}
+		id, err := probeID(ctx, candidateID(ns, key), q.ThinIDUsed)
+		if err != nil {
+			return err
+		}
+		plan.id, plan.name = id, deviceName(s.pool.Name(), id)
+		plan.intentID, err = q.InsertIntent(ctx, metadata.DeviceIntent{
+			Op: metadata.IntentCreate, DeviceID: id, Name: plan.name, OriginID: plan.origin,
+			Namespace: ns, Key: key, CreatedNs: nowNs(),
+		})
+		return err
+	})
+	return plan, err
+}
+
+// findRefTarget returns the name of a committed snapshot of namespace ns on
+// parent that is the target of a containerd.io/snapshot.ref label: one
+// labelled with target, or else one named target. It returns "" if none.
+func findRefTarget(ctx context.Context, q metadata.SnapshotterQueries, ns, target, parent string) (string, error) {
+	all, err := q.Snapshots(ctx, ns, false)
+	if err != nil {
+		return "", err
+	}
+	byName := ""
+	for _, r := range all {
+		if r.Kind != metadata.SnapKindCommitted || r.ParentKey != parent {
+			continue
+		}
+		if r.Labels[snapshots.LabelSnapshotRef] == target {
+			return r.Key, nil
+		}
+		if r.Key == target {
+			byName = r.Key
+		}
+	}
+	return byName, nil
+}
+
+// rollbackCreate undoes the device work of a failed create and drops its
+// intent. If the device cannot be removed, its id is quarantined in the same
+// transaction that drops the intent, so it is never reused.
+func (s *Snapshotter) rollbackCreate(ctx context.Context, plan createPlan, created bool, cause error) {
+	if errors.Is(cause, errSimulatedCrash) {
+		return
+	}
+	logger := log.G(ctx).WithFields(log.Fields{"thin_id": plan.id, "device": plan.name, "cause": cause})
+	var derr error
+	if created {
+		derr = s.destroy(ctx, plan.name, plan.id)
+	}
+	err := s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
+		if derr != nil {
+			if err := q.Quarantine(ctx, plan.id, fmt.Sprintf("rollback of a failed create could not delete it: %v", derr), false, nowNs()); err != nil {
+				return err
+			}
+		}
+		return q.DeleteIntent(ctx, plan.intentID)
+	})
+	if err != nil {
+		logger.WithError(err).Error("rollback of failed create: could not drop the intent; start-up reconciliation will finish it")
+		return
+	}
+	if derr != nil {
+		logger.WithError(derr).Error("rollback of failed create: device could not be deleted; its id is quarantined")
+		return
+	}
+	logger.Info("rolled back failed create")
+}
+
+// quarantineAndDrop records plan's id as never to be reused (a device that
+// nothing explains holds it) and drops plan's intent, in one transaction.
+func (s *Snapshotter) quarantineAndDrop(ctx context.Context, plan createPlan, reason string) error {
+	log.G(ctx).WithFields(log.Fields{"thin_id": plan.id, "reason": reason}).Warn("quarantining thin id")
+	return s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
+		if err := q.Quarantine(ctx, plan.id, reason, false, nowNs()); err != nil {
+			return err
+		}
+		return q.DeleteIntent(ctx, plan.intentID)
+	})
+}
+
+// destroy deactivates and deletes a thin device; a device already gone is
+// not an error.
+func (s *Snapshotter) destroy(ctx context.Context, name string, id uint32) error {
+	if err := s.pool.Deactivate(ctx, name); err != nil {
+		return fmt.Errorf("deactivate %s: %w", name, err)
+	}
+	if err := s.pool.Delete(ctx, id); err != nil && !errors.Is(err, thinpool.ErrNotFound) {
+		return fmt.Errorf("delete thin id %d (%s): %w", id, name, err)
+	}
+	return nil
+}
+
+// Commit turns the active snapshot key into the committed snapshot name:
+// it records the device's mapped bytes as its usage, replaces its labels
+// with those given, and deactivates its device.
+func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snapshots.Opt) error {
+	ns, err := s.open(ctx)
+	if err != nil {
+		return err
+	}
+	var base snapshots.Info
+	for _, o := range opts {
+		if err := o(&base); err != nil {
+			return err
+		}
+	}
+	if err := validateLabels(base.Labels); err != nil {
+		return fmt.Errorf("commit %q as %q: %w", key, name, err)
+	}
+	r, err := s.get(ctx, ns, key)
+	if err != nil {
+		return fmt.Errorf("commit %q as %q: %w", key, name, err)
+	}
+	if r.Kind != metadata.SnapKindActive {
+		return fmt.Errorf("commit %q as %q: snapshot is %s, not active: %w", key, name, r.Kind, errdefs.ErrFailedPrecondition)
+	}
+	if base.Parent != "" && base.Parent != r.ParentKey {
+		return fmt.Errorf("commit %q as %q: cannot rebase onto parent %q (a thin device holds its parent's content; parent is %q): %w",
+			key, name, base.Parent, r.ParentKey, errdefs.ErrInvalidArgument)
+	}
+	if _, ok, err := s.reads().Snapshot(ctx, ns, name); err != nil {
+		return err
+	} else if ok {
+		return fmt.Errorf("commit %q as %q: %w", key, name, errdefs.ErrAlreadyExists)
+	}
+	size, err := s.mappedBytes(ctx, r)
+	if err != nil {
+		return fmt.Errorf("commit %q as %q: usage: %w", key, name, err)
+	}
+	if err := s.pool.Deactivate(ctx, r.DeviceName); err != nil {
+		return fmt.Errorf("commit %q as %q: deactivate %s (still mounted?): %w", key, name, r.DeviceName, err)
+	}
+	if err := s.step("commit:deactivated"); err != nil {
+		return err
+	}
+	err = s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
+		cur, ok, err := q.Snapshot(ctx, ns, key)
+		if err != nil {
+			return err
+		}
+		if !ok || cur.ID != r.ID {
+			return fmt.Errorf("commit %q as %q: snapshot was removed meanwhile: %w", key, name, errdefs.ErrNotFound)
+		}
+		if _, ok, err := q.Snapshot(ctx, ns, name); err != nil {
+			return err
+		} else if ok {
+			return fmt.Errorf("commit %q as %q: %w", key, name, errdefs.ErrAlreadyExists)
+		}
+		if err := q.CommitSnapshot(ctx, r.ID, name, base.Labels, nowNs(), size, 0); err != nil {
+			return err
+		}
+		return q.SetThinDeviceState(ctx, r.DeviceID, metadata.ThinStateInactive, nowNs())
+	})
+	if err != nil {
+		return err
+	}
+	log.G(ctx).WithFields(log.Fields{"namespace": ns, "key": key, "name": name, "thin_id": r.DeviceID, "size": size}).Debug("snapshot committed")
+	return nil
+}
+
+// Remove drops the snapshot key. A snapshot with children cannot be removed
+// (FailedPrecondition). The device is deleted by Cleanup, or before Remove
+// returns when Config.SyncRemove is set.
+func (s *Snapshotter) Remove(ctx context.Context, key string) error {
+	ns, err := s.open(ctx)
+	if err != nil {
+		return err
+	}
+	var dev metadata.ThinDevice
+	err = s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
+		r, ok, err := q.Snapshot(ctx, ns, key)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("remove snapshot %q in namespace %q: %w", key, ns, errdefs.ErrNotFound)
+		}
+		n, err := q.ChildCount(ctx, r.ID)
+		if err != nil {
+			return err
+		}
+		m, err := q.IntentsWithOrigin(ctx, r.DeviceID)
+		if err != nil {
+			return err
+		}
+		if n+m > 0 {
+			return fmt.Errorf("cannot remove snapshot %q: it has %d children: %w", key, n+m, errdefs.ErrFailedPrecondition)
+		}
+		d, ok, err := q.ThinDevice(ctx, r.DeviceID)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("remove snapshot %q: device %d has no record", key, r.DeviceID)
+		}
+		dev = d
+		if err := q.DeleteSnapshot(ctx, r.ID); err != nil {
+			return err
+		}
+		return q.SetThinDeviceState(ctx, r.DeviceID, metadata.ThinStateRemoved, nowNs())
+	})
+	if err != nil {
+		return err
+	}
+	if err := s.step("remove:marked"); err != nil {
+		return err
+	}
+	if s.cfg.SyncRemove {
+		if err := s.reclaim(ctx, dev); err != nil {
+			log.G(ctx).WithError(err).WithFields(log.Fields{"key": key, "device": dev.Name}).Warn("remove: device not deleted yet; Cleanup will retry")
+		}
+	}
+	return nil
+}
+
+// reclaim deletes a removed device from the pool and then its record.
+func (s *Snapshotter) reclaim(ctx context.Context, dev metadata.ThinDevice) error {
+	if err := s.destroy(ctx, dev.Name, dev.ID); err != nil {
+		return err
+	}
+	if err := s.step("reclaim:deleted"); err != nil {
+		return err
+	}
+	return s.withTx(ctx, func(q metadata.SnapshotterQueries) error { return q.DeleteThinDevice(ctx, dev.ID) })
+}
+
+// Cleanup deletes from the pool every device whose snapshot was removed.
+// It carries on past a device it cannot delete and returns all the errors.
+func (s *Snapshotter) Cleanup(ctx context.Context) error {
+	if s.closed.Load() {
+		return fmt.Errorf("snapshotter on pool %s is closed: %w", s.pool.Name(), errdefs.ErrFailedPrecondition)
+	}
+	devs, err := s.reads().ThinDevices(ctx, metadata.ThinStateRemoved)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, d := range devs {
+		if err := s.reclaim(ctx, d); err != nil {
+			if errors.Is(err, errSimulatedCrash) {
+				return err
+			}
+			log.G(ctx).WithError(err).WithFields(log.Fields{"device": d.Name, "thin_id": d.ID}).Warn("cleanup: could not delete device")
+			errs = append(errs, fmt.Errorf("cleanup device %s: %w", d.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Walk calls fn for every snapshot of the context's namespace that matches
+// any of filters (containerd's filter syntax over kind, name, parent and
+// labels.<key>). fn may call the snapshotter.
+func (s *Snapshotter) Walk(ctx context.Context, fn snapshots.WalkFunc, fs ...string) error {
+	ns, err := s.open(ctx)
+	if err != nil {
+		return err
+	}
+	filter, err := filters.ParseAll(fs...)
+	if err != nil {
+		return fmt.Errorf("walk: filters %q: %w", fs, err)
+	}
+	rows, err := s.reads().Snapshots(ctx, ns, false)
+	if err != nil {
+		return err
+	}
+	for _, r := range rows {
+		info := infoOf(r)
+		if !filter.Match(infoAdaptor(info)) {
+			continue
+		}
+		if err := fn(ctx, info); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Close marks the snapshotter closed; later calls fail. It leaves the
+// database and the pool open (the caller owns them) and may be called more
+// than once.
+func (s *Snapshotter) Close() error {
+	s.closed.Store(true)
+	return nil
+}
+
+// DeviceOf returns the dm name, device path and thin id of snapshot key in
+// the context's namespace (NotFound if there is none). The path exists only
+// while the device is active (active and view snapshots).
+func (s *Snapshotter) DeviceOf(ctx context.Context, key string) (name, path string, id uint32, err error) {
+	ns, err := s.open(ctx)
+	if err != nil {
+		return "", "", 0, err
+	}
+	r, err := s.get(ctx, ns, key)
+	if err != nil {
+		return "", "", 0, err
+	}
+	return r.DeviceName, thinpool.DevicePath(r.DeviceName), r.DeviceID, nil
+}
+
+// Exists reports whether snapshot key exists in the context's namespace.
+func (s *Snapshotter) Exists(ctx context.Context, key string) (bool, error) {
+	ns, err := s.open(ctx)
+	if err != nil {
+		return false, err
+	}
+	_, ok, err := s.reads().Snapshot(ctx, ns, key)
+	return ok, err
+}
+
+// DeviceCounts returns how many devices are in each state, for metrics:
+// "active", "view", "committed" (snapshots by kind), "removed-pending"
+// (awaiting Cleanup), "quarantined" (ids never reused whose device is kept)
+// and "base". Every key is present.
+func (s *Snapshotter) DeviceCounts(ctx context.Context) (map[string]int, error) {
+	return s.reads().DeviceStateCounts(ctx)
+}
