@@ -1,0 +1,34 @@
+// Package tarball validates and extracts the tar archives that S3 images are
+// made of, under the extraction policy of DESIGN.md:
+//
+//   - no absolute entry names (ErrAbsoluteName), no ".." climbing above the
+//     root (ErrTraversal); names are used cleaned ("a/./b/" is "a/b");
+//   - symlinks: absolute targets are allowed and kept as written (they
+//     resolve inside the container, like Debian's /etc/alternatives); a
+//     relative target must not climb above the root (ErrSymlinkEscape), or
+//     above rootfs/ when that folder is stripped. No symlink is ever
+//     followed while extracting: an entry, hard link target or whiteout
+//     below a symlink is rejected (ErrThroughSymlink), whether the symlink
+//     comes from the archive or from a lower layer already in the target;
+//   - hard links must point at an earlier non-directory entry of the same
+//     archive (ErrHardlinkTarget), inside the root (ErrHardlinkEscape);
+//   - no setuid bit, no setgid bit except on directories, no
+//     security.capability xattr (ErrSetID, ErrFileCapability), unless
+//     Limits.AllowSetID;
+//   - no character or block devices (ErrDeviceNode). Named pipes (FIFOs) are
+//     allowed: they give no access to any device or kernel object, and
+//     images occasionally carry them; they are created, never opened;
+//   - at most 100,000 entries, 1 GiB per file, 10 GiB of files in total
+//     (Limits);
+//   - OCI whiteouts: ".wh.<name>" removes <name> from the lower layers,
+//     ".wh..wh..opq" empties its directory of lower content; a whiteout
+//     must be a regular file and must not name "", "." or ".."
+//     (ErrWhiteoutEscape); other ".wh..wh." names (aufs metadata) are
+//     ignored;
+//   - the stream must be a complete tar archive, end-of-archive marker
+//     included (a *FormatError, matching ErrMalformed, otherwise).
+//
+// Validate checks all of it in one streaming pass; Extract applies it again
+// while writing, confined with os.Root, so it is safe on an archive never
+// validated. VerifyLayout checks the final tree of an image.
+package tarball

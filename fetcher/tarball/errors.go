@@ -1,0 +1,125 @@
+package tarball
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Rules of the extraction policy. Every rejection by Validate or Extract is a
+// *PolicyError whose Rule is one of these values, so callers match a rule
+// with errors.Is(err, tarball.ErrSetID) and so on.
+var (
+	// ErrInvalidName: an entry name (or symlink target) that is empty.
+	ErrInvalidName = errors.New("invalid name")
+	// ErrAbsoluteName: an entry name that starts with "/".
+	ErrAbsoluteName = errors.New("absolute entry name")
+	// ErrTraversal: an entry name whose ".." components climb above the root.
+	ErrTraversal = errors.New("path climbs above the root")
+	// ErrNameTooLong: a name longer than 4095 bytes, a path component longer
+	// than 255 bytes, or a symlink target longer than 4095 bytes.
+	ErrNameTooLong = errors.New("name too long")
+	// ErrSymlinkEscape: a relative symlink whose target climbs above the root
+	// (for a tarball with a rootfs/ folder: above rootfs/, which is stripped).
+	ErrSymlinkEscape = errors.New("relative symlink climbs above the root")
+	// ErrThroughSymlink: an entry written, linked or whited out through a
+	// path component that is a symlink (from this archive or a lower layer).
+	// Extraction never follows symlinks.
+	ErrThroughSymlink = errors.New("path goes through a symlink")
+	// ErrParentNotDir: an entry below a name that is not a directory.
+	ErrParentNotDir = errors.New("parent is not a directory")
+	// ErrRootNotDir: the archive root ("." or, when stripped, "rootfs")
+	// given as something other than a directory.
+	ErrRootNotDir = errors.New("archive root is not a directory")
+	// ErrHardlinkEscape: a hard link whose target is absolute or climbs above
+	// the archive root (or lies outside rootfs/ when it is stripped).
+	ErrHardlinkEscape = errors.New("hard link target outside the archive root")
+	// ErrHardlinkTarget: a hard link whose target is not an earlier
+	// non-directory entry of the same archive (unknown, a directory, itself).
+	ErrHardlinkTarget = errors.New("hard link target is not an earlier non-directory entry of the archive")
+	// ErrSetID: a setuid bit on any entry, or a setgid bit on anything but a
+	// directory (setgid directories only make new files inherit the group).
+	ErrSetID = errors.New("setuid/setgid bit")
+	// ErrFileCapability: a security.capability extended attribute, which
+	// grants privileges the way a setuid bit does.
+	ErrFileCapability = errors.New("file capability xattr")
+	// ErrDeviceNode: a character or block device entry.
+	ErrDeviceNode = errors.New("device node")
+	// ErrUnsupportedType: an entry type the extractor does not create
+	// (volume headers, multi-volume continuations, GNU dumpdirs, ...), or a
+	// whiteout that is not a regular file.
+	ErrUnsupportedType = errors.New("unsupported entry type")
+	// ErrBadOwner: a uid or gid outside 0..4294967294.
+	ErrBadOwner = errors.New("invalid owner")
+	// ErrTooManyEntries: more entries than Limits.MaxEntries.
+	ErrTooManyEntries = errors.New("too many entries")
+	// ErrFileTooLarge: a file larger than Limits.MaxFileSize.
+	ErrFileTooLarge = errors.New("file too large")
+	// ErrTotalTooLarge: files adding up to more than Limits.MaxTotalSize.
+	ErrTotalTooLarge = errors.New("total size too large")
+	// ErrWhiteoutEscape: a whiteout whose target is "", "." or "..", which
+	// would remove its own directory or climb above it.
+	ErrWhiteoutEscape = errors.New("whiteout escapes its directory")
+	// ErrOutsideRootfs: with rootfs/ stripping on, an entry outside rootfs/.
+	ErrOutsideRootfs = errors.New("entry outside rootfs/")
+)
+
+// PolicyError is a rejection of one entry by the extraction policy. Its
+// message names the entry (as written in the archive) and the rule; Unwrap
+// returns the Rule so errors.Is matches it.
+type PolicyError struct {
+	Entry  string // the entry's name as written in the archive
+	Rule   error  // one of the Err* rule values of this package
+	Detail string // optional specifics (the link target, the size, ...)
+}
+
+func (e *PolicyError) Error() string {
+	if e.Detail == "" {
+		return fmt.Sprintf("entry %q: %v", e.Entry, e.Rule)
+	}
+	return fmt.Sprintf("entry %q: %v: %s", e.Entry, e.Rule, e.Detail)
+}
+
+// Unwrap returns the rule broken.
+func (e *PolicyError) Unwrap() error { return e.Rule }
+
+// ErrMalformed is matched (errors.Is) by every *FormatError: the stream is
+// not a well-formed tar archive (not a tar at all, a bad header, truncated).
+var ErrMalformed = errors.New("malformed tar archive")
+
+// FormatError reports a structural problem in the tar stream: where it was
+// found (byte offset in the stream), in or after which entry, and why.
+type FormatError struct {
+	Offset int64  // bytes of the stream consumed when the problem was found
+	Entry  string // the entry being read, or the last complete one; "" before the first
+	Err    error  // archive/tar's error or a description
+}
+
+func (e *FormatError) Error() string {
+	where := fmt.Sprintf("at offset %d", e.Offset)
+	if e.Entry != "" {
+		where += fmt.Sprintf(" (entry %q)", e.Entry)
+	}
+	return fmt.Sprintf("%v %s: %v", ErrMalformed, where, e.Err)
+}
+
+// Unwrap returns the underlying cause.
+func (e *FormatError) Unwrap() error { return e.Err }
+
+// Is makes every FormatError match ErrMalformed.
+func (e *FormatError) Is(target error) bool { return target == ErrMalformed }
+
+// IsRejection reports whether err means the archive itself is unacceptable
+// (a policy rejection or a malformed archive), as opposed to an I/O failure
+// reading it or writing the tree; a pipeline aborts on the former and may
+// retry the latter.
+func IsRejection(err error) bool {
+	var pe *PolicyError
+	return errors.As(err, &pe) || errors.Is(err, ErrMalformed)
+}
+
+func reject(entry string, rule error, detail string, args ...any) *PolicyError {
+	if len(args) > 0 {
+		detail = fmt.Sprintf(detail, args...)
+	}
+	return &PolicyError{Entry: entry, Rule: rule, Detail: detail}
+}

@@ -1,0 +1,68 @@
+package tarball
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+)
+
+// Layout rules checked by VerifyLayout (seed 004's verify-layout, applied to
+// the top of an unpacked chain after rootfs/ was stripped).
+var (
+	// ErrLayoutMissing: a required top-level directory is absent.
+	ErrLayoutMissing = errors.New("required directory missing")
+	// ErrLayoutNotDir: a required top-level name is not a real directory
+	// (a symlink or a file).
+	ErrLayoutNotDir = errors.New("not a directory")
+	// ErrLayoutWorldWritable: a critical directory is writable by everyone.
+	ErrLayoutWorldWritable = errors.New("world-writable")
+)
+
+// RequiredDirs must be real directories at the top of an image's tree.
+var RequiredDirs = []string{"etc", "usr", "var"}
+
+// protectedDirs must not be world-writable.
+var protectedDirs = map[string]bool{"etc": true, "usr": true}
+
+// LayoutError names the path and the layout rule it breaks.
+type LayoutError struct {
+	Path string // relative to the tree's root
+	Rule error  // ErrLayoutMissing, ErrLayoutNotDir or ErrLayoutWorldWritable
+}
+
+func (e *LayoutError) Error() string { return fmt.Sprintf("layout: %s: %v", e.Path, e.Rule) }
+
+// Unwrap returns the rule broken.
+func (e *LayoutError) Unwrap() error { return e.Rule }
+
+// VerifyLayout checks the final tree of an image (the top of its unpacked
+// chain; a lower layer alone may lack these): etc/, usr/ and var/ are real
+// directories, and etc/ and usr/ are not world-writable. It returns the
+// first *LayoutError found, or an I/O error.
+func VerifyLayout(root *os.Root) error {
+	for _, d := range RequiredDirs {
+		fi, err := root.Lstat(d)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return &LayoutError{Path: d, Rule: ErrLayoutMissing}
+		case err != nil:
+			return fmt.Errorf("verify layout of %s: %w", root.Name(), err)
+		case !fi.IsDir():
+			return &LayoutError{Path: d, Rule: ErrLayoutNotDir}
+		case protectedDirs[d] && fi.Mode().Perm()&0o002 != 0:
+			return &LayoutError{Path: d, Rule: ErrLayoutWorldWritable}
+		}
+	}
+	return nil
+}
+
+// VerifyLayoutDir is VerifyLayout of the directory dir.
+func VerifyLayoutDir(dir string) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return fmt.Errorf("verify layout: %w", err)
+	}
+	defer root.Close()
+	return VerifyLayout(root)
+}

@@ -1,0 +1,102 @@
+package tarball
+
+import (
+	"archive/tar"
+	"context"
+	"io"
+	"strings"
+)
+
+// Report describes an archive Validate accepted (or the part read before a
+// rejection).
+type Report struct {
+	Entries      int   // headers read, of every kind
+	Files        int   // regular files
+	Dirs         int   // directories
+	Symlinks     int   // symbolic links
+	Hardlinks    int   // hard links
+	Fifos        int   // named pipes
+	Whiteouts    int   // OCI whiteouts (.wh.<name> and .wh..wh..opq)
+	TotalBytes   int64 // sum of the regular files' sizes
+	ArchiveBytes int64 // bytes of the tar stream read, end marker included
+
+	// HasRootfs is true when the archive keeps the image under a top-level
+	// rootfs/ folder: at least one entry is named "rootfs" (a directory) or
+	// lies under "rootfs/", and every entry is either that, or the archive
+	// root itself ("." / "./"). A leading "./" is ignored throughout. Such an
+	// archive is extracted with ExtractOptions.StripRootfs.
+	HasRootfs bool
+}
+
+// Validate reads a whole tar stream once, with memory bounded by the limits
+// and not by the archive's size, and checks its structure and every rule of
+// the extraction policy (see the package documentation). It returns nil only
+// if Extract of the same bytes into an empty directory applies no rejection;
+// a rejection is a *PolicyError or *FormatError naming the entry (see
+// IsRejection); other errors come from reading r or from ctx.
+func Validate(ctx context.Context, r io.Reader, limits Limits) (Report, error) {
+	var rep Report
+	s := newStream(ctx, r)
+	chk := newChecker(limits, false)
+	var (
+		sawRootfs    = false
+		allInRootfs  = true
+		rootfsEscape string // first relative symlink leaving rootfs/
+	)
+	for {
+		hdr, err := s.next()
+		rep.ArchiveBytes = s.cnt.n
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return rep, err
+		}
+		rep.Entries++
+		e, err := chk.admit(hdr)
+		if err != nil {
+			return rep, err
+		}
+		if hdr.Typeflag != tar.TypeXGlobalHeader {
+			// admit accepted the name, so cleanName succeeds.
+			switch n, _ := cleanName(hdr.Name); {
+			case n == ".":
+			case n == rootfsDir:
+				sawRootfs = true
+				allInRootfs = allInRootfs && e.op == opDir
+			case strings.HasPrefix(n, rootfsDir+"/"):
+				sawRootfs = true
+			default:
+				allInRootfs = false
+			}
+		}
+		switch e.op {
+		case opDir:
+			rep.Dirs++
+		case opReg:
+			rep.Files++
+			rep.TotalBytes += hdr.Size
+		case opSymlink:
+			rep.Symlinks++
+			if rootfsEscape == "" && !strings.HasPrefix(e.link, "/") {
+				if s, ok := underRootfs(e.name); ok && s != "." && escapes(s, e.link) {
+					rootfsEscape = hdr.Name
+				}
+			}
+		case opHardlink:
+			rep.Hardlinks++
+		case opFifo:
+			rep.Fifos++
+		case opWhiteout, opOpaque:
+			rep.Whiteouts++
+		}
+		if _, err := io.Copy(io.Discard, body{s}); err != nil {
+			return rep, err
+		}
+	}
+	rep.HasRootfs = sawRootfs && allInRootfs
+	if rep.HasRootfs && rootfsEscape != "" {
+		return rep, reject(rootfsEscape, ErrSymlinkEscape, "climbs above rootfs/, which is stripped")
+	}
+	return rep, nil
+}
