@@ -73,6 +73,9 @@ type Options struct {
 	ReadOnly bool
 	// BusyTimeout overrides DefaultBusyTimeout when positive.
 	BusyTimeout time.Duration
+	// Clock, when set, replaces time.Now for the lock timestamps, ages and
+	// staleness this DB computes (for tests and tools replaying a moment).
+	Clock func() time.Time
 
 	// maxVersion, when positive, stops migrating after that version (test
 	// hook to build databases at an older schema).
@@ -86,6 +89,11 @@ type DB struct {
 	path     string
 	readOnly bool
 	migrated MigrateResult
+	clock    func() time.Time // nil: time.Now (tests set it)
+
+	// noFailureReason: images has no failure_reason column (read-only DB
+	// below migration 6).
+	noFailureReason bool
 }
 
 // dsn builds the go-sqlite3 data source name for path: a file: URI carrying
@@ -145,7 +153,7 @@ func Open(ctx context.Context, opts Options) (*DB, error) {
 	sdb.SetMaxOpenConns(maxOpenConns)
 	sdb.SetMaxIdleConns(maxIdleConns)
 	sdb.SetConnMaxLifetime(connMaxLifetime)
-	d := &DB{db: sdb, path: path, readOnly: opts.ReadOnly}
+	d := &DB{db: sdb, path: path, readOnly: opts.ReadOnly, clock: opts.Clock}
 
 	if err := d.Ping(ctx); err != nil {
 		sdb.Close()
@@ -156,18 +164,24 @@ func Open(ctx context.Context, opts Options) (*DB, error) {
 			sdb.Close()
 			return nil, err
 		}
-		return d, nil
+	} else {
+		res, err := d.migrate(ctx, opts.maxVersion)
+		if err != nil {
+			sdb.Close()
+			return nil, err
+		}
+		d.migrated = res
+		if len(res.Applied) > 0 {
+			log.G(ctx).WithField("db", path).WithField("from", res.From).WithField("to", res.To).
+				WithField("backup", res.Backup).Info("metadata: database migrated")
+		}
 	}
-	res, err := d.migrate(ctx, opts.maxVersion)
+	has, err := hasColumn(ctx, sdb, "images", "failure_reason")
 	if err != nil {
 		sdb.Close()
-		return nil, err
+		return nil, fmt.Errorf("metadata: open %s: %w", path, err)
 	}
-	d.migrated = res
-	if len(res.Applied) > 0 {
-		log.G(ctx).WithField("db", path).WithField("from", res.From).WithField("to", res.To).
-			WithField("backup", res.Backup).Info("metadata: database migrated")
-	}
+	d.noFailureReason = !has
 	return d, nil
 }
 

@@ -1,0 +1,88 @@
+package metadata
+
+import (
+	"context"
+	"fmt"
+)
+
+// CheckReport is the outcome of (*DB).Check: empty Problems means healthy.
+type CheckReport struct {
+	SchemaVersion int      // highest version in the ledger
+	LatestVersion int      // highest version this binary embeds
+	Problems      []string // one line per problem found
+}
+
+// OK reports whether the check found no problem.
+func (r CheckReport) OK() bool { return len(r.Problems) == 0 }
+
+// Check verifies the database without changing it: SQLite's integrity_check
+// (pages, indexes, CHECK and NOT NULL constraints), foreign_key_check (rows
+// whose parent is missing), and the migration ledger against the embedded
+// migrations (hashes, gaps, a schema older or newer than this binary). The
+// error is for failures to run the checks; what they find is in Problems.
+func (d *DB) Check(ctx context.Context) (CheckReport, error) {
+	rep := CheckReport{LatestVersion: LatestVersion()}
+
+	rows, err := d.db.QueryContext(ctx, `PRAGMA integrity_check`)
+	if err != nil {
+		return rep, fmt.Errorf("metadata: integrity_check of %s: %w", d.path, err)
+	}
+	var msgs []string
+	for rows.Next() {
+		var m string
+		if err := rows.Scan(&m); err != nil {
+			rows.Close()
+			return rep, fmt.Errorf("metadata: integrity_check of %s: %w", d.path, err)
+		}
+		msgs = append(msgs, m)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return rep, fmt.Errorf("metadata: integrity_check of %s: %w", d.path, err)
+	}
+	if !(len(msgs) == 1 && msgs[0] == "ok") {
+		for _, m := range msgs {
+			rep.Problems = append(rep.Problems, "integrity_check: "+m)
+		}
+	}
+
+	fk, err := d.db.QueryContext(ctx, `PRAGMA foreign_key_check`)
+	if err != nil {
+		return rep, fmt.Errorf("metadata: foreign_key_check of %s: %w", d.path, err)
+	}
+	for fk.Next() {
+		var (
+			table, parent string
+			rowid         *int64
+			fkid          int64
+		)
+		if err := fk.Scan(&table, &rowid, &parent, &fkid); err != nil {
+			fk.Close()
+			return rep, fmt.Errorf("metadata: foreign_key_check of %s: %w", d.path, err)
+		}
+		row := "without rowid"
+		if rowid != nil {
+			row = fmt.Sprintf("rowid %d", *rowid)
+		}
+		rep.Problems = append(rep.Problems, fmt.Sprintf("foreign_key_check: %s %s references a missing row of %s (foreign key %d)", table, row, parent, fkid))
+	}
+	fk.Close()
+	if err := fk.Err(); err != nil {
+		return rep, fmt.Errorf("metadata: foreign_key_check of %s: %w", d.path, err)
+	}
+
+	ledger, err := readLedger(ctx, d.db)
+	if err != nil {
+		return rep, fmt.Errorf("metadata: %s: %w", d.path, err)
+	}
+	if len(ledger) > 0 {
+		rep.SchemaVersion = ledger[len(ledger)-1].Version
+	}
+	if err := checkLedger(ledger, false); err != nil {
+		rep.Problems = append(rep.Problems, "ledger: "+err.Error())
+	}
+	if rep.SchemaVersion < rep.LatestVersion {
+		rep.Problems = append(rep.Problems, fmt.Sprintf("ledger: schema is at version %d, this binary's latest is %d (run 'db migrate' or start the daemon)", rep.SchemaVersion, rep.LatestVersion))
+	}
+	return rep, nil
+}
