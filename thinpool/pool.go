@@ -56,6 +56,7 @@ type Pool struct {
 	blockSize uint32
 
 	metaSnapMu sync.Mutex // one metadata snapshot at a time
+	originMu   keyedMutex // one suspend/create_snap/resume per origin id
 	probeSeq   atomic.Uint64
 	closed     atomic.Bool
 }

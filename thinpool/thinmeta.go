@@ -2,6 +2,7 @@ package thinpool
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"os"
@@ -63,6 +64,12 @@ type metaReader struct {
 
 func openMetaReader(dev string) (*metaReader, error) {
 	f, err := os.OpenFile(dev, os.O_RDONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.EINVAL) {
+		// Block devices always take O_DIRECT; a regular file on a
+		// filesystem without it (a metadata image on tmpfs) has a
+		// coherent page cache, so a buffered read is exact there.
+		f, err = os.OpenFile(dev, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open metadata device: %w", err)
 	}
