@@ -210,6 +210,27 @@ func DefaultConfig() *Config {
 	return c
 }
 
+// BuiltinDefaults returns the defaults of the containerd built-in plugin's
+// config: DefaultConfig's values except daemon.root_dir and the paths
+// derived from it, which ResolveBuiltin takes from containerd.
+func BuiltinDefaults() *Config {
+	c := defaults()
+	c.Daemon.RootDir = ""
+	return c
+}
+
+// ResolveBuiltin completes a config that containerd decoded over
+// BuiltinDefaults: an unset daemon.root_dir becomes pluginRoot (the
+// plugin's directory under containerd's root), the derived paths are
+// filled in, and the result is validated.
+func ResolveBuiltin(c *Config, pluginRoot string) error {
+	if c.Daemon.RootDir == "" {
+		c.Daemon.RootDir = pluginRoot
+	}
+	c.resolve()
+	return c.Validate()
+}
+
 // resolve fills the keys whose defaults derive from other keys and
 // normalizes empty lists to nil.
 func (c *Config) resolve() {

@@ -1,0 +1,364 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
+)
+
+const poolDescription = `
+Inspects the device-mapper thin pool named by the configuration's [pool]
+section. The pool must be active (the daemon activates it); these commands
+never create it.
+
+Subcommands:
+  status   data and metadata usage, block size and mode of the pool
+  ls       every thin id of the pool next to the database's device records
+`
+
+func init() {
+	register(&command{name: "pool", summary: "inspect the thin pool (status, ls)", run: runPool})
+}
+
+func runPool(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		fs := newFlagSet("pool", "pool status|ls [flags]", poolDescription)
+		fs.Usage()
+		return &exitError{code: 2}
+	}
+	switch args[0] {
+	case "-h", "--help", "-help", "help":
+		newFlagSet("pool", "pool status|ls [flags]", poolDescription).Usage()
+		return nil
+	case "status":
+		return runPoolStatus(ctx, args[1:])
+	case "ls":
+		return runPoolLs(ctx, args[1:])
+	default:
+		return &exitError{code: 2, msg: fmt.Sprintf("unknown pool subcommand %q (want status or ls)", args[0])}
+	}
+}
+
+// formatFlag is a --format flag accepting table or json.
+type formatFlag string
+
+func (f *formatFlag) String() string { return string(*f) }
+
+func (f *formatFlag) Set(v string) error {
+	if v != "table" && v != "json" {
+		return fmt.Errorf("must be table or json, got %q", v)
+	}
+	*f = formatFlag(v)
+	return nil
+}
+
+// parsePoolFlags parses a pool subcommand's flags, which take no
+// positional arguments.
+func parsePoolFlags(fs *flag.FlagSet, args []string) error {
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return &exitError{code: 2, msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
+	}
+	return nil
+}
+
+// openActivePool opens the configured pool only if the kernel already has
+// it (thinpool.Open would create a missing pool).
+func openActivePool(ctx context.Context, cfg *plugin.Config) (*thinpool.Pool, error) {
+	active, err := dmDeviceExists(cfg.Pool.Name)
+	if err != nil {
+		return nil, err
+	}
+	if !active {
+		return nil, fmt.Errorf("pool %q is not active (start the daemon to create or reattach it; pool files are kept in %s)", cfg.Pool.Name, cfg.Pool.RootDir)
+	}
+	return thinpool.Open(ctx, cfg.ThinpoolConfig())
+}
+
+// dmDeviceExists reports whether a device-mapper device called name exists,
+// from /sys/block/dm-*/dm/name.
+func dmDeviceExists(name string) (bool, error) {
+	paths, err := filepath.Glob("/sys/block/dm-*/dm/name")
+	if err != nil {
+		return false, err
+	}
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // removed while listing
+		}
+		if err != nil {
+			return false, fmt.Errorf("look for device-mapper device %q: %w", name, err)
+		}
+		if strings.TrimSpace(string(b)) == name {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// poolStatusView is what `pool status` prints.
+type poolStatusView struct {
+	Pool               string `json:"pool"`
+	Mode               string `json:"mode"`
+	BlockSizeBytes     uint64 `json:"block_size_bytes"`
+	DataUsedBytes      uint64 `json:"data_used_bytes"`
+	DataTotalBytes     uint64 `json:"data_total_bytes"`
+	MetadataUsedBytes  uint64 `json:"metadata_used_bytes"`
+	MetadataTotalBytes uint64 `json:"metadata_total_bytes"`
+	TransactionID      uint64 `json:"transaction_id"`
+	NeedsCheck         bool   `json:"needs_check"`
+	ErrorIfNoSpace     bool   `json:"error_if_no_space"`
+}
+
+func runPoolStatus(ctx context.Context, args []string) error {
+	fs := newFlagSet("pool status", "pool status [--config FILE] [--format table|json]",
+		"Prints the thin pool's mode, block size, and data and metadata space used and total, as the kernel reports them.")
+	addConfigFlags(fs)
+	format := formatFlag("table")
+	fs.Var(&format, "format", "output `FORMAT`: table or json")
+	if err := parsePoolFlags(fs, args); err != nil {
+		return err
+	}
+	cfg, err := loadConfig()
+	if err != nil {
+		return err
+	}
+	pool, err := openActivePool(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	st, err := pool.Status(ctx)
+	if err != nil {
+		return err
+	}
+	block := uint64(st.BlockSizeSectors) * 512
+	v := poolStatusView{
+		Pool: pool.Name(), Mode: string(st.Mode), BlockSizeBytes: block,
+		DataUsedBytes: st.UsedDataBlocks * block, DataTotalBytes: st.TotalDataBlocks * block,
+		MetadataUsedBytes: st.UsedMetadataBlocks * 4096, MetadataTotalBytes: st.TotalMetadataBlocks * 4096,
+		TransactionID: st.TransactionID, NeedsCheck: st.NeedsCheck, ErrorIfNoSpace: st.ErrorIfNoSpace,
+	}
+	if format == "json" {
+		return writeJSON(os.Stdout, v)
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "pool\t%s\n", v.Pool)
+	fmt.Fprintf(tw, "mode\t%s\n", v.Mode)
+	fmt.Fprintf(tw, "block size\t%s\n", plugin.Size(v.BlockSizeBytes))
+	fmt.Fprintf(tw, "data\t%s\n", spaceUsage(v.DataUsedBytes, v.DataTotalBytes))
+	fmt.Fprintf(tw, "metadata\t%s\n", spaceUsage(v.MetadataUsedBytes, v.MetadataTotalBytes))
+	fmt.Fprintf(tw, "transaction id\t%d\n", v.TransactionID)
+	fmt.Fprintf(tw, "needs check\t%v\n", v.NeedsCheck)
+	return tw.Flush()
+}
+
+// spaceUsage formats used/total with a percentage.
+func spaceUsage(used, total uint64) string {
+	pct := 0.0
+	if total > 0 {
+		pct = 100 * float64(used) / float64(total)
+	}
+	return fmt.Sprintf("%s / %s (%.1f%%)", humanBytes(used), humanBytes(total), pct)
+}
+
+// humanBytes writes n with a binary unit and one decimal.
+func humanBytes(n uint64) string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
+	v, i := float64(n), 0
+	for v >= 1024 && i < len(units)-1 {
+		v /= 1024
+		i++
+	}
+	if i == 0 {
+		return fmt.Sprintf("%d B", n)
+	}
+	return fmt.Sprintf("%.1f %s", v, units[i])
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// thinRow is one thin id of `pool ls`: what the pool and the database each
+// say about it.
+type thinRow struct {
+	ID     uint32 `json:"id"`
+	InPool bool   `json:"in_pool"`
+	// Active is the dm name of the active device mapping it, if any.
+	Active string `json:"active,omitempty"`
+	// Name, Role and State come from the database's device record.
+	Name  string `json:"name,omitempty"`
+	Role  string `json:"role,omitempty"`
+	State string `json:"state,omitempty"`
+	// Intent is the pending device intent for this id, if any.
+	Intent string `json:"intent,omitempty"`
+	// Quarantined is the reason the id is quarantined, if it is.
+	Quarantined string `json:"quarantined,omitempty"`
+	// Problem says why pool and database disagree; empty when they agree.
+	Problem string `json:"problem,omitempty"`
+}
+
+func runPoolLs(ctx context.Context, args []string) error {
+	fs := newFlagSet("pool ls", "pool ls [--config FILE] [--db PATH] [--format table|json] [--check]", `
+Lists every thin id in the pool's metadata next to the database's record of
+it (device name, role, state, pending intent, quarantine) and the active
+device-mapper device mapping it, and flags each disagreement: an id in the
+pool that the database does not explain, or a device record whose id is not
+in the pool. The database is opened read-only.`)
+	addConfigFlags(fs)
+	format := formatFlag("table")
+	fs.Var(&format, "format", "output `FORMAT`: table or json")
+	check := fs.Bool("check", false, "exit with status 1 when pool and database disagree")
+	if err := parsePoolFlags(fs, args); err != nil {
+		return err
+	}
+	cfg, err := loadConfig()
+	if err != nil {
+		return err
+	}
+	db, err := metadata.Open(ctx, cfg.MetadataOptions(true))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	pool, err := openActivePool(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	rows, err := poolRows(ctx, pool, db.SnapshotterReads())
+	if err != nil {
+		return err
+	}
+	if format == "json" {
+		if err := writeJSON(os.Stdout, rows); err != nil {
+			return err
+		}
+	} else {
+		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tIN POOL\tACTIVE\tNAME\tROLE\tSTATE\tNOTE")
+		for _, r := range rows {
+			var notes []string
+			for _, n := range []string{r.Problem, prefixed("intent ", r.Intent), prefixed("quarantined: ", r.Quarantined)} {
+				if n != "" {
+					notes = append(notes, n)
+				}
+			}
+			fmt.Fprintf(tw, "%d\t%v\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.InPool, dash(r.Active), dash(r.Name), dash(r.Role), dash(r.State), strings.Join(notes, "; "))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if *check {
+		for _, r := range rows {
+			if r.Problem != "" {
+				return &exitError{code: 1, msg: fmt.Sprintf("pool %s and database %s disagree (first: thin id %d: %s)", pool.Name(), cfg.Metadata.Path, r.ID, r.Problem)}
+			}
+		}
+	}
+	return nil
+}
+
+func prefixed(p, s string) string {
+	if s == "" {
+		return ""
+	}
+	return p + s
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// poolRows merges the pool's thin ids, its active devices and the
+// database's device records, intents and quarantined ids into one row per
+// id, in id order.
+func poolRows(ctx context.Context, pool *thinpool.Pool, q metadata.SnapshotterQueries) ([]thinRow, error) {
+	ids, err := pool.ThinIDs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	active, err := pool.ActiveDevices(ctx)
+	if err != nil {
+		return nil, err
+	}
+	devs, err := q.ThinDevices(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	intents, err := q.Intents(ctx)
+	if err != nil {
+		return nil, err
+	}
+	quarantined, err := q.QuarantinedIDs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	byID := map[uint32]*thinRow{}
+	row := func(id uint32) *thinRow {
+		if r, ok := byID[id]; ok {
+			return r
+		}
+		r := &thinRow{ID: id}
+		byID[id] = r
+		return r
+	}
+	for _, id := range ids {
+		row(id).InPool = true
+	}
+	for _, a := range active {
+		r := row(a.ThinID)
+		r.Active = strings.TrimPrefix(strings.Join([]string{r.Active, a.Name}, ","), ",")
+	}
+	for _, d := range devs {
+		r := row(d.ID)
+		r.Name, r.Role, r.State = d.Name, d.Role, d.State
+	}
+	for _, in := range intents {
+		row(in.DeviceID).Intent = in.Op
+	}
+	deletedQuarantine := map[uint32]bool{}
+	for _, qi := range quarantined {
+		row(qi.DeviceID).Quarantined = qi.Reason
+		deletedQuarantine[qi.DeviceID] = qi.Deleted
+	}
+	out := make([]thinRow, 0, len(byID))
+	for _, r := range byID {
+		switch {
+		case r.InPool && r.State == "" && r.Intent == "" && r.Quarantined == "":
+			r.Problem = "in the pool but not in the database"
+		case !r.InPool && r.State != "":
+			r.Problem = "recorded in the database but missing from the pool"
+		case !r.InPool && r.Quarantined != "" && !deletedQuarantine[r.ID]:
+			r.Problem = "quarantined as kept but missing from the pool"
+		case r.InPool && r.State == "" && r.Quarantined != "" && deletedQuarantine[r.ID]:
+			r.Problem = "quarantined as deleted but still in the pool"
+		}
+		out = append(out, *r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}

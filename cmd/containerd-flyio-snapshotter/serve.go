@@ -1,0 +1,120 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/containerd/log"
+	"github.com/coreos/go-systemd/v22/daemon"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
+)
+
+const serveDescription = `
+Runs the daemon: opens (migrating) the metadata database, opens the thin pool
+(creating loop-file-backed pool files under pool.root_dir on the first start
+when no devices are configured), reconciles the database with the pool, and
+serves containerd's snapshots gRPC API on daemon.socket (mode 0660) for
+containerd's [proxy_plugins] entry. Namespaces are taken from each request.
+
+Readiness is reported to systemd (Type=notify) once the socket accepts
+calls. SIGTERM or SIGINT stops it gracefully: no new calls are accepted,
+in-flight calls finish (at most 30s), then the database is closed.
+
+With daemon.metrics_address set, Prometheus metrics are served at
+http://ADDRESS/metrics: latency of every snapshotter method, pool data and
+metadata usage, device counts by state.
+`
+
+func init() {
+	register(&command{name: "serve", summary: "run the snapshotter daemon (containerd proxy plugin)", run: runServe})
+}
+
+// serveFlags are serve's flags beyond --config and --db; each overrides
+// the config key it names when given.
+type serveFlags struct {
+	socket, metrics, logLevel string
+}
+
+func newServeFlagSet() (*serveFlags, func(args []string) error) {
+	fs := newFlagSet("serve", "serve [--config FILE] [flags]", serveDescription)
+	addConfigFlags(fs)
+	f := &serveFlags{}
+	fs.StringVar(&f.socket, "socket", "", "unix socket `PATH` to serve on, overriding daemon.socket")
+	fs.StringVar(&f.metrics, "metrics-address", "", "`HOST:PORT` of the metrics endpoint, overriding daemon.metrics_address")
+	fs.StringVar(&f.logLevel, "log-level", "", "log `LEVEL` (trace, debug, info, warn, error), overriding daemon.log_level")
+	return f, func(args []string) error {
+		if err := parseFlags(fs, args); err != nil {
+			return err
+		}
+		if fs.NArg() > 0 {
+			return &exitError{code: 2, msg: fmt.Sprintf("unexpected argument %q (serve takes only flags)", fs.Arg(0))}
+		}
+		return nil
+	}
+}
+
+// serveConfig loads the configuration and applies serve's overrides.
+func (f *serveFlags) serveConfig() (*plugin.Config, error) {
+	cfg, err := loadConfig()
+	if err != nil {
+		return nil, err
+	}
+	if f.socket != "" {
+		cfg.Daemon.Socket = f.socket
+	}
+	if f.metrics != "" {
+		cfg.Daemon.MetricsAddress = f.metrics
+	}
+	if f.logLevel != "" {
+		cfg.Daemon.LogLevel = f.logLevel
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, &exitError{code: 2, msg: fmt.Sprintf("invalid configuration after flags: %v", err)}
+	}
+	return cfg, nil
+}
+
+func runServe(ctx context.Context, args []string) (err error) {
+	f, parse := newServeFlagSet()
+	if err := parse(args); err != nil {
+		return err
+	}
+	cfg, err := f.serveConfig()
+	if err != nil {
+		return err
+	}
+	if err := log.SetLevel(cfg.Daemon.LogLevel); err != nil {
+		return fmt.Errorf("daemon.log_level %q: %w", cfg.Daemon.LogLevel, err)
+	}
+	l := log.G(ctx).WithField("version", version)
+	l.WithField("socket", cfg.Daemon.Socket).WithField("db", cfg.Metadata.Path).WithField("pool", cfg.Pool.Name).Info("starting")
+
+	svc, err := plugin.Open(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := svc.Close(); cerr != nil {
+			l.WithError(cerr).Error("closing the service")
+			if err == nil {
+				err = cerr
+			}
+			return
+		}
+		l.Info("database closed, exiting")
+	}()
+	return svc.Serve(ctx, func() { sdNotify(ctx, daemon.SdNotifyReady) }, func() { sdNotify(ctx, daemon.SdNotifyStopping) })
+}
+
+// sdNotify tells systemd state when the daemon runs under a notify unit
+// ($NOTIFY_SOCKET set); otherwise it does nothing.
+func sdNotify(ctx context.Context, state string) {
+	sent, err := daemon.SdNotify(false, state)
+	switch {
+	case err != nil:
+		log.G(ctx).WithError(err).WithField("state", state).Warn("sd_notify failed")
+	case sent:
+		log.G(ctx).WithField("state", state).Debug("notified systemd")
+	}
+}

@@ -1,0 +1,111 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/containerd/log"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
+)
+
+// ThinpoolConfig returns the thinpool.Config the [pool] section describes.
+func (c *Config) ThinpoolConfig() thinpool.Config {
+	return thinpool.Config{
+		PoolName:           c.Pool.Name,
+		RootDir:            c.Pool.RootDir,
+		DataDevice:         c.Pool.DataDevice,
+		MetadataDevice:     c.Pool.MetadataDevice,
+		DataSize:           c.Pool.DataSize.Bytes(),
+		MetadataSize:       c.Pool.MetadataSize.Bytes(),
+		BlockSizeSectors:   uint32(c.Pool.BlockSize / 512),
+		LowWaterMarkBlocks: c.Pool.LowWaterMark,
+	}
+}
+
+// SnapshotterConfig returns the snapshotter.Config the [pool] section
+// describes.
+func (c *Config) SnapshotterConfig() snapshotter.Config {
+	return snapshotter.Config{
+		FSType:               c.Pool.FSType,
+		MkfsOptions:          c.Pool.MkfsOptions,
+		BaseImageSize:        c.Pool.BaseImageSize.Bytes(),
+		SyncRemove:           !c.Pool.AsyncRemove,
+		DeleteUnknownDevices: c.Pool.DeleteUnknownDevices,
+	}
+}
+
+// MetadataOptions returns the options opening the [metadata] database,
+// read-write for the daemon or read-only for CLI readers.
+func (c *Config) MetadataOptions(readOnly bool) metadata.Options {
+	return metadata.Options{Path: c.Metadata.Path, ReadOnly: readOnly}
+}
+
+// Service is the daemon's state built from a Config: the metadata
+// database, the thin pool and the snapshotter over them. Close releases
+// them in reverse order.
+type Service struct {
+	Config      *Config
+	DB          *metadata.DB
+	Pool        *thinpool.Pool
+	Snapshotter *snapshotter.Snapshotter
+}
+
+// Open validates cfg, opens the database read-write (migrating it), opens
+// or creates the thin pool and builds the snapshotter, which reconciles the
+// database with the pool before Open returns. On error everything opened so
+// far is closed again.
+func Open(ctx context.Context, cfg *Config) (_ *Service, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("open service: invalid config: %w", err)
+	}
+	s := &Service{Config: cfg}
+	defer func() {
+		if err != nil {
+			if cerr := s.Close(); cerr != nil {
+				log.G(ctx).WithError(cerr).Warn("closing a half-opened service")
+			}
+		}
+	}()
+	l := log.G(ctx).WithField("db", cfg.Metadata.Path).WithField("pool", cfg.Pool.Name)
+	if s.DB, err = metadata.Open(ctx, cfg.MetadataOptions(false)); err != nil {
+		return nil, fmt.Errorf("open service: metadata database %s: %w", cfg.Metadata.Path, err)
+	}
+	if s.Pool, err = thinpool.Open(ctx, cfg.ThinpoolConfig()); err != nil {
+		return nil, fmt.Errorf("open service: thin pool %s: %w", cfg.Pool.Name, err)
+	}
+	if s.Snapshotter, err = snapshotter.New(ctx, s.DB, s.Pool, cfg.SnapshotterConfig()); err != nil {
+		return nil, fmt.Errorf("open service: snapshotter: %w", err)
+	}
+	l.Info("service opened")
+	return s, nil
+}
+
+// Close closes the snapshotter, then the pool (which stays active in the
+// kernel), then the database. It returns every error met, joined, and may
+// be called on a half-opened Service.
+func (s *Service) Close() error {
+	var errs []error
+	if s.Snapshotter != nil {
+		if err := s.Snapshotter.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close snapshotter: %w", err))
+		}
+		s.Snapshotter = nil
+	}
+	if s.Pool != nil {
+		if err := s.Pool.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close thin pool %s: %w", s.Config.Pool.Name, err))
+		}
+		s.Pool = nil
+	}
+	if s.DB != nil {
+		if err := s.DB.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close metadata database %s: %w", s.Config.Metadata.Path, err))
+		}
+		s.DB = nil
+	}
+	return errors.Join(errs...)
+}
