@@ -1,0 +1,614 @@
+package fsm_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+)
+
+// waitLimit bounds every wait in these tests so that a bug shows as a
+// failure naming what hung, not as a stuck test binary.
+const waitLimit = 60 * time.Second
+
+type testReq struct {
+	Name string `json:"name"`
+}
+
+type testResp struct {
+	Steps []string `json:"steps"`
+	Path  string   `json:"path,omitempty"`
+}
+
+// openDB opens a fresh database file in a temporary directory.
+func openDB(t testing.TB) *metadata.DB {
+	t.Helper()
+	return openDBAt(t, filepath.Join(t.TempDir(), "metadata.db"))
+}
+
+func openDBAt(t testing.TB, path string) *metadata.DB {
+	t.Helper()
+	db, err := metadata.Open(context.Background(), metadata.Options{Path: path})
+	if err != nil {
+		t.Fatalf("opening database %s: %v", path, err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+func newManager(t testing.TB, db *metadata.DB, opts ...fsm.ManagerOption) *fsm.Manager {
+	t.Helper()
+	m := fsm.NewManager(fsm.NewSQLiteStore(db), opts...)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+		defer cancel()
+		if err := m.Close(ctx); err != nil {
+			t.Errorf("closing manager: %v", err)
+		}
+	})
+	return m
+}
+
+// fast is a retry policy with millisecond delays.
+func fast(attempts int) fsm.TransitionOption {
+	return fsm.WithRetry(fsm.ExponentialBackoff(attempts).WithDelays(time.Millisecond, 4*time.Millisecond))
+}
+
+// step returns a transition that appends name to the response's steps.
+func step(name string, calls *atomic.Int32) fsm.TransitionFunc[testReq, testResp] {
+	return func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
+		if calls != nil {
+			calls.Add(1)
+		}
+		req.Resp.Steps = append(req.Resp.Steps, name)
+		return fsm.NewResponse(req.Resp), nil
+	}
+}
+
+func waitCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func mustBuild[R, W any](t testing.TB, b *fsm.Builder[R, W]) fsm.StartFunc[R] {
+	t.Helper()
+	start, _, err := b.Build(context.Background())
+	if err != nil {
+		t.Fatalf("building FSM: %v", err)
+	}
+	return start
+}
+
+func TestTransitionsRunInOrderAndCheckpoint(t *testing.T) {
+	db := openDB(t)
+	m := newManager(t, db)
+	start := mustBuild(t, fsm.Register[testReq, testResp](m, "ordered").
+		Start("one", step("one", nil)).
+		To("two", step("two", nil)).
+		To("three", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
+			// The checkpointed response of the earlier transitions is visible.
+			if got := strings.Join(req.Resp.Steps, ","); got != "one,two" {
+				return nil, fsm.Unrecoverable(fmt.Errorf("response before three = %q", got))
+			}
+			if req.Msg.Name != "hello" || req.Run.Transition != "three" || req.Run.Attempt != 1 {
+				return nil, fsm.Unrecoverable(fmt.Errorf("request %+v, run info %+v", req.Msg, req.Run))
+			}
+			req.Resp.Steps = append(req.Resp.Steps, "three") // in place, returning nil
+			return nil, nil
+		}).
+		End("done"))
+
+	ctx := waitCtx(t)
+	id, err := start(ctx, "img-1", &testReq{Name: "hello"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := fsm.Await[testResp](ctx, m, id)
+	if err != nil {
+		t.Fatalf("Await: %v", err)
+	}
+	if got := strings.Join(resp.Steps, ","); got != "one,two,three" {
+		t.Fatalf("steps = %q, want one,two,three", got)
+	}
+	row, err := db.GetRun(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if row.State != metadata.RunComplete || row.Transition != "done" || row.FSM != "ordered" || row.IdempotencyID != "img-1" {
+		t.Fatalf("row = state %s transition %q fsm %q id %q", row.State, row.Transition, row.FSM, row.IdempotencyID)
+	}
+	if row.StartedAt.IsZero() || row.FinishedAt.IsZero() || row.FinishedAt.Before(row.StartedAt) {
+		t.Fatalf("started %v finished %v", row.StartedAt, row.FinishedAt)
+	}
+	if string(row.Request) != `{"name":"hello"}` {
+		t.Fatalf("request JSON = %s", row.Request)
+	}
+}
+
+func TestRetryWithBackoffThenSuccess(t *testing.T) {
+	db := openDB(t)
+	m := newManager(t, db)
+	var calls atomic.Int32
+	start := mustBuild(t, fsm.Register[testReq, testResp](m, "flaky").
+		Start("fetch", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
+			n := calls.Add(1)
+			// Changes made by a failing attempt must not survive it.
+			req.Resp.Steps = append(req.Resp.Steps, fmt.Sprintf("attempt-%d", n))
+			if int(n) != req.Run.Attempt {
+				return nil, fsm.Unrecoverable(fmt.Errorf("call %d saw attempt %d", n, req.Run.Attempt))
+			}
+			if n < 3 {
+				return nil, fmt.Errorf("503 number %d", n)
+			}
+			return fsm.NewResponse(req.Resp), nil
+		}, fast(5)).
+		End("done"))
+	ctx := waitCtx(t)
+	id, err := start(ctx, "x", &testReq{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := fsm.Await[testResp](ctx, m, id)
+	if err != nil {
+		t.Fatalf("Await: %v", err)
+	}
+	if calls.Load() != 3 || strings.Join(resp.Steps, ",") != "attempt-3" {
+		t.Fatalf("calls = %d, steps = %v; want 3 calls and only the successful attempt's change", calls.Load(), resp.Steps)
+	}
+	row, _ := db.GetRun(ctx, id)
+	if row.State != metadata.RunComplete || !strings.Contains(row.LastError, "503 number 2") {
+		t.Fatalf("state %s, last error %q; want complete with the last retried error kept", row.State, row.LastError)
+	}
+}
+
+func TestMaxAttemptsFailsWithLastError(t *testing.T) {
+	db := openDB(t)
+	m := newManager(t, db)
+	var calls, after atomic.Int32
+	start := mustBuild(t, fsm.Register[testReq, testResp](m, "broken").
+		Start("fetch", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
+			return nil, fmt.Errorf("connection reset %d", calls.Add(1))
+		}, fast(3)).
+		To("never", step("never", &after)).
+		End("done"))
+	ctx := waitCtx(t)
+	id, err := start(ctx, "x", &testReq{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	state, _, err := m.Wait(ctx, id)
+	if state != fsm.StateFailed || !errors.Is(err, fsm.ErrFailed) {
+		t.Fatalf("Wait = %s, %v; want failed", state, err)
+	}
+	if !strings.Contains(err.Error(), "after 3 attempts") || !strings.Contains(err.Error(), "connection reset 3") {
+		t.Fatalf("error %q does not name the attempts and the last error", err)
+	}
+	if calls.Load() != 3 || after.Load() != 0 {
+		t.Fatalf("calls = %d, next transition calls = %d; want 3 and 0", calls.Load(), after.Load())
+	}
+	row, _ := db.GetRun(ctx, id)
+	if row.State != metadata.RunFailed || row.Transition != "fetch" || row.Attempts != 3 || !strings.Contains(row.LastError, "connection reset 3") {
+		t.Fatalf("row = %s %q attempts %d error %q", row.State, row.Transition, row.Attempts, row.LastError)
+	}
+}
+
+func TestAbortUnrecoverableHandoff(t *testing.T) {
+	cases := []struct {
+		name      string
+		ret       error
+		wantState fsm.State
+		wantIs    error
+	}{
+		{"abort", fsm.Abort(errors.New("tarball has ../etc/passwd")), fsm.StateAborted, fsm.ErrAborted},
+		{"unrecoverable", fsm.Unrecoverable(errors.New("checksum mismatch")), fsm.StateFailed, fsm.ErrFailed},
+		{"handoff", fsm.Handoff(&testResp{Path: "/already/there"}), fsm.StateComplete, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			db := openDB(t)
+			m := newManager(t, db)
+			var calls, after atomic.Int32
+			start := mustBuild(t, fsm.Register[testReq, testResp](m, "kinds").
+				Start("first", step("first", nil)).
+				To("second", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
+					calls.Add(1)
+					return nil, tc.ret
+				}, fast(5)).
+				To("third", step("third", &after)).
+				End("done"))
+			ctx := waitCtx(t)
+			id, err := start(ctx, "x", &testReq{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			state, raw, err := m.Wait(ctx, id)
+			if state != tc.wantState {
+				t.Fatalf("state = %s (%v), want %s", state, err, tc.wantState)
+			}
+			if calls.Load() != 1 || after.Load() != 0 {
+				t.Fatalf("second ran %d times, third %d times; want 1 and 0", calls.Load(), after.Load())
+			}
+			row, _ := db.GetRun(ctx, id)
+			if tc.wantIs != nil {
+				if !errors.Is(err, tc.wantIs) || !strings.Contains(err.Error(), tc.ret.Error()) || !strings.Contains(err.Error(), `"second"`) {
+					t.Fatalf("err = %v; want %v naming the transition and reason", err, tc.wantIs)
+				}
+				if row.Transition != "second" || !strings.Contains(row.LastError, tc.ret.Error()) {
+					t.Fatalf("row transition %q reason %q", row.Transition, row.LastError)
+				}
+				return
+			}
+			if err != nil || string(raw) != `{"steps":null,"path":"/already/there"}` || row.Transition != "done" {
+				t.Fatalf("handoff: err %v response %s transition %q", err, raw, row.Transition)
+			}
+		})
+	}
+}
+
+func TestPanicFailsRun(t *testing.T) {
+	db := openDB(t)
+	m := newManager(t, db)
+	start := mustBuild(t, fsm.Register[testReq, testResp](m, "panics").
+		Start("boom", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
+			var p *testResp
+			p.Path = "x" // nil dereference
+			return nil, nil
+		}).End("done"))
+	ctx := waitCtx(t)
+	id, _ := start(ctx, "x", &testReq{})
+	state, _, err := m.Wait(ctx, id)
+	if state != fsm.StateFailed || !strings.Contains(err.Error(), "panic") {
+		t.Fatalf("Wait = %s, %v; want failed naming the panic", state, err)
+	}
+}
+
+func TestTimeoutIsRetryable(t *testing.T) {
+	db := openDB(t)
+	m := newManager(t, db)
+	var calls atomic.Int32
+	start := mustBuild(t, fsm.Register[testReq, testResp](m, "slow").
+		Start("download", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
+			if calls.Add(1) == 1 {
+				<-ctx.Done() // a server slower than the timeout
+				return nil, ctx.Err()
+			}
+			if _, ok := ctx.Deadline(); !ok {
+				return nil, fsm.Unrecoverable(errors.New("attempt has no deadline"))
+			}
+			return fsm.NewResponse(&testResp{Path: "/got/it"}), nil
+		}, fsm.WithTimeout(20*time.Millisecond), fast(3)).
+		End("done"))
+	ctx := waitCtx(t)
+	id, _ := start(ctx, "x", &testReq{})
+	resp, err := fsm.Await[testResp](ctx, m, id)
+	if err != nil || resp.Path != "/got/it" || calls.Load() != 2 {
+		t.Fatalf("Await = %+v, %v after %d calls; want success on the second call", resp, err, calls.Load())
+	}
+	row, _ := db.GetRun(ctx, id)
+	if !strings.Contains(row.LastError, "timed out after 20ms") {
+		t.Fatalf("last error %q does not record the timeout", row.LastError)
+	}
+}
+
+func TestTimeoutExhaustedFails(t *testing.T) {
+	db := openDB(t)
+	m := newManager(t, db)
+	start := mustBuild(t, fsm.Register[testReq, testResp](m, "slow").
+		Start("download", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}, fsm.WithTimeout(5*time.Millisecond), fast(2)).
+		End("done"))
+	ctx := waitCtx(t)
+	id, _ := start(ctx, "x", &testReq{})
+	state, _, err := m.Wait(ctx, id)
+	if state != fsm.StateFailed || !strings.Contains(err.Error(), "timed out") {
+		t.Fatalf("Wait = %s, %v; want failed by timeout", state, err)
+	}
+}
+
+func TestQueueLimitRespected(t *testing.T) {
+	const limit, runs = 2, 8
+	db := openDB(t)
+	m := newManager(t, db, fsm.WithQueueLimit("unpacking", limit))
+	var cur, maxSeen atomic.Int32
+	allStarted := make(chan struct{})
+	reached := make(chan struct{})
+	var once sync.Once
+	var checkErr atomic.Value
+	start := mustBuild(t, fsm.Register[testReq, testResp](m, "queued").
+		Start("work", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
+			<-allStarted
+			n := cur.Add(1)
+			for {
+				old := maxSeen.Load()
+				if n <= old || maxSeen.CompareAndSwap(old, n) {
+					break
+				}
+			}
+			if n == limit {
+				once.Do(func() {
+					// While the limit is in use, every other run is pending.
+					running, err1 := db.ListRuns(ctx, metadata.RunFilter{States: []string{metadata.RunRunning}})
+					pending, err2 := db.ListRuns(ctx, metadata.RunFilter{States: []string{metadata.RunPending}})
+					if err := errors.Join(err1, err2); err != nil || len(running) != limit || len(pending) != runs-limit {
+						checkErr.Store(fmt.Sprintf("running %d pending %d (err %v); want %d and %d", len(running), len(pending), err, limit, runs-limit))
+					}
+					close(reached)
+				})
+			}
+			<-reached
+			cur.Add(-1)
+			return nil, nil
+		}).End("done"))
+	ctx := waitCtx(t)
+	var ids []string
+	for i := range runs {
+		id, err := start(ctx, fmt.Sprintf("layer-%d", i), &testReq{}, fsm.WithQueue("unpacking"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	close(allStarted)
+	for _, id := range ids {
+		if _, _, err := m.Wait(ctx, id); err != nil {
+			t.Fatalf("run %s: %v", id, err)
+		}
+	}
+	if got := maxSeen.Load(); got != limit {
+		t.Fatalf("max concurrently running = %d, want exactly the limit %d", got, limit)
+	}
+	if msg := checkErr.Load(); msg != nil {
+		t.Fatal(msg)
+	}
+}
+
+func TestUnknownQueueRefused(t *testing.T) {
+	m := newManager(t, openDB(t), fsm.WithQueueLimit("downloads", 5))
+	start := mustBuild(t, fsm.Register[testReq, testResp](m, "q").Start("a", step("a", nil)).End("done"))
+	if _, err := start(context.Background(), "x", &testReq{}, fsm.WithQueue("dowloads")); err == nil || !strings.Contains(err.Error(), `"dowloads"`) {
+		t.Fatalf("start with a misspelt queue = %v; want an error naming it", err)
+	}
+}
+
+// download/unpack mimic the seed's chaining: unpack reads download's
+// response through its run-after predecessor.
+func chainFSMs(t *testing.T, m *fsm.Manager, downloadGate chan struct{}, downloadErr error, unpackCalls *atomic.Int32) (fsm.StartFunc[testReq], fsm.StartFunc[testReq]) {
+	download := mustBuild(t, fsm.Register[testReq, testResp](m, "download-image").
+		Start("download", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
+			<-downloadGate
+			if downloadErr != nil {
+				return nil, downloadErr
+			}
+			return fsm.NewResponse(&testResp{Path: "/images/" + req.Msg.Name + ".tar"}), nil
+		}).End("complete"))
+	unpack := mustBuild(t, fsm.Register[testReq, testResp](m, "unpack-image").
+		Start("extract", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
+			unpackCalls.Add(1)
+			dl, err := fsm.PredecessorResponse[testResp](req.Run, "download-image")
+			if err != nil {
+				return nil, fsm.Unrecoverable(err)
+			}
+			return fsm.NewResponse(&testResp{Path: "unpacked " + dl.Path}), nil
+		}).End("complete"))
+	return download, unpack
+}
+
+func TestRunAfterChaining(t *testing.T) {
+	db := openDB(t)
+	m := newManager(t, db)
+	gate := make(chan struct{})
+	var unpackCalls atomic.Int32
+	download, unpack := chainFSMs(t, m, gate, nil, &unpackCalls)
+	ctx := waitCtx(t)
+	dlID, err := download(ctx, "alpine", &testReq{Name: "alpine"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	upID, err := unpack(ctx, "alpine", &testReq{Name: "alpine"}, fsm.WithRunAfter(dlID), fsm.WithParent("pull-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The download is held: the unpack must still be pending.
+	row, _ := db.GetRun(ctx, upID)
+	if row.State != metadata.RunPending || unpackCalls.Load() != 0 {
+		t.Fatalf("unpack before its predecessor finished: state %s, calls %d", row.State, unpackCalls.Load())
+	}
+	if len(row.RunAfter) != 1 || row.RunAfter[0] != dlID || row.ParentID != "pull-1" {
+		t.Fatalf("row run-after %v parent %q", row.RunAfter, row.ParentID)
+	}
+	close(gate)
+	resp, err := fsm.Await[testResp](ctx, m, upID)
+	if err != nil {
+		t.Fatalf("unpack: %v", err)
+	}
+	if resp.Path != "unpacked /images/alpine.tar" {
+		t.Fatalf("unpack response %q; want it built from download's response", resp.Path)
+	}
+	got, err := fsm.ResponseOf[testResp](ctx, m, dlID)
+	if err != nil || got.Path != "/images/alpine.tar" {
+		t.Fatalf("ResponseOf(download) = %+v, %v", got, err)
+	}
+}
+
+func TestRunAfterAbortPropagates(t *testing.T) {
+	db := openDB(t)
+	m := newManager(t, db)
+	gate := make(chan struct{})
+	close(gate)
+	var unpackCalls atomic.Int32
+	download, unpack := chainFSMs(t, m, gate, fsm.Abort(errors.New("S3 access denied")), &unpackCalls)
+	ctx := waitCtx(t)
+	dlID, _ := download(ctx, "alpine", &testReq{Name: "alpine"})
+	upID, err := unpack(ctx, "alpine", &testReq{}, fsm.WithRunAfter(dlID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	state, _, err := m.Wait(ctx, upID)
+	if state != fsm.StateAborted || !errors.Is(err, fsm.ErrAborted) {
+		t.Fatalf("dependent = %s, %v; want aborted", state, err)
+	}
+	if !strings.Contains(err.Error(), dlID) || !strings.Contains(err.Error(), "S3 access denied") {
+		t.Fatalf("reason %q does not name the predecessor %s and its reason", err, dlID)
+	}
+	if unpackCalls.Load() != 0 {
+		t.Fatalf("dependent's transition ran %d times after its predecessor aborted", unpackCalls.Load())
+	}
+	if _, err := unpack(ctx, "other", &testReq{}, fsm.WithRunAfter("no-such-run")); !errors.Is(err, fsm.ErrRunNotFound) {
+		t.Fatalf("run-after an unknown run = %v; want ErrRunNotFound", err)
+	}
+}
+
+func TestIdempotentStart(t *testing.T) {
+	db := openDB(t)
+	m := newManager(t, db)
+	var calls atomic.Int32
+	gate := make(chan struct{})
+	start := mustBuild(t, fsm.Register[testReq, testResp](m, "download-image").
+		Start("download", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
+			calls.Add(1)
+			<-gate
+			return nil, nil
+		}).End("complete"))
+	ctx := waitCtx(t)
+	const pulls = 10
+	ids := make([]string, pulls)
+	errs := make([]error, pulls)
+	var wg sync.WaitGroup
+	for i := range pulls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ids[i], errs[i] = start(ctx, "sha256:abc", &testReq{Name: fmt.Sprint(i)})
+		}()
+	}
+	wg.Wait()
+	for i := range pulls {
+		if errs[i] != nil || ids[i] != ids[0] {
+			t.Fatalf("pull %d got run %q (%v); pull 0 got %q", i, ids[i], errs[i], ids[0])
+		}
+	}
+	close(gate)
+	for i := range pulls {
+		if _, _, err := m.Wait(ctx, ids[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runs, _ := db.ListRuns(ctx, metadata.RunFilter{FSM: "download-image"})
+	if calls.Load() != 1 || len(runs) != 1 {
+		t.Fatalf("transition ran %d times, %d runs recorded; want one of each", calls.Load(), len(runs))
+	}
+	// Once finished, the same id starts a fresh run (which can hand off).
+	again, err := start(ctx, "sha256:abc", &testReq{})
+	if err != nil || again == ids[0] {
+		t.Fatalf("start after completion = %q, %v; want a new run", again, err)
+	}
+}
+
+// TestShutdownThenResume stops a manager mid-transition and resumes the run
+// in a new manager on the same database file.
+func TestShutdownThenResume(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "metadata.db")
+	db := openDBAt(t, path)
+	var firstCalls atomic.Int32
+	entered := make(chan struct{})
+	m1 := fsm.NewManager(fsm.NewSQLiteStore(db))
+	start := mustBuild(t, fsm.Register[testReq, testResp](m1, "resumable").
+		Start("one", step("one", &firstCalls)).
+		To("two", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
+			close(entered)
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}, fast(2)).
+		End("done"))
+	ctx := waitCtx(t)
+	id, err := start(ctx, "x", &testReq{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	if err := m1.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	row, _ := db.GetRun(ctx, id)
+	if row.State != metadata.RunRunning || row.Transition != "two" || row.Attempts != 0 {
+		t.Fatalf("after shutdown: %s at %q attempts %d; want running at two with the cut attempt uncounted", row.State, row.Transition, row.Attempts)
+	}
+	if _, err := start(ctx, "y", &testReq{}); !errors.Is(err, fsm.ErrClosed) {
+		t.Fatalf("start after Close = %v; want ErrClosed", err)
+	}
+
+	db2 := openDBAt(t, path)
+	m2 := newManager(t, db2)
+	var secondCalls atomic.Int32
+	_, resume, err := fsm.Register[testReq, testResp](m2, "resumable").
+		Start("one", step("one", &secondCalls)).
+		To("two", step("two", nil)).
+		End("done").Build(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := fsm.Await[testResp](ctx, m2, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(resp.Steps, ",") != "one,two" || firstCalls.Load() != 1 || secondCalls.Load() != 0 {
+		t.Fatalf("steps %v, transition one ran %d+%d times; want one,two and once", resp.Steps, firstCalls.Load(), secondCalls.Load())
+	}
+}
+
+func TestBuildRejectsBadDeclarations(t *testing.T) {
+	m := newManager(t, openDB(t))
+	noop := step("x", nil)
+	cases := map[string]*fsm.Builder[testReq, testResp]{
+		"To(\"a\") before Start": fsm.Register[testReq, testResp](m, "a").To("a", noop).End("done"),
+		"declared twice":         fsm.Register[testReq, testResp](m, "b").Start("a", noop).To("a", noop).End("done"),
+		"no End":                 fsm.Register[testReq, testResp](m, "c").Start("a", noop),
+		"has the name of":        fsm.Register[testReq, testResp](m, "d").Start("a", noop).End("a"),
+		"nil function":           fsm.Register[testReq, testResp](m, "e").Start("a", nil).End("done"),
+		"empty FSM name":         fsm.Register[testReq, testResp](m, " ").Start("a", noop).End("done"),
+		"after End":              fsm.Register[testReq, testResp](m, "f").Start("a", noop).End("done").To("b", noop),
+		"Start must come first":  fsm.Register[testReq, testResp](m, "g").Start("a", noop).Start("b", noop).End("done"),
+	}
+	for want, b := range cases {
+		if _, _, err := b.Build(context.Background()); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Build = %v; want an error containing %q", err, want)
+		}
+	}
+	mustBuild(t, fsm.Register[testReq, testResp](m, "ok").Start("a", noop).End("done"))
+	if _, _, err := fsm.Register[testReq, testResp](m, "ok").Start("a", noop).End("done").Build(context.Background()); err == nil {
+		t.Error("registering one name twice succeeded")
+	}
+}
+
+func TestRetryPolicyDelays(t *testing.T) {
+	p := fsm.ExponentialBackoff(5).WithDelays(10*time.Millisecond, 50*time.Millisecond)
+	want := []time.Duration{10, 20, 40, 50, 50}
+	for i, w := range want {
+		if got := p.Delay(i + 1); got != w*time.Millisecond {
+			t.Errorf("Delay(%d) = %v, want %v", i+1, got, w*time.Millisecond)
+		}
+	}
+	j := fsm.ExponentialJitter(5).WithDelays(time.Second, time.Minute)
+	for range 100 {
+		if d := j.Delay(3); d < 2*time.Second || d > 4*time.Second {
+			t.Fatalf("jittered Delay(3) = %v, want within [2s, 4s]", d)
+		}
+	}
+	if d := fsm.FixedRetry(2, time.Second).Delay(7); d != time.Second {
+		t.Fatalf("fixed Delay(7) = %v", d)
+	}
+}
