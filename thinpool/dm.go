@@ -342,22 +342,6 @@ func parseNameList(data []byte) ([]dmNameEntry, error) {
 	}
 }
 
-// parseDeps decodes TABLE_DEPS' payload: {u32 count; u32 pad; u64 dev[]}.
-func parseDeps(data []byte) ([]uint64, error) {
-	if len(data) < 8 {
-		return nil, fmt.Errorf("deps payload of %d bytes", len(data))
-	}
-	n := int(binary.NativeEndian.Uint32(data))
-	if 8+8*n > len(data) {
-		return nil, fmt.Errorf("deps payload of %d bytes cannot hold %d devices", len(data), n)
-	}
-	out := make([]uint64, n)
-	for i := range out {
-		out[i] = binary.NativeEndian.Uint64(data[8+8*i:])
-	}
-	return out, nil
-}
-
 func cString(b []byte) string {
 	if i := bytes.IndexByte(b, 0); i >= 0 {
 		return string(b[:i])
@@ -366,11 +350,6 @@ func cString(b []byte) string {
 }
 
 // ---- typed requests ----
-
-func (c *dmControl) version() ([3]uint32, error) {
-	r, err := c.ioctl(unix.DM_VERSION, dmRequest{})
-	return r.hdr.Version, err
-}
 
 // create makes an empty device (no table) and returns its dev number.
 func (c *dmControl) create(name, uuid string) (uint64, error) {
@@ -476,12 +455,4 @@ func (c *dmControl) list() ([]dmNameEntry, error) {
 		return nil, fmt.Errorf("%s: %w", dmCmdName(unix.DM_LIST_DEVICES), err)
 	}
 	return l, nil
-}
-
-func (c *dmControl) deps(name string) ([]uint64, error) {
-	r, err := c.ioctl(unix.DM_TABLE_DEPS, dmRequest{name: name})
-	if err != nil {
-		return nil, err
-	}
-	return parseDeps(r.data)
 }

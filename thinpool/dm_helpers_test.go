@@ -23,7 +23,7 @@ import (
 
 // testPool opens a fresh loop-file pool under $VM_SCRATCH and removes it,
 // its devices and files when the test ends.
-func testPool(t *testing.T, dataSize int64) (*Pool, Config) {
+func testPool(t testing.TB, dataSize int64) (*Pool, Config) {
 	t.Helper()
 	scratch := os.Getenv("VM_SCRATCH")
 	if scratch == "" {
@@ -48,7 +48,7 @@ func testPool(t *testing.T, dataSize int64) (*Pool, Config) {
 }
 
 // destroyPool removes every device on the pool, the pool and its files.
-func destroyPool(t *testing.T, cfg Config) {
+func destroyPool(t testing.TB, cfg Config) {
 	t.Helper()
 	ctx := context.Background()
 	p, err := Open(ctx, cfg)

@@ -318,8 +318,8 @@ func TestReopenAfterRestart(t *testing.T) {
 
 	// Reboot: devices and pool table gone, loop devices detached.
 	simulateReboot(t, p)
-	if ok, err := p.IsActive(ctx, cfg.PoolName); err == nil && ok {
-		t.Fatal("pool still active after the simulated reboot")
+	if _, err := p.ctl.info(cfg.PoolName); !errors.Is(err, unix.ENXIO) {
+		t.Fatalf("pool still present after the simulated reboot: %v", err)
 	}
 	p, err = Open(ctx, cfg)
 	if err != nil {
@@ -433,6 +433,68 @@ func TestConcurrentCreateDelete(t *testing.T) {
 	leftover, _ := filepath.Glob(filepath.Join(MapperDir, p.name+"-c*"))
 	if len(leftover) != 0 {
 		t.Fatalf("nodes left in %s: %v", MapperDir, leftover)
+	}
+}
+
+// TestExistingDevices runs a pool on block devices given in the config
+// instead of its own loop files, through a restart and a reboot.
+func TestExistingDevices(t *testing.T) {
+	ctx := context.Background()
+	dir := filepath.Join(os.Getenv("VM_SCRATCH"), "tp-existing")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var devs []string
+	for _, f := range []struct {
+		name string
+		size int64
+	}{{"meta", 8 * mib}, {"data", 64 * mib}} {
+		path := filepath.Join(dir, f.name)
+		if err := makeSparse(path, f.size, true); err != nil {
+			t.Fatal(err)
+		}
+		lf, err := attachLoop(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { lf.Close() }) // autoclear detaches it after the pool is gone
+		devs = append(devs, lf.Name())
+	}
+	cfg := Config{PoolName: "tp-existing", MetadataDevice: devs[0], DataDevice: devs[1]}
+	p, err := Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.ctl.remove(cfg.PoolName); err != nil && !errors.Is(err, unix.ENXIO) {
+			t.Errorf("cleanup: %v", err)
+		}
+		removeNode(cfg.PoolName)
+		os.RemoveAll(dir)
+	})
+	if st, err := p.Status(ctx); err != nil || st.TotalDataBlocks != 64*mib/(64<<10) {
+		t.Fatalf("status %+v, %v; want %d data blocks", st, err, 64*mib/(64<<10))
+	}
+	for _, id := range []uint32{3, 4} {
+		if err := p.CreateThin(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Close()
+	if p, err = Open(ctx, cfg); err != nil {
+		t.Fatalf("reopen of the active pool: %v", err)
+	}
+	simulateReboot(t, p)
+	if p, err = Open(ctx, cfg); err != nil {
+		t.Fatalf("reopen after reboot: %v", err)
+	}
+	if ids, err := p.ThinIDs(ctx); err != nil || !reflect.DeepEqual(ids, []uint32{3, 4}) {
+		t.Fatalf("ThinIDs = %v, %v; want [3 4]", ids, err)
+	}
+	other := cfg
+	other.MetadataDevice, other.DataDevice = devs[1], devs[0]
+	if _, err := Open(ctx, other); !errors.Is(err, ErrExists) {
+		t.Fatalf("adopting the pool with another metadata device: got %v, want ErrExists", err)
 	}
 }
 

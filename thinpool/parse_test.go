@@ -262,20 +262,6 @@ func TestUUIDRoundTrip(t *testing.T) {
 	}
 }
 
-func TestParseDeps(t *testing.T) {
-	b := make([]byte, 8+16)
-	binary.NativeEndian.PutUint32(b, 2)
-	binary.NativeEndian.PutUint64(b[8:], unix.Mkdev(7, 0))
-	binary.NativeEndian.PutUint64(b[16:], unix.Mkdev(7, 1))
-	got, err := parseDeps(b)
-	if err != nil || !reflect.DeepEqual(got, []uint64{unix.Mkdev(7, 0), unix.Mkdev(7, 1)}) {
-		t.Errorf("parseDeps = %v, %v", got, err)
-	}
-	if _, err := parseDeps(b[:16]); err == nil {
-		t.Error("parseDeps accepted a truncated payload")
-	}
-}
-
 func TestCheckIDAndName(t *testing.T) {
 	if err := checkID("thin id", MaxThinID); err != nil {
 		t.Errorf("MaxThinID rejected: %v", err)
