@@ -1,0 +1,197 @@
+package s3test
+
+import (
+	"net/http"
+	"sync"
+	"time"
+)
+
+// faultyS3 is the fault injector in front of the fake S3 (an http.Handler).
+// Each fault applies to the next requests matching its key ("" matches any
+// request), as many times as asked, then disarms. It also counts requests
+// per method and key.
+type faultyS3 struct {
+	next   http.Handler
+	bucket string
+
+	mu     sync.Mutex
+	faults []*fault
+	counts map[string]int
+	all    int
+}
+
+type faultKind int
+
+const (
+	faultStatus   faultKind = iota // answer an S3 error
+	faultDrop                      // cut the connection after some body bytes
+	faultTruncate                  // send fewer body bytes than declared, then end
+	faultDelay                     // wait before answering
+)
+
+type fault struct {
+	kind   faultKind
+	key    string
+	method string // "" any
+	times  int
+	status int
+	code   string
+	after  int64
+	delay  time.Duration
+}
+
+func newFaultyS3(next http.Handler, bucket string) *faultyS3 {
+	return &faultyS3{next: next, bucket: bucket, counts: map[string]int{}}
+}
+
+func (f *faultyS3) add(fl *fault) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.faults = append(f.faults, fl)
+}
+
+// FailNext answers the next n requests for key (any key if "") with an S3
+// error: status 503 and code "ServiceUnavailable", "SlowDown", or a 403
+// "AccessDenied", as given.
+func (f *faultyS3) FailNext(n int, key string, status int, code string) {
+	f.add(&fault{kind: faultStatus, key: key, times: n, status: status, code: code})
+}
+
+// Fail503 answers the next n requests for key with 503 ServiceUnavailable.
+func (f *faultyS3) Fail503(n int, key string) { f.FailNext(n, key, 503, "ServiceUnavailable") }
+
+// DropAfter makes the next n GETs of key send the headers and `after` bytes
+// of the body, then close the TCP connection abruptly (hijacked, RST).
+func (f *faultyS3) DropAfter(n int, key string, after int64) {
+	f.add(&fault{kind: faultDrop, key: key, method: http.MethodGet, times: n, after: after})
+}
+
+// Truncate makes the next n GETs of key declare the full Content-Length but
+// send only `after` bytes and end the response.
+func (f *faultyS3) Truncate(n int, key string, after int64) {
+	f.add(&fault{kind: faultTruncate, key: key, method: http.MethodGet, times: n, after: after})
+}
+
+// Delay makes the next n requests for key wait d before being answered (or
+// until the client gives up).
+func (f *faultyS3) Delay(n int, key string, d time.Duration) {
+	f.add(&fault{kind: faultDelay, key: key, times: n, delay: d})
+}
+
+// Reset disarms every fault and zeroes the counters.
+func (f *faultyS3) Reset() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.faults = nil
+	f.counts = map[string]int{}
+	f.all = 0
+}
+
+func (f *faultyS3) count(method, key string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.counts[method+" "+key]
+}
+
+func (f *faultyS3) total() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.all
+}
+
+// take returns the first armed fault matching the request, consuming one use.
+func (f *faultyS3) take(method, key string) []*fault {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.all++
+	f.counts[method+" "+key]++
+	var out []*fault
+	kept := f.faults[:0]
+	used := map[faultKind]bool{}
+	for _, fl := range f.faults {
+		if !used[fl.kind] && (fl.key == "" || fl.key == key) && (fl.method == "" || fl.method == method) {
+			used[fl.kind] = true
+			c := *fl
+			out = append(out, &c)
+			fl.times--
+		}
+		if fl.times > 0 {
+			kept = append(kept, fl)
+		}
+	}
+	f.faults = kept
+	return out
+}
+
+func (f *faultyS3) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key, _ := keyOf(f.bucket, r.URL.Path)
+	faults := f.take(r.Method, key)
+	var cut *fault
+	for _, fl := range faults {
+		switch fl.kind {
+		case faultDelay:
+			select {
+			case <-time.After(fl.delay):
+			case <-r.Context().Done():
+				return
+			}
+		case faultStatus:
+			s3Error(w, fl.status, fl.code)
+			return
+		case faultDrop, faultTruncate:
+			cut = fl
+		}
+	}
+	if cut == nil {
+		f.next.ServeHTTP(w, r)
+		return
+	}
+	cw := &cutWriter{ResponseWriter: w, limit: cut.after, drop: cut.kind == faultDrop}
+	f.next.ServeHTTP(cw, r)
+}
+
+// cutWriter passes headers through and stops the body after limit bytes:
+// dropping the connection (hijack and RST) or simply ending the response,
+// whose declared Content-Length is then longer than what was sent.
+type cutWriter struct {
+	http.ResponseWriter
+	limit   int64
+	written int64
+	drop    bool
+	done    bool
+}
+
+func (c *cutWriter) Write(p []byte) (int, error) {
+	if c.done {
+		return len(p), nil // swallow the rest; the client never sees it
+	}
+	room := c.limit - c.written
+	if int64(len(p)) <= room {
+		n, err := c.ResponseWriter.Write(p)
+		c.written += int64(n)
+		return n, err
+	}
+	if room > 0 {
+		n, err := c.ResponseWriter.Write(p[:room])
+		c.written += int64(n)
+		if err != nil {
+			return n, err
+		}
+	}
+	c.done = true
+	rc := http.NewResponseController(c.ResponseWriter)
+	if err := rc.Flush(); err != nil {
+		return 0, err
+	}
+	if c.drop {
+		conn, _, err := rc.Hijack()
+		if err != nil {
+			return 0, err
+		}
+		if tc, ok := conn.(interface{ SetLinger(int) error }); ok {
+			tc.SetLinger(0) // RST, as a dying peer or middlebox would
+		}
+		conn.Close()
+	}
+	return len(p), nil
+}

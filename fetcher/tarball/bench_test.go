@@ -1,0 +1,132 @@
+package tarball
+
+import (
+	"archive/tar"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// writeBenchArchive writes an image-like archive of about size bytes: a few
+// hundred directories, files from 1 KiB to 1 MiB of incompressible content,
+// some symlinks and hard links.
+func writeBenchArchive(b *testing.B, path string, size int64) {
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	tw := tar.NewWriter(f)
+	rng := rand.New(rand.NewChaCha8([32]byte{1}))
+	buf := make([]byte, 1<<20)
+	var total int64
+	for i := 0; total < size; i++ {
+		d := fmt.Sprintf("usr/lib/pkg%03d", i/20)
+		if i%20 == 0 {
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755, ModTime: testTime}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		n := 1024 << rng.IntN(11) // 1 KiB .. 1 MiB
+		name := fmt.Sprintf("%s/file%05d.so", d, i)
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(n), ModTime: testTime}); err != nil {
+			b.Fatal(err)
+		}
+		for j := range buf[:n] {
+			buf[j] = byte(rng.Uint32())
+		}
+		if _, err := tw.Write(buf[:n]); err != nil {
+			b.Fatal(err)
+		}
+		total += int64(n)
+		if i%50 == 0 {
+			tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: name + ".abs", Linkname: "/" + name, ModTime: testTime})
+			tw.WriteHeader(&tar.Header{Typeflag: tar.TypeLink, Name: name + ".hard", Linkname: name, ModTime: testTime})
+		}
+	}
+	if err := tw.Close(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkValidateExtract measures Validate then Extract of a ~200 MB
+// archive against GNU `tar -x` of the same file in the same run, and
+// reports the ratio (ours / tar). Each iteration extracts into a fresh
+// directory; both sides read the archive from the page cache.
+//
+//	go test -tags '...' -run '^$' -bench ValidateExtract -benchtime 5x ./fetcher/tarball/
+func BenchmarkValidateExtract(b *testing.B) {
+	if _, err := exec.LookPath("tar"); err != nil {
+		b.Fatal("GNU tar is the anchor of this benchmark")
+	}
+	work := b.TempDir()
+	archive := filepath.Join(work, "bench.tar")
+	writeBenchArchive(b, archive, 200<<20)
+	fi, err := os.Stat(archive)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(fi.Size())
+
+	var tarTime, valTime, extTime time.Duration
+	ctx := context.Background()
+	i := 0
+	for b.Loop() {
+		i++
+		anchorDir := filepath.Join(work, fmt.Sprintf("tar-%d", i))
+		oursDir := filepath.Join(work, fmt.Sprintf("ours-%d", i))
+		for _, d := range []string{anchorDir, oursDir} {
+			if err := os.Mkdir(d, 0o755); err != nil {
+				b.Fatal(err)
+			}
+		}
+		runTar := func() {
+			t0 := time.Now()
+			if out, err := exec.Command("tar", "-C", anchorDir, "-xf", archive).CombinedOutput(); err != nil {
+				b.Fatalf("tar -x: %v: %s", err, out)
+			}
+			tarTime += time.Since(t0)
+		}
+		runOurs := func() {
+			f, err := os.Open(archive)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer f.Close()
+			t0 := time.Now()
+			rep, err := Validate(ctx, f, Limits{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			t1 := time.Now()
+			if _, err := f.Seek(0, io.SeekStart); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := ExtractDir(ctx, f, oursDir, ExtractOptions{StripRootfs: rep.HasRootfs}); err != nil {
+				b.Fatal(err)
+			}
+			valTime += t1.Sub(t0)
+			extTime += time.Since(t1)
+		}
+		// Alternate the order so neither side always pays for the other's
+		// dirty pages being written back.
+		if i%2 == 1 {
+			runTar()
+			runOurs()
+		} else {
+			runOurs()
+			runTar()
+		}
+		os.RemoveAll(anchorDir)
+		os.RemoveAll(oursDir)
+	}
+	b.ReportMetric(float64(valTime+extTime)/float64(tarTime), "ratio-vs-tar-x")
+	b.ReportMetric(float64(extTime)/float64(tarTime), "extract-ratio-vs-tar-x")
+	b.ReportMetric(float64(fi.Size())/1e6/(valTime.Seconds()/float64(i)), "validate-MB/s")
+}
