@@ -1,0 +1,299 @@
+package fsm_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+)
+
+// The kill test: a child process (this test binary, re-executed) runs a
+// five-transition FSM whose transitions append to a journal file; the parent
+// SIGKILLs it at random moments, restarts it, and checks from the journal and
+// the checkpoints that no completed transition ever ran again.
+
+const killFSM = "kill-five"
+
+var killSteps = []string{"t1", "t2", "t3", "t4", "t5"}
+
+type killReq struct {
+	Image string `json:"image"`
+}
+
+type killResp struct {
+	Done []string `json:"done"`
+}
+
+func appendJournal(path, line string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	_, werr := f.WriteString(line + "\n") // one write: atomic with O_APPEND
+	return errors.Join(werr, f.Close())
+}
+
+// TestKillChild is the child side of TestKillResume; it does nothing unless
+// that test started it.
+func TestKillChild(t *testing.T) {
+	dbPath, journal := os.Getenv("FSM_KILL_DB"), os.Getenv("FSM_KILL_JOURNAL")
+	if dbPath == "" {
+		t.Skip("helper process of TestKillResume")
+	}
+	idem, life := os.Getenv("FSM_KILL_ID"), os.Getenv("FSM_KILL_LIFE")
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	db, err := metadata.Open(ctx, metadata.Options{Path: dbPath})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := fsm.NewManager(fsm.NewSQLiteStore(db))
+	b := fsm.Register[killReq, killResp](m, killFSM)
+	for i, name := range killSteps {
+		fn := func(ctx context.Context, req *fsm.Request[killReq, killResp]) (*fsm.Response[killResp], error) {
+			tag := fmt.Sprintf("life=%s run=%s", life, req.Run.ID)
+			if err := appendJournal(journal, fmt.Sprintf("%s start %s attempt=%d", tag, name, req.Run.Attempt)); err != nil {
+				return nil, err
+			}
+			select { // the work: long enough to be killed in the middle of
+			case <-time.After(time.Duration(20+rand.IntN(40)) * time.Millisecond):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			if err := appendJournal(journal, fmt.Sprintf("%s done %s", tag, name)); err != nil {
+				return nil, err
+			}
+			req.Resp.Done = append(req.Resp.Done, name)
+			return fsm.NewResponse(req.Resp), nil
+		}
+		// Crashes count as attempts: allow plenty.
+		retry := fsm.WithRetry(fsm.FixedRetry(1000, time.Millisecond))
+		if i == 0 {
+			b.Start(name, fn, retry)
+		} else {
+			b.To(name, fn, retry)
+		}
+	}
+	start, resume, err := b.End("complete").Build(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	runs, err := db.ListRuns(ctx, metadata.RunFilter{FSM: killFSM})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runID := ""
+	for _, r := range runs {
+		if r.IdempotencyID == idem {
+			runID = r.ID
+		}
+	}
+	if runID == "" {
+		if runID, err = start(ctx, idem, &killReq{Image: idem}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := m.Wait(ctx, runID); err != nil {
+		t.Fatalf("run %s: %v", runID, err)
+	}
+}
+
+func TestKillResume(t *testing.T) {
+	const minKills, minMidTransition, maxLives = 20, 5, 400
+	dir := t.TempDir()
+	dbPath, journal := filepath.Join(dir, "metadata.db"), filepath.Join(dir, "journal")
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, 1))
+	t.Logf("random seed %d", seed)
+
+	kills, lives, runs, mostKills := 0, 0, 0, 0
+	for kills < minKills || midTransitionKills(t, journal) < minMidTransition {
+		idem := fmt.Sprintf("image-%d", runs)
+		runKills, runLives := kills, lives
+		for complete := false; !complete; {
+			lives++
+			if lives > maxLives {
+				t.Fatalf("%d child lives used (%d kills): %s still not complete after %d of them", maxLives, kills, idem, lives-runLives)
+			}
+			var stderr bytes.Buffer
+			cmd := exec.Command(os.Args[0], "-test.run=^TestKillChild$", "-test.count=1")
+			cmd.Env = append(os.Environ(), "FSM_KILL_DB="+dbPath, "FSM_KILL_JOURNAL="+journal,
+				"FSM_KILL_ID="+idem, "FSM_KILL_LIFE="+strconv.Itoa(lives))
+			cmd.Stdout, cmd.Stderr = &stderr, &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("child life %d of %s failed: %v\n%s", lives, idem, err, stderr.String())
+				}
+				complete = true
+			case <-time.After(time.Duration(rng.IntN(120)) * time.Millisecond):
+				_ = cmd.Process.Signal(syscall.SIGKILL)
+				err := <-done
+				var ee *exec.ExitError
+				if errors.As(err, &ee) && ee.Sys().(syscall.WaitStatus).Signaled() {
+					kills++
+				} else if err != nil {
+					t.Fatalf("child life %d of %s failed: %v\n%s", lives, idem, err, stderr.String())
+				} else {
+					complete = true // it finished just before the signal
+				}
+			}
+		}
+		verifyKilledRun(t, dbPath, journal, idem)
+		mostKills = max(mostKills, kills-runKills)
+		runs++
+	}
+	t.Logf("%d SIGKILLs (%d in the middle of a transition, at most %d on one run) over %d child lives and %d runs; every run complete, no completed transition re-run",
+		kills, midTransitionKills(t, journal), mostKills, lives, runs)
+}
+
+type journalEntry struct {
+	life    int
+	run     string
+	event   string // start or done
+	step    int    // index in killSteps
+	attempt int
+}
+
+func readJournal(t *testing.T, path string) []journalEntry {
+	t.Helper()
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []journalEntry
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var e journalEntry
+		var name string
+		line := sc.Text()
+		n, _ := fmt.Sscanf(line, "life=%d run=%s %s %s attempt=%d", &e.life, &e.run, &e.event, &name, &e.attempt)
+		if n < 4 {
+			t.Fatalf("journal line %q is malformed", line)
+		}
+		e.step = -1
+		for i, s := range killSteps {
+			if s == name {
+				e.step = i
+			}
+		}
+		if e.step < 0 {
+			t.Fatalf("journal line %q names no transition", line)
+		}
+		out = append(out, e)
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// midTransitionKills counts child lives whose last journal entry is a
+// start: killed while a transition was executing.
+func midTransitionKills(t *testing.T, path string) int {
+	last := map[int]journalEntry{}
+	for _, e := range readJournal(t, path) {
+		last[e.life] = e
+	}
+	n := 0
+	for _, e := range last {
+		if e.event == "start" {
+			n++
+		}
+	}
+	return n
+}
+
+// verifyKilledRun checks one run after it completed under kills.
+func verifyKilledRun(t *testing.T, dbPath, journal, idem string) {
+	t.Helper()
+	ctx := context.Background()
+	db, err := metadata.Open(ctx, metadata.Options{Path: dbPath, ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	all, err := db.ListRuns(ctx, metadata.RunFilter{FSM: killFSM})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs []metadata.Run
+	for _, r := range all {
+		if r.IdempotencyID == idem {
+			runs = append(runs, r)
+		}
+	}
+	if len(runs) != 1 {
+		t.Fatalf("%s: %d runs recorded, want exactly 1", idem, len(runs))
+	}
+	r := runs[0]
+	// Checkpoints: each transition's completion recorded exactly once, in order.
+	if r.State != metadata.RunComplete || r.Transition != "complete" || string(r.Response) != `{"done":["t1","t2","t3","t4","t5"]}` {
+		t.Fatalf("%s: run %s state %s transition %q response %s; want complete with t1..t5 each once", idem, r.ID, r.State, r.Transition, r.Response)
+	}
+	// Journal: transitions start in order; one starts again only in a new
+	// life after the previous life was killed in it; none starts before its
+	// predecessor's completion.
+	prevStep, prevLife, starts := -1, 0, 0
+	doneSeen := map[int]bool{}
+	for _, e := range readJournal(t, journal) {
+		if e.run != r.ID {
+			continue
+		}
+		if e.event == "done" {
+			if e.step != prevStep || e.life != prevLife {
+				t.Fatalf("%s: %s done in life %d while life %d ran %s", idem, killSteps[e.step], e.life, prevLife, killSteps[max(prevStep, 0)])
+			}
+			doneSeen[e.step] = true
+			continue
+		}
+		switch {
+		case e.step == prevStep:
+			if e.life == prevLife {
+				t.Fatalf("%s: %s started twice in life %d (no retries expected)", idem, killSteps[e.step], e.life)
+			}
+			starts++
+		case e.step == prevStep+1:
+			if prevStep >= 0 && !doneSeen[prevStep] {
+				t.Fatalf("%s: %s started before %s completed", idem, killSteps[e.step], killSteps[prevStep])
+			}
+			starts = 1
+		default:
+			t.Fatalf("%s: %s started after %s: a completed transition ran again or one was skipped", idem, killSteps[e.step], killSteps[max(prevStep, 0)])
+		}
+		if e.attempt < starts {
+			t.Fatalf("%s: %s start number %d reported attempt %d", idem, killSteps[e.step], starts, e.attempt)
+		}
+		prevStep, prevLife = e.step, e.life
+	}
+	if prevStep != len(killSteps)-1 || !doneSeen[prevStep] {
+		t.Fatalf("%s: journal ends at %s (done %v)", idem, killSteps[max(prevStep, 0)], doneSeen[prevStep])
+	}
+	if r.FinishedAt.IsZero() {
+		t.Fatalf("%s: finished_at not recorded", idem)
+	}
+}
