@@ -1,0 +1,118 @@
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func writeTar(t *testing.T, path string, hdrs ...*tar.Header) {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, h := range hdrs {
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Size > 0 {
+			tw.Write(bytes.Repeat([]byte("a"), int(h.Size)))
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestValidateCommandHelperProcess is not a test: it runs the binary's
+// main dispatch when started by TestValidateCommand.
+func TestValidateCommandHelperProcess(t *testing.T) {
+	if os.Getenv("FLYIO_VALIDATE_HELPER") != "1" {
+		t.Skip("helper process for TestValidateCommand")
+	}
+	args := os.Args
+	for i, a := range args {
+		if a == "--" {
+			args = args[i+1:]
+			break
+		}
+	}
+	os.Exit(run(args))
+}
+
+// runCommand runs `containerd-flyio-snapshotter ARGS...` as a process (this
+// test binary re-executed) and returns its exit status and output.
+func runCommand(t *testing.T, stdin []byte, args ...string) (int, string, string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^TestValidateCommandHelperProcess$", "--"}, args...)...)
+	cmd.Env = append(os.Environ(), "FLYIO_VALIDATE_HELPER=1")
+	cmd.Stdin = bytes.NewReader(stdin)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return code, out.String(), errOut.String()
+}
+
+func TestValidateCommand(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.tar")
+	writeTar(t, good,
+		&tar.Header{Typeflag: tar.TypeDir, Name: "rootfs/", Mode: 0o755},
+		&tar.Header{Typeflag: tar.TypeDir, Name: "rootfs/etc/", Mode: 0o755},
+		&tar.Header{Typeflag: tar.TypeReg, Name: "rootfs/etc/hostname", Mode: 0o644, Size: 5},
+		&tar.Header{Typeflag: tar.TypeSymlink, Name: "rootfs/etc/vi", Linkname: "/usr/bin/vim", Mode: 0o777},
+	)
+	bad := filepath.Join(dir, "bad.tar")
+	writeTar(t, bad,
+		&tar.Header{Typeflag: tar.TypeReg, Name: "usr/bin/su", Mode: 0o4755, Size: 3},
+	)
+	escape := filepath.Join(dir, "escape.tar")
+	writeTar(t, escape, &tar.Header{Typeflag: tar.TypeReg, Name: "../../etc/cron.d/x", Mode: 0o644, Size: 1})
+	notTar := filepath.Join(dir, "notes.txt")
+	os.WriteFile(notTar, bytes.Repeat([]byte("plain text\n"), 200), 0o644)
+	goodBytes, _ := os.ReadFile(good)
+
+	cases := []struct {
+		name   string
+		stdin  []byte
+		args   []string
+		code   int
+		stdout string // substring
+		stderr string // substring
+	}{
+		{"accepted", nil, []string{"validate", good}, 0,
+			good + ": ok: 4 entries (1 files, 2 dirs, 1 symlinks, 0 hard links, 0 whiteouts), 5 bytes of files, rootfs/ folder", ""},
+		{"stdin", goodBytes, []string{"validate", "-"}, 0, "-: ok: 4 entries", ""},
+		{"setuid", nil, []string{"validate", bad}, 1, "", bad + `: entry "usr/bin/su": setuid/setgid bit`},
+		{"setuid-allowed", nil, []string{"validate", "--allow-setid", bad}, 0, bad + ": ok", ""},
+		{"traversal", nil, []string{"validate", escape}, 1, "", escape + `: entry "../../etc/cron.d/x": path climbs above the root`},
+		{"not-a-tar", nil, []string{"validate", notTar}, 1, "", notTar + ": malformed tar archive at offset"},
+		{"missing-file", nil, []string{"validate", filepath.Join(dir, "nope.tar")}, 2, "", "no such file"},
+		{"no-args", nil, []string{"validate"}, 2, "Usage: containerd-flyio-snapshotter validate", "expected exactly one"},
+		{"help", nil, []string{"validate", "--help"}, 0, "Exit status: 0", ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			code, stdout, stderr := runCommand(t, c.stdin, c.args...)
+			if code != c.code || !strings.Contains(stdout, c.stdout) || !strings.Contains(stderr, c.stderr) {
+				t.Errorf("exit %d, stdout %q, stderr %q\nwant exit %d, stdout with %q, stderr with %q",
+					code, stdout, stderr, c.code, c.stdout, c.stderr)
+			}
+			if c.code == 0 && strings.Count(stdout, "\n") != 1 && c.name != "help" {
+				t.Errorf("summary is not one line: %q", stdout)
+			}
+		})
+	}
+}
