@@ -32,7 +32,7 @@ func seedUnpacked(t testing.TB, d *DB, imageID string, dev int) UnpackedImageRec
 }
 
 func snapRecord(imageID, originDev string, n int) SnapshotRecord {
-	return SnapshotRecord{ImageID: imageID, SnapshotID: fmt.Sprintf("%s-snap-%d", originDev, n),
+	return SnapshotRecord{ImageID: imageID, SnapshotID: fmt.Sprintf("%s-snap-%s-%d", originDev, imageID, n),
 		SnapshotName: fmt.Sprintf("snapshot-%s-%d", imageID, n), DevicePath: fmt.Sprintf("/dev/mapper/snapshot-%s-%d", imageID, n),
 		OriginDeviceID: originDev}
 }

