@@ -109,7 +109,10 @@ func ratioTable(ours, tool latencies, runs int) (string, map[string]float64) {
 		r := float64(o) / float64(d)
 		ratios[op] = r
 		mark := "ok"
-		if r > benchTargets[op] {
+		switch {
+		case runs < 5:
+			mark = "(warm-up, too few runs to judge)"
+		case r > benchTargets[op]:
 			mark = "MISSED"
 		}
 		fmt.Fprintf(&b, "%-12s %10.2fms %10.2fms %7.3fx %6.2fx %s\n", op,

@@ -14,6 +14,22 @@
 // by a device-mapper name (Activate, Deactivate, IsActive, ThinStatus). The
 // package never chooses names or ids: that is the caller's bookkeeping.
 //
+// Choices worth knowing:
+//   - The pool table carries skip_block_zeroing and error_if_no_space (see
+//     poolFeatures): first writes cost one write, and a full pool fails IO
+//     at once with ENOSPC instead of queueing it for a minute.
+//   - Loop devices are attached with LO_FLAGS_AUTOCLEAR: removing the pool
+//     detaches them, as a reboot would.
+//   - Activate gives each device the dm uuid "thinpool-<pool>-<id>-<name>"
+//     (when it fits in 128 bytes), so finding the active devices of a thin
+//     id (CreateSnap's suspend of an active origin) takes one LIST_DEVICES
+//     call; devices without it are recognised by their table.
+//   - ThinIDs reads the ids from a kernel metadata snapshot with a small
+//     reader of the on-disk btree (thinmeta.go) rather than forking
+//     thin_ls/thin_dump, which are not always installed.
+//   - ThinExists probes with a temporary device whose inactive table maps
+//     the id: the kernel refuses the table when the id is absent.
+//
 // Errors callers can act on are matched with errors.Is: ErrPoolFull (wrapped
 // by ErrDataFull and ErrMetadataFull), ErrNotFound, ErrExists and ErrBusy.
 // Every message names the pool and the device or thin id involved.

@@ -243,7 +243,7 @@ func (p *Pool) Activate(ctx context.Context, name string, id uint32, sizeBytes i
 	sectors := (uint64(sizeBytes) + 511) / 512
 	if _, err := p.ctl.create(name, p.thinUUID(name, id)); err != nil {
 		if errors.Is(err, unix.EBUSY) || errors.Is(err, unix.EEXIST) {
-			return p.alreadyActive(name, id, err)
+			return p.alreadyActive(ctx, name, id, sizeBytes, err)
 		}
 		return "", p.errf(nil, err, "activate %q (thin %d)", name, id)
 	}
@@ -273,7 +273,7 @@ func (p *Pool) Activate(ctx context.Context, name string, id uint32, sizeBytes i
 }
 
 // alreadyActive handles DEV_CREATE refusing name (or its uuid).
-func (p *Pool) alreadyActive(name string, id uint32, createErr error) (string, error) {
+func (p *Pool) alreadyActive(ctx context.Context, name string, id uint32, sizeBytes int64, createErr error) (string, error) {
 	targets, info, err := p.ctl.tableStatus(name, true, false)
 	if errors.Is(err, unix.ENXIO) {
 		// The name is free: the uuid is taken by a device of another name.
@@ -284,6 +284,10 @@ func (p *Pool) alreadyActive(name string, id uint32, createErr error) (string, e
 	}
 	if len(targets) == 1 && targets[0].Type == "thin" {
 		if t, perr := parseThinTable(targets[0].Params); perr == nil && t.PoolDev == p.devStr && t.ID == id {
+			if want := (uint64(sizeBytes) + 511) / 512; targets[0].Length != want {
+				log.G(ctx).WithField("pool", p.name).WithField("device", name).WithField("sectors", targets[0].Length).
+					WithField("requested_sectors", want).Warn("thinpool: device already active with another size; keeping it")
+			}
 			if info.suspended() {
 				if _, err := p.ctl.resume(name); err != nil {
 					return "", p.errf(nil, err, "activate %q (thin %d): resume suspended device", name, id)
