@@ -86,14 +86,14 @@ func ExtractDir(ctx context.Context, r io.Reader, dir string, opts ExtractOption
 // the target.
 func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOptions) (Stats, error) {
 	x := &extractor{
-		root:     root,
-		opts:     opts,
-		chk:      newChecker(opts.Limits, opts.StripRootfs),
-		verified: make(map[uint64]struct{}),
-		buf:      make([]byte, readBufferSize),
+		root:    root,
+		opts:    opts,
+		chk:     newChecker(opts.Limits, opts.StripRootfs),
+		cur:     newCursor(root),
+		buf:     make([]byte, readBufferSize),
+		cleared: make(map[uint64]struct{}),
 	}
-	x.top = parentDir{name: ".", r: root}
-	defer x.close()
+	defer x.cur.close()
 	s := newStream(ctx, r)
 	for {
 		hdr, err := s.next()
@@ -125,50 +125,21 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 	return x.st, nil
 }
 
-// parentDir is an open directory entries are created in, as a sub-root, so
-// each operation on a name in it costs one system call.
-type parentDir struct {
-	name string   // root-relative
-	r    *os.Root // confined to the directory
-	f    *os.File // the directory itself, opened on demand for *at calls
-}
-
 type extractor struct {
 	root *os.Root
 	opts ExtractOptions
 	chk  *checker
+	cur  *cursor
 	st   Stats
 	buf  []byte
 
-	// verified holds directories known to be real directories reached
-	// without any symlink; cleared whenever a directory is removed.
-	verified map[uint64]struct{}
-	top      parentDir // the root itself
-	cur      parentDir // the most recent other parent directory
-	dirTimes []dirTime // applied at the end: writing children changes them
+	dirTimes []dirTime           // applied at the end: writing children changes them
+	cleared  map[uint64]struct{} // directories an opaque whiteout already emptied
 }
 
 type dirTime struct {
 	name         string
 	atime, mtime time.Time
-}
-
-func (x *extractor) close() {
-	x.closeCur()
-	if x.top.f != nil {
-		x.top.f.Close()
-		x.top.f = nil
-	}
-}
-
-func (x *extractor) closeCur() {
-	if x.cur.f != nil {
-		x.cur.f.Close()
-	}
-	if x.cur.r != nil {
-		x.cur.r.Close()
-	}
-	x.cur = parentDir{}
 }
 
 func (x *extractor) progress(entry string) {
@@ -203,10 +174,7 @@ func (x *extractor) apply(s *stream, e entry) error {
 		err = x.whiteout(raw, e.name)
 	case opOpaque:
 		x.st.Whiteouts++
-		var ok bool
-		if ok, err = x.ensureDir(raw, e.name, false); ok && err == nil {
-			err = x.clearLower(raw, e.name)
-		}
+		err = x.clearLower(raw, e.name)
 	}
 	var pe *PolicyError
 	if err != nil && !errors.As(err, &pe) && !errors.Is(err, ErrMalformed) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
@@ -215,85 +183,23 @@ func (x *extractor) apply(s *stream, e entry) error {
 	return err
 }
 
-// ensureDir makes sure dir is a real directory reached through real
-// directories only. With create, missing directories are made (mode 0755);
-// without, a missing one returns false. A symlink on the way is a rejection.
-func (x *extractor) ensureDir(raw, dir string, create bool) (bool, error) {
-	if dir == "." {
-		return true, nil
+// slot moves to the parent directory of name (made if missing) and clears
+// the way for name's base there with prepare; exists reports a directory
+// kept in place.
+func (x *extractor) slot(raw, name string, isDir bool) (l *level, base string, exists bool, err error) {
+	if l, err = x.cur.cd(raw, path.Dir(name), true); err != nil {
+		return nil, "", false, err
 	}
-	k := x.chk.key(dir)
-	if _, ok := x.verified[k]; ok {
-		return true, nil
-	}
-	if ok, err := x.ensureDir(raw, path.Dir(dir), create); !ok || err != nil {
-		return ok, err
-	}
-	fi, err := x.root.Lstat(dir)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		if !create {
-			return false, nil
-		}
-		if err := x.root.Mkdir(dir, 0o755); err != nil {
-			return false, err
-		}
-	case err != nil:
-		return false, err
-	case fi.Mode()&fs.ModeSymlink != 0:
-		return false, reject(raw, ErrThroughSymlink, "%s is a symlink", dir)
-	case !fi.IsDir():
-		return false, reject(raw, ErrParentNotDir, "%s", dir)
-	}
-	x.verified[k] = struct{}{}
-	return true, nil
+	base = path.Base(name)
+	exists, err = x.prepare(l, base, isDir)
+	return l, base, exists, err
 }
 
-// parent returns the (created if needed) directory dir, open as a sub-root.
-func (x *extractor) parent(raw, dir string) (*parentDir, error) {
-	if dir == "." {
-		return &x.top, nil
-	}
-	if x.cur.r != nil && x.cur.name == dir {
-		return &x.cur, nil
-	}
-	if _, err := x.ensureDir(raw, dir, true); err != nil {
-		return nil, err
-	}
-	x.closeCur()
-	r, err := x.root.OpenRoot(dir)
-	if err != nil {
-		return nil, err
-	}
-	x.cur = parentDir{name: dir, r: r}
-	return &x.cur, nil
-}
-
-func (p *parentDir) fd() (int, error) {
-	if p.f == nil {
-		f, err := p.r.Open(".")
-		if err != nil {
-			return -1, err
-		}
-		p.f = f
-	}
-	return int(p.f.Fd()), nil
-}
-
-// invalidate forgets verified directories after the directory removed (a
-// root-relative name) was deleted.
-func (x *extractor) invalidate(removed string) {
-	clear(x.verified)
-	if x.cur.r != nil && (x.cur.name == removed || strings.HasPrefix(x.cur.name, removed+"/")) {
-		x.closeCur()
-	}
-}
-
-// prepare clears the way for a new entry base in p: an existing non-directory
-// is removed, and so is an existing directory unless the new entry is one
-// (directories merge). It reports whether a directory stays in place.
-func (x *extractor) prepare(p *parentDir, base string, isDir bool) (bool, error) {
-	fi, err := p.r.Lstat(base)
+// prepare clears the way for a new entry base in l: an existing
+// non-directory is removed, and so is an existing directory unless the new
+// entry is one (directories merge). It reports whether a directory stays.
+func (x *extractor) prepare(l *level, base string, isDir bool) (bool, error) {
+	fi, err := l.r.Lstat(base)
 	if errors.Is(err, fs.ErrNotExist) {
 		return false, nil
 	}
@@ -304,24 +210,17 @@ func (x *extractor) prepare(p *parentDir, base string, isDir bool) (bool, error)
 		if isDir {
 			return true, nil
 		}
-		if err := p.r.RemoveAll(base); err != nil {
-			return false, err
-		}
-		x.invalidate(path.Join(p.name, base))
-		return false, nil
+		return false, x.removeDir(l, base)
 	}
-	return false, p.r.Remove(base)
+	return false, l.r.Remove(base)
 }
 
-// slot returns the parent directory of name (made if missing) and name's
-// base, with the way cleared by prepare; exists reports a directory kept.
-func (x *extractor) slot(raw, name string, isDir bool) (p *parentDir, base string, exists bool, err error) {
-	if p, err = x.parent(raw, path.Dir(name)); err != nil {
-		return nil, "", false, err
+func (x *extractor) removeDir(l *level, base string) error {
+	if err := l.r.RemoveAll(base); err != nil {
+		return err
 	}
-	base = path.Base(name)
-	exists, err = x.prepare(p, base, isDir)
-	return p, base, exists, err
+	x.cur.removed(path.Join(l.name, base))
+	return nil
 }
 
 func fileMode(m int64) fs.FileMode {
@@ -345,28 +244,27 @@ func timespec(t time.Time) unix.Timespec {
 	return unix.Timespec{Sec: t.Unix(), Nsec: int64(t.Nanosecond())}
 }
 
-func timespecs(h *tar.Header) []unix.Timespec {
-	at := h.AccessTime
-	if at.IsZero() {
-		at = h.ModTime
-	}
-	return []unix.Timespec{timespec(at), timespec(h.ModTime)}
-}
-
-// setTimes sets base's times in p without following a symlink.
-func setTimes(p *parentDir, base string, h *tar.Header) error {
-	fd, err := p.fd()
+// setTimes sets base's times in l without following a symlink.
+func setTimes(l *level, base string, atime, mtime time.Time) error {
+	fd, err := l.fd()
 	if err != nil {
 		return err
 	}
-	return unix.UtimesNanoAt(fd, base, timespecs(h), unix.AT_SYMLINK_NOFOLLOW)
+	if atime.IsZero() {
+		atime = mtime
+	}
+	ts := []unix.Timespec{timespec(atime), timespec(mtime)}
+	if err := unix.UtimesNanoAt(fd, base, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return &fs.PathError{Op: "utimensat", Path: path.Join(l.name, base), Err: err}
+	}
+	return nil
 }
 
-func (x *extractor) chown(p *parentDir, base string, h *tar.Header) error {
+func (x *extractor) chown(l *level, base string, h *tar.Header) error {
 	if x.opts.NoChown {
 		return nil
 	}
-	return p.r.Lchown(base, h.Uid, h.Gid)
+	return l.r.Lchown(base, h.Uid, h.Gid)
 }
 
 // userXattrs applies the archive's user.* extended attributes to fd.
@@ -393,42 +291,39 @@ func hasXattrs(h *tar.Header) bool {
 
 func (x *extractor) dir(raw string, e entry) error {
 	h := e.hdr
+	var (
+		l      *level
+		base   = "."
+		exists = true
+		err    error
+	)
 	if e.name == "." {
-		if !x.opts.NoChown {
-			if err := x.root.Lchown(".", h.Uid, h.Gid); err != nil {
-				return err
-			}
-		}
-		if err := x.root.Chmod(".", fileMode(h.Mode)); err != nil {
-			return err
-		}
-		x.dirTimes = append(x.dirTimes, dirTime{".", h.AccessTime, h.ModTime})
-		return nil
+		l, err = x.cur.cd(raw, ".", false)
+	} else {
+		l, base, exists, err = x.slot(raw, e.name, true)
 	}
-	p, base, exists, err := x.slot(raw, e.name, true)
 	if err != nil {
 		return err
 	}
 	if !exists {
-		if err := p.r.Mkdir(base, 0o700); err != nil {
+		if err := l.r.Mkdir(base, 0o700); err != nil {
 			return err
 		}
 	}
-	if err := x.chown(p, base, h); err != nil {
+	if err := x.chown(l, base, h); err != nil {
 		return err
 	}
-	if err := p.r.Chmod(base, fileMode(h.Mode)); err != nil {
+	if err := l.r.Chmod(base, fileMode(h.Mode)); err != nil {
 		return err
 	}
 	if hasXattrs(h) {
-		f, err := p.r.Open(base)
+		f, err := l.r.Open(base)
 		if err != nil {
 			return err
 		}
 		x.userXattrs(int(f.Fd()), h)
 		f.Close()
 	}
-	x.verified[x.chk.key(e.name)] = struct{}{}
 	x.dirTimes = append(x.dirTimes, dirTime{e.name, h.AccessTime, h.ModTime})
 	return nil
 }
@@ -458,11 +353,11 @@ func (c *countingBody) Read(p []byte) (int, error) {
 
 func (x *extractor) file(s *stream, raw string, e entry) (err error) {
 	h := e.hdr
-	p, base, _, err := x.slot(raw, e.name, false)
+	l, base, _, err := x.slot(raw, e.name, false)
 	if err != nil {
 		return err
 	}
-	f, err := p.r.OpenFile(base, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := l.r.OpenFile(base, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err
 	}
@@ -471,7 +366,7 @@ func (x *extractor) file(s *stream, raw string, e entry) (err error) {
 			f.Close()
 		}
 		if err != nil {
-			if rerr := p.r.Remove(base); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+			if rerr := l.r.Remove(base); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
 				err = fmt.Errorf("%w (and removing the partial file: %v)", err, rerr)
 			}
 		}
@@ -496,30 +391,33 @@ func (x *extractor) file(s *stream, raw string, e entry) (err error) {
 	if cerr != nil {
 		return cerr
 	}
-	return setTimes(p, base, h)
+	return setTimes(l, base, h.AccessTime, h.ModTime)
 }
 
 func (x *extractor) symlink(raw string, e entry) error {
-	p, base, _, err := x.slot(raw, e.name, false)
+	l, base, _, err := x.slot(raw, e.name, false)
 	if err != nil {
 		return err
 	}
-	if err := p.r.Symlink(e.link, base); err != nil {
+	if err := l.r.Symlink(e.link, base); err != nil {
 		return err
 	}
-	if err := x.chown(p, base, e.hdr); err != nil {
+	if err := x.chown(l, base, e.hdr); err != nil {
 		return err
 	}
-	return setTimes(p, base, e.hdr)
+	return setTimes(l, base, e.hdr.AccessTime, e.hdr.ModTime)
 }
 
 func (x *extractor) hardlink(raw string, e entry) error {
-	ok, err := x.ensureDir(raw, path.Dir(e.link), false)
+	// The target's directories must be real ones too: Root.Link below
+	// walks both names, and must have no symlink to follow.
+	l, err := x.cur.cd(raw, path.Dir(e.link), false)
 	if err != nil {
 		return err
 	}
+	ok := l != nil
 	if ok {
-		fi, err := x.root.Lstat(e.link)
+		fi, err := l.r.Lstat(path.Base(e.link))
 		ok = err == nil && !fi.IsDir()
 	}
 	if !ok {
@@ -532,43 +430,38 @@ func (x *extractor) hardlink(raw string, e entry) error {
 }
 
 func (x *extractor) fifo(raw string, e entry) error {
-	p, base, _, err := x.slot(raw, e.name, false)
+	l, base, _, err := x.slot(raw, e.name, false)
 	if err != nil {
 		return err
 	}
-	fd, err := p.fd()
+	fd, err := l.fd()
 	if err != nil {
 		return err
 	}
 	if err := unix.Mkfifoat(fd, base, 0o600); err != nil {
 		return &fs.PathError{Op: "mkfifoat", Path: e.name, Err: err}
 	}
-	if err := x.chown(p, base, e.hdr); err != nil {
+	if err := x.chown(l, base, e.hdr); err != nil {
 		return err
 	}
-	if err := p.r.Chmod(base, fileMode(e.hdr.Mode)); err != nil {
+	if err := l.r.Chmod(base, fileMode(e.hdr.Mode)); err != nil {
 		return err
 	}
-	return setTimes(p, base, e.hdr)
+	return setTimes(l, base, e.hdr.AccessTime, e.hdr.ModTime)
 }
 
 // whiteout removes name (from a lower layer, or written earlier by this
 // archive); a missing name or directory is fine.
 func (x *extractor) whiteout(raw, name string) error {
-	dir := path.Dir(name)
-	ok, err := x.ensureDir(raw, dir, false)
-	if !ok || err != nil {
+	l, err := x.cur.cd(raw, path.Dir(name), false)
+	if l == nil || err != nil {
 		return err
 	}
-	p, err := x.parent(raw, dir)
-	if err != nil {
-		return err
-	}
-	return x.remove(p, path.Base(name))
+	return x.remove(l, path.Base(name))
 }
 
-func (x *extractor) remove(p *parentDir, base string) error {
-	fi, err := p.r.Lstat(base)
+func (x *extractor) remove(l *level, base string) error {
+	fi, err := l.r.Lstat(base)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
@@ -577,20 +470,27 @@ func (x *extractor) remove(p *parentDir, base string) error {
 	}
 	x.st.Removed++
 	if fi.IsDir() {
-		if err := p.r.RemoveAll(base); err != nil {
-			return err
-		}
-		x.invalidate(path.Join(p.name, base))
-		return nil
+		return x.removeDir(l, base)
 	}
-	return p.r.Remove(base)
+	return l.r.Remove(base)
 }
 
-// clearLower applies an opaque whiteout to the verified directory dir:
-// everything below it that this archive did not write is removed (a
-// directory this archive wrote is kept, and cleared the same way).
+// clearLower applies an opaque whiteout to directory dir: everything below
+// it that this archive did not write is removed (a directory this archive
+// wrote is kept, and cleared the same way). A directory is cleared at most
+// once: afterwards it only holds what this archive writes, so repeated
+// markers cost nothing.
 func (x *extractor) clearLower(raw, dir string) error {
-	f, err := x.root.Open(dir)
+	k := x.chk.key(dir)
+	if _, done := x.cleared[k]; done {
+		return nil
+	}
+	l, err := x.cur.cd(raw, dir, false)
+	if l == nil || err != nil {
+		return err
+	}
+	x.cleared[k] = struct{}{}
+	f, err := l.r.Open(".")
 	if err != nil {
 		return err
 	}
@@ -601,25 +501,22 @@ func (x *extractor) clearLower(raw, dir string) error {
 	}
 	for _, n := range names {
 		child := path.Join(dir, n)
-		if x.chk.written(child) {
-			fi, err := x.root.Lstat(child)
-			if err != nil {
+		if !x.chk.written(child) {
+			if l, err = x.cur.cd(raw, dir, false); err != nil {
 				return err
 			}
-			if fi.IsDir() {
-				x.verified[x.chk.key(child)] = struct{}{}
-				if err := x.clearLower(raw, child); err != nil {
-					return err
-				}
+			if err := x.remove(l, n); err != nil {
+				return err
 			}
 			continue
 		}
-		p, err := x.parent(raw, dir)
-		if err != nil {
+		if l, err = x.cur.cd(raw, dir, false); err != nil {
 			return err
 		}
-		if err := x.remove(p, n); err != nil {
-			return err
+		if fi, err := l.r.Lstat(n); err == nil && fi.IsDir() {
+			if err := x.clearLower(raw, child); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -630,23 +527,26 @@ func (x *extractor) clearLower(raw, dir string) error {
 func (x *extractor) finish() error {
 	for i := len(x.dirTimes) - 1; i >= 0; i-- {
 		d := x.dirTimes[i]
-		if d.name != "." {
-			ok, err := x.ensureDir(d.name, d.name, false)
-			var pe *PolicyError
-			if errors.As(err, &pe) || !ok {
-				continue
-			}
-			if err != nil {
-				return fmt.Errorf("set times of %q: %w", d.name, err)
-			}
+		var pe *PolicyError
+		l, err := x.cur.cd(d.name, d.name, false)
+		if errors.As(err, &pe) || (err == nil && l == nil) {
+			continue
 		}
-		at := d.atime
-		if at.IsZero() {
-			at = d.mtime
+		if err == nil {
+			// The directory itself: its parent's descriptor is not at
+			// hand, but it is a real directory, opened without following.
+			err = l.r.Chtimes(".", cmpOr(d.atime, d.mtime), d.mtime)
 		}
-		if err := x.root.Chtimes(d.name, at, d.mtime); err != nil {
+		if err != nil {
 			return fmt.Errorf("set times of %q: %w", d.name, err)
 		}
 	}
 	return nil
+}
+
+func cmpOr(t, fallback time.Time) time.Time {
+	if t.IsZero() {
+		return fallback
+	}
+	return t
 }

@@ -296,19 +296,27 @@ func (c *checker) ancestors(raw, dir string, record bool) (uint32, error) {
 	if dir == "." {
 		return 0, nil
 	}
+	// One incremental hash over the components gives every prefix's key
+	// (the same as c.key(prefix)) in time linear in the name's length.
+	var h maphash.Hash
+	h.SetSeed(c.seed)
 	for i := 0; ; {
 		j := strings.IndexByte(dir[i:], '/')
-		p := dir
+		end := len(dir)
 		if j >= 0 {
-			p = dir[:i+j]
+			end = i + j
 		}
-		key := c.key(p)
+		if i > 0 {
+			h.WriteByte('/')
+		}
+		h.WriteString(dir[i:end])
+		key := h.Sum64()
 		n, ok := c.nodes[key]
 		switch {
 		case ok && n.kind == kSymlink:
-			return 0, reject(raw, ErrThroughSymlink, "%s is a symlink", p)
+			return 0, reject(raw, ErrThroughSymlink, "%s is a symlink", dir[:end])
 		case ok && (n.kind == kReg || n.kind == kHardlink || n.kind == kFifo):
-			return 0, reject(raw, ErrParentNotDir, "%s", p)
+			return 0, reject(raw, ErrParentNotDir, "%s", dir[:end])
 		case (!ok || n.kind == kRemoved) && record:
 			c.serial++
 			n = node{kind: kDir, serial: c.serial}
@@ -318,7 +326,7 @@ func (c *checker) ancestors(raw, dir string, record bool) (uint32, error) {
 		if j < 0 {
 			return newest, nil
 		}
-		i += j + 1
+		i = end + 1
 	}
 }
 

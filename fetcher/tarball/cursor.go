@@ -1,0 +1,125 @@
+package tarball
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"strings"
+)
+
+// cursor is the extractor's way down the tree: a stack of open directories
+// from the root to the directory entries are being created in, each opened
+// from its parent by one component after an Lstat proved it a real
+// directory. So no symlink is ever followed (os.Root would confine it, but
+// we refuse it outright), and moving between neighbouring directories, as
+// tar archives do, costs a system call per component changed rather than
+// a walk from the root for every entry.
+type cursor struct {
+	stack []level // stack[0] is the root itself
+}
+
+type level struct {
+	name string   // root-relative path ("." for the root)
+	comp string   // last component ("" for the root)
+	r    *os.Root // the directory, confined
+	f    *os.File // the directory as a file, for *at calls; opened on demand
+}
+
+func newCursor(root *os.Root) *cursor {
+	return &cursor{stack: []level{{name: ".", r: root}}}
+}
+
+func (c *cursor) top() *level { return &c.stack[len(c.stack)-1] }
+
+// fd returns a descriptor of the current directory (for *at system calls on
+// a single component).
+func (l *level) fd() (int, error) {
+	if l.f == nil {
+		f, err := l.r.Open(".")
+		if err != nil {
+			return -1, err
+		}
+		l.f = f
+	}
+	return int(l.f.Fd()), nil
+}
+
+func (l *level) close(isRoot bool) {
+	if l.f != nil {
+		l.f.Close()
+		l.f = nil
+	}
+	if !isRoot {
+		l.r.Close()
+	}
+}
+
+// pop closes levels until depth levels remain.
+func (c *cursor) pop(depth int) {
+	for len(c.stack) > depth {
+		c.stack[len(c.stack)-1].close(len(c.stack) == 1)
+		c.stack = c.stack[:len(c.stack)-1]
+	}
+}
+
+func (c *cursor) close() { c.pop(0) }
+
+// cd moves to dir (a clean root-relative path), checking every component it
+// enters is a real directory: a symlink is a rejection (ErrThroughSymlink),
+// a non-directory too (ErrParentNotDir). With create, missing directories
+// are made (mode 0755); without, a missing one returns (nil, nil). raw is
+// the entry named in a rejection.
+func (c *cursor) cd(raw, dir string, create bool) (*level, error) {
+	var comps []string
+	if dir != "." {
+		comps = strings.Split(dir, "/")
+	}
+	k := 0
+	for k < len(comps) && k+1 < len(c.stack) && c.stack[k+1].comp == comps[k] {
+		k++
+	}
+	c.pop(k + 1)
+	for _, comp := range comps[k:] {
+		t := c.top()
+		name := comp
+		if t.name != "." {
+			name = t.name + "/" + comp
+		}
+		fi, err := t.r.Lstat(comp)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			if !create {
+				return nil, nil
+			}
+			if err := t.r.Mkdir(comp, 0o755); err != nil {
+				return nil, err
+			}
+		case err != nil:
+			return nil, err
+		case fi.Mode()&fs.ModeSymlink != 0:
+			return nil, reject(raw, ErrThroughSymlink, "%s is a symlink", name)
+		case !fi.IsDir():
+			return nil, reject(raw, ErrParentNotDir, "%s", name)
+		}
+		sub, err := t.r.OpenRoot(comp)
+		if err != nil {
+			return nil, err
+		}
+		if t.f != nil { // only the deepest level needs its descriptor
+			t.f.Close()
+			t.f = nil
+		}
+		c.stack = append(c.stack, level{name: name, comp: comp, r: sub})
+	}
+	return c.top(), nil
+}
+
+// removed drops the levels at or below the removed directory name.
+func (c *cursor) removed(name string) {
+	for i := 1; i < len(c.stack); i++ {
+		if n := c.stack[i].name; n == name || strings.HasPrefix(n, name+"/") {
+			c.pop(i)
+			return
+		}
+	}
+}
