@@ -48,23 +48,23 @@ func TestParsePoolStatus(t *testing.T) {
 
 func TestPoolStatusFullError(t *testing.T) {
 	base := PoolStatus{UsedMetadataBlocks: 1, TotalMetadataBlocks: 10, UsedDataBlocks: 1, TotalDataBlocks: 10, Mode: ModeReadWrite}
-	if err := base.fullError(); err != nil {
+	if err := base.FullError(); err != nil {
 		t.Fatalf("healthy pool: %v", err)
 	}
 	data := base
 	data.Mode = ModeOutOfDataSpace
-	if err := data.fullError(); !errors.Is(err, ErrDataFull) || !errors.Is(err, ErrPoolFull) || errors.Is(err, ErrMetadataFull) {
+	if err := data.FullError(); !errors.Is(err, ErrDataFull) || !errors.Is(err, ErrPoolFull) || errors.Is(err, ErrMetadataFull) {
 		t.Errorf("out_of_data_space: got %v, want ErrDataFull (and ErrPoolFull)", err)
 	}
 	meta := base
 	meta.UsedMetadataBlocks = 10
 	meta.Mode = ModeReadOnly
-	if err := meta.fullError(); !errors.Is(err, ErrMetadataFull) || !errors.Is(err, ErrPoolFull) || errors.Is(err, ErrDataFull) {
+	if err := meta.FullError(); !errors.Is(err, ErrMetadataFull) || !errors.Is(err, ErrPoolFull) || errors.Is(err, ErrDataFull) {
 		t.Errorf("metadata full: got %v, want ErrMetadataFull", err)
 	}
 	check := base
 	check.Mode, check.NeedsCheck = ModeReadOnly, true
-	if err := check.fullError(); err == nil || errors.Is(err, ErrPoolFull) {
+	if err := check.FullError(); err == nil || errors.Is(err, ErrPoolFull) {
 		t.Errorf("needs_check read-only pool: got %v, want a non-full error", err)
 	}
 }

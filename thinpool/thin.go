@@ -64,10 +64,14 @@ func (p *Pool) fullError() error {
 	if err != nil {
 		return err
 	}
-	return st.fullError()
+	return st.FullError()
 }
 
-func (st PoolStatus) fullError() error {
+// FullError classifies a status for callers that saw IO fail: it returns
+// ErrDataFull or ErrMetadataFull (both matching ErrPoolFull) when the pool
+// cannot allocate, another error when the pool is failed or read-only for
+// another reason (needs_check), and nil when it can allocate.
+func (st PoolStatus) FullError() error {
 	switch {
 	case st.Mode == ModeFail || st.Mode == ModeError:
 		return fmt.Errorf("pool is in %s mode (metadata needs thin_check/repair)", st.Mode)
