@@ -275,3 +275,59 @@ func TestNoRequestCounting(t *testing.T) {
 		t.Errorf("%d requests before any call, want 0", n)
 	}
 }
+
+func TestResumingReader(t *testing.T) {
+	srv := s3test.NewServer(t)
+	data := payload(2<<20 + 7)
+	srv.Put(t, "r.tar", data)
+	src := newSource(t, srv, 0)
+	ctx := context.Background()
+	obj, err := src.Stat(ctx, "r.tar")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Faults within the budget, one per request (status faults first): a 503,
+	// a truncated body, a dropped connection; the fourth GET completes.
+	srv.Faults.Truncate(1, "r.tar", 10)
+	srv.Faults.Fail503(1, "r.tar")
+	srv.Faults.DropAfter(1, "r.tar", 700_000)
+	r := src.NewReader(ctx, obj, 5)
+	got, err := io.ReadAll(r)
+	r.Close()
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read %d bytes, err %v; want the %d-byte object", len(got), err, len(data))
+	}
+	if r.Resumes() != 3 || srv.Requests(http.MethodGet, "r.tar") != 4 {
+		t.Errorf("resumes %d, GETs %d; want 3 and 4", r.Resumes(), srv.Requests(http.MethodGet, "r.tar"))
+	}
+
+	// More failures than allowed: a retryable error, nothing hidden.
+	srv.Faults.Reset()
+	srv.Faults.DropAfter(3, "r.tar", 1000)
+	r = src.NewReader(ctx, obj, 2)
+	_, err = io.Copy(io.Discard, r)
+	if err == nil || !s3source.IsRetryable(err) || r.Resumes() != 2 {
+		t.Errorf("3 drops with 2 resumes allowed: %v (kind %v), resumes %d", err, s3source.Classify(err), r.Resumes())
+	}
+
+	// A 404 is not resumed.
+	r = src.NewReader(ctx, s3source.Object{Key: "gone.tar", Size: 10}, 5)
+	if _, err := io.Copy(io.Discard, r); !s3source.IsNotFound(err) || r.Resumes() != 0 {
+		t.Errorf("missing object: %v, resumes %d; want not-found without resuming", err, r.Resumes())
+	}
+
+	// The object replaced between two attempts: not spliced.
+	srv.Faults.Reset()
+	srv.Faults.DropAfter(1, "r.tar", 1000)
+	r = src.NewReader(ctx, obj, 5)
+	buf := make([]byte, 500)
+	if _, err := io.ReadFull(r, buf); err != nil {
+		t.Fatal(err)
+	}
+	srv.Put(t, "r.tar", payload(2<<20+7+1))
+	_, err = io.Copy(io.Discard, r)
+	if s3source.Classify(err) != s3source.KindChanged {
+		t.Errorf("object replaced mid-read: %v (kind %v), want changed", err, s3source.Classify(err))
+	}
+}

@@ -99,20 +99,34 @@ func (f *faultyS3) total() int {
 	return f.all
 }
 
-// take returns the first armed fault matching the request, consuming one use.
-func (f *faultyS3) take(method, key string) []*fault {
+// take counts the request and returns the faults to apply to it: the first
+// matching delay, then either the first matching status fault or, if there
+// is none, the first matching cut (drop or truncate). Only the faults
+// applied are consumed.
+func (f *faultyS3) take(method, key string) (delay, status, cut *fault) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.all++
 	f.counts[method+" "+key]++
-	var out []*fault
-	kept := f.faults[:0]
-	used := map[faultKind]bool{}
 	for _, fl := range f.faults {
-		if !used[fl.kind] && (fl.key == "" || fl.key == key) && (fl.method == "" || fl.method == method) {
-			used[fl.kind] = true
-			c := *fl
-			out = append(out, &c)
+		if (fl.key != "" && fl.key != key) || (fl.method != "" && fl.method != method) {
+			continue
+		}
+		switch {
+		case fl.kind == faultDelay && delay == nil:
+			delay = fl
+		case fl.kind == faultStatus && status == nil:
+			status = fl
+		case (fl.kind == faultDrop || fl.kind == faultTruncate) && cut == nil:
+			cut = fl
+		}
+	}
+	if status != nil {
+		cut = nil
+	}
+	kept := f.faults[:0]
+	for _, fl := range f.faults {
+		if fl == delay || fl == status || fl == cut {
 			fl.times--
 		}
 		if fl.times > 0 {
@@ -120,34 +134,28 @@ func (f *faultyS3) take(method, key string) []*fault {
 		}
 	}
 	f.faults = kept
-	return out
+	return delay, status, cut
 }
 
 func (f *faultyS3) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	key, _ := keyOf(f.bucket, r.URL.Path)
-	faults := f.take(r.Method, key)
-	var cut *fault
-	for _, fl := range faults {
-		switch fl.kind {
-		case faultDelay:
-			select {
-			case <-time.After(fl.delay):
-			case <-r.Context().Done():
-				return
-			}
-		case faultStatus:
-			s3Error(w, fl.status, fl.code)
+	delay, status, cut := f.take(r.Method, key)
+	if delay != nil {
+		select {
+		case <-time.After(delay.delay):
+		case <-r.Context().Done():
 			return
-		case faultDrop, faultTruncate:
-			cut = fl
 		}
+	}
+	if status != nil {
+		s3Error(w, status.status, status.code)
+		return
 	}
 	if cut == nil {
 		f.next.ServeHTTP(w, r)
 		return
 	}
-	cw := &cutWriter{ResponseWriter: w, limit: cut.after, drop: cut.kind == faultDrop}
-	f.next.ServeHTTP(cw, r)
+	f.next.ServeHTTP(&cutWriter{ResponseWriter: w, limit: cut.after, drop: cut.kind == faultDrop}, r)
 }
 
 // cutWriter passes headers through and stops the body after limit bytes:
@@ -194,4 +202,12 @@ func (c *cutWriter) Write(p []byte) (int, error) {
 		conn.Close()
 	}
 	return len(p), nil
+}
+
+// WriteHeader is ignored once the body was cut (the fake may try to report
+// the failed write; the client is gone or has its truncated answer).
+func (c *cutWriter) WriteHeader(status int) {
+	if !c.done {
+		c.ResponseWriter.WriteHeader(status)
+	}
 }

@@ -1,0 +1,111 @@
+package s3source
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/containerd/log"
+)
+
+// ResumingReader reads a whole object, reopening it with a ranged GET at
+// the offset reached (and If-Match on its ETag) when the body fails with a
+// retryable error, up to MaxResumes times. A truncated body (the server
+// ends it before the object's size) counts as such a failure. Errors that
+// are not retryable, or one more failure than allowed, end the read with
+// that error (see Classify). It is not safe for concurrent use.
+type ResumingReader struct {
+	ctx        context.Context
+	src        *Source
+	obj        Object
+	maxResumes int
+
+	body    *Body
+	offset  int64
+	resumes int
+	err     error
+}
+
+// NewReader returns a ResumingReader of obj (from List, Stat or
+// ResolveImage: its Size and ETag are what the read must match).
+func (s *Source) NewReader(ctx context.Context, obj Object, maxResumes int) *ResumingReader {
+	return &ResumingReader{ctx: ctx, src: s, obj: obj, maxResumes: maxResumes}
+}
+
+// Offset is how many bytes were read so far.
+func (r *ResumingReader) Offset() int64 { return r.offset }
+
+// Resumes is how many times the object was reopened after a failure.
+func (r *ResumingReader) Resumes() int { return r.resumes }
+
+func (r *ResumingReader) Read(p []byte) (int, error) {
+	for r.err == nil {
+		if r.offset >= r.obj.Size {
+			return 0, io.EOF
+		}
+		if r.body == nil {
+			var opts []OpenOption
+			if r.obj.ETag != "" {
+				opts = append(opts, IfMatch(r.obj.ETag))
+			}
+			b, err := r.src.Open(r.ctx, r.obj.Key, r.offset, opts...)
+			if err != nil {
+				r.fail(err)
+				continue
+			}
+			if b.Size != r.obj.Size {
+				b.Close()
+				r.err = fmt.Errorf("read s3://%s/%s: size %d, listed as %d: %w", r.src.bucket, r.obj.Key, b.Size, r.obj.Size, ErrChanged)
+				break
+			}
+			r.body = b
+		}
+		// Never read past the object's size, so a server sending more
+		// cannot make us accept extra bytes.
+		if rest := r.obj.Size - r.offset; int64(len(p)) > rest {
+			p = p[:rest]
+		}
+		n, err := r.body.Read(p)
+		r.offset += int64(n)
+		if err == io.EOF && r.offset < r.obj.Size {
+			err = fmt.Errorf("body ended at %d of %d bytes: %w", r.offset, r.obj.Size, io.ErrUnexpectedEOF)
+		}
+		if err != nil && err != io.EOF {
+			r.body.Close()
+			r.body = nil
+			r.fail(err)
+			if n > 0 {
+				return n, nil
+			}
+			continue
+		}
+		if err == io.EOF {
+			r.body.Close()
+			r.body = nil
+		}
+		if n > 0 || r.offset >= r.obj.Size {
+			return n, nil
+		}
+	}
+	return 0, r.err
+}
+
+// fail records a failure: retryable ones are resumed while allowed.
+func (r *ResumingReader) fail(err error) {
+	if Classify(err) == KindRetryable && r.resumes < r.maxResumes && r.ctx.Err() == nil {
+		r.resumes++
+		log.G(r.ctx).WithField("key", r.obj.Key).WithField("offset", r.offset).WithError(err).Info("s3 read failed, resuming")
+		return
+	}
+	r.err = fmt.Errorf("read s3://%s/%s at offset %d (after %d resumes): %w", r.src.bucket, r.obj.Key, r.offset, r.resumes, err)
+}
+
+// Close releases the current body, if any.
+func (r *ResumingReader) Close() error {
+	if r.body != nil {
+		err := r.body.Close()
+		r.body = nil
+		return err
+	}
+	return nil
+}
