@@ -1,0 +1,250 @@
+package main
+
+// `db`: maintenance of the metadata database (migrate, check, backup,
+// unlock-stale). Owner: metadata helper.
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+)
+
+const dbDescription = `
+Maintain the metadata database (SQLite, WAL) while the daemon runs or not.
+
+Subcommands:
+  migrate              apply the embedded schema migrations the database lacks
+                       (a non-empty database is first copied to <db>.pre-v<N>)
+  check                integrity_check, foreign_key_check and the migration
+                       ledger (recorded SHA-256 of each migration); exit 1 on
+                       any problem
+  backup DEST          write a consistent copy of the database to DEST while
+                       the daemon keeps writing
+  unlock-stale         remove image locks older than --older-than (default:
+                       the config's pipeline.stale_lock_age)
+
+Every subcommand takes --config FILE and --db PATH; run
+'containerd-flyio-snapshotter db SUBCOMMAND --help' for its flags.`
+
+func init() {
+	register(&command{name: "db", summary: "maintain the metadata database (migrate, check, backup, unlock-stale)", run: runDB})
+}
+
+func runDB(ctx context.Context, args []string) error {
+	usage := func() { newFlagSet("db", "db migrate|check|backup|unlock-stale [flags]", dbDescription).Usage() }
+	if len(args) == 0 {
+		usage()
+		return &exitError{code: 2}
+	}
+	switch args[0] {
+	case "-h", "--help", "-help", "help":
+		usage()
+		return nil
+	case "migrate":
+		return runDBMigrate(ctx, args[1:])
+	case "check":
+		return runDBCheck(ctx, args[1:])
+	case "backup":
+		return runDBBackup(ctx, args[1:])
+	case "unlock-stale":
+		return runDBUnlockStale(ctx, args[1:])
+	}
+	return &exitError{code: 2, msg: fmt.Sprintf("unknown db subcommand %q (want migrate, check, backup or unlock-stale)", args[0])}
+}
+
+// parseDBFlags parses a db subcommand's flags (which include --config and
+// --db) and requires exactly nargs positional arguments.
+func parseDBFlags(fs *flag.FlagSet, args []string, nargs int, what string) error {
+	addConfigFlags(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != nargs {
+		if nargs == 0 {
+			return &exitError{code: 2, msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
+		}
+		return &exitError{code: 2, msg: fmt.Sprintf("want %s, got %d arguments", what, fs.NArg())}
+	}
+	return nil
+}
+
+// dbPath is the database the flags and the config name.
+func dbPath() (string, time.Duration, error) {
+	cfg, err := loadConfig()
+	if err != nil {
+		return "", 0, err
+	}
+	return cfg.Metadata.Path, cfg.Pipeline.StaleLockAge.Duration, nil
+}
+
+// openDB opens the configured database, read-only or read-write.
+func openDB(ctx context.Context, readOnly bool) (*metadata.DB, time.Duration, error) {
+	path, staleAge, err := dbPath()
+	if err != nil {
+		return nil, 0, err
+	}
+	d, err := metadata.Open(ctx, metadata.Options{Path: path, ReadOnly: readOnly})
+	if err != nil {
+		return nil, 0, err
+	}
+	return d, staleAge, nil
+}
+
+func runDBMigrate(ctx context.Context, args []string) error {
+	fs := newFlagSet("db migrate", "db migrate [--config FILE] [--db PATH]", `
+Apply the embedded schema migrations the database lacks, each in its own
+BEGIN IMMEDIATE transaction with its ledger row (so a concurrent daemon or a
+second 'db migrate' waits, then finds the work done). Before migrating a
+database that already has tables, a consistent copy is written beside it as
+<db>.pre-v<N>, N being the first version applied. Creates the database if it
+does not exist. The daemon does the same at start-up.`)
+	if err := parseDBFlags(fs, args, 0, ""); err != nil {
+		return err
+	}
+	d, _, err := openDB(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	res := d.Migrated()
+	if len(res.Applied) == 0 {
+		fmt.Printf("%s: schema at version %d, the latest; nothing to do\n", d.Path(), res.To)
+		return nil
+	}
+	applied := make([]string, len(res.Applied))
+	for i, v := range res.Applied {
+		applied[i] = strconv.Itoa(v)
+	}
+	fmt.Printf("%s: migrated from version %d to %d (applied %s)\n", d.Path(), res.From, res.To, strings.Join(applied, ", "))
+	if res.Backup != "" {
+		fmt.Printf("copy before migrating: %s\n", res.Backup)
+	}
+	return nil
+}
+
+func runDBCheck(ctx context.Context, args []string) error {
+	fs := newFlagSet("db check", "db check [--config FILE] [--db PATH]", `
+Check the database read-only (safe while the daemon runs): SQLite's
+integrity_check, foreign_key_check, and the migration ledger (every applied
+migration's recorded SHA-256 equal to the embedded migration's, versions
+without gaps, schema at this binary's latest version). Prints each problem
+and exits 1 if there is any; exits 0 and prints one "ok" line otherwise.`)
+	if err := parseDBFlags(fs, args, 0, ""); err != nil {
+		return err
+	}
+	d, _, err := openDB(ctx, true)
+	if err != nil {
+		// A ledger the open refuses is a check result, not a usage error.
+		if errors.Is(err, metadata.ErrLedgerMismatch) {
+			fmt.Printf("PROBLEM ledger: %v\n", err)
+			return &exitError{code: 1, msg: "1 problem found"}
+		}
+		return err
+	}
+	defer d.Close()
+	rep, err := d.Check(ctx)
+	if err != nil {
+		return err
+	}
+	for _, p := range rep.Problems {
+		fmt.Printf("PROBLEM %s\n", p)
+	}
+	if !rep.OK() {
+		return &exitError{code: 1, msg: fmt.Sprintf("%d problem(s) found in %s", len(rep.Problems), d.Path())}
+	}
+	fmt.Printf("ok: %s passes integrity_check and foreign_key_check; ledger verified at version %d\n", d.Path(), rep.SchemaVersion)
+	return nil
+}
+
+func runDBBackup(ctx context.Context, args []string) error {
+	fs := newFlagSet("db backup", "db backup [--config FILE] [--db PATH] [--force] DEST", `
+Write a consistent copy of the database to DEST (SQLite VACUUM INTO from one
+read transaction: safe while the daemon writes). The copy is written to a
+temporary file beside DEST and renamed, so DEST is never half written.
+DEST must not exist unless --force is given.`)
+	force := fs.Bool("force", false, "replace DEST if it exists")
+	if err := parseDBFlags(fs, args, 1, "one argument DEST"); err != nil {
+		return err
+	}
+	dest := fs.Arg(0)
+	if _, err := os.Stat(dest); err == nil && !*force {
+		return &exitError{code: 1, msg: fmt.Sprintf("%s exists (use --force to replace it)", dest)}
+	}
+	d, _, err := openDB(ctx, true)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Backup(ctx, dest); err != nil {
+		return err
+	}
+	st, err := os.Stat(dest)
+	if err != nil {
+		return fmt.Errorf("backup written but not found: %w", err)
+	}
+	fmt.Printf("backed up %s to %s (%d bytes)\n", d.Path(), dest, st.Size())
+	return nil
+}
+
+func runDBUnlockStale(ctx context.Context, args []string) error {
+	fs := newFlagSet("db unlock-stale", "db unlock-stale [--config FILE] [--db PATH] [--older-than DURATION] [--dry-run]", `
+Remove the image locks held longer than --older-than (a lock left by a
+crashed pipeline blocks that image's unpack until removed). Lists what it
+removes. With --dry-run, only lists. The default age is the config's
+pipeline.stale_lock_age (1h unless configured).`)
+	olderThan := fs.Duration("older-than", 0, "remove locks held longer than `DURATION` (e.g. 30m; default: pipeline.stale_lock_age)")
+	dryRun := fs.Bool("dry-run", false, "list the stale locks without removing them")
+	if err := parseDBFlags(fs, args, 0, ""); err != nil {
+		return err
+	}
+	if *olderThan < 0 {
+		return &exitError{code: 2, msg: fmt.Sprintf("--older-than %s: must not be negative", *olderThan)}
+	}
+	d, staleAge, err := openDB(ctx, *dryRun)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	age := staleAge
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "older-than" {
+			age = *olderThan
+		}
+	})
+	var locks []metadata.ImageLock
+	if *dryRun {
+		locks, err = d.ListStaleImageLocks(ctx, age)
+	} else {
+		locks, err = d.ClearStaleImageLocks(ctx, age)
+	}
+	if err != nil {
+		return err
+	}
+	verb := "removed"
+	if *dryRun {
+		verb = "would remove"
+	}
+	if len(locks) == 0 {
+		fmt.Printf("no image lock older than %s\n", age)
+		return nil
+	}
+	now := time.Now()
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "IMAGE ID\tLOCKED BY\tLOCKED AT\tAGE")
+	for _, l := range locks {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", l.ImageID, l.LockedBy, l.LockedAt.Format(time.RFC3339), humanAge(l.Age(now)))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Printf("%s %d image lock(s) older than %s\n", verb, len(locks), age)
+	return nil
+}

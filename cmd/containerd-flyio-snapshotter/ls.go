@@ -1,0 +1,345 @@
+package main
+
+// `ls`: read-only listings of the metadata database (seed 003's reader
+// model). Owner: metadata helper; `ls runs` is in ls_runs.go.
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+)
+
+const lsDescription = `
+List what the metadata database records. The database is opened read-only:
+listing never writes and works while the daemon writes. Derived fields are
+computed at read time: an image's overall state (pending, downloaded,
+unpacked, active, failed), a device's reference count, a lock's age and
+whether it is stale (older than the config's pipeline.stale_lock_age).
+
+Kinds and their --filter keys:
+  images     image_id, s3_key, state, download_status, activation_status,
+             device_name, locked (true|false)
+  unpacked   image_id, device_id, device_name, verified (true|false),
+             referenced (true|false)
+  snapshots  image_id, snapshot_id, snapshot_name, origin_device_id,
+             active (true|false)
+  locks      image_id, locked_by, stale (true|false)
+  ` + lsRunsUsage + `
+
+--filter KEY=VALUE may be repeated; a row is listed when it matches all of
+them (exact match). For runs, filters may also be given as words after the
+kind.`
+
+func init() {
+	register(&command{name: "ls", summary: "list images, unpacked devices, snapshots, locks or runs (read-only)", run: runLs})
+}
+
+// filterFlag collects repeated --filter KEY=VALUE.
+type filterFlag []string
+
+func (f *filterFlag) String() string { return strings.Join(*f, ",") }
+
+func (f *filterFlag) Set(v string) error {
+	if k, _, ok := strings.Cut(v, "="); !ok || k == "" {
+		return fmt.Errorf("want KEY=VALUE, got %q", v)
+	}
+	*f = append(*f, v)
+	return nil
+}
+
+// lsColumn is one column of a listing: its header, its cell, and, when
+// filterable, its filter key and the values that key accepts (nil: any).
+type lsColumn[T any] struct {
+	header string
+	cell   func(T, time.Time) string
+	key    string
+	values []string
+	value  func(T) string // filter value; cell is used when nil
+}
+
+// lsKind is one listable kind.
+type lsKind[T any] struct {
+	name    string
+	list    func(context.Context, *metadata.DB, time.Duration) ([]T, error)
+	columns []lsColumn[T]
+}
+
+var boolValues = []string{"true", "false"}
+
+func yesNo(b bool) string { return strconv.FormatBool(b) }
+
+var lsImages = lsKind[metadata.ImageView]{
+	name: "images",
+	list: func(ctx context.Context, d *metadata.DB, _ time.Duration) ([]metadata.ImageView, error) {
+		return d.ImageViews(ctx)
+	},
+	columns: []lsColumn[metadata.ImageView]{
+		{header: "IMAGE ID", key: "image_id", cell: func(v metadata.ImageView, _ time.Time) string { return v.ImageID }},
+		{header: "S3 KEY", key: "s3_key", cell: func(v metadata.ImageView, _ time.Time) string { return v.S3Key }},
+		{header: "STATE", key: "state", values: []string{metadata.ImageStatePending, metadata.ImageStateDownloaded, metadata.ImageStateUnpacked, metadata.ImageStateActive, metadata.ImageStateFailed},
+			cell: func(v metadata.ImageView, _ time.Time) string { return v.State }},
+		{header: "DOWNLOAD", key: "download_status", values: []string{metadata.DownloadPending, metadata.DownloadDownloading, metadata.DownloadCompleted, metadata.DownloadFailed},
+			cell: func(v metadata.ImageView, _ time.Time) string { return v.DownloadStatus }},
+		{header: "ACTIVATION", key: "activation_status", values: []string{metadata.ActivationInactive, metadata.ActivationActive, metadata.ActivationFailed},
+			cell: func(v metadata.ImageView, _ time.Time) string { return dash(v.ActivationStatus) }, value: func(v metadata.ImageView) string { return v.ActivationStatus }},
+		{header: "SIZE", cell: func(v metadata.ImageView, _ time.Time) string { return humanBytes(uint64(v.SizeBytes)) }},
+		{header: "DEVICE", key: "device_name", cell: func(v metadata.ImageView, _ time.Time) string { return dash(v.DeviceName) },
+			value: func(v metadata.ImageView) string { return v.DeviceName }},
+		{header: "SNAPSHOTS", cell: func(v metadata.ImageView, _ time.Time) string {
+			return fmt.Sprintf("%d/%d active", v.ActiveSnapshots, v.Snapshots)
+		}},
+		{header: "LOCKED BY", key: "locked", values: boolValues, cell: func(v metadata.ImageView, _ time.Time) string { return dash(v.LockedBy) },
+			value: func(v metadata.ImageView) string { return yesNo(v.LockedBy != "") }},
+		{header: "UPDATED", cell: func(v metadata.ImageView, now time.Time) string { return humanAge(now.Sub(v.UpdatedAt)) + " ago" }},
+		{header: "REASON", cell: func(v metadata.ImageView, _ time.Time) string { return dash(shorten(oneLine(v.FailureReason), 60)) }},
+	},
+}
+
+var lsUnpacked = lsKind[metadata.UnpackedView]{
+	name: "unpacked",
+	list: func(ctx context.Context, d *metadata.DB, _ time.Duration) ([]metadata.UnpackedView, error) {
+		return d.UnpackedViews(ctx)
+	},
+	columns: []lsColumn[metadata.UnpackedView]{
+		{header: "IMAGE ID", key: "image_id", cell: func(v metadata.UnpackedView, _ time.Time) string { return v.ImageID }},
+		{header: "DEVICE ID", key: "device_id", cell: func(v metadata.UnpackedView, _ time.Time) string { return v.DeviceID }},
+		{header: "DEVICE NAME", key: "device_name", cell: func(v metadata.UnpackedView, _ time.Time) string { return v.DeviceName }},
+		{header: "SIZE", cell: func(v metadata.UnpackedView, _ time.Time) string { return humanBytes(uint64(v.SizeBytes)) }},
+		{header: "FILES", cell: func(v metadata.UnpackedView, _ time.Time) string { return strconv.FormatInt(v.FileCount, 10) }},
+		{header: "VERIFIED", key: "verified", values: boolValues, cell: func(v metadata.UnpackedView, _ time.Time) string { return yesNo(v.LayoutVerified) }},
+		{header: "REFS", key: "referenced", values: boolValues, cell: func(v metadata.UnpackedView, _ time.Time) string {
+			return fmt.Sprintf("%d (%d active)", v.RefCount, v.ActiveRefs)
+		}, value: func(v metadata.UnpackedView) string { return yesNo(v.RefCount > 0) }},
+		{header: "UNPACKED", cell: func(v metadata.UnpackedView, now time.Time) string { return humanAge(now.Sub(v.UnpackedAt)) + " ago" }},
+	},
+}
+
+var lsSnapshots = lsKind[metadata.SnapshotView]{
+	name: "snapshots",
+	list: func(ctx context.Context, d *metadata.DB, _ time.Duration) ([]metadata.SnapshotView, error) {
+		return d.SnapshotViews(ctx)
+	},
+	columns: []lsColumn[metadata.SnapshotView]{
+		{header: "SNAPSHOT ID", key: "snapshot_id", cell: func(v metadata.SnapshotView, _ time.Time) string { return v.SnapshotID }},
+		{header: "NAME", key: "snapshot_name", cell: func(v metadata.SnapshotView, _ time.Time) string { return v.SnapshotName }},
+		{header: "IMAGE ID", key: "image_id", cell: func(v metadata.SnapshotView, _ time.Time) string { return v.ImageID }},
+		{header: "ORIGIN DEVICE", key: "origin_device_id", cell: func(v metadata.SnapshotView, _ time.Time) string {
+			if v.OriginDeviceName == "" {
+				return v.OriginDeviceID
+			}
+			return v.OriginDeviceID + " (" + v.OriginDeviceName + ")"
+		}, value: func(v metadata.SnapshotView) string { return v.OriginDeviceID }},
+		{header: "ACTIVE", key: "active", values: boolValues, cell: func(v metadata.SnapshotView, _ time.Time) string { return yesNo(v.Active) }},
+		{header: "DEVICE PATH", cell: func(v metadata.SnapshotView, _ time.Time) string { return v.DevicePath }},
+		{header: "CREATED", cell: func(v metadata.SnapshotView, now time.Time) string { return humanAge(now.Sub(v.CreatedAt)) + " ago" }},
+	},
+}
+
+var lsLocks = lsKind[metadata.LockView]{
+	name: "locks",
+	list: func(ctx context.Context, d *metadata.DB, staleAge time.Duration) ([]metadata.LockView, error) {
+		return d.LockViews(ctx, staleAge)
+	},
+	columns: []lsColumn[metadata.LockView]{
+		{header: "IMAGE ID", key: "image_id", cell: func(v metadata.LockView, _ time.Time) string { return v.ImageID }},
+		{header: "LOCKED BY", key: "locked_by", cell: func(v metadata.LockView, _ time.Time) string { return v.LockedBy }},
+		{header: "LOCKED AT", cell: func(v metadata.LockView, _ time.Time) string { return v.LockedAt.Format(time.RFC3339) }},
+		{header: "AGE", cell: func(v metadata.LockView, _ time.Time) string { return humanAge(v.Age) }},
+		{header: "STALE", key: "stale", values: boolValues, cell: func(v metadata.LockView, _ time.Time) string { return yesNo(v.Stale) }},
+	},
+}
+
+// lsFilter is one parsed --filter.
+type lsFilter struct{ key, value string }
+
+// parseLsFilters checks every filter's key (and value, for enumerated keys)
+// against the kind's columns; errors name the allowed keys or values.
+func parseLsFilters[T any](k lsKind[T], filters []string) ([]lsFilter, error) {
+	var allowed []string
+	byKey := map[string]lsColumn[T]{}
+	for _, c := range k.columns {
+		if c.key != "" {
+			allowed = append(allowed, c.key)
+			byKey[c.key] = c
+		}
+	}
+	sort.Strings(allowed)
+	var out []lsFilter
+	for _, f := range filters {
+		key, val, _ := strings.Cut(f, "=")
+		c, ok := byKey[key]
+		if !ok {
+			return nil, fmt.Errorf("ls %s: unknown filter key %q (allowed: %s)", k.name, key, strings.Join(allowed, ", "))
+		}
+		if c.values != nil && !contains(c.values, val) {
+			return nil, fmt.Errorf("ls %s: filter %s=%q: value must be one of %s", k.name, key, val, strings.Join(c.values, ", "))
+		}
+		out = append(out, lsFilter{key, val})
+	}
+	return out, nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// runLsKind lists kind k from d to w in format, keeping rows matching every
+// filter.
+func runLsKind[T any](ctx context.Context, w io.Writer, d *metadata.DB, k lsKind[T], staleAge time.Duration, format string, filters []lsFilter, now time.Time) error {
+	rows, err := k.list(ctx, d, staleAge)
+	if err != nil {
+		return fmt.Errorf("ls %s: %w", k.name, err)
+	}
+	cols := map[string]lsColumn[T]{}
+	for _, c := range k.columns {
+		if c.key != "" {
+			cols[c.key] = c
+		}
+	}
+	kept := make([]T, 0, len(rows))
+	for _, r := range rows {
+		match := true
+		for _, f := range filters {
+			c := cols[f.key]
+			v := ""
+			if c.value != nil {
+				v = c.value(r)
+			} else {
+				v = c.cell(r, now)
+			}
+			if v != f.value {
+				match = false
+				break
+			}
+		}
+		if match {
+			kept = append(kept, r)
+		}
+	}
+	if format == "json" {
+		return writeJSON(w, kept)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	hdr := make([]string, len(k.columns))
+	for i, c := range k.columns {
+		hdr[i] = c.header
+	}
+	fmt.Fprintln(tw, strings.Join(hdr, "\t"))
+	for _, r := range kept {
+		cells := make([]string, len(k.columns))
+		for i, c := range k.columns {
+			cells[i] = c.cell(r, now)
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	}
+	return tw.Flush()
+}
+
+// lsKindRunner runs one kind: filter validation first (a usage error), then
+// the listing.
+type lsKindRunner func(ctx context.Context, w io.Writer, d *metadata.DB, staleAge time.Duration, format string, filters []string) error
+
+func kindRunner[T any](k lsKind[T]) (validate func([]string) error, run lsKindRunner) {
+	validate = func(filters []string) error {
+		_, err := parseLsFilters(k, filters)
+		return err
+	}
+	run = func(ctx context.Context, w io.Writer, d *metadata.DB, staleAge time.Duration, format string, filters []string) error {
+		fs, err := parseLsFilters(k, filters)
+		if err != nil {
+			return err
+		}
+		return runLsKind(ctx, w, d, k, staleAge, format, fs, time.Now())
+	}
+	return validate, run
+}
+
+type lsEntry struct {
+	validate func([]string) error
+	run      lsKindRunner
+}
+
+func lsKinds() map[string]lsEntry {
+	m := map[string]lsEntry{}
+	add := func(name string, v func([]string) error, r lsKindRunner) { m[name] = lsEntry{v, r} }
+	v, r := kindRunner(lsImages)
+	add("images", v, r)
+	v, r = kindRunner(lsUnpacked)
+	add("unpacked", v, r)
+	v, r = kindRunner(lsSnapshots)
+	add("snapshots", v, r)
+	v, r = kindRunner(lsLocks)
+	add("locks", v, r)
+	add("runs", nil, func(ctx context.Context, w io.Writer, d *metadata.DB, _ time.Duration, format string, filters []string) error {
+		return lsRuns(ctx, d, w, format, filters)
+	})
+	return m
+}
+
+func runLs(ctx context.Context, args []string) error {
+	fs := newFlagSet("ls", "ls images|unpacked|snapshots|locks|runs [--filter KEY=VALUE]... [--format table|json] [--config FILE] [--db PATH]", lsDescription)
+	var filters filterFlag
+	format := formatFlag("table")
+	fs.Var(&filters, "filter", "keep rows whose `KEY=VALUE` matches (repeatable; keys per kind above)")
+	fs.Var(&format, "format", "output `FORMAT`: table or json")
+	addConfigFlags(fs)
+	// Flags may come before or after the kind: parse, take a positional
+	// word, parse the rest again.
+	var words []string
+	rest := args
+	for {
+		if err := parseFlags(fs, rest); err != nil {
+			return err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		words = append(words, fs.Arg(0))
+		rest = fs.Args()[1:]
+	}
+	kinds := lsKinds()
+	if len(words) == 0 {
+		fs.Usage()
+		return &exitError{code: 2, msg: "name what to list: images, unpacked, snapshots, locks or runs"}
+	}
+	kind := words[0]
+	k, ok := kinds[kind]
+	if !ok {
+		return &exitError{code: 2, msg: fmt.Sprintf("unknown kind %q (want images, unpacked, snapshots, locks or runs)", kind)}
+	}
+	all := append([]string(nil), filters...)
+	if len(words) > 1 {
+		if kind != "runs" {
+			return &exitError{code: 2, msg: fmt.Sprintf("unexpected argument %q (filters go in --filter KEY=VALUE)", words[1])}
+		}
+		all = append(all, words[1:]...)
+	}
+	if k.validate != nil {
+		if err := k.validate(all); err != nil {
+			return &exitError{code: 2, msg: err.Error()}
+		}
+	}
+	cfg, err := loadConfig()
+	if err != nil {
+		return err
+	}
+	d, err := metadata.Open(ctx, metadata.Options{Path: cfg.Metadata.Path, ReadOnly: true})
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return k.run(ctx, os.Stdout, d, cfg.Pipeline.StaleLockAge.Duration, string(format), all)
+}
