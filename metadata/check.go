@@ -23,22 +23,13 @@ func (r CheckReport) OK() bool { return len(r.Problems) == 0 }
 func (d *DB) Check(ctx context.Context) (CheckReport, error) {
 	rep := CheckReport{LatestVersion: LatestVersion()}
 
-	rows, err := d.db.QueryContext(ctx, `PRAGMA integrity_check`)
-	if err != nil {
-		return rep, fmt.Errorf("metadata: integrity_check of %s: %w", d.path, err)
-	}
-	var msgs []string
-	for rows.Next() {
+	msgs, err := queryAll(ctx, d.db, "integrity_check of "+d.path, func(s rowScanner) (string, error) {
 		var m string
-		if err := rows.Scan(&m); err != nil {
-			rows.Close()
-			return rep, fmt.Errorf("metadata: integrity_check of %s: %w", d.path, err)
-		}
-		msgs = append(msgs, m)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return rep, fmt.Errorf("metadata: integrity_check of %s: %w", d.path, err)
+		err := s.Scan(&m)
+		return m, err
+	}, `PRAGMA integrity_check`)
+	if err != nil {
+		return rep, err
 	}
 	if !(len(msgs) == 1 && msgs[0] == "ok") {
 		for _, m := range msgs {
@@ -46,30 +37,23 @@ func (d *DB) Check(ctx context.Context) (CheckReport, error) {
 		}
 	}
 
-	fk, err := d.db.QueryContext(ctx, `PRAGMA foreign_key_check`)
-	if err != nil {
-		return rep, fmt.Errorf("metadata: foreign_key_check of %s: %w", d.path, err)
-	}
-	for fk.Next() {
+	orphans, err := queryAll(ctx, d.db, "foreign_key_check of "+d.path, func(s rowScanner) (string, error) {
 		var (
 			table, parent string
 			rowid         *int64
 			fkid          int64
 		)
-		if err := fk.Scan(&table, &rowid, &parent, &fkid); err != nil {
-			fk.Close()
-			return rep, fmt.Errorf("metadata: foreign_key_check of %s: %w", d.path, err)
-		}
+		err := s.Scan(&table, &rowid, &parent, &fkid)
 		row := "without rowid"
 		if rowid != nil {
 			row = fmt.Sprintf("rowid %d", *rowid)
 		}
-		rep.Problems = append(rep.Problems, fmt.Sprintf("foreign_key_check: %s %s references a missing row of %s (foreign key %d)", table, row, parent, fkid))
+		return fmt.Sprintf("foreign_key_check: %s %s references a missing row of %s (foreign key %d)", table, row, parent, fkid), err
+	}, `PRAGMA foreign_key_check`)
+	if err != nil {
+		return rep, err
 	}
-	fk.Close()
-	if err := fk.Err(); err != nil {
-		return rep, fmt.Errorf("metadata: foreign_key_check of %s: %w", d.path, err)
-	}
+	rep.Problems = append(rep.Problems, orphans...)
 
 	ledger, err := readLedger(ctx, d.db)
 	if err != nil {

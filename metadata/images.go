@@ -82,23 +82,7 @@ func scanImage(s rowScanner) (*Image, error) {
 }
 
 func (d *DB) queryImages(ctx context.Context, what, query string, args ...any) ([]*Image, error) {
-	rows, err := d.db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, fmt.Errorf("metadata: %s: %w", what, err)
-	}
-	defer rows.Close()
-	var out []*Image
-	for rows.Next() {
-		img, err := scanImage(rows)
-		if err != nil {
-			return nil, fmt.Errorf("metadata: %s: %w", what, err)
-		}
-		out = append(out, img)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("metadata: %s: %w", what, err)
-	}
-	return out, nil
+	return queryAll(ctx, d.db, what, scanImage, query, args...)
 }
 
 // CheckImageDownloaded returns the image stored under s3Key if its download

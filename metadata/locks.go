@@ -122,28 +122,18 @@ func (d *DB) GetImageLock(ctx context.Context, imageID string) (*ImageLock, erro
 	return &l, nil
 }
 
+func scanLock(s rowScanner) (ImageLock, error) {
+	var (
+		l  ImageLock
+		at int64
+	)
+	err := s.Scan(&l.ImageID, &l.LockedBy, &at)
+	l.LockedAt = time.Unix(at, 0).UTC()
+	return l, err
+}
+
 func (d *DB) queryLocks(ctx context.Context, q queryer, what, query string, args ...any) ([]ImageLock, error) {
-	rows, err := q.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, fmt.Errorf("metadata: %s: %w", what, err)
-	}
-	defer rows.Close()
-	var out []ImageLock
-	for rows.Next() {
-		var (
-			l  ImageLock
-			at int64
-		)
-		if err := rows.Scan(&l.ImageID, &l.LockedBy, &at); err != nil {
-			return nil, fmt.Errorf("metadata: %s: %w", what, err)
-		}
-		l.LockedAt = time.Unix(at, 0).UTC()
-		out = append(out, l)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("metadata: %s: %w", what, err)
-	}
-	return out, nil
+	return queryAll(ctx, q, what, scanLock, query, args...)
 }
 
 // ListImageLocks lists every held lock, newest first.

@@ -157,23 +157,11 @@ func readLedger(ctx context.Context, q queryer) ([]LedgerRow, error) {
 	if hasHash {
 		hashCol = "COALESCE(sql_sha256, '')"
 	}
-	rows, err := q.QueryContext(ctx, `SELECT version, CAST(applied_at AS TEXT), COALESCE(description, ''), `+hashCol+` FROM schema_migrations ORDER BY version`)
-	if err != nil {
-		return nil, fmt.Errorf("metadata: reading schema_migrations: %w", err)
-	}
-	defer rows.Close()
-	var out []LedgerRow
-	for rows.Next() {
+	return queryAll(ctx, q, "reading schema_migrations", func(s rowScanner) (LedgerRow, error) {
 		var r LedgerRow
-		if err := rows.Scan(&r.Version, &r.AppliedAt, &r.Description, &r.SHA256); err != nil {
-			return nil, fmt.Errorf("metadata: reading schema_migrations: %w", err)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("metadata: reading schema_migrations: %w", err)
-	}
-	return out, nil
+		err := s.Scan(&r.Version, &r.AppliedAt, &r.Description, &r.SHA256)
+		return r, err
+	}, `SELECT version, CAST(applied_at AS TEXT), COALESCE(description, ''), `+hashCol+` FROM schema_migrations ORDER BY version`)
 }
 
 func hasColumn(ctx context.Context, q queryer, table, column string) (bool, error) {

@@ -52,23 +52,7 @@ func scanSnapshot(s rowScanner) (*Snapshot, error) {
 }
 
 func (d *DB) querySnapshots(ctx context.Context, what, query string, args ...any) ([]*Snapshot, error) {
-	rows, err := d.db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, fmt.Errorf("metadata: %s: %w", what, err)
-	}
-	defer rows.Close()
-	var out []*Snapshot
-	for rows.Next() {
-		sn, err := scanSnapshot(rows)
-		if err != nil {
-			return nil, fmt.Errorf("metadata: %s: %w", what, err)
-		}
-		out = append(out, sn)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("metadata: %s: %w", what, err)
-	}
-	return out, nil
+	return queryAll(ctx, d.db, what, scanSnapshot, query, args...)
 }
 
 func (r SnapshotRecord) validate() error {

@@ -63,26 +63,14 @@ type ImageStatusRow struct {
 // when the key is unknown, one row per snapshot otherwise (one row with
 // empty snapshot fields when it has none).
 func (d *DB) GetImageStatus(ctx context.Context, s3Key string) ([]ImageStatusRow, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT i.image_id, i.s3_key, i.download_status, COALESCE(i.activation_status, ''),
+	return queryAll(ctx, d.db, fmt.Sprintf("status of s3 key %q", s3Key), func(s rowScanner) (ImageStatusRow, error) {
+		var r ImageStatusRow
+		err := s.Scan(&r.ImageID, &r.S3Key, &r.DownloadStatus, &r.ActivationStatus, &r.DeviceName, &r.SnapshotName, &r.SnapshotActive)
+		return r, err
+	}, `SELECT i.image_id, i.s3_key, i.download_status, COALESCE(i.activation_status, ''),
 		COALESCE(u.device_name, ''), COALESCE(s.snapshot_name, ''), COALESCE(s.active, 0)
 		FROM images i
 		LEFT JOIN unpacked_images u ON i.image_id = u.image_id
 		LEFT JOIN snapshots s ON i.image_id = s.image_id
 		WHERE i.s3_key = ? ORDER BY s.id`, s3Key)
-	if err != nil {
-		return nil, fmt.Errorf("metadata: status of s3 key %q: %w", s3Key, err)
-	}
-	defer rows.Close()
-	var out []ImageStatusRow
-	for rows.Next() {
-		var r ImageStatusRow
-		if err := rows.Scan(&r.ImageID, &r.S3Key, &r.DownloadStatus, &r.ActivationStatus, &r.DeviceName, &r.SnapshotName, &r.SnapshotActive); err != nil {
-			return nil, fmt.Errorf("metadata: status of s3 key %q: %w", s3Key, err)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("metadata: status of s3 key %q: %w", s3Key, err)
-	}
-	return out, nil
 }

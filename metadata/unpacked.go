@@ -128,21 +128,5 @@ func (d *DB) DeleteUnpackedImage(ctx context.Context, imageID string) error {
 
 // ListUnpackedImages lists every unpacked record, oldest first.
 func (d *DB) ListUnpackedImages(ctx context.Context) ([]*UnpackedImage, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT `+unpackedColumns+` FROM unpacked_images ORDER BY id`)
-	if err != nil {
-		return nil, fmt.Errorf("metadata: list unpacked images: %w", err)
-	}
-	defer rows.Close()
-	var out []*UnpackedImage
-	for rows.Next() {
-		u, err := scanUnpacked(rows)
-		if err != nil {
-			return nil, fmt.Errorf("metadata: list unpacked images: %w", err)
-		}
-		out = append(out, u)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("metadata: list unpacked images: %w", err)
-	}
-	return out, nil
+	return queryAll(ctx, d.db, "list unpacked images", scanUnpacked, `SELECT `+unpackedColumns+` FROM unpacked_images ORDER BY id`)
 }

@@ -9,7 +9,6 @@ package metadata
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"time"
 )
 
@@ -67,7 +66,14 @@ func (d *DB) ImageViews(ctx context.Context) ([]ImageView, error) {
 	if d.noFailureReason {
 		reason = "NULL"
 	}
-	rows, err := d.db.QueryContext(ctx, `SELECT i.image_id, i.s3_key, i.download_status, COALESCE(i.activation_status, ''),
+	return queryAll(ctx, d.db, "list image views", func(s rowScanner) (ImageView, error) {
+		var v ImageView
+		err := s.Scan(&v.ImageID, &v.S3Key, &v.DownloadStatus, &v.ActivationStatus, &v.SizeBytes, &v.Checksum,
+			&v.LocalPath, &v.FailureReason, &v.CreatedAt, &v.UpdatedAt, &v.DeviceID, &v.DeviceName, &v.LayoutVerified,
+			&v.Snapshots, &v.ActiveSnapshots, &v.LockedBy)
+		v.State = ImageState(v.DownloadStatus, v.ActivationStatus, v.LayoutVerified, v.ActiveSnapshots)
+		return v, err
+	}, `SELECT i.image_id, i.s3_key, i.download_status, COALESCE(i.activation_status, ''),
 		i.size_bytes, COALESCE(i.checksum, ''), i.local_path, COALESCE(`+reason+`, ''), i.created_at, i.updated_at,
 		COALESCE(u.device_id, ''), COALESCE(u.device_name, ''), COALESCE(u.layout_verified, 0),
 		(SELECT count(*) FROM snapshots s WHERE s.image_id = i.image_id),
@@ -77,25 +83,6 @@ func (d *DB) ImageViews(ctx context.Context) ([]ImageView, error) {
 		LEFT JOIN unpacked_images u ON u.image_id = i.image_id
 		LEFT JOIN image_locks l ON l.image_id = i.image_id
 		ORDER BY i.id`)
-	if err != nil {
-		return nil, fmt.Errorf("metadata: list image views: %w", err)
-	}
-	defer rows.Close()
-	var out []ImageView
-	for rows.Next() {
-		var v ImageView
-		if err := rows.Scan(&v.ImageID, &v.S3Key, &v.DownloadStatus, &v.ActivationStatus, &v.SizeBytes, &v.Checksum,
-			&v.LocalPath, &v.FailureReason, &v.CreatedAt, &v.UpdatedAt, &v.DeviceID, &v.DeviceName, &v.LayoutVerified,
-			&v.Snapshots, &v.ActiveSnapshots, &v.LockedBy); err != nil {
-			return nil, fmt.Errorf("metadata: list image views: %w", err)
-		}
-		v.State = ImageState(v.DownloadStatus, v.ActivationStatus, v.LayoutVerified, v.ActiveSnapshots)
-		out = append(out, v)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("metadata: list image views: %w", err)
-	}
-	return out, nil
 }
 
 // UnpackedView is an unpacked device with its reference count.
@@ -115,28 +102,16 @@ type UnpackedView struct {
 // UnpackedViews lists every unpacked device, oldest first, with its
 // reference count.
 func (d *DB) UnpackedViews(ctx context.Context) ([]UnpackedView, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT u.image_id, u.device_id, u.device_name, u.device_path, u.size_bytes,
+	return queryAll(ctx, d.db, "list unpacked views", func(s rowScanner) (UnpackedView, error) {
+		var v UnpackedView
+		err := s.Scan(&v.ImageID, &v.DeviceID, &v.DeviceName, &v.DevicePath, &v.SizeBytes, &v.FileCount,
+			&v.LayoutVerified, &v.UnpackedAt, &v.RefCount, &v.ActiveRefs)
+		return v, err
+	}, `SELECT u.image_id, u.device_id, u.device_name, u.device_path, u.size_bytes,
 		u.file_count, u.layout_verified, u.unpacked_at,
 		(SELECT count(*) FROM snapshots s WHERE s.origin_device_id = u.device_id),
 		(SELECT count(*) FROM snapshots s WHERE s.origin_device_id = u.device_id AND s.active = 1)
 		FROM unpacked_images u ORDER BY u.id`)
-	if err != nil {
-		return nil, fmt.Errorf("metadata: list unpacked views: %w", err)
-	}
-	defer rows.Close()
-	var out []UnpackedView
-	for rows.Next() {
-		var v UnpackedView
-		if err := rows.Scan(&v.ImageID, &v.DeviceID, &v.DeviceName, &v.DevicePath, &v.SizeBytes, &v.FileCount,
-			&v.LayoutVerified, &v.UnpackedAt, &v.RefCount, &v.ActiveRefs); err != nil {
-			return nil, fmt.Errorf("metadata: list unpacked views: %w", err)
-		}
-		out = append(out, v)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("metadata: list unpacked views: %w", err)
-	}
-	return out, nil
 }
 
 // SnapshotView is a seed snapshot with its image's key and origin device.
@@ -155,36 +130,24 @@ type SnapshotView struct {
 
 // SnapshotViews lists every seed snapshot (active or not), oldest first.
 func (d *DB) SnapshotViews(ctx context.Context) ([]SnapshotView, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT s.snapshot_id, s.snapshot_name, s.image_id, COALESCE(i.s3_key, ''),
+	return queryAll(ctx, d.db, "list snapshot views", func(s rowScanner) (SnapshotView, error) {
+		var (
+			v           SnapshotView
+			deactivated sql.NullTime
+		)
+		err := s.Scan(&v.SnapshotID, &v.SnapshotName, &v.ImageID, &v.S3Key, &v.DevicePath, &v.OriginDeviceID,
+			&v.OriginDeviceName, &v.Active, &v.CreatedAt, &deactivated)
+		if deactivated.Valid {
+			t := deactivated.Time
+			v.DeactivatedAt = &t
+		}
+		return v, err
+	}, `SELECT s.snapshot_id, s.snapshot_name, s.image_id, COALESCE(i.s3_key, ''),
 		s.device_path, s.origin_device_id, COALESCE(u.device_name, ''), s.active, s.created_at, s.deactivated_at
 		FROM snapshots s
 		LEFT JOIN images i ON i.image_id = s.image_id
 		LEFT JOIN unpacked_images u ON u.device_id = s.origin_device_id
 		ORDER BY s.id`)
-	if err != nil {
-		return nil, fmt.Errorf("metadata: list snapshot views: %w", err)
-	}
-	defer rows.Close()
-	var out []SnapshotView
-	for rows.Next() {
-		var (
-			v           SnapshotView
-			deactivated sql.NullTime
-		)
-		if err := rows.Scan(&v.SnapshotID, &v.SnapshotName, &v.ImageID, &v.S3Key, &v.DevicePath, &v.OriginDeviceID,
-			&v.OriginDeviceName, &v.Active, &v.CreatedAt, &deactivated); err != nil {
-			return nil, fmt.Errorf("metadata: list snapshot views: %w", err)
-		}
-		if deactivated.Valid {
-			t := deactivated.Time
-			v.DeactivatedAt = &t
-		}
-		out = append(out, v)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("metadata: list snapshot views: %w", err)
-	}
-	return out, nil
 }
 
 // LockView is an image lock with its age and staleness at the time of
