@@ -279,6 +279,48 @@ func TestPoolFull(t *testing.T) {
 	}
 }
 
+// TestMetadataFull fills a tiny metadata device with thin devices until the
+// pool refuses: ErrMetadataFull, no half-made device, ids still listed.
+func TestMetadataFull(t *testing.T) {
+	ctx := context.Background()
+	scratch := os.Getenv("VM_SCRATCH")
+	cfg := Config{PoolName: "tp-metafull", RootDir: filepath.Join(scratch, "tp-metafull"),
+		DataSize: 64 * mib, MetadataSize: 512 << 10} // 128 metadata blocks
+	p, err := Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { destroyPool(t, cfg) })
+	var created []uint32
+	for id := uint32(1); ; id++ {
+		err = p.CreateThin(ctx, id)
+		if err != nil {
+			break
+		}
+		created = append(created, id)
+		if id > 10000 {
+			t.Fatal("10000 thin devices fit in 512 KiB of metadata")
+		}
+	}
+	t.Logf("metadata full after %d thin devices: %v", len(created), err)
+	wantErr(t, "create_thin with full metadata", err, ErrMetadataFull)
+	wantErr(t, "create_thin with full metadata", err, ErrPoolFull)
+	if errors.Is(err, ErrDataFull) {
+		t.Fatalf("metadata exhaustion reported as data exhaustion: %v", err)
+	}
+	st, serr := p.Status(ctx)
+	if serr != nil || st.FullError() == nil {
+		t.Fatalf("status of a metadata-full pool: %+v, %v", st, serr)
+	}
+	ids, err := p.ThinIDs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(ids, created) {
+		t.Fatalf("ThinIDs of the metadata-full pool: %d ids (%v...), want the %d created", len(ids), ids[:min(5, len(ids))], len(created))
+	}
+}
+
 func TestReopenAfterRestart(t *testing.T) {
 	ctx := context.Background()
 	p, cfg := testPool(t, 128*mib)

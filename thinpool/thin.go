@@ -424,13 +424,24 @@ func (p *Pool) ThinExists(ctx context.Context, id uint32) (bool, error) {
 // ThinIDs returns every thin id the pool metadata holds, in increasing
 // order. It reserves a metadata snapshot, reads the ids of its
 // device-details btree from the metadata device (see thinmeta.go) and
-// releases the snapshot, always.
+// releases the snapshot, always. A read-only pool (metadata full) refuses
+// messages but changes nothing, so its committed superblock is read
+// instead.
 func (p *Pool) ThinIDs(ctx context.Context) (ids []uint32, err error) {
 	if err := p.usable(); err != nil {
 		return nil, err
 	}
 	p.metaSnapMu.Lock()
 	defer p.metaSnapMu.Unlock()
+	if st, err := p.status(true); err == nil && st.Mode != ModeReadWrite && st.Mode != ModeOutOfDataSpace {
+		// A read-only (e.g. metadata full) or failed pool refuses messages,
+		// and changes nothing: its committed superblock is current.
+		ids, err := readThinIDs(p.metaPath, 0)
+		if err != nil {
+			return nil, p.errf(nil, err, "list thin ids of %s pool from metadata %s", st.Mode, p.metaPath)
+		}
+		return ids, nil
+	}
 	err = p.ctl.message(p.name, "reserve_metadata_snap")
 	if errors.Is(err, unix.EBUSY) || errors.Is(err, unix.EINVAL) {
 		// A snapshot left held by a crashed reader: drop it and retry.

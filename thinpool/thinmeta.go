@@ -187,8 +187,9 @@ func parseBtreeNode(b []byte, n uint64) (btreeNode, error) {
 	return node, nil
 }
 
-// readThinIDs reads the thin ids of the metadata snapshot held at block
-// heldRoot of metadata device dev.
+// readThinIDs reads the thin ids of the superblock copy at block heldRoot
+// of metadata device dev (a held metadata snapshot, or 0 for the committed
+// superblock of a pool that cannot change).
 func readThinIDs(dev string, heldRoot uint64) ([]uint32, error) {
 	r, err := openMetaReader(dev)
 	if err != nil {
