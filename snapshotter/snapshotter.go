@@ -675,6 +675,9 @@ func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 	}
 	if s.cfg.SyncRemove {
 		if err := s.reclaim(ctx, dev); err != nil {
+			if errors.Is(err, errSimulatedCrash) {
+				return err
+			}
 			log.G(ctx).WithError(err).WithFields(log.Fields{"key": key, "device": dev.Name}).Warn("remove: device not deleted yet; Cleanup will retry")
 		}
 	}
