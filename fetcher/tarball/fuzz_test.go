@@ -9,9 +9,10 @@ import (
 // fuzzLimits keep each fuzz input cheap to extract.
 var fuzzLimits = Limits{MaxEntries: 2000, MaxFileSize: 1 << 20, MaxTotalSize: 8 << 20}
 
-// FuzzValidate: Validate never panics, and whatever it accepts, Extract into
-// a fresh directory extracts without error; whatever the input, Extract
-// (validated or not) writes nothing outside its target.
+// FuzzValidate: Validate never panics; whatever it accepts, Extract into a
+// fresh directory extracts without error, and whatever it rejects, Extract
+// rejects too; whatever the input, Extract (validated or not) writes nothing
+// outside its target.
 //
 //	go test -tags '...' -run '^$' -fuzz FuzzValidate -fuzztime 5m ./fetcher/tarball/
 func FuzzValidate(f *testing.F) {
@@ -41,6 +42,9 @@ func FuzzValidate(f *testing.F) {
 		s.intact(t)
 		if verr == nil && xerr != nil {
 			t.Fatalf("Validate accepted (report %+v) but Extract failed: %v", rep, xerr)
+		}
+		if verr != nil && xerr == nil {
+			t.Fatalf("Validate rejected (%v) but Extract accepted", verr)
 		}
 	})
 }
