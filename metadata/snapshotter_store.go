@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Snapshot kinds stored in cd_snapshots.kind.
@@ -218,6 +219,32 @@ func (s SnapshotterQueries) Snapshots(ctx context.Context, ns string, allNamespa
 		return nil, fmt.Errorf("list snapshots of namespace %q: %w", ns, err)
 	}
 	return out, nil
+}
+
+// RefTarget returns the key of a committed snapshot of namespace ns whose
+// parent's key is parentKey ("" for none) and whose label labelKey equals
+// target, or failing that whose key is target; "" when there is none. It is
+// how a Prepare carrying containerd's snapshot.ref label finds a layer that
+// is already there.
+func (s SnapshotterQueries) RefTarget(ctx context.Context, ns, labelKey, target, parentKey string) (string, error) {
+	if strings.ContainsAny(labelKey, `"\`) {
+		return "", fmt.Errorf("find ref target: label key %q must not contain quotes or backslashes", labelKey)
+	}
+	path := `$."` + labelKey + `"`
+	var key string
+	err := s.q.QueryRowContext(ctx, `SELECT s.key FROM cd_snapshots s
+		LEFT JOIN cd_snapshots p ON p.id = s.parent_id
+		WHERE s.namespace = ?1 AND s.kind = 'committed' AND IFNULL(p.key, '') = ?2
+		  AND (json_extract(s.labels, ?3) = ?4 OR s.key = ?4)
+		ORDER BY IFNULL(json_extract(s.labels, ?3) = ?4, 0) DESC, s.id LIMIT 1`,
+		ns, parentKey, path, target).Scan(&key)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("find committed snapshot for ref %q on parent %q in namespace %q: %w", target, parentKey, ns, err)
+	}
+	return key, nil
 }
 
 // ChildCount returns how many snapshots name row id as their parent.

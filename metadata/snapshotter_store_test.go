@@ -85,6 +85,20 @@ func TestSnapshotRecordsRoundTripAndCommit(t *testing.T) {
 	if c.ParentKey != "sha256:aaa" || c.ParentID != parentID || c.Labels != nil {
 		t.Fatalf("child record = %+v, want parent sha256:aaa and nil labels", c)
 	}
+	// The snapshot.ref lookup: by label first, by name otherwise, same
+	// parent only, same namespace only.
+	const ref = "containerd.io/snapshot.ref"
+	for _, tc := range []struct{ ns, target, parent, want string }{
+		{"default", "sha256:aaa", "", "sha256:aaa"},
+		{"default", "sha256:aaa", "other-parent", ""},
+		{"other", "sha256:aaa", "", ""},
+		{"default", "sha256:bbb", "", ""},
+	} {
+		got, err := r.RefTarget(ctx, tc.ns, ref, tc.target, tc.parent)
+		if err != nil || got != tc.want {
+			t.Errorf("RefTarget(%q, %q, parent %q) = %q, %v; want %q", tc.ns, tc.target, tc.parent, got, err, tc.want)
+		}
+	}
 	if n, err := r.ChildCount(ctx, parentID); err != nil || n != 1 {
 		t.Fatalf("ChildCount = %d, %v; want 1", n, err)
 	}

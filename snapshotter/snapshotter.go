@@ -426,7 +426,7 @@ func (s *Snapshotter) planCreate(ctx context.Context, ns, kind, key, parent stri
 	var plan createPlan
 	err := s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
 		if target := lbls[snapshots.LabelSnapshotRef]; target != "" && kind == metadata.SnapKindActive {
-			found, err := findRefTarget(ctx, q, ns, target, parent)
+			found, err := q.RefTarget(ctx, ns, snapshots.LabelSnapshotRef, target, parent)
 			if err != nil {
 				return err
 			}
@@ -478,29 +478,6 @@ func (s *Snapshotter) planCreate(ctx context.Context, ns, kind, key, parent stri
 		return err
 	})
 	return plan, err
-}
-
-// findRefTarget returns the name of a committed snapshot of namespace ns on
-// parent that is the target of a containerd.io/snapshot.ref label: one
-// labelled with target, or else one named target. It returns "" if none.
-func findRefTarget(ctx context.Context, q metadata.SnapshotterQueries, ns, target, parent string) (string, error) {
-	all, err := q.Snapshots(ctx, ns, false)
-	if err != nil {
-		return "", err
-	}
-	byName := ""
-	for _, r := range all {
-		if r.Kind != metadata.SnapKindCommitted || r.ParentKey != parent {
-			continue
-		}
-		if r.Labels[snapshots.LabelSnapshotRef] == target {
-			return r.Key, nil
-		}
-		if r.Key == target {
-			byName = r.Key
-		}
-	}
-	return byName, nil
 }
 
 // rollbackCreate undoes the device work of a failed create and drops its
