@@ -132,8 +132,10 @@ func WithParent(runID string) StartOption {
 
 // StartFunc starts a run of one FSM. id is the idempotency id: while a run
 // of this FSM with the same id is pending or running, starting again returns
-// that run's id and starts nothing. The run is durable when StartFunc
-// returns; it executes in the background (see Manager.Wait).
+// that run's id and starts nothing new (options given to the later call are
+// ignored); a live run left by a previous process is resumed by it. After
+// the run completes, the same id starts a fresh run. The run is durable
+// when StartFunc returns; it executes in the background (see Manager.Wait).
 type StartFunc[R any] func(ctx context.Context, id string, req *R, opts ...StartOption) (runID string, err error)
 
 // ResumeFunc re-enters the unfinished runs of one FSM (see Manager.Resume).

@@ -515,9 +515,16 @@ func TestIdempotentStart(t *testing.T) {
 	}
 }
 
-// TestShutdownThenResume stops a manager mid-transition and resumes the run
-// in a new manager on the same database file.
+// TestShutdownThenResume stops a manager mid-transition and continues the
+// run in a new manager on the same database file, through Resume or through
+// a start of the same idempotency id.
 func TestShutdownThenResume(t *testing.T) {
+	for _, mode := range []string{"resume", "start-again"} {
+		t.Run(mode, func(t *testing.T) { testShutdownThenResume(t, mode) })
+	}
+}
+
+func testShutdownThenResume(t *testing.T, mode string) {
 	path := filepath.Join(t.TempDir(), "metadata.db")
 	db := openDBAt(t, path)
 	var firstCalls atomic.Int32
@@ -551,15 +558,19 @@ func TestShutdownThenResume(t *testing.T) {
 	db2 := openDBAt(t, path)
 	m2 := newManager(t, db2)
 	var secondCalls atomic.Int32
-	_, resume, err := fsm.Register[testReq, testResp](m2, "resumable").
+	start2, resume, err := fsm.Register[testReq, testResp](m2, "resumable").
 		Start("one", step("one", &secondCalls)).
 		To("two", step("two", nil)).
 		End("done").Build(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := resume(ctx); err != nil {
-		t.Fatal(err)
+	if mode == "resume" {
+		if err := resume(ctx); err != nil {
+			t.Fatal(err)
+		}
+	} else if again, err := start2(ctx, "x", &testReq{}); err != nil || again != id {
+		t.Fatalf("start of the interrupted id = %q, %v; want the interrupted run %s", again, err, id)
 	}
 	resp, err := fsm.Await[testResp](ctx, m2, id)
 	if err != nil {
@@ -567,6 +578,10 @@ func TestShutdownThenResume(t *testing.T) {
 	}
 	if strings.Join(resp.Steps, ",") != "one,two" || firstCalls.Load() != 1 || secondCalls.Load() != 0 {
 		t.Fatalf("steps %v, transition one ran %d+%d times; want one,two and once", resp.Steps, firstCalls.Load(), secondCalls.Load())
+	}
+	row, _ = db2.GetRun(ctx, id)
+	if row.Attempts != 1 {
+		t.Fatalf("attempts of the resumed transition = %d, want 1 (the shutdown-cut attempt does not count)", row.Attempts)
 	}
 }
 
@@ -610,5 +625,123 @@ func TestRetryPolicyDelays(t *testing.T) {
 	}
 	if d := fsm.FixedRetry(2, time.Second).Delay(7); d != time.Second {
 		t.Fatalf("fixed Delay(7) = %v", d)
+	}
+}
+
+// TestResumeOfLeftoverRows resumes rows as a crashed process leaves them: a
+// transition interrupted as often as it may be attempted fails instead of
+// crash-looping, a transition the FSM no longer has fails naming it, and a
+// pending run starts from its first transition.
+func TestResumeOfLeftoverRows(t *testing.T) {
+	db := openDB(t)
+	ctx := waitCtx(t)
+	now := time.Now()
+	leftover := func(id, transition, state string, attempts int) {
+		t.Helper()
+		if _, _, err := db.CreateRun(ctx, metadata.Run{ID: id, FSM: "leftover", IdempotencyID: id, Request: []byte(`{"name":"n"}`),
+			Transition: transition, State: metadata.RunPending, CreatedAt: now, UpdatedAt: now}); err != nil {
+			t.Fatal(err)
+		}
+		if state != metadata.RunPending {
+			if err := db.CheckpointRun(ctx, metadata.RunCheckpoint{RunID: id, State: state, Transition: transition,
+				Attempts: attempts, LastError: "killed", At: now}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	leftover("crashloop", "fetch", metadata.RunRunning, 3)
+	leftover("renamed", "fetch-old-name", metadata.RunRunning, 1)
+	leftover("fresh", "fetch", metadata.RunPending, 0)
+	leftover("second-try", "fetch", metadata.RunRunning, 2)
+
+	m := newManager(t, db)
+	var calls atomic.Int32
+	_, resume, err := fsm.Register[testReq, testResp](m, "leftover").
+		Start("fetch", step("fetch", &calls), fast(3)).
+		End("done").Build(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]string{
+		"crashloop": "interrupted 3 times (max 3 attempts)",
+		"renamed":   `"fetch-old-name" is not one of leftover's transitions (fetch)`,
+	} {
+		state, _, err := m.Wait(ctx, id)
+		if state != fsm.StateFailed || err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %s, %v; want failed with %q", id, state, err, want)
+		}
+	}
+	for id, attempts := range map[string]int{"fresh": 1, "second-try": 3} {
+		if _, _, err := m.Wait(ctx, id); err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+		if row, _ := db.GetRun(ctx, id); row.Attempts != attempts {
+			t.Errorf("%s: completed with attempts %d, want %d", id, row.Attempts, attempts)
+		}
+	}
+	if calls.Load() != 2 {
+		t.Fatalf("transition ran %d times; want 2 (fresh and second-try only)", calls.Load())
+	}
+}
+
+// TestResumedRunsWaitForTheirQueue: two runs interrupted while running in a
+// queue of one resume one at a time, the waiting one recorded as pending.
+func TestResumedRunsWaitForTheirQueue(t *testing.T) {
+	db := openDB(t)
+	ctx := waitCtx(t)
+	now := time.Now()
+	for _, id := range []string{"a", "b"} {
+		if _, _, err := db.CreateRun(ctx, metadata.Run{ID: id, FSM: "queued", IdempotencyID: id, Queue: "unpacking",
+			Request: []byte(`{}`), Transition: "work", State: metadata.RunPending, CreatedAt: now, UpdatedAt: now}); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.CheckpointRun(ctx, metadata.RunCheckpoint{RunID: id, State: metadata.RunRunning, Transition: "work", Attempts: 1, At: now}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := newManager(t, db, fsm.WithQueueLimit("unpacking", 1))
+	entered, release := make(chan string, 2), make(chan struct{})
+	_, resume, err := fsm.Register[testReq, testResp](m, "queued").
+		Start("work", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
+			entered <- req.Run.ID
+			<-release
+			return nil, nil
+		}).End("done").Build(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := <-entered
+	other := map[string]string{"a": "b", "b": "a"}[first]
+	// The other run records that it waits, then waits.
+	for {
+		row, err := db.GetRun(ctx, other)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if row.State == metadata.RunPending {
+			break
+		}
+		select {
+		case id := <-entered:
+			t.Fatalf("run %s entered while %s held the only slot", id, first)
+		case <-ctx.Done():
+			t.Fatalf("run %s never recorded as pending: %s", other, row.State)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	close(release)
+	for _, id := range []string{"a", "b"} {
+		if _, _, err := m.Wait(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if second := <-entered; second != other {
+		t.Fatalf("second run entered = %s, want %s", second, other)
 	}
 }

@@ -122,6 +122,7 @@ func TestKillResume(t *testing.T) {
 	t.Logf("random seed %d", seed)
 
 	kills, lives, runs, mostKills := 0, 0, 0, 0
+	window, stuck, lastDone := 120*time.Millisecond, 0, 0
 	for kills < minKills || midTransitionKills(t, journal) < minMidTransition {
 		idem := fmt.Sprintf("image-%d", runs)
 		runKills, runLives := kills, lives
@@ -146,12 +147,21 @@ func TestKillResume(t *testing.T) {
 					t.Fatalf("child life %d of %s failed: %v\n%s", lives, idem, err, stderr.String())
 				}
 				complete = true
-			case <-time.After(time.Duration(rng.IntN(120)) * time.Millisecond):
+			case <-time.After(time.Duration(rng.Int64N(int64(window)))):
 				_ = cmd.Process.Signal(syscall.SIGKILL)
 				err := <-done
 				var ee *exec.ExitError
 				if errors.As(err, &ee) && ee.Sys().(syscall.WaitStatus).Signaled() {
 					kills++
+					// A slow machine (or -race) may need longer to start the
+					// child: widen the window after lives without progress,
+					// so that kills stay random but the run moves on.
+					if d := doneCount(t, journal); d > lastDone {
+						lastDone, stuck = d, 0
+						window = max(120*time.Millisecond, window*3/4)
+					} else if stuck++; stuck >= 3 && window < 10*time.Second {
+						window, stuck = 2*window, 0
+					}
 				} else if err != nil {
 					t.Fatalf("child life %d of %s failed: %v\n%s", lives, idem, err, stderr.String())
 				} else {
@@ -163,8 +173,8 @@ func TestKillResume(t *testing.T) {
 		mostKills = max(mostKills, kills-runKills)
 		runs++
 	}
-	t.Logf("%d SIGKILLs (%d in the middle of a transition, at most %d on one run) over %d child lives and %d runs; every run complete, no completed transition re-run",
-		kills, midTransitionKills(t, journal), mostKills, lives, runs)
+	t.Logf("%d SIGKILLs (%d in the middle of a transition, at most %d on one run) over %d child lives and %d runs, kill window %v; every run complete, no completed transition re-run",
+		kills, midTransitionKills(t, journal), mostKills, lives, runs, window)
 }
 
 type journalEntry struct {
@@ -210,6 +220,17 @@ func readJournal(t *testing.T, path string) []journalEntry {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// doneCount counts completed-transition entries in the journal.
+func doneCount(t *testing.T, path string) int {
+	n := 0
+	for _, e := range readJournal(t, path) {
+		if e.event == "done" {
+			n++
+		}
+	}
+	return n
 }
 
 // midTransitionKills counts child lives whose last journal entry is a

@@ -119,7 +119,7 @@ func (m *Manager) resume(ctx context.Context, fsmName string) error {
 			log.G(ctx).WithField("run", r.ID).WithField("fsm", r.FSM).Warn("fsm: not resuming run of an unregistered state machine")
 			continue
 		}
-		if err := m.launch(ctx, f, r); err != nil {
+		if err := m.launch(ctx, f, r, true); err != nil {
 			return err
 		}
 		log.G(ctx).WithField("run", r.ID).WithField("fsm", r.FSM).WithField("transition", r.Transition).
@@ -128,8 +128,10 @@ func (m *Manager) resume(ctx context.Context, fsmName string) error {
 	return nil
 }
 
-// launch starts the goroutine of rec unless one is already active.
-func (m *Manager) launch(ctx context.Context, f runner, rec RunRecord) error {
+// launch starts the goroutine of rec unless one is already active. With
+// reload, the goroutine first re-reads the run and leaves it alone if it
+// ended meanwhile: rec may be older than a goroutine that just finished it.
+func (m *Manager) launch(ctx context.Context, f runner, rec RunRecord, reload bool) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
@@ -155,6 +157,20 @@ func (m *Manager) launch(ctx context.Context, f runner, rec RunRecord) error {
 			delete(m.active, rec.ID)
 			m.mu.Unlock()
 		}()
+		if reload {
+			fresh, err := m.store.GetRun(runCtx, rec.ID)
+			if err != nil {
+				if runCtx.Err() == nil {
+					log.G(runCtx).WithError(err).WithField("run", rec.ID).Error("fsm: reloading run before resuming it")
+					m.notify(rec.ID, err)
+				}
+				return
+			}
+			if fresh.State.Terminal() {
+				return
+			}
+			rec = fresh
+		}
 		f.execute(runCtx, rec)
 	}()
 	return nil

@@ -80,11 +80,11 @@ func (f *machine[R, W]) start(ctx context.Context, id string, req *R, opts ...St
 	if err != nil {
 		return "", fmt.Errorf("fsm: starting %q id %q: %w", f.name, id, err)
 	}
-	if created {
-		if err := f.m.launch(ctx, f, rec); err != nil {
-			// The run is recorded; the next Resume runs it.
-			return rec.ID, fmt.Errorf("fsm: starting %q id %q: %w", f.name, id, err)
-		}
+	// A live run found instead of created may be one a previous process
+	// left and no Resume has launched yet: launch it (no-op if active).
+	if err := f.m.launch(ctx, f, rec, !created); err != nil {
+		// The run is recorded; the next Resume runs it.
+		return rec.ID, fmt.Errorf("fsm: starting %q id %q: %w", f.name, id, err)
 	}
 	return rec.ID, nil
 }
