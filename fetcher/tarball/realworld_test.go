@@ -508,3 +508,62 @@ func TestVerifyLayout(t *testing.T) {
 		})
 	}
 }
+
+// TestRemovalsUnderTheCursor: entries that remove or replace the directory
+// the extractor is working in, then write there again.
+func TestRemovalsUnderTheCursor(t *testing.T) {
+	b := build(t,
+		dir("d/"), dir("d/sub/"), file("d/sub/a", "a"),
+		file(".wh.d", ""), file("d/sub/b", "b"), // d removed, then re-created implicitly
+		dir("x/"), dir("x/y/"), file("x/y/old", "o"),
+		file("x", "a file now"), dir("x/"), file("x/y/new", "n"), // replaced by a file, then a directory again
+		dir("o/"), dir("o/p/"), file("o/p/q", "q"),
+		file("o/.wh..wh..opq", ""), file("o/p/r", "r"), // opaque after this layer's own content
+	)
+	if _, err := Validate(context.Background(), bytes.NewReader(b), Limits{}); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	s := newSandbox(t)
+	if err := os.MkdirAll(filepath.Join(s.target, "o/lower"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ExtractDir(context.Background(), bytes.NewReader(b), s.target, ExtractOptions{}); err != nil {
+		t.Fatalf("Extract: %v", err)
+	}
+	var got []string
+	filepath.WalkDir(s.target, func(p string, d fs.DirEntry, err error) error {
+		rel, _ := filepath.Rel(s.target, p)
+		got = append(got, rel)
+		return nil
+	})
+	want := ". d d/sub d/sub/b o o/p o/p/q o/p/r x x/y x/y/new"
+	if strings.Join(got, " ") != want {
+		t.Errorf("tree:\n got  %v\n want %s", got, want)
+	}
+}
+
+// TestDeepPath: a path of 1,000 directories extracts (and is checked
+// component by component) like any other.
+func TestDeepPath(t *testing.T) {
+	deep := strings.Repeat("a/", 1000) + "f"
+	b := build(t, file(deep, "deep"), file(strings.Repeat("a/", 999)+"g", "g"), symlink(strings.Repeat("a/", 500)+"l", "/etc"))
+	if _, err := Validate(context.Background(), bytes.NewReader(b), Limits{}); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	s := newSandbox(t)
+	if _, err := ExtractDir(context.Background(), bytes.NewReader(b), s.target, ExtractOptions{}); err != nil {
+		t.Fatalf("Extract: %v", err)
+	}
+	root, err := os.OpenRoot(s.target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	if got, err := root.ReadFile(deep); err != nil || string(got) != "deep" {
+		t.Errorf("deep file: %q %v", got, err)
+	}
+	// Too deep for a name: more than 4095 bytes.
+	b = build(t, file(strings.Repeat("a/", 2048)+"f", "x"))
+	_, err = Validate(context.Background(), bytes.NewReader(b), Limits{})
+	checkRejection(t, "Validate", err, hostile{rule: ErrNameTooLong})
+}
