@@ -31,4 +31,12 @@
 // Validate checks all of it in one streaming pass; Extract applies it again
 // while writing, confined with os.Root, so it is safe on an archive never
 // validated. VerifyLayout checks the final tree of an image.
+//
+// In the pipelines: the Download FSM's validate step calls Validate on the
+// downloaded file; IsRejection(err) means abort (remove the file, mark the
+// image failed with err's message, which names the entry and the rule),
+// any other error is an I/O problem worth a retry. The Unpack FSM extracts
+// layer n with Extract into the mounted snapshot of layer n-1, with
+// ExtractOptions.StripRootfs set from that layer's Report.HasRootfs, and
+// calls VerifyLayout on the mount of the top layer only.
 package tarball
