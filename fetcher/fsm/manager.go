@@ -43,11 +43,11 @@ type runner interface {
 // ManagerOption configures NewManager.
 type ManagerOption func(*Manager)
 
-// WithQueueLimit lets at most limit runs of queue name execute at once; a
-// run waiting for a slot stays pending. Runs started with a queue that has
-// no limit configured are refused.
+// WithQueueLimit lets at most limit runs of queue name execute at once
+// (a limit below 1 means 1); a run waiting for a slot stays pending. Runs
+// started with a queue that has no limit configured are refused.
 func WithQueueLimit(name string, limit int) ManagerOption {
-	return func(m *Manager) { m.limits[name] = limit }
+	return func(m *Manager) { m.limits[name] = max(limit, 1) }
 }
 
 // NewManager returns a manager over store. Register FSMs on it, Build them,
