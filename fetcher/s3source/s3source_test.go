@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -268,11 +269,17 @@ func TestSlowServerTimesOutRetryable(t *testing.T) {
 	}
 }
 
-func TestNoRequestCounting(t *testing.T) {
+func TestNoRequestCountingAndAnonymous(t *testing.T) {
 	srv := s3test.NewServer(t)
-	newSource(t, srv, 0) // making a source contacts nothing
+	src := newSource(t, srv, 0) // making a source contacts nothing
 	if n := srv.TotalRequests(); n != 0 {
 		t.Errorf("%d requests before any call, want 0", n)
+	}
+	if _, err := src.List(context.Background(), ""); err != nil {
+		t.Fatal(err)
+	}
+	if n, s := srv.TotalRequests(), srv.Faults.Signed(); n != 1 || s != 0 {
+		t.Errorf("anonymous listing: %d requests, %d signed; want 1 unsigned", n, s)
 	}
 }
 
@@ -329,5 +336,32 @@ func TestResumingReader(t *testing.T) {
 	_, err = io.Copy(io.Discard, r)
 	if s3source.Classify(err) != s3source.KindChanged {
 		t.Errorf("object replaced mid-read: %v (kind %v), want changed", err, s3source.Classify(err))
+	}
+}
+
+// TestDefaultCredentialChain: without Anonymous, requests are signed with
+// what the SDK's default chain finds (here the environment), and an empty
+// region falls back to us-east-1.
+func TestDefaultCredentialChain(t *testing.T) {
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "secret")
+	t.Setenv("AWS_REGION", "")
+	t.Setenv("AWS_CONFIG_FILE", filepath.Join(t.TempDir(), "none"))
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", filepath.Join(t.TempDir(), "none"))
+	srv := s3test.NewServer(t)
+	srv.Put(t, "p/1.tar", []byte("x"))
+	src, err := s3source.New(context.Background(), s3source.Config{Bucket: srv.Bucket, Endpoint: srv.URL, PathStyle: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := src.List(context.Background(), "p/")
+	if err != nil || len(objs) != 1 {
+		t.Fatalf("List with environment credentials: %v, %v", objs, err)
+	}
+	if srv.Faults.Signed() != 1 {
+		t.Errorf("%d signed requests, want the listing signed", srv.Faults.Signed())
+	}
+	if _, err := s3source.New(context.Background(), s3source.Config{}); err == nil {
+		t.Error("New without a bucket succeeded")
 	}
 }

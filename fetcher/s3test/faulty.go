@@ -18,6 +18,7 @@ type faultyS3 struct {
 	faults []*fault
 	counts map[string]int
 	all    int
+	signed int // requests carrying an Authorization header
 }
 
 type faultKind int
@@ -85,12 +86,21 @@ func (f *faultyS3) Reset() {
 	f.faults = nil
 	f.counts = map[string]int{}
 	f.all = 0
+	f.signed = 0
 }
 
 func (f *faultyS3) count(method, key string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.counts[method+" "+key]
+}
+
+// Signed is how many requests carried an Authorization header (zero for an
+// anonymous client).
+func (f *faultyS3) Signed() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.signed
 }
 
 func (f *faultyS3) total() int {
@@ -103,10 +113,13 @@ func (f *faultyS3) total() int {
 // matching delay, then either the first matching status fault or, if there
 // is none, the first matching cut (drop or truncate). Only the faults
 // applied are consumed.
-func (f *faultyS3) take(method, key string) (delay, status, cut *fault) {
+func (f *faultyS3) take(method, key string, signed bool) (delay, status, cut *fault) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.all++
+	if signed {
+		f.signed++
+	}
 	f.counts[method+" "+key]++
 	for _, fl := range f.faults {
 		if (fl.key != "" && fl.key != key) || (fl.method != "" && fl.method != method) {
@@ -139,7 +152,7 @@ func (f *faultyS3) take(method, key string) (delay, status, cut *fault) {
 
 func (f *faultyS3) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	key, _ := keyOf(f.bucket, r.URL.Path)
-	delay, status, cut := f.take(r.Method, key)
+	delay, status, cut := f.take(r.Method, key, r.Header.Get("Authorization") != "")
 	if delay != nil {
 		select {
 		case <-time.After(delay.delay):
