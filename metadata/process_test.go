@@ -15,11 +15,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/containerd/log"
 )
 
 const childEnv = "METADATA_TEST_CHILD"
 
 func TestMain(m *testing.M) {
+	// Migration notices are info logs; keep test and benchmark output clean.
+	_ = log.SetLevel("warn")
 	if role := os.Getenv(childEnv); role != "" {
 		if err := runChild(role); err != nil {
 			fmt.Fprintf(os.Stderr, "child %s: %v\n", role, err)
