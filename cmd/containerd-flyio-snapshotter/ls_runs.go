@@ -39,6 +39,13 @@ func lsRuns(ctx context.Context, db *metadata.DB, w io.Writer, format string, fi
 	return writeRuns(w, runs, format, time.Now())
 }
 
+// lsRunsValidate checks `ls runs` filters without opening the database, so
+// that ls can report a bad filter as a usage error (exit 2).
+func lsRunsValidate(filters []string) error {
+	_, err := parseRunFilters(filters)
+	return err
+}
+
 // parseRunFilters turns state=, fsm= and limit= words into a RunFilter.
 func parseRunFilters(words []string) (metadata.RunFilter, error) {
 	var f metadata.RunFilter

@@ -109,6 +109,9 @@ func TestLsRunsFiltersAndJSON(t *testing.T) {
 		if err := lsRuns(context.Background(), db, &out, "table", bad); err == nil || !strings.Contains(err.Error(), bad[0]) {
 			t.Errorf("filter %q: err = %v; want an error naming it", bad[0], err)
 		}
+		if err := lsRunsValidate(bad); err == nil || !strings.Contains(err.Error(), bad[0]) {
+			t.Errorf("validating filter %q: err = %v; want an error naming it", bad[0], err)
+		}
 	}
 	if err := lsRuns(context.Background(), db, &out, "yaml", nil); err == nil || !strings.Contains(err.Error(), "yaml") {
 		t.Errorf("format yaml: err = %v", err)
