@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -138,5 +139,32 @@ func TestWithTxImmediate(t *testing.T) {
 	}
 	if n != 20 {
 		t.Errorf("counter = %d after 20 increments and one rolled-back update, want 20", n)
+	}
+}
+
+// TestPathNeedsEscaping opens databases whose paths hold URI specials.
+func TestPathNeedsEscaping(t *testing.T) {
+	ctx := context.Background()
+	for _, name := range []string{"a b.db", "q?mode=memory.db", "hash#frag.db", "pct%41.db"} {
+		path := filepath.Join(t.TempDir(), "dir with space", name)
+		d, err := Open(ctx, Options{Path: path})
+		if err != nil {
+			t.Fatalf("Open(%q): %v", path, err)
+		}
+		if err := d.StoreImageMetadata(ctx, "i", "k", "/p", "", 1); err != nil {
+			t.Fatal(err)
+		}
+		d.Close()
+		if _, err := os.Stat(path); err != nil {
+			t.Errorf("database not at %q: %v", path, err)
+		}
+		r, err := Open(ctx, Options{Path: path, ReadOnly: true})
+		if err != nil {
+			t.Fatalf("read-only Open(%q): %v", path, err)
+		}
+		if img, err := r.CheckImageDownloaded(ctx, "k"); err != nil || img == nil {
+			t.Errorf("%q: row not read back: %v", path, err)
+		}
+		r.Close()
 	}
 }
