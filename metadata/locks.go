@@ -45,6 +45,7 @@ type LockHeldError struct {
 	ImageLock
 }
 
+// Error names the image, the holder and since when (UTC, RFC 3339).
 func (e *LockHeldError) Error() string {
 	return fmt.Sprintf("metadata: image %q is locked by %q since %s", e.ImageID, e.LockedBy, e.LockedAt.UTC().Format(time.RFC3339))
 }
