@@ -29,7 +29,7 @@ wanted=(virtio_pci 9pnet_virtio 9p overlay virtio_console
         dm-mod dm-thin-pool loop)
 
 [ -d "/lib/modules/$kver" ] || { echo "mkinitramfs: /lib/modules/$kver missing (install linux-image-amd64)" >&2; exit 1; }
-[ -x "$busybox" ] && "$busybox" --list | grep -qx switch_root || {
+[ -x "$busybox" ] && "$busybox" --list | grep -x switch_root >/dev/null || {
   echo "mkinitramfs: $busybox is not a usable busybox (install busybox-static)" >&2; exit 1; }
 command -v modprobe >/dev/null || { echo "mkinitramfs: modprobe missing (install kmod)" >&2; exit 1; }
 command -v cpio >/dev/null || { echo "mkinitramfs: cpio missing (install cpio)" >&2; exit 1; }
@@ -58,9 +58,27 @@ cp "$busybox" "$root/bin/busybox"
 install -m 0755 "$here/init" "$root/init"
 install -m 0755 "$here/stage2" "$root/stage2"
 : > "$root/modules.list"
+# Module signatures are dropped: checking them (RSA + SHA over each module)
+# costs tens of milliseconds per module under TCG, and the kernel loads
+# unsigned modules when signatures are not enforced (it only taints itself).
+# Layout of a signed module: <module> <signature sig_len bytes>
+# <12-byte struct module_signature, sig_len big-endian in its last 4 bytes>
+# "~Module signature appended~\n" (28 bytes).
+strip_sig() {
+  local f=$1 out=$2 size siglen
+  size=$(stat -c %s "$f")
+  if [ "$size" -gt 40 ] && [ "$(tail -c 28 "$f")" = "~Module signature appended~" ]; then
+    siglen=$(tail -c 32 "$f" | head -c 4 | od -An -tu1 | awk '{ print (($1 * 256 + $2) * 256 + $3) * 256 + $4 }')
+    if [ "$siglen" -gt 0 ] && [ "$siglen" -lt "$size" ]; then
+      head -c $((size - 28 - 12 - siglen)) "$f" > "$out"
+      return
+    fi
+  fi
+  cp "$f" "$out"
+}
 for f in "${mods[@]}"; do
   b=$(basename "$f")
-  cp "$f" "$root/lib/modules/$b"
+  strip_sig "$f" "$root/lib/modules/$b"
   echo "$b" >> "$root/modules.list"
 done
 # Uncompressed: under TCG, gunzip in the guest costs more than copying.
