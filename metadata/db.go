@@ -60,8 +60,9 @@ func init() {
 	})
 }
 
-// ErrReadOnly is wrapped by every write attempted through a DB opened with
-// Options.ReadOnly.
+// ErrReadOnly is wrapped by WithTx (and the writes built on it) on a DB
+// opened with Options.ReadOnly; the other writes fail there with SQLite's
+// "attempt to write a readonly database". Either way nothing is written.
 var ErrReadOnly = errors.New("metadata: database opened read-only")
 
 // ErrNoDatabase is wrapped by a read-only Open of a path where no database
