@@ -75,25 +75,32 @@ func measureVsDmsetup(tb testing.TB, p *Pool, runs int) (ours, tool latencies) {
 		}
 	}
 	msg := func(m string) []string { return []string{"message", p.name, "0", m} }
+	// Each operation runs ours then dmsetup's back to back, so a burst of
+	// load on the (shared, emulated) machine hits both sides alike.
 	for i := 0; i < runs; i++ {
-		a, b := uint32(10*i+1), uint32(10*i+2)
+		a, b := uint32(10*i+1), uint32(10*i+2) // ours
+		c, d := 10*i+3, 10*i+4                 // dmsetup's
 		name := fmt.Sprintf("%s-bo%d", p.name, i)
+		dname := fmt.Sprintf("%s-bd%d", p.name, i)
+
 		timed("create_thin", func() error { return p.CreateThin(ctx, a) })
+		tool["create_thin"] = append(tool["create_thin"], dmsetup(msg(fmt.Sprintf("create_thin %d", c))...))
+
 		timed("create_snap", func() error { return p.CreateSnap(ctx, b, a) })
+		tool["create_snap"] = append(tool["create_snap"], dmsetup(msg(fmt.Sprintf("create_snap %d %d", d, c))...))
+
 		timed("activate", func() error { _, err := p.Activate(ctx, name, a, size); return err })
+		tool["activate"] = append(tool["activate"], dmsetup("create", dname, "--table", fmt.Sprintf("0 %s thin %s %d", sectors, p.devStr, c)))
+
 		timed("deactivate", func() error { return p.Deactivate(ctx, name) })
+		tool["deactivate"] = append(tool["deactivate"], dmsetup("remove", dname))
+
 		timed("delete", func() error { return p.Delete(ctx, b) })
+		tool["delete"] = append(tool["delete"], dmsetup(msg(fmt.Sprintf("delete %d", d))...))
+
 		if err := p.Delete(ctx, a); err != nil {
 			tb.Fatal(err)
 		}
-
-		c, d := 10*i+3, 10*i+4
-		dname := fmt.Sprintf("%s-bd%d", p.name, i)
-		tool["create_thin"] = append(tool["create_thin"], dmsetup(msg(fmt.Sprintf("create_thin %d", c))...))
-		tool["create_snap"] = append(tool["create_snap"], dmsetup(msg(fmt.Sprintf("create_snap %d %d", d, c))...))
-		tool["activate"] = append(tool["activate"], dmsetup("create", dname, "--table", fmt.Sprintf("0 %s thin %s %d", sectors, p.devStr, c)))
-		tool["deactivate"] = append(tool["deactivate"], dmsetup("remove", dname))
-		tool["delete"] = append(tool["delete"], dmsetup(msg(fmt.Sprintf("delete %d", d))...))
 		dmsetup(msg(fmt.Sprintf("delete %d", c))...)
 	}
 	return ours, tool
