@@ -5,6 +5,7 @@ go 1.26.6
 toolchain go1.26.8
 
 require (
+	dario.cat/mergo v1.0.2 // indirect
 	github.com/Microsoft/go-winio v0.6.3-0.20251027160822-ad3df93bed29 // indirect
 	github.com/Microsoft/hcsshim v0.15.0-rc.4 // indirect
 	github.com/aws/aws-sdk-go-v2 v1.47.7 // indirect

@@ -35,8 +35,11 @@ type ServeOptions struct {
 	// MetricsAddress is the host:port of the /metrics HTTP endpoint; empty
 	// serves no metrics.
 	MetricsAddress string
-	// Metrics is the registry served at MetricsAddress; required when
-	// MetricsAddress is set.
+	// MetricsListener, when set, is used for the metrics endpoint instead
+	// of listening on MetricsAddress (Serve closes it).
+	MetricsListener net.Listener
+	// Metrics is the registry served on the metrics endpoint; required when
+	// MetricsAddress or MetricsListener is set.
 	Metrics *metrics.Metrics
 	// ShutdownTimeout bounds the graceful stop; 0 means
 	// DefaultShutdownTimeout.
@@ -58,12 +61,24 @@ type ServeOptions struct {
 // Serve does not close sn.
 func Serve(ctx context.Context, sn snapshots.Snapshotter, opts ServeOptions) (err error) {
 	l := log.G(ctx).WithField("socket", opts.Socket)
-	if opts.MetricsAddress != "" && opts.Metrics == nil {
-		return errors.New("serve: a metrics address needs a metrics registry")
+	mlis := opts.MetricsListener
+	if (opts.MetricsAddress != "" || mlis != nil) && opts.Metrics == nil {
+		if mlis != nil {
+			mlis.Close()
+		}
+		return errors.New("serve: a metrics endpoint needs a metrics registry")
 	}
 	timeout := opts.ShutdownTimeout
 	if timeout <= 0 {
 		timeout = DefaultShutdownTimeout
+	}
+	if mlis == nil && opts.MetricsAddress != "" {
+		if mlis, err = net.Listen("tcp", opts.MetricsAddress); err != nil {
+			return fmt.Errorf("serve: metrics endpoint %s: %w", opts.MetricsAddress, err)
+		}
+	}
+	if mlis != nil {
+		defer mlis.Close()
 	}
 	lis, err := ListenUnix(ctx, opts.Socket, SocketMode)
 	if err != nil {
@@ -72,11 +87,7 @@ func Serve(ctx context.Context, sn snapshots.Snapshotter, opts ServeOptions) (er
 	defer lis.Close()
 
 	var httpSrv *http.Server
-	var mlis net.Listener
-	if opts.MetricsAddress != "" {
-		if mlis, err = net.Listen("tcp", opts.MetricsAddress); err != nil {
-			return fmt.Errorf("serve: metrics endpoint %s: %w", opts.MetricsAddress, err)
-		}
+	if mlis != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", opts.Metrics.Handler())
 		httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}

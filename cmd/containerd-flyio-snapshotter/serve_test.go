@@ -1,0 +1,63 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// tempConfig writes a config whose every path is under a temporary
+// directory, so a command that got past validation could not touch the
+// host's real paths.
+func tempConfig(t *testing.T, extra string) (path, root string) {
+	t.Helper()
+	root = filepath.Join(t.TempDir(), "root")
+	path = filepath.Join(t.TempDir(), "config.toml")
+	body := "[daemon]\nroot_dir = \"" + root + "\"\nsocket = \"" + filepath.Join(root, "s.sock") + "\"\ncontrol_socket = \"\"\n" +
+		"[pool]\nname = \"flyio-test-never-created\"\n" + extra
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path, root
+}
+
+func TestServeHelp(t *testing.T) {
+	code, out, _ := runCommand(t, nil, "serve", "--help")
+	if code != 0 || !strings.HasPrefix(out, "Usage: containerd-flyio-snapshotter serve") {
+		t.Fatalf("serve --help = %d, %q", code, out)
+	}
+	for _, want := range []string{"-config", "-db", "-socket", "-metrics-address", "-log-level", "SIGTERM", "0660"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("serve --help does not mention %s:\n%s", want, out)
+		}
+	}
+}
+
+func TestServeRejectsBadFlagsBeforeStarting(t *testing.T) {
+	cfg, root := tempConfig(t, "")
+	missing := filepath.Join(t.TempDir(), "missing.toml")
+	bad, _ := tempConfig(t, "bogus_key = 1\n")
+	cases := []struct {
+		args     []string
+		code     int
+		inStderr string
+	}{
+		{[]string{"serve", "--config", cfg, "now"}, 2, `unexpected argument "now"`},
+		{[]string{"serve", "--config", cfg, "--frobnicate"}, 2, "flag provided but not defined: -frobnicate"},
+		{[]string{"serve", "--config", cfg, "--log-level", "loud"}, 2, `daemon.log_level: must be one of trace, debug, info, warn, error, fatal, panic, got "loud"`},
+		{[]string{"serve", "--config", cfg, "--socket", "relative.sock"}, 2, `daemon.socket: must be an absolute path, got "relative.sock"`},
+		{[]string{"serve", "--config", cfg, "--metrics-address", "9123"}, 2, "daemon.metrics_address: must be host:port"},
+		{[]string{"serve", "--config", missing}, 1, missing},
+		{[]string{"serve", "--config", bad}, 1, `unknown key "pool.bogus_key"`},
+	}
+	for _, tc := range cases {
+		code, _, errOut := runCommand(t, nil, tc.args...)
+		if code != tc.code || !strings.Contains(errOut, tc.inStderr) {
+			t.Errorf("%v = %d, %q; want %d and %q", tc.args[1:], code, errOut, tc.code, tc.inStderr)
+		}
+	}
+	if _, err := os.Stat(root); !os.IsNotExist(err) {
+		t.Errorf("a rejected serve created its root directory: %v", err)
+	}
+}

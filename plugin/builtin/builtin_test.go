@@ -1,0 +1,100 @@
+package builtin
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	srvconfig "github.com/containerd/containerd/v2/cmd/containerd/server/config"
+	"github.com/containerd/containerd/v2/plugins"
+	cplugin "github.com/containerd/plugin"
+	"github.com/containerd/plugin/registry"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
+)
+
+// registration returns the flyio snapshot plugin's registration as
+// containerd's registry lists it.
+func registration(t *testing.T) cplugin.Registration {
+	t.Helper()
+	for _, r := range registry.Graph(func(*cplugin.Registration) bool { return false }) {
+		if r.Type == plugins.SnapshotPlugin && r.ID == ID {
+			return r
+		}
+	}
+	t.Fatalf("no %s.%s plugin registered", plugins.SnapshotPlugin, ID)
+	return cplugin.Registration{}
+}
+
+// decodeLikeContainerd loads a containerd config file and decodes the
+// plugin's table the way containerd's server does.
+func decodeLikeContainerd(t *testing.T, body string) *plugin.Config {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "containerd.toml")
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var cc srvconfig.Config
+	if err := srvconfig.LoadConfig(context.Background(), path, &cc); err != nil {
+		t.Fatal(err)
+	}
+	r := registration(t)
+	out, err := cc.Decode(context.Background(), r.URI(), r.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.(*plugin.Config)
+}
+
+func TestRegisteredAsSnapshotterFlyio(t *testing.T) {
+	r := registration(t)
+	if r.URI() != "io.containerd.snapshotter.v1.flyio" {
+		t.Errorf("URI = %s", r.URI())
+	}
+	if _, ok := r.Config.(*plugin.Config); !ok {
+		t.Errorf("config type %T, want *plugin.Config", r.Config)
+	}
+}
+
+func TestContainerdConfigSectionIsTheDaemonConfig(t *testing.T) {
+	cfg := decodeLikeContainerd(t, `
+version = 3
+[plugins.'io.containerd.snapshotter.v1.flyio'.pool]
+  name = "ctr-pool"
+  base_image_size = "1GiB"
+  async_remove = false
+`)
+	if err := plugin.ResolveBuiltin(cfg, "/var/lib/containerd/io.containerd.snapshotter.v1.flyio"); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Pool.Name != "ctr-pool" || cfg.Pool.BaseImageSize != 1<<30 || cfg.Pool.AsyncRemove {
+		t.Errorf("pool section not applied: %+v", cfg.Pool)
+	}
+	if cfg.Metadata.Path != "/var/lib/containerd/io.containerd.snapshotter.v1.flyio/metadata.db" {
+		t.Errorf("metadata.path = %q, want it under containerd's plugin root", cfg.Metadata.Path)
+	}
+	if cfg.Pool.RootDir != "/var/lib/containerd/io.containerd.snapshotter.v1.flyio/pool" {
+		t.Errorf("pool.root_dir = %q", cfg.Pool.RootDir)
+	}
+	if cfg.Pool.BlockSize != plugin.DefaultBlockSize {
+		t.Errorf("unset key lost its default: block_size = %s", cfg.Pool.BlockSize)
+	}
+}
+
+func TestInitRejectsBadConfigBeforeTouchingAnything(t *testing.T) {
+	r := registration(t)
+	cfg := plugin.BuiltinDefaults()
+	cfg.Pool.FSType = "btrfs"
+	root := filepath.Join(t.TempDir(), "plugin-root")
+	ic := cplugin.NewContext(context.Background(), cplugin.NewPluginSet(), map[string]string{plugins.PropertyRootDir: root})
+	ic.Config = cfg
+	_, err := r.Init(ic).Instance()
+	if err == nil || !strings.Contains(err.Error(), "pool.fs_type") {
+		t.Fatalf("Init err = %v, want one naming pool.fs_type", err)
+	}
+	if _, err := os.Stat(root); !os.IsNotExist(err) {
+		t.Errorf("plugin root was created by a rejected config: %v", err)
+	}
+}
