@@ -1,0 +1,95 @@
+package builtin
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+
+	srvconfig "github.com/containerd/containerd/v2/cmd/containerd/server/config"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
+)
+
+// TestContainerdSnippetLoads reads contrib/containerd/config.toml.snippet
+// with containerd's own config loader, prefixed with each config version
+// it claims to support, and checks the entries containerd will act on.
+func TestContainerdSnippetLoads(t *testing.T) {
+	snippet, err := os.ReadFile("../../contrib/containerd/config.toml.snippet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, version := range []string{"3", "4"} {
+		t.Run("version "+version, func(t *testing.T) {
+			path := t.TempDir() + "/config.toml"
+			if err := os.WriteFile(path, append([]byte("version = "+version+"\n"), snippet...), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			var cc srvconfig.Config
+			if err := srvconfig.LoadConfig(context.Background(), path, &cc); err != nil {
+				t.Fatal(err)
+			}
+			p, ok := cc.ProxyPlugins[ID]
+			if !ok || p.Type != "snapshot" || p.Address != plugin.DefaultSocket {
+				t.Errorf("proxy_plugins.%s = %+v (present %v), want a snapshot plugin on %s", ID, p, ok, plugin.DefaultSocket)
+			}
+			var transfer struct {
+				UnpackConfig []struct {
+					Platform    string `toml:"platform"`
+					Snapshotter string `toml:"snapshotter"`
+					Optional    bool   `toml:"optional"`
+				} `toml:"unpack_config"`
+			}
+			if _, err := cc.Decode(context.Background(), "io.containerd.transfer.v1.local", &transfer); err != nil {
+				t.Fatal(err)
+			}
+			var found bool
+			for _, u := range transfer.UnpackConfig {
+				if u.Snapshotter == ID && u.Platform == "linux/amd64" && !u.Optional {
+					found = true
+				}
+			}
+			if !found {
+				t.Errorf("no mandatory linux/amd64 unpack_config entry for %s: %+v", ID, transfer.UnpackConfig)
+			}
+		})
+	}
+}
+
+// TestSystemdUnit checks the unit's settings the daemon relies on.
+func TestSystemdUnit(t *testing.T) {
+	b, err := os.ReadFile("../../contrib/systemd/containerd-flyio-snapshotter.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// section -> key -> values (a key may repeat, e.g. ExecStartPre).
+	unit := map[string]map[string][]string{}
+	section := ""
+	for n, l := range strings.Split(string(b), "\n") {
+		l = strings.TrimSpace(l)
+		switch {
+		case l == "" || strings.HasPrefix(l, "#"):
+		case strings.HasPrefix(l, "[") && strings.HasSuffix(l, "]"):
+			section = l[1 : len(l)-1]
+			unit[section] = map[string][]string{}
+		default:
+			k, v, ok := strings.Cut(l, "=")
+			if !ok || section == "" {
+				t.Fatalf("line %d: %q is neither a section nor key=value", n+1, l)
+			}
+			unit[section][k] = append(unit[section][k], v)
+		}
+	}
+	want := map[string]map[string]string{
+		"Unit":    {"Before": "containerd.service"},
+		"Service": {"Type": "notify", "ExecStart": "/usr/local/bin/containerd-flyio-snapshotter serve --config /etc/containerd-flyio-snapshotter/config.toml", "Restart": "always", "LimitNOFILE": "1048576"},
+		"Install": {"WantedBy": "multi-user.target"},
+	}
+	for sec, kv := range want {
+		for k, v := range kv {
+			if got := unit[sec][k]; len(got) != 1 || got[0] != v {
+				t.Errorf("[%s] %s = %q, want %q", sec, k, got, v)
+			}
+		}
+	}
+}
