@@ -283,7 +283,7 @@ func lsKinds() map[string]lsEntry {
 	add("snapshots", v, r)
 	v, r = kindRunner(lsLocks)
 	add("locks", v, r)
-	add("runs", nil, func(ctx context.Context, w io.Writer, d *metadata.DB, _ time.Duration, format string, filters []string) error {
+	add("runs", lsRunsValidate, func(ctx context.Context, w io.Writer, d *metadata.DB, _ time.Duration, format string, filters []string) error {
 		return lsRuns(ctx, d, w, format, filters)
 	})
 	return m
