@@ -102,7 +102,7 @@ func (s *Snapshotter) formatBase(ctx context.Context, name string, id uint32) (e
 	if err := thinpool.Mkfs(ctx, path, thinpool.FSType(s.cfg.FSType), s.cfg.MkfsOptions); err != nil {
 		return fmt.Errorf("mkfs %s on %s: %w", s.cfg.FSType, path, err)
 	}
-	if err := emptyRoot(path, s.cfg.FSType); err != nil {
+	if err := emptyRoot(path, s.cfg.FSType, baseMountDir(s.pool.Name())); err != nil {
 		return err
 	}
 	if err := s.pool.Deactivate(ctx, name); err != nil {
@@ -111,12 +111,26 @@ func (s *Snapshotter) formatBase(ctx context.Context, name string, id uint32) (e
 	return nil
 }
 
-// emptyRoot mounts the fresh filesystem on path, removes lost+found and
-// makes the root 0755, so a parentless snapshot starts as an empty
+// baseMountDir is where the base device is mounted while it is prepared: a
+// fixed path per pool, so reconciliation can release a mount left by a
+// crash before it rolls the base back.
+func baseMountDir(pool string) string {
+	return filepath.Join(os.TempDir(), "flyio-snapshotter-base-"+pool)
+}
+
+// releaseBaseMount detaches whatever a crashed process left mounted on the
+// base's mount point and removes it. Nothing there is not an error.
+func releaseBaseMount(pool string) {
+	dir := baseMountDir(pool)
+	_ = unix.Unmount(dir, unix.MNT_DETACH)
+	_ = os.Remove(dir)
+}
+
+// emptyRoot mounts the fresh filesystem on path at dir, removes lost+found
+// and makes the root 0755, so a parentless snapshot starts as an empty
 // directory, as containerd expects.
-func emptyRoot(path, fsType string) (err error) {
-	dir, err := os.MkdirTemp("", "flyio-base-")
-	if err != nil {
+func emptyRoot(path, fsType, dir string) (err error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("mount %s to empty its root: %w", path, err)
 	}
 	defer os.Remove(dir)

@@ -337,16 +337,20 @@ func TestCrashSIGKILL(t *testing.T) {
 			if err != nil {
 				t.Fatalf("round %d: view %s: %v", round, name, err)
 			}
+			want := map[string]string{}
 			for anc := name; anc != ""; anc = model.parent[anc] {
-				want, known := model.content[anc]
+				content, known := model.content[anc]
 				if !known {
 					t.Fatalf("round %d: ancestor %q of %q unknown to the journal", round, anc, name)
 				}
-				if want == "-" { // made by a call in flight at a kill: content unknown
-					continue
+				if content != "-" { // "-": made by a call in flight at a kill, content unknown
+					want["layer-"+model.layerKey[anc]] = content
 				}
-				if got := readFile(t, m, "layer-"+model.layerKey[anc]); got != want {
-					t.Fatalf("round %d: %s: layer-%s = %q, want %q", round, name, model.layerKey[anc], got, want)
+			}
+			got := readFiles(t, m, want)
+			for f, w := range want {
+				if got[f] != w {
+					t.Fatalf("round %d: %s: %s = %q, want %q", round, name, f, got[f], w)
 				}
 				verifiedFiles++
 			}
@@ -415,6 +419,29 @@ func appendLines(path string, lines []string) error {
 		return err
 	}
 	return f.Close()
+}
+
+// readFiles mounts mounts once and returns the content of each file named
+// in want.
+func readFiles(t *testing.T, mounts []mount.Mount, want map[string]string) map[string]string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := mount.All(mounts, dir); err != nil {
+		t.Fatalf("mount %+v: %v", mounts, err)
+	}
+	got := map[string]string{}
+	for f := range want {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			got[f] = "<" + err.Error() + ">"
+			continue
+		}
+		got[f] = string(b)
+	}
+	if err := mount.UnmountAll(dir, 0); err != nil {
+		t.Fatalf("unmount: %v", err)
+	}
+	return got
 }
 
 func countLines(path string) int {

@@ -64,12 +64,15 @@ func (s *Snapshotter) reconcile(ctx context.Context) error {
 			continue
 		}
 		var derr error
-		if _, ok := activeByName[in.Name]; ok {
-			if err := s.pool.Deactivate(ctx, in.Name); err != nil {
-				derr = fmt.Errorf("deactivate %s: %w", in.Name, err)
-			} else {
-				delete(activeByName, in.Name)
-			}
+		if in.Op == metadata.IntentFormatBase {
+			releaseBaseMount(s.pool.Name())
+		}
+		// Always: a crash inside Activate can leave a device of that name
+		// with no table yet, which ActiveDevices does not list.
+		if err := s.pool.Deactivate(ctx, in.Name); err != nil {
+			derr = fmt.Errorf("deactivate %s: %w", in.Name, err)
+		} else {
+			delete(activeByName, in.Name)
 		}
 		if derr == nil && inPool[in.DeviceID] {
 			if err := s.pool.Delete(ctx, in.DeviceID); err != nil && !errors.Is(err, thinpool.ErrNotFound) {
