@@ -176,7 +176,7 @@ append="console=ttyS0 quiet panic=-1 oops=panic pci=noacpi cryptomgr.notests zsw
 t0=$(date +%s.%N)
 set +e
 timeout -k 5 "$timeout" qemu-system-x86_64 \
-  -accel tcg,thread=multi -cpu max -smp "$cpus" -m "$mem" \
+  -accel tcg,thread=multi -cpu "${VM_QEMU_CPU:-max}" -smp "$cpus" -m "$mem" \
   -nodefaults -no-user-config -display none -vga none -net none -no-reboot \
   -serial "file:$serial" \
   -kernel "$kernel" -initrd "$initrd" -append "$append" \

@@ -26,7 +26,7 @@ trap cleanup EXIT
 
 step "kernel $(uname -r), $(dmsetup version | tr '\n' ' ')"
 truncate -s 64M "$dir/meta"
-truncate -s 1G "$dir/data"
+truncate -s 512M "$dir/data"
 meta_loop=$(losetup -f --show "$dir/meta")
 data_loop=$(losetup -f --show "$dir/data")
 step "loops: metadata $meta_loop data $data_loop"
@@ -35,19 +35,19 @@ sectors=$(blockdev --getsz "$data_loop")
 # 128 sectors = 64 KiB blocks, low-water mark 1024 blocks, zeroing skipped.
 dmsetup create "$pool" --table "0 $sectors thin-pool $meta_loop $data_loop 128 1024 1 skip_block_zeroing"
 dmsetup message "$pool" 0 "create_thin 1"
-dmsetup create "$thin" --table "0 2097152 thin /dev/mapper/$pool 1"
+dmsetup create "$thin" --table "0 524288 thin /dev/mapper/$pool 1"
 [ -b "/dev/mapper/$thin" ] || { echo "smoke: /dev/mapper/$thin missing" >&2; exit 1; }
-step "pool $pool and thin device $thin (1 GiB) active"
+step "pool $pool and thin device $thin (256 MiB) active"
 
 mkfs.ext4 -q -F -E nodiscard,lazy_itable_init=0,lazy_journal_init=0 "/dev/mapper/$thin"
 mkdir "$dir/mnt"
 mount -t ext4 "/dev/mapper/$thin" "$dir/mnt"
-head -c 8M /dev/urandom > "$dir/payload"
+head -c 4M /dev/urandom > "$dir/payload"
 cp "$dir/payload" "$dir/mnt/payload"
 umount "$dir/mnt"
 mount -t ext4 -o ro "/dev/mapper/$thin" "$dir/mnt"
 cmp "$dir/payload" "$dir/mnt/payload"
-step "ext4 on the thin device: 8 MiB written, remounted, read back identical"
+step "ext4 on the thin device: 4 MiB written, remounted, read back identical"
 umount "$dir/mnt"
 
 # thin-pool status: <transaction id> <used meta>/<total meta> <used data>/<total data> ...

@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 # The whole suite gets a generous VM timeout unless the caller set one.
-case " ${runargs[*]-} " in *" --timeout "*) ;; *) runargs+=(--timeout "${VM_SUITE_TIMEOUT:-5400}") ;; esac
+case " ${runargs[*]-} " in *" --timeout "*) ;; *) runargs+=(--timeout "${VM_SUITE_TIMEOUT:-3600}") ;; esac
 
 if [ ${#pkgs[@]} -eq 0 ]; then
   mapfile -t pkgs < <(
