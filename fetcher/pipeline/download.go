@@ -1,0 +1,408 @@
+package pipeline
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/containerd/log"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+)
+
+// DownloadRequest is the request of one "download-image" run: one S3 object
+// (seed 004's ImageDownloadRequest, with the object's listed size and ETag).
+type DownloadRequest struct {
+	S3Key   string // the object key
+	ImageID string // LayerImageID(Bucket, S3Key)
+	Bucket  string
+	Size    int64  // as listed; the download must match it
+	ETag    string // as listed; resumed reads must match it
+}
+
+// DownloadResponse is what the run produced (seed 004's
+// ImageDownloadResponse plus what Unpack needs).
+type DownloadResponse struct {
+	ImageID      string `json:"image_id"`
+	S3URL        string `json:"s3_url"`
+	LocalPath    string `json:"local_path"`
+	Checksum     string `json:"checksum"` // "sha256:<hex>": the layer's diff ID
+	SizeBytes    int64  `json:"size_bytes"`
+	HasRootfs    bool   `json:"has_rootfs"`
+	Entries      int    `json:"entries"`
+	Downloaded   bool   `json:"downloaded"`    // bytes came from S3 in this run
+	AlreadyExist bool   `json:"already_exist"` // skipped by check-exists
+	Reused       bool   `json:"reused"`        // a stored blob with the same ETag and size was used
+	Resumes      int    `json:"resumes"`       // Range resumes of the successful attempt
+}
+
+// S3URL is the canonical name of an object: s3://bucket/key.
+func S3URL(bucket, key string) string { return "s3://" + bucket + "/" + key }
+
+// LayerImageID is the deterministic images.image_id of the S3 object
+// bucket/key.
+func LayerImageID(bucket, key string) string {
+	sum := sha256.Sum256([]byte(S3URL(bucket, key)))
+	return "s3-" + hex.EncodeToString(sum[:12])
+}
+
+// multipartETag reports whether etag is the ETag of a multipart upload
+// (not a digest of the content, so useless for deduplication).
+func multipartETag(etag string) bool { return etag == "" || strings.Contains(etag, "-") }
+
+func (p *Pipelines) buildDownload(ctx context.Context) (fsm.StartFunc[DownloadRequest], error) {
+	start, _, err := fsm.Register[DownloadRequest, DownloadResponse](p.m, FSMDownload).
+		Start("check-exists", p.checkExists, p.retry(fsm.ExponentialBackoff(3))).
+		To("download", p.download, fsm.WithTimeout(p.opts.DownloadTimeout), p.retry(fsm.ExponentialJitter(5))).
+		To("validate", p.validate, p.retry(fsm.FixedRetry(2, fixedDelay))).
+		To("store-metadata", p.storeMetadata, p.retry(fsm.ExponentialJitter(5))).
+		End("complete").
+		Build(ctx)
+	return start, err
+}
+
+type dlReq = fsm.Request[DownloadRequest, DownloadResponse]
+type dlResp = fsm.Response[DownloadResponse]
+
+// checkExists (seed 004): a completed row whose file still has its size and
+// SHA-256 hands off; otherwise a stored blob with the object's ETag and
+// size is reused; otherwise on to download.
+func (p *Pipelines) checkExists(ctx context.Context, req *dlReq) (*dlResp, error) {
+	r := req.Msg
+	if err := s3source.ValidateKey(r.S3Key); err != nil {
+		return nil, fsm.Abort(fmt.Errorf("download %s: %w", S3URL(r.Bucket, r.S3Key), err))
+	}
+	url := S3URL(r.Bucket, r.S3Key)
+	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMDownload, State: "check-exists", Total: r.Size})
+	img, err := p.db.CheckImageDownloaded(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	if img != nil {
+		blob, err := p.db.GetBlob(ctx, img.Checksum)
+		if err != nil {
+			return nil, err
+		}
+		if blob != nil && blob.Path == img.LocalPath && (r.Size <= 0 || blob.SizeBytes == r.Size) {
+			ok, err := p.verifyBlob(ctx, blob)
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				resp := blobResponse(img.ImageID, url, blob)
+				resp.AlreadyExist = true
+				return nil, fsm.Handoff(resp)
+			}
+		}
+		log.G(ctx).WithField("key", url).Warn("download: recorded file missing or changed; downloading again")
+	}
+	if !multipartETag(r.ETag) && r.Size > 0 {
+		blob, err := p.db.BlobByETag(ctx, r.ETag, r.Size)
+		if err != nil {
+			return nil, err
+		}
+		if blob != nil {
+			ok, err := p.verifyBlob(ctx, blob)
+			if err != nil {
+				return nil, err
+			}
+			if ok {
+				resp := blobResponse(r.ImageID, url, blob)
+				resp.Reused = true
+				return fsm.NewResponse(resp), nil
+			}
+		}
+	}
+	return fsm.NewResponse(&DownloadResponse{ImageID: r.ImageID, S3URL: url}), nil
+}
+
+func blobResponse(imageID, url string, b *metadata.Blob) *DownloadResponse {
+	return &DownloadResponse{ImageID: imageID, S3URL: url, LocalPath: b.Path, Checksum: b.Digest,
+		SizeBytes: b.SizeBytes, HasRootfs: b.HasRootfs, Entries: int(b.Entries)}
+}
+
+// fileStamp is the identity of a file's content as far as stat tells.
+func fileStamp(fi os.FileInfo) (size, mtimeNs int64, ino uint64) {
+	size, mtimeNs = fi.Size(), fi.ModTime().UnixNano()
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		ino = st.Ino
+	}
+	return
+}
+
+// verifyBlob reports whether b's file exists with b's size and SHA-256. A
+// file whose size, mtime and inode are those recorded when it was last
+// hashed is trusted without reading it; otherwise it is hashed again (and
+// the stamp refreshed if it matches).
+func (p *Pipelines) verifyBlob(ctx context.Context, b *metadata.Blob) (bool, error) {
+	fi, err := os.Stat(b.Path)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("verify blob %s: %w", b.Path, err)
+	}
+	size, mtime, ino := fileStamp(fi)
+	if size != b.SizeBytes {
+		return false, nil
+	}
+	if size == b.StatSize && mtime == b.StatMtimeNs && ino == b.StatIno {
+		return true, nil
+	}
+	sum, err := hashFile(ctx, b.Path)
+	if err != nil {
+		return false, err
+	}
+	if sum != b.Digest {
+		return false, nil
+	}
+	return true, p.db.UpdateBlobStat(ctx, b.Digest, size, mtime, ino)
+}
+
+func hashFile(ctx context.Context, path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("hash %s: %w", path, err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, ctxReader{ctx, f}); err != nil {
+		return "", fmt.Errorf("hash %s: %w", path, err)
+	}
+	return digestOf(h), nil
+}
+
+func digestOf(h hash.Hash) string { return "sha256:" + hex.EncodeToString(h.Sum(nil)) }
+
+// ctxReader stops reading once ctx is done.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(b []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(b)
+}
+
+// tmpPath is the one temp file of image imageID's download: deterministic,
+// so a resumed download finds and removes what a crash left.
+func (p *Pipelines) tmpPath(imageID string) string {
+	return filepath.Join(p.opts.tmpDir(), imageID+".partial")
+}
+
+// blobPath is where content with digest lives.
+func (p *Pipelines) blobPath(digest string) string {
+	return filepath.Join(p.opts.blobDir(), strings.TrimPrefix(digest, "sha256:"))
+}
+
+// download (seed 004): stream the object into a temp file with a
+// single-pass SHA-256, the size cap and Range resumes, fsync it and rename
+// it to its content address. The temp file never survives a failed
+// attempt, and a resumed attempt removes one a crash left.
+func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err error) {
+	r, resp := req.Msg, req.Resp
+	if resp.Reused {
+		return nil, nil
+	}
+	url := S3URL(r.Bucket, r.S3Key)
+	if r.Size > p.opts.MaxLayerSize {
+		return nil, fsm.Abort(fmt.Errorf("download %s: object is %d bytes, more than the %d-byte limit", url, r.Size, p.opts.MaxLayerSize))
+	}
+	src, err := p.opts.Sources(ctx, r.Bucket)
+	if err != nil {
+		return nil, fsm.Abort(fmt.Errorf("download %s: %w", url, err))
+	}
+	tmp := p.tmpPath(r.ImageID)
+	if err := os.Remove(tmp); err == nil {
+		log.G(ctx).WithField("file", tmp).Info("download: removed the temp file of an interrupted attempt")
+	}
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return nil, diskErr(fmt.Errorf("download %s: create %s: %w", url, tmp, err))
+	}
+	defer func() {
+		if f != nil {
+			f.Close()
+		}
+		if err != nil {
+			os.Remove(tmp)
+		}
+	}()
+	p.hook("download:started")
+	rd := src.NewReader(ctx, s3source.Object{Key: r.S3Key, Size: r.Size, ETag: r.ETag}, maxResumes)
+	defer rd.Close()
+	h := sha256.New()
+	pw := &progressWriter{p: p, run: req.Run.ID, fsm: FSMDownload, state: "download", total: r.Size, th: throttle{every: progressInterval}}
+	n, err := io.Copy(io.MultiWriter(f, h, pw), io.LimitReader(rd, p.opts.MaxLayerSize+1))
+	if err != nil {
+		return nil, s3Err(fmt.Errorf("download %s: %w", url, err))
+	}
+	if n > p.opts.MaxLayerSize {
+		return nil, fsm.Abort(fmt.Errorf("download %s: more than the %d-byte limit", url, p.opts.MaxLayerSize))
+	}
+	if n != r.Size {
+		return nil, fmt.Errorf("download %s: got %d bytes, listed as %d", url, n, r.Size)
+	}
+	if err := f.Sync(); err != nil {
+		return nil, diskErr(fmt.Errorf("download %s: fsync %s: %w", url, tmp, err))
+	}
+	if err := f.Close(); err != nil {
+		return nil, diskErr(fmt.Errorf("download %s: close %s: %w", url, tmp, err))
+	}
+	f = nil
+	digest := digestOf(h)
+	final := p.blobPath(digest)
+	if err := os.Rename(tmp, final); err != nil {
+		return nil, diskErr(fmt.Errorf("download %s: rename to %s: %w", url, final, err))
+	}
+	if err := syncDir(filepath.Dir(final)); err != nil {
+		return nil, err
+	}
+	pw.flush()
+	log.G(ctx).WithField("key", url).WithField("bytes", n).WithField("digest", digest).WithField("resumes", rd.Resumes()).Info("downloaded")
+	return fsm.NewResponse(&DownloadResponse{ImageID: r.ImageID, S3URL: url, LocalPath: final, Checksum: digest,
+		SizeBytes: n, Downloaded: true, Resumes: rd.Resumes()}), nil
+}
+
+// s3Err turns what S3 said into the seed's error kinds: access denied, no
+// such key and invalid requests abort; the rest retries.
+func s3Err(err error) error {
+	switch s3source.Classify(err) {
+	case s3source.KindAccessDenied, s3source.KindNotFound, s3source.KindInvalid:
+		return fsm.Abort(err)
+	}
+	return diskErr(err)
+}
+
+// diskErr aborts on a full disk (resource exhaustion, seed 004) and leaves
+// other errors retryable.
+func diskErr(err error) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return fsm.Abort(err)
+	}
+	return err
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("sync directory %s: %w", dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync directory %s: %w", dir, err)
+	}
+	return nil
+}
+
+// validate (seed 004): the file exists, hashes to the recorded digest and
+// passes the tarball policy; a rejection or a digest mismatch removes the
+// file, marks the image failed with the reason and aborts.
+func (p *Pipelines) validate(ctx context.Context, req *dlReq) (*dlResp, error) {
+	r, resp := req.Msg, req.Resp
+	if resp.Reused {
+		return nil, nil
+	}
+	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMDownload, State: "validate", Bytes: resp.SizeBytes, Total: resp.SizeBytes})
+	f, err := os.Open(resp.LocalPath)
+	if err != nil {
+		return nil, fmt.Errorf("validate %s: %w", resp.LocalPath, err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	tee := io.TeeReader(f, h)
+	rep, verr := tarball.Validate(ctx, tee, p.opts.Limits)
+	if verr != nil && !tarball.IsRejection(verr) {
+		return nil, fmt.Errorf("validate %s: %w", resp.LocalPath, verr)
+	}
+	if verr == nil {
+		if _, err := io.Copy(h, f); err != nil {
+			return nil, fmt.Errorf("validate %s: %w", resp.LocalPath, err)
+		}
+		if got := digestOf(h); got != resp.Checksum {
+			verr = fmt.Errorf("file %s hashes to %s, downloaded as %s", resp.LocalPath, got, resp.Checksum)
+		}
+	}
+	if verr != nil {
+		reason := fmt.Sprintf("validate %s: %v", resp.S3URL, verr)
+		if err := p.rejectDownload(ctx, r, resp, reason); err != nil {
+			return nil, err
+		}
+		log.G(ctx).WithField("key", resp.S3URL).WithField("reason", reason).Warn("security: tarball rejected")
+		return nil, fsm.Abort(errors.New(reason))
+	}
+	resp.HasRootfs, resp.Entries = rep.HasRootfs, rep.Entries
+	return fsm.NewResponse(resp), nil
+}
+
+// rejectDownload removes a rejected file and marks the image failed.
+func (p *Pipelines) rejectDownload(ctx context.Context, r *DownloadRequest, resp *DownloadResponse, reason string) error {
+	if err := os.Remove(resp.LocalPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove rejected %s: %w", resp.LocalPath, err)
+	}
+	if err := p.db.DeleteBlob(ctx, resp.Checksum); err != nil {
+		return err
+	}
+	return p.db.MarkImageFailed(ctx, metadata.ImageFailure{ImageID: r.ImageID, S3Key: resp.S3URL,
+		LocalPath: resp.LocalPath, SizeBytes: resp.SizeBytes, Reason: reason})
+}
+
+// storeMetadata (seed 004): the blob (with its ETag) and the images row,
+// both upserts.
+func (p *Pipelines) storeMetadata(ctx context.Context, req *dlReq) (*dlResp, error) {
+	r, resp := req.Msg, req.Resp
+	fi, err := os.Stat(resp.LocalPath)
+	if err != nil {
+		return nil, fmt.Errorf("store metadata of %s: %w", resp.S3URL, err)
+	}
+	size, mtime, ino := fileStamp(fi)
+	etag := ""
+	if !multipartETag(r.ETag) {
+		etag = r.ETag
+	}
+	if !resp.Reused {
+		if err := p.db.StoreBlob(ctx, metadata.Blob{Digest: resp.Checksum, Path: resp.LocalPath, SizeBytes: resp.SizeBytes,
+			HasRootfs: resp.HasRootfs, Entries: int64(resp.Entries), StatSize: size, StatMtimeNs: mtime, StatIno: ino}, etag); err != nil {
+			return nil, err
+		}
+	}
+	if err := p.db.StoreImageMetadata(ctx, r.ImageID, resp.S3URL, resp.LocalPath, resp.Checksum, resp.SizeBytes); err != nil {
+		return nil, err
+	}
+	return fsm.NewResponse(resp), nil
+}
+
+// progressWriter turns written bytes into throttled progress events.
+type progressWriter struct {
+	p        *Pipelines
+	run, fsm string
+	state    string
+	total, n int64
+	th       throttle
+}
+
+func (w *progressWriter) Write(b []byte) (int, error) {
+	w.n += int64(len(b))
+	if w.th.ok(false) {
+		w.p.hub.emit(Event{Run: w.run, FSM: w.fsm, State: w.state, Bytes: w.n, Total: w.total})
+	}
+	return len(b), nil
+}
+
+func (w *progressWriter) flush() {
+	w.p.hub.emit(Event{Run: w.run, FSM: w.fsm, State: w.state, Bytes: w.n, Total: w.total})
+}

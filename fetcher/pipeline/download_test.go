@@ -1,0 +1,365 @@
+package pipeline
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+)
+
+// tarFile is one entry of a test archive.
+type tarFile struct {
+	name, link string
+	typ        byte
+	mode       int64
+	body       []byte
+}
+
+// buildTar writes an archive of files (directories and files in order).
+func buildTar(t testing.TB, files []tarFile) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, f := range files {
+		h := &tar.Header{Name: f.name, Linkname: f.link, Typeflag: f.typ, Mode: f.mode, Size: int64(len(f.body)), ModTime: time.Unix(1700000000, 0)}
+		if h.Typeflag == 0 {
+			h.Typeflag = tar.TypeReg
+		}
+		if h.Typeflag != tar.TypeReg {
+			h.Size = 0
+		}
+		if h.Mode == 0 {
+			h.Mode = 0o644
+			if h.Typeflag == tar.TypeDir {
+				h.Mode = 0o755
+			}
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			if _, err := tw.Write(f.body); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// imageTar is a small valid image (etc/, usr/, var/ and a random file of
+// size bytes, so that two calls differ).
+func imageTar(t testing.TB, size int, seed uint64) []byte {
+	body := make([]byte, size)
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	for i := range body {
+		body[i] = byte(r.Uint32())
+	}
+	return buildTar(t, []tarFile{
+		{name: "etc/", typ: tar.TypeDir}, {name: "usr/", typ: tar.TypeDir}, {name: "var/", typ: tar.TypeDir},
+		{name: "etc/hostname", body: []byte("flyio\n")},
+		{name: "usr/blob.bin", body: body},
+	})
+}
+
+func sha(b []byte) string {
+	s := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(s[:])
+}
+
+type env struct {
+	t   *testing.T
+	srv *s3test.Server
+	db  *metadata.DB
+	p   *Pipelines
+	dir string
+}
+
+// newEnv starts a fake S3, a database and the pipelines (download only:
+// no snapshotter), with short retry delays and the given download timeout.
+func newEnv(t *testing.T, timeout time.Duration) *env {
+	t.Helper()
+	ctx := context.Background()
+	srv := s3test.NewServer(t)
+	dir := t.TempDir()
+	db, err := metadata.Open(ctx, metadata.Options{Path: filepath.Join(dir, "meta.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	p, err := New(ctx, Options{
+		DB: db, DownloadDir: filepath.Join(dir, "images"), DownloadTimeout: timeout, RetryInitial: 5 * time.Millisecond,
+		Sources: func(ctx context.Context, bucket string) (*s3source.Source, error) {
+			return s3source.New(ctx, s3source.Config{Bucket: bucket, Region: "us-east-1", Endpoint: srv.URL, PathStyle: true, Anonymous: true})
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close(context.Background()) })
+	return &env{t: t, srv: srv, db: db, p: p, dir: dir}
+}
+
+// stat lists key as Pull does before starting downloads.
+func (e *env) stat(key string) s3source.Object {
+	e.t.Helper()
+	ctx := context.Background()
+	src, err := e.p.opts.Sources(ctx, e.srv.Bucket)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	obj, err := src.Stat(ctx, key)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return obj
+}
+
+// download runs the Download machine for key as Pull would and waits.
+func (e *env) download(key string) (*DownloadResponse, fsm.RunRecord, error) {
+	e.t.Helper()
+	return e.downloadObj(e.stat(key))
+}
+
+func (e *env) downloadObj(obj s3source.Object) (*DownloadResponse, fsm.RunRecord, error) {
+	e.t.Helper()
+	ctx := context.Background()
+	key := obj.Key
+	id := LayerImageID(e.srv.Bucket, key)
+	runID, err := e.p.startDownload(ctx, id, &DownloadRequest{S3Key: key, ImageID: id, Bucket: e.srv.Bucket, Size: obj.Size, ETag: obj.ETag},
+		fsm.WithQueue(QueueDownloads))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	resp, err := fsm.Await[DownloadResponse](ctx, e.p.m, runID)
+	rec, rerr := e.p.m.Run(ctx, runID)
+	if rerr != nil {
+		e.t.Fatal(rerr)
+	}
+	return resp, rec, err
+}
+
+// assertNothingLeft checks no temp file, no lock, and no completed row for
+// key remain.
+func (e *env) assertNothingLeft(key string) {
+	e.t.Helper()
+	ctx := context.Background()
+	tmps, _ := os.ReadDir(filepath.Join(e.dir, "images", "tmp"))
+	if len(tmps) != 0 {
+		e.t.Errorf("temp files left: %v", tmps)
+	}
+	if img, err := e.db.CheckImageDownloaded(ctx, S3URL(e.srv.Bucket, key)); err != nil || img != nil {
+		e.t.Errorf("completed image row left for %s: %+v, %v", key, img, err)
+	}
+	if locks, err := e.db.ListImageLocks(ctx); err != nil || len(locks) != 0 {
+		e.t.Errorf("locks left: %+v, %v", locks, err)
+	}
+}
+
+// assertStored checks the blob file and the completed row of key.
+func (e *env) assertStored(key string, data []byte, resp *DownloadResponse) {
+	e.t.Helper()
+	got, err := os.ReadFile(resp.LocalPath)
+	if err != nil || !bytes.Equal(got, data) {
+		e.t.Fatalf("stored file %s: %d bytes, err %v; want the object's %d bytes", resp.LocalPath, len(got), err, len(data))
+	}
+	if resp.Checksum != sha(data) || filepath.Base(resp.LocalPath) != strings.TrimPrefix(sha(data), "sha256:") {
+		e.t.Errorf("checksum %s at %s, want %s (content addressed)", resp.Checksum, resp.LocalPath, sha(data))
+	}
+	img, err := e.db.CheckImageDownloaded(context.Background(), S3URL(e.srv.Bucket, key))
+	if err != nil || img == nil || img.Checksum != sha(data) || img.SizeBytes != int64(len(data)) {
+		e.t.Errorf("images row of %s: %+v, %v", key, img, err)
+	}
+	tmps, _ := os.ReadDir(filepath.Join(e.dir, "images", "tmp"))
+	if len(tmps) != 0 {
+		e.t.Errorf("temp files left: %v", tmps)
+	}
+}
+
+func TestDownload503sThenSuccess(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	data := imageTar(t, 64<<10, 1)
+	e.srv.Put(t, "img/a.tar", data)
+	obj := e.stat("img/a.tar")
+	e.srv.Faults.Fail503(3, "img/a.tar")
+	resp, rec, err := e.downloadObj(obj)
+	if err != nil {
+		t.Fatalf("download after 503s: %v", err)
+	}
+	e.assertStored("img/a.tar", data, resp)
+	if n := e.srv.Requests("GET", "img/a.tar"); n != 4 {
+		t.Errorf("GET requests = %d, want 4 (three 503s, then the object)", n)
+	}
+
+	if rec.State != fsm.StateComplete || !resp.Downloaded {
+		t.Errorf("run %s state %s, downloaded %v", rec.ID, rec.State, resp.Downloaded)
+	}
+}
+
+func TestDownloadDroppedMidBodyResumesWithRange(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	data := imageTar(t, 1<<20, 2)
+	e.srv.Put(t, "img/b.tar", data)
+	e.srv.Faults.DropAfter(1, "img/b.tar", int64(len(data)/2))
+	resp, _, err := e.download("img/b.tar")
+	if err != nil {
+		t.Fatalf("download with a dropped connection: %v", err)
+	}
+	e.assertStored("img/b.tar", data, resp)
+	if resp.Resumes != 1 {
+		t.Errorf("resumes = %d, want 1 (one ranged GET after the drop)", resp.Resumes)
+	}
+	if n := e.srv.Requests("GET", "img/b.tar"); n != 2 {
+		t.Errorf("GET requests = %d, want 2 (the cut one and the ranged resume)", n)
+	}
+}
+
+func TestDownloadTruncatedObject(t *testing.T) {
+	t.Run("retried to success", func(t *testing.T) {
+		e := newEnv(t, time.Minute)
+		data := imageTar(t, 256<<10, 3)
+		e.srv.Put(t, "img/c.tar", data)
+		e.srv.Faults.Truncate(2, "img/c.tar", 1000)
+		resp, _, err := e.download("img/c.tar")
+		if err != nil {
+			t.Fatalf("download of a twice-truncated object: %v", err)
+		}
+		e.assertStored("img/c.tar", data, resp)
+	})
+	t.Run("always truncated ends clean", func(t *testing.T) {
+		e := newEnv(t, time.Minute)
+		data := imageTar(t, 256<<10, 4)
+		e.srv.Put(t, "img/d.tar", data)
+		e.srv.Faults.Truncate(1000, "img/d.tar", 1000)
+		_, rec, err := e.download("img/d.tar")
+		if !errors.Is(err, fsm.ErrFailed) && !errors.Is(err, fsm.ErrAborted) {
+			t.Fatalf("download of an always-truncated object: err %v, want the run ended", err)
+		}
+		if rec.Transition != "download" || rec.Attempts != 5 {
+			t.Errorf("run ended at %q after %d attempts, want download after 5 (seed 004)", rec.Transition, rec.Attempts)
+		}
+		e.assertNothingLeft("img/d.tar")
+		blobs, _ := os.ReadDir(filepath.Join(e.dir, "images", "blobs", "sha256"))
+		if len(blobs) != 0 {
+			t.Errorf("blobs left: %v", blobs)
+		}
+	})
+}
+
+func TestDownloadSlowerThanTimeout(t *testing.T) {
+	e := newEnv(t, 150*time.Millisecond)
+	data := imageTar(t, 16<<10, 5)
+	e.srv.Put(t, "img/e.tar", data)
+	obj := e.stat("img/e.tar")
+	e.srv.Faults.Delay(100, "img/e.tar", 10*time.Second)
+	id := LayerImageID(e.srv.Bucket, "img/e.tar")
+	runID, err := e.p.startDownload(context.Background(), id, &DownloadRequest{S3Key: "img/e.tar", ImageID: id, Bucket: e.srv.Bucket, Size: obj.Size, ETag: obj.ETag})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = fsm.Await[DownloadResponse](context.Background(), e.p.m, runID)
+	rec, _ := e.p.m.Run(context.Background(), runID)
+	if !errors.Is(err, fsm.ErrFailed) || rec.Transition != "download" || rec.Attempts != 5 {
+		t.Fatalf("slow server: err %v, ended at %q after %d attempts; want failed at download after 5 timed-out attempts", err, rec.Transition, rec.Attempts)
+	}
+	if !strings.Contains(rec.LastError, "timed out") {
+		t.Errorf("last error %q does not say the attempts timed out", rec.LastError)
+	}
+	e.assertNothingLeft("img/e.tar")
+}
+
+func TestDownloadHostileTarballAborted(t *testing.T) {
+	cases := []struct {
+		name  string
+		files []tarFile
+		want  []string // in the reason: the entry and the rule
+	}{
+		{"traversal", []tarFile{{name: "etc/", typ: tar.TypeDir}, {name: "../../evil", body: []byte("x")}}, []string{"../../evil", "climbs"}},
+		{"setuid", []tarFile{{name: "bin/su", mode: 0o4755, body: []byte("x")}}, []string{"bin/su", "setuid"}},
+		{"symlink escape", []tarFile{{name: "esc", typ: tar.TypeSymlink, link: "../../../etc"}}, []string{"esc"}},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, time.Minute)
+			data := buildTar(t, c.files)
+			key := "bad/" + strings.ReplaceAll(c.name, " ", "-") + ".tar"
+			e.srv.Put(t, key, data)
+			_, rec, err := e.download(key)
+			if !errors.Is(err, fsm.ErrAborted) || rec.Transition != "validate" {
+				t.Fatalf("hostile tarball %d: err %v at %q, want aborted at validate", i, err, rec.Transition)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(strings.ToLower(rec.LastError), strings.ToLower(w)) {
+					t.Errorf("reason %q does not name %q", rec.LastError, w)
+				}
+			}
+			if _, err := os.Stat(filepath.Join(e.dir, "images", "blobs", "sha256", strings.TrimPrefix(sha(data), "sha256:"))); !os.IsNotExist(err) {
+				t.Errorf("rejected file still on disk (stat err %v)", err)
+			}
+			img, err := e.db.GetImageByID(context.Background(), LayerImageID(e.srv.Bucket, key))
+			if err != nil || img.DownloadStatus != metadata.DownloadFailed || img.FailureReason == "" {
+				t.Fatalf("image row: %+v, %v; want failed with a reason", img, err)
+			}
+			if !strings.Contains(img.FailureReason, c.files[len(c.files)-1].name) {
+				t.Errorf("failure reason %q does not name the entry", img.FailureReason)
+			}
+			e.assertNothingLeft(key)
+		})
+	}
+}
+
+func TestDownloadIdempotentAndDeduplicated(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	data := imageTar(t, 128<<10, 6)
+	e.srv.Put(t, "x/1.tar", data)
+	e.srv.Put(t, "y/1.tar", data) // same content under another key
+	first, _, err := e.download("x/1.tar")
+	if err != nil || !first.Downloaded {
+		t.Fatalf("first download: %+v, %v", first, err)
+	}
+	e.srv.Faults.Reset()
+	again, rec, err := e.download("x/1.tar")
+	if err != nil || !again.AlreadyExist || again.Downloaded {
+		t.Fatalf("re-download: %+v, %v; want handed off at check-exists", again, err)
+	}
+	if rec.Transition != "complete" || e.srv.Requests("GET", "x/1.tar") != 0 {
+		t.Errorf("re-download made %d GETs (run at %q), want none", e.srv.Requests("GET", "x/1.tar"), rec.Transition)
+	}
+	other, _, err := e.download("y/1.tar")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !other.Reused || other.LocalPath != first.LocalPath || e.srv.Requests("GET", "y/1.tar") != 0 {
+		t.Errorf("same content under another key: reused %v, path %s vs %s, GETs %d; want the stored blob, no GET",
+			other.Reused, other.LocalPath, first.LocalPath, e.srv.Requests("GET", "y/1.tar"))
+	}
+	e.assertStored("y/1.tar", data, other)
+	blobs, _ := os.ReadDir(filepath.Join(e.dir, "images", "blobs", "sha256"))
+	if len(blobs) != 1 {
+		t.Errorf("%d blobs stored, want 1", len(blobs))
+	}
+	// A file changed behind our back is detected and downloaded again.
+	if err := os.WriteFile(first.LocalPath, []byte("corrupt"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fixed, _, err := e.download("x/1.tar")
+	if err != nil || !fixed.Downloaded {
+		t.Fatalf("after corruption: %+v, %v; want a fresh download", fixed, err)
+	}
+	e.assertStored("x/1.tar", data, fixed)
+}

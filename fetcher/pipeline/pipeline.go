@@ -1,0 +1,270 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/snapshots"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+)
+
+// Names of the state machines and queues (seed 004).
+const (
+	FSMDownload = "download-image"
+	FSMUnpack   = "unpack-image"
+	FSMActivate = "activate-image"
+
+	QueueDownloads = "downloads"
+	QueueUnpacking = "unpacking"
+)
+
+// Defaults of Options (seed 004's table).
+const (
+	DefaultDownloadTimeout = 5 * time.Minute
+	DefaultExtractTimeout  = 30 * time.Minute
+	DefaultMaxLayerSize    = 10 << 30
+	DefaultDownloads       = 5
+	DefaultUnpacking       = 2
+	// maxResumes bounds the Range resumes of one download attempt.
+	maxResumes = 5
+	// fixedDelay is the wait of seed 004's "fixed retry" transitions.
+	fixedDelay = time.Second
+	// progressInterval spaces the progress events of one transition.
+	progressInterval = 200 * time.Millisecond
+)
+
+// Snapshots is what the Unpack and Activate machines need of the
+// snapshotter (package snapshotter's *Snapshotter): containerd's snapshot
+// API plus the device behind a key.
+type Snapshots interface {
+	snapshots.Snapshotter
+	snapshots.Cleaner
+	// DeviceOf returns the dm name, path and thin id of snapshot key.
+	DeviceOf(ctx context.Context, key string) (name, path string, id uint32, err error)
+	// Exists reports whether snapshot key exists.
+	Exists(ctx context.Context, key string) (bool, error)
+}
+
+// SourceFunc returns the S3 source of bucket.
+type SourceFunc func(ctx context.Context, bucket string) (*s3source.Source, error)
+
+// Options configure New. DB, Sources and DownloadDir are required; the
+// Unpack and Activate machines also need Snapshots, ThinExists and
+// Namespace.
+type Options struct {
+	DB          *metadata.DB
+	Sources     SourceFunc
+	DownloadDir string // blobs/ and tmp/ live here
+
+	Snapshots Snapshots
+	// ThinExists probes the pool for a thin id (thinpool.Pool.ThinExists):
+	// how check-unpacked and check-snapshot see a device deleted behind
+	// the database's back.
+	ThinExists func(ctx context.Context, id uint32) (bool, error)
+	// Namespace is the containerd namespace the snapshots are made in.
+	Namespace string
+	// MountDir holds the temporary mounts of extraction (default
+	// <DownloadDir>/mnt).
+	MountDir string
+
+	MaxLayerSize    int64         // default 10 GiB
+	DownloadTimeout time.Duration // default 5 min
+	ExtractTimeout  time.Duration // default 30 min
+	Limits          tarball.Limits
+	Downloads       int // queue limit, default 5
+	Unpacking       int // queue limit, default 2
+
+	// Registrar, when set, registers activated images in containerd.
+	Registrar Registrar
+	// RetryInitial, when positive, replaces the first retry delay of every
+	// transition (the cap becomes 8 times it); tests use it to stay fast.
+	RetryInitial time.Duration
+	// NoChown extracts files owned by the extracting user (tests).
+	NoChown bool
+}
+
+// Pipelines runs the three state machines of one daemon.
+type Pipelines struct {
+	opts Options
+	db   *metadata.DB
+	m    *fsm.Manager
+
+	startDownload fsm.StartFunc[DownloadRequest]
+	startUnpack   fsm.StartFunc[UnpackRequest]
+	startActivate fsm.StartFunc[ActivateRequest]
+
+	hub hub
+	// hooks are test points (crash injection); nil in production.
+	hooks map[string]func()
+}
+
+// New builds the manager, the queues and the three machines over opts.DB.
+// Call Resume once at start-up, then Pull.
+func New(ctx context.Context, opts Options) (*Pipelines, error) {
+	if opts.DB == nil || opts.Sources == nil || opts.DownloadDir == "" {
+		return nil, errors.New("pipeline: DB, Sources and DownloadDir are required")
+	}
+	if opts.MaxLayerSize <= 0 {
+		opts.MaxLayerSize = DefaultMaxLayerSize
+	}
+	if opts.DownloadTimeout <= 0 {
+		opts.DownloadTimeout = DefaultDownloadTimeout
+	}
+	if opts.ExtractTimeout <= 0 {
+		opts.ExtractTimeout = DefaultExtractTimeout
+	}
+	if opts.Downloads <= 0 {
+		opts.Downloads = DefaultDownloads
+	}
+	if opts.Unpacking <= 0 {
+		opts.Unpacking = DefaultUnpacking
+	}
+	if opts.MountDir == "" {
+		opts.MountDir = filepath.Join(opts.DownloadDir, "mnt")
+	}
+	for _, d := range []string{opts.blobDir(), opts.tmpDir()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("pipeline: create %s: %w", d, err)
+		}
+	}
+	p := &Pipelines{opts: opts, db: opts.DB}
+	p.m = fsm.NewManager(fsm.NewSQLiteStore(opts.DB),
+		fsm.WithQueueLimit(QueueDownloads, opts.Downloads), fsm.WithQueueLimit(QueueUnpacking, opts.Unpacking))
+	var err error
+	if p.startDownload, err = p.buildDownload(ctx); err != nil {
+		return nil, err
+	}
+	if p.startUnpack, err = p.buildUnpack(ctx); err != nil {
+		return nil, err
+	}
+	if p.startActivate, err = p.buildActivate(ctx); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Resume re-enters every run a previous process left unfinished (seed 001:
+// at start-up, after New).
+func (p *Pipelines) Resume(ctx context.Context) error { return p.m.Resume(ctx) }
+
+// Manager is the fsm manager the machines run on (for waiting on runs).
+func (p *Pipelines) Manager() *fsm.Manager { return p.m }
+
+// Close stops the runs of this process; they stay recorded for the next
+// Resume.
+func (p *Pipelines) Close(ctx context.Context) error { return p.m.Close(ctx) }
+
+func (o Options) blobDir() string { return filepath.Join(o.DownloadDir, "blobs", "sha256") }
+func (o Options) tmpDir() string  { return filepath.Join(o.DownloadDir, "tmp") }
+
+// retry scales policy with Options.RetryInitial.
+func (p *Pipelines) retry(policy fsm.RetryPolicy) fsm.TransitionOption {
+	if p.opts.RetryInitial > 0 {
+		policy = policy.WithDelays(p.opts.RetryInitial, 8*p.opts.RetryInitial)
+	}
+	return fsm.WithRetry(policy)
+}
+
+// hook runs the test hook named name, if any.
+func (p *Pipelines) hook(name string) {
+	if f := p.hooks[name]; f != nil {
+		f()
+	}
+}
+
+// Event is the progress of a pull: which state a layer's machine is in and
+// how far its download or extraction got.
+type Event struct {
+	Run   string `json:"-"`
+	FSM   string `json:"fsm"`
+	State string `json:"state"`           // the transition under way
+	Layer int    `json:"layer,omitempty"` // 1-based layer of the pull (set by Pull)
+	Bytes int64  `json:"bytes"`           // bytes downloaded or extracted so far
+	Total int64  `json:"total,omitempty"` // size of the layer tarball
+	Files int    `json:"files"`           // files extracted so far
+}
+
+// hub fans progress events out to the pulls that watch the runs.
+type hub struct {
+	mu   sync.Mutex
+	next int
+	subs map[int]func(Event)
+}
+
+func (h *hub) subscribe(fn func(Event)) (cancel func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.subs == nil {
+		h.subs = map[int]func(Event){}
+	}
+	id := h.next
+	h.next++
+	h.subs[id] = fn
+	return func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		delete(h.subs, id)
+	}
+}
+
+func (h *hub) emit(e Event) {
+	h.mu.Lock()
+	subs := make([]func(Event), 0, len(h.subs))
+	for _, s := range h.subs {
+		subs = append(subs, s)
+	}
+	h.mu.Unlock()
+	for _, s := range subs {
+		s(e)
+	}
+}
+
+// throttle limits progress events of one transition to one per interval,
+// always passing the first and the last.
+type throttle struct {
+	last  time.Time
+	every time.Duration
+}
+
+func (t *throttle) ok(final bool) bool {
+	now := time.Now()
+	if final || now.Sub(t.last) >= t.every {
+		t.last = now
+		return true
+	}
+	return false
+}
+
+// mountAll mounts ms at dir (containerd's mount package) and returns the
+// unmount function, which is safe to call more than once.
+func mountAll(ms []mount.Mount, dir string) (func() error, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create mount point %s: %w", dir, err)
+	}
+	// A crash may have left the mount point mounted: clear it first.
+	_ = mount.UnmountAll(dir, 0)
+	if err := mount.All(ms, dir); err != nil {
+		return nil, fmt.Errorf("mount %v at %s: %w", ms, dir, err)
+	}
+	var once sync.Once
+	var uerr error
+	return func() error {
+		once.Do(func() {
+			uerr = mount.UnmountAll(dir, 0)
+			if uerr == nil {
+				_ = os.Remove(dir)
+			}
+		})
+		return uerr
+	}, nil
+}
