@@ -260,13 +260,25 @@ func testRun(t *testing.T, e *env, sn string) {
 	if sn == "flyio" {
 		after, err := e.ours.waitThinIDs(ctx, 1, time.Minute)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%v\n%s", err, e.diagnostics())
 		}
 		t.Logf("our pool's thin devices: %v with the image and container, %v after removal and GC", devicesBefore, after)
 		if len(devicesBefore) < len(e.image.ChainIDs)+1 {
 			t.Errorf("our pool had only thin devices %v with %d layers and a container on it", devicesBefore, len(e.image.ChainIDs))
 		}
 	}
+}
+
+// diagnostics returns the tails of the daemons' logs and our pool listing.
+func (e *env) diagnostics() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "---- containerd log tail:\n%s\n", e.ctrd.logTail(60))
+	if e.ours != nil {
+		fmt.Fprintf(&b, "---- our daemon log tail:\n%s\n", e.ours.p.logTail(60))
+		out, err := run(context.Background(), e.ours.bin, "pool", "ls", "--config", e.ours.config)
+		fmt.Fprintf(&b, "---- pool ls (err=%v):\n%s\n", err, out)
+	}
+	return b.String()
 }
 
 // readFromMounts mounts mounts read-only at dir, reads file, unmounts.
