@@ -360,6 +360,16 @@ func misTypedKey(data []byte) string {
 	return ""
 }
 
+// MarshalConfig writes c as TOML that LoadConfig reads back to an equal
+// Config (sizes with binary units, durations as Go duration strings).
+func MarshalConfig(c *Config) ([]byte, error) {
+	b, err := toml.Marshal(c)
+	if err != nil {
+		return nil, fmt.Errorf("marshal config: %w", err)
+	}
+	return b, nil
+}
+
 // Limits enforced by Validate.
 const (
 	minBlockSize    = 64 << 10 // 128 sectors, the kernel's minimum

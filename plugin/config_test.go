@@ -185,7 +185,7 @@ namespace = "k8s.io"
 		t.Fatalf("loaded\n %+v\nwant\n %+v", c, want)
 	}
 	// Marshal and load again: the written form reads back to the same value.
-	out, err := toml.Marshal(c)
+	out, err := MarshalConfig(c)
 	if err != nil {
 		t.Fatal(err)
 	}

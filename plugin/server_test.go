@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -56,7 +57,10 @@ func startServe(t *testing.T, sn snapshots.Snapshotter, opts ServeOptions) (stop
 	return stop
 }
 
-func dialProxy(t *testing.T, socket string) snapshots.Snapshotter {
+// DialProxy returns containerd's proxy snapshotter client (what containerd
+// uses for a [proxy_plugins] entry) on socket. Exported for the dm tests of
+// package plugin_test.
+func DialProxy(t *testing.T, socket string) snapshots.Snapshotter {
 	t.Helper()
 	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -81,10 +85,7 @@ func TestServeAnswersProxyClient(t *testing.T) {
 	socket := filepath.Join(dir, "run", "sub", "snap.sock") // parent dirs do not exist yet
 	m := metrics.New()
 	sn := newNative(t)
-	mlis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	mlis := LoopbackListener(t)
 	stop := startServe(t, m.Wrap(sn), ServeOptions{Socket: socket, MetricsListener: mlis, Metrics: m})
 
 	fi, err := os.Stat(socket)
@@ -95,7 +96,7 @@ func TestServeAnswersProxyClient(t *testing.T) {
 		t.Errorf("socket mode = %v, want a socket with 0660", fi.Mode())
 	}
 
-	client := dialProxy(t, socket)
+	client := DialProxy(t, socket)
 	nsA := namespaces.WithNamespace(context.Background(), "ns-a")
 	if _, err := client.Prepare(nsA, "layer-1", ""); err != nil {
 		t.Fatalf("Prepare over the socket: %v", err)
@@ -133,7 +134,7 @@ func TestServeAnswersProxyClient(t *testing.T) {
 	}
 
 	// Metrics: one Prepare, one Commit, one NotFound Stat, served over HTTP.
-	body := scrape(t, mlis.Addr().String())
+	body := Scrape(t, mlis.Addr().String())
 	for _, want := range []string{
 		`flyio_snapshotter_operation_duration_seconds_count{method="Prepare",outcome="ok"} 1`,
 		`flyio_snapshotter_operation_duration_seconds_count{method="Commit",outcome="ok"} 1`,
@@ -153,7 +154,20 @@ func TestServeAnswersProxyClient(t *testing.T) {
 	}
 }
 
-func scrape(t *testing.T, addr string) string {
+// LoopbackListener listens on a free 127.0.0.1 port. It brings lo up first:
+// in the VM harness (network off) the loopback interface may be down.
+func LoopbackListener(t *testing.T) net.Listener {
+	t.Helper()
+	exec.Command("ip", "link", "set", "lo", "up").Run()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("no loopback for the metrics endpoint: %v", err)
+	}
+	return l
+}
+
+// Scrape fetches http://addr/metrics.
+func Scrape(t *testing.T, addr string) string {
 	t.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
