@@ -84,9 +84,10 @@ type Options struct {
 	// staleness this DB computes (for tests and tools replaying a moment).
 	Clock func() time.Time
 
-	// maxVersion, when positive, stops migrating after that version (test
-	// hook to build databases at an older schema).
-	maxVersion int
+	// MigrateTo, when positive, stops a read-write open's migration after
+	// that version (staged upgrades: `db migrate --to N`). Zero migrates to
+	// the latest embedded version. A database already past it is left as is.
+	MigrateTo int
 }
 
 // DB is an open metadata database: a pool of SQLite connections with the
@@ -173,7 +174,7 @@ func Open(ctx context.Context, opts Options) (*DB, error) {
 			return nil, err
 		}
 	} else {
-		res, err := d.migrate(ctx, opts.maxVersion)
+		res, err := d.migrate(ctx, opts.MigrateTo)
 		if err != nil {
 			sdb.Close()
 			return nil, err

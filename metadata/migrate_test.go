@@ -107,7 +107,7 @@ func TestLedgerRefusesNewerSchema(t *testing.T) {
 func buildV1(t *testing.T, path string) {
 	t.Helper()
 	ctx := context.Background()
-	d, err := Open(ctx, Options{Path: path, maxVersion: 1})
+	d, err := Open(ctx, Options{Path: path, MigrateTo: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

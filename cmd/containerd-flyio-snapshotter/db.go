@@ -87,11 +87,17 @@ func dbPath() (string, time.Duration, error) {
 
 // openDB opens the configured database, read-only or read-write.
 func openDB(ctx context.Context, readOnly bool) (*metadata.DB, time.Duration, error) {
+	return openDBTo(ctx, readOnly, 0)
+}
+
+// openDBTo is openDB with a migration target for a read-write open (0: the
+// latest version).
+func openDBTo(ctx context.Context, readOnly bool, migrateTo int) (*metadata.DB, time.Duration, error) {
 	path, staleAge, err := dbPath()
 	if err != nil {
 		return nil, 0, err
 	}
-	d, err := metadata.Open(ctx, metadata.Options{Path: path, ReadOnly: readOnly})
+	d, err := metadata.Open(ctx, metadata.Options{Path: path, ReadOnly: readOnly, MigrateTo: migrateTo})
 	if err != nil {
 		return nil, 0, err
 	}
@@ -99,24 +105,30 @@ func openDB(ctx context.Context, readOnly bool) (*metadata.DB, time.Duration, er
 }
 
 func runDBMigrate(ctx context.Context, args []string) error {
-	fs := newFlagSet("db migrate", "db migrate [--config FILE] [--db PATH]", `
+	fs := newFlagSet("db migrate", "db migrate [--to N] [--config FILE] [--db PATH]", `
 Apply the embedded schema migrations the database lacks, each in its own
 BEGIN IMMEDIATE transaction with its ledger row (so a concurrent daemon or a
 second 'db migrate' waits, then finds the work done). Before migrating a
 database that already has tables, a consistent copy is written beside it as
 <db>.pre-v<N>, N being the first version applied. Creates the database if it
-does not exist. The daemon does the same at start-up.`)
+does not exist. The daemon does the same at start-up. --to N stops after
+version N (a staged upgrade); without it the schema goes to the latest
+version this binary embeds.`)
+	to := fs.Int("to", 0, "stop after schema `VERSION` (0: the latest, "+strconv.Itoa(metadata.LatestVersion())+")")
 	if err := parseDBFlags(fs, args, 0, ""); err != nil {
 		return err
 	}
-	d, _, err := openDB(ctx, false)
+	if *to < 0 || *to > metadata.LatestVersion() {
+		return &exitError{code: 2, msg: fmt.Sprintf("--to %d: want a schema version from 1 to %d", *to, metadata.LatestVersion())}
+	}
+	d, _, err := openDBTo(ctx, false, *to)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
 	res := d.Migrated()
 	if len(res.Applied) == 0 {
-		fmt.Printf("%s: schema at version %d, the latest; nothing to do\n", d.Path(), res.To)
+		fmt.Printf("%s: schema at version %d; nothing to do\n", d.Path(), res.To)
 		return nil
 	}
 	applied := make([]string, len(res.Applied))

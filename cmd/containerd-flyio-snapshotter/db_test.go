@@ -71,23 +71,24 @@ func TestDBMigrateAndCheck(t *testing.T) {
 
 func TestDBMigrateWritesCopy(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "m.db")
-	// A database at an older version: the ledger says 1..5 and the table
-	// migration 6 adds is not there yet (built by dropping it back out).
-	if code, _, errOut := runCommand(t, nil, "db", "migrate", "--db", path); code != 0 {
-		t.Fatal(errOut)
+	// A database at an older schema, holding a row, as an operator's host
+	// would have after an upgrade of the binary.
+	if code, out, errOut := runCommand(t, nil, "db", "migrate", "--to", "5", "--db", path); code != 0 || !strings.Contains(out, "migrated from version 0 to 5") {
+		t.Fatalf("db migrate --to 5 = %d, %q, %q", code, out, errOut)
 	}
-	rawSQL(t, path,
-		`ALTER TABLE images DROP COLUMN failure_reason`,
-		`DELETE FROM schema_migrations WHERE version = 6`,
-		`INSERT INTO images (image_id, s3_key, local_path, size_bytes) VALUES ('img', 'k.tar', '/p', 1)`)
+	rawSQL(t, path, `INSERT INTO images (image_id, s3_key, local_path, size_bytes) VALUES ('img', 'k.tar', '/p', 1)`)
+	latest := strconv.Itoa(metadata.LatestVersion())
 	code, out, errOut := runCommand(t, nil, "db", "migrate", "--db", path)
-	if code != 0 || !strings.Contains(out, "migrated from version 5 to 6") || !strings.Contains(out, path+".pre-v6") {
-		t.Fatalf("db migrate (5 -> 6) = %d, %q, %q", code, out, errOut)
+	if code != 0 || !strings.Contains(out, "migrated from version 5 to "+latest) || !strings.Contains(out, path+".pre-v6") {
+		t.Fatalf("db migrate (5 -> %s) = %d, %q, %q", latest, code, out, errOut)
 	}
 	code, out, _ = runCommand(t, nil, "ls", "images", "--db", path+".pre-v6", "--format", "json")
 	var imgs []metadata.ImageView
 	if code != 0 || json.Unmarshal([]byte(out), &imgs) != nil || len(imgs) != 1 || imgs[0].ImageID != "img" {
 		t.Errorf("ls images of the pre-v6 copy = %d, %q", code, out)
+	}
+	if code, _, errOut := runCommand(t, nil, "db", "migrate", "--to", "999", "--db", path); code != 2 || !strings.Contains(errOut, "--to 999") {
+		t.Errorf("db migrate --to 999 = %d, %q", code, errOut)
 	}
 }
 
