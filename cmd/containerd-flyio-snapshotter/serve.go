@@ -21,6 +21,9 @@ Readiness is reported to systemd (Type=notify) once the socket accepts
 calls. SIGTERM or SIGINT stops it gracefully: no new calls are accepted,
 in-flight calls finish (at most 30s), then the database is closed.
 
+The S3 pipelines start with the daemon: runs a previous process left are
+resumed, and daemon.control_socket (mode 0660) serves pull and activate.
+
 With daemon.metrics_address set, Prometheus metrics are served at
 http://ADDRESS/metrics: latency of every snapshotter method, pool data and
 metadata usage, device counts by state.
@@ -104,6 +107,11 @@ func runServe(ctx context.Context, args []string) (err error) {
 		}
 		l.Info("database closed, exiting")
 	}()
+	stopFetcher, err := svc.StartFetcher(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopFetcher()
 	return svc.Serve(ctx, func() { sdNotify(ctx, daemon.SdNotifyReady) }, func() { sdNotify(ctx, daemon.SdNotifyStopping) })
 }
 

@@ -1,0 +1,43 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+)
+
+const activateDescription = `
+Asks the running daemon (over daemon.control_socket) to activate a pulled
+image again: its active snapshot "snap-<image id>" on the top of its
+unpacked chain is checked and, if it or its device is gone, re-created and
+registered. Prints the snapshot and its device. Exit status 0 on success, 1
+with the reason on failure, 2 on a usage error.
+`
+
+func init() {
+	register(&command{name: "activate", summary: "(re)activate a pulled image's snapshot (via the daemon)", run: runActivate})
+}
+
+func runActivate(ctx context.Context, args []string) error {
+	fs := newFlagSet("activate", "activate REF [--config FILE] [--socket PATH]", activateDescription)
+	addConfigFlags(fs)
+	var socket string
+	addSocketFlag(fs, &socket)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return &exitError{code: 2, msg: "activate takes exactly one REF argument (the name given to pull, or its s3:// source)"}
+	}
+	c, err := controlClient(socket)
+	if err != nil {
+		return err
+	}
+	res, err := c.Activate(ctx, fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stdout, "active %s: snapshot %s (id %s) on device %s, origin device %s\n",
+		fs.Arg(0), res.SnapshotName, res.SnapshotID, res.DevicePath, res.OriginDeviceID)
+	return nil
+}

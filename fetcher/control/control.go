@@ -1,0 +1,255 @@
+// Package control is the daemon's control socket: an HTTP API over a unix
+// socket (mode 0660) that the operator CLI uses to pull and activate S3
+// images. Requests and answers are JSON; a pull streams JSON lines, one
+// progress event per line, then one line with the result or the error.
+//
+//	POST /v1/pull      {"bucket","key","ref","refresh"} → {"event":{...}}... then {"result":{...}} | {"error":"..."}
+//	POST /v1/activate  {"ref"}                          → {"result":{...}} | {"error":"..."}
+package control
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/containerd/log"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+)
+
+// SocketMode is the control socket's permission: root and the socket's
+// group.
+const SocketMode fs.FileMode = 0o660
+
+// Puller is what the control socket serves (*pipeline.Pipelines).
+type Puller interface {
+	Pull(ctx context.Context, req pipeline.PullRequest, progress func(pipeline.Event)) (*pipeline.PullResult, error)
+	Activate(ctx context.Context, ref string) (*pipeline.ActivateResponse, error)
+}
+
+// Line is one line of a pull's answer: exactly one field is set.
+type Line struct {
+	Event  *pipeline.Event      `json:"event,omitempty"`
+	Result *pipeline.PullResult `json:"result,omitempty"`
+	Error  string               `json:"error,omitempty"`
+}
+
+// ActivateRequest is the body of /v1/activate.
+type ActivateRequest struct {
+	Ref string `json:"ref"`
+}
+
+// ActivateAnswer is the answer of /v1/activate.
+type ActivateAnswer struct {
+	Result *pipeline.ActivateResponse `json:"result,omitempty"`
+	Error  string                     `json:"error,omitempty"`
+}
+
+// Handler serves the control API of p.
+func Handler(p Puller) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/pull", func(w http.ResponseWriter, r *http.Request) { servePull(p, w, r) })
+	mux.HandleFunc("POST /v1/activate", func(w http.ResponseWriter, r *http.Request) { serveActivate(p, w, r) })
+	return mux
+}
+
+func servePull(p Puller, w http.ResponseWriter, r *http.Request) {
+	var req pipeline.PullRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
+		writeJSON(w, http.StatusBadRequest, Line{Error: fmt.Sprintf("pull: request body: %v", err)})
+		return
+	}
+	if req.Bucket == "" || req.Key == "" {
+		writeJSON(w, http.StatusBadRequest, Line{Error: "pull: bucket and key are required"})
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	var mu sync.Mutex
+	enc := json.NewEncoder(w)
+	rc := http.NewResponseController(w)
+	send := func(l Line) {
+		mu.Lock()
+		defer mu.Unlock()
+		if enc.Encode(l) == nil {
+			_ = rc.Flush()
+		}
+	}
+	lg := log.G(r.Context()).WithField("bucket", req.Bucket).WithField("key", req.Key).WithField("ref", req.Ref)
+	lg.Info("control: pull")
+	res, err := p.Pull(r.Context(), req, func(e pipeline.Event) { send(Line{Event: &e}) })
+	if err != nil {
+		lg.WithError(err).Warn("control: pull failed")
+		send(Line{Error: err.Error()})
+		return
+	}
+	send(Line{Result: res})
+}
+
+func serveActivate(p Puller, w http.ResponseWriter, r *http.Request) {
+	var req ActivateRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil || req.Ref == "" {
+		writeJSON(w, http.StatusBadRequest, ActivateAnswer{Error: fmt.Sprintf("activate: request must name a ref (%v)", err)})
+		return
+	}
+	res, err := p.Activate(r.Context(), req.Ref)
+	if err != nil {
+		writeJSON(w, http.StatusInternalServerError, ActivateAnswer{Error: err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, ActivateAnswer{Result: res})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// Listen listens on the unix socket path with SocketMode, creating its
+// directory and replacing a stale socket nobody answers on.
+func Listen(ctx context.Context, path string) (net.Listener, error) {
+	if !filepath.IsAbs(path) {
+		return nil, fmt.Errorf("control socket %q: must be an absolute path", path)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o711); err != nil {
+		return nil, fmt.Errorf("control socket %s: %w", path, err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != fs.ModeSocket {
+			return nil, fmt.Errorf("control socket %s: exists and is not a socket", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("control socket %s: another process is serving on it", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("control socket %s: remove stale socket: %w", path, err)
+		}
+	}
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("control socket %s: %w", path, err)
+	}
+	if err := os.Chmod(path, SocketMode); err != nil {
+		lis.Close()
+		return nil, fmt.Errorf("control socket %s: chmod: %w", path, err)
+	}
+	return lis, nil
+}
+
+// Serve answers on lis until ctx is done, then stops (in-flight pulls are
+// cut; their state machines go on in the daemon) and removes the socket.
+func Serve(ctx context.Context, lis net.Listener, p Puller) error {
+	srv := &http.Server{Handler: Handler(p), ReadHeaderTimeout: 10 * time.Second,
+		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	log.G(ctx).WithField("socket", lis.Addr().String()).Info("serving control API")
+	select {
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		_ = srv.Close()
+		return nil
+	case err := <-errc:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return fmt.Errorf("control socket: %w", err)
+	}
+}
+
+// Client talks to a daemon's control socket.
+type Client struct {
+	socket string
+	hc     *http.Client
+}
+
+// NewClient returns a client of the control socket at path.
+func NewClient(path string) *Client {
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	}}
+	return &Client{socket: path, hc: &http.Client{Transport: tr}}
+}
+
+func (c *Client) post(ctx context.Context, path string, body any) (*http.Response, error) {
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://control"+path, bytes.NewReader(raw))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("control socket %s: %w (is the daemon running?)", c.socket, err)
+	}
+	return resp, nil
+}
+
+// Pull asks the daemon to pull req and calls onEvent for each progress
+// event; it returns the result, or the daemon's error.
+func (c *Client) Pull(ctx context.Context, req pipeline.PullRequest, onEvent func(pipeline.Event)) (*pipeline.PullResult, error) {
+	resp, err := c.post(ctx, "/v1/pull", req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	for sc.Scan() {
+		var l Line
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			return nil, fmt.Errorf("control socket %s: bad answer line %q: %w", c.socket, sc.Text(), err)
+		}
+		switch {
+		case l.Error != "":
+			return nil, errors.New(l.Error)
+		case l.Result != nil:
+			return l.Result, nil
+		case l.Event != nil && onEvent != nil:
+			onEvent(*l.Event)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("control socket %s: reading the answer: %w", c.socket, err)
+	}
+	return nil, fmt.Errorf("control socket %s: the daemon ended the answer without a result", c.socket)
+}
+
+// Activate asks the daemon to activate the pulled image ref.
+func (c *Client) Activate(ctx context.Context, ref string) (*pipeline.ActivateResponse, error) {
+	resp, err := c.post(ctx, "/v1/activate", ActivateRequest{Ref: ref})
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var a ActivateAnswer
+	if err := json.NewDecoder(resp.Body).Decode(&a); err != nil {
+		return nil, fmt.Errorf("control socket %s: bad answer (status %s): %w", c.socket, resp.Status, err)
+	}
+	if a.Error != "" {
+		return nil, errors.New(a.Error)
+	}
+	if a.Result == nil {
+		return nil, fmt.Errorf("control socket %s: answer without a result (status %s)", c.socket, resp.Status)
+	}
+	return a.Result, nil
+}

@@ -1,0 +1,95 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/containerd/log"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/control"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
+)
+
+// S3SourceConfig returns the s3source.Config of bucket under the [s3]
+// section (endpoint, region, path style, anonymous access).
+func (c *Config) S3SourceConfig(bucket string) s3source.Config {
+	return s3source.Config{Bucket: bucket, Region: c.S3.Region, Endpoint: c.S3.Endpoint, PathStyle: c.S3.PathStyle, Anonymous: c.S3.Anonymous}
+}
+
+// PipelineOptions returns the pipeline.Options of the [pipeline], [queues]
+// and [containerd] sections over the service's database, snapshotter and
+// pool. S3 sources are made once per bucket.
+func (s *Service) PipelineOptions() pipeline.Options {
+	c := s.Config
+	var (
+		mu      sync.Mutex
+		sources = map[string]*s3source.Source{}
+	)
+	return pipeline.Options{
+		DB:          s.DB,
+		DownloadDir: c.Pipeline.DownloadDir,
+		Sources: func(ctx context.Context, bucket string) (*s3source.Source, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if src := sources[bucket]; src != nil {
+				return src, nil
+			}
+			src, err := s3source.New(ctx, c.S3SourceConfig(bucket))
+			if err != nil {
+				return nil, err
+			}
+			sources[bucket] = src
+			return src, nil
+		},
+		Snapshots:       s.Snapshotter,
+		ThinExists:      s.Pool.ThinExists,
+		Namespace:       c.Containerd.Namespace,
+		MaxLayerSize:    c.Pipeline.MaxImageSize.Bytes(),
+		DownloadTimeout: c.Pipeline.DownloadTimeout.Duration,
+		ExtractTimeout:  c.Pipeline.ExtractTimeout.Duration,
+		Downloads:       c.Queues.Downloads,
+		Unpacking:       c.Queues.Unpacking,
+	}
+}
+
+// StartFetcher builds the S3 pipelines, resumes the runs a previous process
+// left (seed 001), and serves the control socket (daemon.control_socket;
+// none when empty) until ctx is done. stop closes both; runs under way stay
+// recorded for the next start.
+func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
+	p, err := pipeline.New(ctx, s.PipelineOptions())
+	if err != nil {
+		return nil, fmt.Errorf("fetcher: %w", err)
+	}
+	if err := p.Resume(ctx); err != nil {
+		p.Close(ctx)
+		return nil, fmt.Errorf("fetcher: resume: %w", err)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	if sock := s.Config.Daemon.ControlSocket; sock != "" {
+		lis, err := control.Listen(ctx, sock)
+		if err != nil {
+			cancel()
+			p.Close(ctx)
+			return nil, fmt.Errorf("fetcher: %w", err)
+		}
+		go func() {
+			defer close(done)
+			if err := control.Serve(sctx, lis, p); err != nil {
+				log.G(ctx).WithError(err).Error("control socket stopped")
+			}
+		}()
+	} else {
+		close(done)
+	}
+	return func() {
+		cancel()
+		<-done
+		if err := p.Close(context.WithoutCancel(ctx)); err != nil {
+			log.G(ctx).WithError(err).Warn("closing the pipelines")
+		}
+	}, nil
+}
