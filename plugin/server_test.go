@@ -11,8 +11,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
+	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/core/snapshots/proxy"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
@@ -237,5 +239,82 @@ func TestServeFailsFastOnBusyMetricsAddress(t *testing.T) {
 	}
 	if _, err := os.Lstat(socket); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("socket left behind after a failed start: %v", err)
+	}
+}
+
+// stallingSnapshotter is a fault injector: its Prepare announces itself on
+// entered and then blocks until release is closed (or its context ends)
+// before calling the real snapshotter.
+type stallingSnapshotter struct {
+	snapshots.Snapshotter
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *stallingSnapshotter) Prepare(ctx context.Context, key, parent string, opts ...snapshots.Opt) ([]mount.Mount, error) {
+	s.entered <- struct{}{}
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return s.Snapshotter.Prepare(ctx, key, parent, opts...)
+}
+
+// startStalled serves a stalling snapshotter, starts one Prepare through the
+// proxy client and returns once the server is inside it.
+func startStalled(t *testing.T, timeout time.Duration) (sn *stallingSnapshotter, cancel func(), served <-chan error, prepared <-chan error) {
+	t.Helper()
+	sn = &stallingSnapshotter{Snapshotter: newNative(t), entered: make(chan struct{}, 1), release: make(chan struct{})}
+	socket := filepath.Join(t.TempDir(), "s.sock")
+	ctx, cancelServe := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- Serve(ctx, sn, ServeOptions{Socket: socket, ShutdownTimeout: timeout, Ready: func() { close(ready) }})
+	}()
+	<-ready
+	client := DialProxy(t, socket)
+	prep := make(chan error, 1)
+	go func() {
+		_, err := client.Prepare(namespaces.WithNamespace(context.Background(), "default"), "inflight", "")
+		prep <- err
+	}()
+	<-sn.entered
+	return sn, cancelServe, done, prep
+}
+
+func TestServeStopLetsInflightCallFinish(t *testing.T) {
+	sn, cancel, served, prepared := startStalled(t, time.Hour)
+	cancel()
+	select {
+	case err := <-served:
+		t.Fatalf("Serve returned (%v) while a call was in flight", err)
+	case err := <-prepared:
+		t.Fatalf("in-flight Prepare ended (%v) before it was released", err)
+	default:
+	}
+	close(sn.release)
+	if err := <-prepared; err != nil {
+		t.Fatalf("in-flight Prepare failed across the stop: %v", err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+	if _, err := sn.Snapshotter.Stat(namespaces.WithNamespace(context.Background(), "default"), "inflight"); err != nil {
+		t.Errorf("the in-flight Prepare's snapshot is missing: %v", err)
+	}
+}
+
+func TestServeStopIsBounded(t *testing.T) {
+	// The stalled call is never released: after the shutdown timeout Serve
+	// cuts it off and returns, and the client sees an error.
+	_, cancel, served, prepared := startStalled(t, 50*time.Millisecond)
+	cancel()
+	if err := <-served; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+	if err := <-prepared; err == nil {
+		t.Fatal("a call cut off by the shutdown timeout reported success")
 	}
 }
