@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/containerd/log"
-	"github.com/coreos/go-systemd/v22/daemon"
+	systemd "github.com/coreos/go-systemd/v22/daemon"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 )
@@ -112,13 +112,13 @@ func runServe(ctx context.Context, args []string) (err error) {
 		return err
 	}
 	defer stopFetcher()
-	return svc.Serve(ctx, func() { sdNotify(ctx, daemon.SdNotifyReady) }, func() { sdNotify(ctx, daemon.SdNotifyStopping) })
+	return svc.Serve(ctx, func() { sdNotify(ctx, systemd.SdNotifyReady) }, func() { sdNotify(ctx, systemd.SdNotifyStopping) })
 }
 
 // sdNotify tells systemd state when the daemon runs under a notify unit
 // ($NOTIFY_SOCKET set); otherwise it does nothing.
 func sdNotify(ctx context.Context, state string) {
-	sent, err := daemon.SdNotify(false, state)
+	sent, err := systemd.SdNotify(false, state)
 	switch {
 	case err != nil:
 		log.G(ctx).WithError(err).WithField("state", state).Warn("sd_notify failed")
