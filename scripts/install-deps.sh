@@ -3,7 +3,8 @@
 # Idempotent: skips apt entirely when everything is already present.
 set -euo pipefail
 pkgs=(qemu-system-x86 linux-image-amd64 busybox-static e2fsprogs xfsprogs cpio kmod
-      runc libseccomp2 thin-provisioning-tools dmsetup gcc make)
+      runc libseccomp2 thin-provisioning-tools dmsetup gcc make
+      debootstrap)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
