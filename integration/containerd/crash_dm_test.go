@@ -96,17 +96,36 @@ func TestCrashOverSocket(t *testing.T) {
 	model := crashModel{committed: map[string]crashSnap{}, active: map[string]crashSnap{}}
 	kills := crashKills(t)
 	var ops, verifiedFiles int
-	opCount := map[string]int{}
 	killedIn := map[string]int{}
+
+	// Warm-up without kills: the pool's base device gets made, and the
+	// time one loop step takes here (TCG, shared cores) is measured, so the
+	// kills land inside the loop whatever the machine's speed.
+	sn, closeConn := dialOurs(t, d)
+	warm := time.Now()
+	for i := 0; i < 4; i++ {
+		if err := crashBuild(ctx, sn, &model, rng, mnt, fmt.Sprintf("warm-%d", i)); err != nil {
+			t.Fatalf("warm-up: %v\ndaemon log tail:\n%s", err, d.p.logTail(40))
+		}
+	}
+	if err := crashRemove(ctx, sn, &model, rng); err != nil {
+		t.Fatalf("warm-up: %v", err)
+	}
+	closeConn()
+	stepTime := time.Since(warm) / 5
+	var loopTime time.Duration
+	t.Logf("warm-up: %s per Prepare+write+Commit step", stepTime.Round(time.Millisecond))
 	start := time.Now()
 	for k := 0; k < kills; k++ {
 		sn, closeConn := dialOurs(t, d)
-		// Kill after a random delay while the loop runs.
-		delay := time.Duration(rng.IntN(1200)) * time.Millisecond
+		// Kill after a random delay within the next few loop steps.
+		delay := time.Duration(rng.Int64N(int64(4 * stepTime)))
 		killing, killed := make(chan struct{}), make(chan struct{})
 		timer := time.AfterFunc(delay, func() { close(killing); d.p.kill(); close(killed) })
+		loopStart := time.Now()
 		n, err := crashLoop(ctx, sn, &model, rng, mnt, k)
 		ops += n
+		loopTime += time.Since(loopStart)
 		select {
 		case <-killing:
 		default:
@@ -117,7 +136,6 @@ func TestCrashOverSocket(t *testing.T) {
 		<-killed
 		timer.Stop()
 		closeConn()
-		opCount[model.inFlight.op]++
 		killedIn[model.inFlight.op]++
 
 		if err := d.start(ctx); err != nil {
@@ -130,15 +148,20 @@ func TestCrashOverSocket(t *testing.T) {
 			t.Fatalf("iteration %d (killed during %s of %q after %s): %v\ndaemon log tail:\n%s", k, model.inFlight.op, model.inFlight.key, delay, err, d.p.logTail(40))
 		}
 		verifiedFiles += v
+		t.Logf("kill %d after %s during %s of %q: restarted, %d committed and %d active verified (%d files)",
+			k+1, delay, model.inFlight.op, model.inFlight.key, len(model.committed), len(model.active), v)
 		if out, err := run(ctx, d.bin, "pool", "ls", "--check", "--config", d.config); err != nil {
 			t.Fatalf("iteration %d: pool and database disagree after restart: %v\n%s", k, err, out)
 		}
 	}
-	t.Logf("crash test: %d SIGKILLs (in flight: %v), %d calls, %d files verified after restarts, %s",
-		kills, killedIn, ops, verifiedFiles, time.Since(start).Round(time.Second))
+	t.Logf("crash test: %d SIGKILLs (call in flight at each kill: %v), %d loop steps completed between kills in %s, %d files verified after restarts, %s in all",
+		kills, killedIn, ops, loopTime.Round(time.Millisecond), verifiedFiles, time.Since(start).Round(time.Second))
+	if killedIn["prepare"] == 0 || killedIn["commit"] == 0 {
+		t.Errorf("no kill landed in a Prepare or in a Commit (%v): the kill points do not cover the loop", killedIn)
+	}
 
 	// Remove everything, children first, then let Cleanup reclaim.
-	sn, closeConn := dialOurs(t, d)
+	sn, closeConn = dialOurs(t, d)
 	defer closeConn()
 	for key := range model.active {
 		if err := sn.Remove(ctx, key); err != nil {

@@ -206,20 +206,45 @@ func createDMPool(ctx context.Context, dir, name string) (*dmPool, error) {
 	return p, nil
 }
 
-// destroy removes the pool and its thin devices (best effort: it runs at
-// the end of the VM run).
+// destroy removes the pool, its thin devices and its loop devices.
 func (p *dmPool) destroy(ctx context.Context) {
+	removePool(ctx, p.name, nil)
+	for _, l := range p.loops {
+		if _, err := run(ctx, "losetup", "-d", l); err != nil {
+			fmt.Fprintf(os.Stderr, "teardown: %v\n", err)
+		}
+	}
+}
+
+// removePool removes the active thin devices named after pool, the pool,
+// and the loop devices backed by files (best effort, reported on stderr: it
+// runs at the end of the run, so that nothing is left behind).
+func removePool(ctx context.Context, pool string, files []string) {
 	if out, err := run(ctx, "dmsetup", "ls"); err == nil {
 		for _, line := range strings.Split(out, "\n") {
 			f := strings.Fields(line)
-			if len(f) > 0 && strings.HasPrefix(f[0], p.name+"-") {
-				_, _ = run(ctx, "dmsetup", "remove", f[0])
+			if len(f) > 0 && strings.HasPrefix(f[0], pool+"-") {
+				if _, err := run(ctx, "dmsetup", "remove", f[0]); err != nil {
+					fmt.Fprintf(os.Stderr, "teardown: %v\n", err)
+				}
 			}
 		}
 	}
-	_, _ = run(ctx, "dmsetup", "remove", p.name)
-	for _, l := range p.loops {
-		_, _ = run(ctx, "losetup", "-d", l)
+	if _, err := run(ctx, "dmsetup", "remove", pool); err != nil {
+		fmt.Fprintf(os.Stderr, "teardown: %v\n", err)
+	}
+	for _, file := range files {
+		out, err := run(ctx, "losetup", "-j", file)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if dev, _, ok := strings.Cut(line, ":"); ok {
+				if _, err := run(ctx, "losetup", "-d", dev); err != nil {
+					fmt.Fprintf(os.Stderr, "teardown: %v\n", err)
+				}
+			}
+		}
 	}
 }
 

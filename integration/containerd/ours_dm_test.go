@@ -81,14 +81,21 @@ func (d *ourDaemon) start(ctx context.Context) error {
 	return nil
 }
 
-// stopAndLog stops the daemon with SIGTERM and reports an unclean stop.
+// stopAndLog stops the daemon with SIGTERM and reports an unclean stop,
+// then tears down its pool (its devices, the pool, the loop devices): the
+// daemon keeps its pool across restarts by design, a test run must not.
 func (d *ourDaemon) stopAndLog() {
-	if d.p == nil || d.p.exited() {
-		return
+	if d.p != nil && !d.p.exited() {
+		if err := d.p.stop(30 * time.Second); err != nil {
+			fmt.Fprintf(os.Stderr, "our daemon did not stop cleanly: %v\nlog tail:\n%s\n", err, d.p.logTail(30))
+		}
 	}
-	if err := d.p.stop(30 * time.Second); err != nil {
-		fmt.Fprintf(os.Stderr, "our daemon did not stop cleanly: %v\nlog tail:\n%s\n", err, d.p.logTail(30))
+	ctx := context.Background()
+	var files []string
+	for _, f := range []string{"data", "metadata"} {
+		files = append(files, filepath.Join(d.dir, "pool", f))
 	}
+	removePool(ctx, d.pool, files)
 }
 
 // thinIDs lists every thin device id in the daemon's pool, read from the
