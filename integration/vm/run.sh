@@ -173,18 +173,22 @@ fi
 # zswap.enabled=0, audit=0, apparmor=0 (nothing in the guest uses them),
 # mitigations=off (a throwaway test guest).
 append="console=ttyS0 quiet panic=-1 oops=panic pci=noacpi cryptomgr.notests zswap.enabled=0 audit=0 apparmor=0 mitigations=off rdinit=/init ${VM_KERNEL_ARGS:-}"
+tr=pci   # virtio transport of the pc machine
 t0=$(date +%s.%N)
 set +e
-timeout -k 5 "$timeout" qemu-system-x86_64 \
+timeout -k 5 "$timeout" qemu-system-x86_64 -M pc \
   -accel tcg,thread=multi -cpu "${VM_QEMU_CPU:-max}" -smp "$cpus" -m "$mem" \
   -nodefaults -no-user-config -display none -vga none -net none -no-reboot \
   -serial "file:$serial" \
   -kernel "$kernel" -initrd "$initrd" -append "$append" \
-  -device virtio-rng-pci \
-  -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap,id=hostroot" \
-  -virtfs "local,path=$repo,mount_tag=repo,security_model=none,multidevs=remap,id=repo" \
-  -virtfs "local,path=$run/io,mount_tag=vmio,security_model=none,id=vmio" \
-  -device virtio-serial-pci,id=vser \
+  -device virtio-rng-$tr \
+  -fsdev "local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap" \
+  -device "virtio-9p-$tr,fsdev=hostroot,mount_tag=hostroot" \
+  -fsdev "local,id=repo,path=$repo,security_model=none,multidevs=remap" \
+  -device "virtio-9p-$tr,fsdev=repo,mount_tag=repo" \
+  -fsdev "local,id=vmio,path=$run/io,security_model=none" \
+  -device "virtio-9p-$tr,fsdev=vmio,mount_tag=vmio" \
+  -device virtio-serial-$tr,id=vser \
   -chardev "file,id=cout,path=$run/stdout" -device virtserialport,bus=vser.0,chardev=cout,name=stdout \
   -chardev "file,id=cerr,path=$run/stderr" -device virtserialport,bus=vser.0,chardev=cerr,name=stderr \
   </dev/null &
