@@ -1,0 +1,147 @@
+//go:build dm
+
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
+)
+
+// benchLayers is the image of BenchmarkPull: two layers of random files,
+// about 500 MB in all.
+var benchLayers = []struct {
+	key   string
+	dir   string
+	files int
+	size  int
+	base  bool
+}{
+	{"big/01.tar", "l1", 2048, 128 << 10, true}, // 256 MiB
+	{"big/02.tar", "l2", 3840, 64 << 10, false}, // 240 MiB
+}
+
+// anchorGetTar is the plain way: GET each object and pipe it into
+// `tar -x` on a fresh, formatted, mounted thin device (made before the
+// clock starts), then sync. It returns the time of GETs + tar + sync.
+func anchorGetTar(b *testing.B, e *pullEnv) time.Duration {
+	ctx := context.Background()
+	const id = 0xfffff0
+	name := e.cfg.Pool.Name + "-anchor"
+	if err := e.pool.CreateThin(ctx, id); err != nil {
+		b.Fatal(err)
+	}
+	path, err := e.pool.Activate(ctx, name, id, 1<<30)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := thinpool.Mkfs(ctx, path, thinpool.FSExt4, nil); err != nil {
+		b.Fatal(err)
+	}
+	dir := b.TempDir()
+	if out, err := exec.Command("mount", path, dir).CombinedOutput(); err != nil {
+		b.Fatalf("mount: %v: %s", err, out)
+	}
+	defer func() {
+		exec.Command("umount", dir).Run()
+		e.pool.Deactivate(ctx, name)
+		e.pool.Delete(ctx, id)
+	}()
+	start := time.Now()
+	for _, l := range benchLayers {
+		resp, err := http.Get(e.srv.URL + "/" + e.srv.Bucket + "/" + l.key)
+		if err != nil {
+			b.Fatal(err)
+		}
+		tar := exec.Command("tar", "-x", "-C", dir)
+		tar.Stdin = resp.Body
+		out, err := tar.CombinedOutput()
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			b.Fatalf("tar -x of %s: %v: %s", l.key, err, out)
+		}
+	}
+	if out, err := exec.Command("sync", "-f", dir).CombinedOutput(); err != nil {
+		b.Fatalf("sync: %v: %s", err, out)
+	}
+	return time.Since(start)
+}
+
+// BenchmarkPull measures, in one run: a pull of a ~500 MB two-layer image
+// to an active snapshot through the CLI and the daemon, against a plain GET
+// of the same objects plus tar -x into a fresh thin device (target: at most
+// 1.1x); and the idempotent re-pull through the CLI (target: under 50 ms),
+// against the CLI's start-up alone (`version`).
+func BenchmarkPull(b *testing.B) {
+	e := newPullEnvTB(b)
+	var total int64
+	for i, l := range benchLayers {
+		data := genLayer(b, uint64(100+i), l.dir, l.files, l.size, l.base)
+		total += int64(len(data))
+		e.srv.Put(b, l.key, data)
+	}
+	runtime.GC()
+	debug.FreeOSMemory()
+
+	anchor := anchorGetTar(b, e)
+	start := time.Now()
+	code, out, errOut := runCommandB(b, "pull", "--config", e.cfgPath, "s3://"+e.srv.Bucket+"/big/", "--name", "big")
+	pull := time.Since(start)
+	if code != 0 {
+		b.Fatalf("pull: exit %d: %s %s", code, out, errOut)
+	}
+
+	var repulls, versions []time.Duration
+	for range 7 {
+		s := time.Now()
+		if code, out, errOut := runCommandB(b, "pull", "--config", e.cfgPath, "s3://"+e.srv.Bucket+"/big/", "--name", "big"); code != 0 || !strings.Contains(out, "downloaded 0, unpacked 0") {
+			b.Fatalf("re-pull: exit %d: %s %s", code, out, errOut)
+		}
+		repulls = append(repulls, time.Since(s))
+		s = time.Now()
+		if code, _, _ := runCommandB(b, "version"); code != 0 {
+			b.Fatal("version failed")
+		}
+		versions = append(versions, time.Since(s))
+	}
+	slices.Sort(repulls)
+	slices.Sort(versions)
+	med := func(d []time.Duration) time.Duration { return d[len(d)/2] }
+
+	w := os.Stdout
+	fmt.Fprintf(w, "\nBenchmarkPull: image of %d layers, %.0f MiB of tar\n", len(benchLayers), float64(total)/(1<<20))
+	fmt.Fprintf(w, "| measure | time | ratio | target |\n|---|---|---|---|\n")
+	fmt.Fprintf(w, "| GET + tar -x + sync into a fresh thin device (anchor) | %s | 1.00 | |\n", anchor.Round(time.Millisecond))
+	fmt.Fprintf(w, "| pull -> active snapshot (CLI, daemon: download+SHA-256+validate+unpack+activate) | %s | %.2f | <= 1.10 |\n", pull.Round(time.Millisecond), float64(pull)/float64(anchor))
+	fmt.Fprintf(w, "| idempotent re-pull, whole CLI call (median of %d) | %s | | < 50ms |\n", len(repulls), med(repulls).Round(time.Microsecond))
+	fmt.Fprintf(w, "| CLI start-up alone: `version` (median of %d) | %s | | |\n", len(versions), med(versions).Round(time.Microsecond))
+	b.ReportMetric(float64(pull)/float64(anchor), "pull/anchor")
+	b.ReportMetric(float64(med(repulls).Microseconds())/1000, "repull-ms")
+}
+
+func runCommandB(b *testing.B, args ...string) (int, string, string) {
+	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^TestValidateCommandHelperProcess$", "--"}, args...)...)
+	cmd.Env = append(os.Environ(), "FLYIO_VALIDATE_HELPER=1")
+	var out, errOut strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		b.Fatal(err)
+	}
+	return code, out.String(), errOut.String()
+}

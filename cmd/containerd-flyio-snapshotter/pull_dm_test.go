@@ -1,0 +1,524 @@
+//go:build dm
+
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/control"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
+)
+
+// genLayer builds a layer tarball of files random files of size bytes each
+// (random content: nothing sparse or compressible), under dir/, with the
+// canonical etc/ usr/ var/ folders when base is set.
+func genLayer(t testing.TB, seed uint64, dir string, files, size int, base bool) []byte {
+	t.Helper()
+	r := rand.New(rand.NewPCG(seed, seed*31+7))
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	hdr := func(h *tar.Header) {
+		h.ModTime = time.Unix(1700000000, 0)
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if base {
+		for _, d := range []string{"etc/", "usr/", "var/"} {
+			hdr(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755})
+		}
+		hdr(&tar.Header{Typeflag: tar.TypeReg, Name: "etc/os-release", Mode: 0o644, Size: 13})
+		tw.Write([]byte("ID=flyiotest\n"))
+	}
+	hdr(&tar.Header{Typeflag: tar.TypeDir, Name: dir + "/", Mode: 0o755})
+	body := make([]byte, size)
+	for i := 0; i < files; i++ {
+		for j := 0; j < len(body); j += 8 {
+			v := r.Uint64()
+			for k := 0; k < 8 && j+k < len(body); k++ {
+				body[j+k] = byte(v >> (8 * k))
+			}
+		}
+		hdr(&tar.Header{Typeflag: tar.TypeReg, Name: fmt.Sprintf("%s/f%05d", dir, i), Mode: 0o644, Size: int64(size)})
+		if _, err := tw.Write(body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// daemonProc is `serve --config FILE` running as a process (this test binary
+// re-executed as the command).
+type daemonProc struct {
+	t      testing.TB
+	cfg    *plugin.Config
+	path   string
+	cmd    *exec.Cmd
+	exited chan error
+	stderr *bytes.Buffer
+}
+
+func startDaemon(t testing.TB, cfg *plugin.Config, cfgPath string) *daemonProc {
+	t.Helper()
+	d := &daemonProc{t: t, cfg: cfg, path: cfgPath, exited: make(chan error, 1), stderr: &bytes.Buffer{}}
+	d.cmd = exec.Command(os.Args[0], "-test.run=^TestValidateCommandHelperProcess$", "--", "serve", "--config", cfgPath)
+	d.cmd.Env = append(os.Environ(), "FLYIO_VALIDATE_HELPER=1")
+	d.cmd.Stderr = d.stderr
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { d.exited <- d.cmd.Wait() }()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		if c, err := net.Dial("unix", cfg.Daemon.ControlSocket); err == nil {
+			c.Close()
+			return d
+		}
+		select {
+		case err := <-d.exited:
+			t.Fatalf("daemon exited before serving: %v\n%s", err, d.stderr)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			d.kill()
+			t.Fatalf("daemon not serving its control socket after 3 minutes:\n%s", d.stderr)
+		}
+	}
+}
+
+// kill SIGKILLs the daemon and waits for it to be gone.
+func (d *daemonProc) kill() {
+	d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.exited
+}
+
+// stop SIGTERMs the daemon and waits.
+func (d *daemonProc) stop() {
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+	case <-time.After(2 * time.Minute):
+		d.kill()
+	}
+}
+
+// pullEnv is one configuration (pool, database, fake S3) shared by the
+// subtests of a test, and a handle on the pool for inspection.
+type pullEnv struct {
+	t       testing.TB
+	cfg     *plugin.Config
+	srv     *s3test.Server
+	cfgPath string
+	pool    *thinpool.Pool
+	d       *daemonProc
+}
+
+func newPullEnv(t *testing.T) *pullEnv { return newPullEnvTB(t) }
+
+func newPullEnvTB(t testing.TB) *pullEnv {
+	// The VM harness boots with -net none: the fake S3 needs loopback up.
+	if out, err := exec.Command("ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		t.Logf("ip link set lo up: %v: %s", err, out)
+	}
+	cfg := dmtest.Config(t)
+	srv := s3test.NewServer(t)
+	cfg.Daemon.ControlSocket = filepath.Join(cfg.Daemon.RootDir, "run", "control.sock")
+	cfg.S3 = plugin.S3Config{Region: "us-east-1", Endpoint: srv.URL, PathStyle: true, Anonymous: true}
+	cfg.Pool.DataSize = 6 << 30
+	cfg.Pool.BaseImageSize = 1 << 30
+	cfg.Pool.AsyncRemove = false
+	cfgPath := dmtest.WriteConfig(t, cfg)
+	e := &pullEnv{t: t, cfg: cfg, srv: srv, cfgPath: cfgPath}
+	e.d = startDaemon(t, cfg, cfgPath)
+	t.Cleanup(func() {
+		if e.d != nil {
+			e.d.stop()
+			if t.Failed() {
+				t.Logf("daemon stderr (tail):\n%s", tail(e.d.stderr.String(), 4000))
+			}
+		}
+		if e.pool != nil {
+			e.pool.Close()
+		}
+	})
+	pool, err := thinpool.Open(context.Background(), cfg.ThinpoolConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.pool = pool
+	return e
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+func (e *pullEnv) restart() {
+	e.t.Helper()
+	e.d = startDaemon(e.t, e.cfg, e.cfgPath)
+}
+
+func (e *pullEnv) pull(key, ref string) (*pipeline.PullResult, error) {
+	c := control.NewClient(e.cfg.Daemon.ControlSocket)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	return c.Pull(ctx, pipeline.PullRequest{Bucket: e.srv.Bucket, Key: key, Ref: ref}, nil)
+}
+
+func (e *pullEnv) db() *metadata.DB {
+	e.t.Helper()
+	db, err := metadata.Open(context.Background(), metadata.Options{Path: e.cfg.Metadata.Path, ReadOnly: true})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// waitRun polls the database until a run of fsmName is running transition,
+// and returns when it is (for a SIGKILL at that point).
+func (e *pullEnv) waitRun(fsmName, transition string, extra func() bool) {
+	e.t.Helper()
+	db := e.db()
+	deadline := time.Now().Add(5 * time.Minute)
+	for time.Now().Before(deadline) {
+		runs, err := db.ListRuns(context.Background(), metadata.RunFilter{FSM: fsmName, States: []string{metadata.RunRunning}})
+		if err == nil {
+			for _, r := range runs {
+				if r.Transition == transition && (extra == nil || extra()) {
+					return
+				}
+			}
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	e.t.Fatalf("no %s run reached %s", fsmName, transition)
+}
+
+// checkClean asserts nothing half-made is left: no temp file, no image
+// lock, no extraction snapshot, no mount under the download dir, and the
+// pool's thin ids are exactly the recorded devices.
+func (e *pullEnv) checkClean() {
+	e.t.Helper()
+	ctx := context.Background()
+	if tmps, _ := os.ReadDir(filepath.Join(e.cfg.Pipeline.DownloadDir, "tmp")); len(tmps) != 0 {
+		e.t.Errorf("temp files left: %v", tmps)
+	}
+	db := e.db()
+	if locks, err := db.ListImageLocks(ctx); err != nil || len(locks) != 0 {
+		e.t.Errorf("image locks left: %+v %v", locks, err)
+	}
+	snaps, err := db.SnapshotterReads().Snapshots(ctx, "", true)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, s := range snaps {
+		if strings.HasPrefix(s.Key, "flyio-extract-") {
+			e.t.Errorf("extraction snapshot left: %s (%s)", s.Key, s.Kind)
+		}
+	}
+	mounts, _ := os.ReadFile("/proc/self/mounts")
+	if strings.Contains(string(mounts), filepath.Join(e.cfg.Pipeline.DownloadDir, "mnt")) {
+		e.t.Errorf("extraction mount left:\n%s", mounts)
+	}
+	ids, err := e.pool.ThinIDs(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	devs, err := db.SnapshotterReads().ThinDevices(ctx, "")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if len(ids) != len(devs) {
+		e.t.Errorf("pool has %d thin devices %v, database records %d: %+v", len(ids), ids, len(devs), devs)
+	}
+}
+
+// deviceOfChain returns the thin id recorded for chain.
+func (e *pullEnv) deviceOfChain(chain string) uint32 {
+	e.t.Helper()
+	db := e.db()
+	ch, err := db.GetChain(context.Background(), chain)
+	if err != nil || ch == nil {
+		e.t.Fatalf("chain %s: %+v %v", chain, ch, err)
+	}
+	u, err := db.CheckImageUnpacked(context.Background(), ch.ImageID)
+	if err != nil || u == nil {
+		e.t.Fatalf("unpacked record of chain %s: %+v %v", chain, u, err)
+	}
+	id, err := strconv.ParseUint(u.DeviceID, 10, 32)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return uint32(id)
+}
+
+// checkActive mounts the image's active snapshot device read-only and
+// checks the files of its layers are there.
+func (e *pullEnv) checkActive(res *pipeline.PullResult, want ...string) {
+	e.t.Helper()
+	dir := e.t.TempDir()
+	if out, err := exec.Command("mount", "-o", "ro,noload", res.Snapshot.DevicePath, dir).CombinedOutput(); err != nil {
+		e.t.Fatalf("mount %s: %v: %s", res.Snapshot.DevicePath, err, out)
+	}
+	defer exec.Command("umount", dir).Run()
+	for _, w := range append([]string{"etc/os-release", "usr", "var"}, want...) {
+		if _, err := os.Stat(filepath.Join(dir, w)); err != nil {
+			e.t.Errorf("active snapshot of %s lacks %s: %v", res.Ref, w, err)
+		}
+	}
+}
+
+// TestPullRecovery is seed 001's five recovery cases against the real
+// daemon with real SIGKILLs, then the concurrency and sharing cases, all on
+// one pool.
+func TestPullRecovery(t *testing.T) {
+	e := newPullEnv(t)
+	layerA1 := genLayer(t, 1, "a1", 64, 64<<10, true) // 4 MiB
+	layerA2 := genLayer(t, 2, "a2", 16, 16<<10, false)
+	e.srv.Put(t, "a/01.tar", layerA1)
+	e.srv.Put(t, "a/02.tar", layerA2)
+
+	t.Run("1 kill during download", func(t *testing.T) {
+		e.srv.Faults.Delay(1, "a/01.tar", 5*time.Minute) // the GET hangs: the download is under way
+		errc := make(chan error, 1)
+		go func() { _, err := e.pull("a/", "a"); errc <- err }()
+		tmp := filepath.Join(e.cfg.Pipeline.DownloadDir, "tmp")
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			if ents, _ := os.ReadDir(tmp); len(ents) > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("no download temp file appeared")
+			}
+			select {
+			case err := <-errc:
+				t.Fatalf("pull ended before the kill: %v", err)
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		e.d.kill()
+		<-errc
+		e.srv.Faults.Reset()
+		e.restart()
+		res, err := e.pull("a/", "a")
+		if err != nil {
+			t.Fatalf("pull after a kill during download: %v", err)
+		}
+		if got := e.srv.Requests("GET", "a/01.tar"); got != 1 {
+			t.Errorf("GETs of a/01.tar after restart = %d, want 1 (download restarted once)", got)
+		}
+		e.checkActive(res, "a1/f00000", "a2/f00000")
+		e.checkClean()
+	})
+
+	layerB := genLayer(t, 3, "b", 1024, 64<<10, true) // 64 MiB: validation takes a while
+	e.srv.Put(t, "b.tar", layerB)
+	t.Run("2 kill after download before validate", func(t *testing.T) {
+		e.srv.Faults.Reset()
+		errc := make(chan error, 1)
+		go func() { _, err := e.pull("b.tar", "b"); errc <- err }()
+		e.waitRun(pipeline.FSMDownload, "validate", nil)
+		e.d.kill()
+		<-errc
+		e.restart()
+		res, err := e.pull("b.tar", "b")
+		if err != nil {
+			t.Fatalf("pull after a kill in validate: %v", err)
+		}
+		if got := e.srv.Requests("GET", "b.tar"); got != 1 {
+			t.Errorf("GETs of b.tar = %d, want 1 (the resumed run validated the downloaded file)", got)
+		}
+		e.checkActive(res, "b/f01023")
+		e.checkClean()
+	})
+
+	layerC := genLayer(t, 4, "c", 2048, 32<<10, true) // 64 MiB in 2048 files
+	e.srv.Put(t, "c.tar", layerC)
+	t.Run("3 kill during extraction", func(t *testing.T) {
+		errc := make(chan error, 1)
+		go func() { _, err := e.pull("c.tar", "c"); errc <- err }()
+		mnt := filepath.Join(e.cfg.Pipeline.DownloadDir, "mnt")
+		e.waitRun(pipeline.FSMUnpack, "extract-layers", func() bool {
+			ents, _ := os.ReadDir(mnt)
+			for _, d := range ents {
+				if files, _ := os.ReadDir(filepath.Join(mnt, d.Name(), "c")); len(files) > 20 {
+					return true
+				}
+			}
+			return false
+		})
+		e.d.kill()
+		<-errc
+		e.restart()
+		res, err := e.pull("c.tar", "c")
+		if err != nil {
+			t.Fatalf("pull after a kill during extraction: %v", err)
+		}
+		e.checkActive(res, "c/f02047")
+		e.checkClean()
+	})
+
+	t.Run("4 idempotent re-pull", func(t *testing.T) {
+		db := e.db()
+		before, _ := e.pool.ThinIDs(context.Background())
+		runsBefore, _ := db.ListRuns(context.Background(), metadata.RunFilter{})
+		e.srv.Faults.Reset()
+		start := time.Now()
+		code, out, errOut := runCommand(t, nil, "pull", "--config", e.cfgPath, "s3://"+e.srv.Bucket+"/a/", "--name", "a")
+		took := time.Since(start)
+		if code != 0 {
+			t.Fatalf("re-pull: exit %d: %s %s", code, out, errOut)
+		}
+		if n := e.srv.TotalRequests(); n != 0 {
+			t.Errorf("re-pull made %d S3 requests, want 0", n)
+		}
+		if !strings.Contains(out, "downloaded 0, unpacked 0") {
+			t.Errorf("re-pull output %q: want nothing downloaded or unpacked", out)
+		}
+		after, _ := e.pool.ThinIDs(context.Background())
+		if fmt.Sprint(before) != fmt.Sprint(after) {
+			t.Errorf("re-pull changed the pool's devices: %v -> %v", before, after)
+		}
+		runs, _ := db.ListRuns(context.Background(), metadata.RunFilter{})
+		fresh := runs[:len(runs)-len(runsBefore)]
+		if len(fresh) != 5 {
+			t.Errorf("re-pull of a 2-layer image made %d runs, want 5 (2 downloads, 2 unpacks, 1 activate)", len(fresh))
+		}
+		handoff := map[string]string{pipeline.FSMDownload: `"already_exist":true`, pipeline.FSMUnpack: `"already_unpacked":true`, pipeline.FSMActivate: `"activated":false`}
+		for _, r := range fresh {
+			if r.State != metadata.RunComplete || r.Attempts != 1 || !strings.Contains(string(r.Response), handoff[r.FSM]) {
+				t.Errorf("re-pull run %s (%s) %s at %s, %d attempts, response %s: want a handoff at its first transition", r.ID, r.FSM, r.State, r.Transition, r.Attempts, r.Response)
+			}
+		}
+		t.Logf("idempotent re-pull through the CLI: %s (process start included)", took)
+	})
+
+	t.Run("5 device removed behind our back", func(t *testing.T) {
+		res, err := e.pull("a/", "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		top := e.deviceOfChain(res.TopChainID)
+		ctx := context.Background()
+		if err := e.pool.Delete(ctx, top); err != nil {
+			t.Fatalf("delete thin %d behind the daemon's back: %v", top, err)
+		}
+		healed, err := e.pull("a/", "a")
+		if err != nil {
+			t.Fatalf("pull after the device vanished: %v", err)
+		}
+		if healed.Unpacked != 1 {
+			t.Errorf("healing pull unpacked %d chain positions, want 1 (the top one)", healed.Unpacked)
+		}
+		id := e.deviceOfChain(healed.TopChainID)
+		if ok, err := e.pool.ThinExists(ctx, id); err != nil || !ok {
+			t.Errorf("healed top chain device %d exists = %v, %v", id, ok, err)
+		}
+		e.checkActive(healed, "a2/f00000")
+		e.checkClean()
+	})
+
+	layerD1 := genLayer(t, 5, "d1", 32, 64<<10, true)
+	layerD2 := genLayer(t, 6, "d2", 32, 64<<10, false)
+	e.srv.Put(t, "d/01.tar", layerD1)
+	e.srv.Put(t, "d/02.tar", layerD2)
+	t.Run("10 concurrent pulls", func(t *testing.T) {
+		e.srv.Faults.Reset()
+		before, _ := e.pool.ThinIDs(context.Background())
+		start := time.Now()
+		var wg sync.WaitGroup
+		results := make([]*pipeline.PullResult, 10)
+		errs := make([]error, 10)
+		for i := range 10 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				results[i], errs[i] = e.pull("d/", "d")
+			}()
+		}
+		wg.Wait()
+		for i := range 10 {
+			if errs[i] != nil {
+				t.Fatalf("pull %d: %v", i, errs[i])
+			}
+			if results[i].Snapshot.SnapshotName != results[0].Snapshot.SnapshotName {
+				t.Errorf("pull %d got snapshot %s, pull 0 %s", i, results[i].Snapshot.SnapshotName, results[0].Snapshot.SnapshotName)
+			}
+		}
+		for _, k := range []string{"d/01.tar", "d/02.tar"} {
+			if n := e.srv.Requests("GET", k); n != 1 {
+				t.Errorf("%s downloaded %d times, want 1", k, n)
+			}
+		}
+		after, _ := e.pool.ThinIDs(context.Background())
+		if added := len(after) - len(before); added != 3 {
+			t.Errorf("10 pulls of a 2-layer image added %d devices, want 3 (two chain positions and one active snapshot)", added)
+		}
+		runs, err := e.db().ListRuns(context.Background(), metadata.RunFilter{FSM: pipeline.FSMUnpack})
+		if err != nil {
+			t.Fatal(err)
+		}
+		extracted := 0
+		for _, r := range runs {
+			if r.CreatedAt.After(start) && strings.Contains(string(r.Response), `"unpacked":true`) {
+				extracted++
+			}
+		}
+		if extracted != 2 {
+			t.Errorf("unpack runs that extracted over the 10 pulls: %d, want 2", extracted)
+		}
+		e.checkClean()
+	})
+
+	e.srv.Put(t, "e/01.tar", layerD1) // the same first layer as d/, under another key
+	e.srv.Put(t, "e/02.tar", genLayer(t, 7, "e2", 8, 4<<10, false))
+	t.Run("shared first layers", func(t *testing.T) {
+		e.srv.Faults.Reset()
+		resD, err := e.pull("d/", "d")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resE, err := e.pull("e/", "e")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resE.Layers[0].ChainID != resD.Layers[0].ChainID {
+			t.Fatalf("chain 1 of e %s != chain 1 of d %s", resE.Layers[0].ChainID, resD.Layers[0].ChainID)
+		}
+		if e.deviceOfChain(resE.Layers[0].ChainID) != e.deviceOfChain(resD.Layers[0].ChainID) {
+			t.Error("shared first layer has two devices")
+		}
+		if resE.Unpacked != 1 || e.srv.Requests("GET", "e/01.tar") != 0 {
+			t.Errorf("image e: unpacked %d, GETs of its shared layer %d; want 1 and 0", resE.Unpacked, e.srv.Requests("GET", "e/01.tar"))
+		}
+		e.checkActive(resE, "d1/f00000", "e2/f00000")
+		e.checkClean()
+	})
+}
