@@ -19,6 +19,7 @@
 # every --env variable of the caller.
 set -euo pipefail
 
+tstart=$(date +%s.%N)
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 repo=$(cd "$here/../.." && pwd -P)
 
@@ -206,7 +207,9 @@ wait $cat_out $cat_err $tee_pid 2>/dev/null || true
 
 if [ -n "${VM_TIMING:-}" ] && [ -s "$run/io/t_start" ]; then
   awk -v a="$(cat "$run/io/t_start")" -v b="$(cat "$run/io/t_end" 2>/dev/null || echo 0)" \
-      -v t0="$t0" -v t1="$t1" 'BEGIN { printf "vm: guest uptime at command start %.2fs, command %.2fs, total wall %.2fs\n", a, b - a, t1 - t0 }' >&2
+      -v ts="$tstart" -v t0="$t0" -v t1="$t1" -v t2="$(date +%s.%N)" 'BEGIN {
+        printf "vm: timing: setup %.2fs, qemu %.2fs (guest uptime at command start %.2fs, command %.2fs, outside guest uptime %.2fs), total %.2fs\n",
+          t0 - ts, t1 - t0, a, b - a, (t1 - t0) - b, t2 - ts }' >&2
 fi
 
 if [ -s "$run/io/status" ]; then
