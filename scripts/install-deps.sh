@@ -4,7 +4,8 @@
 set -euo pipefail
 pkgs=(qemu-system-x86 linux-image-amd64 busybox-static e2fsprogs xfsprogs cpio kmod
       runc libseccomp2 thin-provisioning-tools dmsetup gcc make
-      debootstrap)
+      debootstrap
+      xz-utils mount util-linux)  # VM harness: PVH kernel unpacking, losetup/blockdev/mountpoint
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
