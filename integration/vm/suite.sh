@@ -40,7 +40,7 @@ case " ${runargs[*]-} " in *" --timeout "*) ;; *) runargs+=(--timeout "${VM_SUIT
 if [ ${#pkgs[@]} -eq 0 ]; then
   mapfile -t pkgs < <(
     grep -rlE --include='*_test.go' --exclude-dir=.git --exclude-dir=.cache --exclude-dir=vendor \
-      '^//go:build .*(^|[^!A-Za-z0-9_])dm($|[^A-Za-z0-9_])' . |
+      '^//go:build.*[^!A-Za-z0-9_]dm([^A-Za-z0-9_]|$)' . |
       xargs -r -n1 dirname | sed 's|^\./||' | LC_ALL=C sort -u)
 fi
 if [ ${#pkgs[@]} -eq 0 ]; then
