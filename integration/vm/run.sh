@@ -31,7 +31,7 @@ show_console=0
 envs=()
 
 usage() {
-  sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}" >&2
   exit 2
 }
 die() { echo "vm: $*" >&2; exit 2; }

@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --mem|--timeout|--cpus) runargs+=("$1" "${2:-}"); shift 2 ;;
     --vm|--console) runargs+=("$1"); shift ;;
-    -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$here/suite.sh" >&2; exit 2 ;;
     -*) echo "suite: unknown option '$1'" >&2; exit 2 ;;
     *) d=${1#./}; d=${d%/}; pkgs+=("$d"); shift ;;
   esac
