@@ -18,6 +18,7 @@
 # inside the VM, plus PATH, HOME, USER, LANG, TERM, every GO* variable and
 # every --env variable of the caller.
 set -euo pipefail
+{ # Parsed whole before it runs: editing this file cannot upset running copies.
 
 tstart=$(date +%s.%N)
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
@@ -226,3 +227,5 @@ echo "vm: ---- guest console (last 60 lines) ----" >&2
 tail -n 60 "$console" >&2
 echo "vm: ---- end of guest console ----" >&2
 exit $code
+exit
+}

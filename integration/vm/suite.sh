@@ -17,6 +17,7 @@
 # Prints a summary per binary (PASS/FAIL, wall time) ending with
 # "N passed, N failed"; exits non-zero if any failed or none ran.
 set -euo pipefail
+{ # Parsed whole before it runs: editing this file cannot upset running copies.
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 repo=$(cd "$here/../.." && pwd -P)
@@ -141,3 +142,5 @@ for n in "${names[@]}"; do
 done
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ] && [ $pass -gt 0 ] && [ $rc -eq 0 ]
+exit
+}
