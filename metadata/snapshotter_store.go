@@ -309,6 +309,40 @@ func (s SnapshotterQueries) UpdateSnapshotLabels(ctx context.Context, id int64, 
 	return expectOneRow(res, fmt.Sprintf("update labels of snapshot row %d: no such snapshot", id))
 }
 
+// RemoveSnapshot drops the record of snapshot key in namespace ns and marks
+// its device removed, in at most three statements, unless the snapshot has
+// children (other snapshots naming it as parent, or create intents using its
+// device as origin). It returns the device, the number of children, and
+// whether the snapshot exists; nothing is written when found is false or
+// children is not 0.
+func (s SnapshotterQueries) RemoveSnapshot(ctx context.Context, ns, key string, nowNs int64) (dev ThinDevice, children int, found bool, err error) {
+	var rowID int64
+	err = s.q.QueryRowContext(ctx, `SELECT s.id, d.device_id, d.name, IFNULL(d.origin_id, 0), d.role, d.state, d.size_bytes,
+		d.fs_type, d.created_ns, d.updated_ns,
+		(SELECT COUNT(*) FROM cd_snapshots c WHERE c.parent_id = s.id) +
+		(SELECT COUNT(*) FROM device_intents i WHERE i.origin_id = s.device_id)
+		FROM cd_snapshots s JOIN thin_devices d ON d.device_id = s.device_id
+		WHERE s.namespace = ? AND s.key = ?`, ns, key).Scan(&rowID, &dev.ID, &dev.Name, &dev.OriginID, &dev.Role,
+		&dev.State, &dev.SizeBytes, &dev.FSType, &dev.CreatedNs, &dev.UpdatedNs, &children)
+	if errors.Is(err, sql.ErrNoRows) {
+		return ThinDevice{}, 0, false, nil
+	}
+	if err != nil {
+		return ThinDevice{}, 0, false, fmt.Errorf("remove snapshot %q in namespace %q: %w", key, ns, err)
+	}
+	if children > 0 {
+		return dev, children, true, nil
+	}
+	if err := s.DeleteSnapshot(ctx, rowID); err != nil {
+		return dev, 0, true, err
+	}
+	if err := s.SetThinDeviceState(ctx, dev.ID, ThinStateRemoved, nowNs); err != nil {
+		return dev, 0, true, err
+	}
+	dev.State, dev.UpdatedNs = ThinStateRemoved, nowNs
+	return dev, 0, true, nil
+}
+
 // DeleteSnapshot drops the snapshot record at row id. The caller checks for
 // children first (the foreign key refuses otherwise).
 func (s SnapshotterQueries) DeleteSnapshot(ctx context.Context, id int64) error {

@@ -114,12 +114,26 @@ func TestSnapshotRecordsRoundTripAndCommit(t *testing.T) {
 	if err := snapTx(t, ctx, db, func(q SnapshotterQueries) error { return q.DeleteSnapshot(ctx, parentID) }); err == nil {
 		t.Fatal("deleting a parent with a child succeeded")
 	}
+	// RemoveSnapshot refuses a parent, removes a leaf and marks its device.
 	mustSnapTx(t, ctx, db, func(q SnapshotterQueries) error {
-		if err := q.DeleteSnapshot(ctx, childID); err != nil {
-			return err
+		if _, children, found, err := q.RemoveSnapshot(ctx, "default", "sha256:aaa", 400); err != nil || !found || children != 1 {
+			return fmt.Errorf("RemoveSnapshot(parent) = children %d found %v err %v; want 1 child, refused", children, found, err)
 		}
-		return q.SetThinDeviceState(ctx, 11, ThinStateRemoved, 400)
+		if _, _, found, err := q.RemoveSnapshot(ctx, "default", "nope", 400); err != nil || found {
+			return fmt.Errorf("RemoveSnapshot(absent) found=%v err=%v", found, err)
+		}
+		d, children, found, err := q.RemoveSnapshot(ctx, "default", "child", 400)
+		if err != nil || !found || children != 0 || d.ID != 11 || d.State != ThinStateRemoved {
+			return fmt.Errorf("RemoveSnapshot(child) = %+v, %d, %v, %v", d, children, found, err)
+		}
+		return nil
 	})
+	if _, ok, _ := r.SnapshotByID(ctx, childID); ok {
+		t.Fatal("removed snapshot still recorded")
+	}
+	if d, _, _ := r.ThinDevice(ctx, 11); d.State != ThinStateRemoved {
+		t.Fatalf("device of the removed snapshot is %q, want removed", d.State)
+	}
 	counts, err := r.DeviceStateCounts(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -613,36 +613,18 @@ func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 	}
 	var dev metadata.ThinDevice
 	err = s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
-		r, ok, err := q.Snapshot(ctx, ns, key)
+		d, children, found, err := q.RemoveSnapshot(ctx, ns, key, nowNs())
 		if err != nil {
 			return err
 		}
-		if !ok {
+		if !found {
 			return fmt.Errorf("remove snapshot %q in namespace %q: %w", key, ns, errdefs.ErrNotFound)
 		}
-		n, err := q.ChildCount(ctx, r.ID)
-		if err != nil {
-			return err
-		}
-		m, err := q.IntentsWithOrigin(ctx, r.DeviceID)
-		if err != nil {
-			return err
-		}
-		if n+m > 0 {
-			return fmt.Errorf("cannot remove snapshot %q: it has %d children: %w", key, n+m, errdefs.ErrFailedPrecondition)
-		}
-		d, ok, err := q.ThinDevice(ctx, r.DeviceID)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return fmt.Errorf("remove snapshot %q: device %d has no record", key, r.DeviceID)
+		if children > 0 {
+			return fmt.Errorf("cannot remove snapshot %q: it has %d children: %w", key, children, errdefs.ErrFailedPrecondition)
 		}
 		dev = d
-		if err := q.DeleteSnapshot(ctx, r.ID); err != nil {
-			return err
-		}
-		return q.SetThinDeviceState(ctx, r.DeviceID, metadata.ThinStateRemoved, nowNs())
+		return nil
 	})
 	if err != nil {
 		return err
