@@ -23,21 +23,22 @@ func runActivate(ctx context.Context, args []string) error {
 	addConfigFlags(fs)
 	var socket string
 	addSocketFlag(fs, &socket)
-	if err := parseFlags(fs, args); err != nil {
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() != 1 {
+	if len(pos) != 1 {
 		return &exitError{code: 2, msg: "activate takes exactly one REF argument (the name given to pull, or its s3:// source)"}
 	}
 	c, err := controlClient(socket)
 	if err != nil {
 		return err
 	}
-	res, err := c.Activate(ctx, fs.Arg(0))
+	res, err := c.Activate(ctx, pos[0])
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(os.Stdout, "active %s: snapshot %s (id %s) on device %s, origin device %s\n",
-		fs.Arg(0), res.SnapshotName, res.SnapshotID, res.DevicePath, res.OriginDeviceID)
+		pos[0], res.SnapshotName, res.SnapshotID, res.DevicePath, res.OriginDeviceID)
 	return nil
 }

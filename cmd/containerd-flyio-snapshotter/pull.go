@@ -54,6 +54,22 @@ func controlClient(socket string) (*control.Client, error) {
 	return control.NewClient(socket), nil
 }
 
+// parseInterspersed parses args with fs allowing flags after positional
+// arguments (pull s3://b/k --name REF), and returns the positional ones.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := parseFlags(fs, args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
 func isTerminal(f *os.File) bool {
 	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
 	return err == nil
@@ -67,13 +83,14 @@ func runPull(ctx context.Context, args []string) error {
 	addSocketFlag(fs, &socket)
 	fs.StringVar(&name, "name", "", "image `REF` to register the result under (default: the s3:// source)")
 	fs.BoolVar(&refresh, "refresh", false, "list the image in S3 again even if it was pulled before")
-	if err := parseFlags(fs, args); err != nil {
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() != 1 {
+	if len(pos) != 1 {
 		return &exitError{code: 2, msg: "pull takes exactly one s3://BUCKET/KEY-or-PREFIX argument"}
 	}
-	bucket, key, err := pipeline.ParseS3URL(fs.Arg(0))
+	bucket, key, err := pipeline.ParseS3URL(pos[0])
 	if err != nil {
 		return &exitError{code: 2, msg: err.Error()}
 	}

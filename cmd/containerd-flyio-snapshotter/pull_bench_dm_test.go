@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -86,6 +87,12 @@ func anchorGetTar(b *testing.B, e *pullEnv) time.Duration {
 // against the CLI's start-up alone (`version`).
 func BenchmarkPull(b *testing.B) {
 	e := newPullEnvTB(b)
+	// FLYIO_BENCH_MB scales the image (default: about 500 MB).
+	if mb, err := strconv.Atoi(os.Getenv("FLYIO_BENCH_MB")); err == nil && mb > 0 {
+		for i := range benchLayers {
+			benchLayers[i].files = max(1, benchLayers[i].files*mb/496)
+		}
+	}
 	var total int64
 	for i, l := range benchLayers {
 		data := genLayer(b, uint64(100+i), l.dir, l.files, l.size, l.base)

@@ -39,8 +39,11 @@ type PullResult struct {
 	Layers     []Layer          `json:"layers"`
 	TopChainID string           `json:"top_chain_id"`
 	Snapshot   ActivateResponse `json:"snapshot"`
-	Downloaded int              `json:"downloaded"` // layers whose bytes came from S3 in this pull
-	Unpacked   int              `json:"unpacked"`   // chain positions extracted in this pull
+	// Downloaded counts the layers whose download run fetched bytes from S3
+	// and Unpacked the chain positions whose unpack run extracted them; a
+	// run shared with a concurrent pull of the same image counts in both.
+	Downloaded int `json:"downloaded"`
+	Unpacked   int `json:"unpacked"`
 }
 
 // ParseS3URL splits s3://BUCKET/KEY-or-PREFIX.
