@@ -1,0 +1,242 @@
+//go:build dm
+
+package e2e
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/e2e/stack"
+)
+
+// unpackedRow is what this test reads of `ls unpacked --format json`.
+type unpackedRow struct {
+	ImageID    string `json:"image_id"`
+	DeviceID   string `json:"device_id"`
+	DeviceName string `json:"device_name"`
+}
+
+// inputs returns the image folder and the versitygw binary, made on the
+// host by integration/e2e/mkimage.sh and scripts/install-versitygw.sh
+// (the scripts only print their cached outputs here: the VM has no
+// network).
+func inputs(t *testing.T, repo string) (images, vgw string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := stack.Run(ctx, nil, filepath.Join(repo, "integration/e2e/mkimage.sh"))
+	if err != nil {
+		t.Fatalf("the Debian image's layers are not made (run integration/e2e/mkimage.sh on the host first): %v", err)
+	}
+	images = lastLine(out)
+	out, err = stack.Run(ctx, nil, filepath.Join(repo, "scripts/install-versitygw.sh"))
+	if err != nil {
+		t.Fatalf("versitygw is not installed (run scripts/install-versitygw.sh on the host first): %v", err)
+	}
+	return images, lastLine(out)
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
+}
+
+// layerDigests maps each family to the SHA-256 of its layer tarballs, in
+// key order.
+func layerDigests(t *testing.T, images string) map[string][]string {
+	t.Helper()
+	m := map[string][]string{}
+	for _, f := range stack.Families {
+		files, err := filepath.Glob(filepath.Join(images, "images", f, "*.tar"))
+		if err != nil || len(files) == 0 {
+			t.Fatalf("no layers of family %s under %s: %v", f, images, err)
+		}
+		sort.Strings(files)
+		for _, p := range files {
+			fh, err := os.Open(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := sha256.New()
+			_, err = io.Copy(h, fh)
+			fh.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			m[f] = append(m[f], hex.EncodeToString(h.Sum(nil)))
+		}
+	}
+	return m
+}
+
+// TestEndToEnd is the README's demo, checked: every family pulled from a
+// SigV4 S3 server through its public-read policy, identical layers stored
+// once, containers run with `ctr run --snapshotter flyio` seeing the
+// whiteouts of their top layers, and after the images are removed and
+// containerd's garbage collection ran, no device or row of ours left.
+func TestEndToEnd(t *testing.T) {
+	scratch := os.Getenv("VM_SCRATCH")
+	if scratch == "" {
+		t.Fatal("VM_SCRATCH is not set: run through integration/vm/suite.sh or run.sh")
+	}
+	repo, err := stack.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	images, vgw := inputs(t, repo)
+	digests := layerDigests(t, images)
+	if digests["debian"][0] != digests["debian-dev"][0] || digests["debian"][1] != digests["debian-dev"][1] {
+		t.Fatalf("debian and debian-dev must share layers 1 and 2 byte for byte: %v", digests)
+	}
+	distinct := map[string]bool{}
+	for _, ds := range digests {
+		for _, d := range ds {
+			distinct[d] = true
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 18*time.Minute)
+	defer cancel()
+	const pool = "flyio-e2e-pool"
+	poolDir := filepath.Join(scratch, "flyio", "pool")
+	e, err := stack.Up(ctx, stack.Options{Repo: repo, Scratch: scratch, ImageDir: images, Versitygw: vgw, PoolName: pool, Log: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := e.Down(); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+		if err := stack.DestroyPool(context.Background(), pool, poolDir); err != nil {
+			t.Errorf("remove pool: %v", err)
+		}
+		if t.Failed() {
+			for name, path := range e.Logs() {
+				t.Logf("%s log tail (%s):\n%s", name, path, stack.FileTail(path, 40))
+			}
+		}
+	})
+
+	for _, f := range stack.Families {
+		start := time.Now()
+		out, err := e.Pull(ctx, f)
+		if err != nil {
+			t.Fatalf("pull %s: %v", f, err)
+		}
+		t.Logf("pull %s (%s): %s", f, time.Since(start).Round(time.Millisecond), strings.TrimSpace(out))
+	}
+
+	// Identical layers are stored once: one unpacked device per distinct
+	// layer digest, no device shared by two rows.
+	out, err := e.Daemon.CLI(ctx, []string{"ls", "unpacked"}, "--format", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []unpackedRow
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatalf("ls unpacked --format json: %v: %s", err, out)
+	}
+	devs := map[string]bool{}
+	for _, r := range rows {
+		if devs[r.DeviceID] {
+			t.Errorf("device %s listed twice by ls unpacked: %s", r.DeviceID, out)
+		}
+		devs[r.DeviceID] = true
+	}
+	if len(rows) != len(distinct) {
+		t.Errorf("ls unpacked lists %d devices, want %d (one per distinct layer of %d tarballs):\n%s",
+			len(rows), len(distinct), countLayers(digests), out)
+	}
+
+	// The container sees the image the layers make, whiteouts applied.
+	out, err = e.RunContainer(ctx, "debian", "e2e-debian", "/usr/local/bin/flyio-hello")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("debian container printed:\n%s", out)
+	wantLines(t, "debian", out,
+		"hello from Debian GNU/Linux 12 (bookworm), family debian",
+		"absent:  /etc/motd",                   // etc/.wh.motd over layer 1
+		"absent:  /usr/share/man",              // usr/share/.wh.man over layer 2
+		"absent:  /usr/share/doc/apt",          // usr/share/doc/.wh.apt
+		"present: /usr/share/doc/bash",         // its sibling stays
+		"absent:  /usr/share/info/sed.info.gz", // opaque usr/share/info
+		"present: /usr/share/info/flyio.info",
+		"present: /etc/issue.net",
+	)
+	out, err = e.RunContainer(ctx, "debian-dev", "e2e-debian-dev", "/usr/local/bin/flyio-hello")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLines(t, "debian-dev", out,
+		"hello from Debian GNU/Linux 12 (bookworm), family debian-dev",
+		"present: /etc/motd", "present: /usr/share/man", "present: /usr/share/doc/apt",
+		"absent:  /etc/issue.net", "absent:  /usr/share/info/sed.info.gz", "absent:  /usr/share/info/flyio.info",
+	)
+	out, err = e.RunContainer(ctx, "debian-rootfs", "e2e-debian-rootfs", "/usr/local/bin/flyio-hello")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLines(t, "debian-rootfs", out,
+		"hello from Debian GNU/Linux 12 (bookworm), family debian-rootfs",
+		"absent:  /etc/motd", "present: /etc/issue.net", "absent:  /usr/share/doc/bash",
+	)
+
+	// Remove the images; containerd's GC removes their snapshots through
+	// our proxy plugin, and nothing of ours may stay.
+	if out, err := e.RemoveImages(ctx); err != nil {
+		t.Fatalf("remove images: %v: %s", err, out)
+	}
+	for _, kind := range []string{"unpacked", "images", "snapshots"} {
+		out, err := e.Daemon.CLI(ctx, []string{"ls", kind}, "--format", "json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := strings.TrimSpace(out); s != "[]" && s != "null" {
+			t.Errorf("after image removal and GC, ls %s still lists:\n%s", kind, s)
+		}
+	}
+	names, err := stack.DMDevices(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) != 1 || names[0] != pool {
+		t.Errorf("after image removal and GC, device-mapper devices of ours: %v, want only the pool %s", names, pool)
+	}
+	out, err = e.Daemon.CLI(ctx, []string{"pool", "ls"}, "--format", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("pool ls after GC: %s", strings.TrimSpace(out))
+}
+
+func countLayers(m map[string][]string) int {
+	n := 0
+	for _, ds := range m {
+		n += len(ds)
+	}
+	return n
+}
+
+// wantLines fails the test for each wanted line missing from out.
+func wantLines(t *testing.T, what, out string, want ...string) {
+	t.Helper()
+	have := map[string]bool{}
+	for _, l := range strings.Split(out, "\n") {
+		have[strings.TrimRight(l, "\r ")] = true
+	}
+	for _, w := range want {
+		if !have[strings.TrimRight(w, " ")] {
+			t.Errorf("container from %s did not print %q; it printed:\n%s", what, w, out)
+		}
+	}
+}

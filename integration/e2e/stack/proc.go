@@ -1,0 +1,180 @@
+// Package stack starts, on one machine with real device-mapper, the whole
+// system the end-to-end run needs: a local S3-compatible server (versitygw,
+// real SigV4, a public-read bucket policy) seeded with the layer tarballs of
+// integration/e2e/mkimage.sh, our snapshotter daemon on its embedded
+// loop-file pool, and real containerd with our proxy plugin. The README's
+// demo (integration/e2e/cmd/flyio-demo) and the dm test of integration/e2e
+// both build on it, so the demo a newcomer runs is the run `make test`
+// checks. Every process logs to a file of its own, named in the errors.
+package stack
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Proc is a daemon started by the stack, its output appended to LogPath.
+type Proc struct {
+	Name    string
+	LogPath string
+	cmd     *exec.Cmd
+	done    chan struct{}
+	waitErr error
+}
+
+// StartProc starts argv in its own process group with stdout and stderr
+// appended to logPath; env nil means the caller's environment.
+func StartProc(name, logPath string, env []string, argv ...string) (*Proc, error) {
+	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("start %s: log file %q: %w", name, logPath, err)
+	}
+	fmt.Fprintf(lf, "---- %s: %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(argv, " "))
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.Env = env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		lf.Close()
+		return nil, fmt.Errorf("start %s (%s): %w", name, argv[0], err)
+	}
+	p := &Proc{Name: name, LogPath: logPath, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.waitErr = cmd.Wait()
+		lf.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// Exited reports whether the process has ended.
+func (p *Proc) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Stop sends SIGTERM, waits up to timeout, then SIGKILLs. It returns an
+// error when the process had already died or did not end cleanly.
+func (p *Proc) Stop(timeout time.Duration) error {
+	if p.Exited() {
+		return fmt.Errorf("%s had already exited: %v; log %s", p.Name, p.waitErr, p.LogPath)
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		if p.waitErr != nil {
+			return fmt.Errorf("%s stopped with %w; log %s", p.Name, p.waitErr, p.LogPath)
+		}
+		return nil
+	case <-time.After(timeout):
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		<-p.done
+		return fmt.Errorf("%s did not stop within %s of SIGTERM: killed; log %s", p.Name, timeout, p.LogPath)
+	}
+}
+
+// LogTail returns the last n lines of the process's log.
+func (p *Proc) LogTail(n int) string { return FileTail(p.LogPath, n) }
+
+// FileTail returns the last n lines of a text file (or why it cannot).
+func FileTail(path string, n int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Sprintf("(no log %s: %v)", path, err)
+	}
+	defer f.Close()
+	var lines []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+		if len(lines) > n {
+			lines = lines[1:]
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+// waitDial waits until network/address accepts a connection, p exits (an
+// error quoting its log) or ctx ends.
+func waitDial(ctx context.Context, p *Proc, network, address string) error {
+	for {
+		c, err := net.DialTimeout(network, address, time.Second)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		if p.Exited() {
+			return fmt.Errorf("%s exited (%v) before listening on %s; log %s:\n%s", p.Name, p.waitErr, address, p.LogPath, p.LogTail(30))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s not listening on %s: %w; log %s:\n%s", p.Name, address, ctx.Err(), p.LogPath, p.LogTail(30))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Run runs a command to completion and returns its combined output; a
+// failure's error quotes the command and its output.
+func Run(ctx context.Context, env []string, argv ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// LoopbackUp brings the loopback interface up when it is down (the VM
+// harness's guest boots with -net none and lo down); the local S3 server
+// listens on 127.0.0.1.
+func LoopbackUp(ctx context.Context) error {
+	b, err := os.ReadFile("/sys/class/net/lo/operstate")
+	if err == nil && strings.TrimSpace(string(b)) != "down" {
+		// "unknown" is what an up loopback reports.
+		return nil
+	}
+	if _, err := Run(ctx, nil, "ip", "link", "set", "dev", "lo", "up"); err != nil {
+		return fmt.Errorf("bring loopback up for the local S3 server: %w", err)
+	}
+	return nil
+}
+
+// RepoRoot finds the repository root (the folder holding the project's
+// go.mod) above the working directory or the running binary.
+func RepoRoot() (string, error) {
+	var starts []string
+	if wd, err := os.Getwd(); err == nil {
+		starts = append(starts, wd)
+	}
+	if exe, err := os.Executable(); err == nil {
+		starts = append(starts, filepath.Dir(exe))
+	}
+	for _, dir := range starts {
+		for d := dir; ; d = filepath.Dir(d) {
+			b, err := os.ReadFile(filepath.Join(d, "go.mod"))
+			if err == nil && strings.Contains(string(b), "module github.com/flyio-snapshotter/containerd-flyio-snapshotter\n") {
+				return d, nil
+			}
+			if d == filepath.Dir(d) {
+				break
+			}
+		}
+	}
+	return "", errors.New("repository root not found above the working directory or the binary")
+}
