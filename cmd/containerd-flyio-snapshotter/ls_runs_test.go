@@ -42,7 +42,7 @@ func seedRuns(t *testing.T) *metadata.DB {
 		Transition: "download", Attempts: 5, LastError: "transition \"download\" failed after 5 attempts:\n503 Slow Down"})
 	mk("run-mid", "unpack-image", "sha256:aaa", 10*time.Minute, &metadata.RunCheckpoint{State: metadata.RunRunning,
 		Transition: "extract-layers", Attempts: 2, Response: []byte(`{"device_id":"7"}`)})
-	mk("run-new", "download-image", "sha256:bbb", 5*time.Second, nil)
+	mk("run-new", "download-image", "sha256:bbb", 5*time.Minute, nil)
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestLsRunsTable(t *testing.T) {
 		t.Fatalf("want a header and 3 rows, newest first:\n%s", out.String())
 	}
 	for i, want := range [][]string{
-		{"run-new", "download-image", "sha256:bbb", "pending", "check-exists", " 0 ", "downloads", "5s"},
+		{"run-new", "download-image", "sha256:bbb", "pending", "check-exists", " 0 ", "downloads", "5m"},
 		{"run-mid", "unpack-image", "running", "extract-layers", " 2 ", "10m"},
 		{"run-old", "failed", "download", " 5 ", "3h", `failed after 5 attempts: 503 Slow Down`},
 	} {
