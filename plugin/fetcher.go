@@ -51,7 +51,17 @@ func (s *Service) PipelineOptions() pipeline.Options {
 		ExtractTimeout:  c.Pipeline.ExtractTimeout.Duration,
 		Downloads:       c.Queues.Downloads,
 		Unpacking:       c.Queues.Unpacking,
+		Registrar:       registrar(c),
 	}
+}
+
+// registrar is the containerd registrar of [containerd], or nil when no
+// address is configured.
+func registrar(c *Config) pipeline.Registrar {
+	if c.Containerd.Address == "" {
+		return nil
+	}
+	return &pipeline.ContainerdRegistrar{Address: c.Containerd.Address, Namespace: c.Containerd.Namespace}
 }
 
 // StartFetcher builds the S3 pipelines, resumes the runs a previous process

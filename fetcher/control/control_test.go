@@ -25,7 +25,9 @@ func TestSocketCarriesErrors(t *testing.T) {
 	}
 	defer db.Close()
 	p, err := pipeline.New(ctx, pipeline.Options{DB: db, DownloadDir: filepath.Join(dir, "dl"),
-		Sources: func(ctx context.Context, b string) (*s3source.Source, error) { return s3source.New(ctx, s3source.Config{Bucket: b}) }})
+		Sources: func(ctx context.Context, b string) (*s3source.Source, error) {
+			return s3source.New(ctx, s3source.Config{Bucket: b})
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}

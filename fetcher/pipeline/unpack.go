@@ -444,7 +444,7 @@ func (p *Pipelines) verifyLayout(ctx context.Context, req *upReq) (_ *upResp, er
 }
 
 // updateDB (seed 004): Commit the extraction snapshot as the chain ID
-// (labels: diff ID, source, gc root), then record the device in
+// (labels: diff ID, source, gc root, snapshot.ref), then record the device in
 // unpacked_images and the chain, and release the lock.
 func (p *Pipelines) updateDB(ctx context.Context, req *upReq) (*upResp, error) {
 	r, resp := req.Msg, req.Resp
@@ -454,7 +454,10 @@ func (p *Pipelines) updateDB(ctx context.Context, req *upReq) (*upResp, error) {
 		return nil, err
 	}
 	if !committed {
-		labels := map[string]string{LabelUncompressed: r.DiffID, LabelSource: r.S3URL, LabelGCRoot: "pipeline"}
+		// snapshot.ref = the chain ID lets containerd's unpacker adopt this
+		// snapshot (see containerd.go).
+		labels := map[string]string{LabelUncompressed: r.DiffID, LabelSource: r.S3URL, LabelGCRoot: "pipeline",
+			snapshots.LabelSnapshotRef: r.ChainID}
 		if err := p.opts.Snapshots.Commit(sctx, r.ChainID, resp.ExtractKey, snapshots.WithLabels(labels)); err != nil {
 			if errdefs.IsNotFound(err) {
 				return nil, p.failUnpack(ctx, req, fsm.Abort(fmt.Errorf("unpack %s: commit: %w", r.ChainID, err)))
