@@ -6,11 +6,13 @@
 # 1. installs what it needs (Debian packages, versitygw, containerd built
 #    from the module proxy) and builds our binary;
 # 2. makes a Debian bookworm image with debootstrap, cut into layer tarballs
-#    laid out images/<family>/<n>.tar (integration/e2e/mkimage.sh; cached
-#    under .cache/e2e);
+#    laid out images/<family>/<n>.tar (integration/e2e/mkimage.sh), and a
+#    versitygw store holding them in a public-read bucket
+#    (integration/e2e/prepare.sh; all cached under .cache/);
 # 3. with real device-mapper (inside the QEMU VM of integration/vm/run.sh
-#    when this host has none): starts versitygw with a public-read bucket
-#    and uploads the layers, starts containerd-flyio-snapshotter on its
+#    when this host has none): starts versitygw (SigV4, generated keys) on
+#    that store, checks anonymous reads work and unsigned writes do not,
+#    starts containerd-flyio-snapshotter on its
 #    loop-file pool and containerd with our proxy plugin, pulls each family
 #    with `containerd-flyio-snapshotter pull s3://...`, runs containers with
 #    `ctr run --snapshotter flyio`, removes the images and everything it
@@ -25,19 +27,12 @@ step() { printf '==> [%4ss] %s\n' "$(( $(date +%s) - t0 ))" "$*"; }
 
 step "installing Debian packages (scripts/install-deps.sh)"
 ./scripts/install-deps.sh
-step "building bin/containerd-flyio-snapshotter"
-make --no-print-directory build >/dev/null
-step "building containerd, its runc shim and ctr (integration/tools/build.sh)"
-tools=$(./integration/tools/build.sh)
-step "installing versitygw (scripts/install-versitygw.sh)"
+step "building, installing versitygw and containerd, making the image (integration/e2e/prepare.sh)"
+images=$(./integration/e2e/prepare.sh)
 vgw=$(./scripts/install-versitygw.sh)
-step "making the Debian image's layers (integration/e2e/mkimage.sh)"
-images=$(./integration/e2e/mkimage.sh)
+tools=$(./integration/tools/build.sh)
 (cd "$images" && find images -name '*.tar' | LC_ALL=C sort | while read -r f; do
    printf '      %-26s %6s KiB  sha256:%.12s\n' "$f" "$(( $(stat -c %s "$f") >> 10 ))" "$(sha256sum "$f")"; done)
-step "building the demo driver"
-mkdir -p .cache/e2e/bin
-CGO_ENABLED=0 go build -o .cache/e2e/bin/flyio-demo ./integration/e2e/cmd/flyio-demo
 logs=$root/.cache/e2e/demo-logs/$(date -u +%Y%m%dT%H%M%SZ)
 if dmsetup version 2>/dev/null | grep -q '^Driver version'; then
   step "this host has device-mapper: running directly"

@@ -8,14 +8,18 @@
 #   <out>/images/debian-dev/1.tar      byte for byte debian/1.tar
 #   <out>/images/debian-dev/2.tar      byte for byte debian/2.tar
 #   <out>/images/debian-dev/3.tar      other whiteouts, other flyio files
-#   <out>/images/debian-rootfs/1.tar   the base under a top-level rootfs/
-#   <out>/images/debian-rootfs/2.tar   whiteouts + flyio files under rootfs/
+#   <out>/images/debian-rootfs/1.tar   byte for byte debian/1.tar
+#   <out>/images/debian-rootfs/2.tar   byte for byte debian/2.tar
+#   <out>/images/debian-rootfs/3.tar   whiteouts + flyio files under a
+#                                      top-level rootfs/ (the seeds' layout)
 #
 # <out> is <repo>/.cache/e2e/image-<hash>, <hash> covering this script and
 # the root filesystem's folder (itself keyed by debootstrap.sh), so the
 # layers are cut once per change. Every tarball is deterministic (sorted
 # names, one fixed mtime, numeric owners, no atime/ctime/xattrs): the
 # families' shared layers are built separately and compared with cmp.
+# (The rootfs/ family shares the lower layers too, so that a run pulls the
+# 100 MiB base once: under emulation every extra copy costs minutes.)
 # setuid/setgid bits are dropped (the extraction policy refuses them) and
 # /dev is empty (no device nodes), as in container images.
 #
@@ -26,7 +30,7 @@
 #                        usr/share/info/.wh..wh..opq (opaque: 2.tar's info
 #                        files hidden, flyio.info kept)
 #   debian-dev/3.tar:    etc/.wh.issue.net, usr/share/.wh.info
-#   debian-rootfs/2.tar: rootfs/etc/.wh.motd
+#   debian-rootfs/3.tar: rootfs/etc/.wh.motd, rootfs/usr/share/doc/.wh.bash
 # and each adds /etc/flyio-release (FLYIO_FAMILY=<family>) and
 # /usr/local/bin/flyio-hello (prints what a user would look at).
 set -euo pipefail
@@ -137,13 +141,16 @@ echo "flyio e2e info page" > "$s/d3/usr/share/info/flyio.info"
 flyio "$s/d3" debian
 mktar "$img/debian/3.tar" "$s/d3"
 
-# debian-dev: 1 and 2 cut again from fresh staging folders (so cmp checks
-# determinism, not a copy), 3 its own.
-base "$s/e1"; mktar "$img/debian-dev/1.tar" "$s/e1"
-docs "$s/e2"; mktar "$img/debian-dev/2.tar" "$s/e2"
-for n in 1 2; do
-  cmp "$img/debian/$n.tar" "$img/debian-dev/$n.tar" ||
-    { echo "mkimage.sh: layer $n differs between families: tar output is not deterministic" >&2; exit 1; }
+# debian-dev and debian-rootfs: 1 and 2 cut again from fresh staging
+# folders (so cmp checks determinism, not a copy), 3 their own.
+for fam in debian-dev debian-rootfs; do
+  rm -rf "$s/e1" "$s/e2"
+  base "$s/e1"; mktar "$img/$fam/1.tar" "$s/e1"
+  docs "$s/e2"; mktar "$img/$fam/2.tar" "$s/e2"
+  for n in 1 2; do
+    cmp "$img/debian/$n.tar" "$img/$fam/$n.tar" ||
+      { echo "mkimage.sh: layer $n differs between debian and $fam: tar output is not deterministic" >&2; exit 1; }
+  done
 done
 mkdir -p "$s/e3"
 whiteout "$s/e3" etc/issue.net
@@ -151,13 +158,12 @@ whiteout "$s/e3" usr/share/info
 flyio "$s/e3" debian-dev
 mktar "$img/debian-dev/3.tar" "$s/e3"
 
-# debian-rootfs: the seeds' canonical layout, everything under rootfs/.
-rm -rf "$s/d1/usr/share/"{doc,man,info}
-rootfsdir "$s/d1"; mktar "$img/debian-rootfs/1.tar" "$s/d1"
-mkdir -p "$s/r2"
-whiteout "$s/r2" etc/motd
-flyio "$s/r2" debian-rootfs
-rootfsdir "$s/r2"; mktar "$img/debian-rootfs/2.tar" "$s/r2"
+# debian-rootfs/3.tar: the seeds' canonical layout, under rootfs/.
+mkdir -p "$s/r3"
+whiteout "$s/r3" etc/motd
+whiteout "$s/r3" usr/share/doc/bash
+flyio "$s/r3" debian-rootfs
+rootfsdir "$s/r3"; mktar "$img/debian-rootfs/3.tar" "$s/r3"
 
 rm -rf --one-file-system "$s"
 mv "$tmp" "$out"

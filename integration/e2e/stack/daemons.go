@@ -21,6 +21,7 @@ type Daemon struct {
 	Socket  string // snapshots gRPC socket (containerd's proxy plugin address)
 	Control string // control socket (pull, activate)
 	Pool    string // dm name of its pool
+	Metrics string // host:port of its /metrics endpoint, if any
 	Proc    *Proc
 }
 
@@ -32,6 +33,7 @@ type DaemonOptions struct {
 	DataSize   string // pool.data_size, e.g. "3GiB"
 	S3         *S3    // the bucket pull reads, anonymously
 	Containerd string // containerd's socket, where pull registers images
+	Metrics    string // daemon.metrics_address (host:port), empty for none
 }
 
 // WriteDaemonConfig writes the daemon's config into opts.Dir and returns a
@@ -47,7 +49,8 @@ func WriteDaemonConfig(bin string, opts DaemonOptions) (*Daemon, error) {
 		Control: filepath.Join(opts.Dir, "run", "control.sock"),
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "[daemon]\nsocket = %q\ncontrol_socket = %q\nroot_dir = %q\nlog_level = \"info\"\n\n", d.Socket, d.Control, d.Root)
+	d.Metrics = opts.Metrics
+	fmt.Fprintf(&b, "[daemon]\nsocket = %q\ncontrol_socket = %q\nroot_dir = %q\nlog_level = \"info\"\nmetrics_address = %q\n\n", d.Socket, d.Control, d.Root, opts.Metrics)
 	fmt.Fprintf(&b, "[pool]\nname = %q\ndata_size = %q\nmetadata_size = \"64MiB\"\nbase_image_size = \"1GiB\"\n\n", opts.PoolName, opts.DataSize)
 	if opts.S3 != nil {
 		fmt.Fprintf(&b, "[s3]\nbucket = %q\nregion = %q\nendpoint = %q\npath_style = true\nanonymous = true\n\n", opts.S3.Bucket, S3Region, opts.S3.Endpoint)

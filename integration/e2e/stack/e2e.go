@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,6 +32,7 @@ type Options struct {
 	Scratch   string // state folder: S3 objects, pool loop files, containerd
 	ImageDir  string // mkimage.sh's output (holding images/<family>/<n>.tar)
 	Versitygw string // versitygw binary
+	// The S3 store is StoreDir(ImageDir), seeded on the host by SeedStore.
 	PoolName  string // dm name of our pool
 	Log       func(format string, args ...any)
 }
@@ -40,8 +43,10 @@ type E2E struct {
 	S3     *S3
 	Daemon *Daemon
 	Ctrd   *Containerd
-	Seeded []Uploaded
 }
+
+// StoreDir is the versitygw store SeedStore makes for an image folder.
+func StoreDir(imageDir string) string { return filepath.Join(imageDir, "s3") }
 
 func (o Options) logf(format string, args ...any) {
 	if o.Log != nil {
@@ -68,23 +73,21 @@ func Up(ctx context.Context, opts Options) (_ *E2E, err error) {
 		return nil, err
 	}
 	t := time.Now()
-	if e.S3, err = StartS3(ctx, opts.Versitygw, filepath.Join(opts.Scratch, "s3"), Bucket); err != nil {
+	if e.S3, err = OpenStore(ctx, opts.Versitygw, StoreDir(opts.ImageDir), filepath.Join(opts.Scratch, "s3"), Bucket); err != nil {
 		return nil, err
 	}
-	if e.Seeded, err = e.S3.Seed(ctx, opts.ImageDir); err != nil {
-		return nil, err
-	}
-	var total int64
-	for _, u := range e.Seeded {
-		total += u.Size
-	}
-	opts.logf("versitygw at %s: bucket %s (public-read policy), %d layer tarballs uploaded (%.0f MiB) in %s",
-		e.S3.Endpoint, Bucket, len(e.Seeded), float64(total)/(1<<20), time.Since(t).Round(time.Millisecond))
+	opts.logf("versitygw serving bucket %s at %s (SigV4; public-read policy: anonymous list/GET ok, anonymous and badly signed PUT refused) after %s",
+		Bucket, e.S3.Endpoint, time.Since(t).Round(time.Millisecond))
 
 	ctrdDir := filepath.Join(opts.Scratch, "containerd")
+	mport, err := freePort()
+	if err != nil {
+		return nil, err
+	}
 	if e.Daemon, err = WriteDaemonConfig(bin, DaemonOptions{
 		Dir: filepath.Join(opts.Scratch, "flyio"), PoolName: opts.PoolName, DataSize: "3GiB",
 		S3: e.S3, Containerd: filepath.Join(ctrdDir, "containerd.sock"),
+		Metrics: fmt.Sprintf("127.0.0.1:%d", mport),
 	}); err != nil {
 		return nil, err
 	}
@@ -124,6 +127,37 @@ func (e *E2E) RemoveImages(ctx context.Context) (string, error) {
 		args = append(args, Ref(f))
 	}
 	return e.Ctrd.Ctr(ctx, args...)
+}
+
+// Metrics returns the lines of the daemon's /metrics page whose name
+// starts with one of prefixes (all of them when none is given).
+func (e *E2E) Metrics(ctx context.Context, prefixes ...string) ([]string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+e.Daemon.Metrics+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("metrics of the daemon: %w", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("metrics of the daemon: %s, %v", resp.Status, err)
+	}
+	var lines []string
+	for _, l := range strings.Split(string(b), "\n") {
+		for _, p := range prefixes {
+			if strings.HasPrefix(l, p) {
+				lines = append(lines, l)
+				break
+			}
+		}
+		if len(prefixes) == 0 && l != "" {
+			lines = append(lines, l)
+		}
+	}
+	return lines, nil
 }
 
 // Logs lists each piece's log file.

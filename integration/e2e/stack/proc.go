@@ -109,8 +109,10 @@ func FileTail(path string, n int) string {
 }
 
 // waitDial waits until network/address accepts a connection, p exits (an
-// error quoting its log) or ctx ends.
+// error quoting its log), ctx ends or 3 minutes pass.
 func waitDial(ctx context.Context, p *Proc, network, address string) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
 	for {
 		c, err := net.DialTimeout(network, address, time.Second)
 		if err == nil {
@@ -144,10 +146,12 @@ func Run(ctx context.Context, env []string, argv ...string) (string, error) {
 // harness's guest boots with -net none and lo down); the local S3 server
 // listens on 127.0.0.1.
 func LoopbackUp(ctx context.Context) error {
-	b, err := os.ReadFile("/sys/class/net/lo/operstate")
-	if err == nil && strings.TrimSpace(string(b)) != "down" {
-		// "unknown" is what an up loopback reports.
-		return nil
+	b, err := os.ReadFile("/sys/class/net/lo/flags")
+	if err == nil {
+		var flags uint64
+		if _, serr := fmt.Sscanf(strings.TrimSpace(string(b)), "0x%x", &flags); serr == nil && flags&0x1 != 0 {
+			return nil // IFF_UP
+		}
 	}
 	if _, err := Run(ctx, nil, "ip", "link", "set", "dev", "lo", "up"); err != nil {
 		return fmt.Errorf("bring loopback up for the local S3 server: %w", err)

@@ -34,11 +34,14 @@ type S3 struct {
 	Proc      *Proc
 }
 
-// StartS3 starts versitygw (binary bin) with freshly generated root keys,
-// its objects under dir/data and their metadata in the sidecar folder
-// dir/meta (the guest kernel's tmpfs has no user xattrs), and waits until
-// it listens. bucket is the bucket Seed will create.
-func StartS3(ctx context.Context, bin, dir, bucket string) (*S3, error) {
+// StartS3 starts versitygw (binary bin) on 127.0.0.1 with the root keys
+// accessKey/secretKey (generated when empty), its objects under dir/data
+// and their metadata in the sidecar folder dir/meta (no xattrs needed: the
+// VM's tmpfs and 9p have none), its log in logDir, and waits until it
+// listens. A dir made by
+// SeedStore is served as it is. bucket names the bucket Seed creates or
+// SeedStore created.
+func StartS3(ctx context.Context, bin, dir, logDir, bucket, accessKey, secretKey string) (*S3, error) {
 	if err := LoopbackUp(ctx); err != nil {
 		return nil, err
 	}
@@ -51,21 +54,82 @@ func StartS3(ctx context.Context, bin, dir, bucket string) (*S3, error) {
 	if err != nil {
 		return nil, err
 	}
+	if accessKey == "" {
+		accessKey, secretKey = "AK"+randHex(9), randHex(20)
+	}
 	s := &S3{
 		Endpoint:  fmt.Sprintf("http://127.0.0.1:%d", port),
 		Bucket:    bucket,
-		AccessKey: "AK" + randHex(9),
-		SecretKey: randHex(20),
+		AccessKey: accessKey,
+		SecretKey: secretKey,
 		Dir:       dir,
 	}
-	s.Proc, err = StartProc("versitygw", filepath.Join(dir, "versitygw.log"), []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return nil, fmt.Errorf("versitygw log folder: %w", err)
+	}
+	s.Proc, err = StartProc("versitygw", filepath.Join(logDir, "versitygw.log"), []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
 		bin, "--port", fmt.Sprintf("127.0.0.1:%d", port), "--access", s.AccessKey, "--secret", s.SecretKey,
-		"--region", S3Region, "posix", "--sidecar", filepath.Join(dir, "meta"), filepath.Join(dir, "data"))
+		"--region", S3Region, "--quiet", "posix", "--sidecar", filepath.Join(dir, "meta"), filepath.Join(dir, "data"))
 	if err != nil {
 		return nil, err
 	}
 	if err := waitDial(ctx, s.Proc, "tcp", fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
 		_ = s.Proc.Stop(5 * time.Second)
+		return nil, err
+	}
+	return s, nil
+}
+
+// SeedStore makes, once, a versitygw store under dir holding the bucket
+// with its public-read policy and every layer under imageDir (see Seed),
+// with generated root keys kept in dir/keys (mode 0600): versitygw runs on
+// the host for this, where hashing and copying are fast, and the VM then
+// serves the store (OpenStore). A store marked complete is kept as is.
+func SeedStore(ctx context.Context, bin, dir, bucket, imageDir string) ([]Uploaded, error) {
+	if _, err := os.Stat(filepath.Join(dir, "complete")); err == nil {
+		return nil, nil
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, fmt.Errorf("S3 store %s: %w", dir, err)
+	}
+	s, err := StartS3(ctx, bin, dir, filepath.Join(dir, "log"), bucket, "", "")
+	if err != nil {
+		return nil, err
+	}
+	up, err := s.Seed(ctx, imageDir)
+	if serr := s.Stop(); err == nil && serr != nil {
+		err = serr
+	}
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, "keys"), []byte(s.AccessKey+" "+s.SecretKey+"\n"), 0o600)
+	}
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, "complete"), nil, 0o644)
+	}
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("S3 store %s: %w", dir, err)
+	}
+	return up, nil
+}
+
+// OpenStore starts versitygw on a store SeedStore made, with its keys, and
+// checks what the run relies on (CheckAccess).
+func OpenStore(ctx context.Context, bin, dir, logDir, bucket string) (*S3, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "keys"))
+	if err != nil {
+		return nil, fmt.Errorf("S3 store %s not seeded (integration/e2e/prepare.sh makes it): %w", dir, err)
+	}
+	k := strings.Fields(string(b))
+	if len(k) != 2 {
+		return nil, fmt.Errorf("S3 store %s: keys file is not \"ACCESS SECRET\"", dir)
+	}
+	s, err := StartS3(ctx, bin, dir, logDir, bucket, k[0], k[1])
+	if err != nil {
+		return nil, err
+	}
+	if err := s.CheckAccess(ctx); err != nil {
+		_ = s.Stop()
 		return nil, err
 	}
 	return s, nil
@@ -120,7 +184,7 @@ type Uploaded struct {
 }
 
 // Seed creates the bucket, puts PublicReadPolicy, uploads every .tar file
-// under root with its path relative to root as the key (so
+// under root/images with its path relative to root as the key (so
 // root/images/debian/1.tar becomes images/debian/1.tar), then proves the
 // server enforces what the demo relies on: an anonymous list and GET work
 // (the policy) and an anonymous PUT and a wrongly signed GET are refused
@@ -134,7 +198,7 @@ func (s *S3) Seed(ctx context.Context, root string) ([]Uploaded, error) {
 		return nil, fmt.Errorf("put public-read policy on bucket %s: %w", s.Bucket, err)
 	}
 	var files []string
-	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+	err := filepath.WalkDir(filepath.Join(root, "images"), func(path string, d os.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -160,7 +224,7 @@ func (s *S3) Seed(ctx context.Context, root string) ([]Uploaded, error) {
 		}
 		up = append(up, Uploaded{Key: key, Size: size})
 	}
-	if err := s.checkAccess(ctx, up[0].Key); err != nil {
+	if err := s.CheckAccess(ctx); err != nil {
 		return nil, err
 	}
 	return up, nil
@@ -185,10 +249,24 @@ func (s *S3) put(ctx context.Context, c *s3.Client, key, path string) (int64, er
 	return st.Size(), nil
 }
 
-func (s *S3) checkAccess(ctx context.Context, key string) error {
+// CheckAccess proves the server enforces what the run relies on: an
+// anonymous list and GET (of the smallest object) succeed through the
+// public-read policy, an anonymous PUT is refused with AccessDenied, and a
+// PUT signed with a wrong secret is refused (real SigV4).
+func (s *S3) CheckAccess(ctx context.Context) error {
 	anon := s.client(true)
-	if _, err := anon.ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: aws.String(s.Bucket)}); err != nil {
+	list, err := anon.ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: aws.String(s.Bucket)})
+	if err != nil {
 		return fmt.Errorf("anonymous list of bucket %s refused despite the public-read policy: %w", s.Bucket, err)
+	}
+	if len(list.Contents) == 0 {
+		return fmt.Errorf("bucket %s at %s is empty", s.Bucket, s.Endpoint)
+	}
+	key := aws.ToString(list.Contents[0].Key)
+	for _, o := range list.Contents {
+		if aws.ToInt64(o.Size) < aws.ToInt64(list.Contents[0].Size) {
+			key = aws.ToString(o.Key)
+		}
 	}
 	out, err := anon.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(s.Bucket), Key: aws.String(key)})
 	if err != nil {

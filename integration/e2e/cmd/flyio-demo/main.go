@@ -10,6 +10,12 @@
 // --logs.
 //
 //	flyio-demo --images DIR --versitygw BIN --logs DIR [--scratch DIR]
+//	flyio-demo seed --images DIR --versitygw BIN
+//
+// The seed form runs on the host first (integration/e2e/prepare.sh): it
+// makes the versitygw store (bucket, public-read policy, uploaded layers,
+// generated keys) once per image, where uploading is fast; the VM then
+// serves that store.
 package main
 
 import (
@@ -43,17 +49,33 @@ func show(cmdline, out string) {
 }
 
 func main() {
+	seed := len(os.Args) > 1 && os.Args[1] == "seed"
+	if seed {
+		os.Args = append(os.Args[:1], os.Args[2:]...)
+	}
 	images := flag.String("images", "", "folder holding images/<family>/<n>.tar (integration/e2e/mkimage.sh's output)")
 	vgw := flag.String("versitygw", "", "versitygw binary (scripts/install-versitygw.sh)")
 	logs := flag.String("logs", "", "folder the logs are copied to at the end")
 	scratch := flag.String("scratch", os.Getenv("VM_SCRATCH"), "state folder (loop files, S3 objects, containerd); default $VM_SCRATCH")
 	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if seed && *images != "" && *vgw != "" {
+		up, err := stack.SeedStore(ctx, *vgw, stack.StoreDir(*images), stack.Bucket, *images)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "flyio-demo seed: %v\n", err)
+			os.Exit(1)
+		}
+		for _, u := range up {
+			fmt.Fprintf(os.Stderr, "uploaded s3://%s/%s (%d bytes)\n", stack.Bucket, u.Key, u.Size)
+		}
+		fmt.Println(stack.StoreDir(*images))
+		return
+	}
 	if *images == "" || *vgw == "" || *logs == "" || *scratch == "" {
 		flag.Usage()
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	if err := demo(ctx, *images, *vgw, *logs, *scratch); err != nil {
 		fmt.Fprintf(os.Stderr, "flyio-demo: %v\n", err)
 		os.Exit(1)
@@ -124,6 +146,18 @@ func demo(ctx context.Context, images, vgw, logs, scratch string) (err error) {
 		say("container from %s ran in %s; it printed:", c.family, time.Since(t).Round(time.Millisecond))
 		show("ctr run --rm --snapshotter flyio "+stack.Ref(c.family)+" demo-"+c.family+" "+strings.Join(c.argv, " "), out)
 	}
+
+	out, err = e.Daemon.CLI(ctx, []string{"pool", "status"})
+	if err != nil {
+		return err
+	}
+	show("containerd-flyio-snapshotter pool status", out)
+	m, err := e.Metrics(ctx, "flyio_snapshotter_pool_data", "flyio_snapshotter_devices",
+		`flyio_snapshotter_operation_duration_seconds_count{method="Prepare"`, `flyio_snapshotter_operation_duration_seconds_count{method="Commit"`)
+	if err != nil {
+		return err
+	}
+	show("curl -s http://"+e.Daemon.Metrics+"/metrics | grep ...", strings.Join(m, "\n"))
 
 	out, err = e.RemoveImages(ctx)
 	if err != nil {
