@@ -309,11 +309,11 @@ func readFromMounts(mounts []mount.Mount, dir, file string) (string, error) {
 // built-in devmapper snapshotter on the same pool settings, alternating,
 // the image removed and garbage collected after each import. It reports
 // the median import time of each and their ratio. At least
-// FLYIO_IT_IMPORT_ROUNDS (default 7) rounds run, whatever b.N is.
+// FLYIO_IT_IMPORT_ROUNDS (default 5) rounds run, whatever b.N is.
 func BenchmarkImport(b *testing.B) {
 	e := getEnv(b)
 	ctx := context.Background()
-	rounds := 7
+	rounds := 5
 	if v := os.Getenv("FLYIO_IT_IMPORT_ROUNDS"); v != "" {
 		if _, err := fmt.Sscan(v, &rounds); err != nil || rounds < 1 {
 			b.Fatalf("FLYIO_IT_IMPORT_ROUNDS=%q: want a positive count", v)
