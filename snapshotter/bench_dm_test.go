@@ -23,7 +23,7 @@ func benchRounds() int {
 	if v, err := strconv.Atoi(os.Getenv("FLYIO_SNAPSHOTTER_BENCH_ROUNDS")); err == nil && v > 0 {
 		return v
 	}
-	return 15
+	return 9
 }
 
 var (

@@ -21,6 +21,7 @@ import (
 // containerd's conformance suite against the snapshotter in-process: every
 // case gets its own pool and database.
 func TestConformanceInProcess(t *testing.T) {
+	t.Parallel() // with TestConformanceGRPC: their long 128-layer cases overlap
 	testsuite.SnapshotterSuite(t, "flyio", func(ctx context.Context, root string) (snapshots.Snapshotter, func() error, error) {
 		e := newTestEnv(t, "cfi")
 		s, err := New(ctx, e.db, e.pool, Config{BaseImageSize: testBaseSize})
@@ -35,6 +36,7 @@ func TestConformanceInProcess(t *testing.T) {
 // snapshotservice on a unix socket, used through containerd's proxy client
 // (what containerd does with a [proxy_plugins] entry).
 func TestConformanceGRPC(t *testing.T) {
+	t.Parallel()
 	testsuite.SnapshotterSuite(t, "flyio", func(ctx context.Context, root string) (snapshots.Snapshotter, func() error, error) {
 		e := newTestEnv(t, "cfg")
 		s, err := New(ctx, e.db, e.pool, Config{BaseImageSize: testBaseSize})
