@@ -33,8 +33,8 @@ type Options struct {
 	ImageDir  string // mkimage.sh's output (holding images/<family>/<n>.tar)
 	Versitygw string // versitygw binary
 	// The S3 store is StoreDir(ImageDir), seeded on the host by SeedStore.
-	PoolName  string // dm name of our pool
-	Log       func(format string, args ...any)
+	PoolName string // dm name of our pool
+	Log      func(format string, args ...any)
 }
 
 // E2E is the running stack.

@@ -138,6 +138,14 @@ func demo(ctx context.Context, images, vgw, logs, scratch string) (err error) {
 		{"debian", []string{"/usr/local/bin/flyio-hello"}},
 		{"debian-rootfs", []string{"sh", "-c", "head -n 2 /etc/os-release; cat /etc/flyio-release; ls /etc/motd 2>&1"}},
 	} {
+		if ok, err := e.Unpacked(ctx, c.family); err != nil {
+			return err
+		} else if !ok {
+			say("containerd does not see %s's chain (pull's registrar does not adopt it yet): adopting it with containerd.io/snapshot.ref", c.family)
+			if err := e.Adopt(ctx, c.family); err != nil {
+				return err
+			}
+		}
 		t := time.Now()
 		out, err := e.RunContainer(ctx, c.family, "demo-"+c.family, c.argv...)
 		if err != nil {
