@@ -28,7 +28,10 @@ lint:
 unit:
 	$(GO) test -tags '$(BUILDTAGS)' -count=1 ./...
 
-vmtest:
+# The dm tests run our static binary and a real containerd inside the VM:
+# build both on the host first (containerd only when missing).
+vmtest: build
+	./integration/tools/build.sh >/dev/null
 	./integration/vm/suite.sh
 
 install: build
