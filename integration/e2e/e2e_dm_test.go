@@ -104,7 +104,7 @@ func TestEndToEnd(t *testing.T) {
 		}
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 18*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 38*time.Minute)
 	defer cancel()
 	const pool = "flyio-e2e-pool"
 	poolDir := filepath.Join(scratch, "flyio", "pool")

@@ -136,7 +136,7 @@ func demo(ctx context.Context, images, vgw, logs, scratch string) (err error) {
 		argv   []string
 	}{
 		{"debian", []string{"/usr/local/bin/flyio-hello"}},
-		{"debian-rootfs", []string{"sh", "-c", "head -n 2 /etc/os-release; cat /etc/flyio-release; ls /etc/motd 2>&1"}},
+		{"debian-rootfs", []string{"sh", "-c", "head -n 1 /etc/os-release; cat /etc/flyio-release; test -e /etc/motd || echo '/etc/motd: deleted by rootfs/etc/.wh.motd'"}},
 	} {
 		if ok, err := e.Unpacked(ctx, c.family); err != nil {
 			return err
