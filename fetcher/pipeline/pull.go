@@ -126,9 +126,6 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 		dlRuns[i] = runID
 		watch(runID, i+1)
 	}
-	// Unpack n needs only the diff IDs of layers 1..n: it starts as soon as
-	// download n is done, so extraction overlaps the later downloads.
-	upRuns := make([]string, len(layers))
 	prev := ""
 	for i, runID := range dlRuns {
 		d, err := fsm.Await[DownloadResponse](ctx, p.m, runID)
@@ -139,22 +136,29 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 		if d.Downloaded {
 			res.Downloaded++
 		}
-		parentChain := prev
 		layers[i].DiffID = d.Checksum
 		prev = ChainID(prev, d.Checksum)
 		layers[i].ChainID = prev
-		after := []string{runID}
+	}
+
+	upRuns := make([]string, len(layers))
+	for i, l := range layers {
+		parentChain := ""
+		if i > 0 {
+			parentChain = layers[i-1].ChainID
+		}
+		after := []string{dlRuns[i]}
 		if i > 0 {
 			after = append(after, upRuns[i-1])
 		}
-		upID, err := p.startUnpack(ctx, prev, &UnpackRequest{ChainID: prev, ParentChainID: parentChain, DiffID: d.Checksum,
-			ImageID: LayerImageID(req.Bucket, layers[i].Key), S3URL: S3URL(req.Bucket, layers[i].Key), Top: i == len(layers)-1},
+		runID, err := p.startUnpack(ctx, l.ChainID, &UnpackRequest{ChainID: l.ChainID, ParentChainID: parentChain, DiffID: l.DiffID,
+			ImageID: LayerImageID(req.Bucket, l.Key), S3URL: S3URL(req.Bucket, l.Key), Top: i == len(layers)-1},
 			fsm.WithQueue(QueueUnpacking), fsm.WithRunAfter(after...), fsm.WithParent(parent))
 		if err != nil {
 			return nil, fmt.Errorf("pull %s: start unpack of layer %d: %w", source, i+1, err)
 		}
-		upRuns[i] = upID
-		watch(upID, i+1)
+		upRuns[i] = runID
+		watch(runID, i+1)
 	}
 	top := layers[len(layers)-1].ChainID
 	res.Layers, res.TopChainID = layers, top
