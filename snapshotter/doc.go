@@ -16,4 +16,9 @@
 // crash left half made, deactivates what should not be active, activates what
 // should, and quarantines thin ids that nothing explains; those ids are never
 // reused.
+//
+// Keys are not scoped by the request's containerd namespace, as with
+// containerd's built-in snapshotters: containerd's metadata store puts the
+// namespace into every key it sends, and its garbage collector calls with no
+// namespace at all.
 package snapshotter

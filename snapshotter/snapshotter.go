@@ -15,7 +15,6 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/filters"
 	"github.com/containerd/containerd/v2/pkg/labels"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
@@ -81,11 +80,21 @@ func (s *Snapshotter) withTx(ctx context.Context, fn func(q metadata.Snapshotter
 	return s.db.WithTx(ctx, func(tx *sql.Tx) error { return fn(metadata.SnapshotterTx(tx)) })
 }
 
+// keyspace is the one namespace every record is kept under. Like
+// containerd's built-in snapshotters, this one ignores the request's
+// namespace: containerd's metadata store already makes every key it sends
+// unique per namespace ("<ns>/<n>/<key>"), and its garbage collector calls
+// Walk, Remove and Cleanup with no namespace at all, so keys scoped by the
+// request's namespace could never be reclaimed.
+const keyspace = ""
+
+// open checks the snapshotter is open and returns the keyspace of its
+// records.
 func (s *Snapshotter) open(ctx context.Context) (string, error) {
 	if s.closed.Load() {
 		return "", fmt.Errorf("snapshotter on pool %s is closed: %w", s.pool.Name(), errdefs.ErrFailedPrecondition)
 	}
-	return namespaces.NamespaceRequired(ctx)
+	return keyspace, nil
 }
 
 func nowNs() int64 { return time.Now().UTC().UnixNano() }
@@ -128,7 +137,7 @@ func (s *Snapshotter) get(ctx context.Context, ns, key string) (metadata.CDSnaps
 		return r, err
 	}
 	if !ok {
-		return r, fmt.Errorf("snapshot %q in namespace %q: %w", key, ns, errdefs.ErrNotFound)
+		return r, fmt.Errorf("snapshot %q: %w", key, errdefs.ErrNotFound)
 	}
 	return r, nil
 }
@@ -162,7 +171,7 @@ func (s *Snapshotter) Update(ctx context.Context, info snapshots.Info, fieldpath
 			return err
 		}
 		if !ok {
-			return fmt.Errorf("update snapshot %q in namespace %q: %w", info.Name, ns, errdefs.ErrNotFound)
+			return fmt.Errorf("update snapshot %q: %w", info.Name, errdefs.ErrNotFound)
 		}
 		updated := maps.Clone(r.Labels)
 		if len(fieldpaths) == 0 {
@@ -352,7 +361,7 @@ func (s *Snapshotter) create(ctx context.Context, kind, key, parent string, opts
 	if err := validateLabels(base.Labels); err != nil {
 		return nil, fmt.Errorf("create snapshot %q: %w", key, err)
 	}
-	logger := log.G(ctx).WithFields(log.Fields{"namespace": ns, "key": key, "parent": parent, "kind": kind})
+	logger := log.G(ctx).WithFields(log.Fields{"key": key, "parent": parent, "kind": kind})
 
 	var baseDev *metadata.ThinDevice
 	if parent == "" {
@@ -437,12 +446,12 @@ func (s *Snapshotter) planCreate(ctx context.Context, ns, kind, key, parent stri
 		if _, ok, err := q.Snapshot(ctx, ns, key); err != nil {
 			return err
 		} else if ok {
-			return fmt.Errorf("snapshot %q in namespace %q: %w", key, ns, errdefs.ErrAlreadyExists)
+			return fmt.Errorf("snapshot %q: %w", key, errdefs.ErrAlreadyExists)
 		}
 		if reserved, err := q.KeyReserved(ctx, ns, key); err != nil {
 			return err
 		} else if reserved {
-			return fmt.Errorf("snapshot %q in namespace %q is being created: %w", key, ns, errdefs.ErrAlreadyExists)
+			return fmt.Errorf("snapshot %q is being created: %w", key, errdefs.ErrAlreadyExists)
 		}
 		if parent != "" {
 			p, ok, err := q.Snapshot(ctx, ns, parent)
@@ -450,7 +459,7 @@ func (s *Snapshotter) planCreate(ctx context.Context, ns, kind, key, parent stri
 				return err
 			}
 			if !ok {
-				return fmt.Errorf("parent snapshot %q of %q in namespace %q: %w", parent, key, ns, errdefs.ErrNotFound)
+				return fmt.Errorf("parent snapshot %q of %q: %w", parent, key, errdefs.ErrNotFound)
 			}
 			if p.Kind != metadata.SnapKindCommitted {
 				return fmt.Errorf("parent snapshot %q of %q is %s, not committed: %w", parent, key, p.Kind, errdefs.ErrInvalidArgument)
@@ -599,7 +608,7 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 	if err != nil {
 		return err
 	}
-	log.G(ctx).WithFields(log.Fields{"namespace": ns, "key": key, "name": name, "thin_id": r.DeviceID, "size": size}).Debug("snapshot committed")
+	log.G(ctx).WithFields(log.Fields{"key": key, "name": name, "thin_id": r.DeviceID, "size": size}).Debug("snapshot committed")
 	return nil
 }
 
@@ -618,7 +627,7 @@ func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 			return err
 		}
 		if !found {
-			return fmt.Errorf("remove snapshot %q in namespace %q: %w", key, ns, errdefs.ErrNotFound)
+			return fmt.Errorf("remove snapshot %q: %w", key, errdefs.ErrNotFound)
 		}
 		if children > 0 {
 			return fmt.Errorf("cannot remove snapshot %q: it has %d children: %w", key, children, errdefs.ErrFailedPrecondition)
