@@ -10,6 +10,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 repo=$(cd "$here/../.." && pwd -P)
 cd "$repo"
 say() { echo "prepare: $*" >&2; }
+say "Debian packages (scripts/install-deps.sh: debootstrap, qemu, ...)"
+./scripts/install-deps.sh >&2
 say "bin/containerd-flyio-snapshotter"
 make --no-print-directory build >/dev/null
 say "containerd, containerd-shim-runc-v2, ctr (integration/tools/build.sh)"
