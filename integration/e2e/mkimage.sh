@@ -12,6 +12,7 @@
 #   <out>/images/debian-rootfs/2.tar   byte for byte debian/2.tar
 #   <out>/images/debian-rootfs/3.tar   whiteouts + flyio files under a
 #                                      top-level rootfs/ (the seeds' layout)
+#   <out>/SHA256SUMS                   sha256sum of every tarball
 #
 # <out> is <repo>/.cache/e2e/image-<hash>, <hash> covering this script and
 # the root filesystem's folder (itself keyed by debootstrap.sh), so the
@@ -166,6 +167,8 @@ flyio "$s/r3" debian-rootfs
 rootfsdir "$s/r3"; mktar "$img/debian-rootfs/3.tar" "$s/r3"
 
 rm -rf --one-file-system "$s"
+# The digests, for readers that should not hash 700 MiB again (the VM).
+(cd "$tmp" && find images -name '*.tar' | LC_ALL=C sort | xargs sha256sum > SHA256SUMS)
 mv "$tmp" "$out"
 trap - EXIT
 for old in "$cache"/image-*; do
