@@ -36,8 +36,11 @@ func startOurDaemon(ctx context.Context, repo, dir, pool string) (*ourDaemon, er
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("our daemon dir: %w", err)
 	}
+	// Every daemon of the run gets its own control socket: the default
+	// path is shared by all of them and only one may serve it.
 	cfg := fmt.Sprintf(`[daemon]
 socket = %q
+control_socket = %q
 root_dir = %q
 log_level = "info"
 
@@ -53,7 +56,7 @@ block_size = %d
 base_image_size = %d
 fs_type = "ext4"
 async_remove = true
-`, d.socket, dir, filepath.Join(dir, "metadata.db"), pool, filepath.Join(dir, "pool"),
+`, d.socket, filepath.Join(dir, "control.sock"), dir, filepath.Join(dir, "metadata.db"), pool, filepath.Join(dir, "pool"),
 		poolDataSize, poolMetaSize, poolBlockSectors*512, baseImageSize)
 	if err := os.WriteFile(d.config, []byte(cfg), 0o644); err != nil {
 		return nil, fmt.Errorf("our daemon config: %w", err)
