@@ -1,4 +1,4 @@
-//go:build dm
+//go:build e2e
 
 package e2e
 
