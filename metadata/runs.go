@@ -1,7 +1,7 @@
 package metadata
 
 // Typed queries for the state-machine runs (migration 0005_fsm_runs.sql).
-// Owner: fsm helper. The runner (fetcher/fsm) keeps each run's whole durable
+// The runner (fetcher/fsm) keeps each run's whole durable
 // state in one fsm_runs row; the CLI lists them read-only.
 
 import (

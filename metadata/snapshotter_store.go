@@ -2,7 +2,7 @@ package metadata
 
 // Typed queries for the snapshotter's tables (migration 0004_snapshotter.sql):
 // cd_snapshots, thin_devices, device_intents and quarantined_thin_ids.
-// Owner: snapshotter helper. Values are plain Go types; the snapshotter
+// Values are plain Go types; the snapshotter
 // package maps them to containerd's types.
 
 import (

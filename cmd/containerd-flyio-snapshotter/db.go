@@ -1,7 +1,7 @@
 package main
 
 // `db`: maintenance of the metadata database (migrate, check, backup,
-// unlock-stale). Owner: metadata helper.
+// unlock-stale).
 
 import (
 	"context"

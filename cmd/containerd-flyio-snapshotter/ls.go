@@ -1,7 +1,7 @@
 package main
 
 // `ls`: read-only listings of the metadata database (seed 003's reader
-// model). Owner: metadata helper; `ls runs` is in ls_runs.go.
+// model); `ls runs` is in ls_runs.go.
 
 import (
 	"context"

@@ -1,7 +1,7 @@
 package main
 
 // `ls runs`: the state-machine runs (fetcher/fsm) as the database records
-// them. Owner: fsm helper; the ls command (ls.go) dispatches here.
+// them; the ls command (ls.go) dispatches here.
 
 import (
 	"context"
