@@ -65,9 +65,11 @@ func registrar(c *Config) pipeline.Registrar {
 }
 
 // StartFetcher builds the S3 pipelines, resumes the runs a previous process
-// left (seed 001), and serves the control socket (daemon.control_socket;
-// none when empty) until ctx is done. stop closes both; runs under way stay
-// recorded for the next start.
+// left (seed 001), prunes the records of snapshots removed while it was
+// down, and serves the control socket (daemon.control_socket; none when
+// empty) until ctx is done. From then on Serve gives containerd the
+// pipelines' view of the snapshotter (pipeline.ContainerdView). stop closes
+// both; runs under way stay recorded for the next start.
 func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 	p, err := pipeline.New(ctx, s.PipelineOptions())
 	if err != nil {
@@ -77,6 +79,10 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 		p.Close(ctx)
 		return nil, fmt.Errorf("fetcher: resume: %w", err)
 	}
+	if _, err := p.Prune(ctx); err != nil {
+		log.G(ctx).WithError(err).Warn("fetcher: pruning records of removed snapshots")
+	}
+	s.served = p.ContainerdView(s.Snapshotter)
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	if sock := s.Config.Daemon.ControlSocket; sock != "" {

@@ -202,12 +202,15 @@ func ListenUnix(ctx context.Context, path string, mode fs.FileMode) (net.Listene
 // ServeOptions.Ready and Stopping.
 func (s *Service) Serve(ctx context.Context, ready, stopping func()) error {
 	var sn snapshots.Snapshotter = s.Snapshotter
+	if s.served != nil {
+		sn = s.served
+	}
 	opts := ServeOptions{Socket: s.Config.Daemon.Socket, Ready: ready, Stopping: stopping}
 	if addr := s.Config.Daemon.MetricsAddress; addr != "" {
 		m := metrics.New()
 		m.AddPool(s.Pool)
 		m.AddDevices(s.Snapshotter)
-		sn = m.Wrap(s.Snapshotter)
+		sn = m.Wrap(sn)
 		opts.MetricsAddress, opts.Metrics = addr, m
 	}
 	return Serve(ctx, sn, opts)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/log"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
@@ -52,6 +53,10 @@ type Service struct {
 	DB          *metadata.DB
 	Pool        *thinpool.Pool
 	Snapshotter *snapshotter.Snapshotter
+
+	// served is what Serve gives containerd: the snapshotter itself, or
+	// the S3 pipelines' view of it once StartFetcher has run.
+	served snapshots.Snapshotter
 }
 
 // Open validates cfg, opens the database read-write (migrating it), opens

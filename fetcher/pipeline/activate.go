@@ -169,7 +169,7 @@ func (p *Pipelines) createSnapshot(ctx context.Context, req *acReq) (*acResp, er
 	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMActivate, State: "create-snapshot"})
 	sctx := p.snCtx(ctx)
 	_, err := p.opts.Snapshots.Prepare(sctx, resp.SnapshotName, r.TopChainID,
-		snapshots.WithLabels(map[string]string{LabelGCRoot: "pipeline", LabelSource: r.Source}))
+		snapshots.WithLabels(map[string]string{LabelPrivate: privateActivation, LabelSource: r.Source}))
 	switch {
 	case err == nil:
 		resp.Activated = true

@@ -13,25 +13,33 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/opencontainers/go-digest"
+	"github.com/opencontainers/image-spec/identity"
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
-// How containerd finds our unpacked chains: its unpacker Prepares each
-// layer with the label containerd.io/snapshot.ref = the layer's chain ID;
-// our snapshotter answers AlreadyExists when a committed snapshot carries
-// that label on the same parent, and containerd then links that committed
-// snapshot into its own records (the "remote snapshot" path of its metadata
-// store) instead of applying the layer. The chain snapshots are committed
-// in containerd's namespace with that label (updateDB), so an image whose
-// config lists the layers' diff IDs unpacks without any layer blob.
+// How containerd comes to own our unpacked chains: a Prepare through its
+// snapshot service carrying the label containerd.io/snapshot.ref = a chain
+// ID reaches our snapshotter, which answers AlreadyExists because a
+// committed snapshot carries that label on the same parent (updateDB puts
+// it there); containerd's metadata store then records that committed
+// snapshot under the chain ID in its namespace (the "remote snapshot" path
+// of core/metadata) instead of making a new one. Register does this for
+// every chain ID of the image, under a lease, after labelling the image's
+// config blob containerd.io/gc.ref.snapshot.flyio = the top chain ID: from
+// then on the image keeps its chain alive, and `ctr image rm` followed by
+// containerd's garbage collection removes it through our proxy plugin.
 
 // ContainerdRegistrar writes an image's OCI config and manifest into
-// containerd's content store and creates or updates the image record, so
-// that `ctr run --snapshotter flyio REF` finds the unpacked chain.
+// containerd's content store, creates or updates the image record and
+// makes containerd adopt the unpacked chain, so that
+// `ctr run --snapshotter flyio REF` finds the image unpacked, and removing
+// the image lets containerd's garbage collector remove its snapshots.
 type ContainerdRegistrar struct {
 	Address   string // containerd's socket
 	Namespace string
@@ -40,6 +48,9 @@ type ContainerdRegistrar struct {
 // Register implements Registrar. A containerd socket that does not exist
 // is not an error (no containerd on this host): it is logged and skipped.
 func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs []string) error {
+	if len(diffIDs) == 0 {
+		return fmt.Errorf("register %s: an image needs at least one layer: %w", ref, errdefs.ErrInvalidArgument)
+	}
 	addr := strings.TrimPrefix(c.Address, "unix://")
 	if _, err := os.Stat(addr); errors.Is(err, os.ErrNotExist) {
 		log.G(ctx).WithField("address", addr).WithField("ref", ref).Warn("containerd socket absent: image not registered in containerd")
@@ -51,6 +62,17 @@ func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs 
 	}
 	defer cl.Close()
 	ctx = withNamespace(ctx, c.Namespace)
+	// The lease keeps what is written here from containerd's garbage
+	// collector until the image refers to all of it.
+	ctx, done, err := cl.WithLease(ctx, leases.WithExpiration(time.Hour))
+	if err != nil {
+		return fmt.Errorf("register %s: lease: %w", ref, err)
+	}
+	defer func() {
+		if err := done(context.WithoutCancel(ctx)); err != nil {
+			log.G(ctx).WithError(err).WithField("ref", ref).Warn("register: releasing the lease")
+		}
+	}()
 
 	diffs := make([]digest.Digest, len(diffIDs))
 	layers := make([]ocispec.Descriptor, len(diffIDs))
@@ -78,9 +100,16 @@ func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs 
 		return err
 	}
 	manDesc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: digest.FromBytes(manRaw), Size: int64(len(manRaw))}
+	chain := identity.ChainIDs(diffs)
+	top := chain[len(chain)-1].String()
 	cs := cl.ContentStore()
-	if err := content.WriteBlob(ctx, cs, "flyio-config-"+cfgDesc.Digest.Encoded(), bytes.NewReader(cfgRaw), cfgDesc); err != nil {
+	cfgLabels := map[string]string{gcRefSnapshot: top}
+	if err := content.WriteBlob(ctx, cs, "flyio-config-"+cfgDesc.Digest.Encoded(), bytes.NewReader(cfgRaw), cfgDesc, content.WithLabels(cfgLabels)); err != nil {
 		return fmt.Errorf("register %s: write config: %w", ref, err)
+	}
+	// WriteBlob keeps the labels of a blob that exists already.
+	if _, err := cs.Update(ctx, content.Info{Digest: cfgDesc.Digest, Labels: cfgLabels}, "labels."+gcRefSnapshot); err != nil {
+		return fmt.Errorf("register %s: label config: %w", ref, err)
 	}
 	gcLabels := map[string]string{"containerd.io/gc.ref.content.config": cfgDesc.Digest.String()}
 	if err := content.WriteBlob(ctx, cs, "flyio-manifest-"+manDesc.Digest.Encoded(), bytes.NewReader(manRaw), manDesc, content.WithLabels(gcLabels)); err != nil {
@@ -96,6 +125,41 @@ func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs 
 			return fmt.Errorf("register %s: update image: %w", ref, err)
 		}
 	}
-	log.G(ctx).WithField("ref", ref).WithField("manifest", manDesc.Digest).Info("image registered in containerd")
+	if err := adopt(ctx, cl.SnapshotService(SnapshotterName), chain); err != nil {
+		return fmt.Errorf("register %s: %w", ref, err)
+	}
+	log.G(ctx).WithField("ref", ref).WithField("manifest", manDesc.Digest).WithField("top_chain", top).Info("image registered in containerd")
+	return nil
+}
+
+// SnapshotterName is the name containerd knows our proxy plugin by
+// ([proxy_plugins.flyio] in its config).
+const SnapshotterName = "flyio"
+
+// gcRefSnapshot is containerd's label by which a content blob keeps a
+// snapshot of the flyio snapshotter from the garbage collector.
+const gcRefSnapshot = "containerd.io/gc.ref.snapshot." + SnapshotterName
+
+// adopt makes containerd's metadata store record each committed chain
+// snapshot (see the comment at the top of this file). A Prepare that
+// succeeds means the chain is not committed on our side: the stray
+// snapshot is removed again and that is an error.
+func adopt(ctx context.Context, sn snapshots.Snapshotter, chain []digest.Digest) error {
+	parent := ""
+	for i, c := range chain {
+		key := fmt.Sprintf("flyio-adopt-%d-%s", i+1, c.Encoded())
+		_, err := sn.Prepare(ctx, key, parent, snapshots.WithLabels(map[string]string{snapshots.LabelSnapshotRef: c.String()}))
+		switch {
+		case errdefs.IsAlreadyExists(err):
+		case err == nil:
+			if rerr := sn.Remove(ctx, key); rerr != nil {
+				log.G(ctx).WithError(rerr).WithField("key", key).Warn("adopt: removing a stray snapshot")
+			}
+			return fmt.Errorf("adopt layer %d: chain %s is not a committed snapshot of ours: %w", i+1, c, errdefs.ErrFailedPrecondition)
+		default:
+			return fmt.Errorf("adopt layer %d (chain %s): %w", i+1, c, err)
+		}
+		parent = c.String()
+	}
 	return nil
 }

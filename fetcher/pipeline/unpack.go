@@ -38,8 +38,6 @@ const (
 	LabelUncompressed = "containerd.io/uncompressed"
 	// LabelSource names the S3 object the layer came from.
 	LabelSource = "flyio.io/s3-source"
-	// LabelGCRoot keeps a snapshot from containerd's garbage collector.
-	LabelGCRoot = "containerd.io/gc.root"
 )
 
 // UnpackRequest is one "unpack-image" run: the layer at one chain position
@@ -307,7 +305,8 @@ func (p *Pipelines) createDevice(ctx context.Context, req *upReq) (*upResp, erro
 func (p *Pipelines) prepareExtract(ctx context.Context, r *UnpackRequest, resp *UnpackResponse) error {
 	sctx := p.snCtx(ctx)
 	key := extractKey(r.ChainID)
-	if _, err := p.opts.Snapshots.Prepare(sctx, key, r.ParentChainID); err != nil {
+	if _, err := p.opts.Snapshots.Prepare(sctx, key, r.ParentChainID,
+		snapshots.WithLabels(map[string]string{LabelPrivate: privateExtract, LabelSource: r.S3URL})); err != nil {
 		return fmt.Errorf("unpack %s: prepare %s on %q: %w", r.ChainID, key, r.ParentChainID, err)
 	}
 	name, path, id, err := p.opts.Snapshots.DeviceOf(sctx, key)
@@ -444,7 +443,7 @@ func (p *Pipelines) verifyLayout(ctx context.Context, req *upReq) (_ *upResp, er
 }
 
 // updateDB (seed 004): Commit the extraction snapshot as the chain ID
-// (labels: diff ID, source, gc root, snapshot.ref), then record the device in
+// (labels: diff ID, source, snapshot.ref), then record the device in
 // unpacked_images and the chain, and release the lock.
 func (p *Pipelines) updateDB(ctx context.Context, req *upReq) (*upResp, error) {
 	r, resp := req.Msg, req.Resp
@@ -456,8 +455,7 @@ func (p *Pipelines) updateDB(ctx context.Context, req *upReq) (*upResp, error) {
 	if !committed {
 		// snapshot.ref = the chain ID lets containerd's unpacker adopt this
 		// snapshot (see containerd.go).
-		labels := map[string]string{LabelUncompressed: r.DiffID, LabelSource: r.S3URL, LabelGCRoot: "pipeline",
-			snapshots.LabelSnapshotRef: r.ChainID}
+		labels := map[string]string{LabelUncompressed: r.DiffID, LabelSource: r.S3URL, snapshots.LabelSnapshotRef: r.ChainID}
 		if err := p.opts.Snapshots.Commit(sctx, r.ChainID, resp.ExtractKey, snapshots.WithLabels(labels)); err != nil {
 			if errdefs.IsNotFound(err) {
 				return nil, p.failUnpack(ctx, req, fsm.Abort(fmt.Errorf("unpack %s: commit: %w", r.ChainID, err)))

@@ -1,0 +1,153 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+)
+
+// LabelPrivate marks the pipeline's own active snapshots: "extract" on a
+// layer's extraction snapshot, "activation" on an image's active snapshot.
+// containerd's metadata store does not know them, and its garbage collector
+// removes every backend snapshot it does not know (core/metadata's
+// garbageCollect walks the backend and prunes the rest), so the view
+// containerd gets (ContainerdView) does not list them.
+const LabelPrivate = "flyio.io/pipeline"
+
+// Values of LabelPrivate.
+const (
+	privateExtract    = "extract"
+	privateActivation = "activation"
+)
+
+// ContainerdView returns the snapshotter to serve to containerd when these
+// pipelines share it:
+//   - Walk leaves out the pipeline's private active snapshots (an extraction
+//     under way, an image's activation), so containerd's garbage collector
+//     never removes what it does not own;
+//   - Remove of a committed chain snapshot whose only children are image
+//     activations removes those first (with their snapshots rows): the image
+//     is gone from containerd, so is its activation;
+//   - Cleanup, after the snapshotter's own, prunes the pipeline records the
+//     removals orphaned (Prune).
+func (p *Pipelines) ContainerdView(sn Snapshots) snapshots.Snapshotter {
+	return &containerdView{Snapshots: sn, p: p}
+}
+
+type containerdView struct {
+	Snapshots
+	p *Pipelines
+}
+
+func private(info snapshots.Info) bool {
+	_, ok := info.Labels[LabelPrivate]
+	return ok
+}
+
+func (v *containerdView) Walk(ctx context.Context, fn snapshots.WalkFunc, filters ...string) error {
+	return v.Snapshots.Walk(ctx, func(ctx context.Context, info snapshots.Info) error {
+		if private(info) {
+			return nil
+		}
+		return fn(ctx, info)
+	}, filters...)
+}
+
+func (v *containerdView) Remove(ctx context.Context, key string) error {
+	if err := v.p.removeActivationsOf(ctx, key); err != nil {
+		return err
+	}
+	return v.Snapshots.Remove(ctx, key)
+}
+
+func (v *containerdView) Cleanup(ctx context.Context) error {
+	if err := v.Snapshots.Cleanup(ctx); err != nil {
+		return err
+	}
+	_, err := v.p.Prune(ctx)
+	return err
+}
+
+// removeActivationsOf removes the image activations made on parent when
+// they are its only children (anything else still holds parent, and the
+// removal will be refused for it anyway).
+func (p *Pipelines) removeActivationsOf(ctx context.Context, parent string) error {
+	var acts []string
+	others := 0
+	err := p.opts.Snapshots.Walk(ctx, func(_ context.Context, info snapshots.Info) error {
+		if info.Parent != parent {
+			return nil
+		}
+		if info.Labels[LabelPrivate] == privateActivation {
+			acts = append(acts, info.Name)
+		} else {
+			others++
+		}
+		return nil
+	}, "parent=="+strconv.Quote(parent))
+	if err != nil {
+		return fmt.Errorf("children of %s: %w", parent, err)
+	}
+	if others > 0 {
+		return nil
+	}
+	for _, name := range acts {
+		if err := p.opts.Snapshots.Remove(ctx, name); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("remove activation %s of %s: %w", name, parent, err)
+		}
+		if err := p.db.DeleteSnapshotByName(ctx, name); err != nil {
+			return err
+		}
+		log.G(ctx).WithField("snapshot", name).WithField("parent", parent).Info("image activation removed with its chain")
+	}
+	return nil
+}
+
+// Prune forgets the records of chains, activations and pulled images
+// whose snapshots are gone (metadata.PruneOrphans) and deletes the blob
+// files no record needs any more. containerd's garbage collection calls it
+// through Cleanup; it is safe to call at any time.
+func (p *Pipelines) Prune(ctx context.Context) (metadata.PruneResult, error) {
+	res, err := p.db.PruneOrphans(ctx, layerURLs)
+	if err != nil {
+		return res, fmt.Errorf("prune: %w", err)
+	}
+	var errs []error
+	for _, path := range res.BlobPaths {
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("prune: remove blob %s: %w", path, err))
+		}
+	}
+	if res.Snapshots+res.Chains+res.PulledImages+res.Images+len(res.BlobPaths) > 0 {
+		log.G(ctx).WithField("snapshots", res.Snapshots).WithField("chains", res.Chains).
+			WithField("pulled_images", res.PulledImages).WithField("images", res.Images).
+			WithField("blobs", len(res.BlobPaths)).WithField("deferred", res.Deferred).Info("pruned records of removed snapshots")
+	}
+	return res, errors.Join(errs...)
+}
+
+// layerURLs names the layers a pulled image record lists.
+func layerURLs(rec metadata.PulledImage) ([]string, error) {
+	var layers []Layer
+	if err := json.Unmarshal([]byte(rec.Layers), &layers); err != nil {
+		return nil, err
+	}
+	bucket, _, err := ParseS3URL(rec.Source)
+	if err != nil {
+		return nil, err
+	}
+	urls := make([]string, len(layers))
+	for i, l := range layers {
+		urls[i] = S3URL(bucket, l.Key)
+	}
+	return urls, nil
+}
