@@ -21,29 +21,31 @@ type unpackedRow struct {
 	DeviceName string `json:"device_name"`
 }
 
-// inputs returns the image folder and the versitygw binary, made on the
-// host by integration/e2e/mkimage.sh and scripts/install-versitygw.sh
-// (the scripts only print their cached outputs here: the VM has no
-// network).
+// inputs returns the image folder and the versitygw binary that
+// integration/e2e/prepare.sh made on the host (the VM has no network) and
+// recorded in .cache/e2e/inputs (lines "images=DIR" and "versitygw=BIN").
 func inputs(t *testing.T, repo string) (images, vgw string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	out, err := stack.Run(ctx, nil, filepath.Join(repo, "integration/e2e/mkimage.sh"))
+	path := filepath.Join(repo, ".cache/e2e/inputs")
+	b, err := os.ReadFile(path)
 	if err != nil {
-		t.Fatalf("the Debian image's layers are not made (run integration/e2e/mkimage.sh on the host first): %v", err)
+		t.Fatalf("the end-to-end inputs are not prepared (run integration/e2e/prepare.sh on the host first): %v", err)
 	}
-	images = lastLine(out)
-	out, err = stack.Run(ctx, nil, filepath.Join(repo, "scripts/install-versitygw.sh"))
-	if err != nil {
-		t.Fatalf("versitygw is not installed (run scripts/install-versitygw.sh on the host first): %v", err)
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), "=")
+		switch k {
+		case "images":
+			images = v
+		case "versitygw":
+			vgw = v
+		}
 	}
-	return images, lastLine(out)
-}
-
-func lastLine(s string) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	return strings.TrimSpace(lines[len(lines)-1])
+	for what, p := range map[string]string{"images": images, "versitygw": vgw} {
+		if _, err := os.Stat(p); p == "" || err != nil {
+			t.Fatalf("%s: %s=%q is missing (run integration/e2e/prepare.sh on the host again): %v", path, what, p, err)
+		}
+	}
+	return images, vgw
 }
 
 // layerDigests maps each family to the SHA-256 of its layer tarballs, in
@@ -155,20 +157,15 @@ func TestEndToEnd(t *testing.T) {
 	}
 
 	// `ctr run` must find each pulled image unpacked in containerd (else it
-	// unpacks by itself and fails: no layer blobs). Until pull's registrar
-	// adopts the chain, the test says so and adopts it, so that the checks
-	// below still run.
+	// unpacks by itself and fails: no layer blobs): pull's registrar made
+	// containerd adopt the chain.
 	for _, f := range stack.Families {
 		ok, err := e.Unpacked(ctx, f)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !ok {
-			t.Errorf("after pull, containerd does not see %s as unpacked in flyio: the registrar must adopt the chain "+
-				"(Prepare with containerd.io/snapshot.ref per chain ID, gc.ref.snapshot.flyio on the config); adopting it here", f)
-			if err := e.Adopt(ctx, f); err != nil {
-				t.Fatal(err)
-			}
+			t.Fatalf("after pull, containerd does not see %s as unpacked in flyio: the registrar did not adopt its chain", f)
 		}
 	}
 

@@ -4,7 +4,8 @@
 # containerd's tools and versitygw, makes the Debian image's layers
 # (mkimage.sh), builds the demo driver and seeds the versitygw store of the
 # image (bucket, public-read policy, layers, generated keys). Each step is
-# cached; a second call takes seconds. Prints the image folder.
+# cached; a second call takes seconds. Prints the image folder and records
+# it with versitygw's path in .cache/e2e/inputs.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 repo=$(cd "$here/../.." && pwd -P)
@@ -26,4 +27,7 @@ CGO_ENABLED=0 go build -o .cache/e2e/bin/flyio-demo.tmp ./integration/e2e/cmd/fl
 mv .cache/e2e/bin/flyio-demo.tmp .cache/e2e/bin/flyio-demo
 say "versitygw store with the layers ($images/s3)"
 .cache/e2e/bin/flyio-demo seed --images "$images" --versitygw "$vgw" >/dev/null
+# What TestEndToEnd reads inside the VM (it cannot run these scripts there).
+printf 'images=%s\nversitygw=%s\n' "$images" "$vgw" > .cache/e2e/inputs.tmp
+mv .cache/e2e/inputs.tmp .cache/e2e/inputs
 echo "$images"

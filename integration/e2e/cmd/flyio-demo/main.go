@@ -141,10 +141,7 @@ func demo(ctx context.Context, images, vgw, logs, scratch string) (err error) {
 		if ok, err := e.Unpacked(ctx, c.family); err != nil {
 			return err
 		} else if !ok {
-			say("containerd does not see %s's chain (pull's registrar does not adopt it yet): adopting it with containerd.io/snapshot.ref", c.family)
-			if err := e.Adopt(ctx, c.family); err != nil {
-				return err
-			}
+			return fmt.Errorf("containerd does not see %s as unpacked in flyio after pull: its chain was not adopted", c.family)
 		}
 		t := time.Now()
 		out, err := e.RunContainer(ctx, c.family, "demo-"+c.family, c.argv...)
