@@ -97,6 +97,15 @@ func (d *DB) PruneOrphans(ctx context.Context, layerURLs LayerURLs) (PruneResult
 	return res, nil
 }
 
+// LiveRuns counts the FSM runs pending or running.
+func (d *DB) LiveRuns(ctx context.Context) (int, error) {
+	var n int
+	if err := d.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM fsm_runs WHERE state IN ('pending', 'running')`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("metadata: live runs: %w", err)
+	}
+	return n, nil
+}
+
 // pruneImages deletes the images rows nothing refers to.
 func pruneImages(ctx context.Context, tx *sql.Tx, layerURLs LayerURLs) (int, error) {
 	rows, err := tx.QueryContext(ctx, `SELECT `+pulledColumns+` FROM pipeline_images`)

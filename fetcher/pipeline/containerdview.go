@@ -33,7 +33,16 @@ const (
 // pipelines share it:
 //   - Walk leaves out the pipeline's private active snapshots (an extraction
 //     under way, an image's activation), so containerd's garbage collector
-//     never removes what it does not own;
+//     never removes what it does not own; without a Registrar it also
+//     leaves out the committed chain snapshots (containerd never adopts
+//     them then);
+//   - Remove of a committed chain snapshot made by the pipelines is refused
+//     (FailedPrecondition) while any pipeline run is pending or running: a
+//     pull under way commits chains that containerd adopts only when the
+//     image is registered at its end, and containerd's collector, which
+//     removes every backend snapshot it does not know, must not take them
+//     meanwhile (it logs the refusal and removes the snapshot at a later
+//     collection if it is still unreferenced);
 //   - Remove of a committed chain snapshot whose only children are image
 //     activations removes those first (with their snapshots rows): the image
 //     is gone from containerd, so is its activation;
@@ -53,9 +62,17 @@ func private(info snapshots.Info) bool {
 	return ok
 }
 
+// pipelineChain reports whether info is a chain snapshot the pipelines
+// committed.
+func pipelineChain(info snapshots.Info) bool {
+	_, ok := info.Labels[LabelSource]
+	return ok && info.Kind == snapshots.KindCommitted
+}
+
 func (v *containerdView) Walk(ctx context.Context, fn snapshots.WalkFunc, filters ...string) error {
+	hideChains := v.p.opts.Registrar == nil
 	return v.Snapshots.Walk(ctx, func(ctx context.Context, info snapshots.Info) error {
-		if private(info) {
+		if private(info) || (hideChains && pipelineChain(info)) {
 			return nil
 		}
 		return fn(ctx, info)
@@ -63,6 +80,20 @@ func (v *containerdView) Walk(ctx context.Context, fn snapshots.WalkFunc, filter
 }
 
 func (v *containerdView) Remove(ctx context.Context, key string) error {
+	info, err := v.Snapshots.Stat(ctx, key)
+	if err != nil {
+		return err
+	}
+	if pipelineChain(info) {
+		live, err := v.p.db.LiveRuns(ctx)
+		if err != nil {
+			return err
+		}
+		if live > 0 {
+			return fmt.Errorf("remove %s: a chain of the S3 pipelines, kept while %d pipeline run(s) are under way: %w",
+				key, live, errdefs.ErrFailedPrecondition)
+		}
+	}
 	if err := v.p.removeActivationsOf(ctx, key); err != nil {
 		return err
 	}

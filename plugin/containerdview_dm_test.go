@@ -1,0 +1,238 @@
+//go:build dm
+
+package plugin_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/errdefs"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/control"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
+)
+
+// layerTar is a small layer tarball: the directories an image must have
+// (tarball.RequiredDirs), dir, and one file per name in dir.
+func layerTar(t *testing.T, dir string, files ...string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	var hdrs []*tar.Header
+	for _, d := range append(slices.Clone(tarball.RequiredDirs), dir) {
+		hdrs = append(hdrs, &tar.Header{Name: d + "/", Typeflag: tar.TypeDir, Mode: 0o755})
+	}
+	for _, f := range files {
+		hdrs = append(hdrs, &tar.Header{Name: dir + "/" + f, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(f) + 1)})
+	}
+	for _, h := range hdrs {
+		h.ModTime = time.Unix(1700000000, 0)
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			if _, err := tw.Write([]byte(strings.TrimPrefix(h.Name, dir+"/") + "\n")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// collectLikeContainerd does what containerd's metadata garbage collector
+// does to a snapshotter when none of its snapshots are referenced: walk
+// the backend, remove every snapshot children first (a FailedPrecondition
+// is logged and skipped, as containerd does), then Cleanup. It returns the
+// names it removed.
+func collectLikeContainerd(t *testing.T, ctx context.Context, sn snapshots.Snapshotter) []string {
+	t.Helper()
+	children := map[string][]string{}
+	var roots []string
+	if err := sn.Walk(ctx, func(_ context.Context, i snapshots.Info) error {
+		if i.Parent == "" {
+			roots = append(roots, i.Name)
+		} else {
+			children[i.Parent] = append(children[i.Parent], i.Name)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("walk: %v", err)
+	}
+	var removed []string
+	var prune func(string)
+	prune = func(name string) {
+		for _, c := range children[name] {
+			prune(c)
+		}
+		err := sn.Remove(ctx, name)
+		switch {
+		case err == nil:
+			removed = append(removed, name)
+		case errdefs.IsFailedPrecondition(err):
+			t.Logf("collector: %s kept: %v", name, err)
+		default:
+			t.Fatalf("collector: remove %s: %v", name, err)
+		}
+	}
+	for _, r := range roots {
+		prune(r)
+	}
+	if err := sn.(snapshots.Cleaner).Cleanup(ctx); err != nil {
+		t.Fatalf("cleanup: %v", err)
+	}
+	return removed
+}
+
+// TestContainerdViewOverSocket checks what containerd sees of the S3
+// pipelines' snapshots over the proxy socket, and what its garbage
+// collector may do to them: the activation and extraction snapshots are
+// not listed (containerd would remove them as unknown); a chain is not
+// removed while a pull is under way; removing an image's top chain (what
+// GC does after `ctr image rm`) takes its activation with it, and Cleanup
+// forgets its records and blob, while an image sharing its lower layer
+// keeps everything.
+func TestContainerdViewOverSocket(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cfg := dmtest.Config(t)
+	srv := s3test.NewServer(t)
+	cfg.S3 = plugin.S3Config{Region: "us-east-1", Endpoint: srv.URL, PathStyle: true, Anonymous: true}
+	cfg.Daemon.ControlSocket = filepath.Join(cfg.Daemon.RootDir, "run", "control.sock")
+	// A registrar is configured (so the chains are shown to containerd for
+	// adoption); its socket does not exist, so registering is skipped.
+	cfg.Containerd.Address = filepath.Join(cfg.Daemon.RootDir, "no-containerd.sock")
+
+	base := layerTar(t, "base", "a", "b")
+	srv.Put(t, "a/1.tar", base)
+	srv.Put(t, "a/2.tar", layerTar(t, "app-a", "x"))
+	srv.Put(t, "b/1.tar", base)
+	srv.Put(t, "b/2.tar", layerTar(t, "app-b", "y"))
+
+	svc, err := plugin.Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	stopFetcher, err := svc.StartFetcher(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopFetcher()
+	serveCtx, stopServe := context.WithCancel(ctx)
+	ready, done := make(chan struct{}), make(chan error, 1)
+	go func() { done <- svc.Serve(serveCtx, func() { close(ready) }, nil) }()
+	defer func() { stopServe(); <-done }()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("Serve: %v", err)
+	}
+	client := plugin.DialProxy(t, cfg.Daemon.Socket)
+	ctl := control.NewClient(cfg.Daemon.ControlSocket)
+	pull := func(prefix string) *pipeline.PullResult {
+		t.Helper()
+		res, err := ctl.Pull(ctx, pipeline.PullRequest{Bucket: srv.Bucket, Key: prefix, Ref: "test/" + prefix}, nil)
+		if err != nil {
+			t.Fatalf("pull %s: %v", prefix, err)
+		}
+		return res
+	}
+
+	a := pull("a/")
+	var listed []string
+	if err := client.Walk(ctx, func(_ context.Context, i snapshots.Info) error {
+		listed = append(listed, i.Name)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{a.Layers[0].ChainID, a.TopChainID}; fmt.Sprint(slices.Sorted(slices.Values(listed))) != fmt.Sprint(slices.Sorted(slices.Values(want))) {
+		t.Fatalf("containerd's walk lists %v, want only the committed chains %v (no activation, no extraction)", listed, want)
+	}
+	if _, err := client.Stat(ctx, a.Snapshot.SnapshotName); err != nil {
+		t.Fatalf("activation %s: %v", a.Snapshot.SnapshotName, err)
+	}
+
+	// A pull under way: b's new layer is slow to download.
+	srv.Faults.Delay(1, "b/2.tar", 4*time.Second)
+	bDone := make(chan *pipeline.PullResult, 1)
+	go func() { bDone <- pull("b/") }()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		n, err := svc.DB.LiveRuns(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("pull of b/ never had a live run")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if removed := collectLikeContainerd(t, ctx, client); len(removed) != 0 {
+		t.Fatalf("garbage collection during a pull removed %v; want the chains kept while runs are live", removed)
+	}
+	if err := client.Remove(ctx, a.TopChainID); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "pipeline run") {
+		t.Fatalf("Remove of a chain during a pull: %v, want FailedPrecondition naming the live runs", err)
+	}
+	b := <-bDone
+	if b.Layers[0].ChainID != a.Layers[0].ChainID {
+		t.Fatalf("a and b share their first layer byte for byte, but got chains %s and %s", a.Layers[0].ChainID, b.Layers[0].ChainID)
+	}
+
+	// containerd removed image a: GC removes its top chain.
+	if err := client.Remove(ctx, a.TopChainID); err != nil {
+		t.Fatalf("Remove of a's top chain once idle: %v", err)
+	}
+	if _, err := client.Stat(ctx, a.Snapshot.SnapshotName); !errdefs.IsNotFound(err) {
+		t.Fatalf("a's activation after its chain was removed: %v, want NotFound", err)
+	}
+	if err := client.Remove(ctx, a.Layers[0].ChainID); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("Remove of the layer b still builds on: %v, want FailedPrecondition", err)
+	}
+	if err := client.(snapshots.Cleaner).Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := svc.DB.GetPulledImage(ctx, "test/a/"); err != nil || rec != nil {
+		t.Errorf("a's pulled-image record after GC: %+v, %v; want none", rec, err)
+	}
+	if rec, err := svc.DB.GetPulledImage(ctx, "test/b/"); err != nil || rec == nil {
+		t.Errorf("b's pulled-image record after a's GC: %v; want it kept", err)
+	}
+	unpacked, err := svc.DB.ListUnpackedImages(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(unpacked) != 2 {
+		t.Errorf("unpacked records after a's GC: %d, want 2 (the shared base and b's layer)", len(unpacked))
+	}
+	blobs, err := os.ReadDir(filepath.Join(cfg.Pipeline.DownloadDir, "blobs", "sha256"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	if len(blobs) != 2 {
+		t.Errorf("blob files after a's GC: %d, want 2 (a's own layer deleted)", len(blobs))
+	}
+	if _, err := ctl.Activate(ctx, "test/b/"); err != nil {
+		t.Errorf("activate b after a's GC: %v", err)
+	}
+}
