@@ -85,6 +85,7 @@ func (v *containerdView) Remove(ctx context.Context, key string) error {
 		return err
 	}
 	if pipelineChain(info) {
+		// Only a pipeline chain can carry an image activation.
 		live, err := v.p.db.LiveRuns(ctx)
 		if err != nil {
 			return err
@@ -93,9 +94,9 @@ func (v *containerdView) Remove(ctx context.Context, key string) error {
 			return fmt.Errorf("remove %s: a chain of the S3 pipelines, kept while %d pipeline run(s) are under way: %w",
 				key, live, errdefs.ErrFailedPrecondition)
 		}
-	}
-	if err := v.p.removeActivationsOf(ctx, key); err != nil {
-		return err
+		if err := v.p.removeActivationsOf(ctx, key); err != nil {
+			return err
+		}
 	}
 	return v.Snapshots.Remove(ctx, key)
 }
