@@ -210,6 +210,7 @@ func (s *Service) Serve(ctx context.Context, ready, stopping func()) error {
 		m := metrics.New()
 		m.AddPool(s.Pool)
 		m.AddDevices(s.Snapshotter)
+		m.AddPipeline(s.DB)
 		sn = m.Wrap(sn)
 		opts.MetricsAddress, opts.Metrics = addr, m
 	}

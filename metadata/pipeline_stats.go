@@ -1,0 +1,83 @@
+package metadata
+
+import (
+	"context"
+	"fmt"
+)
+
+// RunCount is how many FSM runs of one machine are in one state.
+type RunCount struct {
+	FSM   string
+	State string
+	Runs  int
+}
+
+// PipelineStats is what the S3 pipelines hold, for the metrics endpoint.
+type PipelineStats struct {
+	Runs          []RunCount     // fsm_runs by machine and state
+	Images        map[string]int // images rows by download_status
+	Blobs         int            // downloaded layer tarballs kept
+	BlobBytes     int64
+	Unpacked      int // unpacked layer devices
+	UnpackedBytes int64
+	Activations   int // active snapshots of pulled images
+}
+
+// PipelineStats reads PipelineStats in one read transaction.
+func (d *DB) PipelineStats(ctx context.Context) (PipelineStats, error) {
+	st := PipelineStats{Images: map[string]int{}}
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return st, fmt.Errorf("metadata: pipeline stats: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // read-only
+	rows, err := tx.QueryContext(ctx, `SELECT fsm, state, COUNT(*) FROM fsm_runs GROUP BY fsm, state ORDER BY fsm, state`)
+	if err != nil {
+		return st, fmt.Errorf("metadata: pipeline stats: runs: %w", err)
+	}
+	for rows.Next() {
+		var c RunCount
+		if err := rows.Scan(&c.FSM, &c.State, &c.Runs); err != nil {
+			rows.Close()
+			return st, fmt.Errorf("metadata: pipeline stats: runs: %w", err)
+		}
+		st.Runs = append(st.Runs, c)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return st, fmt.Errorf("metadata: pipeline stats: runs: %w", err)
+	}
+	rows, err = tx.QueryContext(ctx, `SELECT download_status, COUNT(*) FROM images GROUP BY download_status`)
+	if err != nil {
+		return st, fmt.Errorf("metadata: pipeline stats: images: %w", err)
+	}
+	for rows.Next() {
+		var status string
+		var n int
+		if err := rows.Scan(&status, &n); err != nil {
+			rows.Close()
+			return st, fmt.Errorf("metadata: pipeline stats: images: %w", err)
+		}
+		st.Images[status] = n
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return st, fmt.Errorf("metadata: pipeline stats: images: %w", err)
+	}
+	for _, q := range []struct {
+		sql   string
+		count *int
+		bytes *int64
+	}{
+		{`SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM pipeline_blobs`, &st.Blobs, &st.BlobBytes},
+		{`SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM unpacked_images`, &st.Unpacked, &st.UnpackedBytes},
+	} {
+		if err := tx.QueryRowContext(ctx, q.sql).Scan(q.count, q.bytes); err != nil {
+			return st, fmt.Errorf("metadata: pipeline stats: %w", err)
+		}
+	}
+	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM snapshots WHERE active = 1`).Scan(&st.Activations); err != nil {
+		return st, fmt.Errorf("metadata: pipeline stats: activations: %w", err)
+	}
+	return st, nil
+}

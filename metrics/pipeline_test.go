@@ -1,0 +1,84 @@
+package metrics
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+)
+
+// gauges gathers every gauge named name as "label=value,..." -> value.
+func gauges(t *testing.T, m *Metrics, name string) map[string]float64 {
+	t.Helper()
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, mt := range mf.GetMetric() {
+			key := ""
+			for _, l := range mt.GetLabel() {
+				if key != "" {
+					key += ","
+				}
+				key += l.GetName() + "=" + l.GetValue()
+			}
+			out[key] = mt.GetGauge().GetValue()
+		}
+	}
+	return out
+}
+
+// TestPipelineMetricsFromDatabase: the pipeline gauges read what a real
+// database holds at scrape time.
+func TestPipelineMetricsFromDatabase(t *testing.T) {
+	ctx := context.Background()
+	db, err := metadata.Open(ctx, metadata.Options{Path: filepath.Join(t.TempDir(), "meta.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	m := New()
+	m.AddPipeline(db)
+
+	if g := gauges(t, m, Namespace+"_pipeline_blob_bytes"); g[""] != 0 {
+		t.Fatalf("blob bytes of an empty database = %v", g)
+	}
+	if err := db.StoreImageMetadata(ctx, "img-1", "s3://b/1.tar", "/blobs/d1", "sha256:d1", 1000); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.StoreBlob(ctx, metadata.Blob{Digest: "sha256:d1", Path: "/blobs/d1", SizeBytes: 1000, StatSize: 1000, StatMtimeNs: 1, StatIno: 1}, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.MarkImageFailed(ctx, metadata.ImageFailure{ImageID: "img-2", S3Key: "s3://b/2.tar", LocalPath: "/tmp/x", SizeBytes: 5, Reason: "bad"}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for i, state := range []string{metadata.RunRunning, metadata.RunComplete, metadata.RunComplete} {
+		r := metadata.Run{ID: "run-" + string(rune('a'+i)), FSM: "download-image", IdempotencyID: string(rune('a' + i)),
+			Request: []byte("{}"), Transition: "download", State: metadata.RunPending, CreatedAt: now, UpdatedAt: now}
+		if _, _, err := db.CreateRun(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.CheckpointRun(ctx, metadata.RunCheckpoint{RunID: r.ID, State: state, Transition: "download", At: now}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	if g := gauges(t, m, Namespace+"_pipeline_blob_bytes"); g[""] != 1000 {
+		t.Errorf("pipeline_blob_bytes = %v, want 1000", g)
+	}
+	if g := gauges(t, m, Namespace+"_pipeline_images"); g["download_status=completed"] != 1 || g["download_status=failed"] != 1 {
+		t.Errorf("pipeline_images = %v, want one completed and one failed", g)
+	}
+	runs := gauges(t, m, Namespace+"_pipeline_runs")
+	if runs["fsm=download-image,state=running"] != 1 || runs["fsm=download-image,state=complete"] != 2 {
+		t.Errorf("pipeline_runs = %v, want 1 running and 2 complete download-image runs", runs)
+	}
+}
