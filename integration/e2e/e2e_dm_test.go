@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/e2e/stack"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
 )
 
 // unpackedRow is what this test reads of `ls unpacked --format json`.

@@ -31,7 +31,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/e2e/stack"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
 )
 
 var start = time.Now()
