@@ -25,6 +25,7 @@ import (
 	"github.com/containerd/platforms"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/containerd/ociimage"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
 )
 
 // importImage imports the OCI archive at path the way `ctr image import
@@ -157,7 +158,7 @@ func testRun(t *testing.T, e *env, sn string) {
 
 	start := time.Now()
 	if err := importImage(ctx, c, archive, sn); err != nil {
-		t.Fatalf("%v\ncontainerd log tail:\n%s", err, e.ctrd.logTail(30))
+		t.Fatalf("%v\ncontainerd log tail:\n%s", err, e.ctrd.LogTail(30))
 	}
 	t.Logf("import with %s: %s", sn, time.Since(start).Round(time.Millisecond))
 	img, err := c.GetImage(ctx, name)
@@ -197,7 +198,7 @@ func testRun(t *testing.T, e *env, sn string) {
 	fifos := filepath.Join(e.scratch, "fifo")
 	task, err := ctr.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, &stdout, &stderr), cio.WithFIFODir(fifos)))
 	if err != nil {
-		t.Fatalf("create task on %s: %v\ncontainerd log tail:\n%s", sn, err, e.ctrd.logTail(30))
+		t.Fatalf("create task on %s: %v\ncontainerd log tail:\n%s", sn, err, e.ctrd.LogTail(30))
 	}
 	exitC, err := task.Wait(ctx)
 	if err != nil {
@@ -206,7 +207,7 @@ func testRun(t *testing.T, e *env, sn string) {
 	runStart := time.Now()
 	if err := task.Start(ctx); err != nil {
 		_, _ = task.Delete(ctx)
-		t.Fatalf("start task on %s: %v\ncontainerd log tail:\n%s", sn, err, e.ctrd.logTail(30))
+		t.Fatalf("start task on %s: %v\ncontainerd log tail:\n%s", sn, err, e.ctrd.LogTail(30))
 	}
 	var code uint32
 	select {
@@ -272,10 +273,10 @@ func testRun(t *testing.T, e *env, sn string) {
 // diagnostics returns the tails of the daemons' logs and our pool listing.
 func (e *env) diagnostics() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "---- containerd log tail:\n%s\n", e.ctrd.logTail(60))
+	fmt.Fprintf(&b, "---- containerd log tail:\n%s\n", e.ctrd.LogTail(60))
 	if e.ours != nil {
-		fmt.Fprintf(&b, "---- our daemon log tail:\n%s\n", e.ours.p.logTail(60))
-		out, err := run(context.Background(), e.ours.bin, "pool", "ls", "--config", e.ours.config)
+		fmt.Fprintf(&b, "---- our daemon log tail:\n%s\n", e.ours.p.LogTail(60))
+		out, err := stack.Run(context.Background(), nil, e.ours.bin, "pool", "ls", "--config", e.ours.config)
 		fmt.Fprintf(&b, "---- pool ls (err=%v):\n%s\n", err, out)
 	}
 	return b.String()
@@ -334,7 +335,7 @@ func BenchmarkImport(b *testing.B) {
 			name := imageRepo + ":bench-" + sn
 			start := time.Now()
 			if err := importImage(ctx, e.client, archives[sn], sn); err != nil {
-				b.Fatalf("round %d: %v\ncontainerd log tail:\n%s", r, err, e.ctrd.logTail(30))
+				b.Fatalf("round %d: %v\ncontainerd log tail:\n%s", r, err, e.ctrd.LogTail(30))
 			}
 			samples[sn] = append(samples[sn], time.Since(start))
 			if err := removeImage(ctx, e.client, name); err != nil {

@@ -24,6 +24,8 @@ import (
 	"github.com/containerd/errdefs"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
 )
 
 // crashModel is what the client was told: committed snapshots (Commit
@@ -108,7 +110,7 @@ func TestCrashOverSocket(t *testing.T) {
 			warm = time.Now()
 		}
 		if err := crashBuild(ctx, sn, &model, rng, mnt, fmt.Sprintf("warm-%d", i)); err != nil {
-			t.Fatalf("warm-up: %v\ndaemon log tail:\n%s", err, d.p.logTail(40))
+			t.Fatalf("warm-up: %v\ndaemon log tail:\n%s", err, d.p.LogTail(40))
 		}
 	}
 	if err := crashRemove(ctx, sn, &model, rng); err != nil {
@@ -124,7 +126,7 @@ func TestCrashOverSocket(t *testing.T) {
 		// Kill after a random delay within the next few loop steps.
 		delay := time.Duration(rng.Int64N(int64(4 * stepTime)))
 		killing, killed := make(chan struct{}), make(chan struct{})
-		timer := time.AfterFunc(delay, func() { close(killing); d.p.kill(); close(killed) })
+		timer := time.AfterFunc(delay, func() { close(killing); d.p.Kill(); close(killed) })
 		loopStart := time.Now()
 		n, err := crashLoop(ctx, sn, &model, rng, mnt, k)
 		ops += n
@@ -134,7 +136,7 @@ func TestCrashOverSocket(t *testing.T) {
 		default:
 			// The call failed while the daemon was alive: a real error.
 			timer.Stop()
-			t.Fatalf("iteration %d: %s of %q failed before any kill: %v\ndaemon log tail:\n%s", k, model.inFlight.op, model.inFlight.key, err, d.p.logTail(40))
+			t.Fatalf("iteration %d: %s of %q failed before any kill: %v\ndaemon log tail:\n%s", k, model.inFlight.op, model.inFlight.key, err, d.p.LogTail(40))
 		}
 		<-killed
 		timer.Stop()
@@ -148,12 +150,12 @@ func TestCrashOverSocket(t *testing.T) {
 		v, err := verifyCrashModel(ctx, sn, &model, mnt)
 		closeConn()
 		if err != nil {
-			t.Fatalf("iteration %d (killed during %s of %q after %s): %v\ndaemon log tail:\n%s", k, model.inFlight.op, model.inFlight.key, delay, err, d.p.logTail(40))
+			t.Fatalf("iteration %d (killed during %s of %q after %s): %v\ndaemon log tail:\n%s", k, model.inFlight.op, model.inFlight.key, delay, err, d.p.LogTail(40))
 		}
 		verifiedFiles += v
 		t.Logf("kill %d after %s during %s of %q: restarted, %d committed and %d active verified (%d files)",
 			k+1, delay, model.inFlight.op, model.inFlight.key, len(model.committed), len(model.active), v)
-		if out, err := run(ctx, d.bin, "pool", "ls", "--check", "--config", d.config); err != nil {
+		if out, err := stack.Run(ctx, nil, d.bin, "pool", "ls", "--check", "--config", d.config); err != nil {
 			t.Fatalf("iteration %d: pool and database disagree after restart: %v\n%s", k, err, out)
 		}
 	}
@@ -192,7 +194,7 @@ func TestCrashOverSocket(t *testing.T) {
 	if len(left) != 0 {
 		t.Fatalf("Walk shows %v after removing everything", left)
 	}
-	out, err := run(ctx, d.bin, "pool", "ls", "--check", "--config", d.config)
+	out, err := stack.Run(ctx, nil, d.bin, "pool", "ls", "--check", "--config", d.config)
 	if err != nil {
 		t.Fatalf("pool and database disagree at the end: %v\n%s", err, out)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/containerd/v2/client"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/containerd/ociimage"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
 )
 
 const (
@@ -57,7 +58,7 @@ type env struct {
 	image                ociimage.Image
 	ours                 *ourDaemon
 	anchor               *dmPool
-	ctrd                 *proc
+	ctrd                 *stack.Proc
 	client               *client.Client
 	setupTime            time.Duration
 }
@@ -103,10 +104,10 @@ func baseEnv() (repo, scratch, tools string, err error) {
 	if scratch == "" {
 		return "", "", "", fmt.Errorf("VM_SCRATCH is not set: run these tests through integration/vm/run.sh or suite.sh")
 	}
-	if repo, err = repoRoot(); err != nil {
+	if repo, err = stack.RepoRoot(); err != nil {
 		return "", "", "", err
 	}
-	if tools, err = toolsDir(repo); err != nil {
+	if tools, err = stack.ToolsDir(repo); err != nil {
 		return "", "", "", err
 	}
 	return repo, scratch, tools, nil
@@ -159,7 +160,7 @@ func setupEnv(ctx context.Context) (*env, error) {
 	}
 	teardown = append(teardown, func() {
 		e.client.Close()
-		if err := e.ctrd.stop(30 * time.Second); err != nil {
+		if err := e.ctrd.Stop(30 * time.Second); err != nil {
 			fmt.Fprintf(os.Stderr, "containerd stop: %v\n", err)
 		}
 	})
@@ -190,7 +191,7 @@ func createDMPool(ctx context.Context, dir, name string) (*dmPool, error) {
 		if err := os.Truncate(path, f.size); err != nil {
 			return nil, fmt.Errorf("devmapper pool %s: %w", name, err)
 		}
-		out, err := run(ctx, "losetup", "--find", "--show", path)
+		out, err := stack.Run(ctx, nil, "losetup", "--find", "--show", path)
 		if err != nil {
 			p.destroy(ctx)
 			return nil, fmt.Errorf("devmapper pool %s: %w", name, err)
@@ -199,7 +200,7 @@ func createDMPool(ctx context.Context, dir, name string) (*dmPool, error) {
 	}
 	table := fmt.Sprintf("0 %d thin-pool %s %s %d 0 2 skip_block_zeroing error_if_no_space",
 		poolDataSize/512, p.loops[0], p.loops[1], poolBlockSectors)
-	if _, err := run(ctx, "dmsetup", "create", name, "--table", table); err != nil {
+	if _, err := stack.Run(ctx, nil, "dmsetup", "create", name, "--table", table); err != nil {
 		p.destroy(ctx)
 		return nil, fmt.Errorf("devmapper pool %s: %w", name, err)
 	}
@@ -210,7 +211,7 @@ func createDMPool(ctx context.Context, dir, name string) (*dmPool, error) {
 func (p *dmPool) destroy(ctx context.Context) {
 	removePool(ctx, p.name, nil)
 	for _, l := range p.loops {
-		if _, err := run(ctx, "losetup", "-d", l); err != nil {
+		if _, err := stack.Run(ctx, nil, "losetup", "-d", l); err != nil {
 			fmt.Fprintf(os.Stderr, "teardown: %v\n", err)
 		}
 	}
@@ -220,27 +221,27 @@ func (p *dmPool) destroy(ctx context.Context) {
 // and the loop devices backed by files (best effort, reported on stderr: it
 // runs at the end of the run, so that nothing is left behind).
 func removePool(ctx context.Context, pool string, files []string) {
-	if out, err := run(ctx, "dmsetup", "ls"); err == nil {
+	if out, err := stack.Run(ctx, nil, "dmsetup", "ls"); err == nil {
 		for _, line := range strings.Split(out, "\n") {
 			f := strings.Fields(line)
 			if len(f) > 0 && strings.HasPrefix(f[0], pool+"-") {
-				if _, err := run(ctx, "dmsetup", "remove", f[0]); err != nil {
+				if _, err := stack.Run(ctx, nil, "dmsetup", "remove", f[0]); err != nil {
 					fmt.Fprintf(os.Stderr, "teardown: %v\n", err)
 				}
 			}
 		}
 	}
-	if _, err := run(ctx, "dmsetup", "remove", pool); err != nil {
+	if _, err := stack.Run(ctx, nil, "dmsetup", "remove", pool); err != nil {
 		fmt.Fprintf(os.Stderr, "teardown: %v\n", err)
 	}
 	for _, file := range files {
-		out, err := run(ctx, "losetup", "-j", file)
+		out, err := stack.Run(ctx, nil, "losetup", "-j", file)
 		if err != nil {
 			continue
 		}
 		for _, line := range strings.Split(out, "\n") {
 			if dev, _, ok := strings.Cut(line, ":"); ok {
-				if _, err := run(ctx, "losetup", "-d", dev); err != nil {
+				if _, err := stack.Run(ctx, nil, "losetup", "-d", dev); err != nil {
 					fmt.Fprintf(os.Stderr, "teardown: %v\n", err)
 				}
 			}
@@ -281,7 +282,7 @@ func (c containerdConfig) toml() string {
 }
 
 // startContainerd writes cfg, starts containerd and connects one client.
-func startContainerd(ctx context.Context, tools string, cfg containerdConfig) (*proc, *client.Client, error) {
+func startContainerd(ctx context.Context, tools string, cfg containerdConfig) (*stack.Proc, *client.Client, error) {
 	if err := os.MkdirAll(cfg.Root, 0o755); err != nil {
 		return nil, nil, fmt.Errorf("containerd root: %w", err)
 	}
@@ -291,19 +292,19 @@ func startContainerd(ctx context.Context, tools string, cfg containerdConfig) (*
 	}
 	// The shim is found on PATH, runc too (Debian's, /usr/sbin).
 	env := append(os.Environ(), "PATH="+tools+":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-	p, err := startProc("containerd", filepath.Join(cfg.Root, "containerd.log"), env,
+	p, err := stack.StartProc("containerd", filepath.Join(cfg.Root, "containerd.log"), env,
 		filepath.Join(tools, "containerd"), "--config", path, "--log-level", "info")
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := waitSocket(ctx, p, cfg.socket()); err != nil {
-		p.kill()
+	if err := stack.WaitDial(ctx, p, "unix", cfg.socket()); err != nil {
+		p.Kill()
 		return nil, nil, err
 	}
 	c, err := client.New(cfg.socket(), client.WithDefaultNamespace(namespace), client.WithTimeout(time.Minute))
 	if err != nil {
-		p.kill()
-		return nil, nil, fmt.Errorf("connect to containerd at %s: %w; log tail:\n%s", cfg.socket(), err, p.logTail(40))
+		p.Kill()
+		return nil, nil, fmt.Errorf("connect to containerd at %s: %w; log tail:\n%s", cfg.socket(), err, p.LogTail(40))
 	}
 	return p, c, nil
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
@@ -17,7 +18,7 @@ import (
 // pool under dir.
 type ourDaemon struct {
 	bin, dir, config, socket, pool string
-	p                              *proc
+	p                              *stack.Proc
 }
 
 // startOurDaemon writes a config for a pool named pool under dir and starts
@@ -70,15 +71,15 @@ async_remove = true
 // start starts (or restarts) the daemon and waits for its socket.
 func (d *ourDaemon) start(ctx context.Context) error {
 	var err error
-	d.p, err = startProc("containerd-flyio-snapshotter", filepath.Join(d.dir, "daemon.log"), os.Environ(),
+	d.p, err = stack.StartProc("containerd-flyio-snapshotter", filepath.Join(d.dir, "daemon.log"), os.Environ(),
 		d.bin, "serve", "--config", d.config)
 	if err != nil {
 		return err
 	}
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	if err := waitSocket(wctx, d.p, d.socket); err != nil {
-		d.p.kill()
+	if err := stack.WaitDial(wctx, d.p, "unix", d.socket); err != nil {
+		d.p.Kill()
 		return err
 	}
 	return nil
@@ -88,9 +89,9 @@ func (d *ourDaemon) start(ctx context.Context) error {
 // then tears down its pool (its devices, the pool, the loop devices): the
 // daemon keeps its pool across restarts by design, a test run must not.
 func (d *ourDaemon) stopAndLog() {
-	if d.p != nil && !d.p.exited() {
-		if err := d.p.stop(30 * time.Second); err != nil {
-			fmt.Fprintf(os.Stderr, "our daemon did not stop cleanly: %v\nlog tail:\n%s\n", err, d.p.logTail(30))
+	if d.p != nil && !d.p.Exited() {
+		if err := d.p.Stop(30 * time.Second); err != nil {
+			fmt.Fprintf(os.Stderr, "our daemon did not stop cleanly: %v\nlog tail:\n%s\n", err, d.p.LogTail(30))
 		}
 	}
 	ctx := context.Background()

@@ -123,7 +123,7 @@ func ToolsDir(repo string) (string, error) {
 			dir := filepath.Join(repo, ".cache/tools", "containerd-"+f[1])
 			for _, bin := range []string{"containerd", "containerd-shim-runc-v2", "ctr"} {
 				if _, err := os.Stat(filepath.Join(dir, bin)); err != nil {
-					return "", fmt.Errorf("%s %s not built (run integration/tools/build.sh first): %w", bin, f[1], err)
+					return "", fmt.Errorf("%s %s not built (run integration/tools/build.sh on the host, before the VM): %w", bin, f[1], err)
 				}
 			}
 			return dir, nil

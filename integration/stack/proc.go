@@ -1,11 +1,3 @@
-// Package stack starts, on one machine with real device-mapper, the whole
-// system the end-to-end run needs: a local S3-compatible server (versitygw,
-// real SigV4, a public-read bucket policy) seeded with the layer tarballs of
-// integration/e2e/mkimage.sh, our snapshotter daemon on its embedded
-// loop-file pool, and real containerd with our proxy plugin. The README's
-// demo (integration/e2e/cmd/flyio-demo) and the dm test of integration/e2e
-// both build on it, so the demo a newcomer runs is the run `make test`
-// checks. Every process logs to a file of its own, named in the errors.
 package stack
 
 import (
@@ -22,7 +14,7 @@ import (
 	"time"
 )
 
-// Proc is a daemon started by the stack, its output appended to LogPath.
+// Proc is a daemon started by StartProc, its output appended to LogPath.
 type Proc struct {
 	Name    string
 	LogPath string
@@ -42,6 +34,8 @@ func StartProc(name, logPath string, env []string, argv ...string) (*Proc, error
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.Env = env
+	// Own process group: a SIGKILL of the caller does not leave it attached
+	// to the terminal, and our signals reach only the daemon itself.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		lf.Close()
@@ -80,10 +74,15 @@ func (p *Proc) Stop(timeout time.Duration) error {
 		}
 		return nil
 	case <-time.After(timeout):
-		_ = p.cmd.Process.Signal(syscall.SIGKILL)
-		<-p.done
+		p.Kill()
 		return fmt.Errorf("%s did not stop within %s of SIGTERM: killed; log %s", p.Name, timeout, p.LogPath)
 	}
+}
+
+// Kill sends SIGKILL and returns once the process has been reaped.
+func (p *Proc) Kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
 }
 
 // LogTail returns the last n lines of the process's log.
@@ -108,11 +107,17 @@ func FileTail(path string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// waitDial waits until network/address accepts a connection, p exits (an
-// error quoting its log), ctx ends or 3 minutes pass.
+// waitDial is WaitDial bounded to 3 minutes, for the stack's own daemons.
 func waitDial(ctx context.Context, p *Proc, network, address string) error {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
+	return WaitDial(ctx, p, network, address)
+}
+
+// WaitDial waits until network/address accepts a connection, and returns
+// nil then; it returns an error quoting the tail of p's log when p exits
+// first or ctx ends first.
+func WaitDial(ctx context.Context, p *Proc, network, address string) error {
 	for {
 		c, err := net.DialTimeout(network, address, time.Second)
 		if err == nil {
@@ -120,11 +125,11 @@ func waitDial(ctx context.Context, p *Proc, network, address string) error {
 			return nil
 		}
 		if p.Exited() {
-			return fmt.Errorf("%s exited (%v) before listening on %s; log %s:\n%s", p.Name, p.waitErr, address, p.LogPath, p.LogTail(30))
+			return fmt.Errorf("%s exited (%v) before listening on %s; log %s:\n%s", p.Name, p.waitErr, address, p.LogPath, p.LogTail(40))
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%s not listening on %s: %w; log %s:\n%s", p.Name, address, ctx.Err(), p.LogPath, p.LogTail(30))
+			return fmt.Errorf("%s not listening on %s: %w; log %s:\n%s", p.Name, address, ctx.Err(), p.LogPath, p.LogTail(40))
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
