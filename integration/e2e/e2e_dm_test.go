@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -155,6 +156,8 @@ func TestEndToEnd(t *testing.T) {
 		t.Errorf("ls unpacked lists %d devices, want %d (one per distinct layer of %d tarballs):\n%s",
 			len(rows), len(distinct), countLayers(digests), out)
 	}
+	wantMetric(t, ctx, e, "flyio_snapshotter_pipeline_unpacked", len(distinct))
+	wantMetric(t, ctx, e, "flyio_snapshotter_pipeline_blobs", len(distinct))
 
 	// `ctr run` must find each pulled image unpacked in containerd (else it
 	// unpacks by itself and fails: no layer blobs): pull's registrar made
@@ -217,6 +220,10 @@ func TestEndToEnd(t *testing.T) {
 			t.Errorf("after image removal and GC, ls %s still lists:\n%s", kind, s)
 		}
 	}
+	// The downloaded tarballs went with the records.
+	wantMetric(t, ctx, e, "flyio_snapshotter_pipeline_unpacked", 0)
+	wantMetric(t, ctx, e, "flyio_snapshotter_pipeline_blobs", 0)
+	wantMetric(t, ctx, e, "flyio_snapshotter_pipeline_activations", 0)
 	names, err := stack.DMDevices(ctx, pool)
 	if err != nil {
 		t.Fatal(err)
@@ -229,6 +236,19 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("pool ls after GC: %s", strings.TrimSpace(out))
+}
+
+// wantMetric fails the test unless the daemon's metrics endpoint reports
+// the unlabelled gauge name at want.
+func wantMetric(t *testing.T, ctx context.Context, e *stack.E2E, name string, want int) {
+	t.Helper()
+	lines, err := e.Metrics(ctx, name+" ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lines) != 1 || lines[0] != fmt.Sprintf("%s %d", name, want) {
+		t.Errorf("metrics endpoint: %q, want %s %d", lines, name, want)
+	}
 }
 
 func countLayers(m map[string][]string) int {

@@ -158,7 +158,8 @@ func demo(ctx context.Context, images, vgw, logs, scratch string) (err error) {
 	}
 	show("containerd-flyio-snapshotter pool status", out)
 	m, err := e.Metrics(ctx, "flyio_snapshotter_pool_data", "flyio_snapshotter_devices",
-		`flyio_snapshotter_operation_duration_seconds_count{method="Prepare"`, `flyio_snapshotter_operation_duration_seconds_count{method="Commit"`)
+		`flyio_snapshotter_operation_duration_seconds_count{method="Prepare"`, `flyio_snapshotter_operation_duration_seconds_count{method="Commit"`,
+		"flyio_snapshotter_pipeline_runs", "flyio_snapshotter_pipeline_unpacked", "flyio_snapshotter_pipeline_blob_bytes")
 	if err != nil {
 		return err
 	}
