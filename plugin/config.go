@@ -147,6 +147,11 @@ type PipelineConfig struct {
 	ExtractTimeout Duration `toml:"extract_timeout"`
 	// StaleLockAge is the age after which an image lock counts as stale.
 	StaleLockAge Duration `toml:"stale_lock_age"`
+	// AllowSetID admits setuid and setgid files and file capabilities in
+	// layer tarballs (the validator refuses them by default). Real
+	// distribution images carry some (su, passwd, mount); turn it on only
+	// for image sources you trust.
+	AllowSetID bool `toml:"allow_setid"`
 }
 
 // QueuesConfig is the [queues] section: how many state-machine runs of each

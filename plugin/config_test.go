@@ -157,6 +157,7 @@ max_image_size = "2GB"
 download_timeout = "90s"
 extract_timeout = "1h"
 stale_lock_age = "45m"
+allow_setid = true
 [queues]
 downloads = 8
 unpacking = 3
@@ -177,7 +178,7 @@ namespace = "k8s.io"
 			AsyncRemove: false, DeleteUnknownDevices: true},
 		S3: S3Config{Bucket: "my-images", Region: "eu-west-1", Endpoint: "http://127.0.0.1:9000", PathStyle: true, Anonymous: true, Prefix: "images/"},
 		Pipeline: PipelineConfig{DownloadDir: "/srv/dl", MaxImageSize: 2_000_000_000,
-			DownloadTimeout: D(90 * time.Second), ExtractTimeout: D(time.Hour), StaleLockAge: D(45 * time.Minute)},
+			DownloadTimeout: D(90 * time.Second), ExtractTimeout: D(time.Hour), StaleLockAge: D(45 * time.Minute), AllowSetID: true},
 		Queues:     QueuesConfig{Downloads: 8, Unpacking: 3},
 		Containerd: ContainerdConfig{Address: "/run/k3s/containerd.sock", Namespace: "k8s.io"},
 	}

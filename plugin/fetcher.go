@@ -10,6 +10,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/control"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
 )
 
 // S3SourceConfig returns the s3source.Config of bucket under the [s3]
@@ -47,6 +48,7 @@ func (s *Service) PipelineOptions() pipeline.Options {
 		ThinExists:      s.Pool.ThinExists,
 		Namespace:       c.Containerd.Namespace,
 		MaxLayerSize:    c.Pipeline.MaxImageSize.Bytes(),
+		Limits:          tarball.Limits{AllowSetID: c.Pipeline.AllowSetID},
 		DownloadTimeout: c.Pipeline.DownloadTimeout.Duration,
 		ExtractTimeout:  c.Pipeline.ExtractTimeout.Duration,
 		Downloads:       c.Queues.Downloads,
