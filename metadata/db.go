@@ -248,3 +248,20 @@ func (d *DB) WithTx(ctx context.Context, fn func(tx *sql.Tx) error) (err error) 
 	committed = true
 	return nil
 }
+
+// readSnapshot runs fn inside a deferred (read) transaction on one
+// connection: every query of fn sees the same committed state, and no
+// write lock is taken (the pool's transactions are BEGIN IMMEDIATE, which
+// would queue a reader behind writers).
+func (d *DB) readSnapshot(ctx context.Context, fn func(q queryer) error) error {
+	c, err := d.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if _, err := c.ExecContext(ctx, `BEGIN DEFERRED`); err != nil {
+		return err
+	}
+	defer c.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`) //nolint:errcheck // read-only: nothing to keep
+	return fn(c)
+}

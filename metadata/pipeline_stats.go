@@ -26,43 +26,43 @@ type PipelineStats struct {
 // PipelineStats reads PipelineStats in one read transaction.
 func (d *DB) PipelineStats(ctx context.Context) (PipelineStats, error) {
 	st := PipelineStats{Images: map[string]int{}}
-	tx, err := d.db.BeginTx(ctx, nil)
-	if err != nil {
-		return st, fmt.Errorf("metadata: pipeline stats: %w", err)
-	}
-	defer tx.Rollback() //nolint:errcheck // read-only
+	err := d.readSnapshot(ctx, func(tx queryer) error { return pipelineStats(ctx, tx, &st) })
+	return st, err
+}
+
+func pipelineStats(ctx context.Context, tx queryer, st *PipelineStats) error {
 	rows, err := tx.QueryContext(ctx, `SELECT fsm, state, COUNT(*) FROM fsm_runs GROUP BY fsm, state ORDER BY fsm, state`)
 	if err != nil {
-		return st, fmt.Errorf("metadata: pipeline stats: runs: %w", err)
+		return fmt.Errorf("metadata: pipeline stats: runs: %w", err)
 	}
 	for rows.Next() {
 		var c RunCount
 		if err := rows.Scan(&c.FSM, &c.State, &c.Runs); err != nil {
 			rows.Close()
-			return st, fmt.Errorf("metadata: pipeline stats: runs: %w", err)
+			return fmt.Errorf("metadata: pipeline stats: runs: %w", err)
 		}
 		st.Runs = append(st.Runs, c)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return st, fmt.Errorf("metadata: pipeline stats: runs: %w", err)
+		return fmt.Errorf("metadata: pipeline stats: runs: %w", err)
 	}
 	rows, err = tx.QueryContext(ctx, `SELECT download_status, COUNT(*) FROM images GROUP BY download_status`)
 	if err != nil {
-		return st, fmt.Errorf("metadata: pipeline stats: images: %w", err)
+		return fmt.Errorf("metadata: pipeline stats: images: %w", err)
 	}
 	for rows.Next() {
 		var status string
 		var n int
 		if err := rows.Scan(&status, &n); err != nil {
 			rows.Close()
-			return st, fmt.Errorf("metadata: pipeline stats: images: %w", err)
+			return fmt.Errorf("metadata: pipeline stats: images: %w", err)
 		}
 		st.Images[status] = n
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return st, fmt.Errorf("metadata: pipeline stats: images: %w", err)
+		return fmt.Errorf("metadata: pipeline stats: images: %w", err)
 	}
 	for _, q := range []struct {
 		sql   string
@@ -73,11 +73,11 @@ func (d *DB) PipelineStats(ctx context.Context) (PipelineStats, error) {
 		{`SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM unpacked_images`, &st.Unpacked, &st.UnpackedBytes},
 	} {
 		if err := tx.QueryRowContext(ctx, q.sql).Scan(q.count, q.bytes); err != nil {
-			return st, fmt.Errorf("metadata: pipeline stats: %w", err)
+			return fmt.Errorf("metadata: pipeline stats: %w", err)
 		}
 	}
 	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM snapshots WHERE active = 1`).Scan(&st.Activations); err != nil {
-		return st, fmt.Errorf("metadata: pipeline stats: activations: %w", err)
+		return fmt.Errorf("metadata: pipeline stats: activations: %w", err)
 	}
-	return st, nil
+	return nil
 }
