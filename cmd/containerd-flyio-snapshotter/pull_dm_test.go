@@ -406,16 +406,11 @@ func TestPullRecovery(t *testing.T) {
 		if fmt.Sprint(before) != fmt.Sprint(after) {
 			t.Errorf("re-pull changed the pool's devices: %v -> %v", before, after)
 		}
+		// Answered from the records: no FSM run started (seed 001's case 4
+		// asks for no work; the runs' handoffs would be writes).
 		runs, _ := db.ListRuns(context.Background(), metadata.RunFilter{})
-		fresh := runs[:len(runs)-len(runsBefore)]
-		if len(fresh) != 5 {
-			t.Errorf("re-pull of a 2-layer image made %d runs, want 5 (2 downloads, 2 unpacks, 1 activate)", len(fresh))
-		}
-		handoff := map[string]string{pipeline.FSMDownload: `"already_exist":true`, pipeline.FSMUnpack: `"already_unpacked":true`, pipeline.FSMActivate: `"activated":false`}
-		for _, r := range fresh {
-			if r.State != metadata.RunComplete || r.Attempts != 1 || !strings.Contains(string(r.Response), handoff[r.FSM]) {
-				t.Errorf("re-pull run %s (%s) %s at %s, %d attempts, response %s: want a handoff at its first transition", r.ID, r.FSM, r.State, r.Transition, r.Attempts, r.Response)
-			}
+		if fresh := len(runs) - len(runsBefore); fresh != 0 {
+			t.Errorf("re-pull started %d FSM runs, want none", fresh)
 		}
 		t.Logf("idempotent re-pull through the CLI: %s (process start included)", took)
 	})

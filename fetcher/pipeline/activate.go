@@ -55,6 +55,9 @@ type ActivateResponse struct {
 type Registrar interface {
 	// Register makes ref an image whose rootfs is the layers' diff IDs.
 	Register(ctx context.Context, ref string, diffIDs []string) error
+	// Registered reports whether ref is registered with topChain as its
+	// unpacked chain (true when there is nowhere to register).
+	Registered(ctx context.Context, ref, topChain string) (bool, error)
 }
 
 type acReq = fsm.Request[ActivateRequest, ActivateResponse]

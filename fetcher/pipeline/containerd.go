@@ -132,6 +132,33 @@ func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs 
 	return nil
 }
 
+// Registered implements Registrar: ref exists in containerd and
+// containerd knows its top chain in our snapshotter. A containerd socket
+// that does not exist counts as registered (nothing to register in).
+func (c *ContainerdRegistrar) Registered(ctx context.Context, ref, topChain string) (bool, error) {
+	addr := strings.TrimPrefix(c.Address, "unix://")
+	if _, err := os.Stat(addr); errors.Is(err, os.ErrNotExist) {
+		return true, nil
+	}
+	cl, err := containerd.New(addr, containerd.WithDefaultNamespace(c.Namespace), containerd.WithTimeout(10*time.Second))
+	if err != nil {
+		return false, fmt.Errorf("containerd at %s: %w", addr, err)
+	}
+	defer cl.Close()
+	ctx = withNamespace(ctx, c.Namespace)
+	if _, err := cl.ImageService().Get(ctx, ref); errdefs.IsNotFound(err) {
+		return false, nil
+	} else if err != nil {
+		return false, fmt.Errorf("image %s in containerd: %w", ref, err)
+	}
+	if _, err := cl.SnapshotService(SnapshotterName).Stat(ctx, topChain); errdefs.IsNotFound(err) {
+		return false, nil
+	} else if err != nil {
+		return false, fmt.Errorf("chain %s of %s in containerd: %w", topChain, ref, err)
+	}
+	return true, nil
+}
+
 // SnapshotterName is the name containerd knows our proxy plugin by
 // ([proxy_plugins.flyio] in its config).
 const SnapshotterName = "flyio"

@@ -71,6 +71,10 @@ type Options struct {
 	// how check-unpacked and check-snapshot see a device deleted behind
 	// the database's back.
 	ThinExists func(ctx context.Context, id uint32) (bool, error)
+	// ThinIDs lists the pool's thin ids in one read (thinpool.Pool.ThinIDs):
+	// how a re-pull answered from the records (repull) sees a device
+	// deleted behind the database's back. Nil skips that check.
+	ThinIDs func(ctx context.Context) ([]uint32, error)
 	// Namespace is the containerd namespace the snapshots are made in.
 	Namespace string
 	// MountDir holds the temporary mounts of extraction (default
@@ -104,6 +108,9 @@ type Pipelines struct {
 	startActivate fsm.StartFunc[ActivateRequest]
 
 	hub hub
+	// validated holds the blobs this process validated while downloading
+	// them (local path → validatedFile).
+	validated sync.Map
 	// hooks are test points (crash injection); nil in production.
 	hooks map[string]func()
 }

@@ -87,6 +87,12 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 		ref = source
 	}
 	lg := log.G(ctx).WithField("source", source).WithField("ref", ref)
+	if !req.Refresh {
+		if res := p.repull(ctx, source, imageID, ref); res != nil {
+			lg.WithField("snapshot", res.Snapshot.SnapshotName).Info("already pulled")
+			return res, nil
+		}
+	}
 	layers, err := p.layersOf(ctx, req, source)
 	if err != nil {
 		return nil, err
