@@ -247,7 +247,38 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 	defer rd.Close()
 	h := sha256.New()
 	pw := &progressWriter{p: p, run: req.Run.ID, fsm: FSMDownload, state: "download", total: r.Size, th: throttle{every: progressInterval}}
-	n, err := io.Copy(io.MultiWriter(f, h, pw), io.LimitReader(rd, p.opts.MaxLayerSize+1))
+	// The tarball policy checks the bytes as they arrive (one read of the
+	// object, not two); the validate transition trusts that check only for
+	// the file this process wrote (see validatedFile).
+	vr, vw := io.Pipe()
+	vdone := make(chan streamValidation, 1)
+	go func() {
+		rep, verr := tarball.Validate(ctx, vr, p.opts.Limits)
+		if verr != nil {
+			vr.CloseWithError(verr) // stops the download: no point fetching the rest
+		} else {
+			io.Copy(io.Discard, vr) // the padding after the end-of-archive blocks
+		}
+		vdone <- streamValidation{rep, verr}
+	}()
+	n, err := io.Copy(io.MultiWriter(f, h, pw, vw), io.LimitReader(rd, p.opts.MaxLayerSize+1))
+	vw.CloseWithError(err)
+	sv := <-vdone
+	// A rejection counts when the bytes were all there or the validator
+	// itself stopped the copy; a transfer that failed on its own is retried.
+	if sv.err != nil && tarball.IsRejection(sv.err) && n <= p.opts.MaxLayerSize && (err == nil || err == sv.err) {
+		// Close and remove the partial file first: nothing of it stays.
+		f.Close()
+		f = nil
+		os.Remove(tmp)
+		resp := &DownloadResponse{ImageID: r.ImageID, S3URL: url, LocalPath: tmp, SizeBytes: r.Size}
+		reason := fmt.Sprintf("validate %s: %v", url, sv.err)
+		if err := p.rejectDownload(ctx, r, resp, reason); err != nil {
+			return nil, err
+		}
+		log.G(ctx).WithField("key", url).WithField("reason", reason).Warn("security: tarball rejected")
+		return nil, fsm.Abort(errors.New(reason))
+	}
 	if err != nil {
 		return nil, s3Err(fmt.Errorf("download %s: %w", url, err))
 	}
@@ -273,9 +304,42 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 		return nil, err
 	}
 	pw.flush()
+	if sv.err == nil {
+		if fi, err := os.Stat(final); err == nil {
+			p.validated.Store(final, validatedFile{stamp: stampOf(fi), digest: digest, report: sv.report})
+		}
+	}
 	log.G(ctx).WithField("key", url).WithField("bytes", n).WithField("digest", digest).WithField("resumes", rd.Resumes()).Info("downloaded")
 	return fsm.NewResponse(&DownloadResponse{ImageID: r.ImageID, S3URL: url, LocalPath: final, Checksum: digest,
 		SizeBytes: n, Downloaded: true, Resumes: rd.Resumes()}), nil
+}
+
+// streamValidation is what the tarball policy said of a download's bytes.
+type streamValidation struct {
+	report tarball.Report
+	err    error
+}
+
+// fileID is a file's size, mtime and inode: what says it was not
+// rewritten since.
+type fileID struct {
+	size, mtimeNs int64
+	ino           uint64
+}
+
+func stampOf(fi os.FileInfo) fileID {
+	size, mtime, ino := fileStamp(fi)
+	return fileID{size, mtime, ino}
+}
+
+// validatedFile records, in this process only, a blob whose bytes passed
+// the tarball policy while they were downloaded. After a crash nothing is
+// recorded, so the validate transition reads the file again (seed 001:
+// "crash after download, before validate" re-validates).
+type validatedFile struct {
+	stamp  fileID
+	digest string
+	report tarball.Report
 }
 
 // s3Err turns what S3 said into the seed's error kinds: access denied, no
@@ -318,6 +382,16 @@ func (p *Pipelines) validate(ctx context.Context, req *dlReq) (*dlResp, error) {
 		return nil, nil
 	}
 	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMDownload, State: "validate", Bytes: resp.SizeBytes, Total: resp.SizeBytes})
+	p.hook("validate:started")
+	if v, ok := p.validated.LoadAndDelete(resp.LocalPath); ok {
+		vf := v.(validatedFile)
+		if fi, err := os.Stat(resp.LocalPath); err == nil && stampOf(fi) == vf.stamp && vf.digest == resp.Checksum {
+			resp.HasRootfs, resp.Entries = vf.report.HasRootfs, vf.report.Entries
+			return fsm.NewResponse(resp), nil
+		}
+		log.G(ctx).WithField("file", resp.LocalPath).Warn("validate: the file changed since it was downloaded; reading it again")
+	}
+	p.hook("validate:reading")
 	f, err := os.Open(resp.LocalPath)
 	if err != nil {
 		return nil, fmt.Errorf("validate %s: %w", resp.LocalPath, err)

@@ -300,8 +300,10 @@ func TestDownloadHostileTarballAborted(t *testing.T) {
 			key := "bad/" + strings.ReplaceAll(c.name, " ", "-") + ".tar"
 			e.srv.Put(t, key, data)
 			_, rec, err := e.download(key)
-			if !errors.Is(err, fsm.ErrAborted) || rec.Transition != "validate" {
-				t.Fatalf("hostile tarball %d: err %v at %q, want aborted at validate", i, err, rec.Transition)
+			// The policy checks the bytes as they arrive: the rejection
+			// stops the download itself.
+			if !errors.Is(err, fsm.ErrAborted) || rec.Transition != "download" {
+				t.Fatalf("hostile tarball %d: err %v at %q, want aborted at download", i, err, rec.Transition)
 			}
 			for _, w := range c.want {
 				if !strings.Contains(strings.ToLower(rec.LastError), strings.ToLower(w)) {
@@ -321,6 +323,45 @@ func TestDownloadHostileTarballAborted(t *testing.T) {
 			e.assertNothingLeft(key)
 		})
 	}
+}
+
+// TestDownloadReadsTheTarballOnce: on the happy path the tarball is
+// validated while it downloads and the validate transition does not read
+// it again; a file changed between download and validate (here cut short)
+// is read again and rejected with the reason, nothing left behind.
+func TestDownloadReadsTheTarballOnce(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	reads := 0
+	e.p.hooks = map[string]func(){"validate:reading": func() { reads++ }}
+	e.srv.Put(t, "once/1.tar", imageTar(t, 64<<10, 4))
+	resp, _, err := e.download("once/1.tar")
+	if err != nil || !resp.Downloaded || resp.Entries == 0 {
+		t.Fatalf("download: %+v, %v", resp, err)
+	}
+	if reads != 0 {
+		t.Errorf("validate read the tarball again %d time(s) after it was validated while downloading", reads)
+	}
+
+	data := imageTar(t, 64<<10, 5)
+	e.srv.Put(t, "changed/1.tar", data)
+	e.p.hooks["validate:started"] = func() {
+		// Someone rewrites the blob between download and validate.
+		path := filepath.Join(e.dir, "images", "blobs", "sha256", strings.TrimPrefix(sha(data), "sha256:"))
+		if err := os.WriteFile(path+".new", append([]byte(nil), data[:len(data)-1024]...), 0o600); err != nil {
+			t.Error(err)
+		}
+		if err := os.Rename(path+".new", path); err != nil {
+			t.Error(err)
+		}
+	}
+	_, rec, err := e.download("changed/1.tar")
+	if reads != 1 {
+		t.Errorf("validate read a changed file %d times, want 1", reads)
+	}
+	if !errors.Is(err, fsm.ErrAborted) || rec.Transition != "validate" || !strings.Contains(rec.LastError, "changed/1.tar: malformed tar") {
+		t.Fatalf("changed (cut) file: err %v at %q, want aborted at validate naming the object and the damage", err, rec.Transition)
+	}
+	e.assertNothingLeft("changed/1.tar")
 }
 
 func TestDownloadIdempotentAndDeduplicated(t *testing.T) {
