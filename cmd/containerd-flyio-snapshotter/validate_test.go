@@ -48,7 +48,7 @@ func TestValidateCommandHelperProcess(t *testing.T) {
 
 // runCommand runs `containerd-flyio-snapshotter ARGS...` as a process (this
 // test binary re-executed) and returns its exit status and output.
-func runCommand(t *testing.T, stdin []byte, args ...string) (int, string, string) {
+func runCommand(t testing.TB, stdin []byte, args ...string) (int, string, string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^TestValidateCommandHelperProcess$", "--"}, args...)...)
 	cmd.Env = append(os.Environ(), "FLYIO_VALIDATE_HELPER=1")
