@@ -342,6 +342,13 @@ func TestPullRecovery(t *testing.T) {
 	e.srv.Put(t, "b.tar", layerB)
 	t.Run("2 kill after download before validate", func(t *testing.T) {
 		e.srv.Faults.Reset()
+		// The layer is validated while it downloads, so validate is over
+		// in an instant: this daemon stops every run at validate's start
+		// (fault injection) for the kill to land there.
+		e.d.kill()
+		os.Setenv(pipeline.FaultPauseEnv, "validate:started")
+		e.restart()
+		os.Unsetenv(pipeline.FaultPauseEnv)
 		errc := make(chan error, 1)
 		go func() { _, err := e.pull("b.tar", "b"); errc <- err }()
 		e.waitRun(pipeline.FSMDownload, "validate", nil)

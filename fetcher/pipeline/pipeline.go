@@ -11,6 +11,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/log"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
@@ -97,6 +98,13 @@ type Options struct {
 	NoChown bool
 }
 
+// FaultPauseEnv names an environment variable for crash tests: when set
+// to a test point ("validate:started", "download:started"), every run that
+// reaches that point blocks there until the process is killed, so that a
+// test can SIGKILL the daemon at exactly that step. Never set it in
+// production.
+const FaultPauseEnv = "FLYIO_FAULT_PAUSE_AT"
+
 // Pipelines runs the three state machines of one daemon.
 type Pipelines struct {
 	opts Options
@@ -145,6 +153,10 @@ func New(ctx context.Context, opts Options) (*Pipelines, error) {
 		}
 	}
 	p := &Pipelines{opts: opts, db: opts.DB}
+	if at := os.Getenv(FaultPauseEnv); at != "" {
+		log.G(ctx).WithField("point", at).Warn("fault injection: runs will stop at this point until the process is killed")
+		p.hooks = map[string]func(){at: func() { select {} }}
+	}
 	p.m = fsm.NewManager(fsm.NewSQLiteStore(opts.DB),
 		fsm.WithQueueLimit(QueueDownloads, opts.Downloads), fsm.WithQueueLimit(QueueUnpacking, opts.Unpacking))
 	var err error
