@@ -47,6 +47,43 @@ func (d *DB) PulledState(ctx context.Context, imageID, activationKey string, cha
 	return st, nil
 }
 
+// PulledImageState reads, in one read transaction, the pulled-image record
+// ref and what PulledState reads of it: chainsOf turns the record's layers
+// (JSON owned by the pipeline package) into their chain and diff IDs,
+// bottom first. It returns (nil, nil, nil) when there is no such record,
+// and (rec, nil, nil) when the record's chains, blobs or activation are
+// missing or disagree; chainsOf's error is returned wrapped.
+func (d *DB) PulledImageState(ctx context.Context, ref string, chainsOf func(*PulledImage) (chains, diffIDs []string, err error)) (*PulledImage, *PulledState, error) {
+	var (
+		rec *PulledImage
+		st  *PulledState
+	)
+	err := d.readSnapshot(ctx, func(tx queryer) error {
+		var err error
+		rec, err = scanPulled(tx.QueryRowContext(ctx, `SELECT `+pulledColumns+` FROM pipeline_images WHERE ref = ?`, ref))
+		if errors.Is(err, sql.ErrNoRows) {
+			rec = nil
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("pulled image: %w", err)
+		}
+		chains, diffIDs, err := chainsOf(rec)
+		if err != nil {
+			return fmt.Errorf("layers of the record: %w", err)
+		}
+		if len(chains) == 0 || len(chains) != len(diffIDs) || chains[len(chains)-1] != rec.TopChainID {
+			return nil // the record disagrees with itself: nothing to report
+		}
+		st, err = pulledState(ctx, tx, rec.ImageID, rec.SnapshotKey, chains, diffIDs)
+		return err
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("metadata: pulled state of %q: %w", ref, err)
+	}
+	return rec, st, nil
+}
+
 func pulledState(ctx context.Context, tx queryer, imageID, activationKey string, chains, diffIDs []string) (*PulledState, error) {
 	st := &PulledState{}
 	for i, chain := range chains {
