@@ -46,7 +46,6 @@ func (s *Service) PipelineOptions() pipeline.Options {
 		},
 		Snapshots:       s.Snapshotter,
 		ThinExists:      s.Pool.ThinExists,
-		ThinIDs:         s.Pool.ThinIDs,
 		Namespace:       c.Containerd.Namespace,
 		MaxLayerSize:    c.Pipeline.MaxImageSize.Bytes(),
 		Limits:          tarball.Limits{AllowSetID: c.Pipeline.AllowSetID},

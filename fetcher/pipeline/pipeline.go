@@ -72,10 +72,6 @@ type Options struct {
 	// how check-unpacked and check-snapshot see a device deleted behind
 	// the database's back.
 	ThinExists func(ctx context.Context, id uint32) (bool, error)
-	// ThinIDs lists the pool's thin ids in one read (thinpool.Pool.ThinIDs):
-	// how a re-pull answered from the records (repull) sees a device
-	// deleted behind the database's back. Nil skips that check.
-	ThinIDs func(ctx context.Context) ([]uint32, error)
 	// Namespace is the containerd namespace the snapshots are made in.
 	Namespace string
 	// MountDir holds the temporary mounts of extraction (default
@@ -119,6 +115,10 @@ type Pipelines struct {
 	// validated holds the blobs this process validated while downloading
 	// them (local path → validatedFile).
 	validated sync.Map
+	// deviceLive says whether an activation's device node is a live
+	// device-mapper device, with file-system calls only (repull);
+	// mappedDeviceLive unless a test replaces it.
+	deviceLive func(path string) error
 	// hooks are test points (crash injection); nil in production.
 	hooks map[string]func()
 }
@@ -152,7 +152,7 @@ func New(ctx context.Context, opts Options) (*Pipelines, error) {
 			return nil, fmt.Errorf("pipeline: create %s: %w", d, err)
 		}
 	}
-	p := &Pipelines{opts: opts, db: opts.DB}
+	p := &Pipelines{opts: opts, db: opts.DB, deviceLive: mappedDeviceLive}
 	if at := os.Getenv(FaultPauseEnv); at != "" {
 		log.G(ctx).WithField("point", at).Warn("fault injection: runs will stop at this point until the process is killed")
 		p.hooks = map[string]func(){at: func() { select {} }}

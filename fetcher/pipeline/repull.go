@@ -3,49 +3,69 @@ package pipeline
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
-	"slices"
+	"path/filepath"
+	"strings"
 
 	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
 // repull answers a pull of an image that is already pulled, unpacked and
 // active, and unchanged since, from what is recorded (seed 001's test case
-// 4: "only DB queries"): one read transaction (metadata.PulledState), a
-// stat of each layer's tarball and of the activation's device node, one
-// read of the pool's thin ids (the only device-mapper call: how a device
-// deleted behind our back is noticed, seed 001's test case 5) and, with a
-// registrar, one look at containerd's image. It starts no FSM run, makes
-// no S3 request, extracts nothing and writes nothing. It returns nil, and
-// the caller runs the pipelines, when anything is missing or disagrees:
-// they heal it.
+// 4: "only DB queries", "no devicemapper operations"): one read
+// transaction (metadata.PulledImageState), a stat of each layer's tarball,
+// a stat of the activation's device node and a sysfs read saying the node
+// is still that live device-mapper device (how an activation removed
+// behind our back, `dmsetup remove`, is noticed: seed 001's test case 5)
+// and, with a registrar, one look at containerd's image. It starts no FSM
+// run, makes no S3 request and no device-mapper ioctl, extracts nothing
+// and writes nothing. It returns nil, and the caller runs the pipelines,
+// when anything is missing or disagrees: they heal it.
+//
+// What it cannot see: a committed chain's thin device deleted from the
+// pool behind our back (`dmsetup message POOL 0 "delete ID"`). Committed
+// chains are not activated, so they have no node in /dev/mapper nor in
+// /sys/block, and only a device-mapper call (a pool message and a read of
+// its metadata, thinpool.Pool.ThinIDs, or one ThinExists per chain) could
+// tell. That probe stays on the slow path: `pull --refresh` runs the
+// pipelines, whose check-unpacked asks the pool for each chain's device
+// and heals a missing one.
 func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string) *PullResult {
 	lg := log.G(ctx).WithField("ref", ref)
 	miss := func(why string) *PullResult {
 		lg.WithField("reason", why).Debug("re-pull: running the pipelines")
 		return nil
 	}
-	rec, err := p.db.GetPulledImage(ctx, ref)
-	if err != nil || rec == nil || rec.Source != source || rec.ImageID != imageID {
-		return miss("no pulled-image record of this source under this name")
-	}
 	var layers []Layer
-	if err := json.Unmarshal([]byte(rec.Layers), &layers); err != nil || len(layers) == 0 {
-		return miss("recorded layers unreadable")
+	rec, st, err := p.db.PulledImageState(ctx, ref, func(rec *metadata.PulledImage) (chains, diffs []string, err error) {
+		layers = nil
+		if err := json.Unmarshal([]byte(rec.Layers), &layers); err != nil {
+			return nil, nil, fmt.Errorf("layers of %s: %w", rec.Ref, err)
+		}
+		for _, l := range layers {
+			chains, diffs = append(chains, l.ChainID), append(diffs, l.DiffID)
+		}
+		return chains, diffs, nil
+	})
+	switch {
+	case err != nil:
+		return miss(err.Error())
+	case rec == nil:
+		return miss("no pulled-image record under this name")
+	case rec.Source != source || rec.ImageID != imageID:
+		return miss("the name was pulled from another source")
+	case st == nil:
+		return miss("records missing or disagreeing")
 	}
-	chains, diffs := make([]string, len(layers)), make([]string, len(layers))
-	for i, l := range layers {
+	for _, l := range layers {
 		if l.ChainID == "" || l.DiffID == "" {
 			return miss("recorded layers without digests")
 		}
-		chains[i], diffs[i] = l.ChainID, l.DiffID
-	}
-	if chains[len(chains)-1] != rec.TopChainID {
-		return miss("recorded top chain disagrees with the layers")
-	}
-	st, err := p.db.PulledState(ctx, imageID, rec.SnapshotKey, chains, diffs)
-	if err != nil || st == nil {
-		return miss("records incomplete")
 	}
 	for _, l := range st.Layers {
 		if l.Blob == nil {
@@ -59,22 +79,8 @@ func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string) *Pu
 			return miss("a layer's tarball changed")
 		}
 	}
-	if _, err := os.Stat(st.Activation.DevicePath); err != nil {
-		return miss("the activation's device node is gone")
-	}
-	if p.opts.ThinIDs != nil {
-		ids, err := p.opts.ThinIDs(ctx)
-		if err != nil {
-			return miss("thin ids unreadable: " + err.Error())
-		}
-		if !slices.Contains(ids, st.ActivationDeviceID) {
-			return miss("the activation's thin device is gone")
-		}
-		for _, l := range st.Layers {
-			if !slices.Contains(ids, l.DeviceID) {
-				return miss("a chain's thin device is gone")
-			}
-		}
+	if err := p.deviceLive(st.Activation.DevicePath); err != nil {
+		return miss(err.Error())
 	}
 	registered := false
 	if p.opts.Registrar != nil {
@@ -88,4 +94,34 @@ func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string) *Pu
 	return &PullResult{Ref: ref, Source: source, ImageID: imageID, Layers: layers, TopChainID: rec.TopChainID,
 		Snapshot: ActivateResponse{ImageID: imageID, SnapshotID: a.SnapshotID, SnapshotName: a.SnapshotName,
 			DevicePath: a.DevicePath, OriginDeviceID: a.OriginDeviceID, Active: true, Registered: registered}}
+}
+
+// sysDevBlock is where sysfs lists block devices by device number.
+const sysDevBlock = "/sys/dev/block"
+
+// mappedDeviceLive says whether path (/dev/mapper/NAME, or a link to
+// /dev/dm-N) is a block device node that sysfs knows as the live
+// device-mapper device NAME: file-system calls only, no device-mapper
+// ioctl. A node left behind by `dmsetup remove` without udev, or one now
+// pointing at another device, does not count.
+func mappedDeviceLive(path string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return fmt.Errorf("activation device node %s: %w", path, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		return fmt.Errorf("activation device node %s: not a block device", path)
+	}
+	sys := filepath.Join(sysDevBlock, fmt.Sprintf("%d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev)), "dm", "name")
+	name, err := os.ReadFile(sys)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("activation device %s: no live device-mapper device behind it (%s)", path, sys)
+	}
+	if err != nil {
+		return fmt.Errorf("activation device %s: %w", path, err)
+	}
+	if got := strings.TrimSpace(string(name)); got != filepath.Base(path) {
+		return fmt.Errorf("activation device %s: its node is device-mapper device %q now", path, got)
+	}
+	return nil
 }
