@@ -216,9 +216,16 @@ func TestDownloadDroppedMidBodyResumesWithRange(t *testing.T) {
 	data := imageTar(t, 1<<20, 2)
 	e.srv.Put(t, "img/b.tar", data)
 	e.srv.Faults.DropAfter(1, "img/b.tar", int64(len(data)/2))
+	reads := 0
+	e.p.hooks = map[string]func(){"validate:reading": func() { reads++ }}
 	resp, _, err := e.download("img/b.tar")
 	if err != nil {
 		t.Fatalf("download with a dropped connection: %v", err)
+	}
+	// The ranged resume kept feeding the same in-stream validation: the
+	// whole archive was checked without reading the file again.
+	if reads != 0 || resp.Entries != 5 {
+		t.Errorf("after a resumed download: validate read the file %d time(s), entries %d", reads, resp.Entries)
 	}
 	e.assertStored("img/b.tar", data, resp)
 	if resp.Resumes != 1 {
@@ -362,6 +369,48 @@ func TestDownloadReadsTheTarballOnce(t *testing.T) {
 		t.Fatalf("changed (cut) file: err %v at %q, want aborted at validate naming the object and the damage", err, rec.Transition)
 	}
 	e.assertNothingLeft("changed/1.tar")
+}
+
+// TestDownloadAllowSetID: with Limits.AllowSetID (pipeline.allow_setid)
+// a layer carrying setuid and setgid files, as real distribution images
+// do (su, passwd), downloads; without it, it is rejected naming the entry.
+func TestDownloadAllowSetID(t *testing.T) {
+	data := buildTar(t, []tarFile{
+		{name: "bin/", typ: tar.TypeDir}, {name: "bin/su", mode: 0o4755, body: []byte("x")},
+		{name: "usr/", typ: tar.TypeDir}, {name: "usr/bin/", typ: tar.TypeDir}, {name: "usr/bin/wall", mode: 0o2755, body: []byte("y")},
+	})
+	e := newEnv(t, time.Minute)
+	e.srv.Put(t, "debian/1.tar", data)
+	if _, rec, err := e.download("debian/1.tar"); !errors.Is(err, fsm.ErrAborted) || !strings.Contains(rec.LastError, "bin/su") {
+		t.Fatalf("setuid file by default: err %v (%s), want a rejection naming bin/su", err, rec.LastError)
+	}
+	e = newEnv(t, time.Minute)
+	e.p.opts.Limits.AllowSetID = true
+	e.srv.Put(t, "debian/1.tar", data)
+	if resp, _, err := e.download("debian/1.tar"); err != nil || !resp.Downloaded {
+		t.Fatalf("setuid and setgid files with AllowSetID: %+v, %v", resp, err)
+	}
+}
+
+// TestDownloadValidatesAgainAfterRestart: a process that did not see the
+// bytes go by (a restart between download and validate, seed 001's case 2)
+// reads the whole file again before trusting it.
+func TestDownloadValidatesAgainAfterRestart(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	reads := 0
+	e.p.hooks = map[string]func(){
+		// What a restart loses: this process's record of the in-stream check.
+		"validate:started": func() { e.p.validated.Clear() },
+		"validate:reading": func() { reads++ },
+	}
+	e.srv.Put(t, "restart/1.tar", imageTar(t, 64<<10, 3))
+	resp, _, err := e.download("restart/1.tar")
+	if err != nil || !resp.Downloaded || resp.Entries == 0 {
+		t.Fatalf("download: %+v, %v", resp, err)
+	}
+	if reads != 1 {
+		t.Errorf("validate read the file %d time(s) with no record of the in-stream check, want 1", reads)
+	}
 }
 
 func TestDownloadIdempotentAndDeduplicated(t *testing.T) {
