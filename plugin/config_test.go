@@ -225,6 +225,7 @@ func TestTypeErrorsNameKeyAndLine(t *testing.T) {
 		{"[pipeline]\ndownload_timeout = 30\n", "pipeline.download_timeout: duration \"30\""},
 		{"[pipeline]\nextract_timeout = \"soon\"\n", "pipeline.extract_timeout: duration \"soon\""},
 		{"[pool]\nasync_remove = \"yes\"\n", "pool.async_remove:"},
+		{"[pipeline]\nallow_setid = \"yes\"\n", ":2:15: pipeline.allow_setid:"},
 		{"[pool]\nbase_image_size = 1.5\n", "pool.base_image_size: size \"1.5\""},
 		{"[pool]\nmetadata_size = -1\n", ": pool.metadata_size: must be a multiple of 4KiB between 2MiB and 16GiB (the kernel uses at most 15.9GiB), got -1"},
 		{"[pool]\nmetadata_size = \"-1MiB\"\n", "pool.metadata_size: size \"-1MiB\": must not be negative"},
