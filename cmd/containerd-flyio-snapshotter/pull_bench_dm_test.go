@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -33,6 +34,10 @@ var benchLayers = []struct {
 	{"big/01.tar", "l1", 2048, 128 << 10, true}, // 256 MiB
 	{"big/02.tar", "l2", 3840, 64 << 10, false}, // 240 MiB
 }
+
+// benchMB scales BenchmarkPull's image to about that many MB (0: about
+// 500 MB); the FLYIO_BENCH_MB environment variable wins over it.
+var benchMB = flag.Int("flyio.bench-mb", 0, "BenchmarkPull's image size in MB (0: about 500)")
 
 // anchorGetTar is the plain way: GET each object and pipe it into
 // `tar -x` on a fresh, formatted, mounted thin device (made before the
@@ -88,8 +93,13 @@ func anchorGetTar(b *testing.B, e *pullEnv) time.Duration {
 // against the CLI's start-up alone (`version`).
 func BenchmarkPull(b *testing.B) {
 	e := newPullEnvTB(b)
-	// FLYIO_BENCH_MB scales the image (default: about 500 MB).
-	if mb, err := strconv.Atoi(os.Getenv("FLYIO_BENCH_MB")); err == nil && mb > 0 {
+	// FLYIO_BENCH_MB, or else -flyio.bench-mb (testdata/vm-bench-args:
+	// what `make test` runs), scales the image (default: about 500 MB).
+	mb := *benchMB
+	if v, err := strconv.Atoi(os.Getenv("FLYIO_BENCH_MB")); err == nil && v > 0 {
+		mb = v
+	}
+	if mb > 0 {
 		for i := range benchLayers {
 			benchLayers[i].files = max(1, benchLayers[i].files*mb/496)
 		}
