@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
@@ -122,6 +123,7 @@ func BenchmarkPull(b *testing.B) {
 	if code != 0 {
 		b.Fatalf("pull: exit %d: %s %s", code, out, errOut)
 	}
+	phases := pullPhases(b, e, start)
 	anchor2 := anchorGetTar(b, e)
 	anchor := (anchor1 + anchor2) / 2
 
@@ -168,6 +170,26 @@ func BenchmarkPull(b *testing.B) {
 	fmt.Fprintf(w, "| idempotent re-pull, whole CLI call (median of %d) | %s | | < 50ms |\n", len(repulls), med(repulls).Round(time.Microsecond))
 	fmt.Fprintf(w, "| CLI start-up alone: `version` (median of %d) | %s | | |\n", len(versions), med(versions).Round(time.Microsecond))
 	fmt.Fprintf(w, "| re-pull minus start-up | %s | | |\n", (med(repulls) - med(versions)).Round(time.Microsecond))
+	fmt.Fprintf(w, "\nwhere the pull's time went (from the CLI's start):\n%s", phases)
 	b.ReportMetric(float64(pull)/float64(anchor), "pull/anchor")
 	b.ReportMetric(float64(med(repulls).Microseconds())/1000, "repull-ms")
+}
+
+// pullPhases lists the runs the pull started after start, each with its
+// start and end relative to start (from the database's run records).
+func pullPhases(b *testing.B, e *pullEnv, start time.Time) string {
+	runs, err := e.db().ListRuns(context.Background(), metadata.RunFilter{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	slices.SortFunc(runs, func(x, y metadata.Run) int { return x.StartedAt.Compare(y.StartedAt) })
+	var sb strings.Builder
+	for _, r := range runs {
+		if r.CreatedAt.Before(start) || r.StartedAt.IsZero() {
+			continue
+		}
+		fmt.Fprintf(&sb, "  %-9s %-40.40s %7.2fs -> %7.2fs (%.2fs) %s\n", r.FSM, r.IdempotencyID,
+			r.StartedAt.Sub(start).Seconds(), r.FinishedAt.Sub(start).Seconds(), r.FinishedAt.Sub(r.StartedAt).Seconds(), r.State)
+	}
+	return sb.String()
 }
