@@ -261,7 +261,7 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 		}
 		vdone <- streamValidation{rep, verr}
 	}()
-	n, err := io.Copy(io.MultiWriter(f, h, pw, vw), io.LimitReader(rd, p.opts.MaxLayerSize+1))
+	n, err := copyFanOut(io.LimitReader(rd, p.opts.MaxLayerSize+1), io.MultiWriter(f, pw), h, vw)
 	vw.CloseWithError(err)
 	sv := <-vdone
 	// A rejection counts when the bytes were all there or the validator
@@ -479,4 +479,105 @@ func (w *progressWriter) Write(b []byte) (int, error) {
 
 func (w *progressWriter) flush() {
 	w.p.hub.emit(Event{Run: w.run, FSM: w.fsm, State: w.state, Bytes: w.n, Total: w.total})
+}
+
+// fanOutChunk is the size of copyFanOut's buffers.
+const fanOutChunk = 1 << 20
+
+// copyFanOut copies src to every writer as io.Copy(io.MultiWriter(...))
+// would, but concurrently: each writer takes each chunk in its own
+// goroutine while the next chunk is being read (two buffers in turn), so
+// receiving, writing the file, hashing and validating overlap instead of
+// taking turns. The writers see the same bytes in the same order. It
+// returns the bytes read and the first error: src's, or else the first
+// writer's in argument order (a writer's own error value, unwrapped).
+func copyFanOut(src io.Reader, writers ...io.Writer) (int64, error) {
+	type job struct {
+		buf  []byte
+		errs []error
+		done chan struct{}
+	}
+	ins := make([]chan *job, len(writers))
+	for i, w := range writers {
+		ins[i] = make(chan *job)
+		go func() {
+			var sticky error
+			for j := range ins[i] {
+				if sticky == nil {
+					if n, err := w.Write(j.buf); err != nil {
+						sticky = err
+					} else if n < len(j.buf) {
+						sticky = io.ErrShortWrite
+					}
+				}
+				j.errs[i] = sticky
+				j.done <- struct{}{}
+			}
+		}()
+	}
+	defer func() {
+		for _, in := range ins {
+			close(in)
+		}
+	}()
+	wait := func(j *job) error {
+		for range writers {
+			<-j.done
+		}
+		for _, err := range j.errs {
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	jobs := [2]*job{}
+	for i := range jobs {
+		jobs[i] = &job{buf: make([]byte, fanOutChunk), errs: make([]error, len(writers)), done: make(chan struct{}, len(writers))}
+	}
+	var (
+		total   int64
+		pending *job
+	)
+	for turn := 0; ; turn++ {
+		j := jobs[turn%2]
+		n, rerr := fill(src, j.buf)
+		if n > 0 {
+			if pending != nil {
+				if err := wait(pending); err != nil {
+					return total, err
+				}
+			}
+			pending = &job{buf: j.buf[:n], errs: j.errs, done: j.done}
+			for _, in := range ins {
+				in <- pending
+			}
+			total += int64(n)
+		}
+		if rerr != nil {
+			if pending != nil {
+				if err := wait(pending); err != nil {
+					return total, err
+				}
+			}
+			if rerr == io.EOF {
+				return total, nil
+			}
+			return total, rerr
+		}
+	}
+}
+
+// fill reads src into buf until buf is full or src fails; io.EOF (only)
+// ends the source, returned as is.
+func fill(src io.Reader, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		m, err := src.Read(buf[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
