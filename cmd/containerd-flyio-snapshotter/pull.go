@@ -82,7 +82,7 @@ func runPull(ctx context.Context, args []string) error {
 	var refresh bool
 	addSocketFlag(fs, &socket)
 	fs.StringVar(&name, "name", "", "image `REF` to register the result under (default: the s3:// source)")
-	fs.BoolVar(&refresh, "refresh", false, "list the image in S3 again even if it was pulled before")
+	fs.BoolVar(&refresh, "refresh", false, "list the image in S3 again and run the pipelines even if it was pulled before (they check every layer's device and rebuild what is missing)")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err

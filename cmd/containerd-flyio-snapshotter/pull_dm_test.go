@@ -6,6 +6,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -449,6 +450,33 @@ func TestPullRecovery(t *testing.T) {
 		}
 		if healed.Unpacked != 0 || healed.Downloaded != 0 {
 			t.Errorf("healing pull downloaded %d and unpacked %d, want 0 and 0 (only the activation was gone)", healed.Downloaded, healed.Unpacked)
+		}
+		e.checkActive(healed, "a2/f00000")
+		e.checkClean()
+	})
+
+	t.Run("5c activation unmapped behind our back", func(t *testing.T) {
+		// Only the mapping removed (`dmsetup remove`), the thin device kept:
+		// the next pull maps the same device again, its data intact.
+		res, err := e.pull("a/", "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		name := filepath.Base(res.Snapshot.DevicePath)
+		if err := e.pool.Deactivate(ctx, name); err != nil {
+			t.Fatalf("dmsetup remove %s behind the daemon's back: %v", name, err)
+		}
+		if _, err := os.Stat(res.Snapshot.DevicePath); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s after dmsetup remove: %v, want it gone", res.Snapshot.DevicePath, err)
+		}
+		healed, err := e.pull("a/", "a")
+		if err != nil {
+			t.Fatalf("pull after the activation was unmapped: %v", err)
+		}
+		if healed.Snapshot.SnapshotID != res.Snapshot.SnapshotID || healed.Unpacked != 0 || healed.Downloaded != 0 {
+			t.Errorf("healing pull: snapshot %s (was %s), downloaded %d, unpacked %d; want the same snapshot, nothing downloaded or unpacked",
+				healed.Snapshot.SnapshotID, res.Snapshot.SnapshotID, healed.Downloaded, healed.Unpacked)
 		}
 		e.checkActive(healed, "a2/f00000")
 		e.checkClean()

@@ -97,7 +97,8 @@ func (p *Pipelines) originOf(ctx context.Context, chain string) (*metadata.Unpac
 }
 
 // checkSnapshot (seed 004/001): an active snapshot row whose snapshot and
-// device exist on the right origin hands off; a stale one is removed.
+// device exist on the right origin hands off, its device mapped again if
+// only the mapping was removed; a stale one is removed.
 func (p *Pipelines) checkSnapshot(ctx context.Context, req *acReq) (*acResp, error) {
 	r := req.Msg
 	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMActivate, State: "check-snapshot"})
@@ -130,6 +131,14 @@ func (p *Pipelines) checkSnapshot(ctx context.Context, req *acReq) (*acResp, err
 		_, path, _, err := p.opts.Snapshots.DeviceOf(sctx, name)
 		if err != nil {
 			return nil, err
+		}
+		if lerr := p.deviceLive(path); lerr != nil {
+			// The thin device is there but its mapping was removed behind
+			// our back (`dmsetup remove`): map it again (Mounts activates).
+			log.G(ctx).WithField("snapshot", name).WithError(lerr).Warn("activate: active snapshot's device is not mapped; activating it again")
+			if _, err := p.opts.Snapshots.Mounts(sctx, name); err != nil {
+				return nil, fmt.Errorf("activate %s: map %s again: %w", r.Ref, path, err)
+			}
 		}
 		return nil, fsm.Handoff(&ActivateResponse{ImageID: r.ImageID, SnapshotID: sn.SnapshotID, SnapshotName: name,
 			DevicePath: path, OriginDeviceID: origin.DeviceID, Active: true})

@@ -25,9 +25,10 @@ type PullRequest struct {
 	// Ref names the image (the containerd image name); empty means the
 	// s3:// source.
 	Ref string `json:"ref,omitempty"`
-	// Refresh lists the image in S3 again even if it was pulled before
-	// (otherwise a pulled image's recorded layers are reused and S3 is not
-	// asked at all).
+	// Refresh lists the image in S3 again and runs the pipelines even if
+	// it was pulled before, so that every layer's device is checked
+	// (otherwise a pulled, unchanged image is answered from the records
+	// and S3 is not asked at all).
 	Refresh bool `json:"refresh,omitempty"`
 }
 
