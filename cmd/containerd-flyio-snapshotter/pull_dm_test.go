@@ -455,7 +455,7 @@ func TestPullRecovery(t *testing.T) {
 		e.checkClean()
 	})
 
-	t.Run("5c activation unmapped behind our back", func(t *testing.T) {
+	t.Run("5b activation unmapped behind our back", func(t *testing.T) {
 		// Only the mapping removed (`dmsetup remove`), the thin device kept:
 		// the next pull maps the same device again, its data intact.
 		res, err := e.pull("a/", "a")
@@ -482,7 +482,7 @@ func TestPullRecovery(t *testing.T) {
 		e.checkClean()
 	})
 
-	t.Run("5b chain device deleted behind our back", func(t *testing.T) {
+	t.Run("5c chain device deleted behind our back", func(t *testing.T) {
 		// A committed chain is not activated: its thin device deleted from
 		// the pool shows in no file, only in a device-mapper call, which the
 		// re-pull's fast path does not make (seed 001's case 4). The image
