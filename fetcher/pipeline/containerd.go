@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	"github.com/containerd/platforms"
 	"github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/identity"
 	specs "github.com/opencontainers/image-spec/specs-go"
@@ -85,7 +86,9 @@ func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs 
 		layers[i] = ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayer, Digest: dg}
 	}
 	cfg := ocispec.Image{
-		Platform: ocispec.Platform{OS: "linux", Architecture: "amd64"},
+		// A layer tarball says nothing of its architecture: the image is
+		// taken to be this host's, which is what `ctr run` picks.
+		Platform: platforms.DefaultSpec(),
 		RootFS:   ocispec.RootFS{Type: "layers", DiffIDs: diffs},
 		Config:   ocispec.ImageConfig{Cmd: []string{"/bin/sh"}, Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}},
 	}
