@@ -423,64 +423,58 @@ func TestPullRecovery(t *testing.T) {
 		t.Logf("idempotent re-pull through the CLI: %s (process start included)", took)
 	})
 
-	t.Run("5 device removed behind our back", func(t *testing.T) {
-		// Seed 001's case: the image's device removed from device-mapper
-		// (`dmsetup remove`, here with its thin device deleted too). The
-		// re-pull's fast path sees the activation's node gone (file-system
-		// calls only) and runs the pipelines, which heal it.
-		res, err := e.pull("a/", "a")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx := context.Background()
-		name := filepath.Base(res.Snapshot.DevicePath)
-		snap, ok, err := e.db().SnapshotterReads().Snapshot(ctx, "", res.Snapshot.SnapshotName)
-		if err != nil || !ok {
-			t.Fatalf("activation snapshot %s: %v %v", res.Snapshot.SnapshotName, ok, err)
-		}
-		if err := e.pool.Deactivate(ctx, name); err != nil {
-			t.Fatalf("dmsetup remove %s behind the daemon's back: %v", name, err)
-		}
-		if err := e.pool.Delete(ctx, snap.DeviceID); err != nil {
-			t.Fatalf("delete thin %d behind the daemon's back: %v", snap.DeviceID, err)
-		}
-		healed, err := e.pull("a/", "a")
-		if err != nil {
-			t.Fatalf("pull after the activation's device vanished: %v", err)
-		}
-		if healed.Unpacked != 0 || healed.Downloaded != 0 {
-			t.Errorf("healing pull downloaded %d and unpacked %d, want 0 and 0 (only the activation was gone)", healed.Downloaded, healed.Unpacked)
-		}
-		e.checkActive(healed, "a2/f00000")
-		e.checkClean()
-	})
-
-	t.Run("5b activation unmapped behind our back", func(t *testing.T) {
-		// Only the mapping removed (`dmsetup remove`), the thin device kept:
-		// the next pull maps the same device again, its data intact.
-		res, err := e.pull("a/", "a")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx := context.Background()
-		name := filepath.Base(res.Snapshot.DevicePath)
-		if err := e.pool.Deactivate(ctx, name); err != nil {
-			t.Fatalf("dmsetup remove %s behind the daemon's back: %v", name, err)
-		}
-		if _, err := os.Stat(res.Snapshot.DevicePath); !errors.Is(err, os.ErrNotExist) {
-			t.Fatalf("%s after dmsetup remove: %v, want it gone", res.Snapshot.DevicePath, err)
-		}
-		healed, err := e.pull("a/", "a")
-		if err != nil {
-			t.Fatalf("pull after the activation was unmapped: %v", err)
-		}
-		if healed.Snapshot.SnapshotID != res.Snapshot.SnapshotID || healed.Unpacked != 0 || healed.Downloaded != 0 {
-			t.Errorf("healing pull: snapshot %s (was %s), downloaded %d, unpacked %d; want the same snapshot, nothing downloaded or unpacked",
-				healed.Snapshot.SnapshotID, res.Snapshot.SnapshotID, healed.Downloaded, healed.Unpacked)
-		}
-		e.checkActive(healed, "a2/f00000")
-		e.checkClean()
-	})
+	// Seed 001's case 5: the image's device removed from device-mapper
+	// behind our back. The re-pull's fast path sees the activation's node
+	// gone (file-system calls only) and runs the pipelines, which heal it:
+	// a new thin device when it was deleted too, the same one mapped again
+	// when only its mapping was removed (`dmsetup remove`).
+	for _, c := range []struct {
+		name       string
+		deleteThin bool
+	}{
+		{"5 device removed behind our back", true},
+		{"5b activation unmapped behind our back", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			res, err := e.pull("a/", "a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			name := filepath.Base(res.Snapshot.DevicePath)
+			snap, ok, err := e.db().SnapshotterReads().Snapshot(ctx, "", res.Snapshot.SnapshotName)
+			if err != nil || !ok {
+				t.Fatalf("activation snapshot %s: %v %v", res.Snapshot.SnapshotName, ok, err)
+			}
+			if err := e.pool.Deactivate(ctx, name); err != nil {
+				t.Fatalf("dmsetup remove %s behind the daemon's back: %v", name, err)
+			}
+			if _, err := os.Stat(res.Snapshot.DevicePath); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("%s after dmsetup remove: %v, want it gone", res.Snapshot.DevicePath, err)
+			}
+			if c.deleteThin {
+				if err := e.pool.Delete(ctx, snap.DeviceID); err != nil {
+					t.Fatalf("delete thin %d behind the daemon's back: %v", snap.DeviceID, err)
+				}
+			}
+			healed, err := e.pull("a/", "a")
+			if err != nil {
+				t.Fatalf("pull after the activation's device vanished: %v", err)
+			}
+			if healed.Unpacked != 0 || healed.Downloaded != 0 {
+				t.Errorf("healing pull downloaded %d and unpacked %d, want 0 and 0 (only the activation was gone)", healed.Downloaded, healed.Unpacked)
+			}
+			after, ok, err := e.db().SnapshotterReads().Snapshot(ctx, "", healed.Snapshot.SnapshotName)
+			if err != nil || !ok {
+				t.Fatalf("healed activation snapshot %s: %v %v", healed.Snapshot.SnapshotName, ok, err)
+			}
+			if !c.deleteThin && after.DeviceID != snap.DeviceID {
+				t.Errorf("healing pull made thin device %d, want %d mapped again", after.DeviceID, snap.DeviceID)
+			}
+			e.checkActive(healed, "a2/f00000")
+			e.checkClean()
+		})
+	}
 
 	t.Run("5c chain device deleted behind our back", func(t *testing.T) {
 		// A committed chain is not activated: its thin device deleted from
