@@ -32,6 +32,7 @@ const (
 	KindCanceled
 )
 
+// String names the kind for logs and error messages.
 func (k Kind) String() string {
 	switch k {
 	case KindNone:

@@ -38,6 +38,10 @@ func (r *ResumingReader) Offset() int64 { return r.offset }
 // Resumes is how many times the object was reopened after a failure.
 func (r *ResumingReader) Resumes() int { return r.resumes }
 
+// Read implements io.Reader over the whole object: a body that fails
+// retryably or ends early is reopened at the current offset with a Range
+// request (and the ETag, so a changed object is an error, not a splice),
+// up to the reader's resume limit; it never reads past the listed size.
 func (r *ResumingReader) Read(p []byte) (int, error) {
 	for r.err == nil {
 		if r.offset >= r.obj.Size {

@@ -133,6 +133,7 @@ type KeyError struct {
 	Rule error
 }
 
+// Error names the key and the rule it broke.
 func (e *KeyError) Error() string { return fmt.Sprintf("s3 key %q: %v", e.Key, e.Rule) }
 
 // Unwrap returns the rule.

@@ -72,6 +72,7 @@ type PolicyError struct {
 	Detail string // optional specifics (the link target, the size, ...)
 }
 
+// Error names the entry, the rule and any detail.
 func (e *PolicyError) Error() string {
 	if e.Detail == "" {
 		return fmt.Sprintf("entry %q: %v", e.Entry, e.Rule)
@@ -94,6 +95,7 @@ type FormatError struct {
 	Err    error  // archive/tar's error or a description
 }
 
+// Error says where in the stream the archive broke and why.
 func (e *FormatError) Error() string {
 	where := fmt.Sprintf("at offset %d", e.Offset)
 	if e.Entry != "" {

@@ -31,6 +31,7 @@ type LayoutError struct {
 	Rule error  // ErrLayoutMissing, ErrLayoutNotDir or ErrLayoutWorldWritable
 }
 
+// Error names the path and the layout rule it broke.
 func (e *LayoutError) Error() string { return fmt.Sprintf("layout: %s: %v", e.Path, e.Rule) }
 
 // Unwrap returns the rule broken.
