@@ -425,8 +425,10 @@ func (p *Pipelines) verifyLayout(ctx context.Context, req *upReq) (_ *upResp, er
 	var verr error
 	if r.Top {
 		verr = tarball.VerifyLayoutDir(dir)
-	} else if fi, serr := os.Stat(dir); serr != nil || !fi.IsDir() {
-		verr = fmt.Errorf("root of %s is not a readable directory: %v", resp.ExtractKey, serr)
+	} else if fi, serr := os.Stat(dir); serr != nil {
+		verr = fmt.Errorf("root of %s: %w", resp.ExtractKey, serr)
+	} else if !fi.IsDir() {
+		verr = fmt.Errorf("root of %s is not a directory", resp.ExtractKey)
 	}
 	if uerr := umount(); uerr != nil {
 		return nil, fmt.Errorf("unpack %s: unmount %s: %w", r.ChainID, dir, uerr)
