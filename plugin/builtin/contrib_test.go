@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	srvconfig "github.com/containerd/containerd/v2/cmd/containerd/server/config"
+	"github.com/containerd/platforms"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 )
@@ -43,14 +44,23 @@ func TestContainerdSnippetLoads(t *testing.T) {
 			if _, err := cc.Decode(context.Background(), "io.containerd.transfer.v1.local", &transfer); err != nil {
 				t.Fatal(err)
 			}
+			// containerd parses each entry's platform and unpacks the
+			// images that platforms.Only of it matches: the flyio entry
+			// must match this host's platform, whatever its architecture.
+			host := platforms.DefaultSpec()
 			var found bool
 			for _, u := range transfer.UnpackConfig {
-				if u.Snapshotter == ID && u.Platform == "linux/amd64" && !u.Optional {
+				p, err := platforms.Parse(u.Platform)
+				if err != nil {
+					t.Errorf("unpack_config entry %+v: platform: %v", u, err)
+					continue
+				}
+				if u.Snapshotter == ID && !u.Optional && platforms.Only(p).Match(host) {
 					found = true
 				}
 			}
 			if !found {
-				t.Errorf("no mandatory linux/amd64 unpack_config entry for %s: %+v", ID, transfer.UnpackConfig)
+				t.Errorf("no mandatory unpack_config entry for %s matching this host's platform %s: %+v", ID, platforms.Format(host), transfer.UnpackConfig)
 			}
 		})
 	}
