@@ -1,24 +1,41 @@
 #!/bin/sh
-# Builds the real containerd, containerd-shim-runc-v2 and ctr that the
-# integration tests run, at the versions pinned in integration/tools/go.mod
-# (module proxy only, nothing added to the project's go.mod), into
-# .cache/tools/containerd-<version>/ at the repository root. A binary that
-# already exists for that version is not rebuilt.
-# Prints the directory holding the binaries as its only line of stdout.
+# Builds the real programs the integration tests run, each at the version
+# pinned by a Go module under integration/tools (module proxy only, nothing
+# added to the project's go.mod), into .cache/tools/<name>-<version>/ at the
+# repository root:
+#   integration/tools           containerd, containerd-shim-runc-v2, ctr
+#   integration/tools/nerdctl   nerdctl
+#   integration/tools/registry  registry (distribution's OCI registry)
+# nerdctl and the registry are modules of their own so that their
+# dependencies never move the containerd the daemon is tested against.
+# A binary that already exists for its version is not rebuilt.
+# Prints the directory holding containerd's binaries as its only line of
+# stdout.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-cd "$here"
-version=$(go list -m -f '{{.Version}}' github.com/containerd/containerd/v2)
-out="$root/.cache/tools/containerd-$version"
-mkdir -p "$out"
-for cmd in containerd containerd-shim-runc-v2 ctr; do
-	[ -x "$out/$cmd" ] && continue
-	start=$(date +%s)
-	# Static, no cgo: runs anywhere, including the VM harness.
-	CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' \
-		-o "$out/$cmd.tmp" "github.com/containerd/containerd/v2/cmd/$cmd"
-	mv "$out/$cmd.tmp" "$out/$cmd"
-	echo "built $cmd $version in $(( $(date +%s) - start ))s" >&2
-done
+
+# build MODULE_DIR MODULE_PATH DIR_NAME PACKAGE_DIR BINARY...: builds each
+# BINARY from MODULE_PATH/PACKAGE_DIR/BINARY at the version MODULE_DIR pins,
+# into .cache/tools/DIR_NAME-<version>, and sets $out to that folder.
+build() {
+	moddir=$1 mod=$2 name=$3 pkgdir=$4
+	shift 4
+	version=$(cd "$moddir" && go list -m -f '{{.Version}}' "$mod")
+	out="$root/.cache/tools/$name-$version"
+	mkdir -p "$out"
+	for cmd in "$@"; do
+		[ -x "$out/$cmd" ] && continue
+		start=$(date +%s)
+		# Static, no cgo: runs anywhere, including the VM harness.
+		(cd "$moddir" && CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' \
+			-o "$out/$cmd.tmp" "$mod/$pkgdir/$cmd")
+		mv "$out/$cmd.tmp" "$out/$cmd"
+		echo "built $cmd $version in $(( $(date +%s) - start ))s" >&2
+	done
+}
+
+build "$here/nerdctl" github.com/containerd/nerdctl/v2 nerdctl cmd nerdctl
+build "$here/registry" github.com/distribution/distribution/v3 registry cmd registry
+build "$here" github.com/containerd/containerd/v2 containerd cmd containerd containerd-shim-runc-v2 ctr
 echo "$out"

@@ -1,0 +1,32 @@
+package stack
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Tool returns the path of program bin that integration/tools/build.sh
+// built from module at the version pinned in the go.mod of folder modDir
+// (relative to integration/tools: "" for containerd's, "nerdctl",
+// "registry"): .cache/tools/<name>-<version>/<bin> under repo. It fails,
+// saying how to build it, when the binary is missing.
+func Tool(repo, modDir, module, name, bin string) (string, error) {
+	gomod := filepath.Join(repo, "integration/tools", modDir, "go.mod")
+	b, err := os.ReadFile(gomod)
+	if err != nil {
+		return "", fmt.Errorf("%s version: %w", name, err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(strings.TrimPrefix(strings.TrimSpace(line), "require "))
+		if len(f) >= 2 && f[0] == module {
+			path := filepath.Join(repo, ".cache/tools", name+"-"+f[1], bin)
+			if _, err := os.Stat(path); err != nil {
+				return "", fmt.Errorf("%s %s not built (run integration/tools/build.sh on the host, before the VM): %w", bin, f[1], err)
+			}
+			return path, nil
+		}
+	}
+	return "", fmt.Errorf("%s does not require %s", gomod, module)
+}
