@@ -64,6 +64,10 @@ type Options struct {
 	PayloadBytes int64
 	// Platform is recorded in the config; default linux/amd64.
 	Platform ocispec.Platform
+	// Cmd is the image's default command; default ["/bin/sh"]. A pod's
+	// sandbox ("pause") image needs one that does not exit, such as
+	// ["/bin/sleep", "86400"] with the sleep applet.
+	Cmd []string
 }
 
 // Image describes what Write wrote.
@@ -94,6 +98,9 @@ func Write(w io.Writer, opts Options) (Image, error) {
 	}
 	if len(opts.Applets) == 0 {
 		opts.Applets = DefaultApplets
+	}
+	if len(opts.Cmd) == 0 {
+		opts.Cmd = []string{"/bin/sh"}
 	}
 	if opts.Platform.OS == "" {
 		opts.Platform = ocispec.Platform{OS: "linux", Architecture: "amd64"}
@@ -136,7 +143,7 @@ func Write(w io.Writer, opts Options) (Image, error) {
 		Platform: opts.Platform,
 		Config: ocispec.ImageConfig{
 			Env:        []string{"PATH=/bin"},
-			Cmd:        []string{"/bin/sh"},
+			Cmd:        opts.Cmd,
 			WorkingDir: "/",
 		},
 		RootFS: ocispec.RootFS{Type: "layers", DiffIDs: img.DiffIDs},

@@ -1,0 +1,405 @@
+//go:build dm
+
+package clients
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/platforms"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/containerd/ociimage"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
+)
+
+const (
+	// pool is the dm name of our daemon's pool in this run.
+	pool = "flyio-cl-pool"
+	// imageRepo and pauseRepo are the repositories the test pushes to the
+	// local registry: a busybox image and the pods' sandbox image.
+	imageRepo = "flyio-it/busybox"
+	pauseRepo = "flyio-it/pause"
+	// criNamespace is where containerd's CRI plugin keeps Kubernetes'
+	// images and containers.
+	criNamespace = "k8s.io"
+)
+
+// env is one registry, our daemon and one containerd with the CRI plugin
+// on, shared by the subtests of TestClients.
+type env struct {
+	repo, scratch string
+	tools         string // containerd, containerd-shim-runc-v2, ctr
+	nerdctl       string
+	reg           *registry
+	daemon        *stack.Daemon
+	ctrd          *stack.Proc
+	socket        string // containerd's
+	ctrdEnv       []string
+	client        *client.Client
+	image         ociimage.Image
+	imageRef      string // the busybox image in the registry
+	pauseRef      string // the sandbox image in the registry
+	timings       []timing
+}
+
+type timing struct {
+	what string
+	took time.Duration
+}
+
+// timed runs f and records its wall time under what.
+func (e *env) timed(t *testing.T, what string, f func() error) {
+	t.Helper()
+	start := time.Now()
+	err := f()
+	e.timings = append(e.timings, timing{what, time.Since(start)})
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+func setup(t *testing.T, ctx context.Context) *env {
+	scratch := os.Getenv("VM_SCRATCH")
+	if scratch == "" {
+		t.Fatal("VM_SCRATCH is not set: run these tests through integration/vm/run.sh or suite.sh")
+	}
+	repo, err := stack.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{repo: repo, scratch: filepath.Join(scratch, "clients")}
+	if e.tools, err = stack.ToolsDir(repo); err != nil {
+		t.Fatal(err)
+	}
+	if e.nerdctl, err = stack.Tool(repo, "nerdctl", "github.com/containerd/nerdctl/v2", "nerdctl", "nerdctl"); err != nil {
+		t.Fatal(err)
+	}
+	regBin, err := stack.Tool(repo, "registry", "github.com/distribution/distribution/v3", "registry", "registry")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stack.LoopbackUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	e.timed(t, "start registry", func() error {
+		e.reg, err = startRegistry(ctx, regBin, filepath.Join(e.scratch, "registry"))
+		return err
+	})
+	t.Cleanup(func() {
+		if err := e.reg.stop(); err != nil {
+			t.Errorf("registry: %v", err)
+		}
+	})
+	e.imageRef = e.reg.host + "/" + imageRepo + ":v1"
+	e.pauseRef = e.reg.host + "/" + pauseRepo + ":1"
+	e.timed(t, "build and push the busybox and pause images", func() error {
+		var buf bytes.Buffer
+		host := platforms.DefaultSpec()
+		if e.image, err = ociimage.Write(&buf, ociimage.Options{Name: e.imageRef, PayloadBytes: 1 << 20, Platform: host}); err != nil {
+			return err
+		}
+		if _, err := e.reg.push(ctx, buf.Bytes(), imageRepo, "v1"); err != nil {
+			return err
+		}
+		buf.Reset()
+		if _, err := ociimage.Write(&buf, ociimage.Options{Name: e.pauseRef, Applets: []string{"sleep"}, Cmd: []string{"/bin/sleep", "86400"}, Platform: host}); err != nil {
+			return err
+		}
+		_, err := e.reg.push(ctx, buf.Bytes(), pauseRepo, "1")
+		return err
+	})
+
+	// Our daemon runs a copy of bin/ so that a rebuild on the host during
+	// the run cannot change the binary under it.
+	bin := filepath.Join(e.scratch, "containerd-flyio-snapshotter")
+	if err := copyFile(filepath.Join(repo, "bin/containerd-flyio-snapshotter"), bin); err != nil {
+		t.Fatalf("our binary (make build): %v", err)
+	}
+	if e.daemon, err = stack.WriteDaemonConfig(bin, stack.DaemonOptions{Dir: filepath.Join(e.scratch, "flyio"), PoolName: pool, DataSize: "2GiB"}); err != nil {
+		t.Fatal(err)
+	}
+	e.timed(t, "start our daemon (new pool)", func() error { return e.daemon.Start(ctx) })
+	t.Cleanup(func() {
+		if err := e.daemon.Stop(); err != nil {
+			t.Errorf("our daemon: %v", err)
+		}
+		if err := stack.DestroyPool(context.Background(), pool, filepath.Join(e.daemon.Root, "pool")); err != nil {
+			t.Errorf("destroy pool: %v", err)
+		}
+	})
+
+	e.timed(t, "start containerd with the CRI plugin", func() error { return e.startContainerd(ctx) })
+	t.Cleanup(func() {
+		e.client.Close()
+		if err := e.ctrd.Stop(60 * time.Second); err != nil {
+			t.Errorf("containerd: %v", err)
+		}
+	})
+	return e
+}
+
+func copyFile(from, to string) error {
+	b, err := os.ReadFile(from)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(to, b, 0o755)
+}
+
+// containerdConfig is containerd's config for the run: version 4, the CRI
+// plugin on with flyio as its image snapshotter and the registry's pause
+// image as its sandbox image, our daemon as proxy plugin "flyio", and flyio
+// in the transfer service's unpack list for this host's platform (the
+// transfer service does the pulls of ctr and of the CRI plugin).
+func (e *env) containerdConfig() string {
+	dir := filepath.Join(e.scratch, "containerd")
+	var b strings.Builder
+	fmt.Fprintf(&b, "version = 4\nroot = %q\nstate = %q\ntemp = %q\n",
+		filepath.Join(dir, "root"), filepath.Join(dir, "state"), filepath.Join(dir, "tmp"))
+	b.WriteString(`disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]` + "\n")
+	fmt.Fprintf(&b, "\n[plugins.'io.containerd.server.v1.grpc']\naddress = %q\n", e.socket)
+	fmt.Fprintf(&b, "\n[plugins.'io.containerd.server.v1.ttrpc']\naddress = %q\n", e.socket+".ttrpc")
+	fmt.Fprintf(&b, "\n[proxy_plugins.flyio]\ntype = \"snapshot\"\naddress = %q\n", e.daemon.Socket)
+	b.WriteString("\n[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]\nplatform = \"linux\"\nsnapshotter = \"flyio\"\n")
+	b.WriteString("\n[plugins.'io.containerd.cri.v1.images']\nsnapshotter = \"flyio\"\n")
+	fmt.Fprintf(&b, "\n[plugins.'io.containerd.cri.v1.images'.pinned_images]\nsandbox = %q\n", e.pauseRef)
+	return b.String()
+}
+
+func (e *env) startContainerd(ctx context.Context) error {
+	dir := filepath.Join(e.scratch, "containerd")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("containerd folder: %w", err)
+	}
+	e.socket = filepath.Join(dir, "containerd.sock")
+	cfg := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfg, []byte(e.containerdConfig()), 0o644); err != nil {
+		return fmt.Errorf("containerd config: %w", err)
+	}
+	// The shim is found on PATH, runc too (Debian's, /usr/sbin).
+	e.ctrdEnv = append(os.Environ(), "PATH="+e.tools+":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+	var err error
+	e.ctrd, err = stack.StartProc("containerd", filepath.Join(dir, "containerd.log"), e.ctrdEnv,
+		filepath.Join(e.tools, "containerd"), "--config", cfg, "--log-level", "info")
+	if err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	if err := stack.WaitDial(wctx, e.ctrd, "unix", e.socket); err != nil {
+		e.ctrd.Kill()
+		return err
+	}
+	e.client, err = client.New(e.socket, client.WithTimeout(time.Minute))
+	if err != nil {
+		e.ctrd.Kill()
+		return fmt.Errorf("connect to containerd at %s: %w", e.socket, err)
+	}
+	return nil
+}
+
+// ctr runs ctr against the run's containerd in namespace ns.
+func (e *env) ctr(ctx context.Context, ns string, args ...string) (string, error) {
+	argv := append([]string{filepath.Join(e.tools, "ctr"), "--address", e.socket, "--namespace", ns}, args...)
+	return stack.Run(ctx, e.ctrdEnv, argv...)
+}
+
+// nerdctlRun runs nerdctl against the run's containerd in namespace ns with
+// flyio as its snapshotter and its state under the scratch folder.
+func (e *env) nerdctlRun(ctx context.Context, ns string, args ...string) (string, error) {
+	argv := append([]string{e.nerdctl, "--address", e.socket, "--namespace", ns, "--snapshotter", "flyio",
+		"--data-root", filepath.Join(e.scratch, "nerdctl"), "--cgroup-manager", "cgroupfs"}, args...)
+	return stack.Run(ctx, e.ctrdEnv, argv...)
+}
+
+// unpackedInFlyio checks what a run relies on: containerd holds ref in ns
+// and sees its layers unpacked in the flyio snapshotter.
+func (e *env) unpackedInFlyio(ctx context.Context, ns, ref string) error {
+	ctx = namespaces.WithNamespace(ctx, ns)
+	img, err := e.client.GetImage(ctx, ref)
+	if err != nil {
+		return fmt.Errorf("image %s in namespace %s: %w", ref, ns, err)
+	}
+	ok, err := img.IsUnpacked(ctx, "flyio")
+	if err != nil {
+		return fmt.Errorf("image %s in namespace %s: %w", ref, ns, err)
+	}
+	if !ok {
+		return fmt.Errorf("image %s in namespace %s is not unpacked in flyio", ref, ns)
+	}
+	return nil
+}
+
+// ourThinDevices returns the names of the thin devices in our pool other
+// than its base device, from `pool ls --check --format json`, which also
+// fails when the pool and our database disagree.
+func (e *env) ourThinDevices(ctx context.Context) ([]string, error) {
+	out, err := e.daemon.CLI(ctx, []string{"pool", "ls"}, "--check", "--format", "json")
+	if err != nil {
+		return nil, err
+	}
+	var rows []struct {
+		ID   uint32 `json:"id"`
+		Name string `json:"name"`
+		Role string `json:"role"`
+	}
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		return nil, fmt.Errorf("pool ls --format json: %w: %s", err, out)
+	}
+	var names []string
+	for _, r := range rows {
+		if r.Role != "base" {
+			names = append(names, fmt.Sprintf("%d %s (%s)", r.ID, r.Name, r.Role))
+		}
+	}
+	return names, nil
+}
+
+// collectGarbage runs containerd's garbage collector to completion: deleting
+// a lease synchronously waits for a full collection, which removes through
+// our proxy plugin every snapshot no image or container references.
+func (e *env) collectGarbage(ctx context.Context) error {
+	ctx = namespaces.WithNamespace(ctx, criNamespace)
+	ls := e.client.LeasesService()
+	l, err := ls.Create(ctx, leases.WithRandomID())
+	if err != nil {
+		return fmt.Errorf("create lease: %w", err)
+	}
+	if err := ls.Delete(ctx, l, leases.SynchronousDelete); err != nil {
+		return fmt.Errorf("delete lease %s synchronously (garbage collection): %w", l.ID, err)
+	}
+	return nil
+}
+
+// TestClients pulls the registry's image with ctr, nerdctl and the CRI
+// plugin, runs a container from it with each, all on flyio, checks what the
+// containers print, removes everything through each client and checks that
+// containerd's garbage collection leaves no snapshot and no thin device of
+// ours.
+func TestClients(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 35*time.Minute)
+	defer cancel()
+	start := time.Now()
+	e := setup(t, ctx)
+
+	t.Run("ctr", func(t *testing.T) { e.testCtr(t, ctx) })
+	t.Run("nerdctl", func(t *testing.T) { e.testNerdctl(t, ctx) })
+	t.Run("cri", func(t *testing.T) { e.testCRI(t, ctx) })
+
+	e.timed(t, "containerd garbage collection", func() error { return e.collectGarbage(ctx) })
+	thins, err := e.ourThinDevices(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(thins) != 0 {
+		t.Errorf("after every client removed its images and containers and containerd collected garbage, our pool still holds thin devices %v", thins)
+	}
+	names, err := stack.DMDevices(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) != 1 || names[0] != pool {
+		t.Errorf("after removal and garbage collection, device-mapper devices of ours: %v, want only the pool %s", names, pool)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "wall times (TCG VM):\n| step | wall |\n|---|---|\n")
+	for _, tm := range e.timings {
+		fmt.Fprintf(&b, "| %s | %s |\n", tm.what, tm.took.Round(10*time.Millisecond))
+	}
+	fmt.Fprintf(&b, "| whole test | %s |\n", time.Since(start).Round(10*time.Millisecond))
+	t.Log(b.String())
+}
+
+func (e *env) testCtr(t *testing.T, ctx context.Context) {
+	const ns = "flyio-ctr"
+	e.timed(t, "ctr image pull --snapshotter flyio --plain-http", func() error {
+		out, err := e.ctr(ctx, ns, "image", "pull", "--snapshotter", "flyio", "--plain-http", e.imageRef)
+		t.Logf("ctr image pull:\n%s", lastLines(out, 3))
+		return err
+	})
+	if err := e.unpackedInFlyio(ctx, ns, e.imageRef); err != nil {
+		t.Fatal(err)
+	}
+	// Each of the image's layers is a thin device of ours.
+	thins, err := e.ourThinDevices(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(thins) != len(e.image.Layers) {
+		t.Errorf("after ctr pull our pool holds thin devices %v, want one per layer (%d)", thins, len(e.image.Layers))
+	}
+	var out string
+	e.timed(t, "ctr run --rm --snapshotter flyio", func() error {
+		out, err = e.ctr(ctx, ns, "run", "--rm", "--snapshotter", "flyio", e.imageRef, "ctr-hello", "/bin/cat", ociimage.MarkerPath)
+		return err
+	})
+	if out != ociimage.MarkerContent {
+		t.Errorf("ctr run printed %q, want %q", out, ociimage.MarkerContent)
+	}
+	t.Logf("ctr run printed %q", out)
+	e.timed(t, "ctr image rm --sync", func() error {
+		_, err := e.ctr(ctx, ns, "image", "rm", "--sync", e.imageRef)
+		return err
+	})
+}
+
+func (e *env) testNerdctl(t *testing.T, ctx context.Context) {
+	const ns = "flyio-nerdctl"
+	e.timed(t, "nerdctl --snapshotter flyio pull", func() error {
+		out, err := e.nerdctlRun(ctx, ns, "pull", "--insecure-registry", e.imageRef)
+		t.Logf("nerdctl pull:\n%s", lastLines(out, 3))
+		return err
+	})
+	if err := e.unpackedInFlyio(ctx, ns, e.imageRef); err != nil {
+		t.Fatal(err)
+	}
+	var out string
+	e.timed(t, "nerdctl --snapshotter flyio run --rm --net none", func() error {
+		var err error
+		out, err = e.nerdctlRun(ctx, ns, "run", "--rm", "--net", "none", e.imageRef, "/bin/cat", ociimage.MarkerPath)
+		return err
+	})
+	if out != ociimage.MarkerContent {
+		t.Errorf("nerdctl run printed %q, want %q", out, ociimage.MarkerContent)
+	}
+	t.Logf("nerdctl run printed %q", out)
+	e.timed(t, "nerdctl rmi", func() error {
+		_, err := e.nerdctlRun(ctx, ns, "rmi", e.imageRef)
+		return err
+	})
+}
+
+// lastLines returns the last n lines of s (a client's progress output).
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// readAll reads a file that may still be written.
+func readAll(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(f)
+	return string(b), err
+}
