@@ -30,7 +30,7 @@ step "installing Debian packages (scripts/install-deps.sh)"
 step "building, installing versitygw and containerd, making the image (integration/e2e/prepare.sh)"
 images=$(./integration/e2e/prepare.sh)
 vgw=$(./scripts/install-versitygw.sh)
-tools=$(./integration/tools/build.sh)
+tools=$(./integration/tools/build.sh containerd)
 (cd "$images" && find images -name '*.tar' | LC_ALL=C sort | while read -r f; do
    printf '      %-26s %6s KiB  sha256:%.12s\n' "$f" "$(( $(stat -c %s "$f") >> 10 ))" "$(sha256sum "$f")"; done)
 logs=$root/.cache/e2e/demo-logs/$(date -u +%Y%m%dT%H%M%SZ)

@@ -16,7 +16,7 @@ say "Debian packages (scripts/install-deps.sh: debootstrap, qemu, ...)"
 say "bin/containerd-flyio-snapshotter"
 make --no-print-directory build >/dev/null
 say "containerd, containerd-shim-runc-v2, ctr (integration/tools/build.sh)"
-./integration/tools/build.sh >/dev/null
+./integration/tools/build.sh containerd >/dev/null
 say "versitygw (scripts/install-versitygw.sh)"
 vgw=$(./scripts/install-versitygw.sh)
 say "Debian image layers (integration/e2e/mkimage.sh)"

@@ -9,6 +9,8 @@
 # nerdctl and the registry are modules of their own so that their
 # dependencies never move the containerd the daemon is tested against.
 # A binary that already exists for its version is not rebuilt.
+# Usage: build.sh [containerd|nerdctl|registry]... (default: all three; the
+# demo needs only containerd, `make vmtest` all).
 # Prints the directory holding containerd's binaries as its only line of
 # stdout.
 set -eu
@@ -35,7 +37,22 @@ build() {
 	done
 }
 
-build "$here/nerdctl" github.com/containerd/nerdctl/v2 nerdctl cmd nerdctl
-build "$here/registry" github.com/distribution/distribution/v3 registry cmd registry
+[ $# -gt 0 ] || set -- containerd nerdctl registry
+for tool in "$@"; do
+	case $tool in
+	containerd | nerdctl | registry) ;;
+	*)
+		echo "build.sh: unknown tool \"$tool\" (want containerd, nerdctl or registry)" >&2
+		exit 2
+		;;
+	esac
+done
+for tool in "$@"; do
+	case $tool in
+	nerdctl) build "$here/nerdctl" github.com/containerd/nerdctl/v2 nerdctl cmd nerdctl ;;
+	registry) build "$here/registry" github.com/distribution/distribution/v3 registry cmd registry ;;
+	esac
+done
+# containerd last: its folder is what this script prints.
 build "$here" github.com/containerd/containerd/v2 containerd cmd containerd containerd-shim-runc-v2 ctr
 echo "$out"
