@@ -9,6 +9,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/containerd/containerd/v2/core/content"
@@ -163,5 +164,37 @@ func tarNames(t *testing.T, b []byte) map[string]*tar.Header {
 			t.Fatalf("read layer: %v", err)
 		}
 		out[h.Name] = h
+	}
+}
+
+// TestCmd checks the default command recorded in the image config, as
+// containerd reads it: /bin/sh unless Options.Cmd says otherwise.
+func TestCmd(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		cmd, want []string
+	}{
+		{nil, []string{"/bin/sh"}},
+		{[]string{"/bin/sleep", "86400"}, []string{"/bin/sleep", "86400"}},
+	} {
+		data, img := writeImage(t, Options{Name: testName, Applets: []string{"sh", "sleep"}, Cmd: tc.cmd})
+		store, err := local.NewStore(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := archive.ImportIndex(ctx, store, bytes.NewReader(data)); err != nil {
+			t.Fatal(err)
+		}
+		b, err := content.ReadBlob(ctx, store, img.Config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cfg ocispec.Image
+		if err := json.Unmarshal(b, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.Config.Cmd; !slices.Equal(got, tc.want) {
+			t.Errorf("Options.Cmd %q: config Cmd %q, want %q", tc.cmd, got, tc.want)
+		}
 	}
 }
