@@ -46,7 +46,6 @@ func (s *Service) PipelineOptions() pipeline.Options {
 		},
 		Snapshots:       s.Snapshotter,
 		ThinExists:      s.Pool.ThinExists,
-		Namespace:       c.Containerd.Namespace,
 		MaxLayerSize:    c.Pipeline.MaxImageSize.Bytes(),
 		Limits:          tarball.Limits{AllowSetID: c.Pipeline.AllowSetID},
 		DownloadTimeout: c.Pipeline.DownloadTimeout.Duration,
