@@ -1,6 +1,6 @@
 // Package metadata is the one SQLite database of the snapshotter: its schema
 // (embedded, numbered migrations with a SHA-256 ledger), the connection
-// settings of seed 000 and the typed queries of every table. Other packages
+// settings of the design and the typed queries of every table. Other packages
 // never see SQL: each table group has its file of typed queries here.
 package metadata
 
@@ -23,11 +23,11 @@ import (
 // otherwise.
 const DefaultPath = "/var/lib/containerd-flyio-snapshotter/metadata.db"
 
-// DefaultBusyTimeout is seed 000's busy_timeout: how long a statement waits
+// DefaultBusyTimeout is the busy_timeout: how long a statement waits
 // for another connection's lock before failing with SQLITE_BUSY.
 const DefaultBusyTimeout = 5 * time.Second
 
-// Seed-000 connection pool settings.
+// Connection pool settings.
 const (
 	maxOpenConns    = 10
 	maxIdleConns    = 5
@@ -45,7 +45,7 @@ const stmtCacheSize = 64
 const driverName = "sqlite3_flyio_snapshotter"
 
 // connectPragmas are applied by the connect hook to every pooled connection
-// (read-write and read-only); the other seed-000 pragmas travel in the DSN
+// (read-write and read-only); the other pragmas travel in the DSN
 // (see dsn).
 const connectPragmas = `PRAGMA temp_store = MEMORY; PRAGMA mmap_size = 268435456;`
 
@@ -91,7 +91,7 @@ type Options struct {
 }
 
 // DB is an open metadata database: a pool of SQLite connections with the
-// seed-000 pragmas on each. It is safe for concurrent use.
+// the pragmas on each. It is safe for concurrent use.
 type DB struct {
 	db       *sql.DB
 	path     string
@@ -105,7 +105,7 @@ type DB struct {
 }
 
 // dsn builds the go-sqlite3 data source name for path: a file: URI carrying
-// the seed-000 pragmas go-sqlite3 applies itself on each new connection
+// the pragmas go-sqlite3 applies itself on each new connection
 // (busy_timeout, foreign_keys, synchronous, cache_size, and for writers
 // journal_mode=WAL and BEGIN IMMEDIATE transactions; for readers mode=ro and
 // query_only).

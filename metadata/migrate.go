@@ -28,7 +28,7 @@ type Migration struct {
 	Version     int
 	Name        string // file name without the number and extension, e.g. "initial"
 	SQL         string
-	SHA256      string // hex SHA-256 of the whitespace-trimmed SQL (seed 002's normalization)
+	SHA256      string // hex SHA-256 of the whitespace-trimmed SQL
 	Description string // the file's first comment line, or Name
 }
 
@@ -45,7 +45,7 @@ var ErrSchemaTooNew = errors.New("metadata: database schema newer than this bina
 // transaction after the migration's SQL and before its ledger row.
 var migrationHook func(version int)
 
-// ledgerBootstrap is seed 000's schema_migrations table; the runner creates
+// ledgerBootstrap is the schema_migrations table of migration 1; the runner creates
 // it before the first migration so migration 1 can be recorded.
 const ledgerBootstrap = `CREATE TABLE IF NOT EXISTS schema_migrations (
     version INTEGER PRIMARY KEY,

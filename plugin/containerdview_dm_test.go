@@ -191,7 +191,7 @@ func TestContainerdViewOverSocket(t *testing.T) {
 	if removed := collectLikeContainerd(t, ctx, client); len(removed) != 0 {
 		t.Fatalf("garbage collection during a pull removed %v; want the chains kept while runs are live", removed)
 	}
-	if err := client.Remove(ctx, a.TopChainID); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "pipeline run") {
+	if err := client.Remove(ctx, a.TopChainID); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "live run") {
 		t.Fatalf("Remove of a chain during a pull: %v, want FailedPrecondition naming the live runs", err)
 	}
 	b := <-bDone
@@ -212,13 +212,13 @@ func TestContainerdViewOverSocket(t *testing.T) {
 	if err := client.(snapshots.Cleaner).Cleanup(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if rec, err := svc.DB.GetPulledImage(ctx, "test/a/"); err != nil || rec != nil {
-		t.Errorf("a's pulled-image record after GC: %+v, %v; want none", rec, err)
+	if id, err := svc.DB.ImageIDByName(ctx, "test/a/"); err != nil || id != "" {
+		t.Errorf("a's image record after GC: %q, %v; want none", id, err)
 	}
-	if rec, err := svc.DB.GetPulledImage(ctx, "test/b/"); err != nil || rec == nil {
-		t.Errorf("b's pulled-image record after a's GC: %v; want it kept", err)
+	if id, err := svc.DB.ImageIDByName(ctx, "test/b/"); err != nil || id == "" {
+		t.Errorf("b's image record after a's GC: %v; want it kept", err)
 	}
-	unpacked, err := svc.DB.ListUnpackedImages(ctx)
+	unpacked, err := svc.DB.ChainViews(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -194,4 +194,3 @@ DEST must not exist unless --force is given.`)
 	fmt.Printf("backed up %s to %s (%d bytes)\n", d.Path(), dest, st.Size())
 	return nil
 }
-

@@ -75,6 +75,7 @@ func (p *Pipelines) buildActivate(ctx context.Context) (fsm.StartFunc[ActivateRe
 // device is gone is removed and made again. Nothing else is removed: a
 // container's snapshot is never the activation.
 func (p *Pipelines) checkSnapshot(ctx context.Context, req *acReq) (*acResp, error) {
+	p.hook("check-snapshot:started")
 	r := req.Msg
 	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMActivate, State: "check-snapshot"})
 	if len(r.Layers) == 0 {
@@ -132,6 +133,7 @@ func (p *Pipelines) checkSnapshot(ctx context.Context, req *acReq) (*acResp, err
 // createSnapshot: Prepare the image's activation on the top chain (kept
 // when check-snapshot found it in place).
 func (p *Pipelines) createSnapshot(ctx context.Context, req *acReq) (*acResp, error) {
+	p.hook("create-snapshot:started")
 	r, resp := req.Msg, req.Resp
 	if resp.Active {
 		return nil, nil
@@ -166,6 +168,7 @@ func (p *Pipelines) createSnapshot(ctx context.Context, req *acReq) (*acResp, er
 // register: the image's records (its layers as pulled, its name) in one
 // transaction, then the name in containerd when configured.
 func (p *Pipelines) register(ctx context.Context, req *acReq) (*acResp, error) {
+	p.hook("register:started")
 	r, resp := req.Msg, req.Resp
 	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMActivate, State: "register"})
 	layers := make([]metadata.ImageLayer, len(r.Layers))

@@ -76,6 +76,7 @@ type dlResp = fsm.Response[DownloadResponse]
 // says, and proves nothing across keys or buckets; identical content under
 // another key is found by its digest once downloaded.
 func (p *Pipelines) checkExists(ctx context.Context, req *dlReq) (*dlResp, error) {
+	p.hook("check-exists:started")
 	r := req.Msg
 	url := S3URL(r.Bucket, r.S3Key)
 	if err := s3source.ValidateKey(r.S3Key); err != nil {
@@ -406,6 +407,7 @@ func (p *Pipelines) rejectLayer(ctx context.Context, resp *DownloadResponse) err
 // storeMetadata: the layer file and the object it came from, one
 // transaction.
 func (p *Pipelines) storeMetadata(ctx context.Context, req *dlReq) (*dlResp, error) {
+	p.hook("store-metadata:started")
 	r, resp := req.Msg, req.Resp
 	fi, err := os.Stat(resp.LocalPath)
 	if err != nil {

@@ -101,10 +101,10 @@ type Options struct {
 }
 
 // FaultPauseEnv names an environment variable for crash tests: when set
-// to a test point ("validate:started", "download:started"), every run that
-// reaches that point blocks there until the process is killed, so that a
-// test can SIGKILL the daemon at exactly that step. Never set it in
-// production.
+// to a test point ("<transition>:started" for every transition of the three
+// machines, "extract:started", "validate:reading"), every run that reaches
+// that point blocks there until the process is killed, so that a test can
+// SIGKILL the daemon at exactly that step. Never set it in production.
 const FaultPauseEnv = "FLYIO_FAULT_PAUSE_AT"
 
 // Pipelines runs the three state machines of one daemon.

@@ -109,6 +109,7 @@ func (p *Pipelines) deviceAlive(ctx context.Context, key string) (bool, uint32, 
 // and put in place of the lost device (Recommit), so that nothing above it
 // (later layers, containers) is touched.
 func (p *Pipelines) checkUnpacked(ctx context.Context, req *upReq) (*upResp, error) {
+	p.hook("check-unpacked:started")
 	r := req.Msg
 	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMUnpack, State: "check-unpacked"})
 	ch, err := p.db.GetChain(ctx, r.ChainID)
@@ -183,6 +184,7 @@ func (p *Pipelines) failUnpack(ctx context.Context, req *upReq, cause error) err
 // createDevice: Prepare the extraction snapshot on the parent
 // chain; one an interrupted attempt left is removed first.
 func (p *Pipelines) createDevice(ctx context.Context, req *upReq) (*upResp, error) {
+	p.hook("create-device:started")
 	r, resp := req.Msg, req.Resp
 	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMUnpack, State: "create-device"})
 	if err := p.discardExtract(ctx, r.ChainID); err != nil {
@@ -294,6 +296,7 @@ func syncFS(dir string) error {
 // layout (tarball.VerifyLayout); a lower layer only needs a readable root
 // directory. A violation removes the device and aborts.
 func (p *Pipelines) verifyLayout(ctx context.Context, req *upReq) (_ *upResp, err error) {
+	p.hook("verify-layout:started")
 	r, resp := req.Msg, req.Resp
 	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMUnpack, State: "verify-layout", Files: resp.FileCount, Bytes: resp.SizeBytes})
 	ms, err := p.opts.Snapshots.Mounts(ctx, resp.ExtractKey)
@@ -334,6 +337,7 @@ func (p *Pipelines) verifyLayout(ctx context.Context, req *upReq) (_ *upResp, er
 // ID, source, snapshot.ref), or put its device in place of a committed
 // chain's lost one, then record the chain.
 func (p *Pipelines) updateDB(ctx context.Context, req *upReq) (*upResp, error) {
+	p.hook("update-db:started")
 	r, resp := req.Msg, req.Resp
 	exists, err := p.opts.Snapshots.Exists(ctx, r.ChainID)
 	if err != nil {
