@@ -80,9 +80,6 @@ type Options struct {
 	ReadOnly bool
 	// BusyTimeout overrides DefaultBusyTimeout when positive.
 	BusyTimeout time.Duration
-	// Clock, when set, replaces time.Now for the lock timestamps, ages and
-	// staleness this DB computes (for tests and tools replaying a moment).
-	Clock func() time.Time
 
 	// MigrateTo, when positive, stops a read-write open's migration after
 	// that version (staged upgrades: `db migrate --to N`). Zero migrates to
@@ -91,17 +88,12 @@ type Options struct {
 }
 
 // DB is an open metadata database: a pool of SQLite connections with the
-// the pragmas on each. It is safe for concurrent use.
+// pragmas on each. It is safe for concurrent use.
 type DB struct {
 	db       *sql.DB
 	path     string
 	readOnly bool
 	migrated MigrateResult
-	clock    func() time.Time // nil: time.Now (tests set it)
-
-	// noFailureReason: images has no failure_reason column (read-only DB
-	// below migration 6).
-	noFailureReason bool
 }
 
 // dsn builds the go-sqlite3 data source name for path: a file: URI carrying
@@ -162,7 +154,7 @@ func Open(ctx context.Context, opts Options) (*DB, error) {
 	sdb.SetMaxOpenConns(maxOpenConns)
 	sdb.SetMaxIdleConns(maxIdleConns)
 	sdb.SetConnMaxLifetime(connMaxLifetime)
-	d := &DB{db: sdb, path: path, readOnly: opts.ReadOnly, clock: opts.Clock}
+	d := &DB{db: sdb, path: path, readOnly: opts.ReadOnly}
 
 	if err := d.Ping(ctx); err != nil {
 		sdb.Close()
@@ -185,12 +177,6 @@ func Open(ctx context.Context, opts Options) (*DB, error) {
 				WithField("backup", res.Backup).Info("metadata: database migrated")
 		}
 	}
-	has, err := hasColumn(ctx, sdb, "images", "failure_reason")
-	if err != nil {
-		sdb.Close()
-		return nil, fmt.Errorf("metadata: open %s: %w", path, err)
-	}
-	d.noFailureReason = !has
 	return d, nil
 }
 

@@ -44,11 +44,11 @@ type LayerFile struct {
 // Object is an S3 object we downloaded, and the layer its bytes were
 // (table s3_objects).
 type Object struct {
-	Bucket, Key string
-	ETag        string
-	VersionID   string
-	SizeBytes   int64
-	Digest      string
+	Bucket, Key  string
+	ETag         string
+	VersionID    string
+	SizeBytes    int64
+	Digest       string
 	DownloadedAt time.Time
 }
 
@@ -239,8 +239,8 @@ type ImageLayer struct {
 // with reason, creating the image's row if it has none. A successful pull
 // clears it.
 func (d *DB) MarkImageFailed(ctx context.Context, imageID, source, reason string) error {
-	if imageID == "" || source == "" {
-		return fmt.Errorf("metadata: mark image %q (source %q) failed: id and source must be set: %w", imageID, source, ErrInvalidArgument)
+	if imageID == "" || source == "" || reason == "" {
+		return fmt.Errorf("metadata: mark image %q (source %q) failed: id, source and reason must be set: %w", imageID, source, ErrInvalidArgument)
 	}
 	if _, err := d.db.ExecContext(ctx, `INSERT INTO s3_images (image_id, source, failure_reason, created_ns) VALUES (?, ?, ?, ?)
 		ON CONFLICT(image_id) DO UPDATE SET failure_reason = excluded.failure_reason`,

@@ -216,6 +216,17 @@ func TestUnknownKeysNameKeyFileAndLine(t *testing.T) {
 	}
 }
 
+// TestStaleLockAgeIsRejected: pipeline.stale_lock_age no longer exists (an
+// image lock is a live run, released when the run ends), so a file still
+// setting it is refused like any unknown key, naming it and its line.
+func TestStaleLockAgeIsRejected(t *testing.T) {
+	p := writeConfig(t, "[pipeline]\ndownload_timeout = \"5m\"\nstale_lock_age = \"1h\"\n")
+	_, err := LoadConfig(p)
+	if err == nil || !strings.Contains(err.Error(), p+":3:1: unknown key \"pipeline.stale_lock_age\"") {
+		t.Fatalf("err = %v, want the unknown key pipeline.stale_lock_age named with its line", err)
+	}
+}
+
 func TestTypeErrorsNameKeyAndLine(t *testing.T) {
 	cases := []struct{ body, want string }{
 		{"[queues]\ndownloads = \"five\"\n", ":2:13: queues.downloads:"},

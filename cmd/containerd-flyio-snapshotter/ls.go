@@ -1,7 +1,7 @@
 package main
 
-// `ls`: read-only listings of the metadata database (seed 003's reader
-// model); `ls runs` is in ls_runs.go.
+// `ls`: read-only listings of the metadata database (one writer, the daemon;
+// any number of readers); `ls runs` is in ls_runs.go.
 
 import (
 	"context"
@@ -96,10 +96,10 @@ var lsImages = lsKind[metadata.ImageView]{
 		{header: "S3 KEY", key: "s3_key", cell: func(v metadata.ImageView, _ time.Time) string { return v.S3Key }},
 		{header: "NAMES", key: "name", cell: func(v metadata.ImageView, _ time.Time) string { return dash(strings.Join(v.Names, ",")) },
 			match: func(v metadata.ImageView, want string) bool { return slices.Contains(v.Names, want) }},
-		{header: "STATE", key: "state", values: []string{metadata.ImageStatePending, metadata.ImageStateUnpacked, metadata.ImageStateActive, metadata.ImageStateFailed},
+		{header: "STATE", key: "state", values: []string{metadata.ImageStateUnpacked, metadata.ImageStateActive, metadata.ImageStateFailed},
 			cell: func(v metadata.ImageView, _ time.Time) string { return v.State }},
 		{header: "LAYERS", cell: func(v metadata.ImageView, _ time.Time) string { return strconv.Itoa(v.Layers) }},
-		{header: "DOWNLOAD", key: "download_status", values: []string{metadata.DownloadPending, metadata.DownloadCompleted, metadata.DownloadFailed},
+		{header: "DOWNLOAD", key: "download_status", values: []string{metadata.DownloadCompleted, metadata.DownloadFailed},
 			cell: func(v metadata.ImageView, _ time.Time) string { return v.DownloadStatus }},
 		{header: "ACTIVATION", key: "activation_status", values: []string{metadata.ActivationInactive, metadata.ActivationActive, metadata.ActivationFailed},
 			cell: func(v metadata.ImageView, _ time.Time) string { return dash(v.ActivationStatus) }, value: func(v metadata.ImageView) string { return v.ActivationStatus }},
@@ -390,5 +390,11 @@ func runLs(ctx context.Context, args []string) error {
 		return err
 	}
 	defer d.Close()
+	if v, err := d.SchemaVersion(ctx); err != nil {
+		return err
+	} else if v < metadata.LatestVersion() {
+		return fmt.Errorf("ls: database %s is at schema version %d; this binary lists version %d: run `containerd-flyio-snapshotter db migrate` (or start the daemon, which migrates)",
+			cfg.Metadata.Path, v, metadata.LatestVersion())
+	}
 	return k.run(ctx, os.Stdout, d, string(format), all)
 }

@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -284,7 +283,7 @@ func (e *pullEnv) checkClean() {
 		e.t.Fatal(err)
 	}
 	for _, q := range quarantined {
-		e.t.Errorf("thin id %d quarantined: %s", q.ID, q.Reason)
+		e.t.Errorf("thin id %d quarantined: %s", q.DeviceID, q.Reason)
 	}
 	if len(ids) != len(devs) {
 		e.t.Errorf("pool has %d thin devices %v, database records %d: %+v", len(ids), ids, len(devs), devs)
