@@ -312,7 +312,9 @@ func (d *DB) migrate(ctx context.Context, max int) (MigrateResult, error) {
 		}
 		res.To = m.Version
 	}
-	return res, nil
+	// Migration 3 back-fills the hashes of 1 and 2 as they were first
+	// written.
+	return res, d.recordCurrentHashes(ctx)
 }
 
 // recordCurrentHashes replaces, in the ledger, every hash of a reworded

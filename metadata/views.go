@@ -142,7 +142,7 @@ type UnpackedView struct {
 	FileCount      int64     `json:"file_count"`
 	LayoutVerified bool      `json:"layout_verified"`
 	RefCount       int       `json:"ref_count"`   // derived: activations on this device
-	ActiveRefs     int       `json:"active_refs"` // derived: active ones
+	ActiveRefs     int       `json:"active_refs"` // derived: active ones (every activation is active)
 	UnpackedAt     time.Time `json:"unpacked_at"`
 }
 
@@ -160,8 +160,10 @@ func (d *DB) UnpackedViews(ctx context.Context) ([]UnpackedView, error) {
 		return v, err
 	}, `SELECT u.image_id, u.device_id, u.device_name, u.device_path, u.size_bytes,
 		u.file_count, u.layout_verified, u.unpacked_at,
-		(SELECT count(*) FROM snapshots s WHERE s.origin_device_id = u.device_id),
-		(SELECT count(*) FROM snapshots s WHERE s.origin_device_id = u.device_id AND s.active = 1)
+		(SELECT count(*) FROM cd_snapshots a JOIN cd_snapshots o ON o.id = a.parent_id
+			WHERE o.device_id = CAST(u.device_id AS INTEGER) AND a.kind = 'active' AND a.key LIKE 'snap-%'),
+		(SELECT count(*) FROM cd_snapshots a JOIN cd_snapshots o ON o.id = a.parent_id
+			WHERE o.device_id = CAST(u.device_id AS INTEGER) AND a.kind = 'active' AND a.key LIKE 'snap-%')
 		FROM unpacked_images u ORDER BY u.id`)
 }
 
@@ -229,7 +231,7 @@ func (d *DB) SnapshotViews(ctx context.Context) ([]SnapshotView, error) {
 		s.device_path, s.origin_device_id, COALESCE(t.name, ''), s.active, s.created_at
 		FROM snapshots s
 		LEFT JOIN images i ON i.image_id = s.image_id
-		LEFT JOIN thin_devices t ON CAST(t.device_id AS TEXT) = s.origin_device_id
+		LEFT JOIN thin_devices t ON t.device_id = CAST(s.origin_device_id AS INTEGER)
 		ORDER BY s.id`)
 }
 
