@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/containerd/v2/core/mount"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
 )
 
@@ -81,11 +82,22 @@ func TestKillAtEveryStep(t *testing.T) {
 		<-errc
 		// The resumed run reaches extraction again (its second attempt) and
 		// is killed there again.
-		paused("extract:started")
-		e.waitRun(pipeline.FSMUnpack, "extract-layers", nil)
+		os.Setenv(pipeline.FaultPauseEnv, "extract:started")
+		e.restart()
+		os.Unsetenv(pipeline.FaultPauseEnv)
+		secondAttempt := func() bool {
+			runs, err := e.db().ListRuns(context.Background(), metadata.RunFilter{FSM: pipeline.FSMUnpack, States: []string{metadata.RunRunning}})
+			return err == nil && len(runs) == 1 && runs[0].Attempts >= 2
+		}
+		e.waitRun(pipeline.FSMUnpack, "extract-layers", secondAttempt)
 		e.d.kill()
 		e.restart()
 		e.waitIdle()
+		runs, err := e.db().ListRuns(context.Background(), metadata.RunFilter{FSM: pipeline.FSMUnpack, States: []string{metadata.RunFailed}})
+		if err != nil || len(runs) != 1 {
+			t.Fatalf("failed unpack runs after two kills in one extraction: %d, %v; want the one whose attempts were used up", len(runs), err)
+		}
+		t.Logf("the run ended: %s", runs[0].LastError)
 		e.checkClean() // no extraction device: the failed run's cleanup removed it
 		res, err := e.pull("x/", "")
 		if err != nil {
