@@ -291,6 +291,15 @@ func addName(ctx context.Context, tx *sql.Tx, name, imageID string, now int64) e
 	return nil
 }
 
+// ClearImageFailure forgets why the last pull of image imageID failed (a
+// later pull found it in place).
+func (d *DB) ClearImageFailure(ctx context.Context, imageID string) error {
+	if _, err := d.db.ExecContext(ctx, `UPDATE s3_images SET failure_reason = NULL WHERE image_id = ? AND failure_reason IS NOT NULL`, imageID); err != nil {
+		return fmt.Errorf("metadata: clear the failure of image %s: %w", imageID, err)
+	}
+	return nil
+}
+
 // AddImageName records name as a name of image imageID (moving it from the
 // image it named before, if any).
 func (d *DB) AddImageName(ctx context.Context, name, imageID string) error {
@@ -390,7 +399,9 @@ type PulledState struct {
 }
 
 // PulledImageState reads, in one read transaction, image imageID with its
-// layers and names, and whether everything a pulled image needs is in place:
+// layers and names, and whether everything a pulled image needs is in place
+// (a failure of a later pull, S3 unreachable for instance, leaves what an
+// earlier one made usable; it is reported in the state's Image):
 // each layer's chain recorded with its committed snapshot, and the
 // activation an active snapshot on the top chain. It returns (nil, nil) when
 // the image was never pulled or anything is missing: the caller then runs
@@ -405,7 +416,7 @@ func (d *DB) PulledImageState(ctx context.Context, imageID string) (*PulledState
 		if err != nil {
 			return err
 		}
-		if im.PulledAt.IsZero() || im.FailureReason != "" {
+		if im.PulledAt.IsZero() {
 			return nil
 		}
 		layers, err := imageLayers(ctx, tx, imageID)

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
+	"strings"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
@@ -45,6 +48,7 @@ type ActivateResponse struct {
 	Active       bool   `json:"active"`
 	Activated    bool   `json:"activated"` // false when it already was
 	Registered   bool   `json:"registered"`
+	Ref          string `json:"ref,omitempty"` // the name register registered
 }
 
 // Registrar registers an activated image somewhere else (containerd).
@@ -157,12 +161,47 @@ func (p *Pipelines) createSnapshot(ctx context.Context, req *acReq) (*acResp, er
 	default:
 		return nil, err
 	}
+	if err := p.verifyImageLayout(ctx, r, resp.SnapshotName); err != nil {
+		return nil, err
+	}
 	name, path, _, err := p.opts.Snapshots.DeviceOf(ctx, resp.SnapshotName)
 	if err != nil {
 		return nil, err
 	}
 	resp.DeviceName, resp.DevicePath, resp.Active = name, path, true
 	return fsm.NewResponse(resp), nil
+}
+
+// verifyImageLayout checks the layout of the image whole, read-only
+// through its activation: the layers of every image are checked, whichever
+// image first made its chains. A violation removes the activation and
+// aborts.
+func (p *Pipelines) verifyImageLayout(ctx context.Context, r *ActivateRequest, key string) error {
+	ms, err := p.opts.Snapshots.Mounts(ctx, key)
+	if err != nil {
+		return fmt.Errorf("activate %s: mounts of %s: %w", r.Source, key, err)
+	}
+	for i := range ms {
+		ms[i].Options = append(ms[i].Options, "ro")
+	}
+	dir := filepath.Join(p.opts.MountDir, strings.TrimPrefix(key, "snap-"))
+	umount, err := mountAll(ms, dir)
+	if err != nil {
+		return fmt.Errorf("activate %s: %w", r.Source, err)
+	}
+	verr := tarball.VerifyLayoutDir(dir)
+	if uerr := umount(); uerr != nil {
+		return fmt.Errorf("activate %s: unmount %s: %w", r.Source, dir, uerr)
+	}
+	var le *tarball.LayoutError
+	if errors.As(verr, &le) {
+		log.G(ctx).WithField("image", r.Source).WithError(verr).Warn("security: image layout rejected")
+		if err := p.opts.Snapshots.Remove(ctx, key); err != nil && !errdefs.IsNotFound(err) {
+			log.G(ctx).WithError(err).WithField("snapshot", key).Error("activate: removing the rejected activation")
+		}
+		return fsm.Abort(fmt.Errorf("activate %s: %w", r.Source, verr))
+	}
+	return verr
 }
 
 // register: the image's records (its layers as pulled, its name) in one
@@ -181,7 +220,7 @@ func (p *Pipelines) register(ctx context.Context, req *acReq) (*acResp, error) {
 	if err := p.registerName(ctx, r.Ref, r.Layers); err != nil {
 		return nil, err
 	}
-	resp.Registered = p.opts.Registrar != nil
+	resp.Registered, resp.Ref = p.opts.Registrar != nil, r.Ref
 	return fsm.NewResponse(resp), nil
 }
 

@@ -153,7 +153,9 @@ func (p *Pipelines) removeActivationsOf(ctx context.Context, parent string) erro
 		return nil
 	}
 	for _, name := range acts {
-		if err := p.opts.Snapshots.Remove(ctx, name); err != nil && !errdefs.IsNotFound(err) {
+		// Guarded like the chain: a run that starts using the chain now
+		// keeps its activation too.
+		if err := p.opts.Snapshots.RemoveIf(ctx, name, chainGuard(parent)); err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("remove activation %s of %s: %w", name, parent, err)
 		}
 		log.G(ctx).WithField("snapshot", name).WithField("parent", parent).Info("image activation removed with its chain")

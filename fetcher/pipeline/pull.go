@@ -185,7 +185,7 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 			after = append(after, upRuns[i-1])
 		}
 		runID, err := p.startUnpack(ctx, l.ChainID, &UnpackRequest{ChainID: l.ChainID, ParentChainID: parentChain, DiffID: l.DiffID,
-			S3URL: S3URL(req.Bucket, l.Key), Top: i == len(layers)-1},
+			S3URL: S3URL(req.Bucket, l.Key)},
 			fsm.WithQueue(QueueUnpacking), fsm.WithRunAfter(after...), fsm.WithParent(parent))
 		if err != nil {
 			return nil, fmt.Errorf("pull %s: start unpack of layer %d: %w", source, i+1, err)
@@ -216,28 +216,24 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 	}
 	res.Snapshot = *ac
 	// A concurrent pull of the same image under another name shares the
-	// activation run, which registered that name: register this one too.
-	if err := p.ensureName(ctx, imageID, ref, layers); err != nil {
-		return nil, fmt.Errorf("pull %s: %w", source, err)
+	// activation run, which registered that name: register this one too,
+	// with the layers this pull made (registering is idempotent).
+	if ac.Ref != ref {
+		if err := p.registerName(ctx, ref, layers); err != nil {
+			return nil, fmt.Errorf("pull %s: %w", source, err)
+		}
+	}
+	names, err := p.db.ImageNames(ctx, imageID)
+	if err != nil {
+		return nil, err
+	}
+	if !slices.Contains(names, ref) {
+		if err := p.db.AddImageName(ctx, ref, imageID); err != nil {
+			return nil, err
+		}
 	}
 	res.Snapshot.Registered = p.opts.Registrar != nil
 	return res, nil
-}
-
-// ensureName registers ref as a name of image imageID, in containerd and in
-// the records, unless the records already have it.
-func (p *Pipelines) ensureName(ctx context.Context, imageID, ref string, layers []Layer) error {
-	names, err := p.db.ImageNames(ctx, imageID)
-	if err != nil {
-		return err
-	}
-	if slices.Contains(names, ref) {
-		return nil
-	}
-	if err := p.registerName(ctx, ref, layers); err != nil {
-		return err
-	}
-	return p.db.AddImageName(ctx, ref, imageID)
 }
 
 // listLayers asks S3 what the image is now: its objects in key order.

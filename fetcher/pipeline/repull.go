@@ -22,7 +22,8 @@ import (
 // containerd's image. listed, when not nil, is what S3 says the image is
 // now: the records answer only if they were pulled from the same objects
 // (keys, ETags and sizes, in order). It starts no run and makes no
-// device-mapper call; it writes only when ref is a new name of the image.
+// device-mapper call; it writes only when ref is a new name of the image or
+// a failure recorded by an earlier pull is over.
 // It returns nil and why when anything is missing or differs: the caller
 // then runs the pipelines, which heal it.
 //
@@ -79,6 +80,12 @@ func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string, lis
 	}
 	if !slices.Contains(st.Names, ref) {
 		if err := p.db.AddImageName(ctx, ref, imageID); err != nil {
+			return nil, err.Error()
+		}
+	}
+	if st.Image.FailureReason != "" && listed != nil {
+		// S3 says the image is what is in place: an earlier failure is over.
+		if err := p.db.ClearImageFailure(ctx, imageID); err != nil {
 			return nil, err.Error()
 		}
 	}

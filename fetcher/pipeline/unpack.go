@@ -47,7 +47,6 @@ type UnpackRequest struct {
 	ParentChainID string `json:"parent_chain_id"`
 	DiffID        string `json:"diff_id"`
 	S3URL         string `json:"s3_url"` // the object the layer was downloaded from (a label)
-	Top           bool   `json:"top"`    // top of the image: verify-layout checks the full layout
 }
 
 // UnpackResponse is what the run produced.
@@ -292,9 +291,10 @@ func syncFS(dir string) error {
 	return nil
 }
 
-// verifyLayout: the top layer's tree must have the canonical
-// layout (tarball.VerifyLayout); a lower layer only needs a readable root
-// directory. A violation removes the device and aborts.
+// verifyLayout: the chain's root must be a readable directory (the image's
+// layout is checked on its activation, which is the image whole; a chain
+// may be the top of one image and a lower layer of another). A violation
+// removes the device and aborts.
 func (p *Pipelines) verifyLayout(ctx context.Context, req *upReq) (_ *upResp, err error) {
 	p.hook("verify-layout:started")
 	r, resp := req.Msg, req.Resp
@@ -312,9 +312,7 @@ func (p *Pipelines) verifyLayout(ctx context.Context, req *upReq) (_ *upResp, er
 		return nil, err
 	}
 	var verr error
-	if r.Top {
-		verr = tarball.VerifyLayoutDir(dir)
-	} else if fi, serr := os.Stat(dir); serr != nil {
+	if fi, serr := os.Stat(dir); serr != nil {
 		verr = fmt.Errorf("root of %s: %w", resp.ExtractKey, serr)
 	} else if !fi.IsDir() {
 		verr = fmt.Errorf("root of %s is not a directory", resp.ExtractKey)
@@ -322,13 +320,9 @@ func (p *Pipelines) verifyLayout(ctx context.Context, req *upReq) (_ *upResp, er
 	if uerr := umount(); uerr != nil {
 		return nil, fmt.Errorf("unpack %s: unmount %s: %w", r.ChainID, dir, uerr)
 	}
-	var le *tarball.LayoutError
-	if errors.As(verr, &le) || (verr != nil && !r.Top) {
+	if verr != nil {
 		log.G(ctx).WithField("chain", r.ChainID).WithError(verr).Warn("security: unpacked layout rejected")
 		return nil, p.failUnpack(ctx, req, fsm.Abort(fmt.Errorf("unpack %s from %s: %w", r.ChainID, r.S3URL, verr)))
-	}
-	if verr != nil {
-		return nil, verr
 	}
 	return fsm.NewResponse(resp), nil
 }
