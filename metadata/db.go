@@ -1,6 +1,6 @@
 // Package metadata is the one SQLite database of the snapshotter: its schema
 // (embedded, numbered migrations with a SHA-256 ledger), the connection
-// settings of seed 000 and the typed queries of every table. Other packages
+// settings of the design and the typed queries of every table. Other packages
 // never see SQL: each table group has its file of typed queries here.
 package metadata
 
@@ -23,11 +23,11 @@ import (
 // otherwise.
 const DefaultPath = "/var/lib/containerd-flyio-snapshotter/metadata.db"
 
-// DefaultBusyTimeout is seed 000's busy_timeout: how long a statement waits
+// DefaultBusyTimeout is the busy_timeout: how long a statement waits
 // for another connection's lock before failing with SQLITE_BUSY.
 const DefaultBusyTimeout = 5 * time.Second
 
-// Seed-000 connection pool settings.
+// Connection pool settings.
 const (
 	maxOpenConns    = 10
 	maxIdleConns    = 5
@@ -45,7 +45,7 @@ const stmtCacheSize = 64
 const driverName = "sqlite3_flyio_snapshotter"
 
 // connectPragmas are applied by the connect hook to every pooled connection
-// (read-write and read-only); the other seed-000 pragmas travel in the DSN
+// (read-write and read-only); the other pragmas travel in the DSN
 // (see dsn).
 const connectPragmas = `PRAGMA temp_store = MEMORY; PRAGMA mmap_size = 268435456;`
 
@@ -80,9 +80,6 @@ type Options struct {
 	ReadOnly bool
 	// BusyTimeout overrides DefaultBusyTimeout when positive.
 	BusyTimeout time.Duration
-	// Clock, when set, replaces time.Now for the lock timestamps, ages and
-	// staleness this DB computes (for tests and tools replaying a moment).
-	Clock func() time.Time
 
 	// MigrateTo, when positive, stops a read-write open's migration after
 	// that version (staged upgrades: `db migrate --to N`). Zero migrates to
@@ -91,21 +88,16 @@ type Options struct {
 }
 
 // DB is an open metadata database: a pool of SQLite connections with the
-// seed-000 pragmas on each. It is safe for concurrent use.
+// pragmas on each. It is safe for concurrent use.
 type DB struct {
 	db       *sql.DB
 	path     string
 	readOnly bool
 	migrated MigrateResult
-	clock    func() time.Time // nil: time.Now (tests set it)
-
-	// noFailureReason: images has no failure_reason column (read-only DB
-	// below migration 6).
-	noFailureReason bool
 }
 
 // dsn builds the go-sqlite3 data source name for path: a file: URI carrying
-// the seed-000 pragmas go-sqlite3 applies itself on each new connection
+// the pragmas go-sqlite3 applies itself on each new connection
 // (busy_timeout, foreign_keys, synchronous, cache_size, and for writers
 // journal_mode=WAL and BEGIN IMMEDIATE transactions; for readers mode=ro and
 // query_only).
@@ -162,7 +154,7 @@ func Open(ctx context.Context, opts Options) (*DB, error) {
 	sdb.SetMaxOpenConns(maxOpenConns)
 	sdb.SetMaxIdleConns(maxIdleConns)
 	sdb.SetConnMaxLifetime(connMaxLifetime)
-	d := &DB{db: sdb, path: path, readOnly: opts.ReadOnly, clock: opts.Clock}
+	d := &DB{db: sdb, path: path, readOnly: opts.ReadOnly}
 
 	if err := d.Ping(ctx); err != nil {
 		sdb.Close()
@@ -185,12 +177,6 @@ func Open(ctx context.Context, opts Options) (*DB, error) {
 				WithField("backup", res.Backup).Info("metadata: database migrated")
 		}
 	}
-	has, err := hasColumn(ctx, sdb, "images", "failure_reason")
-	if err != nil {
-		sdb.Close()
-		return nil, fmt.Errorf("metadata: open %s: %w", path, err)
-	}
-	d.noFailureReason = !has
 	return d, nil
 }
 

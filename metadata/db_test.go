@@ -22,7 +22,7 @@ func openTestDB(t testing.TB) *DB {
 }
 
 // TestPragmasOnEveryConnection holds several pooled connections at once and
-// checks each one carries every seed-000 pragma.
+// checks each one carries every connection pragma the package promises.
 func TestPragmasOnEveryConnection(t *testing.T) {
 	ctx := context.Background()
 	d := openTestDB(t)
@@ -151,7 +151,7 @@ func TestPathNeedsEscaping(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Open(%q): %v", path, err)
 		}
-		if err := d.StoreImageMetadata(ctx, "i", "k", "/p", "", 1); err != nil {
+		if err := d.StoreDownload(ctx, Object{Bucket: "b", Key: "k", Digest: "sha256:1"}, LayerFile{Digest: "sha256:1", Path: "/p"}); err != nil {
 			t.Fatal(err)
 		}
 		d.Close()
@@ -162,7 +162,7 @@ func TestPathNeedsEscaping(t *testing.T) {
 		if err != nil {
 			t.Fatalf("read-only Open(%q): %v", path, err)
 		}
-		if img, err := r.CheckImageDownloaded(ctx, "k"); err != nil || img == nil {
+		if o, err := r.ObjectRecord(ctx, "b", "k"); err != nil || o == nil {
 			t.Errorf("%q: row not read back: %v", path, err)
 		}
 		r.Close()

@@ -28,7 +28,7 @@ type Migration struct {
 	Version     int
 	Name        string // file name without the number and extension, e.g. "initial"
 	SQL         string
-	SHA256      string // hex SHA-256 of the whitespace-trimmed SQL (seed 002's normalization)
+	SHA256      string // hex SHA-256 of the whitespace-trimmed SQL
 	Description string // the file's first comment line, or Name
 }
 
@@ -45,7 +45,7 @@ var ErrSchemaTooNew = errors.New("metadata: database schema newer than this bina
 // transaction after the migration's SQL and before its ledger row.
 var migrationHook func(version int)
 
-// ledgerBootstrap is seed 000's schema_migrations table; the runner creates
+// ledgerBootstrap is the schema_migrations table of migration 1; the runner creates
 // it before the first migration so migration 1 can be recorded.
 const ledgerBootstrap = `CREATE TABLE IF NOT EXISTS schema_migrations (
     version INTEGER PRIMARY KEY,
@@ -67,6 +67,21 @@ func LatestVersion() int {
 	}
 	return embedded[len(embedded)-1].Version
 }
+
+// reworded lists, per version, the SHA-256 of earlier texts of a migration
+// whose comments were reworded while its statements stayed the same: a
+// ledger recording one of them is as valid as one recording the current
+// text, and a read-write open records the current hash in its place.
+var reworded = map[int]string{
+	1: "ec5b78dca89d36101c7ac576c742121be8673f68dff052d6eade27c27b4f0072",
+	2: "680b60b4c1e683201cfa06a9e50e2ac7b863bc4286752d49a8a2f585278433da",
+	3: "590a5f250271e976b3261374aad13754dbde49184f606f7a572e4cb79d818f1f",
+	4: "30d4ab2e6e7f638e76ed0df41b7d18d56576084c36d1fe188a79f3e13ac8c249",
+	6: "df17ee784f86568c72870c3000c5ad48ba47834a318cab45d1cdc47f3168bea2",
+	7: "9276705ed4613b37cbd6aa157ee02fac33ff7ad4d5ff215c9e071655a1eb107d",
+}
+
+func rewordedFrom(version int, sum string) bool { return sum != "" && reworded[version] == sum }
 
 func hashSQL(s string) string {
 	sum := sha256.Sum256([]byte(strings.TrimSpace(s)))
@@ -196,7 +211,7 @@ func checkLedger(rows []LedgerRow, allowNewer bool) error {
 			}
 			continue
 		}
-		if r.SHA256 != m.SHA256 {
+		if r.SHA256 != m.SHA256 && !rewordedFrom(m.Version, r.SHA256) {
 			return fmt.Errorf("%w: migration %d (%s): recorded sql_sha256 %s differs from the embedded migration's %s (the migration was changed after it was applied, or the ledger was edited)", ErrLedgerMismatch, r.Version, m.Name, r.SHA256, m.SHA256)
 		}
 	}
@@ -269,6 +284,9 @@ func (d *DB) migrate(ctx context.Context, max int) (MigrateResult, error) {
 	if err != nil {
 		return MigrateResult{}, err
 	}
+	if err := d.recordCurrentHashes(ctx); err != nil {
+		return MigrateResult{}, err
+	}
 	res := MigrateResult{From: cur, To: cur}
 	if cur >= target {
 		return res, nil
@@ -294,7 +312,30 @@ func (d *DB) migrate(ctx context.Context, max int) (MigrateResult, error) {
 		}
 		res.To = m.Version
 	}
-	return res, nil
+	// Migration 3 back-fills the hashes of 1 and 2 as they were first
+	// written.
+	return res, d.recordCurrentHashes(ctx)
+}
+
+// recordCurrentHashes replaces, in the ledger, every hash of a reworded
+// migration's earlier text by the current text's (see reworded).
+func (d *DB) recordCurrentHashes(ctx context.Context) error {
+	hasHash, err := hasColumn(ctx, d.db, "schema_migrations", "sql_sha256")
+	if err != nil || !hasHash {
+		return err
+	}
+	return d.WithTx(ctx, func(tx *sql.Tx) error {
+		for v, old := range reworded {
+			if v > len(embedded) {
+				continue
+			}
+			if _, err := tx.ExecContext(ctx, `UPDATE schema_migrations SET sql_sha256 = ? WHERE version = ? AND sql_sha256 = ?`,
+				embedded[v-1].SHA256, v, old); err != nil {
+				return fmt.Errorf("metadata: recording the hash of migration %d in %s: %w", v, d.path, err)
+			}
+		}
+		return nil
+	})
 }
 
 // applyMigration applies m unless the ledger (read under the write lock)

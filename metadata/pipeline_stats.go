@@ -15,12 +15,12 @@ type RunCount struct {
 // PipelineStats is what the S3 pipelines hold, for the metrics endpoint.
 type PipelineStats struct {
 	Runs          []RunCount     // fsm_runs by machine and state
-	Images        map[string]int // images rows by download_status
-	Blobs         int            // downloaded layer tarballs kept
+	Images        map[string]int // images by download_status (of the images view)
+	Blobs         int            // layer files kept (table layers)
 	BlobBytes     int64
-	Unpacked      int // unpacked layer devices
+	Unpacked      int // unpacked chains, each one device
 	UnpackedBytes int64
-	Activations   int // active snapshots of pulled images
+	Activations   int // activations of images
 }
 
 // PipelineStats reads PipelineStats in one read transaction.
@@ -69,8 +69,8 @@ func pipelineStats(ctx context.Context, tx queryer, st *PipelineStats) error {
 		count *int
 		bytes *int64
 	}{
-		{`SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM pipeline_blobs`, &st.Blobs, &st.BlobBytes},
-		{`SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM unpacked_images`, &st.Unpacked, &st.UnpackedBytes},
+		{`SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM layers`, &st.Blobs, &st.BlobBytes},
+		{`SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM chains`, &st.Unpacked, &st.UnpackedBytes},
 	} {
 		if err := tx.QueryRowContext(ctx, q.sql).Scan(q.count, q.bytes); err != nil {
 			return fmt.Errorf("metadata: pipeline stats: %w", err)

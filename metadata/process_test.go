@@ -31,7 +31,9 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	removeBenchDB()
+	os.Exit(code)
 }
 
 func runChild(role string) error {
@@ -87,10 +89,11 @@ func joinInts(v []int) string {
 	return strings.Join(s, ",")
 }
 
-// childWriter writes images, unpacked devices, activations and locks
-// (every kind of write the daemon makes) until the reader says it has seen
-// the data change several times (READER_SAW file) and at least MIN_WRITES
-// images are written, then creates WRITER_DONE and prints the image count.
+// childWriter writes pulled and activated images, each under a running
+// run (a lock) completed afterwards (every kind of write the daemon makes),
+// until the reader says it has seen the data change several times
+// (READER_SAW file) and at least MIN_WRITES images are written, then
+// creates WRITER_DONE and prints the image count.
 func childWriter(ctx context.Context, path string) error {
 	d, err := Open(ctx, Options{Path: path})
 	if err != nil {
@@ -100,22 +103,17 @@ func childWriter(ctx context.Context, path string) error {
 	minWrites, _ := strconv.Atoi(os.Getenv("MIN_WRITES"))
 	saw, done := os.Getenv("READER_SAW"), os.Getenv("WRITER_DONE")
 	n := 0
-	for ; n < 20000 && (n < minWrites || !exists(saw)); n++ {
-		img, key := fmt.Sprintf("w-img-%d", n), fmt.Sprintf("w/%d.tar", n)
-		if err := d.StoreImageMetadata(ctx, img, key, "/d/"+img, "sum", int64(n)); err != nil {
+	for ; n < 5000 && (n < minWrites || !exists(saw)); n++ {
+		now := time.Now()
+		run := Run{ID: fmt.Sprintf("run-%d", n), FSM: "pull-image", IdempotencyID: fmt.Sprintf("s3-w%d", n), Request: []byte(`{}`),
+			Transition: "start", State: RunRunning, CreatedAt: now, UpdatedAt: now, StartedAt: now}
+		if _, _, err := d.CreateRun(ctx, run); err != nil {
 			return err
 		}
-		if err := d.AcquireImageLock(ctx, img, "writer"); err != nil {
+		if err := writeImage(ctx, d, n); err != nil {
 			return err
 		}
-		dev := strconv.Itoa(n + 1)
-		if err := d.StoreUnpackedImage(ctx, UnpackedImageRecord{ImageID: img, DeviceID: dev, DeviceName: "thin-" + dev, DevicePath: "/dev/mapper/thin-" + dev, SizeBytes: 1, FileCount: 1}); err != nil {
-			return err
-		}
-		if err := d.ReleaseImageLock(ctx, img); err != nil {
-			return err
-		}
-		if err := d.RegisterActivation(ctx, SnapshotRecord{ImageID: img, SnapshotID: dev + "-snap", SnapshotName: "snap-" + img, DevicePath: "/dev/mapper/snap-" + img, OriginDeviceID: dev}); err != nil {
+		if err := d.CheckpointRun(ctx, RunCheckpoint{RunID: run.ID, State: RunComplete, Transition: "done", At: time.Now()}); err != nil {
 			return err
 		}
 	}
@@ -145,21 +143,24 @@ func childReader(ctx context.Context, path string) error {
 		if err != nil {
 			return err
 		}
-		if _, err := d.UnpackedViews(ctx); err != nil {
-			return err
-		}
 		if _, err := d.SnapshotViews(ctx); err != nil {
 			return err
 		}
-		if _, err := d.LockViews(ctx, 0); err != nil {
+		if _, err := d.ChainViews(ctx); err != nil {
 			return err
 		}
-		if _, err := d.CheckImageActivatedByS3Key(ctx, "w/0.tar"); err != nil {
+		if _, err := d.UnpackedViews(ctx); err != nil {
+			return err
+		}
+		if _, err := d.LockViews(ctx, time.Now()); err != nil {
+			return err
+		}
+		if _, err := d.PulledImageState(ctx, "s3-w0"); err != nil {
 			return err
 		}
 		for _, v := range imgs {
-			if v.State != ImageStateActive && v.State != ImageStateDownloaded && v.State != ImageStateUnpacked {
-				return fmt.Errorf("image %s in state %s: a reader saw a half-written pipeline step", v.ImageID, v.State)
+			if (v.State != ImageStateActive && v.State != ImageStateUnpacked) || v.DeviceName == "" || v.Layers != 1 || len(v.Names) != 1 {
+				return fmt.Errorf("image %+v: a reader saw a half-written pipeline step", v)
 			}
 		}
 		last = len(imgs)

@@ -1,174 +1,209 @@
 package metadata
 
 import (
-	"context"
-	"encoding/json"
+	"database/sql"
 	"fmt"
-	"strings"
 	"testing"
+	"time"
 )
 
-// pipelineImage writes what one pulled single-layer image leaves in the
-// database: the layer's download (images row and blob), its committed chain
-// snapshot in the snapshotter's tables, the unpacked chain, the activation
-// (snapshot row and active snapshot) and the pulled-image record.
-func pipelineImage(t *testing.T, ctx context.Context, db *DB, n int, chain, diff string) {
-	t.Helper()
-	layerID := fmt.Sprintf("layer-%d", n)
-	url := fmt.Sprintf("s3://bkt/img%d/1.tar", n)
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	must(db.StoreImageMetadata(ctx, layerID, url, "/blobs/"+diff, diff, 10))
-	must(db.StoreBlob(ctx, Blob{Digest: diff, Path: "/blobs/" + diff, SizeBytes: 10, StatSize: 10, StatMtimeNs: 1, StatIno: 1}, ""))
-	mustSnapTx(t, ctx, db, func(q SnapshotterQueries) error {
-		r := db.SnapshotterReads()
-		if _, ok, err := r.Snapshot(ctx, "", chain); err != nil || ok {
-			return err // shared chain: committed once
-		}
-		id := uint32(100 + n)
-		if err := q.InsertThinDevice(ctx, dev(id, ThinStateInactive)); err != nil {
-			return err
-		}
-		_, err := q.InsertSnapshot(ctx, CDSnapshot{Key: chain, Kind: SnapKindCommitted, DeviceID: id, CreatedNs: 1, UpdatedNs: 1})
-		return err
-	})
-	if c, err := db.GetChain(ctx, chain); err != nil {
-		t.Fatal(err)
-	} else if c == nil {
-		must(db.StoreUnpackedChain(ctx, Chain{ChainID: chain, DiffID: diff, ImageID: layerID},
-			UnpackedImageRecord{ImageID: layerID, DeviceID: "dev-" + layerID, DeviceName: "dm-" + layerID, DevicePath: "/dev/mapper/dm-" + layerID}))
-	}
-	c, err := db.GetChain(ctx, chain)
-	must(err)
-	u, err := db.CheckImageUnpacked(ctx, c.ImageID)
-	must(err)
-	imageID := fmt.Sprintf("image-%d", n)
-	snap := "snap-" + imageID
-	must(db.StoreImageMetadata(ctx, imageID, fmt.Sprintf("s3://bkt/img%d/", n), "", chain, 10))
-	mustSnapTx(t, ctx, db, func(q SnapshotterQueries) error {
-		id := uint32(200 + n)
-		if err := q.InsertThinDevice(ctx, dev(id, ThinStateActive)); err != nil {
-			return err
-		}
-		parent, _, err := db.SnapshotterReads().Snapshot(ctx, "", chain)
-		if err != nil {
-			return err
-		}
-		_, err = q.InsertSnapshot(ctx, CDSnapshot{Key: snap, Kind: SnapKindActive, ParentID: parent.ID, DeviceID: id, CreatedNs: 1, UpdatedNs: 1})
-		return err
-	})
-	must(db.RegisterActivation(ctx, SnapshotRecord{ImageID: imageID, SnapshotID: u.DeviceID + "-snap-" + imageID, SnapshotName: snap,
-		DevicePath: "/dev/mapper/" + snap, OriginDeviceID: u.DeviceID}))
-	layers, _ := json.Marshal([]map[string]any{{"key": fmt.Sprintf("img%d/1.tar", n)}})
-	must(db.StorePulledImage(ctx, PulledImage{Ref: fmt.Sprintf("ref-%d", n), Source: fmt.Sprintf("s3://bkt/img%d/", n), ImageID: imageID,
-		Layers: string(layers), TopChainID: chain, SnapshotKey: snap}))
-}
-
-// testLayerURLs reads the layers of a record the way the pipeline writes
-// them (key per layer, bucket from the source).
-func testLayerURLs(p PulledImage) ([]string, error) {
-	var ls []struct {
-		Key string `json:"key"`
-	}
-	if err := json.Unmarshal([]byte(p.Layers), &ls); err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, l := range ls {
-		out = append(out, "s3://bkt/"+l.Key)
-	}
-	return out, nil
-}
-
-func removeSnapshot(t *testing.T, ctx context.Context, db *DB, key string) {
-	t.Helper()
-	mustSnapTx(t, ctx, db, func(q SnapshotterQueries) error {
-		r, ok, err := db.SnapshotterReads().Snapshot(ctx, "", key)
-		if err != nil || !ok {
-			return fmt.Errorf("snapshot %s: ok=%v err=%v", key, ok, err)
-		}
-		return q.DeleteSnapshot(ctx, r.ID)
-	})
-}
-
-func count(t *testing.T, ctx context.Context, db *DB, table string) int {
-	t.Helper()
-	var n int
-	if err := db.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM `+table).Scan(&n); err != nil {
+// pruneWorld writes two images sharing their bottom layer: s3-a
+// (a/1.tar, a/2.tar) and s3-b (b/1.tar with a/1.tar's bytes, b/2.tar), both
+// activated, then removes s3-b's activation and its top chain's snapshot as
+// containerd's garbage collector does when it removes that image.
+func pruneWorld(t *testing.T) *world {
+	w := newWorld(t)
+	w.pull("s3-a", "s3://bkt/a/", "a:latest", twoLayers("a/", "a")...)
+	w.pull("s3-b", "s3://bkt/b/", "b:latest", twoLayers("b/", "b")...)
+	w.must(w.db.AddImageName(w.ctx, "b:v1", "s3-b"))
+	res, err := w.db.PruneOrphans(w.ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return n
+	if fmt.Sprint(res) != fmt.Sprint(PruneResult{}) {
+		t.Fatalf("prune with nothing removed = %+v, want nothing pruned", res)
+	}
+	w.removeSnapshot(ActivationKey("s3-b"))
+	w.removeSnapshot("sha256:c-b")
+	return w
 }
 
-// TestPruneOrphansAfterGC: what containerd's garbage collector leaves when
-// it removed one of two images (its activation and, the chain being its
-// own, the chain) is forgotten; the other image keeps everything.
+// checkAIntact checks image s3-a kept everything.
+func checkAIntact(t *testing.T, w *world) {
+	t.Helper()
+	if st, err := w.db.PulledImageState(w.ctx, "s3-a"); st == nil || err != nil {
+		t.Errorf("s3-a is no longer a pulled image after the prune: %v", err)
+	}
+	for _, k := range []string{"a/1.tar", "a/2.tar"} {
+		if o, _ := w.db.ObjectRecord(w.ctx, "bkt", k); o == nil {
+			t.Errorf("object %s of s3-a was pruned", k)
+		}
+	}
+	for _, d := range []string{"sha256:d1", "sha256:d-a"} {
+		if f, _ := w.db.LayerFile(w.ctx, d); f == nil {
+			t.Errorf("layer %s of s3-a was pruned", d)
+		}
+	}
+}
+
+// TestPruneOrphansAfterGC: the chain whose snapshot is gone is forgotten,
+// the image using it with its layers and names, the objects only it listed
+// and the layer file nothing refers to any more (its path returned for the
+// caller to delete); the other image keeps everything, the shared layer
+// included.
 func TestPruneOrphansAfterGC(t *testing.T) {
-	db, ctx := openSnapStore(t)
-	pipelineImage(t, ctx, db, 1, "sha256:c1", "sha256:d1")
-	pipelineImage(t, ctx, db, 2, "sha256:c2", "sha256:d2")
-
-	res, err := db.PruneOrphans(ctx, testLayerURLs)
+	w := pruneWorld(t)
+	ctx, db := w.ctx, w.db
+	res, err := db.PruneOrphans(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Snapshots+res.Chains+res.PulledImages+res.Images+len(res.BlobPaths) != 0 {
-		t.Fatalf("prune with nothing removed removed %+v", res)
-	}
-
-	removeSnapshot(t, ctx, db, "snap-image-1")
-	removeSnapshot(t, ctx, db, "sha256:c1")
-	res, err = db.PruneOrphans(ctx, testLayerURLs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := PruneResult{Snapshots: 1, Chains: 1, PulledImages: 1, Images: 2, BlobPaths: []string{"/blobs/sha256:d1"}}
+	want := PruneResult{Chains: 1, Images: 1, Objects: 2, LayerPaths: []string{layerPath("sha256:d-b")}}
 	if fmt.Sprint(res) != fmt.Sprint(want) {
 		t.Fatalf("prune = %+v, want %+v", res, want)
 	}
-	for table, n := range map[string]int{"images": 2, "unpacked_images": 1, "pipeline_chains": 1, "snapshots": 1, "pipeline_images": 1, "pipeline_blobs": 1} {
-		if got := count(t, ctx, db, table); got != n {
-			t.Errorf("%s has %d rows after prune, want %d (image 2's)", table, got, n)
+	if c, _ := db.GetChain(ctx, "sha256:c-b"); c != nil {
+		t.Errorf("chain c-b survived: %+v", c)
+	}
+	if im, _ := db.GetImage(ctx, "s3-b"); im != nil {
+		t.Errorf("image s3-b survived: %+v", im)
+	}
+	for _, n := range []string{"b:latest", "b:v1"} {
+		if id, _ := db.ImageIDByName(ctx, n); id != "" {
+			t.Errorf("name %s still names %s", n, id)
 		}
 	}
-	if p, err := db.GetPulledImage(ctx, "ref-2"); err != nil || p == nil {
-		t.Errorf("image 2's record pruned: %v %v", p, err)
+	if ls, _ := db.ImageLayers(ctx, "s3-b"); len(ls) != 0 {
+		t.Errorf("layers of s3-b survived: %+v", ls)
+	}
+	for _, k := range []string{"b/1.tar", "b/2.tar"} {
+		if o, _ := db.ObjectRecord(ctx, "bkt", k); o != nil {
+			t.Errorf("object %s survived: %+v", k, o)
+		}
+	}
+	if f, _ := db.LayerFile(ctx, "sha256:d-b"); f != nil {
+		t.Errorf("layer d-b survived: %+v", f)
+	}
+	checkAIntact(t, w)
+	if c, _ := db.GetChain(ctx, "sha256:d1"); c == nil {
+		t.Errorf("the shared bottom chain was pruned")
+	}
+	res, err = db.PruneOrphans(ctx)
+	if err != nil || fmt.Sprint(res) != fmt.Sprint(PruneResult{}) {
+		t.Errorf("second prune = %+v, %v; want nothing pruned", res, err)
 	}
 }
 
-// TestPruneOrphansWaitsForLiveRuns: while a run is pending, downloads and
-// blobs nobody refers to yet may belong to a pull under way: they stay.
+// TestPruneOrphansWaitsForLiveRuns: a chain a live run is making again is
+// kept, and so is an image a live run is pulling; objects and layer files
+// nobody refers to may belong to a pull under way, so they stay while any
+// run is live.
 func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
-	db, ctx := openSnapStore(t)
-	pipelineImage(t, ctx, db, 1, "sha256:c1", "sha256:d1")
-	removeSnapshot(t, ctx, db, "snap-image-1")
-	removeSnapshot(t, ctx, db, "sha256:c1")
-	if _, err := db.db.ExecContext(ctx, `INSERT INTO fsm_runs (run_id, fsm, idempotency_id, request, transition, state, created_at, updated_at)
-		VALUES ('r1', 'download-image', 'x', '{}', 'download', 'running', 1, 1)`); err != nil {
-		t.Fatal(err)
+	w := pruneWorld(t)
+	ctx, db := w.ctx, w.db
+	t0 := time.Unix(1_800_000_000, 0)
+	live := func(id, fsm, idem, state string) {
+		t.Helper()
+		if _, created, err := db.CreateRun(ctx, Run{ID: id, FSM: fsm, IdempotencyID: idem, Request: []byte(`{}`), Transition: "start",
+			State: state, CreatedAt: t0, UpdatedAt: t0}); err != nil || !created {
+			t.Fatalf("CreateRun %s: %v %v", id, created, err)
+		}
 	}
-	res, err := db.PruneOrphans(ctx, testLayerURLs)
+	finish := func(id string) {
+		t.Helper()
+		w.must(db.CheckpointRun(ctx, RunCheckpoint{RunID: id, State: RunComplete, Transition: "done", At: t0.Add(time.Second)}))
+	}
+
+	// An unpack of c-b is under way: nothing of s3-b goes.
+	live("unpack", "unpack-layer", "sha256:c-b", RunRunning)
+	res, err := db.PruneOrphans(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !res.Deferred || res.Images != 0 || len(res.BlobPaths) != 0 || res.Chains != 1 {
-		t.Fatalf("prune with a live run = %+v, want chains pruned, images and blobs deferred", res)
+	if want := (PruneResult{Deferred: true}); fmt.Sprint(res) != fmt.Sprint(want) {
+		t.Fatalf("prune while c-b is being unpacked = %+v, want %+v", res, want)
 	}
-	if n := count(t, ctx, db, "pipeline_blobs"); n != 1 {
-		t.Errorf("blob pruned under a live run")
+	if c, _ := db.GetChain(ctx, "sha256:c-b"); c == nil {
+		t.Errorf("chain c-b was forgotten while a run was making it")
 	}
-	if _, err := db.db.ExecContext(ctx, `UPDATE fsm_runs SET state = 'complete'`); err != nil {
-		t.Fatal(err)
-	}
-	res, err = db.PruneOrphans(ctx, testLayerURLs)
+	finish("unpack")
+
+	// A pull of s3-b is pending: the chain goes, the image stays.
+	live("pull", "pull-image", "s3-b", RunPending)
+	res, err = db.PruneOrphans(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Deferred || res.Images != 2 || len(res.BlobPaths) != 1 || !strings.HasSuffix(res.BlobPaths[0], "d1") {
-		t.Fatalf("prune once idle = %+v", res)
+	if want := (PruneResult{Chains: 1, Deferred: true}); fmt.Sprint(res) != fmt.Sprint(want) {
+		t.Fatalf("prune while s3-b is being pulled = %+v, want %+v", res, want)
+	}
+	if im, _ := db.GetImage(ctx, "s3-b"); im == nil {
+		t.Errorf("image s3-b was forgotten while a run was pulling it")
+	}
+	finish("pull")
+
+	// Another download is running: the image goes, its objects and layer
+	// file wait.
+	live("dl", "download-layer", "s3://bkt/z.tar", RunRunning)
+	res, err = db.PruneOrphans(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (PruneResult{Images: 1, Deferred: true}); fmt.Sprint(res) != fmt.Sprint(want) {
+		t.Fatalf("prune with an unrelated live run = %+v, want %+v", res, want)
+	}
+	if o, _ := db.ObjectRecord(ctx, "bkt", "b/2.tar"); o == nil {
+		t.Errorf("object b/2.tar pruned while a run was live")
+	}
+	if f, _ := db.LayerFile(ctx, "sha256:d-b"); f == nil {
+		t.Errorf("layer d-b pruned while a run was live")
+	}
+	finish("dl")
+
+	// Idle: the rest goes.
+	res, err = db.PruneOrphans(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (PruneResult{Objects: 2, LayerPaths: []string{layerPath("sha256:d-b")}}); fmt.Sprint(res) != fmt.Sprint(want) {
+		t.Fatalf("prune once idle = %+v, want %+v", res, want)
+	}
+	checkAIntact(t, w)
+}
+
+// TestLiveRunsUsing counts the live runs whose request names a chain, by a
+// scalar member or by an array of layers, ignoring finished runs and
+// machines not listed.
+func TestLiveRunsUsing(t *testing.T) {
+	w := newWorld(t)
+	ctx, db := w.ctx, w.db
+	t0 := time.Unix(1_800_000_000, 0)
+	for _, r := range []struct{ id, fsm, state, req string }{
+		{"u1", "unpack-layer", RunRunning, `{"chain_id":"sha256:c3","parent":"sha256:c1"}`},
+		{"u2", "unpack-layer", RunPending, `{"chain_id":"sha256:c1"}`},
+		{"a1", "activate-image", RunPending, `{"layers":[{"key":"1.tar","chain_id":"sha256:c1"},{"key":"3.tar","chain_id":"sha256:c3"}]}`},
+		{"old", "activate-image", RunRunning, `{"layers":[{"chain_id":"sha256:c3"}]}`},
+		{"x", "other", RunRunning, `{"chain_id":"sha256:c3"}`},
+	} {
+		if _, _, err := db.CreateRun(ctx, Run{ID: r.id, FSM: r.fsm, IdempotencyID: r.id, Request: []byte(r.req), Transition: "start",
+			State: r.state, CreatedAt: t0, UpdatedAt: t0}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.must(db.CheckpointRun(ctx, RunCheckpoint{RunID: "old", State: RunFailed, Transition: "done", At: t0}))
+	fields := map[string][]string{"unpack-layer": {"$.chain_id"}, "activate-image": {"$.layers[]"}}
+	for chain, want := range map[string]int{"sha256:c3": 2, "sha256:c1": 2, "sha256:c2": 0} {
+		var n int
+		w.must(db.WithTx(ctx, func(tx *sql.Tx) error {
+			var err error
+			n, err = LiveRunsUsing(ctx, tx, chain, fields)
+			return err
+		}))
+		if n != want {
+			t.Errorf("LiveRunsUsing(%s) = %d, want %d", chain, n, want)
+		}
+	}
+	if n, err := db.LiveRuns(ctx); err != nil || n != 4 {
+		t.Errorf("LiveRuns = %d, %v; want 4", n, err)
 	}
 }

@@ -6,28 +6,67 @@ import (
 	"testing"
 )
 
-// TestSchemaMatchesSeed checks the tables, indexes and constraints of seed
-// 000 are all present as the seed declares them.
-func TestSchemaMatchesSeed(t *testing.T) {
+// TestSchemaOfRecords checks the record tables, their indexes and foreign
+// keys, and that the first schema's tables are views with that schema's
+// columns.
+func TestSchemaOfRecords(t *testing.T) {
 	ctx := context.Background()
 	d := openTestDB(t)
+	objects := func(typ string) map[string]bool {
+		names, err := queryAll(ctx, d.db, "objects", func(s rowScanner) (string, error) {
+			var n string
+			return n, s.Scan(&n)
+		}, `SELECT name FROM sqlite_master WHERE type = ?`, typ)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]bool{}
+		for _, n := range names {
+			m[n] = true
+		}
+		return m
+	}
+	tables, views := objects("table"), objects("view")
+	for _, tbl := range []string{"layers", "s3_objects", "chains", "s3_images", "image_layers", "image_names", "schema_migrations",
+		"cd_snapshots", "thin_devices", "fsm_runs"} {
+		if !tables[tbl] {
+			t.Errorf("table %s missing", tbl)
+		}
+	}
+	for _, gone := range []string{"pipeline_images", "pipeline_chains", "pipeline_blobs", "pipeline_etags"} {
+		if tables[gone] {
+			t.Errorf("table %s of the previous schema is still there", gone)
+		}
+	}
+	wantViews := map[string]string{
+		"images": "id image_id s3_key local_path checksum size_bytes download_status activation_status created_at downloaded_at " +
+			"activated_at updated_at failure_reason",
+		"unpacked_images": "id image_id device_id device_name device_path size_bytes file_count layout_verified created_at unpacked_at updated_at",
+		"snapshots":       "id image_id snapshot_id snapshot_name device_path origin_device_id active created_at deactivated_at updated_at",
+		"image_locks":     "image_id locked_at locked_by",
+	}
+	for v, cols := range wantViews {
+		if !views[v] || tables[v] {
+			t.Errorf("%s is not a view (view %v, table %v)", v, views[v], tables[v])
+			continue
+		}
+		got, err := queryAll(ctx, d.db, "columns", func(s rowScanner) (string, error) {
+			var n string
+			return n, s.Scan(&n)
+		}, `SELECT name FROM pragma_table_info(?) ORDER BY cid`, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Join(got, " ") != cols {
+			t.Errorf("columns of view %s = %v, want %s", v, got, cols)
+		}
+	}
 	wantIndexes := map[string]string{
-		"idx_images_s3_key":               "images(s3_key)",
-		"idx_images_image_id":             "images(image_id)",
-		"idx_images_download_status":      "images(download_status)",
-		"idx_images_activation_status":    "images(activation_status)",
-		"idx_images_downloaded_at":        "images(downloaded_at)",
-		"idx_unpacked_images_image_id":    "unpacked_images(image_id)",
-		"idx_unpacked_images_device_id":   "unpacked_images(device_id)",
-		"idx_unpacked_images_device_name": "unpacked_images(device_name)",
-		"idx_unpacked_images_unpacked_at": "unpacked_images(unpacked_at)",
-		"idx_snapshots_image_id":          "snapshots(image_id)",
-		"idx_snapshots_snapshot_id":       "snapshots(snapshot_id)",
-		"idx_snapshots_snapshot_name":     "snapshots(snapshot_name)",
-		"idx_snapshots_active":            "snapshots(active)",
-		"idx_snapshots_origin_device_id":  "snapshots(origin_device_id)",
-		"idx_snapshots_created_at":        "snapshots(created_at)",
-		"idx_image_locks_locked_at":       "image_locks(locked_at)",
+		"s3_objects_digest":    "s3_objects(digest)",
+		"chains_parent":        "chains(parent_chain_id)",
+		"image_layers_chain":   "image_layers(chain_id)",
+		"image_names_image":    "image_names(image_id)",
+		"idx_cd_snapshots_key": "cd_snapshots(key)",
 	}
 	for name, on := range wantIndexes {
 		var sqlText string
@@ -39,129 +78,96 @@ func TestSchemaMatchesSeed(t *testing.T) {
 			t.Errorf("index %s is %q, want it on %s", name, sqlText, on)
 		}
 	}
-	wantFKs := map[string][]string{
-		"unpacked_images": {"image_id->images.image_id CASCADE"},
-		"snapshots":       {"image_id->images.image_id CASCADE", "origin_device_id->unpacked_images.device_id RESTRICT"},
+	wantFKs := map[string]string{
+		"image_layers": "image_id->s3_images.image_id CASCADE",
+		"image_names":  "image_id->s3_images.image_id CASCADE",
 	}
 	for table, want := range wantFKs {
-		rows, err := d.db.QueryContext(ctx, `SELECT "from", "table", "to", on_delete FROM pragma_foreign_key_list(?) ORDER BY "from"`, table)
+		got, err := queryAll(ctx, d.db, "foreign keys", func(s rowScanner) (string, error) {
+			var from, parent, to, onDelete string
+			err := s.Scan(&from, &parent, &to, &onDelete)
+			return from + "->" + parent + "." + to + " " + onDelete, err
+		}, `SELECT "from", "table", "to", on_delete FROM pragma_foreign_key_list(?) ORDER BY "from"`, table)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var got []string
-		for rows.Next() {
-			var from, parent, to, onDelete string
-			if err := rows.Scan(&from, &parent, &to, &onDelete); err != nil {
-				t.Fatal(err)
-			}
-			got = append(got, from+"->"+parent+"."+to+" "+onDelete)
-		}
-		rows.Close()
-		if strings.Join(got, ",") != strings.Join(want, ",") {
+		if strings.Join(got, ",") != want {
 			t.Errorf("foreign keys of %s = %v, want %v", table, got, want)
-		}
-	}
-	for _, tbl := range []string{"images", "unpacked_images", "snapshots", "image_locks", "schema_migrations"} {
-		var n int
-		if err := d.db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?`, tbl).Scan(&n); err != nil || n != 1 {
-			t.Errorf("table %s missing (%v)", tbl, err)
 		}
 	}
 }
 
-// TestConstraintsRejectBadRows inserts, for every CHECK, NOT NULL-free
-// foreign key and UNIQUE rule of seed 000, a row that breaks it and expects
-// SQLite to refuse it with the matching constraint error.
+// TestConstraintsRejectBadRows inserts, for every CHECK, foreign key and
+// unique rule of the record tables, a row that breaks it and expects SQLite
+// to refuse it with the matching constraint error.
 func TestConstraintsRejectBadRows(t *testing.T) {
 	ctx := context.Background()
 	d := openTestDB(t)
 	setup := []string{
-		`INSERT INTO images (image_id, s3_key, local_path, size_bytes) VALUES ('img', 'k.tar', '/p', 1)`,
-		`INSERT INTO unpacked_images (image_id, device_id, device_name, device_path, size_bytes, file_count, layout_verified) VALUES ('img', '1', 'thin-1', '/dev/mapper/thin-1', 1, 1, 1)`,
+		`INSERT INTO layers (digest, path, size_bytes, stat_size, stat_mtime_ns, stat_ino, created_ns) VALUES ('sha256:a', '/a', 1, 1, 1, 1, 1)`,
+		`INSERT INTO s3_objects (bucket, key, etag, size_bytes, digest, downloaded_ns) VALUES ('b', 'k.tar', '"e"', 1, 'sha256:a', 1)`,
+		`INSERT INTO chains (chain_id, diff_id, unpacked_ns) VALUES ('sha256:a', 'sha256:a', 1)`,
+		`INSERT INTO s3_images (image_id, source, created_ns) VALUES ('img', 's3://b/k.tar', 1)`,
+		`INSERT INTO image_layers (image_id, position, key, size_bytes, chain_id) VALUES ('img', 1, 'k.tar', 1, 'sha256:a')`,
+		`INSERT INTO image_names (name, image_id, registered_ns) VALUES ('k:latest', 'img', 1)`,
 	}
 	for _, s := range setup {
 		if _, err := d.db.ExecContext(ctx, s); err != nil {
 			t.Fatalf("%s: %v", s, err)
 		}
 	}
-	bad := []struct {
-		name, sql, wantErr string
-	}{
-		{"images.download_status", `INSERT INTO images (image_id, s3_key, local_path, size_bytes, download_status) VALUES ('i2', 'k2', '/p', 1, 'done')`, "CHECK constraint failed"},
-		{"images.activation_status", `INSERT INTO images (image_id, s3_key, local_path, size_bytes, activation_status) VALUES ('i2', 'k2', '/p', 1, 'running')`, "CHECK constraint failed"},
-		{"images.size_bytes", `INSERT INTO images (image_id, s3_key, local_path, size_bytes) VALUES ('i2', 'k2', '/p', -1)`, "CHECK constraint failed"},
-		{"images.image_id unique", `INSERT INTO images (image_id, s3_key, local_path, size_bytes) VALUES ('img', 'k2', '/p', 1)`, "UNIQUE constraint failed"},
-		{"images.s3_key unique", `INSERT INTO images (image_id, s3_key, local_path, size_bytes) VALUES ('i2', 'k.tar', '/p', 1)`, "UNIQUE constraint failed"},
-		{"images.local_path not null", `INSERT INTO images (image_id, s3_key, size_bytes) VALUES ('i2', 'k2', 1)`, "NOT NULL constraint failed"},
-		{"unpacked.size_bytes", `INSERT INTO unpacked_images (image_id, device_id, device_name, device_path, size_bytes, file_count) VALUES ('img', '2', 'thin-2', '/x', -1, 0)`, "CHECK constraint failed"},
-		{"unpacked.file_count", `INSERT INTO unpacked_images (image_id, device_id, device_name, device_path, size_bytes, file_count) VALUES ('img', '2', 'thin-2', '/x', 0, -1)`, "CHECK constraint failed"},
-		{"unpacked.layout_verified", `UPDATE unpacked_images SET layout_verified = 2`, "CHECK constraint failed"},
-		{"unpacked.image_id fk", `INSERT INTO unpacked_images (image_id, device_id, device_name, device_path, size_bytes, file_count) VALUES ('ghost', '2', 'thin-2', '/x', 0, 0)`, "FOREIGN KEY constraint failed"},
-		{"unpacked.device_name unique", `UPDATE unpacked_images SET device_name = device_name || ''`, ""}, // no-op update is fine
-		{"snapshots.active", `INSERT INTO snapshots (image_id, snapshot_id, snapshot_name, device_path, origin_device_id, active) VALUES ('img', 's', 'n', '/x', '1', 2)`, "CHECK constraint failed"},
-		{"snapshots.image_id fk", `INSERT INTO snapshots (image_id, snapshot_id, snapshot_name, device_path, origin_device_id) VALUES ('ghost', 's', 'n', '/x', '1')`, "FOREIGN KEY constraint failed"},
-		{"snapshots.origin_device_id fk", `INSERT INTO snapshots (image_id, snapshot_id, snapshot_name, device_path, origin_device_id) VALUES ('img', 's', 'n', '/x', '404')`, "FOREIGN KEY constraint failed"},
-		{"image_locks.image_id primary key", `INSERT INTO image_locks (image_id, locked_at, locked_by) VALUES ('img', 1, 'a'), ('img', 2, 'b')`, "UNIQUE constraint failed"},
+	bad := []struct{ name, sql, wantErr string }{
+		{"layers.size_bytes", `INSERT INTO layers (digest, path, size_bytes, stat_size, stat_mtime_ns, stat_ino, created_ns) VALUES ('sha256:b', '/b', -1, 1, 1, 1, 1)`, "CHECK constraint failed"},
+		{"layers.has_rootfs", `UPDATE layers SET has_rootfs = 2`, "CHECK constraint failed"},
+		{"layers.entries", `UPDATE layers SET entries = -1`, "CHECK constraint failed"},
+		{"layers.digest primary key", `INSERT INTO layers (digest, path, size_bytes, stat_size, stat_mtime_ns, stat_ino, created_ns) VALUES ('sha256:a', '/b', 1, 1, 1, 1, 1)`, "UNIQUE constraint failed"},
+		{"layers.path not null", `INSERT INTO layers (digest, size_bytes, stat_size, stat_mtime_ns, stat_ino, created_ns) VALUES ('sha256:b', 1, 1, 1, 1, 1)`, "NOT NULL constraint failed"},
+		{"s3_objects.size_bytes", `UPDATE s3_objects SET size_bytes = -1`, "CHECK constraint failed"},
+		{"s3_objects primary key", `INSERT INTO s3_objects (bucket, key, etag, size_bytes, digest, downloaded_ns) VALUES ('b', 'k.tar', '"f"', 1, 'sha256:a', 2)`, "UNIQUE constraint failed"},
+		{"chains.size_bytes", `UPDATE chains SET size_bytes = -1`, "CHECK constraint failed"},
+		{"chains.file_count", `UPDATE chains SET file_count = -1`, "CHECK constraint failed"},
+		{"s3_images.image_id unique", `INSERT INTO s3_images (image_id, source, created_ns) VALUES ('img', 's3://b/other.tar', 1)`, "UNIQUE constraint failed"},
+		{"s3_images.source unique", `INSERT INTO s3_images (image_id, source, created_ns) VALUES ('img2', 's3://b/k.tar', 1)`, "UNIQUE constraint failed"},
+		{"image_layers.position", `INSERT INTO image_layers (image_id, position, key, size_bytes, chain_id) VALUES ('img', 0, 'k.tar', 1, 'sha256:a')`, "CHECK constraint failed"},
+		{"image_layers.size_bytes", `INSERT INTO image_layers (image_id, position, key, size_bytes, chain_id) VALUES ('img', 2, 'k.tar', -1, 'sha256:a')`, "CHECK constraint failed"},
+		{"image_layers primary key", `INSERT INTO image_layers (image_id, position, key, size_bytes, chain_id) VALUES ('img', 1, 'k2.tar', 1, 'sha256:a')`, "UNIQUE constraint failed"},
+		{"image_layers.image_id fk", `INSERT INTO image_layers (image_id, position, key, size_bytes, chain_id) VALUES ('ghost', 1, 'k.tar', 1, 'sha256:a')`, "FOREIGN KEY constraint failed"},
+		{"image_names.image_id fk", `INSERT INTO image_names (name, image_id, registered_ns) VALUES ('g:latest', 'ghost', 1)`, "FOREIGN KEY constraint failed"},
+		{"image_names.name primary key", `INSERT INTO image_names (name, image_id, registered_ns) VALUES ('k:latest', 'img', 2)`, "UNIQUE constraint failed"},
 	}
 	for _, b := range bad {
 		_, err := d.db.ExecContext(ctx, b.sql)
-		if b.wantErr == "" {
-			if err != nil {
-				t.Errorf("%s: %v", b.name, err)
-			}
-			continue
-		}
 		if err == nil || !strings.Contains(err.Error(), b.wantErr) {
 			t.Errorf("%s: err = %v, want %q", b.name, err, b.wantErr)
 		}
 	}
 	// Nothing of the rejected rows is left.
 	var n int
-	if err := d.db.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM images) + (SELECT count(*) FROM unpacked_images) + (SELECT count(*) FROM snapshots) + (SELECT count(*) FROM image_locks)`).Scan(&n); err != nil || n != 2 {
-		t.Errorf("rows after rejected inserts = %d, %v; want the 2 set-up rows", n, err)
+	if err := d.db.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM layers) + (SELECT count(*) FROM s3_objects) + (SELECT count(*) FROM chains)
+		+ (SELECT count(*) FROM s3_images) + (SELECT count(*) FROM image_layers) + (SELECT count(*) FROM image_names)`).Scan(&n); err != nil || n != 6 {
+		t.Errorf("rows after rejected inserts = %d, %v; want the 6 set-up rows", n, err)
 	}
 }
 
-// TestCascades: deleting an image removes its unpacked record and its
-// snapshots; a device still referenced by a snapshot cannot be deleted
-// (RESTRICT), even through another image's cascade.
+// TestCascades: deleting an image removes its layers and names; the chains,
+// objects and layer files stay (other images may use them; PruneOrphans
+// decides).
 func TestCascades(t *testing.T) {
-	ctx := context.Background()
-	d := openTestDB(t)
-	a, _ := seedImage(t, d, 1)
-	seedUnpacked(t, d, a, 1)
-	if err := d.RegisterActivation(ctx, snapRecord(a, "1", 1)); err != nil {
-		t.Fatal(err)
-	}
-	// RESTRICT: the device has a snapshot.
-	if err := d.DeleteUnpackedImage(ctx, a); err == nil || !strings.Contains(err.Error(), "FOREIGN KEY constraint failed") {
-		t.Fatalf("DeleteUnpackedImage with a snapshot on the device: err = %v, want FOREIGN KEY constraint failed", err)
-	}
-	// b's snapshot uses a's device: deleting a must be refused (it would
-	// cascade to a's device while b's snapshot still references it).
-	b, _ := seedImage(t, d, 2)
-	if err := d.RegisterActivation(ctx, snapRecord(b, "1", 1)); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.DeleteImage(ctx, a); err == nil {
-		t.Fatalf("DeleteImage(a) succeeded while b's snapshot references a's device")
-	}
-	if _, err := d.GetUnpackedImageByID(ctx, a); err != nil {
-		t.Fatalf("a's device was removed by a refused delete: %v", err)
-	}
-	// Once b (and its snapshot) is gone, deleting a cascades to its
-	// unpacked record and its own snapshot.
-	if err := d.DeleteImage(ctx, b); err != nil {
-		t.Fatal(err)
-	}
-	if sn, _ := d.GetSnapshotsByImageID(ctx, b); len(sn) != 0 {
-		t.Errorf("b's snapshots survived its delete: %d", len(sn))
-	}
-	if err := d.DeleteImage(ctx, a); err != nil {
-		t.Fatalf("DeleteImage(a): %v", err)
+	w := newWorld(t)
+	w.pull("s3-a", "s3://bkt/a/", "a:latest", twoLayers("a/", "a")...)
+	w.pull("s3-b", "s3://bkt/b/", "b:latest", twoLayers("b/", "b")...)
+	w.must(w.db.DeleteImage(w.ctx, "s3-a"))
+	for table, want := range map[string]int{"s3_images": 1, "image_layers": 2, "image_names": 1, "chains": 3, "s3_objects": 4, "layers": 3} {
+		if got := w.count(table); got != want {
+			t.Errorf("%s has %d rows after deleting s3-a, want %d", table, got, want)
+		}
 	}
 	var n int
-	if err := d.db.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM unpacked_images) + (SELECT count(*) FROM snapshots)`).Scan(&n); err != nil || n != 0 {
-		t.Errorf("rows left after cascading deletes = %d, %v", n, err)
+	w.must(w.db.db.QueryRowContext(w.ctx, `SELECT count(*) FROM image_layers WHERE image_id = 's3-a'`).Scan(&n))
+	if n != 0 {
+		t.Errorf("%d layers of the deleted image left", n)
+	}
+	if rep, err := w.db.Check(w.ctx); err != nil || !rep.OK() {
+		t.Errorf("Check after the delete = %+v, %v", rep, err)
 	}
 }

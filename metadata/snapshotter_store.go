@@ -353,6 +353,18 @@ func (s SnapshotterQueries) DeleteSnapshot(ctx context.Context, id int64) error 
 	return expectOneRow(res, fmt.Sprintf("delete snapshot row %d: no such snapshot", id))
 }
 
+// MoveDevice makes snapshot row id own device deviceID (freed by the caller
+// first: a device has one snapshot), with sizeBytes recorded as its mapped
+// bytes.
+func (s SnapshotterQueries) MoveDevice(ctx context.Context, id int64, deviceID uint32, sizeBytes, nowNs int64) error {
+	res, err := s.q.ExecContext(ctx, `UPDATE cd_snapshots SET device_id = ?, size_bytes = ?, updated_ns = ? WHERE id = ?`,
+		int64(deviceID), sizeBytes, nowNs, id)
+	if err != nil {
+		return fmt.Errorf("move device %d to snapshot row %d: %w", deviceID, id, err)
+	}
+	return expectOneRow(res, fmt.Sprintf("move device %d to snapshot row %d: no such snapshot", deviceID, id))
+}
+
 func expectOneRow(res sql.Result, msg string) error {
 	n, err := res.RowsAffected()
 	if err != nil {

@@ -1,59 +1,97 @@
 package metadata
 
-// Read-time views of the seed tables for operators (`ls`), after seed 003:
-// fields that can be derived from the stored rows (an image's overall state,
-// a device's reference count, a lock's age and staleness) are computed when
-// read, never stored. Each view is one SELECT, so it is consistent even while
-// the daemon writes.
+// Listings for operators (`ls`). They read the SQL views of migration 8
+// (images, unpacked_images, snapshots, image_locks), which derive every
+// field from the stored facts at read time (an image's state, a device's
+// reference count, a lock's age); each listing is one SELECT, consistent
+// even while the daemon writes.
 
 import (
 	"context"
 	"database/sql"
+	"fmt"
+	"strings"
 	"time"
+)
+
+// Values of the images view's status columns.
+const (
+	DownloadPending   = "pending"
+	DownloadCompleted = "completed"
+	DownloadFailed    = "failed"
+
+	ActivationInactive = "inactive"
+	ActivationActive   = "active"
+	ActivationFailed   = "failed"
 )
 
 // Overall image states derived by ImageState.
 const (
-	ImageStatePending    = "pending"    // not downloaded yet (pending or downloading)
-	ImageStateDownloaded = "downloaded" // tarball stored, not unpacked (or not verified)
-	ImageStateUnpacked   = "unpacked"   // verified unpacked device, no active snapshot
-	ImageStateActive     = "active"     // at least one active snapshot
-	ImageStateFailed     = "failed"     // download/validation or activation failed
+	ImageStatePending  = "pending"  // never pulled successfully, no failure recorded
+	ImageStateUnpacked = "unpacked" // pulled; no activation now
+	ImageStateActive   = "active"   // pulled and activated
+	ImageStateFailed   = "failed"   // the last pull failed
 )
 
-// ImageState derives an image's overall state from its rows: failed when its
-// download or activation failed; otherwise active when it has an active
-// snapshot; unpacked when it has a verified unpacked device; downloaded when
-// its download completed; pending otherwise.
-func ImageState(downloadStatus, activationStatus string, verifiedUnpack bool, activeSnapshots int) string {
+// ImageState derives an image's overall state: failed when its last pull
+// failed; otherwise active when it has an activation; unpacked when it was
+// pulled; pending otherwise.
+func ImageState(downloadStatus, activationStatus string) string {
 	switch {
 	case downloadStatus == DownloadFailed || activationStatus == ActivationFailed:
 		return ImageStateFailed
-	case activeSnapshots > 0:
+	case activationStatus == ActivationActive:
 		return ImageStateActive
-	case verifiedUnpack:
-		return ImageStateUnpacked
 	case downloadStatus == DownloadCompleted:
-		return ImageStateDownloaded
+		return ImageStateUnpacked
 	}
 	return ImageStatePending
 }
 
-// ImageView is an image with what the other tables say about it.
+// sqlTime scans the text times of the views ("YYYY-MM-DD HH:MM:SS", UTC);
+// NULL is the zero time.
+type sqlTime struct{ t time.Time }
+
+func (s *sqlTime) Scan(v any) error {
+	switch x := v.(type) {
+	case nil:
+		s.t = time.Time{}
+	case time.Time:
+		s.t = x.UTC()
+	case string:
+		return s.parse(x)
+	case []byte:
+		return s.parse(string(x))
+	default:
+		return fmt.Errorf("time column holds %T", v)
+	}
+	return nil
+}
+
+func (s *sqlTime) parse(text string) error {
+	t, err := time.Parse(time.DateTime, text)
+	if err != nil {
+		return fmt.Errorf("time column %q: %w", text, err)
+	}
+	s.t = t.UTC()
+	return nil
+}
+
+// ImageView is an image with what the other records say about it.
 type ImageView struct {
 	ImageID          string    `json:"image_id"`
-	S3Key            string    `json:"s3_key"`
+	S3Key            string    `json:"s3_key"` // the source: s3://bucket/key or s3://bucket/prefix/
+	Names            []string  `json:"names"`
 	State            string    `json:"state"` // derived: ImageStatePending ... ImageStateFailed
 	DownloadStatus   string    `json:"download_status"`
 	ActivationStatus string    `json:"activation_status"`
-	SizeBytes        int64     `json:"size_bytes"`
+	Layers           int       `json:"layers"`
+	SizeBytes        int64     `json:"size_bytes"` // the layer objects' sizes, summed
 	Checksum         string    `json:"checksum,omitempty"`
 	LocalPath        string    `json:"local_path"`
-	DeviceID         string    `json:"device_id,omitempty"`
+	DeviceID         string    `json:"device_id,omitempty"` // the top chain's device
 	DeviceName       string    `json:"device_name,omitempty"`
-	LayoutVerified   bool      `json:"layout_verified"`
-	Snapshots        int       `json:"snapshots"`        // derived: snapshot rows of the image
-	ActiveSnapshots  int       `json:"active_snapshots"` // derived: active ones
+	ActiveSnapshots  int       `json:"active_snapshots"` // derived: 1 with an activation
 	LockedBy         string    `json:"locked_by,omitempty"`
 	FailureReason    string    `json:"failure_reason,omitempty"`
 	CreatedAt        time.Time `json:"created_at"`
@@ -62,30 +100,39 @@ type ImageView struct {
 
 // ImageViews lists every image, oldest first, with its derived state.
 func (d *DB) ImageViews(ctx context.Context) ([]ImageView, error) {
-	reason := "i.failure_reason"
-	if d.noFailureReason {
-		reason = "NULL"
-	}
 	return queryAll(ctx, d.db, "list image views", func(s rowScanner) (ImageView, error) {
-		var v ImageView
-		err := s.Scan(&v.ImageID, &v.S3Key, &v.DownloadStatus, &v.ActivationStatus, &v.SizeBytes, &v.Checksum,
-			&v.LocalPath, &v.FailureReason, &v.CreatedAt, &v.UpdatedAt, &v.DeviceID, &v.DeviceName, &v.LayoutVerified,
-			&v.Snapshots, &v.ActiveSnapshots, &v.LockedBy)
-		v.State = ImageState(v.DownloadStatus, v.ActivationStatus, v.LayoutVerified, v.ActiveSnapshots)
+		var (
+			v                  ImageView
+			created, updated   sqlTime
+			names              string
+			checksum, lockedBy sql.NullString
+		)
+		err := s.Scan(&v.ImageID, &v.S3Key, &v.DownloadStatus, &v.ActivationStatus, &v.SizeBytes, &checksum,
+			&v.LocalPath, &v.FailureReason, &created, &updated, &v.DeviceID, &v.DeviceName,
+			&v.ActiveSnapshots, &lockedBy, &v.Layers, &names)
+		v.Checksum, v.LockedBy = checksum.String, lockedBy.String
+		v.CreatedAt, v.UpdatedAt = created.t, updated.t
+		v.State = ImageState(v.DownloadStatus, v.ActivationStatus)
+		v.Names = []string{}
+		if names != "" {
+			v.Names = strings.Split(names, "\n")
+		}
 		return v, err
-	}, `SELECT i.image_id, i.s3_key, i.download_status, COALESCE(i.activation_status, ''),
-		i.size_bytes, COALESCE(i.checksum, ''), i.local_path, COALESCE(`+reason+`, ''), i.created_at, i.updated_at,
-		COALESCE(u.device_id, ''), COALESCE(u.device_name, ''), COALESCE(u.layout_verified, 0),
+	}, `SELECT i.image_id, i.s3_key, i.download_status, i.activation_status, i.size_bytes, i.checksum,
+		i.local_path, COALESCE(i.failure_reason, ''), i.created_at, i.updated_at,
+		COALESCE(u.device_id, ''), COALESCE(u.device_name, ''),
 		(SELECT count(*) FROM snapshots s WHERE s.image_id = i.image_id),
-		(SELECT count(*) FROM snapshots s WHERE s.image_id = i.image_id AND s.active = 1),
-		COALESCE(l.locked_by, '')
+		(SELECT l.locked_by FROM image_locks l WHERE l.image_id = i.image_id LIMIT 1),
+		(SELECT count(*) FROM image_layers il WHERE il.image_id = i.image_id),
+		COALESCE((SELECT group_concat(n.name, char(10)) FROM (SELECT name FROM image_names
+			WHERE image_id = i.image_id ORDER BY registered_ns, name) n), '')
 		FROM images i
 		LEFT JOIN unpacked_images u ON u.image_id = i.image_id
-		LEFT JOIN image_locks l ON l.image_id = i.image_id
 		ORDER BY i.id`)
 }
 
-// UnpackedView is an unpacked device with its reference count.
+// UnpackedView is an unpacked image: its top chain's device, with its
+// reference count.
 type UnpackedView struct {
 	ImageID        string    `json:"image_id"`
 	DeviceID       string    `json:"device_id"`
@@ -94,88 +141,119 @@ type UnpackedView struct {
 	SizeBytes      int64     `json:"size_bytes"`
 	FileCount      int64     `json:"file_count"`
 	LayoutVerified bool      `json:"layout_verified"`
-	RefCount       int       `json:"ref_count"`   // derived: snapshot rows whose origin is this device
-	ActiveRefs     int       `json:"active_refs"` // derived: active ones
+	RefCount       int       `json:"ref_count"`   // derived: activations on this device
+	ActiveRefs     int       `json:"active_refs"` // derived: active ones (every activation is active)
 	UnpackedAt     time.Time `json:"unpacked_at"`
 }
 
-// UnpackedViews lists every unpacked device, oldest first, with its
-// reference count.
+// UnpackedViews lists every unpacked image, oldest first, with the
+// reference count of its device.
 func (d *DB) UnpackedViews(ctx context.Context) ([]UnpackedView, error) {
 	return queryAll(ctx, d.db, "list unpacked views", func(s rowScanner) (UnpackedView, error) {
-		var v UnpackedView
+		var (
+			v  UnpackedView
+			at sqlTime
+		)
 		err := s.Scan(&v.ImageID, &v.DeviceID, &v.DeviceName, &v.DevicePath, &v.SizeBytes, &v.FileCount,
-			&v.LayoutVerified, &v.UnpackedAt, &v.RefCount, &v.ActiveRefs)
+			&v.LayoutVerified, &at, &v.RefCount, &v.ActiveRefs)
+		v.UnpackedAt = at.t
 		return v, err
 	}, `SELECT u.image_id, u.device_id, u.device_name, u.device_path, u.size_bytes,
 		u.file_count, u.layout_verified, u.unpacked_at,
-		(SELECT count(*) FROM snapshots s WHERE s.origin_device_id = u.device_id),
-		(SELECT count(*) FROM snapshots s WHERE s.origin_device_id = u.device_id AND s.active = 1)
+		(SELECT count(*) FROM cd_snapshots a JOIN cd_snapshots o ON o.id = a.parent_id
+			WHERE o.device_id = CAST(u.device_id AS INTEGER) AND a.kind = 'active' AND a.key LIKE 'snap-%'),
+		(SELECT count(*) FROM cd_snapshots a JOIN cd_snapshots o ON o.id = a.parent_id
+			WHERE o.device_id = CAST(u.device_id AS INTEGER) AND a.kind = 'active' AND a.key LIKE 'snap-%')
 		FROM unpacked_images u ORDER BY u.id`)
 }
 
-// SnapshotView is a seed snapshot with its image's key and origin device.
-type SnapshotView struct {
-	SnapshotID       string     `json:"snapshot_id"`
-	SnapshotName     string     `json:"snapshot_name"`
-	ImageID          string     `json:"image_id"`
-	S3Key            string     `json:"s3_key"`
-	DevicePath       string     `json:"device_path"`
-	OriginDeviceID   string     `json:"origin_device_id"`
-	OriginDeviceName string     `json:"origin_device_name"`
-	Active           bool       `json:"active"`
-	CreatedAt        time.Time  `json:"created_at"`
-	DeactivatedAt    *time.Time `json:"deactivated_at,omitempty"`
+// ChainView is an unpacked chain: one layer on its parent chain, and its
+// device.
+type ChainView struct {
+	ChainID    string    `json:"chain_id"`
+	Parent     string    `json:"parent_chain_id"`
+	DiffID     string    `json:"diff_id"`
+	DeviceID   uint32    `json:"device_id"`
+	DeviceName string    `json:"device_name"`
+	SizeBytes  int64     `json:"size_bytes"`
+	FileCount  int64     `json:"file_count"`
+	Images     int       `json:"images"` // derived: images with this chain among their layers
+	Children   int       `json:"children"`
+	UnpackedAt time.Time `json:"unpacked_at"`
 }
 
-// SnapshotViews lists every seed snapshot (active or not), oldest first.
+// ChainViews lists every unpacked chain whose snapshot exists, oldest
+// first, with the images that use it and its children.
+func (d *DB) ChainViews(ctx context.Context) ([]ChainView, error) {
+	return queryAll(ctx, d.db, "list chains", func(s rowScanner) (ChainView, error) {
+		var (
+			v  ChainView
+			ns int64
+		)
+		err := s.Scan(&v.ChainID, &v.Parent, &v.DiffID, &v.DeviceID, &v.DeviceName, &v.SizeBytes, &v.FileCount, &ns, &v.Images, &v.Children)
+		v.UnpackedAt = time.Unix(0, ns).UTC()
+		return v, err
+	}, `SELECT c.chain_id, c.parent_chain_id, c.diff_id, s.device_id, t.name, c.size_bytes, c.file_count, c.unpacked_ns,
+		(SELECT count(DISTINCT il.image_id) FROM image_layers il WHERE il.chain_id = c.chain_id),
+		(SELECT count(*) FROM cd_snapshots k WHERE k.parent_id = s.id)
+		FROM chains c
+		JOIN cd_snapshots s ON s.key = c.chain_id AND s.kind = 'committed'
+		JOIN thin_devices t ON t.device_id = s.device_id
+		ORDER BY c.unpacked_ns, c.chain_id`)
+}
+
+// SnapshotView is an image's activation with its image's source and origin
+// device.
+type SnapshotView struct {
+	SnapshotID       string    `json:"snapshot_id"`
+	SnapshotName     string    `json:"snapshot_name"`
+	ImageID          string    `json:"image_id"`
+	S3Key            string    `json:"s3_key"`
+	DevicePath       string    `json:"device_path"`
+	OriginDeviceID   string    `json:"origin_device_id"`
+	OriginDeviceName string    `json:"origin_device_name"`
+	Active           bool      `json:"active"`
+	CreatedAt        time.Time `json:"created_at"`
+}
+
+// SnapshotViews lists every activation, oldest first.
 func (d *DB) SnapshotViews(ctx context.Context) ([]SnapshotView, error) {
 	return queryAll(ctx, d.db, "list snapshot views", func(s rowScanner) (SnapshotView, error) {
 		var (
-			v           SnapshotView
-			deactivated sql.NullTime
+			v  SnapshotView
+			at sqlTime
 		)
 		err := s.Scan(&v.SnapshotID, &v.SnapshotName, &v.ImageID, &v.S3Key, &v.DevicePath, &v.OriginDeviceID,
-			&v.OriginDeviceName, &v.Active, &v.CreatedAt, &deactivated)
-		if deactivated.Valid {
-			t := deactivated.Time
-			v.DeactivatedAt = &t
-		}
+			&v.OriginDeviceName, &v.Active, &at)
+		v.CreatedAt = at.t
 		return v, err
 	}, `SELECT s.snapshot_id, s.snapshot_name, s.image_id, COALESCE(i.s3_key, ''),
-		s.device_path, s.origin_device_id, COALESCE(u.device_name, ''), s.active, s.created_at, s.deactivated_at
+		s.device_path, s.origin_device_id, COALESCE(t.name, ''), s.active, s.created_at
 		FROM snapshots s
 		LEFT JOIN images i ON i.image_id = s.image_id
-		LEFT JOIN unpacked_images u ON u.device_id = s.origin_device_id
+		LEFT JOIN thin_devices t ON t.device_id = CAST(s.origin_device_id AS INTEGER)
 		ORDER BY s.id`)
 }
 
-// LockView is an image lock with its age and staleness at the time of
-// listing.
+// LockView is what a live run holds, with its age at the time of listing.
 type LockView struct {
-	ImageID  string        `json:"image_id"`
+	ImageID  string        `json:"image_id"` // the run's idempotency id: an object, chain or image
 	LockedBy string        `json:"locked_by"`
 	LockedAt time.Time     `json:"locked_at"`
 	Age      time.Duration `json:"age_ns"` // derived: now - locked_at
-	Stale    bool          `json:"stale"`  // derived: Age > the stale age
 }
 
-// LockViews lists every lock, newest first, with its age at the database
-// clock's now and whether it is older than staleAge (DefaultStaleLockAge
-// when zero).
-func (d *DB) LockViews(ctx context.Context, staleAge time.Duration) ([]LockView, error) {
-	if staleAge <= 0 {
-		staleAge = DefaultStaleLockAge
-	}
-	locks, err := d.ListImageLocks(ctx)
-	if err != nil {
-		return nil, err
-	}
-	now := d.now()
-	out := make([]LockView, 0, len(locks))
-	for _, l := range locks {
-		out = append(out, LockView{ImageID: l.ImageID, LockedBy: l.LockedBy, LockedAt: l.LockedAt,
-			Age: l.Age(now), Stale: l.Stale(now, staleAge)})
-	}
-	return out, nil
+// LockViews lists every lock (running run), newest first, with its age at
+// now.
+func (d *DB) LockViews(ctx context.Context, now time.Time) ([]LockView, error) {
+	return queryAll(ctx, d.db, "list locks", func(s rowScanner) (LockView, error) {
+		var (
+			v  LockView
+			at int64
+		)
+		err := s.Scan(&v.ImageID, &at, &v.LockedBy)
+		v.LockedAt = time.Unix(at, 0).UTC()
+		v.Age = now.Sub(v.LockedAt)
+		return v, err
+	}, `SELECT image_id, locked_at, locked_by FROM image_locks ORDER BY locked_at DESC, image_id`)
 }

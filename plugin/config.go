@@ -36,7 +36,6 @@ const (
 	DefaultMaxImageSize     = Size(10 << 30)
 	DefaultDownloadTimeout  = 5 * time.Minute
 	DefaultExtractTimeout   = 30 * time.Minute
-	DefaultStaleLockAge     = time.Hour
 	DefaultDownloads        = 5
 	DefaultUnpacking        = 2
 	DefaultContainerdSocket = "/run/containerd/containerd.sock"
@@ -145,8 +144,6 @@ type PipelineConfig struct {
 	DownloadTimeout Duration `toml:"download_timeout"`
 	// ExtractTimeout bounds one extraction attempt.
 	ExtractTimeout Duration `toml:"extract_timeout"`
-	// StaleLockAge is the age after which an image lock counts as stale.
-	StaleLockAge Duration `toml:"stale_lock_age"`
 	// AllowSetID admits setuid and setgid files and file capabilities in
 	// layer tarballs (the validator refuses them by default). Real
 	// distribution images carry some (su, passwd, mount); turn it on only
@@ -193,7 +190,6 @@ func defaults() *Config {
 			MaxImageSize:    DefaultMaxImageSize,
 			DownloadTimeout: D(DefaultDownloadTimeout),
 			ExtractTimeout:  D(DefaultExtractTimeout),
-			StaleLockAge:    D(DefaultStaleLockAge),
 		},
 		Queues: QueuesConfig{
 			Downloads: DefaultDownloads,
@@ -520,7 +516,6 @@ func (c *Config) Validate() error {
 	}
 	positiveDuration("pipeline.download_timeout", pl.DownloadTimeout)
 	positiveDuration("pipeline.extract_timeout", pl.ExtractTimeout)
-	positiveDuration("pipeline.stale_lock_age", pl.StaleLockAge)
 
 	if q := c.Queues.Downloads; q < 1 || q > maxQueue {
 		bad("queues.downloads", "must be between 1 and %d, got %d", maxQueue, q)

@@ -156,7 +156,6 @@ download_dir = "/srv/dl"
 max_image_size = "2GB"
 download_timeout = "90s"
 extract_timeout = "1h"
-stale_lock_age = "45m"
 allow_setid = true
 [queues]
 downloads = 8
@@ -178,7 +177,7 @@ namespace = "k8s.io"
 			AsyncRemove: false, DeleteUnknownDevices: true},
 		S3: S3Config{Bucket: "my-images", Region: "eu-west-1", Endpoint: "http://127.0.0.1:9000", PathStyle: true, Anonymous: true, Prefix: "images/"},
 		Pipeline: PipelineConfig{DownloadDir: "/srv/dl", MaxImageSize: 2_000_000_000,
-			DownloadTimeout: D(90 * time.Second), ExtractTimeout: D(time.Hour), StaleLockAge: D(45 * time.Minute), AllowSetID: true},
+			DownloadTimeout: D(90 * time.Second), ExtractTimeout: D(time.Hour), AllowSetID: true},
 		Queues:     QueuesConfig{Downloads: 8, Unpacking: 3},
 		Containerd: ContainerdConfig{Address: "/run/k3s/containerd.sock", Namespace: "k8s.io"},
 	}
@@ -214,6 +213,17 @@ func TestUnknownKeysNameKeyFileAndLine(t *testing.T) {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error %q does not contain %q", msg, want)
 		}
+	}
+}
+
+// TestStaleLockAgeIsRejected: pipeline.stale_lock_age no longer exists (an
+// image lock is a live run, released when the run ends), so a file still
+// setting it is refused like any unknown key, naming it and its line.
+func TestStaleLockAgeIsRejected(t *testing.T) {
+	p := writeConfig(t, "[pipeline]\ndownload_timeout = \"5m\"\nstale_lock_age = \"1h\"\n")
+	_, err := LoadConfig(p)
+	if err == nil || !strings.Contains(err.Error(), p+":3:1: unknown key \"pipeline.stale_lock_age\"") {
+		t.Fatalf("err = %v, want the unknown key pipeline.stale_lock_age named with its line", err)
 	}
 }
 
@@ -297,7 +307,6 @@ func TestValidateRules(t *testing.T) {
 		{"max image size", func(c *Config) { c.Pipeline.MaxImageSize = 0 }, "pipeline.max_image_size: must be positive, got 0"},
 		{"download timeout", func(c *Config) { c.Pipeline.DownloadTimeout = D(0) }, `pipeline.download_timeout: must be a positive duration such as "30m", got "0s"`},
 		{"extract timeout", func(c *Config) { c.Pipeline.ExtractTimeout = D(-time.Second) }, "pipeline.extract_timeout: must be a positive duration"},
-		{"stale lock age", func(c *Config) { c.Pipeline.StaleLockAge = D(0) }, "pipeline.stale_lock_age: must be a positive duration"},
 		{"downloads zero", func(c *Config) { c.Queues.Downloads = 0 }, "queues.downloads: must be between 1 and 64, got 0"},
 		{"unpacking big", func(c *Config) { c.Queues.Unpacking = 65 }, "queues.unpacking: must be between 1 and 64, got 65"},
 		{"containerd address", func(c *Config) { c.Containerd.Address = "containerd.sock" }, "containerd.address: must be an absolute path"},

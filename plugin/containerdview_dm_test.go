@@ -22,6 +22,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
 )
@@ -103,11 +104,11 @@ func collectLikeContainerd(t *testing.T, ctx context.Context, sn snapshots.Snaps
 // TestContainerdViewOverSocket checks what containerd sees of the S3
 // pipelines' snapshots over the proxy socket, and what its garbage
 // collector may do to them: the activation and extraction snapshots are
-// not listed (containerd would remove them as unknown); a chain is not
-// removed while a pull is under way; removing an image's top chain (what
-// GC does after `ctr image rm`) takes its activation with it, and Cleanup
-// forgets its records and blob, while an image sharing its lower layer
-// keeps everything.
+// not listed (containerd would remove them as unknown); during another
+// image's pull, an image's own chain is removed (with its activation) while
+// the chain the pull builds on is kept; Cleanup forgets the removed image's
+// records and layer file, while the image sharing its lower layer keeps
+// everything.
 func TestContainerdViewOverSocket(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -170,41 +171,44 @@ func TestContainerdViewOverSocket(t *testing.T) {
 		t.Fatalf("activation %s: %v", a.Snapshot.SnapshotName, err)
 	}
 
-	// A pull under way: b's new layer is slow to download.
-	srv.Faults.Delay(1, "b/2.tar", 4*time.Second)
+	// A pull under way: b's own layer, thousands of files, is being
+	// extracted on the base chain it shares with a. containerd's collector
+	// (nothing registered: it would remove everything) takes a's own chain
+	// and, with it, a's activation; the base chain is kept, a live run of
+	// b's pull building on it.
+	many := make([]string, 4000)
+	for i := range many {
+		many[i] = fmt.Sprintf("f%04d", i)
+	}
+	srv.Put(t, "b/2.tar", layerTar(t, "app-b", many...))
 	bDone := make(chan *pipeline.PullResult, 1)
 	go func() { bDone <- pull("b/") }()
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(5 * time.Minute)
 	for {
-		n, err := svc.DB.LiveRuns(ctx)
+		runs, err := svc.DB.ListRuns(ctx, metadata.RunFilter{FSM: pipeline.FSMUnpack, States: []string{metadata.RunRunning}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n > 0 {
+		if len(runs) > 0 && runs[0].Transition == "extract-layers" {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("pull of b/ never had a live run")
+			t.Fatal("pull of b/ never reached the extraction of its layer")
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 	}
-	if removed := collectLikeContainerd(t, ctx, client); len(removed) != 0 {
-		t.Fatalf("garbage collection during a pull removed %v; want the chains kept while runs are live", removed)
+	if removed := collectLikeContainerd(t, ctx, client); fmt.Sprint(removed) != fmt.Sprint([]string{a.TopChainID}) {
+		t.Fatalf("garbage collection during b's pull removed %v; want only a's own chain %s (the base is b's too)", removed, a.TopChainID)
 	}
-	if err := client.Remove(ctx, a.TopChainID); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "pipeline run") {
-		t.Fatalf("Remove of a chain during a pull: %v, want FailedPrecondition naming the live runs", err)
-	}
-	b := <-bDone
-	if b.Layers[0].ChainID != a.Layers[0].ChainID {
-		t.Fatalf("a and b share their first layer byte for byte, but got chains %s and %s", a.Layers[0].ChainID, b.Layers[0].ChainID)
-	}
-
-	// containerd removed image a: GC removes its top chain.
-	if err := client.Remove(ctx, a.TopChainID); err != nil {
-		t.Fatalf("Remove of a's top chain once idle: %v", err)
+	if err := client.Remove(ctx, a.Layers[0].ChainID); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "live run") {
+		t.Fatalf("Remove of the base chain during b's pull: %v, want FailedPrecondition naming the live runs", err)
 	}
 	if _, err := client.Stat(ctx, a.Snapshot.SnapshotName); !errdefs.IsNotFound(err) {
 		t.Fatalf("a's activation after its chain was removed: %v, want NotFound", err)
+	}
+	b := <-bDone
+	if b.Layers[0].ChainID != a.Layers[0].ChainID || b.Unpacked != 1 {
+		t.Fatalf("b shares a's base byte for byte: chains %s and %s, unpacked %d; want one chain, only b's layer unpacked", a.Layers[0].ChainID, b.Layers[0].ChainID, b.Unpacked)
 	}
 	if err := client.Remove(ctx, a.Layers[0].ChainID); !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("Remove of the layer b still builds on: %v, want FailedPrecondition", err)
@@ -212,13 +216,13 @@ func TestContainerdViewOverSocket(t *testing.T) {
 	if err := client.(snapshots.Cleaner).Cleanup(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if rec, err := svc.DB.GetPulledImage(ctx, "test/a/"); err != nil || rec != nil {
-		t.Errorf("a's pulled-image record after GC: %+v, %v; want none", rec, err)
+	if id, err := svc.DB.ImageIDByName(ctx, "test/a/"); err != nil || id != "" {
+		t.Errorf("a's image record after GC: %q, %v; want none", id, err)
 	}
-	if rec, err := svc.DB.GetPulledImage(ctx, "test/b/"); err != nil || rec == nil {
-		t.Errorf("b's pulled-image record after a's GC: %v; want it kept", err)
+	if id, err := svc.DB.ImageIDByName(ctx, "test/b/"); err != nil || id == "" {
+		t.Errorf("b's image record after a's GC: %v; want it kept", err)
 	}
-	unpacked, err := svc.DB.ListUnpackedImages(ctx)
+	unpacked, err := svc.DB.ChainViews(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

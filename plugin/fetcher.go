@@ -46,7 +46,6 @@ func (s *Service) PipelineOptions() pipeline.Options {
 		},
 		Snapshots:       s.Snapshotter,
 		ThinExists:      s.Pool.ThinExists,
-		Namespace:       c.Containerd.Namespace,
 		MaxLayerSize:    c.Pipeline.MaxImageSize.Bytes(),
 		Limits:          tarball.Limits{AllowSetID: c.Pipeline.AllowSetID},
 		DownloadTimeout: c.Pipeline.DownloadTimeout.Duration,
@@ -67,7 +66,7 @@ func registrar(c *Config) pipeline.Registrar {
 }
 
 // StartFetcher builds the S3 pipelines, resumes the runs a previous process
-// left (seed 001), prunes the records of snapshots removed while it was
+// left, prunes the records of snapshots removed while it was
 // down, and serves the control socket (daemon.control_socket; none when
 // empty) until ctx is done. From then on Serve gives containerd the
 // pipelines' view of the snapshotter (pipeline.ContainerdView). stop closes

@@ -612,16 +612,95 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 	return nil
 }
 
+// Recommit puts the device of active snapshot key in place of the device
+// of committed snapshot name, which must be gone from the pool (deleted
+// behind our back), and removes key. key must have been prepared on name's
+// parent and filled with name's content: the snapshots on name keep their
+// own devices (a thin snapshot does not need its origin's) and are not
+// touched; later snapshots of name are made from the new device.
+func (s *Snapshotter) Recommit(ctx context.Context, name, key string) error {
+	ns, err := s.open(ctx)
+	if err != nil {
+		return err
+	}
+	old, err := s.get(ctx, ns, name)
+	if err != nil {
+		return fmt.Errorf("recommit %q as %q: %w", key, name, err)
+	}
+	r, err := s.get(ctx, ns, key)
+	if err != nil {
+		return fmt.Errorf("recommit %q as %q: %w", key, name, err)
+	}
+	if old.Kind != metadata.SnapKindCommitted || r.Kind != metadata.SnapKindActive || old.ParentKey != r.ParentKey {
+		return fmt.Errorf("recommit %q (%s on %q) as %q (%s on %q): want an active snapshot on the committed one's parent: %w",
+			key, r.Kind, r.ParentKey, name, old.Kind, old.ParentKey, errdefs.ErrFailedPrecondition)
+	}
+	if present, err := s.pool.ThinExists(ctx, old.DeviceID); err != nil {
+		return fmt.Errorf("recommit %q as %q: %w", key, name, err)
+	} else if present {
+		return fmt.Errorf("recommit %q as %q: %q's thin device %d is still in the pool: %w", key, name, name, old.DeviceID, errdefs.ErrFailedPrecondition)
+	}
+	size, err := s.mappedBytes(ctx, r)
+	if err != nil {
+		return fmt.Errorf("recommit %q as %q: usage: %w", key, name, err)
+	}
+	if err := s.pool.Deactivate(ctx, r.DeviceName); err != nil {
+		return fmt.Errorf("recommit %q as %q: deactivate %s (still mounted?): %w", key, name, r.DeviceName, err)
+	}
+	err = s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
+		cur, ok, err := q.Snapshot(ctx, ns, key)
+		if err != nil {
+			return err
+		}
+		if !ok || cur.ID != r.ID {
+			return fmt.Errorf("recommit %q as %q: snapshot was removed meanwhile: %w", key, name, errdefs.ErrNotFound)
+		}
+		if err := q.DeleteSnapshot(ctx, r.ID); err != nil {
+			return err
+		}
+		if err := q.MoveDevice(ctx, old.ID, r.DeviceID, size, nowNs()); err != nil {
+			return err
+		}
+		if err := q.SetThinDeviceState(ctx, r.DeviceID, metadata.ThinStateInactive, nowNs()); err != nil {
+			return err
+		}
+		return q.DeleteThinDevice(ctx, old.DeviceID)
+	})
+	if err != nil {
+		return err
+	}
+	log.G(ctx).WithFields(log.Fields{"key": key, "name": name, "thin_id": r.DeviceID, "lost_thin_id": old.DeviceID}).Warn("snapshot's lost device replaced")
+	return nil
+}
+
 // Remove drops the snapshot key. A snapshot with children cannot be removed
 // (FailedPrecondition). The device is deleted by Cleanup, or before Remove
 // returns when Config.SyncRemove is set.
 func (s *Snapshotter) Remove(ctx context.Context, key string) error {
+	return s.RemoveIf(ctx, key, nil)
+}
+
+// RemoveGuard decides, inside the transaction that removes a snapshot's
+// record, whether it may go: a non-nil error refuses the removal and is
+// returned as is. It reads through tx, so what it checks cannot change
+// before the removal commits.
+type RemoveGuard func(ctx context.Context, tx *sql.Tx) error
+
+// RemoveIf is Remove, with guard (when not nil) consulted in the same
+// transaction as the removal of the record.
+func (s *Snapshotter) RemoveIf(ctx context.Context, key string, guard RemoveGuard) error {
 	ns, err := s.open(ctx)
 	if err != nil {
 		return err
 	}
 	var dev metadata.ThinDevice
-	err = s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
+	err = s.db.WithTx(ctx, func(tx *sql.Tx) error {
+		if guard != nil {
+			if err := guard(ctx, tx); err != nil {
+				return err
+			}
+		}
+		q := metadata.SnapshotterTx(tx)
 		d, children, found, err := q.RemoveSnapshot(ctx, ns, key, nowNs())
 		if err != nil {
 			return err

@@ -38,7 +38,7 @@ func runActivate(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stdout, "active %s: snapshot %s (id %s) on device %s, origin device %s\n",
-		pos[0], res.SnapshotName, res.SnapshotID, res.DevicePath, res.OriginDeviceID)
+	fmt.Fprintf(os.Stdout, "active %s: snapshot %s on device %s, origin device %d\n",
+		pos[0], res.SnapshotName, res.DevicePath, res.OriginDevice)
 	return nil
 }

@@ -1,7 +1,6 @@
 package main
 
-// `db`: maintenance of the metadata database (migrate, check, backup,
-// unlock-stale).
+// `db`: maintenance of the metadata database (migrate, check, backup).
 
 import (
 	"context"
@@ -11,8 +10,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"text/tabwriter"
-	"time"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
@@ -28,18 +25,16 @@ Subcommands:
                        any problem
   backup DEST          write a consistent copy of the database to DEST while
                        the daemon keeps writing
-  unlock-stale         remove image locks older than --older-than (default:
-                       the config's pipeline.stale_lock_age)
 
 Every subcommand takes --config FILE and --db PATH; run
 'containerd-flyio-snapshotter db SUBCOMMAND --help' for its flags.`
 
 func init() {
-	register(&command{name: "db", summary: "maintain the metadata database (migrate, check, backup, unlock-stale)", run: runDB})
+	register(&command{name: "db", summary: "maintain the metadata database (migrate, check, backup)", run: runDB})
 }
 
 func runDB(ctx context.Context, args []string) error {
-	usage := func() { newFlagSet("db", "db migrate|check|backup|unlock-stale [flags]", dbDescription).Usage() }
+	usage := func() { newFlagSet("db", "db migrate|check|backup [flags]", dbDescription).Usage() }
 	if len(args) == 0 {
 		usage()
 		return &exitError{code: 2}
@@ -54,10 +49,8 @@ func runDB(ctx context.Context, args []string) error {
 		return runDBCheck(ctx, args[1:])
 	case "backup":
 		return runDBBackup(ctx, args[1:])
-	case "unlock-stale":
-		return runDBUnlockStale(ctx, args[1:])
 	}
-	return &exitError{code: 2, msg: fmt.Sprintf("unknown db subcommand %q (want migrate, check, backup or unlock-stale)", args[0])}
+	return &exitError{code: 2, msg: fmt.Sprintf("unknown db subcommand %q (want migrate, check or backup)", args[0])}
 }
 
 // parseDBFlags parses a db subcommand's flags (which include --config and
@@ -77,31 +70,27 @@ func parseDBFlags(fs *flag.FlagSet, args []string, nargs int, what string) error
 }
 
 // dbPath is the database the flags and the config name.
-func dbPath() (string, time.Duration, error) {
+func dbPath() (string, error) {
 	cfg, err := loadConfig()
 	if err != nil {
-		return "", 0, err
+		return "", err
 	}
-	return cfg.Metadata.Path, cfg.Pipeline.StaleLockAge.Duration, nil
+	return cfg.Metadata.Path, nil
 }
 
 // openDB opens the configured database, read-only or read-write.
-func openDB(ctx context.Context, readOnly bool) (*metadata.DB, time.Duration, error) {
+func openDB(ctx context.Context, readOnly bool) (*metadata.DB, error) {
 	return openDBTo(ctx, readOnly, 0)
 }
 
 // openDBTo is openDB with a migration target for a read-write open (0: the
 // latest version).
-func openDBTo(ctx context.Context, readOnly bool, migrateTo int) (*metadata.DB, time.Duration, error) {
-	path, staleAge, err := dbPath()
+func openDBTo(ctx context.Context, readOnly bool, migrateTo int) (*metadata.DB, error) {
+	path, err := dbPath()
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
-	d, err := metadata.Open(ctx, metadata.Options{Path: path, ReadOnly: readOnly, MigrateTo: migrateTo})
-	if err != nil {
-		return nil, 0, err
-	}
-	return d, staleAge, nil
+	return metadata.Open(ctx, metadata.Options{Path: path, ReadOnly: readOnly, MigrateTo: migrateTo})
 }
 
 func runDBMigrate(ctx context.Context, args []string) error {
@@ -121,7 +110,7 @@ version this binary embeds.`)
 	if *to < 0 || *to > metadata.LatestVersion() {
 		return &exitError{code: 2, msg: fmt.Sprintf("--to %d: want a schema version from 1 to %d", *to, metadata.LatestVersion())}
 	}
-	d, _, err := openDBTo(ctx, false, *to)
+	d, err := openDBTo(ctx, false, *to)
 	if err != nil {
 		return err
 	}
@@ -152,7 +141,7 @@ and exits 1 if there is any; exits 0 and prints one "ok" line otherwise.`)
 	if err := parseDBFlags(fs, args, 0, ""); err != nil {
 		return err
 	}
-	d, _, err := openDB(ctx, true)
+	d, err := openDB(ctx, true)
 	if err != nil {
 		// A ledger the open refuses is a check result, not a usage error.
 		if errors.Is(err, metadata.ErrLedgerMismatch) {
@@ -190,7 +179,7 @@ DEST must not exist unless --force is given.`)
 	if _, err := os.Stat(dest); err == nil && !*force {
 		return &exitError{code: 1, msg: fmt.Sprintf("%s exists (use --force to replace it)", dest)}
 	}
-	d, _, err := openDB(ctx, true)
+	d, err := openDB(ctx, true)
 	if err != nil {
 		return err
 	}
@@ -203,60 +192,5 @@ DEST must not exist unless --force is given.`)
 		return fmt.Errorf("backup written but not found: %w", err)
 	}
 	fmt.Printf("backed up %s to %s (%d bytes)\n", d.Path(), dest, st.Size())
-	return nil
-}
-
-func runDBUnlockStale(ctx context.Context, args []string) error {
-	fs := newFlagSet("db unlock-stale", "db unlock-stale [--config FILE] [--db PATH] [--older-than DURATION] [--dry-run]", `
-Remove the image locks held longer than --older-than (a lock left by a
-crashed pipeline blocks that image's unpack until removed). Lists what it
-removes. With --dry-run, only lists. The default age is the config's
-pipeline.stale_lock_age (1h unless configured).`)
-	olderThan := fs.Duration("older-than", 0, "remove locks held longer than `DURATION` (e.g. 30m; default: pipeline.stale_lock_age)")
-	dryRun := fs.Bool("dry-run", false, "list the stale locks without removing them")
-	if err := parseDBFlags(fs, args, 0, ""); err != nil {
-		return err
-	}
-	if *olderThan < 0 {
-		return &exitError{code: 2, msg: fmt.Sprintf("--older-than %s: must not be negative", *olderThan)}
-	}
-	d, staleAge, err := openDB(ctx, *dryRun)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	age := staleAge
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "older-than" {
-			age = *olderThan
-		}
-	})
-	var locks []metadata.ImageLock
-	if *dryRun {
-		locks, err = d.ListStaleImageLocks(ctx, age)
-	} else {
-		locks, err = d.ClearStaleImageLocks(ctx, age)
-	}
-	if err != nil {
-		return err
-	}
-	verb := "removed"
-	if *dryRun {
-		verb = "would remove"
-	}
-	if len(locks) == 0 {
-		fmt.Printf("no image lock older than %s\n", age)
-		return nil
-	}
-	now := time.Now()
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "IMAGE ID\tLOCKED BY\tLOCKED AT\tAGE")
-	for _, l := range locks {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", l.ImageID, l.LockedBy, l.LockedAt.Format(time.RFC3339), humanAge(l.Age(now)))
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	fmt.Printf("%s %d image lock(s) older than %s\n", verb, len(locks), age)
 	return nil
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -46,12 +48,12 @@ func TestDBMigrateAndCheck(t *testing.T) {
 	}
 
 	// An orphan row: foreign_key_check finds it.
-	rawSQL(t, path, `INSERT INTO unpacked_images (image_id, device_id, device_name, device_path, size_bytes, file_count) VALUES ('ghost', '1', 'thin-1', '/x', 0, 0)`)
+	rawSQL(t, path, `INSERT INTO image_names (name, image_id, registered_ns) VALUES ('ghost:1', 'ghost', 1)`)
 	code, out, errOut = runCommand(t, nil, "db", "check", "--db", path)
-	if code != 1 || !strings.Contains(out, "foreign_key_check: unpacked_images rowid 1") || !strings.Contains(errOut, "1 problem(s) found") {
+	if code != 1 || !strings.Contains(out, "foreign_key_check: image_names rowid 1 references a missing row of s3_images") || !strings.Contains(errOut, "1 problem(s) found") {
 		t.Errorf("db check (orphan row) = %d, %q, %q", code, out, errOut)
 	}
-	rawSQL(t, path, `DELETE FROM unpacked_images`)
+	rawSQL(t, path, `DELETE FROM image_names`)
 
 	// A tampered ledger: check names the version; ls refuses to read.
 	rawSQL(t, path, `UPDATE schema_migrations SET sql_sha256 = 'x' WHERE version = 1`)
@@ -71,25 +73,58 @@ func TestDBMigrateAndCheck(t *testing.T) {
 
 func TestDBMigrateWritesCopy(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "m.db")
-	// A database at an older schema, holding a row, as an operator's host
-	// would have after an upgrade of the binary.
-	if code, out, errOut := runCommand(t, nil, "db", "migrate", "--to", "5", "--db", path); code != 0 || !strings.Contains(out, "migrated from version 0 to 5") {
-		t.Fatalf("db migrate --to 5 = %d, %q, %q", code, out, errOut)
+	// A database at the previous schema holding a pulled image, as an
+	// operator's host would have before an upgrade of the binary.
+	prev := strconv.Itoa(metadata.LatestVersion() - 1)
+	if code, out, errOut := runCommand(t, nil, "db", "migrate", "--to", prev, "--db", path); code != 0 || !strings.Contains(out, "migrated from version 0 to "+prev) {
+		t.Fatalf("db migrate --to %s = %d, %q, %q", prev, code, out, errOut)
 	}
-	rawSQL(t, path, `INSERT INTO images (image_id, s3_key, local_path, size_bytes) VALUES ('img', 'k.tar', '/p', 1)`)
+	diff := "sha256:" + strings.Repeat("d", 64)
+	chain := "sha256:" + strings.Repeat("c", 64)
+	rawSQL(t, path,
+		`INSERT INTO pipeline_blobs (digest, path, size_bytes, stat_size, stat_mtime_ns, stat_ino, created_ns)
+			VALUES ('`+diff+`', '/dl/blobs/sha256/`+strings.Repeat("d", 64)+`', 1024, 1024, 1, 1, 1700000000000000000)`,
+		`INSERT INTO pipeline_images (ref, source, image_id, layers, top_chain_id, snapshot_key, updated_ns)
+			VALUES ('registry.example/app:1', 's3://bkt/app.tar', 'img-app',
+				'[{"key":"app.tar","size":1024,"etag":"\"e1\"","diff_id":"`+diff+`","chain_id":"`+chain+`"}]',
+				'`+chain+`', 'snap-img-app', 1700000000000000000)`)
 	latest := strconv.Itoa(metadata.LatestVersion())
 	code, out, errOut := runCommand(t, nil, "db", "migrate", "--db", path)
-	if code != 0 || !strings.Contains(out, "migrated from version 5 to "+latest) || !strings.Contains(out, path+".pre-v6") {
-		t.Fatalf("db migrate (5 -> %s) = %d, %q, %q", latest, code, out, errOut)
+	copyPath := path + ".pre-v" + latest
+	if code != 0 || !strings.Contains(out, "migrated from version "+prev+" to "+latest) || !strings.Contains(out, copyPath) {
+		t.Fatalf("db migrate (%s -> %s) = %d, %q, %q", prev, latest, code, out, errOut)
 	}
-	code, out, _ = runCommand(t, nil, "ls", "images", "--db", path+".pre-v6", "--format", "json")
-	var imgs []metadata.ImageView
-	if code != 0 || json.Unmarshal([]byte(out), &imgs) != nil || len(imgs) != 1 || imgs[0].ImageID != "img" {
-		t.Errorf("ls images of the pre-v6 copy = %d, %q", code, out)
+	// The pulled image is carried over with its name and layer.
+	imgs := lsJSON[metadata.ImageView](t, "images", "--db", path, "--format", "json")
+	if len(imgs) != 1 || imgs[0].ImageID != "img-app" || imgs[0].S3Key != "s3://bkt/app.tar" || imgs[0].Layers != 1 ||
+		imgs[0].SizeBytes != 1024 || !reflect.DeepEqual(imgs[0].Names, []string{"registry.example/app:1"}) {
+		t.Errorf("ls images after the upgrade = %+v", imgs)
+	}
+	// The copy keeps the previous schema's rows as they were.
+	if n := countRows(t, copyPath, `SELECT count(*) FROM pipeline_images WHERE image_id = 'img-app'`); n != 1 {
+		t.Errorf("the pre-v%s copy holds %d pipeline_images rows of img-app, want 1", latest, n)
+	}
+	if code, out, _ := runCommand(t, nil, "db", "check", "--db", path); code != 0 {
+		t.Errorf("db check after the upgrade = %d, %q", code, out)
 	}
 	if code, _, errOut := runCommand(t, nil, "db", "migrate", "--to", "999", "--db", path); code != 2 || !strings.Contains(errOut, "--to 999") {
 		t.Errorf("db migrate --to 999 = %d, %q", code, errOut)
 	}
+}
+
+// countRows runs the count query q on path through the plain driver.
+func countRows(t *testing.T, path, q string) int {
+	t.Helper()
+	db, err := sql.Open("sqlite3", "file:"+path+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var n int
+	if err := db.QueryRow(q).Scan(&n); err != nil {
+		t.Fatalf("%s on %s: %v", q, path, err)
+	}
+	return n
 }
 
 func TestDBBackup(t *testing.T) {
@@ -113,7 +148,7 @@ func TestDBBackup(t *testing.T) {
 	}
 	code, out, _ = runCommand(t, nil, "ls", "images", "--db", dest, "--format", "json")
 	var imgs []metadata.ImageView
-	if code != 0 || json.Unmarshal([]byte(out), &imgs) != nil || len(imgs) != 5 {
+	if code != 0 || json.Unmarshal([]byte(out), &imgs) != nil || len(imgs) != 3 {
 		t.Errorf("ls images of the copy = %d, %q", code, out)
 	}
 	if code, _, _ = runCommand(t, nil, "db", "backup", "--db", path); code != 2 {
@@ -121,49 +156,42 @@ func TestDBBackup(t *testing.T) {
 	}
 }
 
-func TestDBUnlockStale(t *testing.T) {
+// TestDBUnlockStaleIsGone: image locks are the live runs, released when a
+// run ends, so there is nothing to unlock by age; the subcommand is refused
+// as unknown and changes nothing.
+func TestDBUnlockStaleIsGone(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "m.db")
 	populate(t, path, time.Now())
-	// populate leaves locks aged 2h (img-stale) and 10m (img-fresh).
-	code, out, errOut := runCommand(t, nil, "db", "unlock-stale", "--db", path, "--dry-run")
-	if code != 0 || !strings.Contains(out, "img-stale") || strings.Contains(out, "img-fresh") || !strings.Contains(out, "would remove 1 image lock(s) older than 1h0m0s") {
-		t.Fatalf("unlock-stale --dry-run = %d, %q, %q", code, out, errOut)
+	for _, args := range [][]string{{"db", "unlock-stale", "--db", path}, {"db", "unlock-stale", "--db", path, "--older-than", "1m"}, {"db", "unlock-stale", "--help"}} {
+		code, out, errOut := runCommand(t, nil, args...)
+		if code != 2 || out != "" || !strings.Contains(errOut, `unknown db subcommand "unlock-stale" (want migrate, check or backup)`) {
+			t.Errorf("%v = %d, %q, %q; want 2 and an unknown-subcommand error", args, code, out, errOut)
+		}
 	}
-	code, out, _ = runCommand(t, nil, "ls", "locks", "--db", path, "--format", "json")
-	var locks []metadata.LockView
-	if code != 0 || json.Unmarshal([]byte(out), &locks) != nil || len(locks) != 2 {
-		t.Fatalf("dry run removed locks: %d, %q", code, out)
+	if locks := lsJSON[metadata.LockView](t, "locks", "--db", path, "--format", "json"); len(locks) != 2 {
+		t.Errorf("after the refused unlock-stale, ls locks = %+v; want the 2 running runs", locks)
 	}
-	code, out, _ = runCommand(t, nil, "db", "unlock-stale", "--db", path)
-	if code != 0 || !strings.Contains(out, "removed 1 image lock(s)") || !strings.Contains(out, "unpack-fsm:crashed") {
-		t.Errorf("unlock-stale = %d, %q", code, out)
-	}
-	code, out, _ = runCommand(t, nil, "db", "unlock-stale", "--db", path, "--older-than", "5m")
-	if code != 0 || !strings.Contains(out, "img-fresh") || !strings.Contains(out, "removed 1 image lock(s) older than 5m0s") {
-		t.Errorf("unlock-stale --older-than 5m = %d, %q", code, out)
-	}
-	code, out, _ = runCommand(t, nil, "db", "unlock-stale", "--db", path)
-	if code != 0 || !strings.Contains(out, "no image lock older than") {
-		t.Errorf("unlock-stale with nothing stale = %d, %q", code, out)
-	}
-	if code, _, _ = runCommand(t, nil, "db", "unlock-stale", "--db", path, "--older-than", "-1m"); code != 2 {
-		t.Errorf("negative --older-than = %d, want 2", code)
-	}
-	// The config's pipeline.stale_lock_age is the default age.
+	// A config still setting the age it took is refused, naming the key.
 	cfg := filepath.Join(t.TempDir(), "c.toml")
 	if err := os.WriteFile(cfg, []byte("[pipeline]\nstale_lock_age = \"1m\"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	code, out, errOut = runCommand(t, nil, "db", "unlock-stale", "--config", cfg, "--db", path)
-	if code != 0 || !strings.Contains(out, "older than 1m0s") {
-		t.Errorf("unlock-stale with config stale_lock_age = %d, %q, %q", code, out, errOut)
+	for _, args := range [][]string{{"ls", "locks"}, {"db", "check"}} {
+		code, out, errOut := runCommand(t, nil, append(args, "--config", cfg, "--db", path)...)
+		if code != 1 || out != "" || !strings.Contains(errOut, cfg+`:2:1: unknown key "pipeline.stale_lock_age"`) {
+			t.Errorf("%v with stale_lock_age in the config = %d, %q, %q; want 1 naming the key", args, code, out, errOut)
+		}
+	}
+	code, out, _ := runCommand(t, nil, "db", "--help")
+	if code != 0 || strings.Contains(out, "unlock-stale") || !strings.Contains(out, "backup DEST") {
+		t.Errorf("db --help = %d, %q; want the subcommands without unlock-stale", code, out)
 	}
 }
 
 func TestDBHelpAndUsage(t *testing.T) {
 	for _, args := range [][]string{
 		{"db", "--help"}, {"db", "migrate", "--help"}, {"db", "check", "--help"},
-		{"db", "backup", "--help"}, {"db", "unlock-stale", "--help"}, {"ls", "--help"},
+		{"db", "backup", "--help"}, {"ls", "--help"},
 	} {
 		code, out, _ := runCommand(t, nil, args...)
 		if code != 0 || !strings.HasPrefix(out, "Usage: containerd-flyio-snapshotter "+args[0]) {
@@ -190,13 +218,45 @@ func TestDBHelpAndUsage(t *testing.T) {
 	}
 }
 
-// populate writes, through package metadata, one image in each derived
-// state and two locks (2h and 10m old at now).
+// Fixture digests: layer contents (diff IDs) and the chains they make.
+var (
+	diffA   = "sha256:" + strings.Repeat("a", 64)
+	diffB   = "sha256:" + strings.Repeat("b", 64)
+	diffC   = "sha256:" + strings.Repeat("c", 64)
+	chainA  = "sha256:" + strings.Repeat("1", 64) // diffA at the bottom
+	chainAB = "sha256:" + strings.Repeat("2", 64) // diffB on chainA
+	chainC  = "sha256:" + strings.Repeat("3", 64) // diffC at the bottom; no image uses it
+	chainX  = "sha256:" + strings.Repeat("4", 64) // recorded, but its snapshot is gone
+)
+
+// Fixture thin ids.
+const (
+	devChainA     = 10
+	devChainAB    = 11
+	devChainC     = 12
+	devActivation = 20
+)
+
+// devName is the dm name the fixture gives thin id id.
+func devName(id uint32) string { return fmt.Sprintf("flyio-pool-snap-%d", id) }
+
+// populate writes, through package metadata, what the pipelines and the
+// snapshotter leave after these pulls:
+//   - img-active: s3://bkt/images/active/ (layers A and B, chains chainA and
+//     chainAB), activated, named registry.example/active:1 and its source;
+//   - img-unpacked: s3://bkt/images/unpacked.tar (layer A under another key,
+//     so chain chainA is shared), not activated, named
+//     registry.example/unpacked:1;
+//   - img-failed: s3://bkt/images/failed.tar, whose only pull failed;
+//
+// chain chainC unpacked but used by no image, chain chainX recorded without
+// its snapshot; and four runs: two running (the locks: an unpack on chainC
+// started 2h before now, an activation of img-unpacked started 10m before
+// now), one pending, one complete.
 func populate(t *testing.T, path string, now time.Time) {
 	t.Helper()
 	ctx := context.Background()
-	at := now
-	d, err := metadata.Open(ctx, metadata.Options{Path: path, Clock: func() time.Time { return at }})
+	d, err := metadata.Open(ctx, metadata.Options{Path: path})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,19 +267,102 @@ func populate(t *testing.T, path string, now time.Time) {
 			t.Fatal(err)
 		}
 	}
-	must(d.MarkImageFailed(ctx, metadata.ImageFailure{ImageID: "img-failed", S3Key: "images/failed.tar", Reason: `entry "../x": climbs above the root`}))
-	must(d.StoreImageMetadata(ctx, "img-downloaded", "images/downloaded.tar", "/d/1.tar", "s1", 100))
-	must(d.StoreImageMetadata(ctx, "img-unpacked", "images/unpacked.tar", "/d/2.tar", "s2", 200))
-	must(d.StoreUnpackedImage(ctx, metadata.UnpackedImageRecord{ImageID: "img-unpacked", DeviceID: "2", DeviceName: "thin-2", DevicePath: "/dev/mapper/thin-2", SizeBytes: 2000, FileCount: 20}))
-	must(d.StoreImageMetadata(ctx, "img-active", "images/active.tar", "/d/3.tar", "s3", 300))
-	must(d.StoreUnpackedImage(ctx, metadata.UnpackedImageRecord{ImageID: "img-active", DeviceID: "3", DeviceName: "thin-3", DevicePath: "/dev/mapper/thin-3", SizeBytes: 3000, FileCount: 30}))
-	must(d.RegisterActivation(ctx, metadata.SnapshotRecord{ImageID: "img-active", SnapshotID: "3-snap", SnapshotName: "snapshot-img-active", DevicePath: "/dev/mapper/snapshot-img-active", OriginDeviceID: "3"}))
-	must(d.RegisterActivation(ctx, metadata.SnapshotRecord{ImageID: "img-active", SnapshotID: "3-snap-b", SnapshotName: "snapshot-img-active-b", DevicePath: "/dev/mapper/snapshot-img-active-b", OriginDeviceID: "3"}))
-	must(d.DeactivateSnapshot(ctx, "3-snap-b"))
-	must(d.StoreImageMetadata(ctx, "img-pending", "images/pending.tar", "/d/4.tar", "", 0))
-	rawSQL(t, path, `UPDATE images SET download_status = 'downloading' WHERE image_id = 'img-pending'`)
-	at = now.Add(-2 * time.Hour)
-	must(d.AcquireImageLock(ctx, "img-stale", "unpack-fsm:crashed"))
-	at = now.Add(-10 * time.Minute)
-	must(d.AcquireImageLock(ctx, "img-fresh", "unpack-fsm:running"))
+	for _, o := range []struct {
+		key, diff string
+		size      int64
+	}{{"images/active/1.tar", diffA, 1000}, {"images/active/2.tar", diffB, 2000}, {"images/unpacked.tar", diffA, 1000}, {"images/orphan.tar", diffC, 3000}} {
+		must(d.StoreDownload(ctx, metadata.Object{Bucket: "bkt", Key: o.key, ETag: `"` + o.key + `"`, SizeBytes: o.size, Digest: o.diff},
+			metadata.LayerFile{Digest: o.diff, Path: "/dl/blobs/sha256/" + strings.TrimPrefix(o.diff, "sha256:"), SizeBytes: o.size}))
+	}
+	must(commitChain(ctx, d, metadata.Chain{ChainID: chainA, DiffID: diffA, SizeBytes: 4000, FileCount: 40}, devChainA))
+	must(commitChain(ctx, d, metadata.Chain{ChainID: chainAB, ParentChainID: chainA, DiffID: diffB, SizeBytes: 8000, FileCount: 80}, devChainAB))
+	must(commitChain(ctx, d, metadata.Chain{ChainID: chainC, DiffID: diffC, SizeBytes: 500, FileCount: 5}, devChainC))
+	must(d.StoreChain(ctx, metadata.Chain{ChainID: chainX, DiffID: diffC}))
+
+	must(d.RecordPulledImage(ctx, "img-active", "s3://bkt/images/active/", []metadata.ImageLayer{
+		{Key: "images/active/1.tar", ETag: `"images/active/1.tar"`, SizeBytes: 1000, ChainID: chainA},
+		{Key: "images/active/2.tar", ETag: `"images/active/2.tar"`, SizeBytes: 2000, ChainID: chainAB},
+	}, "registry.example/active:1"))
+	must(d.AddImageName(ctx, "s3://bkt/images/active/", "img-active"))
+	must(activate(ctx, d, "img-active", chainAB, devActivation))
+	must(d.RecordPulledImage(ctx, "img-unpacked", "s3://bkt/images/unpacked.tar", []metadata.ImageLayer{
+		{Key: "images/unpacked.tar", ETag: `"images/unpacked.tar"`, SizeBytes: 1000, ChainID: chainA},
+	}, "registry.example/unpacked:1"))
+	must(d.MarkImageFailed(ctx, "img-failed", "s3://bkt/images/failed.tar", `validate s3://bkt/images/failed.tar: entry "../x": climbs above the root`))
+
+	for _, r := range []struct {
+		id, fsm, idem, state string
+		age                  time.Duration
+	}{
+		{"run-old", "unpack-image", chainC, metadata.RunRunning, 2 * time.Hour},
+		{"run-new", "activate-image", "img-unpacked", metadata.RunRunning, 10 * time.Minute},
+		{"run-queued", "download-image", diffC, metadata.RunPending, time.Minute},
+		{"run-done", "activate-image", "img-active", metadata.RunPending, 3 * time.Hour},
+	} {
+		at := now.Add(-r.age)
+		_, created, err := d.CreateRun(ctx, metadata.Run{ID: r.id, FSM: r.fsm, IdempotencyID: r.idem, Request: []byte(`{}`),
+			Transition: "start", State: metadata.RunPending, CreatedAt: at, UpdatedAt: at})
+		must(err)
+		if !created {
+			t.Fatalf("run %s not created", r.id)
+		}
+		if r.state == metadata.RunRunning {
+			must(d.CheckpointRun(ctx, metadata.RunCheckpoint{RunID: r.id, State: metadata.RunRunning, Transition: "start", At: at}))
+		}
+	}
+	must(d.CheckpointRun(ctx, metadata.RunCheckpoint{RunID: "run-done", State: metadata.RunComplete, Transition: "register", At: now.Add(-3 * time.Hour)}))
+}
+
+// commitChain writes what an unpack leaves for chain c: thin device devID
+// and the committed snapshot keyed by the chain ID on its parent chain's
+// snapshot (one transaction), then the chain's row.
+func commitChain(ctx context.Context, d *metadata.DB, c metadata.Chain, devID uint32) error {
+	if err := d.WithTx(ctx, func(tx *sql.Tx) error {
+		q := metadata.SnapshotterTx(tx)
+		var parent int64
+		if c.ParentChainID != "" {
+			p, ok, err := q.Snapshot(ctx, "default", c.ParentChainID)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("parent chain %s has no snapshot", c.ParentChainID)
+			}
+			parent = p.ID
+		}
+		if err := q.InsertThinDevice(ctx, metadata.ThinDevice{ID: devID, Name: devName(devID), OriginID: 0, Role: metadata.ThinRoleSnapshot,
+			State: metadata.ThinStateInactive, SizeBytes: 1 << 30, FSType: "ext4", CreatedNs: 1, UpdatedNs: 1}); err != nil {
+			return err
+		}
+		_, err := q.InsertSnapshot(ctx, metadata.CDSnapshot{Namespace: "default", Key: c.ChainID, Kind: metadata.SnapKindCommitted,
+			ParentID: parent, DeviceID: devID, CreatedNs: 1, UpdatedNs: 1})
+		return err
+	}); err != nil {
+		return fmt.Errorf("commit chain %s: %w", c.ChainID, err)
+	}
+	return d.StoreChain(ctx, c)
+}
+
+// activate writes image imageID's activation: the active snapshot keyed
+// metadata.ActivationKey(imageID) on the committed snapshot of chain
+// parent, on thin device devID.
+func activate(ctx context.Context, d *metadata.DB, imageID, parent string, devID uint32) error {
+	return d.WithTx(ctx, func(tx *sql.Tx) error {
+		q := metadata.SnapshotterTx(tx)
+		p, ok, err := q.Snapshot(ctx, "default", parent)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("activate %s: chain %s has no snapshot", imageID, parent)
+		}
+		if err := q.InsertThinDevice(ctx, metadata.ThinDevice{ID: devID, Name: devName(devID), OriginID: p.DeviceID, Role: metadata.ThinRoleSnapshot,
+			State: metadata.ThinStateActive, SizeBytes: 1 << 30, FSType: "ext4", CreatedNs: 1, UpdatedNs: 1}); err != nil {
+			return err
+		}
+		now := time.Now().UnixNano()
+		_, err = q.InsertSnapshot(ctx, metadata.CDSnapshot{Namespace: "default", Key: metadata.ActivationKey(imageID), Kind: metadata.SnapKindActive,
+			ParentID: p.ID, DeviceID: devID, CreatedNs: now, UpdatedNs: now})
+		return err
+	})
 }

@@ -1,13 +1,14 @@
 package main
 
-// `ls`: read-only listings of the metadata database (seed 003's reader
-// model); `ls runs` is in ls_runs.go.
+// `ls`: read-only listings of the metadata database (one writer, the daemon;
+// any number of readers); `ls runs` is in ls_runs.go.
 
 import (
 	"context"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -20,18 +21,24 @@ import (
 const lsDescription = `
 List what the metadata database records. The database is opened read-only:
 listing never writes and works while the daemon writes. Derived fields are
-computed at read time: an image's overall state (pending, downloaded,
-unpacked, active, failed), a device's reference count, a lock's age and
-whether it is stale (older than the config's pipeline.stale_lock_age).
+computed at read time: an image's overall state (pending, unpacked,
+active, failed), a device's reference count, a lock's age.
+
+The words: an image is what pull made from an S3 key or prefix (listed by
+its source); its layers are unpacked as chains (one thin device each, a
+layer on top of its parent chain, shared by every image with the same
+layers below it); its activation is its active snapshot; a lock is what a
+running state-machine run holds.
 
 Kinds and their --filter keys:
-  images     image_id, s3_key, state, download_status, activation_status,
-             device_name, locked (true|false)
+  images     image_id, s3_key, name, state, download_status,
+             activation_status, device_name, locked (true|false)
   unpacked   image_id, device_id, device_name, verified (true|false),
              referenced (true|false)
+  chains     chain_id, parent_chain_id, diff_id, device_id, used (true|false)
   snapshots  image_id, snapshot_id, snapshot_name, origin_device_id,
              active (true|false)
-  locks      image_id, locked_by, stale (true|false)
+  locks      image_id, locked_by
   ` + lsRunsUsage + `
 
 --filter KEY=VALUE may be repeated; a row is listed when it matches all of
@@ -63,12 +70,15 @@ type lsColumn[T any] struct {
 	key    string
 	values []string
 	value  func(T) string // filter value; cell is used when nil
+	// match decides a filter on a column of several values (names); value
+	// and cell are not used for filtering when it is set.
+	match func(T, string) bool
 }
 
 // lsKind is one listable kind.
 type lsKind[T any] struct {
 	name    string
-	list    func(context.Context, *metadata.DB, time.Duration) ([]T, error)
+	list    func(context.Context, *metadata.DB, time.Time) ([]T, error)
 	columns []lsColumn[T]
 }
 
@@ -78,24 +88,24 @@ func yesNo(b bool) string { return strconv.FormatBool(b) }
 
 var lsImages = lsKind[metadata.ImageView]{
 	name: "images",
-	list: func(ctx context.Context, d *metadata.DB, _ time.Duration) ([]metadata.ImageView, error) {
+	list: func(ctx context.Context, d *metadata.DB, _ time.Time) ([]metadata.ImageView, error) {
 		return d.ImageViews(ctx)
 	},
 	columns: []lsColumn[metadata.ImageView]{
 		{header: "IMAGE ID", key: "image_id", cell: func(v metadata.ImageView, _ time.Time) string { return v.ImageID }},
 		{header: "S3 KEY", key: "s3_key", cell: func(v metadata.ImageView, _ time.Time) string { return v.S3Key }},
-		{header: "STATE", key: "state", values: []string{metadata.ImageStatePending, metadata.ImageStateDownloaded, metadata.ImageStateUnpacked, metadata.ImageStateActive, metadata.ImageStateFailed},
+		{header: "NAMES", key: "name", cell: func(v metadata.ImageView, _ time.Time) string { return dash(strings.Join(v.Names, ",")) },
+			match: func(v metadata.ImageView, want string) bool { return slices.Contains(v.Names, want) }},
+		{header: "STATE", key: "state", values: []string{metadata.ImageStateUnpacked, metadata.ImageStateActive, metadata.ImageStateFailed},
 			cell: func(v metadata.ImageView, _ time.Time) string { return v.State }},
-		{header: "DOWNLOAD", key: "download_status", values: []string{metadata.DownloadPending, metadata.DownloadDownloading, metadata.DownloadCompleted, metadata.DownloadFailed},
+		{header: "LAYERS", cell: func(v metadata.ImageView, _ time.Time) string { return strconv.Itoa(v.Layers) }},
+		{header: "DOWNLOAD", key: "download_status", values: []string{metadata.DownloadCompleted, metadata.DownloadFailed},
 			cell: func(v metadata.ImageView, _ time.Time) string { return v.DownloadStatus }},
 		{header: "ACTIVATION", key: "activation_status", values: []string{metadata.ActivationInactive, metadata.ActivationActive, metadata.ActivationFailed},
 			cell: func(v metadata.ImageView, _ time.Time) string { return dash(v.ActivationStatus) }, value: func(v metadata.ImageView) string { return v.ActivationStatus }},
 		{header: "SIZE", cell: func(v metadata.ImageView, _ time.Time) string { return humanBytes(uint64(v.SizeBytes)) }},
 		{header: "DEVICE", key: "device_name", cell: func(v metadata.ImageView, _ time.Time) string { return dash(v.DeviceName) },
 			value: func(v metadata.ImageView) string { return v.DeviceName }},
-		{header: "SNAPSHOTS", cell: func(v metadata.ImageView, _ time.Time) string {
-			return fmt.Sprintf("%d/%d active", v.ActiveSnapshots, v.Snapshots)
-		}},
 		{header: "LOCKED BY", key: "locked", values: boolValues, cell: func(v metadata.ImageView, _ time.Time) string { return dash(v.LockedBy) },
 			value: func(v metadata.ImageView) string { return yesNo(v.LockedBy != "") }},
 		{header: "UPDATED", cell: func(v metadata.ImageView, now time.Time) string { return humanAge(now.Sub(v.UpdatedAt)) + " ago" }},
@@ -105,7 +115,7 @@ var lsImages = lsKind[metadata.ImageView]{
 
 var lsUnpacked = lsKind[metadata.UnpackedView]{
 	name: "unpacked",
-	list: func(ctx context.Context, d *metadata.DB, _ time.Duration) ([]metadata.UnpackedView, error) {
+	list: func(ctx context.Context, d *metadata.DB, _ time.Time) ([]metadata.UnpackedView, error) {
 		return d.UnpackedViews(ctx)
 	},
 	columns: []lsColumn[metadata.UnpackedView]{
@@ -122,9 +132,40 @@ var lsUnpacked = lsKind[metadata.UnpackedView]{
 	},
 }
 
+var lsChains = lsKind[metadata.ChainView]{
+	name: "chains",
+	list: func(ctx context.Context, d *metadata.DB, _ time.Time) ([]metadata.ChainView, error) {
+		return d.ChainViews(ctx)
+	},
+	columns: []lsColumn[metadata.ChainView]{
+		{header: "CHAIN ID", key: "chain_id", cell: func(v metadata.ChainView, _ time.Time) string { return shortDigest(v.ChainID) },
+			value: func(v metadata.ChainView) string { return v.ChainID }},
+		{header: "PARENT", key: "parent_chain_id", cell: func(v metadata.ChainView, _ time.Time) string { return dash(shortDigest(v.Parent)) },
+			value: func(v metadata.ChainView) string { return v.Parent }},
+		{header: "DIFF ID", key: "diff_id", cell: func(v metadata.ChainView, _ time.Time) string { return shortDigest(v.DiffID) },
+			value: func(v metadata.ChainView) string { return v.DiffID }},
+		{header: "DEVICE ID", key: "device_id", cell: func(v metadata.ChainView, _ time.Time) string { return strconv.FormatUint(uint64(v.DeviceID), 10) }},
+		{header: "DEVICE NAME", cell: func(v metadata.ChainView, _ time.Time) string { return v.DeviceName }},
+		{header: "SIZE", cell: func(v metadata.ChainView, _ time.Time) string { return humanBytes(uint64(v.SizeBytes)) }},
+		{header: "FILES", cell: func(v metadata.ChainView, _ time.Time) string { return strconv.FormatInt(v.FileCount, 10) }},
+		{header: "IMAGES", key: "used", values: boolValues, cell: func(v metadata.ChainView, _ time.Time) string { return strconv.Itoa(v.Images) },
+			value: func(v metadata.ChainView) string { return yesNo(v.Images > 0) }},
+		{header: "CHILDREN", cell: func(v metadata.ChainView, _ time.Time) string { return strconv.Itoa(v.Children) }},
+		{header: "UNPACKED", cell: func(v metadata.ChainView, now time.Time) string { return humanAge(now.Sub(v.UnpackedAt)) + " ago" }},
+	},
+}
+
+// shortDigest is "sha256:" and the first 12 hex digits of digest.
+func shortDigest(digest string) string {
+	if len(digest) > 19 {
+		return digest[:19]
+	}
+	return digest
+}
+
 var lsSnapshots = lsKind[metadata.SnapshotView]{
 	name: "snapshots",
-	list: func(ctx context.Context, d *metadata.DB, _ time.Duration) ([]metadata.SnapshotView, error) {
+	list: func(ctx context.Context, d *metadata.DB, _ time.Time) ([]metadata.SnapshotView, error) {
 		return d.SnapshotViews(ctx)
 	},
 	columns: []lsColumn[metadata.SnapshotView]{
@@ -145,15 +186,14 @@ var lsSnapshots = lsKind[metadata.SnapshotView]{
 
 var lsLocks = lsKind[metadata.LockView]{
 	name: "locks",
-	list: func(ctx context.Context, d *metadata.DB, staleAge time.Duration) ([]metadata.LockView, error) {
-		return d.LockViews(ctx, staleAge)
+	list: func(ctx context.Context, d *metadata.DB, now time.Time) ([]metadata.LockView, error) {
+		return d.LockViews(ctx, now)
 	},
 	columns: []lsColumn[metadata.LockView]{
 		{header: "IMAGE ID", key: "image_id", cell: func(v metadata.LockView, _ time.Time) string { return v.ImageID }},
 		{header: "LOCKED BY", key: "locked_by", cell: func(v metadata.LockView, _ time.Time) string { return v.LockedBy }},
 		{header: "LOCKED AT", cell: func(v metadata.LockView, _ time.Time) string { return v.LockedAt.Format(time.RFC3339) }},
 		{header: "AGE", cell: func(v metadata.LockView, _ time.Time) string { return humanAge(v.Age) }},
-		{header: "STALE", key: "stale", values: boolValues, cell: func(v metadata.LockView, _ time.Time) string { return yesNo(v.Stale) }},
 	},
 }
 
@@ -198,8 +238,8 @@ func contains(list []string, s string) bool {
 
 // runLsKind lists kind k from d to w in format, keeping rows matching every
 // filter.
-func runLsKind[T any](ctx context.Context, w io.Writer, d *metadata.DB, k lsKind[T], staleAge time.Duration, format string, filters []lsFilter, now time.Time) error {
-	rows, err := k.list(ctx, d, staleAge)
+func runLsKind[T any](ctx context.Context, w io.Writer, d *metadata.DB, k lsKind[T], format string, filters []lsFilter, now time.Time) error {
+	rows, err := k.list(ctx, d, now)
 	if err != nil {
 		return fmt.Errorf("ls %s: %w", k.name, err)
 	}
@@ -214,6 +254,13 @@ func runLsKind[T any](ctx context.Context, w io.Writer, d *metadata.DB, k lsKind
 		match := true
 		for _, f := range filters {
 			c := cols[f.key]
+			if c.match != nil {
+				if !c.match(r, f.value) {
+					match = false
+					break
+				}
+				continue
+			}
 			v := ""
 			if c.value != nil {
 				v = c.value(r)
@@ -250,19 +297,19 @@ func runLsKind[T any](ctx context.Context, w io.Writer, d *metadata.DB, k lsKind
 
 // lsKindRunner runs one kind: filter validation first (a usage error), then
 // the listing.
-type lsKindRunner func(ctx context.Context, w io.Writer, d *metadata.DB, staleAge time.Duration, format string, filters []string) error
+type lsKindRunner func(ctx context.Context, w io.Writer, d *metadata.DB, format string, filters []string) error
 
 func kindRunner[T any](k lsKind[T]) (validate func([]string) error, run lsKindRunner) {
 	validate = func(filters []string) error {
 		_, err := parseLsFilters(k, filters)
 		return err
 	}
-	run = func(ctx context.Context, w io.Writer, d *metadata.DB, staleAge time.Duration, format string, filters []string) error {
+	run = func(ctx context.Context, w io.Writer, d *metadata.DB, format string, filters []string) error {
 		fs, err := parseLsFilters(k, filters)
 		if err != nil {
 			return err
 		}
-		return runLsKind(ctx, w, d, k, staleAge, format, fs, time.Now())
+		return runLsKind(ctx, w, d, k, format, fs, time.Now())
 	}
 	return validate, run
 }
@@ -279,18 +326,20 @@ func lsKinds() map[string]lsEntry {
 	add("images", v, r)
 	v, r = kindRunner(lsUnpacked)
 	add("unpacked", v, r)
+	v, r = kindRunner(lsChains)
+	add("chains", v, r)
 	v, r = kindRunner(lsSnapshots)
 	add("snapshots", v, r)
 	v, r = kindRunner(lsLocks)
 	add("locks", v, r)
-	add("runs", lsRunsValidate, func(ctx context.Context, w io.Writer, d *metadata.DB, _ time.Duration, format string, filters []string) error {
+	add("runs", lsRunsValidate, func(ctx context.Context, w io.Writer, d *metadata.DB, format string, filters []string) error {
 		return lsRuns(ctx, d, w, format, filters)
 	})
 	return m
 }
 
 func runLs(ctx context.Context, args []string) error {
-	fs := newFlagSet("ls", "ls images|unpacked|snapshots|locks|runs [--filter KEY=VALUE]... [--format table|json] [--config FILE] [--db PATH]", lsDescription)
+	fs := newFlagSet("ls", "ls images|unpacked|chains|snapshots|locks|runs [--filter KEY=VALUE]... [--format table|json] [--config FILE] [--db PATH]", lsDescription)
 	var filters filterFlag
 	format := formatFlag("table")
 	fs.Var(&filters, "filter", "keep rows whose `KEY=VALUE` matches (repeatable; keys per kind above)")
@@ -313,12 +362,12 @@ func runLs(ctx context.Context, args []string) error {
 	kinds := lsKinds()
 	if len(words) == 0 {
 		fs.Usage()
-		return &exitError{code: 2, msg: "name what to list: images, unpacked, snapshots, locks or runs"}
+		return &exitError{code: 2, msg: "name what to list: images, unpacked, chains, snapshots, locks or runs"}
 	}
 	kind := words[0]
 	k, ok := kinds[kind]
 	if !ok {
-		return &exitError{code: 2, msg: fmt.Sprintf("unknown kind %q (want images, unpacked, snapshots, locks or runs)", kind)}
+		return &exitError{code: 2, msg: fmt.Sprintf("unknown kind %q (want images, unpacked, chains, snapshots, locks or runs)", kind)}
 	}
 	all := append([]string(nil), filters...)
 	if len(words) > 1 {
@@ -341,5 +390,11 @@ func runLs(ctx context.Context, args []string) error {
 		return err
 	}
 	defer d.Close()
-	return k.run(ctx, os.Stdout, d, cfg.Pipeline.StaleLockAge.Duration, string(format), all)
+	if v, err := d.SchemaVersion(ctx); err != nil {
+		return err
+	} else if v < metadata.LatestVersion() {
+		return fmt.Errorf("ls: database %s is at schema version %d; this binary lists version %d: run `containerd-flyio-snapshotter db migrate` (or start the daemon, which migrates)",
+			cfg.Metadata.Path, v, metadata.LatestVersion())
+	}
+	return k.run(ctx, os.Stdout, d, string(format), all)
 }

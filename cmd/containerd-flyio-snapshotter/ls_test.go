@@ -1,9 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
+	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,38 +28,219 @@ func lsJSON[T any](t *testing.T, args ...string) []T {
 	return v
 }
 
+// lsTable runs `ls ARGS...` (table format) and returns its rows as maps from
+// header to cell. tabwriter starts every cell of a column where its header
+// starts, so cells are cut at the headers' offsets; headers lists them in
+// order (they may hold spaces).
+func lsTable(t *testing.T, headers []string, args ...string) []map[string]string {
+	t.Helper()
+	code, out, errOut := runCommand(t, nil, append([]string{"ls"}, args...)...)
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	if code != 0 || len(lines) == 0 {
+		t.Fatalf("ls %v = %d, %q, %q", args, code, out, errOut)
+	}
+	var starts []int
+	from := 0
+	for _, h := range headers {
+		i := strings.Index(lines[0][from:], h)
+		if i < 0 {
+			t.Fatalf("ls %v: header %q lacks %q after offset %d", args, lines[0], h, from)
+		}
+		starts = append(starts, from+i)
+		from += i + len(h)
+	}
+	if strings.TrimSpace(lines[0][from:]) != "" {
+		t.Fatalf("ls %v: header %q has columns after %q", args, lines[0], headers[len(headers)-1])
+	}
+	var rows []map[string]string
+	for _, l := range lines[1:] {
+		row := map[string]string{}
+		for i, h := range headers {
+			end := len(l)
+			if i+1 < len(starts) {
+				end = min(starts[i+1], len(l))
+			}
+			if starts[i] > end {
+				t.Fatalf("ls %v: row %q is shorter than its header", args, l)
+			}
+			row[h] = strings.TrimSpace(l[starts[i]:end])
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}
+
 func TestLsImages(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "m.db")
 	populate(t, path, time.Now())
 	imgs := lsJSON[metadata.ImageView](t, "images", "--db", path, "--format", "json")
-	states := map[string]string{}
+	byID := map[string]metadata.ImageView{}
 	for _, v := range imgs {
-		states[v.ImageID] = v.State
+		byID[v.ImageID] = v
 	}
-	want := map[string]string{"img-failed": "failed", "img-downloaded": "downloaded", "img-unpacked": "unpacked", "img-active": "active", "img-pending": "pending"}
-	for id, st := range want {
-		if states[id] != st {
-			t.Errorf("image %s: state %q, want %q (all: %v)", id, states[id], st, states)
+	want := []struct {
+		id, state, source, device, lockedBy string
+		names                               []string
+		layers                              int
+		size                                int64
+		activations                         int
+	}{
+		{"img-active", metadata.ImageStateActive, "s3://bkt/images/active/", devName(devChainAB), "",
+			[]string{"registry.example/active:1", "s3://bkt/images/active/"}, 2, 3000, 1},
+		{"img-unpacked", metadata.ImageStateUnpacked, "s3://bkt/images/unpacked.tar", devName(devChainA), "activate-image:run-new",
+			[]string{"registry.example/unpacked:1"}, 1, 1000, 0},
+		{"img-failed", metadata.ImageStateFailed, "s3://bkt/images/failed.tar", "", "", []string{}, 0, 0, 0},
+	}
+	if len(imgs) != len(want) {
+		t.Errorf("ls images listed %d images, want %d: %+v", len(imgs), len(want), imgs)
+	}
+	for _, w := range want {
+		v, ok := byID[w.id]
+		if !ok {
+			t.Errorf("image %s not listed", w.id)
+			continue
 		}
+		if v.State != w.state || v.S3Key != w.source || v.DeviceName != w.device || v.LockedBy != w.lockedBy ||
+			!reflect.DeepEqual(v.Names, w.names) || v.Layers != w.layers || v.SizeBytes != w.size || v.ActiveSnapshots != w.activations {
+			t.Errorf("image %s = %+v\nwant state %s, source %s, device %q, locked by %q, names %q, %d layers, %d bytes, %d activations",
+				w.id, v, w.state, w.source, w.device, w.lockedBy, w.names, w.layers, w.size, w.activations)
+		}
+	}
+	if v := byID["img-active"]; v.DeviceID != strconv.Itoa(devChainAB) {
+		t.Errorf("img-active's device id = %q, want its top chain's, %d", v.DeviceID, devChainAB)
 	}
 	// Filters: flags before and after the kind, repeated, all must match.
 	active := lsJSON[metadata.ImageView](t, "--filter", "state=active", "images", "--db", path, "--format", "json")
-	if len(active) != 1 || active[0].ImageID != "img-active" || active[0].Snapshots != 2 || active[0].ActiveSnapshots != 1 {
+	if len(active) != 1 || active[0].ImageID != "img-active" {
 		t.Errorf("--filter state=active = %+v", active)
 	}
-	none := lsJSON[metadata.ImageView](t, "images", "--db", path, "--format", "json", "--filter", "state=active", "--filter", "s3_key=images/failed.tar")
+	none := lsJSON[metadata.ImageView](t, "images", "--db", path, "--format", "json", "--filter", "state=active", "--filter", "s3_key=s3://bkt/images/failed.tar")
 	if len(none) != 0 {
 		t.Errorf("two contradicting filters listed %+v", none)
 	}
-	failed := lsJSON[metadata.ImageView](t, "images", "--db", path, "--format", "json", "--filter", "s3_key=images/failed.tar")
-	if len(failed) != 1 || !strings.Contains(failed[0].FailureReason, "climbs above the root") {
+	failed := lsJSON[metadata.ImageView](t, "images", "--db", path, "--format", "json", "--filter", "s3_key=s3://bkt/images/failed.tar")
+	if len(failed) != 1 || failed[0].State != metadata.ImageStateFailed || !strings.Contains(failed[0].FailureReason, "climbs above the root") {
 		t.Errorf("failed image = %+v", failed)
 	}
-	// Table: a header and one line per image, the reason shown.
-	code, out, _ := runCommand(t, nil, "ls", "images", "--db", path)
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if code != 0 || len(lines) != 6 || !strings.HasPrefix(lines[0], "IMAGE ID") || !strings.Contains(out, "climbs above the root") {
-		t.Errorf("ls images table = %d, %q", code, out)
+	locked := lsJSON[metadata.ImageView](t, "images", "--db", path, "--format", "json", "--filter", "locked=true")
+	if len(locked) != 1 || locked[0].ImageID != "img-unpacked" {
+		t.Errorf("--filter locked=true = %+v", locked)
+	}
+	// A name filter matches any one of an image's names, exactly.
+	for name, wantID := range map[string]string{
+		"registry.example/unpacked:1": "img-unpacked",
+		"registry.example/active:1":   "img-active",
+		"s3://bkt/images/active/":     "img-active",
+		"registry.example/active":     "",
+		"registry.example/nothing:1":  "",
+	} {
+		got := lsJSON[metadata.ImageView](t, "images", "--db", path, "--format", "json", "--filter", "name="+name)
+		if wantID == "" && len(got) != 0 || wantID != "" && (len(got) != 1 || got[0].ImageID != wantID) {
+			t.Errorf("--filter name=%s = %+v, want %q only", name, got, wantID)
+		}
+	}
+	byName := lsJSON[metadata.ImageView](t, "images", "--db", path, "--format", "json", "--filter", "name=registry.example/active:1", "--filter", "state=unpacked")
+	if len(byName) != 0 {
+		t.Errorf("name and a state the image is not in listed %+v", byName)
+	}
+	// Table: a header and one line per image, with names, layer counts and
+	// the reason shown.
+	rows := lsTable(t, []string{"IMAGE ID", "S3 KEY", "NAMES", "STATE", "LAYERS", "DOWNLOAD", "ACTIVATION", "SIZE", "DEVICE", "LOCKED BY", "UPDATED", "REASON"},
+		"images", "--db", path)
+	if len(rows) != 3 {
+		t.Fatalf("ls images table has %d rows, want 3: %v", len(rows), rows)
+	}
+	wantRows := map[string]map[string]string{
+		"img-active": {"S3 KEY": "s3://bkt/images/active/", "NAMES": "registry.example/active:1,s3://bkt/images/active/", "STATE": "active",
+			"LAYERS": "2", "SIZE": "2.9 KiB", "DEVICE": devName(devChainAB), "LOCKED BY": "-", "REASON": "-"},
+		"img-unpacked": {"S3 KEY": "s3://bkt/images/unpacked.tar", "NAMES": "registry.example/unpacked:1", "STATE": "unpacked",
+			"LAYERS": "1", "SIZE": "1000 B", "DEVICE": devName(devChainA), "LOCKED BY": "activate-image:run-new", "REASON": "-"},
+		"img-failed": {"S3 KEY": "s3://bkt/images/failed.tar", "NAMES": "-", "STATE": "failed", "LAYERS": "0", "DEVICE": "-",
+			"REASON": `validate s3://bkt/images/failed.tar: entry "../x": climbs...`},
+	}
+	for _, r := range rows {
+		for col, want := range wantRows[r["IMAGE ID"]] {
+			if r[col] != want {
+				t.Errorf("ls images: %s's %s = %q, want %q (row %v)", r["IMAGE ID"], col, r[col], want, r)
+			}
+		}
+		delete(wantRows, r["IMAGE ID"])
+	}
+	if len(wantRows) != 0 {
+		t.Errorf("ls images table lacks %v", wantRows)
+	}
+}
+
+func TestLsChains(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.db")
+	populate(t, path, time.Now())
+	chains := lsJSON[metadata.ChainView](t, "chains", "--db", path, "--format", "json")
+	byID := map[string]metadata.ChainView{}
+	for _, c := range chains {
+		byID[c.ChainID] = c
+	}
+	// chainX has no snapshot, hence no device: it is not listed.
+	if len(chains) != 3 {
+		t.Errorf("ls chains listed %d chains, want chainA, chainAB and chainC: %+v", len(chains), chains)
+	}
+	for _, w := range []struct {
+		id, parent, diff string
+		dev              uint32
+		images, children int
+		size, files      int64
+	}{
+		{chainA, "", diffA, devChainA, 2, 1, 4000, 40},       // under img-active's top chain and img-unpacked's only one
+		{chainAB, chainA, diffB, devChainAB, 1, 1, 8000, 80}, // its child is img-active's activation
+		{chainC, "", diffC, devChainC, 0, 0, 500, 5},
+	} {
+		c, ok := byID[w.id]
+		if !ok {
+			t.Errorf("chain %s not listed", w.id)
+			continue
+		}
+		if c.Parent != w.parent || c.DiffID != w.diff || c.DeviceID != w.dev || c.DeviceName != devName(w.dev) ||
+			c.Images != w.images || c.Children != w.children || c.SizeBytes != w.size || c.FileCount != w.files {
+			t.Errorf("chain %s = %+v\nwant parent %q, diff %s, device %d (%s), %d images, %d children, %d bytes, %d files",
+				w.id, c, w.parent, w.diff, w.dev, devName(w.dev), w.images, w.children, w.size, w.files)
+		}
+	}
+	unused := lsJSON[metadata.ChainView](t, "chains", "--db", path, "--format", "json", "--filter", "used=false")
+	if len(unused) != 1 || unused[0].ChainID != chainC {
+		t.Errorf("--filter used=false = %+v, want chainC only", unused)
+	}
+	children := lsJSON[metadata.ChainView](t, "chains", "--db", path, "--format", "json", "--filter", "parent_chain_id="+chainA)
+	if len(children) != 1 || children[0].ChainID != chainAB {
+		t.Errorf("--filter parent_chain_id=chainA = %+v, want chainAB only", children)
+	}
+	byDev := lsJSON[metadata.ChainView](t, "chains", "--db", path, "--format", "json", "--filter", "device_id="+strconv.Itoa(devChainC))
+	if len(byDev) != 1 || byDev[0].ChainID != chainC {
+		t.Errorf("--filter device_id=%d = %+v, want chainC only", devChainC, byDev)
+	}
+	// Table: digests shortened to sha256: and 12 hex digits, device ids and
+	// image counts in their columns.
+	rows := lsTable(t, []string{"CHAIN ID", "PARENT", "DIFF ID", "DEVICE ID", "DEVICE NAME", "SIZE", "FILES", "IMAGES", "CHILDREN", "UNPACKED"},
+		"chains", "--db", path)
+	wantRows := map[string]map[string]string{
+		chainA[:19]: {"PARENT": "-", "DIFF ID": diffA[:19], "DEVICE ID": strconv.Itoa(devChainA), "DEVICE NAME": devName(devChainA),
+			"SIZE": "3.9 KiB", "FILES": "40", "IMAGES": "2", "CHILDREN": "1"},
+		chainAB[:19]: {"PARENT": chainA[:19], "DIFF ID": diffB[:19], "DEVICE ID": strconv.Itoa(devChainAB), "DEVICE NAME": devName(devChainAB),
+			"FILES": "80", "IMAGES": "1", "CHILDREN": "1"},
+		chainC[:19]: {"PARENT": "-", "DIFF ID": diffC[:19], "DEVICE ID": strconv.Itoa(devChainC), "DEVICE NAME": devName(devChainC),
+			"SIZE": "500 B", "FILES": "5", "IMAGES": "0", "CHILDREN": "0"},
+	}
+	if len(rows) != len(wantRows) {
+		t.Errorf("ls chains table has %d rows, want %d: %v", len(rows), len(wantRows), rows)
+	}
+	for _, r := range rows {
+		want, ok := wantRows[r["CHAIN ID"]]
+		if !ok {
+			t.Errorf("ls chains lists %v", r)
+		}
+		for col, w := range want {
+			if r[col] != w {
+				t.Errorf("ls chains: %s's %s = %q, want %q (row %v)", r["CHAIN ID"], col, r[col], w, r)
+			}
+		}
 	}
 }
 
@@ -64,41 +249,55 @@ func TestLsUnpackedSnapshotsLocks(t *testing.T) {
 	populate(t, path, time.Now())
 	unp := lsJSON[metadata.UnpackedView](t, "unpacked", "--db", path, "--format", "json")
 	sort.Slice(unp, func(i, j int) bool { return unp[i].DeviceID < unp[j].DeviceID })
-	if len(unp) != 2 || unp[0].RefCount != 0 || unp[1].RefCount != 2 || unp[1].ActiveRefs != 1 {
+	// One row per image whose top chain is unpacked: img-unpacked on
+	// chainA's device, img-active on chainAB's, with its activation.
+	if len(unp) != 2 || unp[0].ImageID != "img-unpacked" || unp[0].DeviceID != strconv.Itoa(devChainA) || unp[0].RefCount != 0 ||
+		unp[1].ImageID != "img-active" || unp[1].DeviceName != devName(devChainAB) || unp[1].RefCount != 1 || unp[1].ActiveRefs != 1 ||
+		unp[1].SizeBytes != 12000 || unp[1].FileCount != 120 || unp[1].DevicePath != "/dev/mapper/"+devName(devChainAB) {
 		t.Errorf("ls unpacked = %+v", unp)
 	}
 	ref := lsJSON[metadata.UnpackedView](t, "unpacked", "--db", path, "--format", "json", "--filter", "referenced=true")
-	if len(ref) != 1 || ref[0].DeviceName != "thin-3" {
+	if len(ref) != 1 || ref[0].DeviceName != devName(devChainAB) {
 		t.Errorf("--filter referenced=true = %+v", ref)
 	}
-	snaps := lsJSON[metadata.SnapshotView](t, "snapshots", "--db", path, "--format", "json", "--filter", "active=false")
-	if len(snaps) != 1 || snaps[0].SnapshotID != "3-snap-b" || snaps[0].DeactivatedAt == nil || snaps[0].OriginDeviceName != "thin-3" {
-		t.Errorf("ls snapshots active=false = %+v", snaps)
+	snaps := lsJSON[metadata.SnapshotView](t, "snapshots", "--db", path, "--format", "json")
+	if len(snaps) != 1 || snaps[0].ImageID != "img-active" || snaps[0].SnapshotName != metadata.ActivationKey("img-active") ||
+		!snaps[0].Active || snaps[0].OriginDeviceID != strconv.Itoa(devChainAB) || snaps[0].OriginDeviceName != devName(devChainAB) ||
+		snaps[0].DevicePath != "/dev/mapper/"+devName(devActivation) || snaps[0].S3Key != "s3://bkt/images/active/" {
+		t.Errorf("ls snapshots = %+v", snaps)
 	}
+	if inactive := lsJSON[metadata.SnapshotView](t, "snapshots", "--db", path, "--format", "json", "--filter", "active=false"); len(inactive) != 0 {
+		t.Errorf("ls snapshots active=false = %+v; an activation is a live snapshot", inactive)
+	}
+
+	// Locks are the running runs, newest first: not the pending nor the
+	// finished one.
 	locks := lsJSON[metadata.LockView](t, "locks", "--db", path, "--format", "json")
-	if len(locks) != 2 {
+	if len(locks) != 2 || locks[0].ImageID != "img-unpacked" || locks[0].LockedBy != "activate-image:run-new" ||
+		locks[1].ImageID != chainC || locks[1].LockedBy != "unpack-image:run-old" {
 		t.Fatalf("ls locks = %+v", locks)
 	}
-	for _, l := range locks {
-		wantStale := l.ImageID == "img-stale"
-		if l.Stale != wantStale {
-			t.Errorf("lock %s: stale %v, want %v (age %s)", l.ImageID, l.Stale, wantStale, l.Age)
-		}
-		if l.ImageID == "img-stale" && (l.Age < 2*time.Hour || l.LockedBy != "unpack-fsm:crashed") {
-			t.Errorf("stale lock = %+v", l)
-		}
+	if a := locks[1].Age; a < 2*time.Hour || a > 2*time.Hour+time.Minute {
+		t.Errorf("the 2h-old run's lock is %s old", a)
 	}
-	stale := lsJSON[metadata.LockView](t, "locks", "--db", path, "--format", "json", "--filter", "stale=true")
-	if len(stale) != 1 || stale[0].ImageID != "img-stale" {
-		t.Errorf("--filter stale=true = %+v", stale)
+	if a := locks[0].Age; a < 10*time.Minute || a > 11*time.Minute {
+		t.Errorf("the 10m-old run's lock is %s old", a)
 	}
-	code, out, _ := runCommand(t, nil, "ls", "locks", "--db", path)
-	if code != 0 || !strings.Contains(out, "img-stale") || !strings.Contains(out, "2h") {
-		t.Errorf("ls locks table = %d, %q", code, out)
+	mine := lsJSON[metadata.LockView](t, "locks", "--db", path, "--format", "json", "--filter", "locked_by=unpack-image:run-old")
+	if len(mine) != 1 || mine[0].ImageID != chainC {
+		t.Errorf("--filter locked_by=unpack-image:run-old = %+v", mine)
 	}
-	// runs are listed through ls too (no runs in this database).
-	if runs := lsJSON[metadata.Run](t, "runs", "--db", path, "--format", "json"); len(runs) != 0 {
+	rows := lsTable(t, []string{"IMAGE ID", "LOCKED BY", "LOCKED AT", "AGE"}, "locks", "--db", path)
+	if len(rows) != 2 || rows[0]["IMAGE ID"] != "img-unpacked" || rows[0]["AGE"] != "10m" ||
+		rows[1]["IMAGE ID"] != chainC || rows[1]["LOCKED BY"] != "unpack-image:run-old" || rows[1]["AGE"] != "2h" {
+		t.Errorf("ls locks table = %v", rows)
+	}
+	// Runs are listed through ls too: every state.
+	if runs := lsJSON[map[string]any](t, "runs", "--db", path, "--format", "json"); len(runs) != 4 {
 		t.Errorf("ls runs = %+v", runs)
+	}
+	if runs := lsJSON[map[string]any](t, "runs", "state=running", "--db", path, "--format", "json"); len(runs) != 2 {
+		t.Errorf("ls runs state=running = %+v", runs)
 	}
 }
 
@@ -110,9 +309,13 @@ func TestLsErrors(t *testing.T) {
 		code    int
 		wantErr string
 	}{
-		{[]string{"images", "--filter", "colour=red"}, 2, `unknown filter key "colour" (allowed: activation_status, device_name, download_status, image_id, locked, s3_key, state)`},
-		{[]string{"locks", "--filter", "image=x"}, 2, `allowed: image_id, locked_by, stale`},
-		{[]string{"images", "--filter", "state=weird"}, 2, `value must be one of pending, downloaded, unpacked, active, failed`},
+		{[]string{"images", "--filter", "colour=red"}, 2, `unknown filter key "colour" (allowed: activation_status, device_name, download_status, image_id, locked, name, s3_key, state)`},
+		{[]string{"locks", "--filter", "image=x"}, 2, `allowed: image_id, locked_by)`},
+		{[]string{"locks", "--filter", "stale=true"}, 2, `ls locks: unknown filter key "stale" (allowed: image_id, locked_by)`},
+		{[]string{"chains", "--filter", "image_id=x"}, 2, `ls chains: unknown filter key "image_id" (allowed: chain_id, device_id, diff_id, parent_chain_id, used)`},
+		{[]string{"chains", "--filter", "used=maybe"}, 2, `value must be one of true, false`},
+		{[]string{"images", "--filter", "state=weird"}, 2, `value must be one of unpacked, active, failed`},
+		{[]string{"images", "--filter", "state=downloaded"}, 2, `value must be one of unpacked, active, failed`},
 		{[]string{"images", "--filter", "novalue"}, 2, `want KEY=VALUE`},
 		{[]string{"images", "--format", "yaml"}, 2, `must be table or json`},
 		{[]string{"volumes"}, 2, `unknown kind "volumes"`},
@@ -129,5 +332,29 @@ func TestLsErrors(t *testing.T) {
 		if code != c.code || !strings.Contains(errOut, c.wantErr) {
 			t.Errorf("ls %v = %d, %q; want %d and %q", c.args, code, errOut, c.code, c.wantErr)
 		}
+	}
+}
+
+// TestLsOlderSchema: listing a database the daemon has not migrated yet
+// (the previous release's, schema 7) says so and what to run, instead of
+// failing on a missing table or reading tables of another shape.
+func TestLsOlderSchema(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join("..", "..", "metadata", "testdata", "release-0007.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "old.db")
+	if err := os.WriteFile(path, src, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, kind := range []string{"images", "chains", "locks"} {
+		code, out, errOut := runCommand(t, nil, "ls", kind, "--db", path)
+		if code != 1 || !strings.Contains(errOut, "is at schema version 7") || !strings.Contains(errOut, "db migrate") {
+			t.Errorf("ls %s on a schema-7 database: exit %d, %q %q; want 1 naming the version and db migrate", kind, code, out, errOut)
+		}
+	}
+	after, err := os.ReadFile(path)
+	if err != nil || !bytes.Equal(after, src) {
+		t.Errorf("ls changed the database it refused to list (%v)", err)
 	}
 }

@@ -20,9 +20,20 @@ Asks the running daemon (over daemon.control_socket) to pull an S3 image:
 one .tar key, or a prefix whose .tar objects, in key order, are its layers.
 Each layer is downloaded (SHA-256, validated against the extraction policy)
 and unpacked into a committed snapshot named by its OCI chain ID; the image
-then gets its active snapshot "snap-<image id>". Everything is idempotent and
-survives a daemon crash: pulling again resumes or, when complete, returns at
-once without asking S3.
+then gets its active snapshot "snap-<image id>" and is registered in
+containerd under --name. Everything is idempotent and survives a daemon
+crash: pulling again resumes what was cut.
+
+Like a registry pull, every pull first asks S3 what the image is now (one
+LIST for a prefix, one HEAD for a key). An image pulled before from the same
+objects (same keys, ETags and sizes) is answered from the records, with no
+download, device-mapper call or extraction; an object overwritten since is
+downloaded again and unpacked into new chains. A layer is downloaded again
+only when no object with the same bucket, key, ETag and size was downloaded
+and kept; identical content under another key is stored and unpacked once,
+recognised by its SHA-256. --cached answers from the records alone and asks
+S3 nothing; --refresh runs the pipelines even for an unchanged image, so
+that every layer's device is checked in the pool (and rebuilt if lost).
 
 On a terminal the current state, bytes and files are shown on one line;
 otherwise one line with the result is printed. Exit status 0 on success, 1
@@ -76,19 +87,23 @@ func isTerminal(f *os.File) bool {
 }
 
 func runPull(ctx context.Context, args []string) error {
-	fs := newFlagSet("pull", "pull s3://BUCKET/KEY-or-PREFIX [--name REF] [--config FILE] [--socket PATH]", pullDescription)
+	fs := newFlagSet("pull", "pull s3://BUCKET/KEY-or-PREFIX [--name REF] [--refresh|--cached] [--config FILE] [--socket PATH]", pullDescription)
 	addConfigFlags(fs)
 	var socket, name string
-	var refresh bool
+	var refresh, cached bool
 	addSocketFlag(fs, &socket)
 	fs.StringVar(&name, "name", "", "image `REF` to register the result under (default: the s3:// source)")
-	fs.BoolVar(&refresh, "refresh", false, "list the image in S3 again and run the pipelines even if it was pulled before (they check every layer's device and rebuild what is missing)")
+	fs.BoolVar(&refresh, "refresh", false, "run the pipelines even if the image is pulled and unchanged in S3 (they check every layer's device and rebuild what is missing)")
+	fs.BoolVar(&cached, "cached", false, "answer from the records alone, without asking S3 what the image is now (fails if it is not pulled)")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 {
 		return &exitError{code: 2, msg: "pull takes exactly one s3://BUCKET/KEY-or-PREFIX argument"}
+	}
+	if refresh && cached {
+		return &exitError{code: 2, msg: "--refresh and --cached contradict each other: choose one"}
 	}
 	bucket, key, err := pipeline.ParseS3URL(pos[0])
 	if err != nil {
@@ -104,7 +119,7 @@ func runPull(ctx context.Context, args []string) error {
 	if tty {
 		onEvent = func(e pipeline.Event) { fmt.Fprintf(os.Stderr, "\r\033[K%s", progressLine(e)) }
 	}
-	res, err := c.Pull(ctx, pipeline.PullRequest{Bucket: bucket, Key: key, Ref: name, Refresh: refresh}, onEvent)
+	res, err := c.Pull(ctx, pipeline.PullRequest{Bucket: bucket, Key: key, Ref: name, Refresh: refresh, Cached: cached}, onEvent)
 	if tty {
 		fmt.Fprint(os.Stderr, "\r\033[K")
 	}

@@ -3,7 +3,7 @@
 // images. Requests and answers are JSON; a pull streams JSON lines, one
 // progress event per line, then one line with the result or the error.
 //
-//	POST /v1/pull      {"bucket","key","ref","refresh"} → {"event":{...}}... then {"result":{...}} | {"error":"..."}
+//	POST /v1/pull      {"bucket","key","ref","refresh","cached"} → {"event":{...}}... then {"result":{...}} | {"error":"..."}
 //	POST /v1/activate  {"ref"}                          → {"result":{...}} | {"error":"..."}
 package control
 

@@ -147,7 +147,28 @@ type Builder[R, W any] struct {
 	name        string
 	transitions []transition[R, W]
 	end         string
+	onEnd       CleanupFunc[R, W]
 	errs        []error
+}
+
+// CleanupFunc removes what a run made before it ended without completing.
+// It gets the run's request, its last checkpointed response and the run's
+// facts (Run.Transition is where it stopped). It must be idempotent: a
+// crash during it (or before the run's end is recorded) runs it again at
+// the next start.
+type CleanupFunc[R, W any] func(ctx context.Context, req *Request[R, W]) error
+
+// OnFail declares the machine's cleanup: it runs whenever a run ends
+// aborted or failed, on every path (an Abort, attempts used up by errors or
+// by crashes, a predecessor that did not complete, a record that cannot be
+// decoded), before the end is recorded. A cleanup error is logged and the
+// run still ends; start-up sweeps (the caller's) catch what it left.
+func (b *Builder[R, W]) OnFail(fn CleanupFunc[R, W]) *Builder[R, W] {
+	if b.onEnd != nil {
+		b.errs = append(b.errs, errors.New("OnFail declared twice"))
+	}
+	b.onEnd = fn
+	return b
 }
 
 type transition[R, W any] struct {
@@ -236,7 +257,7 @@ func (b *Builder[R, W]) Build(ctx context.Context) (StartFunc[R], ResumeFunc, er
 	if len(errs) > 0 {
 		return nil, nil, fmt.Errorf("fsm: building state machine %q: %w", b.name, errors.Join(errs...))
 	}
-	f := &machine[R, W]{m: b.m, name: b.name, transitions: b.transitions, end: b.end}
+	f := &machine[R, W]{m: b.m, name: b.name, transitions: b.transitions, end: b.end, onFail: b.onEnd}
 	if err := b.m.register(f); err != nil {
 		return nil, nil, err
 	}

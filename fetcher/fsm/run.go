@@ -18,6 +18,7 @@ type machine[R, W any] struct {
 	name        string
 	transitions []transition[R, W]
 	end         string
+	onFail      CleanupFunc[R, W]
 }
 
 func (f *machine[R, W]) fsmName() string { return f.name }
@@ -288,6 +289,9 @@ func (f *machine[R, W]) cp(rec RunRecord, name string, attempts int, resp json.R
 
 // finish records a terminal state and wakes waiters.
 func (f *machine[R, W]) finish(ctx context.Context, rec *RunRecord, state State, reason string) {
+	if state != StateComplete {
+		f.cleanup(ctx, *rec)
+	}
 	rec.State, rec.LastError = state, reason
 	c := f.cp(*rec, rec.Transition, rec.Attempts, rec.Response)
 	if err := f.m.checkpoint(ctx, c); err != nil {
@@ -301,6 +305,27 @@ func (f *machine[R, W]) finish(ctx context.Context, rec *RunRecord, state State,
 		lg.WithField("reason", reason).Warn("fsm: run ended")
 	}
 	f.m.notify(rec.ID, nil)
+}
+
+// cleanup runs the machine's OnFail function for rec, with the request and
+// last checkpointed response decoded as far as they can be.
+func (f *machine[R, W]) cleanup(ctx context.Context, rec RunRecord) {
+	if f.onFail == nil {
+		return
+	}
+	msg, cur := new(R), new(W)
+	if err := json.Unmarshal(rec.Request, msg); err != nil {
+		log.G(ctx).WithError(err).Error("fsm: cleanup skipped: the run's request cannot be decoded")
+		return
+	}
+	if len(rec.Response) > 0 {
+		_ = json.Unmarshal(rec.Response, cur) // a zero response is what cleanup gets before the first checkpoint
+	}
+	info := RunInfo{ID: rec.ID, FSM: rec.FSM, IdempotencyID: rec.IdempotencyID, Parent: rec.Parent, Queue: rec.Queue,
+		RunAfter: rec.RunAfter, Transition: rec.Transition, Attempt: rec.Attempts}
+	if err := f.onFail(context.WithoutCancel(ctx), &Request[R, W]{Msg: msg, Resp: cur, Run: info}); err != nil {
+		log.G(ctx).WithError(err).WithField("transition", rec.Transition).Error("fsm: cleanup of a run that did not complete")
+	}
 }
 
 // interrupted records, on shutdown, how many attempts of the current

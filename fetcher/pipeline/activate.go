@@ -4,22 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
+	"strings"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
-func withNamespace(ctx context.Context, ns string) context.Context {
-	return namespaces.WithNamespace(ctx, ns)
-}
-
-// Layer is one layer of a pulled image.
+// Layer is one layer of a pulled image: the object it was listed as and,
+// once downloaded, its diff ID and chain ID.
 type Layer struct {
 	Key     string `json:"key"`
 	Size    int64  `json:"size"`
@@ -28,27 +27,28 @@ type Layer struct {
 	ChainID string `json:"chain_id,omitempty"`
 }
 
-// ActivateRequest is one "activate-image" run (seed 004's
-// ImageActivateRequest): the image and the top of its unpacked chain.
+// ActivateRequest is one "activate-image" run: the image, its layers and
+// the name to register it under.
 type ActivateRequest struct {
-	ImageID    string  `json:"image_id"` // images row carrying the activation
-	Source     string  `json:"source"`   // s3://bucket/key-or-prefix
-	Ref        string  `json:"ref"`
-	TopChainID string  `json:"top_chain_id"`
-	Layers     []Layer `json:"layers"`
+	ImageID string  `json:"image_id"`
+	Source  string  `json:"source"` // s3://bucket/key-or-prefix
+	Ref     string  `json:"ref"`
+	Layers  []Layer `json:"layers"`
 }
 
-// ActivateResponse is what the run produced (seed 004's
-// ImageActivateResponse).
+func (r *ActivateRequest) topChain() string { return r.Layers[len(r.Layers)-1].ChainID }
+
+// ActivateResponse is what the run produced.
 type ActivateResponse struct {
-	ImageID        string `json:"image_id"`
-	SnapshotID     string `json:"snapshot_id"`
-	SnapshotName   string `json:"snapshot_name"` // also the active snapshot's key
-	DevicePath     string `json:"device_path"`
-	OriginDeviceID string `json:"origin_device_id"`
-	Active         bool   `json:"active"`
-	Activated      bool   `json:"activated"` // false when it already was
-	Registered     bool   `json:"registered"`
+	ImageID      string `json:"image_id"`
+	SnapshotName string `json:"snapshot_name"` // the activation's key
+	DeviceName   string `json:"device_name"`
+	DevicePath   string `json:"device_path"`
+	OriginDevice uint32 `json:"origin_device_id"` // the top chain's thin id
+	Active       bool   `json:"active"`
+	Activated    bool   `json:"activated"` // false when it already was
+	Registered   bool   `json:"registered"`
+	Ref          string `json:"ref,omitempty"` // the name register registered
 }
 
 // Registrar registers an activated image somewhere else (containerd).
@@ -73,167 +73,169 @@ func (p *Pipelines) buildActivate(ctx context.Context) (fsm.StartFunc[ActivateRe
 	return start, err
 }
 
-// SnapshotName is seed 001's deterministic name of image imageID's active
-// snapshot (and its key in the snapshotter).
-func SnapshotName(imageID string) string { return "snap-" + imageID }
-
-// originOf returns the device id of the top chain's unpacked record.
-func (p *Pipelines) originOf(ctx context.Context, chain string) (*metadata.UnpackedImage, error) {
-	ch, err := p.db.GetChain(ctx, chain)
-	if err != nil {
-		return nil, err
-	}
-	if ch == nil {
-		return nil, fsm.Abort(fmt.Errorf("activate: chain %s is not unpacked", chain))
-	}
-	u, err := p.db.CheckImageUnpacked(ctx, ch.ImageID)
-	if err != nil {
-		return nil, err
-	}
-	if u == nil {
-		return nil, fsm.Abort(fmt.Errorf("activate: chain %s has no unpacked record", chain))
-	}
-	return u, nil
-}
-
-// checkSnapshot (seed 004/001): an active snapshot row whose snapshot and
-// device exist on the right origin hands off, its device mapped again if
-// only the mapping was removed; a stale one is removed.
+// checkSnapshot: an activation on the top chain whose device is in the
+// pool is kept (its device mapped again if only the mapping was removed)
+// and the run goes on to register the name; one on another parent or whose
+// device is gone is removed and made again. Nothing else is removed: a
+// container's snapshot is never the activation.
 func (p *Pipelines) checkSnapshot(ctx context.Context, req *acReq) (*acResp, error) {
+	p.hook("check-snapshot:started")
 	r := req.Msg
 	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMActivate, State: "check-snapshot"})
-	if err := p.ensureImageRow(ctx, r); err != nil {
-		return nil, err
+	if len(r.Layers) == 0 {
+		return nil, fsm.Abort(fmt.Errorf("activate %s: no layers", r.Source))
 	}
-	origin, err := p.originOf(ctx, r.TopChainID)
+	top := r.topChain()
+	alive, origin, err := p.deviceAlive(ctx, top)
 	if err != nil {
 		return nil, err
 	}
-	name := SnapshotName(r.ImageID)
-	sn, err := p.db.CheckSnapshotExists(ctx, r.ImageID, name)
+	if !alive {
+		return nil, fsm.Abort(fmt.Errorf("activate %s: chain %s is not unpacked", r.Source, top))
+	}
+	name := metadata.ActivationKey(r.ImageID)
+	resp := &ActivateResponse{ImageID: r.ImageID, SnapshotName: name, OriginDevice: origin}
+	exists, err := p.opts.Snapshots.Exists(ctx, name)
+	if err != nil || !exists {
+		return fsm.NewResponse(resp), err
+	}
+	info, err := p.opts.Snapshots.Stat(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	sctx := p.snCtx(ctx)
-	alive, _, err := p.deviceAlive(ctx, name)
+	alive, _, err = p.deviceAlive(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	parentOK := false
-	if alive {
-		info, err := p.opts.Snapshots.Stat(sctx, name)
-		if err != nil {
-			return nil, err
-		}
-		parentOK = info.Parent == r.TopChainID && info.Kind == snapshots.KindActive
-	}
-	if sn != nil && sn.Active && alive && parentOK && sn.OriginDeviceID == origin.DeviceID {
-		_, path, _, err := p.opts.Snapshots.DeviceOf(sctx, name)
+	if alive && info.Parent == top && info.Kind == snapshots.KindActive {
+		devName, path, _, err := p.opts.Snapshots.DeviceOf(ctx, name)
 		if err != nil {
 			return nil, err
 		}
 		if lerr := p.deviceLive(path); lerr != nil {
 			// The thin device is there but its mapping was removed behind
 			// our back (`dmsetup remove`): map it again (Mounts activates).
-			log.G(ctx).WithField("snapshot", name).WithError(lerr).Warn("activate: active snapshot's device is not mapped; activating it again")
-			if _, err := p.opts.Snapshots.Mounts(sctx, name); err != nil {
-				return nil, fmt.Errorf("activate %s: map %s again: %w", r.Ref, path, err)
+			log.G(ctx).WithField("snapshot", name).WithError(lerr).Warn("activate: the activation's device is not mapped; mapping it again")
+			if _, err := p.opts.Snapshots.Mounts(ctx, name); err != nil {
+				return nil, fmt.Errorf("activate %s: map %s again: %w", r.Source, path, err)
 			}
 		}
-		return nil, fsm.Handoff(&ActivateResponse{ImageID: r.ImageID, SnapshotID: sn.SnapshotID, SnapshotName: name,
-			DevicePath: path, OriginDeviceID: origin.DeviceID, Active: true})
+		resp.DeviceName, resp.DevicePath, resp.Active = devName, path, true
+		return fsm.NewResponse(resp), nil
 	}
-	if sn != nil {
-		log.G(ctx).WithField("snapshot", name).Warn("activate: recorded snapshot is missing or stale; re-creating it")
-		if err := p.db.DeleteSnapshotByName(ctx, name); err != nil {
-			return nil, err
-		}
+	log.G(ctx).WithField("snapshot", name).WithField("parent", info.Parent).WithField("device_alive", alive).
+		Warn("activate: the activation is stale; making it again")
+	if err := p.opts.Snapshots.Remove(ctx, name); err != nil && !errdefs.IsNotFound(err) {
+		return nil, fmt.Errorf("activate %s: remove stale activation %s: %w", r.Source, name, err)
 	}
-	if exists, err := p.opts.Snapshots.Exists(sctx, name); err != nil {
-		return nil, err
-	} else if exists && (!alive || !parentOK) {
-		if err := p.removeTree(ctx, name); err != nil {
-			return nil, err
-		}
+	if err := p.opts.Snapshots.Cleanup(ctx); err != nil {
+		log.G(ctx).WithError(err).Warn("activate: cleanup after removing a stale activation")
 	}
-	return fsm.NewResponse(&ActivateResponse{ImageID: r.ImageID, SnapshotName: name, OriginDeviceID: origin.DeviceID}), nil
+	return fsm.NewResponse(resp), nil
 }
 
-// ensureImageRow makes the images row of a multi-layer image (a prefix has
-// no object of its own; a one-key image is its layer's row).
-func (p *Pipelines) ensureImageRow(ctx context.Context, r *ActivateRequest) error {
-	if _, err := p.db.GetImageByID(ctx, r.ImageID); err == nil {
-		return nil
-	} else if !errors.Is(err, metadata.ErrNotFound) {
-		return err
-	}
-	var size int64
-	for _, l := range r.Layers {
-		size += l.Size
-	}
-	return p.db.StoreImageMetadata(ctx, r.ImageID, r.Source, "", r.TopChainID, size)
-}
-
-// createSnapshot (seed 004): Prepare the image's active snapshot on the top
-// chain; one that exists already on that parent is reused.
+// createSnapshot: Prepare the image's activation on the top chain (kept
+// when check-snapshot found it in place).
 func (p *Pipelines) createSnapshot(ctx context.Context, req *acReq) (*acResp, error) {
+	p.hook("create-snapshot:started")
 	r, resp := req.Msg, req.Resp
+	if resp.Active {
+		return nil, nil
+	}
 	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMActivate, State: "create-snapshot"})
-	sctx := p.snCtx(ctx)
-	_, err := p.opts.Snapshots.Prepare(sctx, resp.SnapshotName, r.TopChainID,
+	_, err := p.opts.Snapshots.Prepare(ctx, resp.SnapshotName, r.topChain(),
 		snapshots.WithLabels(map[string]string{LabelPrivate: privateActivation, LabelSource: r.Source}))
 	switch {
 	case err == nil:
 		resp.Activated = true
 	case errdefs.IsAlreadyExists(err):
-		info, serr := p.opts.Snapshots.Stat(sctx, resp.SnapshotName)
+		info, serr := p.opts.Snapshots.Stat(ctx, resp.SnapshotName)
 		if serr != nil {
 			return nil, serr
 		}
-		if info.Parent != r.TopChainID {
-			return nil, fsm.Abort(fmt.Errorf("activate %s: snapshot %s exists on %q, not on %s", r.Ref, resp.SnapshotName, info.Parent, r.TopChainID))
+		if info.Parent != r.topChain() {
+			return nil, fsm.Abort(fmt.Errorf("activate %s: snapshot %s exists on %q, not on %s", r.Source, resp.SnapshotName, info.Parent, r.topChain()))
 		}
 	case errors.Is(err, thinpool.ErrPoolFull) || errdefs.IsNotFound(err):
-		return nil, fsm.Abort(fmt.Errorf("activate %s: %w", r.Ref, err))
+		return nil, fsm.Abort(fmt.Errorf("activate %s: %w", r.Source, err))
 	default:
 		return nil, err
 	}
-	_, path, _, err := p.opts.Snapshots.DeviceOf(sctx, resp.SnapshotName)
+	if err := p.verifyImageLayout(ctx, r, resp.SnapshotName); err != nil {
+		return nil, err
+	}
+	name, path, _, err := p.opts.Snapshots.DeviceOf(ctx, resp.SnapshotName)
 	if err != nil {
 		return nil, err
 	}
-	resp.DevicePath = path
+	resp.DeviceName, resp.DevicePath, resp.Active = name, path, true
 	return fsm.NewResponse(resp), nil
 }
 
-// register (seed 004): the seed's register transaction (snapshot row and
-// image active, together), then the containerd image when configured.
+// verifyImageLayout checks the layout of the image whole, read-only
+// through its activation: the layers of every image are checked, whichever
+// image first made its chains. A violation removes the activation and
+// aborts.
+func (p *Pipelines) verifyImageLayout(ctx context.Context, r *ActivateRequest, key string) error {
+	ms, err := p.opts.Snapshots.Mounts(ctx, key)
+	if err != nil {
+		return fmt.Errorf("activate %s: mounts of %s: %w", r.Source, key, err)
+	}
+	for i := range ms {
+		ms[i].Options = append(ms[i].Options, "ro")
+	}
+	dir := filepath.Join(p.opts.MountDir, strings.TrimPrefix(key, "snap-"))
+	umount, err := mountAll(ms, dir)
+	if err != nil {
+		return fmt.Errorf("activate %s: %w", r.Source, err)
+	}
+	verr := tarball.VerifyLayoutDir(dir)
+	if uerr := umount(); uerr != nil {
+		return fmt.Errorf("activate %s: unmount %s: %w", r.Source, dir, uerr)
+	}
+	var le *tarball.LayoutError
+	if errors.As(verr, &le) {
+		log.G(ctx).WithField("image", r.Source).WithError(verr).Warn("security: image layout rejected")
+		if err := p.opts.Snapshots.Remove(ctx, key); err != nil && !errdefs.IsNotFound(err) {
+			log.G(ctx).WithError(err).WithField("snapshot", key).Error("activate: removing the rejected activation")
+		}
+		return fsm.Abort(fmt.Errorf("activate %s: %w", r.Source, verr))
+	}
+	return verr
+}
+
+// register: the image's records (its layers as pulled, its name) in one
+// transaction, then the name in containerd when configured.
 func (p *Pipelines) register(ctx context.Context, req *acReq) (*acResp, error) {
+	p.hook("register:started")
 	r, resp := req.Msg, req.Resp
 	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMActivate, State: "register"})
-	id := resp.OriginDeviceID + "-snap"
-	owner, err := p.db.SnapshotIDOwner(ctx, id)
-	if err != nil {
+	layers := make([]metadata.ImageLayer, len(r.Layers))
+	for i, l := range r.Layers {
+		layers[i] = metadata.ImageLayer{Key: l.Key, ETag: l.ETag, SizeBytes: l.Size, ChainID: l.ChainID}
+	}
+	if err := p.db.RecordPulledImage(ctx, r.ImageID, r.Source, layers, r.Ref); err != nil {
 		return nil, err
 	}
-	if owner != "" && owner != r.ImageID {
-		// Another image has the same top chain: seed 001's id would clash.
-		id = resp.OriginDeviceID + "-snap-" + r.ImageID
-	}
-	if err := p.db.RegisterActivation(ctx, metadata.SnapshotRecord{ImageID: r.ImageID, SnapshotID: id,
-		SnapshotName: resp.SnapshotName, DevicePath: resp.DevicePath, OriginDeviceID: resp.OriginDeviceID}); err != nil {
+	if err := p.registerName(ctx, r.Ref, r.Layers); err != nil {
 		return nil, err
 	}
-	resp.SnapshotID, resp.Active = id, true
-	if p.opts.Registrar != nil && r.Ref != "" {
-		diffs := make([]string, len(r.Layers))
-		for i, l := range r.Layers {
-			diffs[i] = l.DiffID
-		}
-		if err := p.opts.Registrar.Register(ctx, r.Ref, diffs); err != nil {
-			return nil, fmt.Errorf("activate %s: register in containerd: %w", r.Ref, err)
-		}
-		resp.Registered = true
-	}
+	resp.Registered, resp.Ref = p.opts.Registrar != nil, r.Ref
 	return fsm.NewResponse(resp), nil
+}
+
+// registerName registers name in containerd (when there is a registrar)
+// as the image of layers.
+func (p *Pipelines) registerName(ctx context.Context, name string, layers []Layer) error {
+	if p.opts.Registrar == nil || name == "" {
+		return nil
+	}
+	diffs := make([]string, len(layers))
+	for i, l := range layers {
+		diffs[i] = l.DiffID
+	}
+	if err := p.opts.Registrar.Register(ctx, name, diffs); err != nil {
+		return fmt.Errorf("register %s in containerd: %w", name, err)
+	}
+	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/containerd/platforms"
@@ -62,7 +63,7 @@ func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs 
 		return fmt.Errorf("containerd at %s: %w", addr, err)
 	}
 	defer cl.Close()
-	ctx = withNamespace(ctx, c.Namespace)
+	ctx = namespaces.WithNamespace(ctx, c.Namespace)
 	// The lease keeps what is written here from containerd's garbage
 	// collector until the image refers to all of it.
 	ctx, done, err := cl.WithLease(ctx, leases.WithExpiration(time.Hour))
@@ -148,7 +149,7 @@ func (c *ContainerdRegistrar) Registered(ctx context.Context, ref, topChain stri
 		return false, fmt.Errorf("containerd at %s: %w", addr, err)
 	}
 	defer cl.Close()
-	ctx = withNamespace(ctx, c.Namespace)
+	ctx = namespaces.WithNamespace(ctx, c.Namespace)
 	if _, err := cl.ImageService().Get(ctx, ref); errdefs.IsNotFound(err) {
 		return false, nil
 	} else if err != nil {

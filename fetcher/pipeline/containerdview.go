@@ -2,7 +2,7 @@ package pipeline
 
 import (
 	"context"
-	"encoding/json"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 )
 
 // LabelPrivate marks the pipeline's own active snapshots: "extract" on a
@@ -37,15 +38,16 @@ const (
 //     leaves out the committed chain snapshots (containerd never adopts
 //     them then);
 //   - Remove of a committed chain snapshot made by the pipelines is refused
-//     (FailedPrecondition) while any pipeline run is pending or running: a
-//     pull under way commits chains that containerd adopts only when the
-//     image is registered at its end, and containerd's collector, which
-//     removes every backend snapshot it does not know, must not take them
-//     meanwhile (it logs the refusal and removes the snapshot at a later
-//     collection if it is still unreferenced);
+//     (FailedPrecondition) while a live run uses that chain (a pull under
+//     way commits chains that containerd adopts only when the image is
+//     registered at its end, and containerd's collector, which removes every
+//     backend snapshot it does not know, must not take them meanwhile). The
+//     check and the removal are one transaction, so a pull that starts
+//     using the chain either sees it removed or keeps it; a run that uses
+//     other chains, even a stalled one, blocks nothing here;
 //   - Remove of a committed chain snapshot whose only children are image
-//     activations removes those first (with their snapshots rows): the image
-//     is gone from containerd, so is its activation;
+//     activations removes those first: the image is gone from containerd,
+//     so is its activation;
 //   - Cleanup, after the snapshotter's own, prunes the pipeline records the
 //     removals orphaned (Prune).
 func (p *Pipelines) ContainerdView(sn Snapshots) snapshots.Snapshotter {
@@ -79,26 +81,44 @@ func (v *containerdView) Walk(ctx context.Context, fn snapshots.WalkFunc, filter
 	}, filters...)
 }
 
+// chainFields are the request fields of the machines that name a chain a
+// live run uses (or is about to make): see metadata.LiveRunsUsing.
+var chainFields = map[string][]string{
+	FSMUnpack:   {"$.chain_id", "$.parent_chain_id"},
+	FSMActivate: {"$.layers[]"},
+}
+
+// chainGuard refuses the removal of chain while a live run uses it.
+func chainGuard(chain string) snapshotter.RemoveGuard {
+	return func(ctx context.Context, tx *sql.Tx) error {
+		n, err := metadata.LiveRunsUsing(ctx, tx, chain, chainFields)
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			return fmt.Errorf("remove %s: a chain of the S3 pipelines, kept while %d live run(s) use it: %w", chain, n, errdefs.ErrFailedPrecondition)
+		}
+		return nil
+	}
+}
+
 func (v *containerdView) Remove(ctx context.Context, key string) error {
 	info, err := v.Snapshots.Stat(ctx, key)
 	if err != nil {
 		return err
 	}
-	if pipelineChain(info) {
-		// Only a pipeline chain can carry an image activation.
-		live, err := v.p.db.LiveRuns(ctx)
-		if err != nil {
-			return err
-		}
-		if live > 0 {
-			return fmt.Errorf("remove %s: a chain of the S3 pipelines, kept while %d pipeline run(s) are under way: %w",
-				key, live, errdefs.ErrFailedPrecondition)
-		}
-		if err := v.p.removeActivationsOf(ctx, key); err != nil {
-			return err
-		}
+	if !pipelineChain(info) {
+		return v.Snapshots.Remove(ctx, key)
 	}
-	return v.Snapshots.Remove(ctx, key)
+	// Only a pipeline chain can carry an image activation. A refusal here
+	// is only a hint; the guarded removal below decides.
+	if err := v.p.db.WithTx(ctx, func(tx *sql.Tx) error { return chainGuard(key)(ctx, tx) }); err != nil {
+		return err
+	}
+	if err := v.p.removeActivationsOf(ctx, key); err != nil {
+		return err
+	}
+	return v.Snapshots.RemoveIf(ctx, key, chainGuard(key))
 }
 
 func (v *containerdView) Cleanup(ctx context.Context) error {
@@ -133,53 +153,34 @@ func (p *Pipelines) removeActivationsOf(ctx context.Context, parent string) erro
 		return nil
 	}
 	for _, name := range acts {
-		if err := p.opts.Snapshots.Remove(ctx, name); err != nil && !errdefs.IsNotFound(err) {
+		// Guarded like the chain: a run that starts using the chain now
+		// keeps its activation too.
+		if err := p.opts.Snapshots.RemoveIf(ctx, name, chainGuard(parent)); err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("remove activation %s of %s: %w", name, parent, err)
-		}
-		if err := p.db.DeleteSnapshotByName(ctx, name); err != nil {
-			return err
 		}
 		log.G(ctx).WithField("snapshot", name).WithField("parent", parent).Info("image activation removed with its chain")
 	}
 	return nil
 }
 
-// Prune forgets the records of chains, activations and pulled images
-// whose snapshots are gone (metadata.PruneOrphans) and deletes the blob
-// files no record needs any more. containerd's garbage collection calls it
-// through Cleanup; it is safe to call at any time.
+// Prune forgets the records of chains and images whose snapshots are gone
+// (metadata.PruneOrphans) and deletes the layer files no record needs any
+// more. containerd's garbage collection calls it through Cleanup; it is
+// safe to call at any time.
 func (p *Pipelines) Prune(ctx context.Context) (metadata.PruneResult, error) {
-	res, err := p.db.PruneOrphans(ctx, layerURLs)
+	res, err := p.db.PruneOrphans(ctx)
 	if err != nil {
 		return res, fmt.Errorf("prune: %w", err)
 	}
 	var errs []error
-	for _, path := range res.BlobPaths {
+	for _, path := range res.LayerPaths {
 		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("prune: remove blob %s: %w", path, err))
+			errs = append(errs, fmt.Errorf("prune: remove layer file %s: %w", path, err))
 		}
 	}
-	if res.Snapshots+res.Chains+res.PulledImages+res.Images+len(res.BlobPaths) > 0 {
-		log.G(ctx).WithField("snapshots", res.Snapshots).WithField("chains", res.Chains).
-			WithField("pulled_images", res.PulledImages).WithField("images", res.Images).
-			WithField("blobs", len(res.BlobPaths)).WithField("deferred", res.Deferred).Info("pruned records of removed snapshots")
+	if res.Chains+res.Images+res.Objects+len(res.LayerPaths) > 0 {
+		log.G(ctx).WithField("chains", res.Chains).WithField("images", res.Images).WithField("objects", res.Objects).
+			WithField("layer_files", len(res.LayerPaths)).WithField("deferred", res.Deferred).Info("pruned records of removed snapshots")
 	}
 	return res, errors.Join(errs...)
-}
-
-// layerURLs names the layers a pulled image record lists.
-func layerURLs(rec metadata.PulledImage) ([]string, error) {
-	var layers []Layer
-	if err := json.Unmarshal([]byte(rec.Layers), &layers); err != nil {
-		return nil, err
-	}
-	bucket, _, err := ParseS3URL(rec.Source)
-	if err != nil {
-		return nil, err
-	}
-	urls := make([]string, len(layers))
-	for i, l := range layers {
-		urls[i] = S3URL(bucket, l.Key)
-	}
-	return urls, nil
 }

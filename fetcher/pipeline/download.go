@@ -22,19 +22,17 @@ import (
 )
 
 // DownloadRequest is the request of one "download-image" run: one S3 object
-// (seed 004's ImageDownloadRequest, with the object's listed size and ETag).
+// as it was listed.
 type DownloadRequest struct {
-	S3Key   string // the object key
-	ImageID string // LayerImageID(Bucket, S3Key)
-	Bucket  string
-	Size    int64  // as listed; the download must match it
-	ETag    string // as listed; resumed reads must match it
+	Bucket string
+	S3Key  string // the object key
+	Size   int64  // as listed; the download must match it
+	ETag   string // as listed; resumed reads must match it
 }
 
-// DownloadResponse is what the run produced (seed 004's
-// ImageDownloadResponse plus what Unpack needs).
+// DownloadResponse is what the run produced: the layer the object's bytes
+// are, and what Unpack needs of its file.
 type DownloadResponse struct {
-	ImageID      string `json:"image_id"`
 	S3URL        string `json:"s3_url"`
 	LocalPath    string `json:"local_path"`
 	Checksum     string `json:"checksum"` // "sha256:<hex>": the layer's diff ID
@@ -43,23 +41,19 @@ type DownloadResponse struct {
 	Entries      int    `json:"entries"`
 	Downloaded   bool   `json:"downloaded"`    // bytes came from S3 in this run
 	AlreadyExist bool   `json:"already_exist"` // skipped by check-exists
-	Reused       bool   `json:"reused"`        // a stored blob with the same ETag and size was used
 	Resumes      int    `json:"resumes"`       // Range resumes of the successful attempt
 }
 
 // S3URL is the canonical name of an object: s3://bucket/key.
 func S3URL(bucket, key string) string { return "s3://" + bucket + "/" + key }
 
-// LayerImageID is the deterministic images.image_id of the S3 object
-// bucket/key.
-func LayerImageID(bucket, key string) string {
-	sum := sha256.Sum256([]byte(S3URL(bucket, key)))
-	return "s3-" + hex.EncodeToString(sum[:12])
+// objectRunID is the idempotency id of the download of an object as
+// listed: concurrent pulls of the same object share one run, and a
+// different listing (the object was overwritten) gets its own.
+func objectRunID(r *DownloadRequest) string {
+	sum := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%s\x00%s\x00%d", r.Bucket, r.S3Key, r.ETag, r.Size)))
+	return "obj-" + hex.EncodeToString(sum[:12])
 }
-
-// multipartETag reports whether etag is the ETag of a multipart upload
-// (not a digest of the content, so useless for deduplication).
-func multipartETag(etag string) bool { return etag == "" || strings.Contains(etag, "-") }
 
 func (p *Pipelines) buildDownload(ctx context.Context) (fsm.StartFunc[DownloadRequest], error) {
 	start, _, err := fsm.Register[DownloadRequest, DownloadResponse](p.m, FSMDownload).
@@ -68,6 +62,7 @@ func (p *Pipelines) buildDownload(ctx context.Context) (fsm.StartFunc[DownloadRe
 		To("validate", p.validate, p.retry(fsm.FixedRetry(2, fixedDelay))).
 		To("store-metadata", p.storeMetadata, p.retry(fsm.ExponentialJitter(5))).
 		End("complete").
+		OnFail(p.cleanupDownload).
 		Build(ctx)
 	return start, err
 }
@@ -75,61 +70,47 @@ func (p *Pipelines) buildDownload(ctx context.Context) (fsm.StartFunc[DownloadRe
 type dlReq = fsm.Request[DownloadRequest, DownloadResponse]
 type dlResp = fsm.Response[DownloadResponse]
 
-// checkExists (seed 004): a completed row whose file still has its size and
-// SHA-256 hands off; otherwise a stored blob with the object's ETag and
-// size is reused; otherwise on to download.
+// checkExists: an object recorded with the listed ETag and size, whose
+// layer file still has its size and SHA-256, hands off. Nothing else is
+// trusted to stand for the object's bytes: an ETag is whatever the server
+// says, and proves nothing across keys or buckets; identical content under
+// another key is found by its digest once downloaded.
 func (p *Pipelines) checkExists(ctx context.Context, req *dlReq) (*dlResp, error) {
+	p.hook("check-exists:started")
 	r := req.Msg
-	if err := s3source.ValidateKey(r.S3Key); err != nil {
-		return nil, fsm.Abort(fmt.Errorf("download %s: %w", S3URL(r.Bucket, r.S3Key), err))
-	}
 	url := S3URL(r.Bucket, r.S3Key)
+	if err := s3source.ValidateKey(r.S3Key); err != nil {
+		return nil, fsm.Abort(fmt.Errorf("download %s: %w", url, err))
+	}
 	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMDownload, State: "check-exists", Total: r.Size})
-	img, err := p.db.CheckImageDownloaded(ctx, url)
+	obj, err := p.db.ObjectRecord(ctx, r.Bucket, r.S3Key)
 	if err != nil {
 		return nil, err
 	}
-	if img != nil {
-		blob, err := p.db.GetBlob(ctx, img.Checksum)
+	if obj != nil && r.ETag != "" && obj.ETag == r.ETag && obj.SizeBytes == r.Size {
+		f, err := p.db.LayerFile(ctx, obj.Digest)
 		if err != nil {
 			return nil, err
 		}
-		if blob != nil && blob.Path == img.LocalPath && (r.Size <= 0 || blob.SizeBytes == r.Size) {
-			ok, err := p.verifyBlob(ctx, blob)
+		if f != nil {
+			ok, err := p.verifyLayerFile(ctx, f)
 			if err != nil {
 				return nil, err
 			}
 			if ok {
-				resp := blobResponse(img.ImageID, url, blob)
+				resp := layerResponse(url, f)
 				resp.AlreadyExist = true
 				return nil, fsm.Handoff(resp)
 			}
 		}
-		log.G(ctx).WithField("key", url).Warn("download: recorded file missing or changed; downloading again")
+		log.G(ctx).WithField("key", url).Warn("download: the recorded layer file is missing or changed; downloading again")
 	}
-	if !multipartETag(r.ETag) && r.Size > 0 {
-		blob, err := p.db.BlobByETag(ctx, r.ETag, r.Size)
-		if err != nil {
-			return nil, err
-		}
-		if blob != nil {
-			ok, err := p.verifyBlob(ctx, blob)
-			if err != nil {
-				return nil, err
-			}
-			if ok {
-				resp := blobResponse(r.ImageID, url, blob)
-				resp.Reused = true
-				return fsm.NewResponse(resp), nil
-			}
-		}
-	}
-	return fsm.NewResponse(&DownloadResponse{ImageID: r.ImageID, S3URL: url}), nil
+	return fsm.NewResponse(&DownloadResponse{S3URL: url}), nil
 }
 
-func blobResponse(imageID, url string, b *metadata.Blob) *DownloadResponse {
-	return &DownloadResponse{ImageID: imageID, S3URL: url, LocalPath: b.Path, Checksum: b.Digest,
-		SizeBytes: b.SizeBytes, HasRootfs: b.HasRootfs, Entries: int(b.Entries)}
+func layerResponse(url string, f *metadata.LayerFile) *DownloadResponse {
+	return &DownloadResponse{S3URL: url, LocalPath: f.Path, Checksum: f.Digest,
+		SizeBytes: f.SizeBytes, HasRootfs: f.HasRootfs, Entries: int(f.Entries)}
 }
 
 // fileStamp is the identity of a file's content as far as stat tells.
@@ -141,11 +122,11 @@ func fileStamp(fi os.FileInfo) (size, mtimeNs int64, ino uint64) {
 	return
 }
 
-// verifyBlob reports whether b's file exists with b's size and SHA-256. A
-// file whose size, mtime and inode are those recorded when it was last
-// hashed is trusted without reading it; otherwise it is hashed again (and
-// the stamp refreshed if it matches).
-func (p *Pipelines) verifyBlob(ctx context.Context, b *metadata.Blob) (bool, error) {
+// verifyLayerFile reports whether b's file exists with b's size and
+// SHA-256. A file whose size, mtime and inode are those recorded when it was
+// last hashed is trusted without reading it; otherwise it is hashed again
+// (and the stamp refreshed if it matches).
+func (p *Pipelines) verifyLayerFile(ctx context.Context, b *metadata.LayerFile) (bool, error) {
 	fi, err := os.Stat(b.Path)
 	if errors.Is(err, os.ErrNotExist) {
 		return false, nil
@@ -167,7 +148,7 @@ func (p *Pipelines) verifyBlob(ctx context.Context, b *metadata.Blob) (bool, err
 	if sum != b.Digest {
 		return false, nil
 	}
-	return true, p.db.UpdateBlobStat(ctx, b.Digest, size, mtime, ino)
+	return true, p.db.UpdateLayerStat(ctx, b.Digest, size, mtime, ino)
 }
 
 func hashFile(ctx context.Context, path string) (string, error) {
@@ -198,10 +179,11 @@ func (c ctxReader) Read(b []byte) (int, error) {
 	return c.r.Read(b)
 }
 
-// tmpPath is the one temp file of image imageID's download: deterministic,
-// so a resumed download finds and removes what a crash left.
-func (p *Pipelines) tmpPath(imageID string) string {
-	return filepath.Join(p.opts.tmpDir(), imageID+".partial")
+// tmpPath is the one temp file of download run runID: deterministic, so a
+// resumed download finds and removes what a crash left, and start-up
+// removes those of runs that are no longer live.
+func (p *Pipelines) tmpPath(runID string) string {
+	return filepath.Join(p.opts.tmpDir(), runID+".partial")
 }
 
 // blobPath is where content with digest lives.
@@ -209,15 +191,12 @@ func (p *Pipelines) blobPath(digest string) string {
 	return filepath.Join(p.opts.blobDir(), strings.TrimPrefix(digest, "sha256:"))
 }
 
-// download (seed 004): stream the object into a temp file with a
+// download: stream the object into a temp file with a
 // single-pass SHA-256, the size cap and Range resumes, fsync it and rename
 // it to its content address. The temp file never survives a failed
 // attempt, and a resumed attempt removes one a crash left.
 func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err error) {
-	r, resp := req.Msg, req.Resp
-	if resp.Reused {
-		return nil, nil
-	}
+	r := req.Msg
 	url := S3URL(r.Bucket, r.S3Key)
 	if r.Size > p.opts.MaxLayerSize {
 		return nil, fsm.Abort(fmt.Errorf("download %s: object is %d bytes, more than the %d-byte limit", url, r.Size, p.opts.MaxLayerSize))
@@ -226,7 +205,7 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 	if err != nil {
 		return nil, fsm.Abort(fmt.Errorf("download %s: %w", url, err))
 	}
-	tmp := p.tmpPath(r.ImageID)
+	tmp := p.tmpPath(req.Run.IdempotencyID)
 	if err := os.Remove(tmp); err == nil {
 		log.G(ctx).WithField("file", tmp).Info("download: removed the temp file of an interrupted attempt")
 	}
@@ -271,11 +250,7 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 		f.Close()
 		f = nil
 		os.Remove(tmp)
-		resp := &DownloadResponse{ImageID: r.ImageID, S3URL: url, LocalPath: tmp, SizeBytes: r.Size}
 		reason := fmt.Sprintf("validate %s: %v", url, sv.err)
-		if err := p.rejectDownload(ctx, r, resp, reason); err != nil {
-			return nil, err
-		}
 		log.G(ctx).WithField("key", url).WithField("reason", reason).Warn("security: tarball rejected")
 		return nil, fsm.Abort(errors.New(reason))
 	}
@@ -310,7 +285,7 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 		}
 	}
 	log.G(ctx).WithField("key", url).WithField("bytes", n).WithField("digest", digest).WithField("resumes", rd.Resumes()).Info("downloaded")
-	return fsm.NewResponse(&DownloadResponse{ImageID: r.ImageID, S3URL: url, LocalPath: final, Checksum: digest,
+	return fsm.NewResponse(&DownloadResponse{S3URL: url, LocalPath: final, Checksum: digest,
 		SizeBytes: n, Downloaded: true, Resumes: rd.Resumes()}), nil
 }
 
@@ -334,16 +309,16 @@ func stampOf(fi os.FileInfo) fileID {
 
 // validatedFile records, in this process only, a blob whose bytes passed
 // the tarball policy while they were downloaded. After a crash nothing is
-// recorded, so the validate transition reads the file again (seed 001:
-// "crash after download, before validate" re-validates).
+// recorded, so the validate transition reads the file again (a crash after
+// download and before validate re-validates).
 type validatedFile struct {
 	stamp  fileID
 	digest string
 	report tarball.Report
 }
 
-// s3Err turns what S3 said into the seed's error kinds: access denied, no
-// such key and invalid requests abort; the rest retries.
+// s3Err turns what S3 said into the machines' error kinds: access denied,
+// no such key and invalid requests abort; the rest retries.
 func s3Err(err error) error {
 	switch s3source.Classify(err) {
 	case s3source.KindAccessDenied, s3source.KindNotFound, s3source.KindInvalid:
@@ -352,8 +327,8 @@ func s3Err(err error) error {
 	return diskErr(err)
 }
 
-// diskErr aborts on a full disk (resource exhaustion, seed 004) and leaves
-// other errors retryable.
+// diskErr aborts on a full disk (resource exhaustion) and leaves other
+// errors retryable.
 func diskErr(err error) error {
 	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
 		return fsm.Abort(err)
@@ -373,14 +348,11 @@ func syncDir(dir string) error {
 	return nil
 }
 
-// validate (seed 004): the file exists, hashes to the recorded digest and
-// passes the tarball policy; a rejection or a digest mismatch removes the
-// file, marks the image failed with the reason and aborts.
+// validate: the file exists, hashes to the recorded digest and passes the
+// tarball policy; a rejection or a digest mismatch removes the file and
+// aborts with the reason (the pull records it on the image).
 func (p *Pipelines) validate(ctx context.Context, req *dlReq) (*dlResp, error) {
-	r, resp := req.Msg, req.Resp
-	if resp.Reused {
-		return nil, nil
-	}
+	resp := req.Resp
 	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMDownload, State: "validate", Bytes: resp.SizeBytes, Total: resp.SizeBytes})
 	p.hook("validate:started")
 	if v, ok := p.validated.LoadAndDelete(resp.LocalPath); ok {
@@ -413,7 +385,7 @@ func (p *Pipelines) validate(ctx context.Context, req *dlReq) (*dlResp, error) {
 	}
 	if verr != nil {
 		reason := fmt.Sprintf("validate %s: %v", resp.S3URL, verr)
-		if err := p.rejectDownload(ctx, r, resp, reason); err != nil {
+		if err := p.rejectLayer(ctx, resp); err != nil {
 			return nil, err
 		}
 		log.G(ctx).WithField("key", resp.S3URL).WithField("reason", reason).Warn("security: tarball rejected")
@@ -423,41 +395,41 @@ func (p *Pipelines) validate(ctx context.Context, req *dlReq) (*dlResp, error) {
 	return fsm.NewResponse(resp), nil
 }
 
-// rejectDownload removes a rejected file and marks the image failed.
-func (p *Pipelines) rejectDownload(ctx context.Context, r *DownloadRequest, resp *DownloadResponse, reason string) error {
+// rejectLayer removes a rejected layer file and forgets it (and the
+// objects recorded as that content).
+func (p *Pipelines) rejectLayer(ctx context.Context, resp *DownloadResponse) error {
 	if err := os.Remove(resp.LocalPath); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove rejected %s: %w", resp.LocalPath, err)
 	}
-	if err := p.db.DeleteBlob(ctx, resp.Checksum); err != nil {
-		return err
-	}
-	return p.db.MarkImageFailed(ctx, metadata.ImageFailure{ImageID: r.ImageID, S3Key: resp.S3URL,
-		LocalPath: resp.LocalPath, SizeBytes: resp.SizeBytes, Reason: reason})
+	return p.db.ForgetLayer(ctx, resp.Checksum)
 }
 
-// storeMetadata (seed 004): the blob (with its ETag) and the images row,
-// both upserts.
+// storeMetadata: the layer file and the object it came from, one
+// transaction.
 func (p *Pipelines) storeMetadata(ctx context.Context, req *dlReq) (*dlResp, error) {
+	p.hook("store-metadata:started")
 	r, resp := req.Msg, req.Resp
 	fi, err := os.Stat(resp.LocalPath)
 	if err != nil {
 		return nil, fmt.Errorf("store metadata of %s: %w", resp.S3URL, err)
 	}
 	size, mtime, ino := fileStamp(fi)
-	etag := ""
-	if !multipartETag(r.ETag) {
-		etag = r.ETag
-	}
-	if !resp.Reused {
-		if err := p.db.StoreBlob(ctx, metadata.Blob{Digest: resp.Checksum, Path: resp.LocalPath, SizeBytes: resp.SizeBytes,
-			HasRootfs: resp.HasRootfs, Entries: int64(resp.Entries), StatSize: size, StatMtimeNs: mtime, StatIno: ino}, etag); err != nil {
-			return nil, err
-		}
-	}
-	if err := p.db.StoreImageMetadata(ctx, r.ImageID, resp.S3URL, resp.LocalPath, resp.Checksum, resp.SizeBytes); err != nil {
+	if err := p.db.StoreDownload(ctx, metadata.Object{Bucket: r.Bucket, Key: r.S3Key, ETag: r.ETag, SizeBytes: r.Size, Digest: resp.Checksum},
+		metadata.LayerFile{Digest: resp.Checksum, Path: resp.LocalPath, SizeBytes: resp.SizeBytes, HasRootfs: resp.HasRootfs,
+			Entries: int64(resp.Entries), StatSize: size, StatMtimeNs: mtime, StatIno: ino}); err != nil {
 		return nil, err
 	}
 	return fsm.NewResponse(resp), nil
+}
+
+// cleanupDownload removes what a download run that did not complete may
+// have left: its temp file. A layer file it renamed into place stays: it
+// is content-addressed, and pruning removes it once nothing refers to it.
+func (p *Pipelines) cleanupDownload(ctx context.Context, req *dlReq) error {
+	if err := os.Remove(p.tmpPath(req.Run.IdempotencyID)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("download %s: remove temp file: %w", S3URL(req.Msg.Bucket, req.Msg.S3Key), err)
+	}
+	return nil
 }
 
 // progressWriter turns written bytes into throttled progress events.

@@ -88,11 +88,20 @@ type env struct {
 	db  *metadata.DB
 	p   *Pipelines
 	dir string
+	sn  *fakeSnapshots // nil for download-only environments
 }
 
 // newEnv starts a fake S3, a database and the pipelines (download only:
 // no snapshotter), with short retry delays and the given download timeout.
 func newEnv(t *testing.T, timeout time.Duration) *env {
+	t.Helper()
+	return newEnvWith(t, func(_ *env, o *Options) { o.DownloadTimeout = timeout })
+}
+
+// newEnvWith is newEnv with the options changed by configure (after the
+// defaults of these tests are set, before New; the environment has its
+// server, database and directory).
+func newEnvWith(t *testing.T, configure func(*env, *Options)) *env {
 	t.Helper()
 	ctx := context.Background()
 	srv := s3test.NewServer(t)
@@ -102,17 +111,29 @@ func newEnv(t *testing.T, timeout time.Duration) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	p, err := New(ctx, Options{
-		DB: db, DownloadDir: filepath.Join(dir, "images"), DownloadTimeout: timeout, RetryInitial: 5 * time.Millisecond,
-		Sources: func(ctx context.Context, bucket string) (*s3source.Source, error) {
-			return s3source.New(ctx, s3source.Config{Bucket: bucket, Region: "us-east-1", Endpoint: srv.URL, PathStyle: true, Anonymous: true})
-		},
-	})
+	e := &env{t: t, srv: srv, db: db, dir: dir}
+	opts := e.options()
+	if configure != nil {
+		configure(e, &opts)
+	}
+	p, err := New(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close(context.Background()) })
-	return &env{t: t, srv: srv, db: db, p: p, dir: dir}
+	e.p = p
+	return e
+}
+
+// options are the options of the environment's pipelines: its S3, its
+// database and directory, short retry delays.
+func (e *env) options() Options {
+	return Options{
+		DB: e.db, DownloadDir: filepath.Join(e.dir, "images"), DownloadTimeout: time.Minute, RetryInitial: 5 * time.Millisecond,
+		Sources: func(ctx context.Context, bucket string) (*s3source.Source, error) {
+			return s3source.New(ctx, s3source.Config{Bucket: bucket, Region: "us-east-1", Endpoint: e.srv.URL, PathStyle: true, Anonymous: true})
+		},
+	}
 }
 
 // stat lists key as Pull does before starting downloads.
@@ -139,10 +160,8 @@ func (e *env) download(key string) (*DownloadResponse, fsm.RunRecord, error) {
 func (e *env) downloadObj(obj s3source.Object) (*DownloadResponse, fsm.RunRecord, error) {
 	e.t.Helper()
 	ctx := context.Background()
-	key := obj.Key
-	id := LayerImageID(e.srv.Bucket, key)
-	runID, err := e.p.startDownload(ctx, id, &DownloadRequest{S3Key: key, ImageID: id, Bucket: e.srv.Bucket, Size: obj.Size, ETag: obj.ETag},
-		fsm.WithQueue(QueueDownloads))
+	dr := &DownloadRequest{S3Key: obj.Key, Bucket: e.srv.Bucket, Size: obj.Size, ETag: obj.ETag}
+	runID, err := e.p.startDownload(ctx, objectRunID(dr), dr, fsm.WithQueue(QueueDownloads))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -154,8 +173,8 @@ func (e *env) downloadObj(obj s3source.Object) (*DownloadResponse, fsm.RunRecord
 	return resp, rec, err
 }
 
-// assertNothingLeft checks no temp file, no lock, and no completed row for
-// key remain.
+// assertNothingLeft checks no temp file, no live run, and no record of a
+// download of key remain.
 func (e *env) assertNothingLeft(key string) {
 	e.t.Helper()
 	ctx := context.Background()
@@ -163,17 +182,18 @@ func (e *env) assertNothingLeft(key string) {
 	if len(tmps) != 0 {
 		e.t.Errorf("temp files left: %v", tmps)
 	}
-	if img, err := e.db.CheckImageDownloaded(ctx, S3URL(e.srv.Bucket, key)); err != nil || img != nil {
-		e.t.Errorf("completed image row left for %s: %+v, %v", key, img, err)
+	if o, err := e.db.ObjectRecord(ctx, e.srv.Bucket, key); err != nil || o != nil {
+		e.t.Errorf("object record left for %s: %+v, %v", key, o, err)
 	}
-	if locks, err := e.db.ListImageLocks(ctx); err != nil || len(locks) != 0 {
-		e.t.Errorf("locks left: %+v, %v", locks, err)
+	if n, err := e.db.LiveRuns(ctx); err != nil || n != 0 {
+		e.t.Errorf("live runs left: %d, %v", n, err)
 	}
 }
 
-// assertStored checks the blob file and the completed row of key.
+// assertStored checks the layer file and the records of key's download.
 func (e *env) assertStored(key string, data []byte, resp *DownloadResponse) {
 	e.t.Helper()
+	ctx := context.Background()
 	got, err := os.ReadFile(resp.LocalPath)
 	if err != nil || !bytes.Equal(got, data) {
 		e.t.Fatalf("stored file %s: %d bytes, err %v; want the object's %d bytes", resp.LocalPath, len(got), err, len(data))
@@ -181,9 +201,13 @@ func (e *env) assertStored(key string, data []byte, resp *DownloadResponse) {
 	if resp.Checksum != sha(data) || filepath.Base(resp.LocalPath) != strings.TrimPrefix(sha(data), "sha256:") {
 		e.t.Errorf("checksum %s at %s, want %s (content addressed)", resp.Checksum, resp.LocalPath, sha(data))
 	}
-	img, err := e.db.CheckImageDownloaded(context.Background(), S3URL(e.srv.Bucket, key))
-	if err != nil || img == nil || img.Checksum != sha(data) || img.SizeBytes != int64(len(data)) {
-		e.t.Errorf("images row of %s: %+v, %v", key, img, err)
+	o, err := e.db.ObjectRecord(ctx, e.srv.Bucket, key)
+	if err != nil || o == nil || o.Digest != sha(data) || o.SizeBytes != int64(len(data)) || o.ETag == "" {
+		e.t.Errorf("object record of %s: %+v, %v", key, o, err)
+	}
+	f, err := e.db.LayerFile(ctx, sha(data))
+	if err != nil || f == nil || f.Path != resp.LocalPath || f.SizeBytes != int64(len(data)) {
+		e.t.Errorf("layer record of %s: %+v, %v", key, f, err)
 	}
 	tmps, _ := os.ReadDir(filepath.Join(e.dir, "images", "tmp"))
 	if len(tmps) != 0 {
@@ -258,7 +282,7 @@ func TestDownloadTruncatedObject(t *testing.T) {
 			t.Fatalf("download of an always-truncated object: err %v, want the run ended", err)
 		}
 		if rec.Transition != "download" || rec.Attempts != 5 {
-			t.Errorf("run ended at %q after %d attempts, want download after 5 (seed 004)", rec.Transition, rec.Attempts)
+			t.Errorf("run ended at %q after %d attempts, want download after its 5 attempts", rec.Transition, rec.Attempts)
 		}
 		e.assertNothingLeft("img/d.tar")
 		blobs, _ := os.ReadDir(filepath.Join(e.dir, "images", "blobs", "sha256"))
@@ -274,8 +298,8 @@ func TestDownloadSlowerThanTimeout(t *testing.T) {
 	e.srv.Put(t, "img/e.tar", data)
 	obj := e.stat("img/e.tar")
 	e.srv.Faults.Delay(100, "img/e.tar", 10*time.Second)
-	id := LayerImageID(e.srv.Bucket, "img/e.tar")
-	runID, err := e.p.startDownload(context.Background(), id, &DownloadRequest{S3Key: "img/e.tar", ImageID: id, Bucket: e.srv.Bucket, Size: obj.Size, ETag: obj.ETag})
+	dr := &DownloadRequest{S3Key: "img/e.tar", Bucket: e.srv.Bucket, Size: obj.Size, ETag: obj.ETag}
+	runID, err := e.p.startDownload(context.Background(), objectRunID(dr), dr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,12 +344,8 @@ func TestDownloadHostileTarballAborted(t *testing.T) {
 			if _, err := os.Stat(filepath.Join(e.dir, "images", "blobs", "sha256", strings.TrimPrefix(sha(data), "sha256:"))); !os.IsNotExist(err) {
 				t.Errorf("rejected file still on disk (stat err %v)", err)
 			}
-			img, err := e.db.GetImageByID(context.Background(), LayerImageID(e.srv.Bucket, key))
-			if err != nil || img.DownloadStatus != metadata.DownloadFailed || img.FailureReason == "" {
-				t.Fatalf("image row: %+v, %v; want failed with a reason", img, err)
-			}
-			if !strings.Contains(img.FailureReason, c.files[len(c.files)-1].name) {
-				t.Errorf("failure reason %q does not name the entry", img.FailureReason)
+			if !strings.Contains(rec.LastError, c.files[len(c.files)-1].name) {
+				t.Errorf("failure reason %q does not name the entry", rec.LastError)
 			}
 			e.assertNothingLeft(key)
 		})
@@ -393,7 +413,7 @@ func TestDownloadAllowSetID(t *testing.T) {
 }
 
 // TestDownloadValidatesAgainAfterRestart: a process that did not see the
-// bytes go by (a restart between download and validate, seed 001's case 2)
+// bytes go by (a restart between download and validate)
 // reads the whole file again before trusting it.
 func TestDownloadValidatesAgainAfterRestart(t *testing.T) {
 	e := newEnv(t, time.Minute)
@@ -430,15 +450,19 @@ func TestDownloadIdempotentAndDeduplicated(t *testing.T) {
 	if rec.Transition != "complete" || e.srv.Requests("GET", "x/1.tar") != 0 {
 		t.Errorf("re-download made %d GETs (run at %q), want none", e.srv.Requests("GET", "x/1.tar"), rec.Transition)
 	}
+	// Same content under another key: the listing proves nothing of the
+	// bytes, so they are downloaded, and found to be the stored layer once
+	// hashed (one file).
 	other, _, err := e.download("y/1.tar")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !other.Reused || other.LocalPath != first.LocalPath || e.srv.Requests("GET", "y/1.tar") != 0 {
-		t.Errorf("same content under another key: reused %v, path %s vs %s, GETs %d; want the stored blob, no GET",
-			other.Reused, other.LocalPath, first.LocalPath, e.srv.Requests("GET", "y/1.tar"))
+	if !other.Downloaded || other.LocalPath != first.LocalPath || e.srv.Requests("GET", "y/1.tar") != 1 {
+		t.Errorf("same content under another key: downloaded %v, path %s vs %s, GETs %d; want one download into the same file",
+			other.Downloaded, other.LocalPath, first.LocalPath, e.srv.Requests("GET", "y/1.tar"))
 	}
 	e.assertStored("y/1.tar", data, other)
+	e.assertStored("x/1.tar", data, first)
 	blobs, _ := os.ReadDir(filepath.Join(e.dir, "images", "blobs", "sha256"))
 	if len(blobs) != 1 {
 		t.Errorf("%d blobs stored, want 1", len(blobs))

@@ -17,9 +17,10 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 )
 
-// Names of the state machines and queues (seed 004).
+// Names of the state machines and queues.
 const (
 	FSMDownload = "download-image"
 	FSMUnpack   = "unpack-image"
@@ -29,7 +30,7 @@ const (
 	QueueUnpacking = "unpacking"
 )
 
-// Defaults of Options (seed 004's table).
+// Defaults of Options.
 const (
 	DefaultDownloadTimeout = 5 * time.Minute
 	DefaultExtractTimeout  = 30 * time.Minute
@@ -38,7 +39,7 @@ const (
 	DefaultUnpacking       = 2
 	// maxResumes bounds the Range resumes of one download attempt.
 	maxResumes = 5
-	// fixedDelay is the wait of seed 004's "fixed retry" transitions.
+	// fixedDelay is the wait of the "fixed retry" transitions.
 	fixedDelay = time.Second
 	// progressInterval spaces the progress events of one transition.
 	progressInterval = 200 * time.Millisecond
@@ -46,7 +47,8 @@ const (
 
 // Snapshots is what the Unpack and Activate machines need of the
 // snapshotter (package snapshotter's *Snapshotter): containerd's snapshot
-// API plus the device behind a key.
+// API plus the device behind a key. Its calls ignore containerd
+// namespaces.
 type Snapshots interface {
 	snapshots.Snapshotter
 	snapshots.Cleaner
@@ -54,14 +56,20 @@ type Snapshots interface {
 	DeviceOf(ctx context.Context, key string) (name, path string, id uint32, err error)
 	// Exists reports whether snapshot key exists.
 	Exists(ctx context.Context, key string) (bool, error)
+	// RemoveIf is Remove with guard consulted in the transaction that
+	// removes the record (a non-nil error refuses the removal).
+	RemoveIf(ctx context.Context, key string, guard snapshotter.RemoveGuard) error
+	// Recommit puts the device of active snapshot key in place of the lost
+	// device of committed snapshot name (same parent), removing key: the
+	// snapshots on name keep their own devices and are not touched.
+	Recommit(ctx context.Context, name, key string) error
 }
 
 // SourceFunc returns the S3 source of bucket.
 type SourceFunc func(ctx context.Context, bucket string) (*s3source.Source, error)
 
 // Options configure New. DB, Sources and DownloadDir are required; the
-// Unpack and Activate machines also need Snapshots, ThinExists and
-// Namespace.
+// Unpack and Activate machines also need Snapshots and ThinExists.
 type Options struct {
 	DB          *metadata.DB
 	Sources     SourceFunc
@@ -72,8 +80,6 @@ type Options struct {
 	// how check-unpacked and check-snapshot see a device deleted behind
 	// the database's back.
 	ThinExists func(ctx context.Context, id uint32) (bool, error)
-	// Namespace is the containerd namespace the snapshots are made in.
-	Namespace string
 	// MountDir holds the temporary mounts of extraction (default
 	// <DownloadDir>/mnt).
 	MountDir string
@@ -95,10 +101,10 @@ type Options struct {
 }
 
 // FaultPauseEnv names an environment variable for crash tests: when set
-// to a test point ("validate:started", "download:started"), every run that
-// reaches that point blocks there until the process is killed, so that a
-// test can SIGKILL the daemon at exactly that step. Never set it in
-// production.
+// to a test point ("<transition>:started" for every transition of the three
+// machines, "extract:started", "validate:reading"), every run that reaches
+// that point blocks there until the process is killed, so that a test can
+// SIGKILL the daemon at exactly that step. Never set it in production.
 const FaultPauseEnv = "FLYIO_FAULT_PAUSE_AT"
 
 // Pipelines runs the three state machines of one daemon.
@@ -172,9 +178,16 @@ func New(ctx context.Context, opts Options) (*Pipelines, error) {
 	return p, nil
 }
 
-// Resume re-enters every run a previous process left unfinished (seed 001:
-// at start-up, after New).
-func (p *Pipelines) Resume(ctx context.Context) error { return p.m.Resume(ctx) }
+// Resume re-enters every run a previous process left unfinished (at
+// start-up, after New), then removes what runs that are no longer live
+// left behind: extraction snapshots, their mount points and download temp
+// files.
+func (p *Pipelines) Resume(ctx context.Context) error {
+	if err := p.m.Resume(ctx); err != nil {
+		return err
+	}
+	return p.sweep(ctx)
+}
 
 // Manager is the fsm manager the machines run on (for waiting on runs).
 func (p *Pipelines) Manager() *fsm.Manager { return p.m }

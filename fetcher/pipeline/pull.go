@@ -5,9 +5,9 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
@@ -25,11 +25,12 @@ type PullRequest struct {
 	// Ref names the image (the containerd image name); empty means the
 	// s3:// source.
 	Ref string `json:"ref,omitempty"`
-	// Refresh lists the image in S3 again and runs the pipelines even if
-	// it was pulled before, so that every layer's device is checked
-	// (otherwise a pulled, unchanged image is answered from the records
-	// and S3 is not asked at all).
+	// Refresh runs the pipelines even when the image is pulled and
+	// unchanged, so that every layer's device is checked in the pool.
 	Refresh bool `json:"refresh,omitempty"`
+	// Cached answers from the records alone, without asking S3 what the
+	// image is now; it fails when the image is not pulled and in place.
+	Cached bool `json:"cached,omitempty"`
 }
 
 // PullResult describes a pulled, unpacked and activated image.
@@ -61,12 +62,9 @@ func ParseS3URL(u string) (bucket, key string, err error) {
 }
 
 // imageSource normalizes what was asked into the image's source and id:
-// a ".tar" key is its own image (the layer's row); a prefix gets "/".
+// a ".tar" key is an image of one layer; a prefix gets "/".
 func imageSource(bucket, key string) (source, imageID string) {
-	if strings.HasSuffix(key, ".tar") {
-		return S3URL(bucket, key), LayerImageID(bucket, key)
-	}
-	if !strings.HasSuffix(key, "/") {
+	if !strings.HasSuffix(key, ".tar") && !strings.HasSuffix(key, "/") {
 		key += "/"
 	}
 	source = S3URL(bucket, key)
@@ -74,10 +72,14 @@ func imageSource(bucket, key string) (source, imageID string) {
 	return source, "s3-" + hex.EncodeToString(sum[:12])
 }
 
-// Pull runs Download, Unpack and Activate for the image req names and
-// returns once the image is active (or a machine ended it). progress, if
-// set, receives the events of the runs of this pull, from several
-// goroutines, one at a time.
+// Pull makes the image req names pulled, unpacked, activated and
+// registered under its name, and returns it. Unless req.Cached, it first
+// asks S3 what the image is now (one LIST for a prefix, one HEAD for a
+// key): an image recorded with the same objects (keys, ETags, sizes) and
+// still in place is answered from the records; anything else runs the
+// Download, Unpack and Activate machines, which reuse what is already
+// there. progress, if set, receives the events of the runs of this pull,
+// from several goroutines, one at a time.
 func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Event)) (*PullResult, error) {
 	if p.opts.Snapshots == nil {
 		return nil, errors.New("pull: the pipelines have no snapshotter")
@@ -88,17 +90,43 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 		ref = source
 	}
 	lg := log.G(ctx).WithField("source", source).WithField("ref", ref)
+	if req.Cached {
+		res, why := p.repull(ctx, source, imageID, ref, nil)
+		if res == nil {
+			return nil, fmt.Errorf("pull %s --cached: %s: %w", source, why, metadata.ErrNotFound)
+		}
+		lg.WithField("snapshot", res.Snapshot.SnapshotName).Info("already pulled (records only)")
+		return res, nil
+	}
+	layers, err := p.listLayers(ctx, req, source)
+	if err != nil {
+		p.markFailed(ctx, imageID, source, err)
+		return nil, err
+	}
 	if !req.Refresh {
-		if res := p.repull(ctx, source, imageID, ref); res != nil {
-			lg.WithField("snapshot", res.Snapshot.SnapshotName).Info("already pulled")
+		if res, _ := p.repull(ctx, source, imageID, ref, layers); res != nil {
+			lg.WithField("snapshot", res.Snapshot.SnapshotName).Info("already pulled, unchanged in S3")
 			return res, nil
 		}
 	}
-	layers, err := p.layersOf(ctx, req, source)
+	res, err := p.runPipelines(ctx, req, source, imageID, ref, layers, progress)
 	if err != nil {
+		p.markFailed(ctx, imageID, source, err)
 		return nil, err
 	}
+	lg.WithField("snapshot", res.Snapshot.SnapshotName).WithField("downloaded", res.Downloaded).WithField("unpacked", res.Unpacked).Info("pulled")
+	return res, nil
+}
 
+// markFailed records why a pull of an image failed (`ls images` shows it).
+func (p *Pipelines) markFailed(ctx context.Context, imageID, source string, cause error) {
+	if err := p.db.MarkImageFailed(context.WithoutCancel(ctx), imageID, source, cause.Error()); err != nil {
+		log.G(ctx).WithError(err).WithField("source", source).Error("pull: recording the failure")
+	}
+}
+
+// runPipelines runs Download, Unpack and Activate for layers.
+func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, imageID, ref string, layers []Layer, progress func(Event)) (*PullResult, error) {
 	var (
 		mu   sync.Mutex
 		runs = map[string]int{} // run id → 1-based layer (0: the image)
@@ -124,9 +152,8 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 
 	dlRuns := make([]string, len(layers))
 	for i, l := range layers {
-		id := LayerImageID(req.Bucket, l.Key)
-		runID, err := p.startDownload(ctx, id, &DownloadRequest{S3Key: l.Key, ImageID: id, Bucket: req.Bucket, Size: l.Size, ETag: l.ETag},
-			fsm.WithQueue(QueueDownloads), fsm.WithParent(parent))
+		dr := &DownloadRequest{Bucket: req.Bucket, S3Key: l.Key, Size: l.Size, ETag: l.ETag}
+		runID, err := p.startDownload(ctx, objectRunID(dr), dr, fsm.WithQueue(QueueDownloads), fsm.WithParent(parent))
 		if err != nil {
 			return nil, fmt.Errorf("pull %s: start download of layer %d: %w", source, i+1, err)
 		}
@@ -137,7 +164,6 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 	for i, runID := range dlRuns {
 		d, err := fsm.Await[DownloadResponse](ctx, p.m, runID)
 		if err != nil {
-			p.markDownloadFailed(ctx, req.Bucket, layers[i], err)
 			return nil, fmt.Errorf("pull %s: layer %d (%s): %w", source, i+1, layers[i].Key, err)
 		}
 		if d.Downloaded {
@@ -159,7 +185,7 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 			after = append(after, upRuns[i-1])
 		}
 		runID, err := p.startUnpack(ctx, l.ChainID, &UnpackRequest{ChainID: l.ChainID, ParentChainID: parentChain, DiffID: l.DiffID,
-			ImageID: LayerImageID(req.Bucket, l.Key), S3URL: S3URL(req.Bucket, l.Key), Top: i == len(layers)-1},
+			S3URL: S3URL(req.Bucket, l.Key)},
 			fsm.WithQueue(QueueUnpacking), fsm.WithRunAfter(after...), fsm.WithParent(parent))
 		if err != nil {
 			return nil, fmt.Errorf("pull %s: start unpack of layer %d: %w", source, i+1, err)
@@ -169,18 +195,16 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 	}
 	top := layers[len(layers)-1].ChainID
 	res.Layers, res.TopChainID = layers, top
-	acRun, err := p.startActivate(ctx, imageID, &ActivateRequest{ImageID: imageID, Source: source, Ref: ref, TopChainID: top, Layers: layers},
+	acRun, err := p.startActivate(ctx, imageID, &ActivateRequest{ImageID: imageID, Source: source, Ref: ref, Layers: layers},
 		fsm.WithRunAfter(upRuns[len(upRuns)-1]), fsm.WithParent(parent))
 	if err != nil {
 		return nil, fmt.Errorf("pull %s: start activate: %w", source, err)
 	}
 	watch(acRun, 0)
 	ac, err := fsm.Await[ActivateResponse](ctx, p.m, acRun)
-	for i, runID := range upRuns {
+	for _, runID := range upRuns {
 		u, uerr := fsm.ResponseOf[UnpackResponse](ctx, p.m, runID)
-		if rec, rerr := p.m.Run(ctx, runID); rerr == nil && rec.State.Terminal() && rec.State != fsm.StateComplete {
-			p.cleanupUnpack(ctx, layers[i].ChainID, runID)
-		} else if uerr == nil && u.Unpacked && rerr == nil && rec.State == fsm.StateComplete {
+		if rec, rerr := p.m.Run(ctx, runID); uerr == nil && u.Unpacked && rerr == nil && rec.State == fsm.StateComplete {
 			res.Unpacked++
 		}
 	}
@@ -191,33 +215,29 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 		return nil, fmt.Errorf("pull %s: %w", source, err)
 	}
 	res.Snapshot = *ac
-	raw, _ := json.Marshal(layers)
-	if err := p.db.StorePulledImage(ctx, metadata.PulledImage{Ref: ref, Source: source, ImageID: imageID, Layers: string(raw),
-		TopChainID: top, SnapshotKey: ac.SnapshotName}); err != nil {
+	// A concurrent pull of the same image under another name shares the
+	// activation run, which registered that name: register this one too,
+	// with the layers this pull made (registering is idempotent).
+	if ac.Ref != ref {
+		if err := p.registerName(ctx, ref, layers); err != nil {
+			return nil, fmt.Errorf("pull %s: %w", source, err)
+		}
+	}
+	names, err := p.db.ImageNames(ctx, imageID)
+	if err != nil {
 		return nil, err
 	}
-	lg.WithField("snapshot", ac.SnapshotName).WithField("downloaded", res.Downloaded).WithField("unpacked", res.Unpacked).Info("pulled")
+	if !slices.Contains(names, ref) {
+		if err := p.db.AddImageName(ctx, ref, imageID); err != nil {
+			return nil, err
+		}
+	}
+	res.Snapshot.Registered = p.opts.Registrar != nil
 	return res, nil
 }
 
-// layersOf lists the image's layers: from the pulled-image record when
-// there is one (no S3 request), from S3 otherwise.
-func (p *Pipelines) layersOf(ctx context.Context, req PullRequest, source string) ([]Layer, error) {
-	if !req.Refresh {
-		rec, err := p.db.PulledImageBySource(ctx, source)
-		if err != nil {
-			return nil, err
-		}
-		if rec != nil {
-			var ls []Layer
-			if err := json.Unmarshal([]byte(rec.Layers), &ls); err == nil && len(ls) > 0 {
-				for i := range ls {
-					ls[i].DiffID, ls[i].ChainID = "", ""
-				}
-				return ls, nil
-			}
-		}
-	}
+// listLayers asks S3 what the image is now: its objects in key order.
+func (p *Pipelines) listLayers(ctx context.Context, req PullRequest, source string) ([]Layer, error) {
 	src, err := p.opts.Sources(ctx, req.Bucket)
 	if err != nil {
 		return nil, fmt.Errorf("pull %s: %w", source, err)
@@ -233,28 +253,6 @@ func (p *Pipelines) layersOf(ctx context.Context, req PullRequest, source string
 	return ls, nil
 }
 
-// markDownloadFailed records a download run that failed out of attempts
-// (validation rejections mark the image themselves) as a failed image.
-func (p *Pipelines) markDownloadFailed(ctx context.Context, bucket string, l Layer, err error) {
-	var re *fsm.RunError
-	if !errors.As(err, &re) || re.State != fsm.StateFailed {
-		return
-	}
-	if merr := p.db.MarkImageFailed(context.WithoutCancel(ctx), metadata.ImageFailure{ImageID: LayerImageID(bucket, l.Key),
-		S3Key: S3URL(bucket, l.Key), LocalPath: p.tmpPath(LayerImageID(bucket, l.Key)), SizeBytes: l.Size, Reason: re.Error()}); merr != nil {
-		log.G(ctx).WithError(merr).Error("pull: marking the image failed")
-	}
-}
-
-// cleanupUnpack removes what an unpack run that ended without completing
-// may have left: its extraction snapshot and its lock.
-func (p *Pipelines) cleanupUnpack(ctx context.Context, chain, runID string) {
-	if err := p.discardExtract(ctx, chain); err != nil {
-		log.G(ctx).WithError(err).WithField("chain", chain).Error("pull: removing a failed unpack's device")
-	}
-	p.releaseLock(ctx, chain, runID)
-}
-
 // firstFailure is the error of the first unpack run that did not
 // complete, if any (more telling than the activate run's "predecessor
 // aborted").
@@ -268,22 +266,39 @@ func (p *Pipelines) firstFailure(ctx context.Context, runIDs []string) error {
 	return nil
 }
 
-// Activate runs the Activate machine again for the pulled image ref (its
-// active snapshot re-created if it is gone) and returns its snapshot.
+// Activate runs the Activate machine again for the image named ref (its
+// activation re-created if it is gone) and returns its snapshot.
 func (p *Pipelines) Activate(ctx context.Context, ref string) (*ActivateResponse, error) {
-	rec, err := p.db.GetPulledImage(ctx, ref)
+	imageID, err := p.db.ImageIDByName(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
-	if rec == nil {
+	if imageID == "" {
 		return nil, fmt.Errorf("activate %q: no image pulled under that name: %w", ref, metadata.ErrNotFound)
 	}
-	var layers []Layer
-	if err := json.Unmarshal([]byte(rec.Layers), &layers); err != nil {
-		return nil, fmt.Errorf("activate %q: recorded layers: %w", ref, err)
+	img, err := p.db.GetImage(ctx, imageID)
+	if err != nil {
+		return nil, err
 	}
-	runID, err := p.startActivate(ctx, rec.ImageID, &ActivateRequest{ImageID: rec.ImageID, Source: rec.Source, Ref: rec.Ref,
-		TopChainID: rec.TopChainID, Layers: layers})
+	recorded, err := p.db.ImageLayers(ctx, imageID)
+	if err != nil {
+		return nil, err
+	}
+	if img == nil || len(recorded) == 0 {
+		return nil, fmt.Errorf("activate %q: image %s has no layers recorded: pull it again: %w", ref, imageID, metadata.ErrNotFound)
+	}
+	layers := make([]Layer, len(recorded))
+	for i, l := range recorded {
+		c, err := p.db.GetChain(ctx, l.ChainID)
+		if err != nil {
+			return nil, err
+		}
+		if c == nil {
+			return nil, fmt.Errorf("activate %q: layer %d (chain %s) is no longer unpacked: pull it again: %w", ref, i+1, l.ChainID, metadata.ErrNotFound)
+		}
+		layers[i] = Layer{Key: l.Key, Size: l.SizeBytes, ETag: l.ETag, DiffID: c.DiffID, ChainID: l.ChainID}
+	}
+	runID, err := p.startActivate(ctx, imageID, &ActivateRequest{ImageID: imageID, Source: img.Source, Ref: ref, Layers: layers})
 	if err != nil {
 		return nil, err
 	}

@@ -2,98 +2,96 @@ package pipeline
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
-	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
-// repull answers a pull of an image that is already pulled, unpacked and
-// active, and unchanged since, from what is recorded (seed 001's test case
-// 4: "only DB queries", "no devicemapper operations"): one read
-// transaction (metadata.PulledImageState), a stat of each layer's tarball,
-// a stat of the activation's device node and a sysfs read saying the node
-// is still that live device-mapper device (how an activation removed
-// behind our back, `dmsetup remove`, is noticed: seed 001's test case 5)
-// and, with a registrar, one look at containerd's image. It starts no FSM
-// run, makes no S3 request and no device-mapper ioctl, extracts nothing
-// and writes nothing. It returns nil, and the caller runs the pipelines,
-// when anything is missing or disagrees: they heal it.
+// repull answers a pull of an image that is pulled, unpacked and active
+// from the records: one read transaction (metadata.PulledImageState), a
+// stat of the activation's device node and a sysfs read saying the node is
+// still that live device-mapper device (how an activation removed behind
+// our back, `dmsetup remove`, is noticed) and, with a registrar, one look at
+// containerd's image. listed, when not nil, is what S3 says the image is
+// now: the records answer only if they were pulled from the same objects
+// (keys, ETags and sizes, in order). It starts no run and makes no
+// device-mapper call; it writes only when ref is a new name of the image or
+// a failure recorded by an earlier pull is over.
+// It returns nil and why when anything is missing or differs: the caller
+// then runs the pipelines, which heal it.
 //
 // What it cannot see: a committed chain's thin device deleted from the
 // pool behind our back (`dmsetup message POOL 0 "delete ID"`). Committed
 // chains are not activated, so they have no node in /dev/mapper nor in
-// /sys/block, and only a device-mapper call (a pool message and a read of
-// its metadata, thinpool.Pool.ThinIDs, or one ThinExists per chain) could
-// tell. That probe stays on the slow path: `pull --refresh` runs the
-// pipelines, whose check-unpacked asks the pool for each chain's device
-// and heals a missing one.
-func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string) *PullResult {
-	lg := log.G(ctx).WithField("ref", ref)
-	miss := func(why string) *PullResult {
-		lg.WithField("reason", why).Debug("re-pull: running the pipelines")
-		return nil
-	}
-	var layers []Layer
-	rec, st, err := p.db.PulledImageState(ctx, ref, func(rec *metadata.PulledImage) (chains, diffs []string, err error) {
-		layers = nil
-		if err := json.Unmarshal([]byte(rec.Layers), &layers); err != nil {
-			return nil, nil, fmt.Errorf("layers of %s: %w", rec.Ref, err)
-		}
-		for _, l := range layers {
-			chains, diffs = append(chains, l.ChainID), append(diffs, l.DiffID)
-		}
-		return chains, diffs, nil
-	})
+// /sys/block, and only a device-mapper call could tell. That probe stays on
+// the slow path: `pull --refresh` runs the pipelines, whose check-unpacked
+// asks the pool for each chain's device and rebuilds a missing one.
+func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string, listed []Layer) (*PullResult, string) {
+	st, err := p.db.PulledImageState(ctx, imageID)
 	switch {
 	case err != nil:
-		return miss(err.Error())
-	case rec == nil:
-		return miss("no pulled-image record under this name")
-	case rec.Source != source || rec.ImageID != imageID:
-		return miss("the name was pulled from another source")
+		return nil, err.Error()
 	case st == nil:
-		return miss("records missing or disagreeing")
+		return nil, "not pulled, or its records are not all in place"
+	case st.Image.Source != source:
+		return nil, "recorded from another source"
 	}
-	for _, l := range layers {
-		if l.ChainID == "" || l.DiffID == "" {
-			return miss("recorded layers without digests")
+	if listed != nil {
+		if len(listed) != len(st.Layers) {
+			return nil, fmt.Sprintf("S3 lists %d layers, %d were pulled", len(listed), len(st.Layers))
+		}
+		for i, l := range listed {
+			r := st.Layers[i]
+			if l.Key != r.Key || l.ETag == "" || l.ETag != r.ETag || l.Size != r.SizeBytes {
+				return nil, fmt.Sprintf("layer %d (%s) changed in S3", i+1, l.Key)
+			}
 		}
 	}
-	for _, l := range st.Layers {
-		if l.Blob == nil {
-			return miss("a layer's tarball is not recorded")
-		}
-		fi, err := os.Stat(l.Blob.Path)
-		if err != nil {
-			return miss("a layer's tarball is gone")
-		}
-		if size, mtime, ino := fileStamp(fi); size != l.Blob.StatSize || mtime != l.Blob.StatMtimeNs || ino != l.Blob.StatIno {
-			return miss("a layer's tarball changed")
-		}
+	path := "/dev/mapper/" + st.ActivationDevice
+	if err := p.deviceLive(path); err != nil {
+		return nil, err.Error()
 	}
-	if err := p.deviceLive(st.Activation.DevicePath); err != nil {
-		return miss(err.Error())
+	layers := make([]Layer, len(st.Layers))
+	for i, l := range st.Layers {
+		layers[i] = Layer{Key: l.Key, Size: l.SizeBytes, ETag: l.ETag, DiffID: st.DiffIDs[i], ChainID: l.ChainID}
 	}
+	top := layers[len(layers)-1].ChainID
 	registered := false
 	if p.opts.Registrar != nil {
-		ok, err := p.opts.Registrar.Registered(ctx, ref, rec.TopChainID)
-		if err != nil || !ok {
-			return miss("not registered in containerd")
+		ok, err := p.opts.Registrar.Registered(ctx, ref, top)
+		if err != nil {
+			return nil, err.Error()
+		}
+		if !ok {
+			// A new name, or one removed from containerd (`ctr image rm`)
+			// while its layers stayed: register it again.
+			if err := p.registerName(ctx, ref, layers); err != nil {
+				return nil, err.Error()
+			}
 		}
 		registered = true
 	}
-	a := st.Activation
-	return &PullResult{Ref: ref, Source: source, ImageID: imageID, Layers: layers, TopChainID: rec.TopChainID,
-		Snapshot: ActivateResponse{ImageID: imageID, SnapshotID: a.SnapshotID, SnapshotName: a.SnapshotName,
-			DevicePath: a.DevicePath, OriginDeviceID: a.OriginDeviceID, Active: true, Registered: registered}}
+	if !slices.Contains(st.Names, ref) {
+		if err := p.db.AddImageName(ctx, ref, imageID); err != nil {
+			return nil, err.Error()
+		}
+	}
+	if st.Image.FailureReason != "" && listed != nil {
+		// S3 says the image is what is in place: an earlier failure is over.
+		if err := p.db.ClearImageFailure(ctx, imageID); err != nil {
+			return nil, err.Error()
+		}
+	}
+	return &PullResult{Ref: ref, Source: source, ImageID: imageID, Layers: layers, TopChainID: top,
+		Snapshot: ActivateResponse{ImageID: imageID, SnapshotName: metadata.ActivationKey(imageID), DeviceName: st.ActivationDevice,
+			DevicePath: path, Active: true, Registered: registered}}, ""
 }
 
 // sysDevBlock is where sysfs lists block devices by device number.

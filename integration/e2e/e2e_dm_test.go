@@ -15,11 +15,10 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
 )
 
-// unpackedRow is what this test reads of `ls unpacked --format json`.
-type unpackedRow struct {
-	ImageID    string `json:"image_id"`
-	DeviceID   string `json:"device_id"`
-	DeviceName string `json:"device_name"`
+// chainRow is what this test reads of `ls chains --format json`.
+type chainRow struct {
+	ChainID  string `json:"chain_id"`
+	DeviceID uint32 `json:"device_id"`
 }
 
 // inputs returns the image folder and the versitygw binary that
@@ -135,25 +134,25 @@ func TestEndToEnd(t *testing.T) {
 		t.Logf("pull %s (%s): %s", f, time.Since(start).Round(time.Millisecond), strings.TrimSpace(out))
 	}
 
-	// Identical layers are stored once: one unpacked device per distinct
-	// layer digest, no device shared by two rows.
-	out, err := e.Daemon.CLI(ctx, []string{"ls", "unpacked"}, "--format", "json")
+	// Identical layers are stored once: one chain (one device) per
+	// distinct layer digest, no device shared by two chains.
+	out, err := e.Daemon.CLI(ctx, []string{"ls", "chains"}, "--format", "json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rows []unpackedRow
+	var rows []chainRow
 	if err := json.Unmarshal([]byte(out), &rows); err != nil {
-		t.Fatalf("ls unpacked --format json: %v: %s", err, out)
+		t.Fatalf("ls chains --format json: %v: %s", err, out)
 	}
-	devs := map[string]bool{}
+	devs := map[uint32]bool{}
 	for _, r := range rows {
 		if devs[r.DeviceID] {
-			t.Errorf("device %s listed twice by ls unpacked: %s", r.DeviceID, out)
+			t.Errorf("device %d listed twice by ls chains: %s", r.DeviceID, out)
 		}
 		devs[r.DeviceID] = true
 	}
 	if len(rows) != len(distinct) {
-		t.Errorf("ls unpacked lists %d devices, want %d (one per distinct layer of %d tarballs):\n%s",
+		t.Errorf("ls chains lists %d chains, want %d (one per distinct layer of %d tarballs):\n%s",
 			len(rows), len(distinct), countLayers(digests), out)
 	}
 	wantMetric(t, ctx, e, "flyio_snapshotter_pipeline_unpacked", len(distinct))
@@ -206,12 +205,42 @@ func TestEndToEnd(t *testing.T) {
 		"absent:  /etc/motd", "present: /etc/issue.net", "absent:  /usr/share/doc/bash",
 	)
 
+	// A second name for the same layers is registered and runnable, and so
+	// is a name again after `ctr image rm` removed it from containerd.
+	second := "flyio.local/e2e/debian-second:latest"
+	if out, err := e.Daemon.CLI(ctx, []string{"pull"}, "--name", second, stack.S3URL("debian")); err != nil {
+		t.Fatalf("pull debian under a second name: %v: %s", err, out)
+	}
+	if out, err := e.Ctrd.Ctr(ctx, "image", "rm", stack.Ref("debian")); err != nil {
+		t.Fatalf("ctr image rm %s: %v: %s", stack.Ref("debian"), err, out)
+	}
+	if out, err := e.Pull(ctx, "debian"); err != nil {
+		t.Fatalf("re-pull of debian after ctr image rm: %v: %s", err, out)
+	}
+	listed, err := e.Ctrd.Ctr(ctx, "image", "ls", "-q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ref := range []string{second, stack.Ref("debian")} {
+		if !strings.Contains(listed, ref) {
+			t.Errorf("ctr image ls does not list %s:\n%s", ref, listed)
+		}
+		out, err := e.Ctrd.Ctr(ctx, "run", "--rm", "--snapshotter", "flyio", ref, "e2e-names", "/usr/local/bin/flyio-hello")
+		if err != nil {
+			t.Fatalf("ctr run %s: %v: %s", ref, err, out)
+		}
+		wantLines(t, ref, out, "hello from Debian GNU/Linux 12 (bookworm), family debian")
+	}
+	if out, err := e.Ctrd.Ctr(ctx, "image", "rm", "--sync", second); err != nil {
+		t.Fatalf("ctr image rm %s: %v: %s", second, err, out)
+	}
+
 	// Remove the images; containerd's GC removes their snapshots through
 	// our proxy plugin, and nothing of ours may stay.
 	if out, err := e.RemoveImages(ctx); err != nil {
 		t.Fatalf("remove images: %v: %s", err, out)
 	}
-	for _, kind := range []string{"unpacked", "images", "snapshots"} {
+	for _, kind := range []string{"unpacked", "chains", "images", "snapshots"} {
 		out, err := e.Daemon.CLI(ctx, []string{"ls", kind}, "--format", "json")
 		if err != nil {
 			t.Fatal(err)

@@ -1,6 +1,6 @@
--- Initial schema (seed 000, version 1): images, unpacked_images, snapshots.
+-- Initial schema (version 1): images, unpacked_images, snapshots.
 --
--- Copied exactly from seed 000 (tables, CHECKs, foreign keys, indexes).
+-- The project's original design schema (tables, CHECKs, foreign keys, indexes).
 -- Time columns are DATETIME text in UTC ('YYYY-MM-DD HH:MM:SS', SQLite's
 -- CURRENT_TIMESTAMP). Never edit this file: the ledger records its SHA-256.
 

@@ -1,7 +1,7 @@
--- Image locks for concurrency control (seed 000, version 2).
+-- Image locks for concurrency control (version 2).
 --
 -- One row per image being unpacked; the PRIMARY KEY on image_id makes
--- acquisition atomic. locked_at is INTEGER unix seconds (the seed's
+-- acquisition atomic. locked_at is INTEGER unix seconds (SQLite's
 -- unixepoch('now')). Never edit this file: the ledger records its SHA-256.
 
 CREATE TABLE IF NOT EXISTS image_locks (

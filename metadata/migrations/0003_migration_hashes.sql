@@ -1,4 +1,4 @@
--- Migration ledger hashes (seed 002's integrity rule): sql_sha256 per version.
+-- Migration ledger hashes (integrity rule): sql_sha256 per version.
 --
 -- sql_sha256 is the hex SHA-256 of the migration file's text with leading and
 -- trailing white space trimmed. The runner records it for every migration

@@ -1,9 +1,9 @@
 -- 0004_snapshotter: containerd snapshot records, thin device records, device
--- intents and quarantined thin ids (owner: snapshotter helper).
+-- intents and quarantined thin ids.
 --
 -- Time columns in these tables are INTEGER unix nanoseconds (UTC).
 -- A thin id is the 24-bit device id inside the pool (1 .. 0xffffff; 0 is
--- never used). Names avoid the seed's `snapshots` table.
+-- never used). Names avoid the `snapshots` table of migration 1.
 
 -- One row per thin device the snapshotter owns in the pool: the base device
 -- (formatted once per pool) and one device per containerd snapshot. A device

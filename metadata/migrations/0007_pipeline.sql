@@ -1,4 +1,4 @@
--- S3 pipelines (issue 5): content-addressed blobs, ETag reuse, unpacked
+-- S3 pipelines: content-addressed blobs, ETag reuse, unpacked
 -- layer chains and pulled images.
 --
 -- Times are INTEGER unix nanoseconds (UTC). Never edit this file: the ledger

@@ -15,6 +15,12 @@ import (
 	"sync/atomic"
 	"testing"
 
+	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/core/snapshots/proxy"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
@@ -97,4 +103,16 @@ func Teardown(t testing.TB, cfg *plugin.Config) {
 		t.Errorf("teardown: dmsetup remove %s: %v: %s", cfg.Pool.Name, err, out)
 	}
 	os.RemoveAll(cfg.Daemon.RootDir)
+}
+
+// DialProxy returns containerd's proxy snapshotter client (what containerd
+// uses for a [proxy_plugins] entry) on the daemon's snapshots socket.
+func DialProxy(t testing.TB, socket string) snapshots.Snapshotter {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return proxy.NewSnapshotter(snapshotsapi.NewSnapshotsClient(conn), "flyio")
 }

@@ -124,12 +124,12 @@ func demo(ctx context.Context, images, vgw, logs, scratch string) (err error) {
 		say("pulled %s in %s", f, time.Since(t).Round(time.Millisecond))
 		show("containerd-flyio-snapshotter pull --name "+stack.Ref(f)+" "+stack.S3URL(f), out)
 	}
-	out, err := e.Daemon.CLI(ctx, []string{"ls", "unpacked"})
+	out, err := e.Daemon.CLI(ctx, []string{"ls", "chains"})
 	if err != nil {
 		return err
 	}
-	say("layers stored (identical layers of debian and debian-dev once):")
-	show("containerd-flyio-snapshotter ls unpacked", out)
+	say("chains unpacked (identical layers of the three images once):")
+	show("containerd-flyio-snapshotter ls chains", out)
 
 	for _, c := range []struct {
 		family string
@@ -171,11 +171,11 @@ func demo(ctx context.Context, images, vgw, logs, scratch string) (err error) {
 	}
 	say("images removed, containerd's garbage collection done")
 	show("ctr image rm --sync ...", out)
-	out, err = e.Daemon.CLI(ctx, []string{"ls", "unpacked"})
+	out, err = e.Daemon.CLI(ctx, []string{"ls", "chains"})
 	if err != nil {
 		return err
 	}
-	show("containerd-flyio-snapshotter ls unpacked", out)
+	show("containerd-flyio-snapshotter ls chains", out)
 	devs, err := stack.DMDevices(ctx, pool)
 	if err != nil {
 		return err

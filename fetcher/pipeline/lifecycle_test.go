@@ -1,0 +1,341 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/errdefs"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+)
+
+// unpackRun is the one unpack run of the environment.
+func (e *env) unpackRun() metadata.Run {
+	e.t.Helper()
+	runs, err := e.db.ListRuns(context.Background(), metadata.RunFilter{FSM: FSMUnpack})
+	if err != nil || len(runs) != 1 {
+		e.t.Fatalf("unpack runs: %d, %v; want one", len(runs), err)
+	}
+	return runs[0]
+}
+
+func waitReached(t *testing.T, reached <-chan string, want string) {
+	t.Helper()
+	select {
+	case got := <-reached:
+		if got != want {
+			t.Fatalf("extraction reached by %q, want %q", got, want)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("extraction never reached by %q", want)
+	}
+}
+
+// TestUnpackKilledTwiceCleansUp: a daemon killed during an extraction, and
+// killed again during the resumed attempt, leaves a run whose attempts are
+// used up; the next start ends it failed and its cleanup removes the
+// extraction snapshot and its mount point. A later pull works.
+func TestUnpackKilledTwiceCleansUp(t *testing.T) {
+	e := newPullEnv(t, nil)
+	e.srv.Put(t, "k/1.tar", layerTar(t, "killed", 1000))
+	// A killed daemon's runs stop where they are: the hook never returns
+	// while the test runs (released at its end, before the cleanups close
+	// the daemons).
+	release := make(chan struct{})
+	defer close(release)
+	reached := make(chan string, 4)
+	stopAt := func(name string) map[string]func() {
+		return map[string]func(){"extract:started": func() { reached <- name; <-release }}
+	}
+	e.p.hooks = stopAt("first")
+	go e.pull("k/", "k") //nolint:errcheck // the first daemon never answers
+	waitReached(t, reached, "first")
+	// The kill comes once the pull has started all its runs (a killed
+	// daemon starts nothing more).
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		runs, err := e.db.ListRuns(context.Background(), metadata.RunFilter{FSM: FSMActivate})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(runs) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the pull never started its activation run")
+		}
+	}
+	if x := e.sn.extractions(t); len(x) != 1 {
+		t.Fatalf("during the extraction: extraction snapshots %v, want one", x)
+	}
+
+	e.reopen(stopAt("second"))
+	waitReached(t, reached, "second")
+	if r := e.unpackRun(); r.Transition != "extract-layers" || r.Attempts != 2 {
+		t.Fatalf("after the second kill the unpack run is at %q attempt %d, want extract-layers attempt 2", r.Transition, r.Attempts)
+	}
+
+	p3 := e.reopen(nil)
+	// The unpack run ends, then the activation run waiting on it.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		n, err := e.db.LiveRuns(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d runs still live 30 s after the third start", n)
+		}
+	}
+	r := e.unpackRun()
+	if r.State != metadata.RunFailed || !strings.Contains(r.LastError, "interrupted 2 times") {
+		t.Errorf("unpack run %s: %q; want failed, interrupted twice", r.State, r.LastError)
+	}
+	e.p = p3
+	e.assertNoExtraction()
+
+	res, err := e.pull("k/", "k")
+	if err != nil || res.Unpacked != 1 {
+		t.Fatalf("pull after the failed run: %+v, %v", res, err)
+	}
+	if got := e.sn.readFile(t, res.Snapshot.SnapshotName, "etc/marker"); got != "killed" {
+		t.Errorf("activation shows %q", got)
+	}
+	e.assertNoExtraction()
+}
+
+// TestResumeSweeps: start-up removes the extraction snapshot and the
+// download temp file that runs no longer live left behind.
+func TestResumeSweeps(t *testing.T) {
+	e := newPullEnv(t, nil)
+	ctx := context.Background()
+	stale := extractKey("sha256:" + strings.Repeat("ab", 32))
+	if _, err := e.sn.Prepare(ctx, stale, "", snapshots.WithLabels(map[string]string{LabelPrivate: privateExtract})); err != nil {
+		t.Fatal(err)
+	}
+	_, _, id, err := e.sn.DeviceOf(ctx, stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(e.p.opts.tmpDir(), "obj-0123456789abcdef01234567.partial")
+	if err := os.WriteFile(tmp, []byte("half a layer"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.p = e.reopen(nil)
+	if ok, _ := e.sn.Exists(ctx, stale); ok {
+		t.Errorf("extraction snapshot %s of no live run kept", stale)
+	}
+	if ok, _ := e.sn.ThinExists(ctx, id); ok {
+		t.Errorf("its device %d is still in the pool", id)
+	}
+	if _, err := os.Stat(tmp); !os.IsNotExist(err) {
+		t.Errorf("temp file of no live run kept (stat: %v)", err)
+	}
+}
+
+// TestPullHealsLostChainKeepingContainers: the top chain's device deleted
+// from the pool behind our back, with a container's snapshot and the
+// image's activation on it: a refresh pull extracts the layer again and
+// puts the new device in place of the lost one (Recommit); the container's
+// snapshot, its data, the activation and the lower chain are untouched.
+func TestPullHealsLostChainKeepingContainers(t *testing.T) {
+	e := newPullEnv(t, nil)
+	ctx := context.Background()
+	e.srv.Put(t, "h/1.tar", layerTar(t, "base", 1000, tarFile{name: "etc/base-only", body: []byte("from layer 1")}))
+	e.srv.Put(t, "h/2.tar", layerTar(t, "top", 1000))
+	r := e.mustPull("h/", "h")
+	bottom, top := r.Layers[0].ChainID, r.TopChainID
+	if _, err := e.sn.Prepare(ctx, "container-1", top); err != nil {
+		t.Fatal(err)
+	}
+	e.sn.writeFile(t, "container-1", "etc/container-data", "mine")
+	before := e.sn.list(t)
+	e.sn.deleteDevice(t, top)
+
+	res, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "h/", Ref: "h", Refresh: true})
+	if err != nil {
+		t.Fatalf("refresh pull with the top chain's device gone: %v", err)
+	}
+	if res.Unpacked != 1 || res.Downloaded != 0 || res.TopChainID != top {
+		t.Errorf("heal: %+v; want the top chain unpacked again, nothing downloaded", res)
+	}
+	e.sn.mu.Lock()
+	recommits := e.sn.calls["Recommit"]
+	e.sn.mu.Unlock()
+	if recommits != 1 {
+		t.Errorf("Recommit called %d times, want once", recommits)
+	}
+	after := e.sn.list(t)
+	for _, k := range []string{"container-1", r.Snapshot.SnapshotName, bottom} {
+		if a, ok := after[k]; !ok || a.ID != before[k].ID || a.DeviceID != before[k].DeviceID {
+			t.Errorf("%s changed by the heal: %+v, was %+v", k, a, before[k])
+		}
+	}
+	if got := e.sn.readFile(t, "container-1", "etc/container-data"); got != "mine" {
+		t.Errorf("the container's data reads %q after the heal", got)
+	}
+	nt, ok := after[top]
+	if alive, _ := e.sn.ThinExists(ctx, nt.DeviceID); !ok || nt.ID != before[top].ID || nt.DeviceID == before[top].DeviceID || !alive {
+		t.Errorf("healed chain %+v (was %+v): want the same snapshot on a new device in the pool", nt, before[top])
+	}
+	if got := e.sn.readFile(t, top, "etc/base-only") + " " + e.sn.readFile(t, top, "etc/marker"); got != "from layer 1 top" {
+		t.Errorf("the healed chain holds %q", got)
+	}
+	if _, err := e.sn.Prepare(ctx, "container-2", top); err != nil {
+		t.Fatalf("a new container on the healed chain: %v", err)
+	}
+	if got := e.sn.readFile(t, "container-2", "etc/marker"); got != "top" {
+		t.Errorf("a new container on the healed chain reads %q", got)
+	}
+	e.assertNoExtraction()
+}
+
+// startLiveRun records a pending run of fsm with request req that no
+// process executes (a pull under way elsewhere, or stalled).
+func (e *env) startLiveRun(id, fsm string, req any) func() {
+	e.t.Helper()
+	ctx := context.Background()
+	raw, err := json.Marshal(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	now := time.Now()
+	if _, _, err := e.db.CreateRun(ctx, metadata.Run{ID: id, FSM: fsm, IdempotencyID: id, Transition: "check", State: metadata.RunPending,
+		Request: raw, CreatedAt: now, UpdatedAt: now}); err != nil {
+		e.t.Fatal(err)
+	}
+	return func() {
+		e.t.Helper()
+		if err := e.db.CheckpointRun(ctx, metadata.RunCheckpoint{RunID: id, State: metadata.RunAborted, Transition: "check", At: time.Now()}); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+}
+
+// TestContainerdView: what containerd sees of the snapshotter and what its
+// garbage collector may remove. Walk hides the pipeline's private
+// snapshots (and, without a registrar, its chains); removing a chain a
+// live run names is refused while another image's chain is removed at the
+// same time; Cleanup prunes the records of the removed chains and images.
+func TestContainerdView(t *testing.T) {
+	ctx := context.Background()
+	e := newPullEnv(t, newFakeRegistrar())
+	e.srv.Put(t, "x/1.tar", layerTar(t, "x", 500))
+	e.srv.Put(t, "y/1.tar", layerTar(t, "y", 600))
+	rx, ry := e.mustPull("x/", "x"), e.mustPull("y/", "y")
+	cx, cy := rx.TopChainID, ry.TopChainID
+	if _, err := e.sn.Prepare(ctx, extractKey("sha256:"+strings.Repeat("cd", 32)), cx,
+		snapshots.WithLabels(map[string]string{LabelPrivate: privateExtract})); err != nil {
+		t.Fatal(err)
+	}
+	view := e.p.ContainerdView(e.sn)
+	walk := func() []string {
+		var seen []string
+		if err := view.Walk(ctx, func(_ context.Context, info snapshots.Info) error {
+			seen = append(seen, info.Name)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return seen
+	}
+	seen := walk()
+	for _, k := range seen {
+		if strings.HasPrefix(k, extractPrefix) || strings.HasPrefix(k, "snap-") {
+			t.Errorf("containerd sees the private snapshot %s", k)
+		}
+	}
+	if !slices.Contains(seen, cx) || !slices.Contains(seen, cy) {
+		t.Errorf("containerd sees %v, want the chains %s and %s", seen, cx, cy)
+	}
+	e.p.opts.Registrar = nil
+	if seen := walk(); len(seen) != 0 {
+		t.Errorf("without a registrar containerd sees %v, want nothing", seen)
+	}
+	e.p.opts.Registrar = newFakeRegistrar()
+	if err := e.sn.Remove(ctx, extractKey("sha256:"+strings.Repeat("cd", 32))); err != nil {
+		t.Fatal(err)
+	}
+
+	// A run under way names x's chain (as the parent of the layer it makes).
+	end := e.startLiveRun("live-unpack", FSMUnpack, UnpackRequest{ChainID: "sha256:" + strings.Repeat("ef", 32), ParentChainID: cx})
+	if err := view.Remove(ctx, cx); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("remove of a chain a live run names: %v, want failed precondition", err)
+	}
+	// The guard itself, inside the removal's transaction.
+	if err := e.sn.RemoveIf(ctx, cx, chainGuard(cx)); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "live run") {
+		t.Errorf("guarded removal of a chain a live run names: %v", err)
+	}
+	if err := view.Remove(ctx, cy); err != nil {
+		t.Errorf("remove of another image's chain during that run: %v", err)
+	}
+	for k, want := range map[string]bool{cx: true, rx.Snapshot.SnapshotName: true, cy: false, ry.Snapshot.SnapshotName: false} {
+		if ok, _ := e.sn.Exists(ctx, k); ok != want {
+			t.Errorf("after the removals %s exists: %v, want %v", k, ok, want)
+		}
+	}
+	if err := view.(snapshots.Cleaner).Cleanup(ctx); err != nil {
+		t.Fatalf("cleanup: %v", err)
+	}
+	if c, _ := e.db.GetChain(ctx, cy); c != nil {
+		t.Errorf("chain record of the removed chain kept: %+v", c)
+	}
+	if img, _ := e.db.GetImage(ctx, ry.ImageID); img != nil {
+		t.Errorf("image record of the removed image kept: %+v", img)
+	}
+	if names, _ := e.db.ImageNames(ctx, ry.ImageID); len(names) != 0 {
+		t.Errorf("names of the removed image kept: %v", names)
+	}
+	if img, _ := e.db.GetImage(ctx, rx.ImageID); img == nil {
+		t.Error("the image whose chain was kept was pruned")
+	}
+	end()
+
+	// An activation under way lists x's chain among its layers.
+	end = e.startLiveRun("live-activate", FSMActivate, ActivateRequest{ImageID: "other", Layers: []Layer{{Key: "k", ChainID: cx}}})
+	if err := view.Remove(ctx, cx); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("remove of a chain a live activation lists: %v, want failed precondition", err)
+	}
+	end()
+	if err := view.Remove(ctx, cx); err != nil {
+		t.Fatalf("remove once no live run names the chain: %v", err)
+	}
+	if err := view.(snapshots.Cleaner).Cleanup(ctx); err != nil {
+		t.Fatalf("cleanup: %v", err)
+	}
+	if img, _ := e.db.GetImage(ctx, rx.ImageID); img != nil {
+		t.Errorf("image record kept after its chain was removed: %+v", img)
+	}
+	if files, _ := os.ReadDir(e.p.opts.blobDir()); len(files) != 0 {
+		t.Errorf("layer files kept after every image was removed: %v", files)
+	}
+}
+
+// TestContainerdViewRefusedRemoveKeepsActivation: a pull that starts using
+// a chain while containerd's collector is removing it makes the removal
+// refused; the image's activation must then still be there (the refusal
+// keeps the whole image, not its chain alone).
+func TestContainerdViewRefusedRemoveKeepsActivation(t *testing.T) {
+	ctx := context.Background()
+	e := newPullEnv(t, newFakeRegistrar())
+	e.srv.Put(t, "x/1.tar", layerTar(t, "x", 500))
+	rx := e.mustPull("x/", "x")
+	view := e.p.ContainerdView(e.sn)
+	e.sn.beforeRemoveIf = func(string) {
+		e.startLiveRun("late-activate", FSMActivate, ActivateRequest{ImageID: rx.ImageID, Layers: []Layer{{Key: "x/1.tar", ChainID: rx.TopChainID}}})
+	}
+	if err := view.Remove(ctx, rx.TopChainID); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("remove of a chain a pull started using meanwhile: %v, want failed precondition", err)
+	}
+	if ok, _ := e.sn.Exists(ctx, rx.Snapshot.SnapshotName); !ok {
+		t.Errorf("the removal of chain %s was refused, but the image's activation %s was removed", rx.TopChainID, rx.Snapshot.SnapshotName)
+	}
+}

@@ -1,0 +1,655 @@
+package pipeline
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+)
+
+// fakeRegistrar is a fake of the containerd side of Registrar: it records
+// the names registered and can forget one (`ctr image rm`).
+type fakeRegistrar struct {
+	mu        sync.Mutex
+	names     map[string][]string // ref → diff IDs
+	registers map[string]int      // ref → Register calls
+}
+
+func newFakeRegistrar() *fakeRegistrar {
+	return &fakeRegistrar{names: map[string][]string{}, registers: map[string]int{}}
+}
+
+func (r *fakeRegistrar) Register(_ context.Context, ref string, diffIDs []string) error {
+	if len(diffIDs) == 0 {
+		return errors.New("register " + ref + ": no layers")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.names[ref] = slices.Clone(diffIDs)
+	r.registers[ref]++
+	return nil
+}
+
+func (r *fakeRegistrar) Registered(_ context.Context, ref, topChain string) (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	diffs, ok := r.names[ref]
+	if !ok {
+		return false, nil
+	}
+	chain := ""
+	for _, d := range diffs {
+		chain = ChainID(chain, d)
+	}
+	return chain == topChain, nil
+}
+
+func (r *fakeRegistrar) unregister(ref string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.names, ref)
+}
+
+// registeredTop is the top chain ref is registered with ("" if none).
+func (r *fakeRegistrar) registeredTop(ref string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	chain := ""
+	for _, d := range r.names[ref] {
+		chain = ChainID(chain, d)
+	}
+	return chain
+}
+
+func (r *fakeRegistrar) calls(ref string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.registers[ref]
+}
+
+// newPullEnv is an environment whose pipelines unpack and activate on a
+// fakeSnapshots, registering with reg when it is not nil.
+func newPullEnv(t *testing.T, reg *fakeRegistrar) *env {
+	t.Helper()
+	var sn *fakeSnapshots
+	e := newEnvWith(t, func(_ *env, o *Options) {
+		sn = newFakeSnapshots(t, o.DB)
+		o.Snapshots, o.ThinExists = sn, sn.ThinExists
+		if reg != nil {
+			o.Registrar = reg
+		}
+	})
+	e.sn = sn
+	e.p.deviceLive = sn.deviceLive
+	return e
+}
+
+// reopen starts other pipelines on the environment's database, directory
+// and snapshotter (a restarted daemon), with hooks, and resumes them.
+func (e *env) reopen(hooks map[string]func()) *Pipelines {
+	e.t.Helper()
+	ctx := context.Background()
+	opts := e.options()
+	opts.Snapshots, opts.ThinExists, opts.Registrar = e.p.opts.Snapshots, e.p.opts.ThinExists, e.p.opts.Registrar
+	p, err := New(ctx, opts)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		p.Close(ctx)
+	})
+	p.deviceLive, p.hooks = e.sn.deviceLive, hooks
+	if err := p.Resume(ctx); err != nil {
+		e.t.Fatalf("resume: %v", err)
+	}
+	return p
+}
+
+func (e *env) pull(key, ref string) (*PullResult, error) {
+	return e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: key, Ref: ref})
+}
+
+func (e *env) pullReq(req PullRequest) (*PullResult, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return e.p.Pull(ctx, req, nil)
+}
+
+func (e *env) mustPull(key, ref string) *PullResult {
+	e.t.Helper()
+	res, err := e.pull(key, ref)
+	if err != nil {
+		e.t.Fatalf("pull %s as %q: %v", key, ref, err)
+	}
+	return res
+}
+
+// layerTar is a layer with the canonical layout whose etc/marker says
+// marker, padded with pad bytes (same marker length and pad: same size),
+// and extra entries.
+func layerTar(t testing.TB, marker string, pad int, extra ...tarFile) []byte {
+	body := bytes.Repeat([]byte(marker[:1]), pad)
+	files := []tarFile{
+		{name: "etc/", typ: tar.TypeDir}, {name: "usr/", typ: tar.TypeDir}, {name: "var/", typ: tar.TypeDir},
+		{name: "etc/marker", body: []byte(marker)}, {name: "usr/pad.bin", body: body},
+	}
+	return buildTar(t, append(files, extra...))
+}
+
+// committedChains lists the chain snapshots the pipelines committed.
+func (e *env) committedChains() []string {
+	e.t.Helper()
+	var out []string
+	for k, r := range e.sn.list(e.t) {
+		if r.Kind == metadata.SnapKindCommitted && r.Labels[LabelSource] != "" {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (e *env) runCount() int {
+	e.t.Helper()
+	runs, err := e.db.ListRuns(context.Background(), metadata.RunFilter{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return len(runs)
+}
+
+// TestPullOverwrittenObject: an object overwritten in S3 (same size, then
+// another size) is downloaded again by the next pull and makes a new chain,
+// which the image's activation shows; an unchanged re-pull asks S3 once
+// (one LIST) and reads nothing more, and --cached asks S3 nothing.
+func TestPullOverwrittenObject(t *testing.T) {
+	e := newPullEnv(t, nil)
+	v1 := layerTar(t, "v1", 4000)
+	e.srv.Put(t, "app/1.tar", v1)
+	r1 := e.mustPull("app/", "app")
+	if r1.Downloaded != 1 || r1.Unpacked != 1 || r1.Layers[0].DiffID != sha(v1) || r1.TopChainID != sha(v1) {
+		t.Fatalf("first pull: %+v", r1)
+	}
+	if got := e.sn.readFile(t, r1.Snapshot.SnapshotName, "etc/marker"); got != "v1" {
+		t.Fatalf("activation shows marker %q, want v1", got)
+	}
+
+	e.srv.Faults.Reset()
+	runs, calls := e.runCount(), e.sn.totalCalls()
+	again := e.mustPull("app/", "app")
+	if again.TopChainID != r1.TopChainID || again.Downloaded != 0 || again.Unpacked != 0 {
+		t.Errorf("unchanged re-pull: %+v", again)
+	}
+	if n, list := e.srv.TotalRequests(), e.srv.Requests("GET", ""); n != 1 || list != 1 {
+		t.Errorf("unchanged re-pull made %d S3 requests (%d LISTs), want exactly one LIST", n, list)
+	}
+	if n := e.runCount() - runs; n != 0 {
+		t.Errorf("unchanged re-pull started %d runs, want none", n)
+	}
+	if n := e.sn.totalCalls() - calls; n != 0 {
+		t.Errorf("unchanged re-pull made %d snapshotter calls, want none", n)
+	}
+
+	e.srv.Faults.Reset()
+	cached, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "app/", Ref: "app", Cached: true})
+	if err != nil || cached.TopChainID != r1.TopChainID {
+		t.Fatalf("cached pull: %+v, %v", cached, err)
+	}
+	if _, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "never/", Cached: true}); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("cached pull of an image never pulled: %v, want not found", err)
+	}
+	if n := e.srv.TotalRequests(); n != 0 {
+		t.Errorf("cached pulls made %d S3 requests, want none", n)
+	}
+
+	// Overwritten with the same size: only the ETag tells.
+	v2 := layerTar(t, "v2", 4000)
+	if len(v2) != len(v1) || bytes.Equal(v1, v2) {
+		t.Fatal("test data: v2 must differ from v1 with the same size")
+	}
+	e.srv.Put(t, "app/1.tar", v2)
+	r2 := e.mustPull("app/", "app")
+	if r2.Downloaded != 1 || r2.TopChainID != sha(v2) || r2.TopChainID == r1.TopChainID {
+		t.Fatalf("pull after an overwrite of the same size: %+v; want a download and the chain %s", r2, sha(v2))
+	}
+	if got := e.sn.readFile(t, r2.Snapshot.SnapshotName, "etc/marker"); got != "v2" {
+		t.Errorf("after an overwrite of the same size the activation shows %q, want v2", got)
+	}
+	// Overwritten with another size.
+	v3 := layerTar(t, "v3", 9000)
+	e.srv.Put(t, "app/1.tar", v3)
+	r3 := e.mustPull("app/", "app")
+	if r3.Downloaded != 1 || r3.TopChainID != sha(v3) {
+		t.Fatalf("pull after an overwrite of another size: %+v", r3)
+	}
+	if got := e.sn.readFile(t, r3.Snapshot.SnapshotName, "etc/marker"); got != "v3" {
+		t.Errorf("after an overwrite of another size the activation shows %q, want v3", got)
+	}
+	if c, err := e.db.GetChain(context.Background(), r3.TopChainID); err != nil || c == nil || c.DiffID != sha(v3) {
+		t.Errorf("chain record of the new layer: %+v, %v", c, err)
+	}
+	if n, err := e.db.LiveRuns(context.Background()); err != nil || n != 0 || len(e.sn.extractions(t)) != 0 {
+		t.Errorf("after the pulls: %d live runs (%v), extraction snapshots %v", n, err, e.sn.extractions(t))
+	}
+}
+
+// etagLiar is an S3-compatible server that claims ETag for the objects
+// under paths: it answers every request for them with that ETag and
+// ignores If-Match (it believes its own claim).
+type etagLiar struct {
+	etag  string
+	paths []string // "/bucket/key"
+	next  http.RoundTripper
+}
+
+func (l etagLiar) RoundTrip(r *http.Request) (*http.Response, error) {
+	lie := slices.Contains(l.paths, r.URL.Path)
+	if lie {
+		r = r.Clone(r.Context())
+		r.Header.Del("If-Match")
+	}
+	resp, err := l.next.RoundTrip(r)
+	if err == nil && lie && resp.Header.Get("ETag") != "" {
+		resp.Header.Set("ETag", l.etag)
+	}
+	return resp, err
+}
+
+// putObject uploads data as bucket/key through the S3 API.
+func (e *env) putObject(bucket, key string, data []byte) {
+	e.t.Helper()
+	req, err := http.NewRequest(http.MethodPut, e.srv.URL+"/"+bucket+"/"+key, bytes.NewReader(data))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		e.t.Fatalf("put s3://%s/%s: %s", bucket, key, resp.Status)
+	}
+}
+
+// TestPullPoisonedETag: an object listed (by another bucket, or under
+// another key of the same bucket) with the ETag and size of an object
+// already downloaded gets its own bytes: its chain is the SHA-256 of what
+// it serves, and the first image still shows its own.
+func TestPullPoisonedETag(t *testing.T) {
+	// The SDK refuses a custom HTTP client when a CA bundle is configured
+	// from the environment; this server is plain HTTP.
+	t.Setenv("AWS_CA_BUNDLE", "")
+	liar := &etagLiar{next: http.DefaultTransport}
+	var sn *fakeSnapshots
+	e := newEnvWith(t, func(e *env, o *Options) {
+		sn = newFakeSnapshots(t, o.DB)
+		o.Snapshots, o.ThinExists = sn, sn.ThinExists
+		o.Sources = func(ctx context.Context, bucket string) (*s3source.Source, error) {
+			return s3source.New(ctx, s3source.Config{Bucket: bucket, Region: "us-east-1", Endpoint: e.srv.URL, PathStyle: true,
+				Anonymous: true, HTTPClient: &http.Client{Transport: liar}})
+		}
+	})
+	e.sn, e.p.deviceLive = sn, sn.deviceLive
+	good := layerTar(t, "good", 3000)
+	evil := layerTar(t, "evil", 3000)
+	evil2 := layerTar(t, "EVIL", 3000)
+	if len(good) != len(evil) || len(good) != len(evil2) {
+		t.Fatal("test data: the layers must have one size")
+	}
+	e.srv.Put(t, "a/1.tar", good)
+	first := e.mustPull("a/1.tar", "good")
+	obj, err := e.db.ObjectRecord(context.Background(), e.srv.Bucket, "a/1.tar")
+	if err != nil || obj == nil || obj.ETag == "" {
+		t.Fatalf("object record: %+v, %v", obj, err)
+	}
+
+	e.srv.CreateBucket(t, "other")
+	e.putObject("other", "a/1.tar", evil)
+	e.srv.Put(t, "b/1.tar", evil2)
+	liar.etag, liar.paths = obj.ETag, []string{"/other/a/1.tar", "/" + e.srv.Bucket + "/b/1.tar"}
+
+	for _, c := range []struct {
+		bucket, key string
+		data        []byte
+	}{{"other", "a/1.tar", evil}, {e.srv.Bucket, "b/1.tar", evil2}} {
+		res, err := e.pullReq(PullRequest{Bucket: c.bucket, Key: c.key, Ref: c.bucket + "-" + c.key})
+		if err != nil {
+			t.Fatalf("pull s3://%s/%s: %v", c.bucket, c.key, err)
+		}
+		// The lie was told: the object is recorded as listed with the
+		// stored object's ETag and size.
+		if o, err := e.db.ObjectRecord(context.Background(), c.bucket, c.key); err != nil || o == nil || o.ETag != obj.ETag || o.SizeBytes != obj.SizeBytes {
+			t.Errorf("s3://%s/%s recorded as %+v (%v), want listed with ETag %s and size %d", c.bucket, c.key, o, err, obj.ETag, obj.SizeBytes)
+		}
+		if res.Downloaded != 1 || res.Layers[0].DiffID != sha(c.data) || res.TopChainID != sha(c.data) {
+			t.Errorf("s3://%s/%s claiming a stored ETag and size: downloaded %d, diff %s; want its own bytes (%s)",
+				c.bucket, c.key, res.Downloaded, res.Layers[0].DiffID, sha(c.data))
+		}
+		if got, want := e.sn.readFile(t, res.Snapshot.SnapshotName, "etc/marker"), markerOf(c.data); got != want {
+			t.Errorf("s3://%s/%s: its image shows marker %q, want %q", c.bucket, c.key, got, want)
+		}
+	}
+	if got := e.sn.readFile(t, first.Snapshot.SnapshotName, "etc/marker"); got != "good" {
+		t.Errorf("the first image shows %q after the poisoned pulls, want good", got)
+	}
+}
+
+// markerOf is the etc/marker of a layerTar.
+func markerOf(data []byte) string {
+	tr := tar.NewReader(bytes.NewReader(data))
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			return ""
+		}
+		if h.Name == "etc/marker" {
+			var b bytes.Buffer
+			b.ReadFrom(tr)
+			return b.String()
+		}
+	}
+}
+
+// TestPullSameContentUnpackedOnce: identical content under another key is
+// downloaded (its listing proves nothing of its bytes) but recognised once
+// hashed: one layer file, one chain.
+func TestPullSameContentUnpackedOnce(t *testing.T) {
+	e := newPullEnv(t, nil)
+	data := layerTar(t, "same", 2000)
+	e.srv.Put(t, "x/1.tar", data)
+	e.srv.Put(t, "y/1.tar", data)
+	a := e.mustPull("x/1.tar", "x")
+	b := e.mustPull("y/1.tar", "y")
+	if b.TopChainID != a.TopChainID || b.Unpacked != 0 || a.Unpacked != 1 {
+		t.Errorf("same content under two keys: chains %s and %s, unpacked %d then %d; want one chain unpacked once",
+			a.TopChainID, b.TopChainID, a.Unpacked, b.Unpacked)
+	}
+	if chains := e.committedChains(); len(chains) != 1 {
+		t.Errorf("committed chains %v, want one", chains)
+	}
+	if files, err := os.ReadDir(e.p.opts.blobDir()); err != nil || len(files) != 1 {
+		t.Errorf("layer files %v (%v), want one", files, err)
+	}
+}
+
+// TestPullOneKeyInTwoChains: a key pulled on its own and as the second
+// layer of its prefix is two chains (its chain depends on what is under
+// it); both pulls succeed, in either order, and each image shows its own
+// tree.
+func TestPullOneKeyInTwoChains(t *testing.T) {
+	e := newPullEnv(t, nil)
+	base := layerTar(t, "base", 1000, tarFile{name: "etc/base-only", body: []byte("from layer 1")})
+	top := layerTar(t, "top", 1000)
+	e.srv.Put(t, "a/1.tar", base)
+	e.srv.Put(t, "a/2.tar", top)
+	alone := e.mustPull("a/2.tar", "alone")
+	whole := e.mustPull("a/", "whole")
+	e.srv.Faults.Reset()
+	again := e.mustPull("a/2.tar", "alone")
+	if n, head := e.srv.TotalRequests(), e.srv.Requests("HEAD", "a/2.tar"); n != 1 || head != 1 || again.Downloaded != 0 {
+		t.Errorf("unchanged re-pull of a key: %d S3 requests (%d HEADs), downloaded %d; want exactly one HEAD", n, head, again.Downloaded)
+	}
+	if alone.TopChainID != sha(top) || again.TopChainID != sha(top) {
+		t.Errorf("a/2.tar alone: chain %s then %s, want %s", alone.TopChainID, again.TopChainID, sha(top))
+	}
+	if want := ChainID(sha(base), sha(top)); whole.TopChainID != want || len(whole.Layers) != 2 {
+		t.Errorf("a/: top chain %s with %d layers, want %s with 2", whole.TopChainID, len(whole.Layers), want)
+	}
+	if got := e.sn.readFile(t, whole.Snapshot.SnapshotName, "etc/base-only"); got != "from layer 1" {
+		t.Errorf("a/ shows etc/base-only %q", got)
+	}
+	if got := e.sn.readFile(t, alone.Snapshot.SnapshotName, "etc/marker"); got != "top" {
+		t.Errorf("a/2.tar shows marker %q", got)
+	}
+	if chains := e.committedChains(); len(chains) != 3 {
+		t.Errorf("committed chains %v, want 3 (base, top alone, top on base)", chains)
+	}
+}
+
+// TestPullNames: every name a pull is asked for is recorded and registered:
+// a second name of an image already pulled, a name unregistered behind our
+// back (`ctr image rm`) pulled again, and two names pulled at once.
+func TestPullNames(t *testing.T) {
+	reg := newFakeRegistrar()
+	e := newPullEnv(t, reg)
+	ctx := context.Background()
+	e.srv.Put(t, "n/1.tar", layerTar(t, "names", 1000))
+	a := e.mustPull("n/", "A")
+	if reg.registeredTop("A") != a.TopChainID || !a.Snapshot.Registered {
+		t.Fatalf("A: registered with %q, result %+v", reg.registeredTop("A"), a.Snapshot)
+	}
+	runs := e.runCount()
+	b := e.mustPull("n/", "B")
+	if reg.registeredTop("B") != a.TopChainID || b.TopChainID != a.TopChainID {
+		t.Errorf("a second name: B registered with %q, want %s", reg.registeredTop("B"), a.TopChainID)
+	}
+	if n := e.runCount() - runs; n != 0 {
+		t.Errorf("a second name of an unchanged image started %d runs", n)
+	}
+	names, err := e.db.ImageNames(ctx, a.ImageID)
+	if err != nil || !slices.Contains(names, "A") || !slices.Contains(names, "B") {
+		t.Errorf("names of the image: %v, %v; want A and B", names, err)
+	}
+
+	reg.unregister("B")
+	e.mustPull("n/", "B")
+	if reg.registeredTop("B") != a.TopChainID || reg.calls("B") != 2 {
+		t.Errorf("B pulled again after it was removed from containerd: registered %q, %d Register calls; want it registered again",
+			reg.registeredTop("B"), reg.calls("B"))
+	}
+	if reg.calls("A") != 1 {
+		t.Errorf("A registered %d times, want once", reg.calls("A"))
+	}
+
+	e.srv.Put(t, "c/1.tar", layerTar(t, "concurrent", 1000))
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	res := make([]*PullResult, 2)
+	for i, ref := range []string{"C1", "C2"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i], errs[i] = e.pull("c/", ref)
+		}()
+	}
+	wg.Wait()
+	for i, ref := range []string{"C1", "C2"} {
+		if errs[i] != nil {
+			t.Fatalf("concurrent pull as %s: %v", ref, errs[i])
+		}
+		if reg.registeredTop(ref) != res[i].TopChainID {
+			t.Errorf("concurrent pull as %s: registered with %q, want %s", ref, reg.registeredTop(ref), res[i].TopChainID)
+		}
+	}
+	names, err = e.db.ImageNames(ctx, res[0].ImageID)
+	if err != nil || !slices.Contains(names, "C1") || !slices.Contains(names, "C2") {
+		t.Errorf("names after concurrent pulls: %v, %v; want C1 and C2", names, err)
+	}
+}
+
+// TestPullAbortLeavesNothing: an unpack that ends without its chain leaves
+// no extraction snapshot nor mount point, on an abort (a layout the policy
+// rejects) and when its attempts are used up (the snapshotter cannot mount
+// the extraction); the image records why.
+func TestPullAbortLeavesNothing(t *testing.T) {
+	ctx := context.Background()
+	t.Run("layout rejected", func(t *testing.T) {
+		e := newPullEnv(t, nil)
+		e.srv.Put(t, "bad/1.tar", buildTar(t, []tarFile{{name: "etc/", typ: tar.TypeDir}, {name: "usr/", typ: tar.TypeDir}, {name: "etc/x", body: []byte("x")}}))
+		_, err := e.pull("bad/", "bad")
+		if err == nil || !strings.Contains(err.Error(), "var") {
+			t.Fatalf("pull of an image without var/: %v, want a layout error naming var", err)
+		}
+		e.assertNoExtraction()
+		_, imageID := imageSource(e.srv.Bucket, "bad/")
+		if img, err := e.db.GetImage(ctx, imageID); err != nil || img == nil || !strings.Contains(img.FailureReason, "var") {
+			t.Errorf("image record: %+v, %v; want the layout failure", img, err)
+		}
+	})
+	t.Run("attempts used up", func(t *testing.T) {
+		e := newPullEnv(t, nil)
+		mounts := 0
+		e.sn.mountsErr = func(key string) error {
+			if strings.HasPrefix(key, extractPrefix) {
+				mounts++
+				return errors.New("injected: cannot activate the device")
+			}
+			return nil
+		}
+		e.srv.Put(t, "m/1.tar", layerTar(t, "m", 100))
+		if _, err := e.pull("m/", "m"); err == nil || !strings.Contains(err.Error(), "injected") {
+			t.Fatalf("pull whose extraction cannot be mounted: %v", err)
+		}
+		if mounts != 2 {
+			t.Errorf("extraction mounted %d times, want its 2 attempts", mounts)
+		}
+		e.assertNoExtraction()
+	})
+}
+
+// TestPullPrepareFailsLeavesNothing: an extraction device the snapshotter
+// cannot make fails the pull with the reason after its attempts, and
+// leaves nothing behind.
+func TestPullPrepareFailsLeavesNothing(t *testing.T) {
+	e := newPullEnv(t, nil)
+	prepares := 0
+	e.sn.prepareErr = func(key, _ string) error {
+		if strings.HasPrefix(key, extractPrefix) {
+			prepares++
+			return errors.New("injected: pool busy")
+		}
+		return nil
+	}
+	e.srv.Put(t, "p/1.tar", layerTar(t, "p", 100))
+	if _, err := e.pull("p/", "p"); err == nil || !strings.Contains(err.Error(), "injected: pool busy") {
+		t.Fatalf("pull whose extraction device cannot be made: %v", err)
+	}
+	if prepares != 3 {
+		t.Errorf("extraction prepared %d times, want the 3 attempts of create-device", prepares)
+	}
+	e.assertNoExtraction()
+	if chains := e.committedChains(); len(chains) != 0 {
+		t.Errorf("chains committed: %v", chains)
+	}
+}
+
+// assertNoExtraction: no extraction snapshot, no live run, no mount point.
+func (e *env) assertNoExtraction() {
+	e.t.Helper()
+	if x := e.sn.extractions(e.t); len(x) != 0 {
+		e.t.Errorf("extraction snapshots left: %v", x)
+	}
+	if n, err := e.db.LiveRuns(context.Background()); err != nil || n != 0 {
+		e.t.Errorf("live runs left: %d, %v", n, err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(e.p.opts.MountDir, "*")); len(m) != 0 {
+		e.t.Errorf("mount points left: %v", m)
+	}
+}
+
+// TestPullNamesFollowAnOverwrite: two names of one image pulled at once
+// after its object was overwritten both end registered with the new
+// layers. The second pull joins the first one's runs (one activation run,
+// which registers the first name): it must still register its own name
+// with what was pulled.
+func TestPullNamesFollowAnOverwrite(t *testing.T) {
+	reg := newFakeRegistrar()
+	e := newPullEnv(t, reg)
+	ctx := context.Background()
+	e.srv.Put(t, "o/1.tar", layerTar(t, "o1", 1000))
+	first := e.mustPull("o/", "A")
+	e.mustPull("o/", "B")
+	v2 := layerTar(t, "o2", 1000)
+	e.srv.Put(t, "o/1.tar", v2)
+
+	// A's extraction waits until B has joined A's runs.
+	reached, release := make(chan struct{}, 1), make(chan struct{})
+	e.p.hooks = map[string]func(){"extract:started": func() { reached <- struct{}{}; <-release }}
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	pull := func(i int, ref string) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = e.pull("o/", ref)
+		}()
+	}
+	pull(0, "A")
+	<-reached
+	downloads := func() int {
+		runs, err := e.db.ListRuns(ctx, metadata.RunFilter{FSM: FSMDownload, States: []string{metadata.RunComplete}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(runs)
+	}
+	before := downloads()
+	pull(1, "B")
+	for deadline := time.Now().Add(30 * time.Second); downloads() == before; {
+		if time.Now().After(deadline) {
+			t.Fatal("B's download run never completed")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// B's download is done: it joins the live unpack and activation runs
+	// with two database reads.
+	time.Sleep(200 * time.Millisecond)
+	close(release)
+	wg.Wait()
+	for i, ref := range []string{"A", "B"} {
+		if errs[i] != nil {
+			t.Fatalf("pull as %s after the overwrite: %v", ref, errs[i])
+		}
+		if got := reg.registeredTop(ref); got != sha(v2) {
+			t.Errorf("after the overwrite %s is registered with %s (the first pull's chain: %s), want the new chain %s", ref, got, first.TopChainID, sha(v2))
+		}
+	}
+}
+
+// TestPullCachedAfterS3Outage: a pull that fails because S3 cannot be
+// reached leaves the image it had pulled before usable: `pull --cached`
+// (what one runs while S3 is down) still answers from the records.
+func TestPullCachedAfterS3Outage(t *testing.T) {
+	e := newPullEnv(t, nil)
+	e.srv.Put(t, "s/1.tar", layerTar(t, "s", 500))
+	first := e.mustPull("s/", "s")
+	e.srv.Faults.FailNext(100, "", http.StatusServiceUnavailable, "ServiceUnavailable")
+	if _, err := e.pull("s/", "s"); err == nil {
+		t.Fatal("pull with S3 down succeeded")
+	}
+	res, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "s/", Ref: "s", Cached: true})
+	if err != nil {
+		t.Fatalf("pull --cached of an image in place after a failed pull: %v", err)
+	}
+	if res.TopChainID != first.TopChainID {
+		t.Errorf("cached pull: %+v", res)
+	}
+}
+
+// TestPullTopLayoutCheckedForEveryImage: a layer unpacked first as a lower
+// layer (where the canonical layout is not required) is still checked
+// when another image has it on top: pulled alone, a layer without var/ is
+// rejected as it would have been had it been pulled first.
+func TestPullTopLayoutCheckedForEveryImage(t *testing.T) {
+	e := newPullEnv(t, nil)
+	e.srv.Put(t, "p/1.tar", buildTar(t, []tarFile{{name: "etc/", typ: tar.TypeDir}, {name: "usr/", typ: tar.TypeDir}, {name: "etc/low", body: []byte("x")}}))
+	e.srv.Put(t, "p/2.tar", layerTar(t, "p2", 100))
+	e.mustPull("p/", "whole")
+	if res, err := e.pull("p/1.tar", "lower-alone"); err == nil {
+		t.Errorf("a layer without var/ pulled as an image of its own was accepted (chain %s, already unpacked as a lower layer)", res.TopChainID)
+	}
+}

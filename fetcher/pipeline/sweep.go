@@ -1,0 +1,68 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/log"
+)
+
+// sweep removes, at start-up after Resume, what runs that are no longer
+// live left behind: a run's own cleanup removes what it made when it ends,
+// but a process killed at the wrong moment (or a cleanup that failed) can
+// leave an extraction snapshot, its mount point or a download's temp file.
+// Those of live runs are theirs to use and are kept.
+func (p *Pipelines) sweep(ctx context.Context) error {
+	live := map[string]bool{} // FSM + " " + idempotency id
+	runs, err := p.db.UnfinishedRuns(ctx)
+	if err != nil {
+		return fmt.Errorf("sweep: %w", err)
+	}
+	for _, r := range runs {
+		live[r.FSM+" "+r.IdempotencyID] = true
+	}
+	var errs []error
+	if p.opts.Snapshots != nil {
+		var stale []string
+		err := p.opts.Snapshots.Walk(ctx, func(_ context.Context, info snapshots.Info) error {
+			if info.Labels[LabelPrivate] != privateExtract || !strings.HasPrefix(info.Name, extractPrefix) {
+				return nil
+			}
+			chain := "sha256:" + strings.TrimPrefix(info.Name, extractPrefix)
+			if !live[FSMUnpack+" "+chain] {
+				stale = append(stale, chain)
+			}
+			return nil
+		}, fmt.Sprintf(`labels.%q==%s`, LabelPrivate, privateExtract))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("sweep: extraction snapshots: %w", err))
+		}
+		for _, chain := range stale {
+			log.G(ctx).WithField("chain", chain).Warn("sweep: removing the extraction snapshot of a run that is no longer live")
+			if err := p.discardExtract(ctx, chain); err != nil {
+				errs = append(errs, fmt.Errorf("sweep: %w", err))
+			}
+		}
+	}
+	tmps, err := os.ReadDir(p.opts.tmpDir())
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("sweep: %w", err))
+	}
+	for _, e := range tmps {
+		id, ok := strings.CutSuffix(e.Name(), ".partial")
+		if !ok || live[FSMDownload+" "+id] {
+			continue
+		}
+		path := filepath.Join(p.opts.tmpDir(), e.Name())
+		log.G(ctx).WithField("file", path).Warn("sweep: removing the temp file of a download that is no longer live")
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("sweep: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,222 @@
+package metadata
+
+// Helpers that write what the pipelines and the snapshotter leave in the
+// database, through the package's own API, on real SQLite files.
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// testNamespace is the containerd namespace of the snapshots the helpers
+// write.
+const testNamespace = "default"
+
+// commitChain writes what an unpack leaves for chain c: thin device devID,
+// the committed snapshot keyed by c.ChainID on its parent chain's snapshot
+// (one transaction), then the chain's row.
+func commitChain(ctx context.Context, db *DB, c Chain, devID uint32) error {
+	if err := db.WithTx(ctx, func(tx *sql.Tx) error {
+		q := SnapshotterTx(tx)
+		var parent int64
+		if c.ParentChainID != "" {
+			p, ok, err := q.Snapshot(ctx, testNamespace, c.ParentChainID)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("parent chain %s has no snapshot", c.ParentChainID)
+			}
+			parent = p.ID
+		}
+		if err := q.InsertThinDevice(ctx, dev(devID, ThinStateInactive)); err != nil {
+			return err
+		}
+		_, err := q.InsertSnapshot(ctx, CDSnapshot{Namespace: testNamespace, Key: c.ChainID, Kind: SnapKindCommitted,
+			ParentID: parent, DeviceID: devID, CreatedNs: 1, UpdatedNs: 1})
+		return err
+	}); err != nil {
+		return fmt.Errorf("commit chain %s: %w", c.ChainID, err)
+	}
+	return db.StoreChain(ctx, c)
+}
+
+// activate writes image imageID's activation: an active snapshot keyed
+// ActivationKey(imageID) on the committed snapshot of parentChain, on thin
+// device devID.
+func activate(ctx context.Context, db *DB, imageID, parentChain string, devID uint32) error {
+	return db.WithTx(ctx, func(tx *sql.Tx) error {
+		q := SnapshotterTx(tx)
+		p, ok, err := q.Snapshot(ctx, testNamespace, parentChain)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("activate %s: chain %s has no snapshot", imageID, parentChain)
+		}
+		if err := q.InsertThinDevice(ctx, dev(devID, ThinStateActive)); err != nil {
+			return err
+		}
+		_, err = q.InsertSnapshot(ctx, CDSnapshot{Namespace: testNamespace, Key: ActivationKey(imageID), Kind: SnapKindActive,
+			ParentID: p.ID, DeviceID: devID, CreatedNs: 2_000_000_000, UpdatedNs: 2_000_000_000})
+		return err
+	})
+}
+
+// removeSnapshotKey deletes the snapshot record keyed key, as containerd's
+// garbage collector does through the snapshotter.
+func removeSnapshotKey(ctx context.Context, db *DB, key string) error {
+	return db.WithTx(ctx, func(tx *sql.Tx) error {
+		q := SnapshotterTx(tx)
+		s, ok, err := q.Snapshot(ctx, testNamespace, key)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("no snapshot %s", key)
+		}
+		return q.DeleteSnapshot(ctx, s.ID)
+	})
+}
+
+// testLayer is one layer object of a test image.
+type testLayer struct {
+	Key   string // in the image's bucket
+	ETag  string
+	Size  int64
+	Diff  string // the layer's diff ID
+	Chain string // its chain ID
+}
+
+// layerPath is where the helpers say layer digest's file is.
+func layerPath(digest string) string { return "/blobs/" + strings.TrimPrefix(digest, "sha256:") }
+
+// bucketOf returns the bucket of an s3:// source.
+func bucketOf(source string) string {
+	b, _, _ := strings.Cut(strings.TrimPrefix(source, "s3://"), "/")
+	return b
+}
+
+// world writes test images on one database, handing out thin ids.
+type world struct {
+	t   testing.TB
+	ctx context.Context
+	db  *DB
+	dev uint32 // last thin id handed out
+}
+
+func newWorld(t testing.TB) *world {
+	t.Helper()
+	return &world{t: t, ctx: context.Background(), db: openTestDB(t)}
+}
+
+func (w *world) must(err error) {
+	w.t.Helper()
+	if err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+func (w *world) nextDev() uint32 {
+	w.dev++
+	return w.dev
+}
+
+// download records that bucket/l.Key was downloaded as layer l.Diff.
+func (w *world) download(bucket string, l testLayer) {
+	w.t.Helper()
+	w.must(w.db.StoreDownload(w.ctx, Object{Bucket: bucket, Key: l.Key, ETag: l.ETag, SizeBytes: l.Size, Digest: l.Diff},
+		LayerFile{Digest: l.Diff, Path: layerPath(l.Diff), SizeBytes: l.Size, StatSize: l.Size, StatMtimeNs: 5, StatIno: 7}))
+}
+
+// chain commits chain c unless it is recorded already (a chain is shared
+// by the images whose layers start alike).
+func (w *world) chain(c Chain) {
+	w.t.Helper()
+	got, err := w.db.GetChain(w.ctx, c.ChainID)
+	w.must(err)
+	if got == nil {
+		w.must(commitChain(w.ctx, w.db, c, w.nextDev()))
+	}
+}
+
+// pullNoActivation writes everything a pull of imageID from source leaves
+// except the activation: downloads, chains and the pulled-image record
+// under name.
+func (w *world) pullNoActivation(imageID, source, name string, layers ...testLayer) []ImageLayer {
+	w.t.Helper()
+	var recs []ImageLayer
+	parent := ""
+	for _, l := range layers {
+		w.download(bucketOf(source), l)
+		w.chain(Chain{ChainID: l.Chain, ParentChainID: parent, DiffID: l.Diff, SizeBytes: 2 * l.Size, FileCount: 3})
+		recs = append(recs, ImageLayer{Key: l.Key, ETag: l.ETag, SizeBytes: l.Size, ChainID: l.Chain})
+		parent = l.Chain
+	}
+	w.must(w.db.RecordPulledImage(w.ctx, imageID, source, recs, name))
+	return recs
+}
+
+// pull writes everything a pull of imageID from source leaves, activation
+// included; it returns the activation's thin id.
+func (w *world) pull(imageID, source, name string, layers ...testLayer) uint32 {
+	w.t.Helper()
+	w.pullNoActivation(imageID, source, name, layers...)
+	id := w.nextDev()
+	w.must(activate(w.ctx, w.db, imageID, layers[len(layers)-1].Chain, id))
+	return id
+}
+
+func (w *world) removeSnapshot(key string) {
+	w.t.Helper()
+	w.must(removeSnapshotKey(w.ctx, w.db, key))
+}
+
+func (w *world) exec(q string, args ...any) {
+	w.t.Helper()
+	if _, err := w.db.db.ExecContext(w.ctx, q, args...); err != nil {
+		w.t.Fatalf("%s: %v", q, err)
+	}
+}
+
+func (w *world) count(table string) int {
+	w.t.Helper()
+	var n int
+	w.must(w.db.db.QueryRowContext(w.ctx, `SELECT COUNT(*) FROM `+table).Scan(&n))
+	return n
+}
+
+// deviceName is the dm name the helpers give thin id id.
+func deviceName(id uint32) string { return dev(id, "").Name }
+
+// twoLayers is a two-layer image's layers under prefix, whose bottom
+// layer's content is shared with every other image built from it.
+func twoLayers(prefix, top string) []testLayer {
+	return []testLayer{
+		{Key: prefix + "1.tar", ETag: `"e1"`, Size: 1000, Diff: "sha256:d1", Chain: "sha256:d1"},
+		{Key: prefix + "2.tar", ETag: `"e-` + top + `"`, Size: 2000, Diff: "sha256:d-" + top, Chain: "sha256:c-" + top},
+	}
+}
+
+// writeImage writes, as the pipelines do (one transaction per step), what
+// pulling and activating single-layer image i leaves: the download, the
+// chain with its committed snapshot (thin id 2i+1), the pulled-image record
+// named by its URL, and the activation (thin id 2i+2).
+func writeImage(ctx context.Context, db *DB, i int) error {
+	id, key, diff := fmt.Sprintf("s3-w%d", i), fmt.Sprintf("w/%d.tar", i), fmt.Sprintf("sha256:w%d", i)
+	url := "s3://bkt/" + key
+	if err := db.StoreDownload(ctx, Object{Bucket: "bkt", Key: key, ETag: `"e"`, SizeBytes: int64(i), Digest: diff},
+		LayerFile{Digest: diff, Path: layerPath(diff), SizeBytes: int64(i), StatSize: int64(i)}); err != nil {
+		return err
+	}
+	if err := commitChain(ctx, db, Chain{ChainID: diff, DiffID: diff, SizeBytes: 1, FileCount: 1}, uint32(2*i+1)); err != nil {
+		return err
+	}
+	if err := db.RecordPulledImage(ctx, id, url, []ImageLayer{{Key: key, ETag: `"e"`, SizeBytes: int64(i), ChainID: diff}}, url); err != nil {
+		return err
+	}
+	return activate(ctx, db, id, diff, uint32(2*i+2))
+}

@@ -1,0 +1,465 @@
+package metadata
+
+// Typed queries of the S3 pipelines' records (migration 8): layers,
+// s3_objects, chains, s3_images, image_layers and image_names. See
+// docs/architecture.md for what each word means and who writes what.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrNotFound is wrapped by lookups that require a row when there is none.
+var ErrNotFound = errors.New("metadata: not found")
+
+// ErrInvalidArgument is wrapped when an argument breaks a rule the schema
+// would enforce, before the database is asked.
+var ErrInvalidArgument = errors.New("metadata: invalid argument")
+
+type rowScanner interface{ Scan(dest ...any) error }
+
+// ActivationKey is the key of image imageID's activation (its active
+// snapshot): derived from the image id, never stored.
+func ActivationKey(imageID string) string { return "snap-" + imageID }
+
+// LayerFile is a layer's tarball as downloaded and validated (table
+// layers).
+type LayerFile struct {
+	Digest    string // "sha256:<hex>", the layer's diff ID
+	Path      string
+	SizeBytes int64
+	HasRootfs bool
+	Entries   int64
+	// StatSize, StatMtimeNs and StatIno identify the file as it was when
+	// its digest was last computed.
+	StatSize    int64
+	StatMtimeNs int64
+	StatIno     uint64
+	CreatedAt   time.Time
+}
+
+// Object is an S3 object we downloaded, and the layer its bytes were
+// (table s3_objects).
+type Object struct {
+	Bucket, Key  string
+	ETag         string
+	VersionID    string
+	SizeBytes    int64
+	Digest       string
+	DownloadedAt time.Time
+}
+
+// StoreDownload records, in one transaction, layer file f and that object o
+// was downloaded as f's content. Repeating it is harmless; a later download
+// of the same key replaces the object's row.
+func (d *DB) StoreDownload(ctx context.Context, o Object, f LayerFile) error {
+	if o.Bucket == "" || o.Key == "" || o.Digest == "" || o.Digest != f.Digest || f.Path == "" || f.SizeBytes < 0 {
+		return fmt.Errorf("metadata: store download of s3://%s/%s as %q at %q: bucket, key, digest and path must be set and the digests equal: %w",
+			o.Bucket, o.Key, o.Digest, f.Path, ErrInvalidArgument)
+	}
+	now := time.Now().UnixNano()
+	return d.WithTx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO layers
+			(digest, path, size_bytes, has_rootfs, entries, stat_size, stat_mtime_ns, stat_ino, created_ns)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT(digest) DO UPDATE SET path = excluded.path, size_bytes = excluded.size_bytes,
+				has_rootfs = excluded.has_rootfs, entries = excluded.entries, stat_size = excluded.stat_size,
+				stat_mtime_ns = excluded.stat_mtime_ns, stat_ino = excluded.stat_ino`,
+			f.Digest, f.Path, f.SizeBytes, f.HasRootfs, f.Entries, f.StatSize, f.StatMtimeNs, int64(f.StatIno), now); err != nil {
+			return fmt.Errorf("metadata: store layer %s: %w", f.Digest, err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO s3_objects (bucket, key, etag, version_id, size_bytes, digest, downloaded_ns)
+			VALUES (?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT(bucket, key) DO UPDATE SET etag = excluded.etag, version_id = excluded.version_id,
+				size_bytes = excluded.size_bytes, digest = excluded.digest, downloaded_ns = excluded.downloaded_ns`,
+			o.Bucket, o.Key, o.ETag, o.VersionID, o.SizeBytes, o.Digest, now); err != nil {
+			return fmt.Errorf("metadata: store object s3://%s/%s: %w", o.Bucket, o.Key, err)
+		}
+		return nil
+	})
+}
+
+// ObjectRecord returns what was recorded of the download of bucket/key, or
+// nil (and no error) if it never was.
+func (d *DB) ObjectRecord(ctx context.Context, bucket, key string) (*Object, error) {
+	var (
+		o  Object
+		ns int64
+	)
+	err := d.db.QueryRowContext(ctx, `SELECT bucket, key, etag, version_id, size_bytes, digest, downloaded_ns
+		FROM s3_objects WHERE bucket = ? AND key = ?`, bucket, key).Scan(&o.Bucket, &o.Key, &o.ETag, &o.VersionID, &o.SizeBytes, &o.Digest, &ns)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("metadata: object s3://%s/%s: %w", bucket, key, err)
+	}
+	o.DownloadedAt = time.Unix(0, ns).UTC()
+	return &o, nil
+}
+
+const layerColumns = `digest, path, size_bytes, has_rootfs, entries, stat_size, stat_mtime_ns, stat_ino, created_ns`
+
+func scanLayerFile(s rowScanner) (*LayerFile, error) {
+	var (
+		f         LayerFile
+		ino, cdat int64
+	)
+	if err := s.Scan(&f.Digest, &f.Path, &f.SizeBytes, &f.HasRootfs, &f.Entries, &f.StatSize, &f.StatMtimeNs, &ino, &cdat); err != nil {
+		return nil, err
+	}
+	f.StatIno, f.CreatedAt = uint64(ino), time.Unix(0, cdat).UTC()
+	return &f, nil
+}
+
+// LayerFile returns the layer file of digest, or nil (and no error) if none
+// is recorded.
+func (d *DB) LayerFile(ctx context.Context, digest string) (*LayerFile, error) {
+	f, err := scanLayerFile(d.db.QueryRowContext(ctx, `SELECT `+layerColumns+` FROM layers WHERE digest = ?`, digest))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("metadata: layer %s: %w", digest, err)
+	}
+	return f, nil
+}
+
+// ListLayerFiles lists every layer file by digest.
+func (d *DB) ListLayerFiles(ctx context.Context) ([]*LayerFile, error) {
+	return queryAll(ctx, d.db, "list layers", scanLayerFile, `SELECT `+layerColumns+` FROM layers ORDER BY digest`)
+}
+
+// UpdateLayerStat records that layer digest's file was hashed again and
+// matched, with its new identity.
+func (d *DB) UpdateLayerStat(ctx context.Context, digest string, size, mtimeNs int64, ino uint64) error {
+	if _, err := d.db.ExecContext(ctx, `UPDATE layers SET stat_size = ?, stat_mtime_ns = ?, stat_ino = ? WHERE digest = ?`,
+		size, mtimeNs, int64(ino), digest); err != nil {
+		return fmt.Errorf("metadata: update stat of layer %s: %w", digest, err)
+	}
+	return nil
+}
+
+// ForgetLayer forgets layer digest's file and every object recorded as that
+// content (its bytes were rejected): one transaction; absent is not an
+// error.
+func (d *DB) ForgetLayer(ctx context.Context, digest string) error {
+	return d.WithTx(ctx, func(tx *sql.Tx) error {
+		for _, q := range []string{`DELETE FROM s3_objects WHERE digest = ?`, `DELETE FROM layers WHERE digest = ?`} {
+			if _, err := tx.ExecContext(ctx, q, digest); err != nil {
+				return fmt.Errorf("metadata: forget layer %s: %w", digest, err)
+			}
+		}
+		return nil
+	})
+}
+
+// Chain is one unpacked chain (table chains): its device is the committed
+// snapshot whose key is ChainID.
+type Chain struct {
+	ChainID       string
+	ParentChainID string // "" for a first layer
+	DiffID        string
+	SizeBytes     int64 // bytes extracted
+	FileCount     int64
+	UnpackedAt    time.Time
+}
+
+// StoreChain records chain c (or refreshes its sizes).
+func (d *DB) StoreChain(ctx context.Context, c Chain) error {
+	if c.ChainID == "" || c.DiffID == "" || c.SizeBytes < 0 || c.FileCount < 0 {
+		return fmt.Errorf("metadata: store chain %q (diff %q): ids must be set, sizes not negative: %w", c.ChainID, c.DiffID, ErrInvalidArgument)
+	}
+	if _, err := d.db.ExecContext(ctx, `INSERT INTO chains (chain_id, parent_chain_id, diff_id, size_bytes, file_count, unpacked_ns)
+		VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(chain_id) DO UPDATE SET size_bytes = excluded.size_bytes, file_count = excluded.file_count`,
+		c.ChainID, c.ParentChainID, c.DiffID, c.SizeBytes, c.FileCount, time.Now().UnixNano()); err != nil {
+		return fmt.Errorf("metadata: store chain %s: %w", c.ChainID, err)
+	}
+	return nil
+}
+
+const chainColumns = `chain_id, parent_chain_id, diff_id, size_bytes, file_count, unpacked_ns`
+
+func scanChain(s rowScanner) (*Chain, error) {
+	var (
+		c  Chain
+		ns int64
+	)
+	if err := s.Scan(&c.ChainID, &c.ParentChainID, &c.DiffID, &c.SizeBytes, &c.FileCount, &ns); err != nil {
+		return nil, err
+	}
+	c.UnpackedAt = time.Unix(0, ns).UTC()
+	return &c, nil
+}
+
+// GetChain returns chain chainID, or nil (and no error) if it is not
+// recorded.
+func (d *DB) GetChain(ctx context.Context, chainID string) (*Chain, error) {
+	c, err := scanChain(d.db.QueryRowContext(ctx, `SELECT `+chainColumns+` FROM chains WHERE chain_id = ?`, chainID))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("metadata: chain %s: %w", chainID, err)
+	}
+	return c, nil
+}
+
+// DeleteChain forgets chain chainID; absent is not an error.
+func (d *DB) DeleteChain(ctx context.Context, chainID string) error {
+	if _, err := d.db.ExecContext(ctx, `DELETE FROM chains WHERE chain_id = ?`, chainID); err != nil {
+		return fmt.Errorf("metadata: delete chain %s: %w", chainID, err)
+	}
+	return nil
+}
+
+// Image is one image pulled from S3 (table s3_images).
+type Image struct {
+	ImageID       string
+	Source        string // s3://bucket/key or s3://bucket/prefix/
+	FailureReason string // why the last pull failed; "" after a success
+	CreatedAt     time.Time
+	PulledAt      time.Time // zero before the first successful pull
+}
+
+// ImageLayer is one layer of an image as last pulled (table image_layers).
+type ImageLayer struct {
+	Position  int    // 1 for the bottom layer
+	Key       string // in the image's bucket
+	ETag      string
+	VersionID string
+	SizeBytes int64
+	ChainID   string
+}
+
+// MarkImageFailed records that a pull of image imageID (from source) failed
+// with reason, creating the image's row if it has none. A successful pull
+// clears it.
+func (d *DB) MarkImageFailed(ctx context.Context, imageID, source, reason string) error {
+	if imageID == "" || source == "" || reason == "" {
+		return fmt.Errorf("metadata: mark image %q (source %q) failed: id, source and reason must be set: %w", imageID, source, ErrInvalidArgument)
+	}
+	if _, err := d.db.ExecContext(ctx, `INSERT INTO s3_images (image_id, source, failure_reason, created_ns) VALUES (?, ?, ?, ?)
+		ON CONFLICT(image_id) DO UPDATE SET failure_reason = excluded.failure_reason`,
+		imageID, source, reason, time.Now().UnixNano()); err != nil {
+		return fmt.Errorf("metadata: mark image %s failed: %w", imageID, err)
+	}
+	return nil
+}
+
+// RecordPulledImage records, in one transaction, that image imageID was
+// pulled from source as layers (bottom first; they replace what was
+// recorded), clears its failure, and records name (when not empty) as one of
+// its names.
+func (d *DB) RecordPulledImage(ctx context.Context, imageID, source string, layers []ImageLayer, name string) error {
+	if imageID == "" || source == "" || len(layers) == 0 {
+		return fmt.Errorf("metadata: record pulled image %q (source %q, %d layers): id, source and layers must be set: %w",
+			imageID, source, len(layers), ErrInvalidArgument)
+	}
+	now := time.Now().UnixNano()
+	return d.WithTx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO s3_images (image_id, source, created_ns, pulled_ns) VALUES (?, ?, ?, ?)
+			ON CONFLICT(image_id) DO UPDATE SET failure_reason = NULL, pulled_ns = excluded.pulled_ns`,
+			imageID, source, now, now); err != nil {
+			return fmt.Errorf("metadata: record pulled image %s: %w", imageID, err)
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM image_layers WHERE image_id = ?`, imageID); err != nil {
+			return fmt.Errorf("metadata: record layers of image %s: %w", imageID, err)
+		}
+		for i, l := range layers {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO image_layers (image_id, position, key, etag, version_id, size_bytes, chain_id)
+				VALUES (?, ?, ?, ?, ?, ?, ?)`, imageID, i+1, l.Key, l.ETag, l.VersionID, l.SizeBytes, l.ChainID); err != nil {
+				return fmt.Errorf("metadata: record layer %d of image %s: %w", i+1, imageID, err)
+			}
+		}
+		if name != "" {
+			return addName(ctx, tx, name, imageID, now)
+		}
+		return nil
+	})
+}
+
+func addName(ctx context.Context, tx *sql.Tx, name, imageID string, now int64) error {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO image_names (name, image_id, registered_ns) VALUES (?, ?, ?)
+		ON CONFLICT(name) DO UPDATE SET image_id = excluded.image_id, registered_ns = excluded.registered_ns`,
+		name, imageID, now); err != nil {
+		return fmt.Errorf("metadata: record name %q of image %s: %w", name, imageID, err)
+	}
+	return nil
+}
+
+// ClearImageFailure forgets why the last pull of image imageID failed (a
+// later pull found it in place).
+func (d *DB) ClearImageFailure(ctx context.Context, imageID string) error {
+	if _, err := d.db.ExecContext(ctx, `UPDATE s3_images SET failure_reason = NULL WHERE image_id = ? AND failure_reason IS NOT NULL`, imageID); err != nil {
+		return fmt.Errorf("metadata: clear the failure of image %s: %w", imageID, err)
+	}
+	return nil
+}
+
+// AddImageName records name as a name of image imageID (moving it from the
+// image it named before, if any).
+func (d *DB) AddImageName(ctx context.Context, name, imageID string) error {
+	return d.WithTx(ctx, func(tx *sql.Tx) error { return addName(ctx, tx, name, imageID, time.Now().UnixNano()) })
+}
+
+// ImageNames lists the names of image imageID, oldest first.
+func (d *DB) ImageNames(ctx context.Context, imageID string) ([]string, error) {
+	return queryAll(ctx, d.db, "names of image "+imageID, func(s rowScanner) (string, error) {
+		var n string
+		return n, s.Scan(&n)
+	}, `SELECT name FROM image_names WHERE image_id = ? ORDER BY registered_ns, name`, imageID)
+}
+
+// ImageIDByName returns the image name names, or "" if none.
+func (d *DB) ImageIDByName(ctx context.Context, name string) (string, error) {
+	var id string
+	err := d.db.QueryRowContext(ctx, `SELECT image_id FROM image_names WHERE name = ?`, name).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("metadata: image named %q: %w", name, err)
+	}
+	return id, nil
+}
+
+func scanImage(s rowScanner) (*Image, error) {
+	var (
+		im     Image
+		reason sql.NullString
+		cns    int64
+		pns    sql.NullInt64
+	)
+	if err := s.Scan(&im.ImageID, &im.Source, &reason, &cns, &pns); err != nil {
+		return nil, err
+	}
+	im.FailureReason, im.CreatedAt = reason.String, time.Unix(0, cns).UTC()
+	if pns.Valid {
+		im.PulledAt = time.Unix(0, pns.Int64).UTC()
+	}
+	return &im, nil
+}
+
+const imageColumns = `image_id, source, failure_reason, created_ns, pulled_ns`
+
+// GetImage returns image imageID, or nil (and no error) if none.
+func (d *DB) GetImage(ctx context.Context, imageID string) (*Image, error) {
+	im, err := scanImage(d.db.QueryRowContext(ctx, `SELECT `+imageColumns+` FROM s3_images WHERE image_id = ?`, imageID))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("metadata: image %s: %w", imageID, err)
+	}
+	return im, nil
+}
+
+// ListImages lists every image, oldest first.
+func (d *DB) ListImages(ctx context.Context) ([]*Image, error) {
+	return queryAll(ctx, d.db, "list images", scanImage, `SELECT `+imageColumns+` FROM s3_images ORDER BY id`)
+}
+
+func imageLayers(ctx context.Context, q queryer, imageID string) ([]ImageLayer, error) {
+	return queryAll(ctx, q, "layers of image "+imageID, func(s rowScanner) (ImageLayer, error) {
+		var l ImageLayer
+		return l, s.Scan(&l.Position, &l.Key, &l.ETag, &l.VersionID, &l.SizeBytes, &l.ChainID)
+	}, `SELECT position, key, etag, version_id, size_bytes, chain_id FROM image_layers WHERE image_id = ? ORDER BY position`, imageID)
+}
+
+// ImageLayers lists the layers image imageID was last pulled as, bottom
+// first (none before its first successful pull).
+func (d *DB) ImageLayers(ctx context.Context, imageID string) ([]ImageLayer, error) {
+	return imageLayers(ctx, d.db, imageID)
+}
+
+// DeleteImage forgets image imageID with its layers and names; absent is
+// not an error.
+func (d *DB) DeleteImage(ctx context.Context, imageID string) error {
+	if _, err := d.db.ExecContext(ctx, `DELETE FROM s3_images WHERE image_id = ?`, imageID); err != nil {
+		return fmt.Errorf("metadata: delete image %s: %w", imageID, err)
+	}
+	return nil
+}
+
+// PulledState is what an idempotent re-pull needs to know of an image, read
+// in one transaction by PulledImageState.
+type PulledState struct {
+	Image  Image
+	Layers []ImageLayer
+	// DiffIDs are the layers' diff IDs, bottom first.
+	DiffIDs []string
+	// ActivationDevice is the dm name of the activation's device.
+	ActivationDevice string
+	// Names are the image's recorded names.
+	Names []string
+}
+
+// PulledImageState reads, in one read transaction, image imageID with its
+// layers and names, and whether everything a pulled image needs is in place
+// (a failure of a later pull, S3 unreachable for instance, leaves what an
+// earlier one made usable; it is reported in the state's Image):
+// each layer's chain recorded with its committed snapshot, and the
+// activation an active snapshot on the top chain. It returns (nil, nil) when
+// the image was never pulled or anything is missing: the caller then runs
+// the pipelines, which heal what is wrong.
+func (d *DB) PulledImageState(ctx context.Context, imageID string) (*PulledState, error) {
+	var st *PulledState
+	err := d.readSnapshot(ctx, func(tx queryer) error {
+		im, err := scanImage(tx.QueryRowContext(ctx, `SELECT `+imageColumns+` FROM s3_images WHERE image_id = ?`, imageID))
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if im.PulledAt.IsZero() {
+			return nil
+		}
+		layers, err := imageLayers(ctx, tx, imageID)
+		if err != nil || len(layers) == 0 {
+			return err
+		}
+		s := &PulledState{Image: *im, Layers: layers}
+		for _, l := range layers {
+			var diff string
+			err := tx.QueryRowContext(ctx, `SELECT c.diff_id FROM chains c
+				JOIN cd_snapshots s ON s.key = c.chain_id AND s.kind = 'committed' WHERE c.chain_id = ?`, l.ChainID).Scan(&diff)
+			if errors.Is(err, sql.ErrNoRows) {
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("chain %s: %w", l.ChainID, err)
+			}
+			s.DiffIDs = append(s.DiffIDs, diff)
+		}
+		var kind, parent string
+		err = tx.QueryRowContext(ctx, `SELECT a.kind, IFNULL(p.key, ''), d.name FROM cd_snapshots a
+			JOIN thin_devices d ON d.device_id = a.device_id
+			LEFT JOIN cd_snapshots p ON p.id = a.parent_id WHERE a.key = ?`, ActivationKey(imageID)).Scan(&kind, &parent, &s.ActivationDevice)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("activation: %w", err)
+		}
+		if kind != SnapKindActive || parent != layers[len(layers)-1].ChainID {
+			return nil
+		}
+		if s.Names, err = queryAll(ctx, tx, "names", func(r rowScanner) (string, error) {
+			var n string
+			return n, r.Scan(&n)
+		}, `SELECT name FROM image_names WHERE image_id = ? ORDER BY registered_ns, name`, imageID); err != nil {
+			return err
+		}
+		st = s
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("metadata: pulled state of image %s: %w", imageID, err)
+	}
+	return st, nil
+}

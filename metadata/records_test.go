@@ -1,0 +1,311 @@
+package metadata
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// TestStoreDownloadAndForgetLayer: a download records the object and the
+// layer file; two keys with the same bytes share one layer; a later
+// download of a key replaces its object; ForgetLayer forgets the file and
+// every object recorded as that content.
+func TestStoreDownloadAndForgetLayer(t *testing.T) {
+	w := newWorld(t)
+	ctx, db := w.ctx, w.db
+	a := testLayer{Key: "img/a/1.tar", ETag: `"ea"`, Size: 100, Diff: "sha256:aa"}
+	b := testLayer{Key: "img/b/1.tar", ETag: `"eb"`, Size: 100, Diff: "sha256:aa"}
+	w.download("bkt", a)
+	w.download("bkt", b)
+	w.download("bkt", b) // repeating is harmless
+
+	o, err := db.ObjectRecord(ctx, "bkt", "img/a/1.tar")
+	if err != nil || o == nil {
+		t.Fatalf("ObjectRecord(img/a/1.tar) = %v, %v", o, err)
+	}
+	if o.ETag != `"ea"` || o.SizeBytes != 100 || o.Digest != "sha256:aa" || o.DownloadedAt.IsZero() {
+		t.Errorf("object a = %+v", o)
+	}
+	f, err := db.LayerFile(ctx, "sha256:aa")
+	if err != nil || f == nil {
+		t.Fatalf("LayerFile = %v, %v", f, err)
+	}
+	if f.Path != layerPath("sha256:aa") || f.SizeBytes != 100 || f.StatSize != 100 || f.StatMtimeNs != 5 || f.StatIno != 7 {
+		t.Errorf("layer file = %+v", f)
+	}
+	if n := w.count("layers"); n != 1 {
+		t.Errorf("two objects with the same content made %d layer rows, want 1", n)
+	}
+	if o, err := db.ObjectRecord(ctx, "bkt", "never.tar"); o != nil || err != nil {
+		t.Errorf("ObjectRecord of a key never downloaded = %+v, %v; want nil, nil", o, err)
+	}
+	if o, err := db.ObjectRecord(ctx, "other", "img/a/1.tar"); o != nil || err != nil {
+		t.Errorf("ObjectRecord of the key in another bucket = %+v, %v; want nil, nil", o, err)
+	}
+
+	// The key was overwritten in S3 and downloaded again.
+	w.download("bkt", testLayer{Key: "img/a/1.tar", ETag: `"ea2"`, Size: 300, Diff: "sha256:a2"})
+	if o, _ := db.ObjectRecord(ctx, "bkt", "img/a/1.tar"); o == nil || o.ETag != `"ea2"` || o.SizeBytes != 300 || o.Digest != "sha256:a2" {
+		t.Errorf("object after a new download = %+v, want ETag \"ea2\", 300 bytes, sha256:a2", o)
+	}
+
+	// Bad input is refused, naming the object, and leaves nothing behind.
+	err = db.StoreDownload(ctx, Object{Bucket: "bkt", Key: "x.tar", Digest: "sha256:x1"}, LayerFile{Digest: "sha256:x2", Path: "/p"})
+	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "s3://bkt/x.tar") {
+		t.Errorf("StoreDownload with two digests: err = %v, want ErrInvalidArgument naming s3://bkt/x.tar", err)
+	}
+	if o, _ := db.ObjectRecord(ctx, "bkt", "x.tar"); o != nil {
+		t.Errorf("a refused download left an object: %+v", o)
+	}
+
+	if err := db.ForgetLayer(ctx, "sha256:aa"); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := db.LayerFile(ctx, "sha256:aa"); f != nil || err != nil {
+		t.Errorf("LayerFile after ForgetLayer = %+v, %v", f, err)
+	}
+	if o, _ := db.ObjectRecord(ctx, "bkt", "img/b/1.tar"); o != nil {
+		t.Errorf("object of the forgotten content survived: %+v", o)
+	}
+	if o, _ := db.ObjectRecord(ctx, "bkt", "img/a/1.tar"); o == nil {
+		t.Errorf("object of other content was forgotten with sha256:aa")
+	}
+	if err := db.ForgetLayer(ctx, "sha256:aa"); err != nil {
+		t.Errorf("ForgetLayer of an absent layer: %v", err)
+	}
+	files, err := db.ListLayerFiles(ctx)
+	if err != nil || len(files) != 1 || files[0].Digest != "sha256:a2" {
+		t.Errorf("ListLayerFiles = %v, %v; want only sha256:a2", files, err)
+	}
+}
+
+// TestStoreChainGetChain: chains are read back with their parent; storing
+// again refreshes the sizes only; bad input is refused.
+func TestStoreChainGetChain(t *testing.T) {
+	w := newWorld(t)
+	ctx, db := w.ctx, w.db
+	w.must(db.StoreChain(ctx, Chain{ChainID: "sha256:c1", DiffID: "sha256:d1", SizeBytes: 10, FileCount: 2}))
+	w.must(db.StoreChain(ctx, Chain{ChainID: "sha256:c2", ParentChainID: "sha256:c1", DiffID: "sha256:d2", SizeBytes: 20, FileCount: 4}))
+	c, err := db.GetChain(ctx, "sha256:c2")
+	if err != nil || c == nil {
+		t.Fatalf("GetChain = %v, %v", c, err)
+	}
+	if c.ParentChainID != "sha256:c1" || c.DiffID != "sha256:d2" || c.SizeBytes != 20 || c.FileCount != 4 || c.UnpackedAt.IsZero() {
+		t.Errorf("chain c2 = %+v", c)
+	}
+	if c, _ := db.GetChain(ctx, "sha256:c1"); c == nil || c.ParentChainID != "" {
+		t.Errorf("first-layer chain = %+v, want no parent", c)
+	}
+	w.must(db.StoreChain(ctx, Chain{ChainID: "sha256:c2", ParentChainID: "sha256:other", DiffID: "sha256:other", SizeBytes: 25, FileCount: 5}))
+	if c, _ := db.GetChain(ctx, "sha256:c2"); c == nil || c.SizeBytes != 25 || c.FileCount != 5 || c.ParentChainID != "sha256:c1" || c.DiffID != "sha256:d2" {
+		t.Errorf("chain after storing again = %+v, want new sizes and the same parent and diff", c)
+	}
+	if c, err := db.GetChain(ctx, "sha256:none"); c != nil || err != nil {
+		t.Errorf("GetChain of an unknown chain = %+v, %v", c, err)
+	}
+	for _, bad := range []Chain{{DiffID: "sha256:d"}, {ChainID: "sha256:c"}, {ChainID: "sha256:c", DiffID: "sha256:d", SizeBytes: -1}} {
+		if err := db.StoreChain(ctx, bad); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("StoreChain(%+v): err = %v, want ErrInvalidArgument", bad, err)
+		}
+	}
+	if n := w.count("chains"); n != 2 {
+		t.Errorf("%d chain rows after refused stores, want 2", n)
+	}
+	w.must(db.DeleteChain(ctx, "sha256:c2"))
+	w.must(db.DeleteChain(ctx, "sha256:c2"))
+	if c, _ := db.GetChain(ctx, "sha256:c2"); c != nil {
+		t.Errorf("chain survived DeleteChain: %+v", c)
+	}
+}
+
+// TestRecordPulledImage: a failure is recorded on an image never pulled; a
+// successful pull clears it and records the layers and the name; a later
+// pull replaces the layers and adds its name.
+func TestRecordPulledImage(t *testing.T) {
+	w := newWorld(t)
+	ctx, db := w.ctx, w.db
+	const id, src = "s3-img", "s3://bkt/img/"
+	w.must(db.MarkImageFailed(ctx, id, src, "download s3://bkt/img/2.tar: 403 Forbidden"))
+	im, err := db.GetImage(ctx, id)
+	if err != nil || im == nil || im.FailureReason != "download s3://bkt/img/2.tar: 403 Forbidden" || !im.PulledAt.IsZero() || im.Source != src {
+		t.Fatalf("image after a failed first pull = %+v, %v", im, err)
+	}
+	if st, err := db.PulledImageState(ctx, id); st != nil || err != nil {
+		t.Errorf("PulledImageState of a failed image = %+v, %v; want nil", st, err)
+	}
+
+	layers := []ImageLayer{
+		{Key: "img/1.tar", ETag: `"e1"`, SizeBytes: 10, ChainID: "sha256:c1"},
+		{Key: "img/2.tar", ETag: `"e2"`, VersionID: "v2", SizeBytes: 20, ChainID: "sha256:c2"},
+	}
+	w.must(db.RecordPulledImage(ctx, id, src, layers, "img:v1"))
+	im, _ = db.GetImage(ctx, id)
+	if im == nil || im.FailureReason != "" || im.PulledAt.IsZero() {
+		t.Fatalf("image after a successful pull = %+v, want no failure and a pull time", im)
+	}
+	got, err := db.ImageLayers(ctx, id)
+	want := []ImageLayer{{1, "img/1.tar", `"e1"`, "", 10, "sha256:c1"}, {2, "img/2.tar", `"e2"`, "v2", 20, "sha256:c2"}}
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("ImageLayers = %+v, %v; want %+v", got, err, want)
+	}
+	if id2, _ := db.ImageIDByName(ctx, "img:v1"); id2 != id {
+		t.Errorf("ImageIDByName(img:v1) = %q, want %q", id2, id)
+	}
+
+	// Re-pulled after the prefix changed: one layer now, another name.
+	w.must(db.RecordPulledImage(ctx, id, src, []ImageLayer{{Key: "img/3.tar", ETag: `"e3"`, SizeBytes: 30, ChainID: "sha256:c3"}}, "img:v2"))
+	got, _ = db.ImageLayers(ctx, id)
+	if want := []ImageLayer{{1, "img/3.tar", `"e3"`, "", 30, "sha256:c3"}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("ImageLayers after a re-pull = %+v, want %+v (replaced)", got, want)
+	}
+	names, err := db.ImageNames(ctx, id)
+	if err != nil || fmt.Sprint(names) != "[img:v1 img:v2]" {
+		t.Errorf("ImageNames = %v, %v; want [img:v1 img:v2]", names, err)
+	}
+	// A pull without a name keeps the names.
+	w.must(db.RecordPulledImage(ctx, id, src, []ImageLayer{{Key: "img/3.tar", SizeBytes: 30, ChainID: "sha256:c3"}}, ""))
+	if names, _ := db.ImageNames(ctx, id); len(names) != 2 {
+		t.Errorf("names after an unnamed pull = %v", names)
+	}
+
+	// A later failure is recorded; the image keeps its layers.
+	w.must(db.MarkImageFailed(ctx, id, src, "activate: no space"))
+	if im, _ := db.GetImage(ctx, id); im == nil || im.FailureReason != "activate: no space" || im.PulledAt.IsZero() {
+		t.Errorf("image after a later failure = %+v", im)
+	}
+	if ls, _ := db.ImageLayers(ctx, id); len(ls) != 1 {
+		t.Errorf("a failure dropped the layers: %+v", ls)
+	}
+
+	for _, c := range []struct {
+		id, src string
+		layers  []ImageLayer
+	}{{"", src, layers}, {id, "", layers}, {id, src, nil}} {
+		if err := db.RecordPulledImage(ctx, c.id, c.src, c.layers, "x"); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("RecordPulledImage(%q, %q, %d layers): err = %v, want ErrInvalidArgument", c.id, c.src, len(c.layers), err)
+		}
+	}
+	if err := db.MarkImageFailed(ctx, "", src, "r"); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("MarkImageFailed without an id: err = %v, want ErrInvalidArgument", err)
+	}
+	if id2, _ := db.ImageIDByName(ctx, "x"); id2 != "" {
+		t.Errorf("a refused record left the name x on %q", id2)
+	}
+	imgs, err := db.ListImages(ctx)
+	if err != nil || len(imgs) != 1 {
+		t.Errorf("ListImages = %v, %v; want the one image", imgs, err)
+	}
+}
+
+// TestAddImageNameMoves: a name names one image; adding it to another moves
+// it.
+func TestAddImageNameMoves(t *testing.T) {
+	w := newWorld(t)
+	ctx, db := w.ctx, w.db
+	one := []ImageLayer{{Key: "a.tar", SizeBytes: 1, ChainID: "sha256:a"}}
+	w.must(db.RecordPulledImage(ctx, "s3-a", "s3://bkt/a.tar", one, "s3://bkt/a.tar"))
+	w.must(db.RecordPulledImage(ctx, "s3-b", "s3://bkt/b.tar", one, "s3://bkt/b.tar"))
+	w.must(db.AddImageName(ctx, "app:latest", "s3-a"))
+	if id, _ := db.ImageIDByName(ctx, "app:latest"); id != "s3-a" {
+		t.Fatalf("app:latest names %q, want s3-a", id)
+	}
+	w.must(db.AddImageName(ctx, "app:latest", "s3-b"))
+	if id, _ := db.ImageIDByName(ctx, "app:latest"); id != "s3-b" {
+		t.Errorf("app:latest names %q after the move, want s3-b", id)
+	}
+	if names, _ := db.ImageNames(ctx, "s3-a"); fmt.Sprint(names) != "[s3://bkt/a.tar]" {
+		t.Errorf("names of s3-a after the move = %v", names)
+	}
+	if names, _ := db.ImageNames(ctx, "s3-b"); fmt.Sprint(names) != "[s3://bkt/b.tar app:latest]" {
+		t.Errorf("names of s3-b after the move = %v", names)
+	}
+	if id, err := db.ImageIDByName(ctx, "nobody"); id != "" || err != nil {
+		t.Errorf("ImageIDByName of an unknown name = %q, %v", id, err)
+	}
+	if err := db.AddImageName(ctx, "ghost:latest", "s3-none"); err == nil {
+		t.Errorf("AddImageName on an unknown image succeeded")
+	}
+	// Deleting an image forgets its layers and names, not its chains'
+	// or objects' records.
+	w.must(db.DeleteImage(ctx, "s3-b"))
+	if id, _ := db.ImageIDByName(ctx, "app:latest"); id != "" {
+		t.Errorf("name of a deleted image still names %q", id)
+	}
+	if ls, _ := db.ImageLayers(ctx, "s3-b"); len(ls) != 0 {
+		t.Errorf("layers of a deleted image: %+v", ls)
+	}
+	if im, _ := db.GetImage(ctx, "s3-b"); im != nil {
+		t.Errorf("GetImage of a deleted image = %+v", im)
+	}
+	w.must(db.DeleteImage(ctx, "s3-b"))
+}
+
+// TestPulledImageState: the re-pull look-up returns the image's state only
+// when every chain is recorded with its committed snapshot and the
+// activation is an active snapshot on the top chain.
+func TestPulledImageState(t *testing.T) {
+	w := newWorld(t)
+	ctx, db := w.ctx, w.db
+	actDev := w.pull("s3-full", "s3://bkt/full/", "full:latest", twoLayers("full/", "full")...)
+	w.must(db.AddImageName(ctx, "full:stable", "s3-full"))
+	st, err := db.PulledImageState(ctx, "s3-full")
+	if err != nil || st == nil {
+		t.Fatalf("PulledImageState of a fully pulled image = %v, %v", st, err)
+	}
+	if st.Image.ImageID != "s3-full" || st.Image.Source != "s3://bkt/full/" || len(st.Layers) != 2 || st.Layers[1].ChainID != "sha256:c-full" ||
+		fmt.Sprint(st.DiffIDs) != "[sha256:d1 sha256:d-full]" || st.ActivationDevice != deviceName(actDev) ||
+		fmt.Sprint(st.Names) != "[full:latest full:stable]" {
+		t.Errorf("state = %+v", st)
+	}
+
+	cases := map[string]func(id string){
+		"no activation": func(id string) {
+			w.pullNoActivation(id, "s3://bkt/"+id+"/", "", twoLayers(id+"/", id)...)
+		},
+		"activation on the bottom chain": func(id string) {
+			w.pullNoActivation(id, "s3://bkt/"+id+"/", "", twoLayers(id+"/", id)...)
+			w.must(activate(ctx, db, id, "sha256:d1", w.nextDev()))
+		},
+		"activation is a view": func(id string) {
+			w.pullNoActivation(id, "s3://bkt/"+id+"/", "", twoLayers(id+"/", id)...)
+			w.must(activate(ctx, db, id, "sha256:c-"+id, w.nextDev()))
+			w.exec(`UPDATE cd_snapshots SET kind = 'view' WHERE key = ?`, ActivationKey(id))
+		},
+		"top chain's snapshot gone": func(id string) {
+			w.pull(id, "s3://bkt/"+id+"/", "", twoLayers(id+"/", id)...)
+			w.removeSnapshot(ActivationKey(id))
+			w.removeSnapshot("sha256:c-" + id)
+		},
+		"top chain's snapshot not committed": func(id string) {
+			w.pull(id, "s3://bkt/"+id+"/", "", twoLayers(id+"/", id)...)
+			w.exec(`UPDATE cd_snapshots SET kind = 'active' WHERE key = ?`, "sha256:c-"+id)
+		},
+		"chain row missing": func(id string) {
+			w.pull(id, "s3://bkt/"+id+"/", "", twoLayers(id+"/", id)...)
+			w.must(db.DeleteChain(ctx, "sha256:c-"+id))
+		},
+		"last pull failed": func(id string) {
+			w.pull(id, "s3://bkt/"+id+"/", "", twoLayers(id+"/", id)...)
+			w.must(db.MarkImageFailed(ctx, id, "s3://bkt/"+id+"/", "unpack: disk full"))
+		},
+		"never pulled": func(id string) {
+			w.must(db.MarkImageFailed(ctx, id, "s3://bkt/"+id+"/", "list: 403"))
+		},
+		"unknown": func(string) {},
+	}
+	i := 0
+	for name, setup := range cases {
+		i++
+		id := fmt.Sprintf("s3-case%d", i)
+		setup(id)
+		if st, err := db.PulledImageState(ctx, id); st != nil || err != nil {
+			t.Errorf("%s: PulledImageState = %+v, %v; want nil, nil", name, st, err)
+		}
+	}
+	// The other images' changes left the full one intact.
+	if st, err := db.PulledImageState(ctx, "s3-full"); st == nil || err != nil {
+		t.Errorf("PulledImageState of the full image after the others = %v, %v", st, err)
+	}
+}

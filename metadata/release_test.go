@@ -1,0 +1,272 @@
+package metadata
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"syscall"
+	"testing"
+)
+
+// The database testdata/release-0007.db was written by the previous
+// release's own code (schema version 7): two images pulled from prefixes
+// whose bottom layers have the same bytes, one pulled from a single key and
+// named by its URL, and one failed download of a single object.
+const (
+	debianID    = "s3-947b2eb1128e60f13690c8ad"
+	debianDevID = "s3-040d2bcbceee05096e997f06"
+	singleID    = "s3-5f5237ee6ff24bfb43c15811"
+
+	debianTop    = "sha256:c278d7c4a43fe4796a960b9becad531abe25fb65baf3c98b1cba90d55672302e"
+	debianDevTop = "sha256:a5f50d1605b52d92e4b9216d64d2ad804755363a990987988b0093e56a2a894a"
+)
+
+// copyRelease0007 copies the fixture to a temporary directory.
+func copyRelease0007(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", "release-0007.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "metadata.db")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// checkRelease0007Records checks that d holds the fixture's pulled images
+// in the records of migration 8.
+func checkRelease0007Records(t *testing.T, d *DB) {
+	t.Helper()
+	ctx := context.Background()
+	imgs, err := d.ListImages(ctx)
+	if err != nil || len(imgs) != 3 {
+		t.Fatalf("ListImages = %+v, %v; want the 3 pulled images", imgs, err)
+	}
+	for i, want := range [][2]string{
+		{debianID, "s3://flyio-images/images/debian/"},
+		{debianDevID, "s3://flyio-images/images/debian-dev/"},
+		{singleID, "s3://flyio-images/images/single.tar"},
+	} {
+		if im := imgs[i]; im.ImageID != want[0] || im.Source != want[1] || im.FailureReason != "" || im.PulledAt.IsZero() {
+			t.Errorf("image %d = %+v, want %s from %s, pulled", i, im, want[0], want[1])
+		}
+	}
+
+	views, err := d.ImageViews(ctx)
+	if err != nil || len(views) != 3 {
+		t.Fatalf("ImageViews = %+v, %v", views, err)
+	}
+	wantViews := []string{
+		"s3-947b2eb1128e60f13690c8ad [flyio.local/e2e/debian:latest] active layers=2 size=3000 device=flyio-pool-snap-102 active=1",
+		"s3-040d2bcbceee05096e997f06 [flyio.local/e2e/debian-dev:latest] active layers=2 size=4000 device=flyio-pool-snap-103 active=1",
+		"s3-5f5237ee6ff24bfb43c15811 [s3://flyio-images/images/single.tar] active layers=1 size=4000 device=flyio-pool-snap-104 active=1",
+	}
+	for i, v := range views {
+		got := fmt.Sprintf("%s %v %s layers=%d size=%d device=%s active=%d", v.ImageID, v.Names, v.State, v.Layers, v.SizeBytes, v.DeviceName, v.ActiveSnapshots)
+		if got != wantViews[i] {
+			t.Errorf("image view %d:\n got  %s\n want %s", i, got, wantViews[i])
+		}
+	}
+
+	layers, err := d.ImageLayers(ctx, debianID)
+	wantLayers := []ImageLayer{
+		{Position: 1, Key: "images/debian/1.tar", ETag: `"e1"`, SizeBytes: 1000, ChainID: "sha256:11"},
+		{Position: 2, Key: "images/debian/2.tar", ETag: `"e2"`, SizeBytes: 2000, ChainID: debianTop},
+	}
+	if err != nil || !reflect.DeepEqual(layers, wantLayers) {
+		t.Errorf("ImageLayers(debian) = %+v, %v; want %+v", layers, err, wantLayers)
+	}
+	layers, err = d.ImageLayers(ctx, singleID)
+	wantLayers = []ImageLayer{{Position: 1, Key: "images/single.tar", ETag: `"e4"`, SizeBytes: 4000, ChainID: "sha256:44"}}
+	if err != nil || !reflect.DeepEqual(layers, wantLayers) {
+		t.Errorf("ImageLayers(single) = %+v, %v; want %+v", layers, err, wantLayers)
+	}
+
+	o, err := d.ObjectRecord(ctx, "flyio-images", "images/debian/1.tar")
+	if err != nil || o == nil || o.ETag != `"e1"` || o.Digest != "sha256:11" || o.SizeBytes != 1000 {
+		t.Errorf("ObjectRecord(images/debian/1.tar) = %+v, %v; want ETag \"e1\", sha256:11, 1000 bytes", o, err)
+	}
+	if o, _ := d.ObjectRecord(ctx, "flyio-images", "images/debian-dev/2.tar"); o == nil || o.ETag != `"e3"` || o.Digest != "sha256:33" {
+		t.Errorf("ObjectRecord(images/debian-dev/2.tar) = %+v", o)
+	}
+	if o, err := d.ObjectRecord(ctx, "flyio-images", "images/bad.tar"); o != nil || err != nil {
+		t.Errorf("the failed download of images/bad.tar was carried over: %+v, %v", o, err)
+	}
+	f, err := d.LayerFile(ctx, "sha256:22")
+	if err != nil || f == nil || f.Path != "/var/lib/containerd-flyio-snapshotter/images/blobs/sha256/22" || f.SizeBytes != 2000 ||
+		f.StatSize != 2000 || f.StatMtimeNs != 5 || f.StatIno != 7 {
+		t.Errorf("LayerFile(sha256:22) = %+v, %v", f, err)
+	}
+
+	for _, want := range []Chain{
+		{ChainID: "sha256:11", DiffID: "sha256:11", SizeBytes: 2000, FileCount: 10},
+		{ChainID: debianTop, ParentChainID: "sha256:11", DiffID: "sha256:22", SizeBytes: 4000, FileCount: 10},
+		{ChainID: debianDevTop, ParentChainID: "sha256:11", DiffID: "sha256:33", SizeBytes: 6000, FileCount: 10},
+		{ChainID: "sha256:44", DiffID: "sha256:44", SizeBytes: 8000, FileCount: 10},
+	} {
+		c, err := d.GetChain(ctx, want.ChainID)
+		if err != nil || c == nil {
+			t.Errorf("GetChain(%s) = %v, %v", want.ChainID, c, err)
+			continue
+		}
+		if c.ParentChainID != want.ParentChainID || c.DiffID != want.DiffID || c.SizeBytes != want.SizeBytes || c.FileCount != want.FileCount || c.UnpackedAt.IsZero() {
+			t.Errorf("chain %s = %+v, want %+v", want.ChainID, c, want)
+		}
+	}
+
+	snaps, err := d.SnapshotViews(ctx)
+	if err != nil || len(snaps) != 3 {
+		t.Fatalf("SnapshotViews = %+v, %v; want the 3 activations", snaps, err)
+	}
+	for i, want := range []string{
+		"snap-s3-947b2eb1128e60f13690c8ad on 102 (flyio-pool-snap-102) at /dev/mapper/flyio-pool-snap-201 of s3://flyio-images/images/debian/",
+		"snap-s3-040d2bcbceee05096e997f06 on 103 (flyio-pool-snap-103) at /dev/mapper/flyio-pool-snap-202 of s3://flyio-images/images/debian-dev/",
+		"snap-s3-5f5237ee6ff24bfb43c15811 on 104 (flyio-pool-snap-104) at /dev/mapper/flyio-pool-snap-203 of s3://flyio-images/images/single.tar",
+	} {
+		s := snaps[i]
+		if got := fmt.Sprintf("%s on %s (%s) at %s of %s", s.SnapshotName, s.OriginDeviceID, s.OriginDeviceName, s.DevicePath, s.S3Key); got != want || !s.Active {
+			t.Errorf("activation %d:\n got  %s (active %v)\n want %s", i, got, s.Active, want)
+		}
+	}
+
+	for id, want := range map[string]string{
+		debianID:    "[sha256:11 sha256:22] flyio-pool-snap-201 [flyio.local/e2e/debian:latest]",
+		debianDevID: "[sha256:11 sha256:33] flyio-pool-snap-202 [flyio.local/e2e/debian-dev:latest]",
+		singleID:    "[sha256:44] flyio-pool-snap-203 [s3://flyio-images/images/single.tar]",
+	} {
+		st, err := d.PulledImageState(ctx, id)
+		if err != nil || st == nil {
+			t.Errorf("PulledImageState(%s) = %v, %v; want the pulled image (a re-pull is a no-op)", id, st, err)
+			continue
+		}
+		if got := fmt.Sprintf("%v %s %v", st.DiffIDs, st.ActivationDevice, st.Names); got != want {
+			t.Errorf("PulledImageState(%s) = %s, want %s", id, got, want)
+		}
+	}
+}
+
+// TestUpgradeFromRelease0007 opens a database written by the previous
+// release read-write: it is copied to <db>.pre-v8, migrated to the latest
+// version, its ledger verifies with the current hashes, and every pulled
+// image is there with its layers, objects, chains, names and activation.
+func TestUpgradeFromRelease0007(t *testing.T) {
+	ctx := context.Background()
+	path := copyRelease0007(t)
+	d, err := Open(ctx, Options{Path: path})
+	if err != nil {
+		t.Fatalf("opening the previous release's database: %v", err)
+	}
+	defer d.Close()
+	res := d.Migrated()
+	if res.From != 7 || res.To != LatestVersion() || len(res.Applied) == 0 || res.Applied[0] != 8 || res.Backup != path+".pre-v8" {
+		t.Errorf("MigrateResult = %+v, want from 7 to %d with a copy at %s.pre-v8", res, LatestVersion(), path)
+	}
+	if err := d.VerifyLedger(ctx); err != nil {
+		t.Errorf("VerifyLedger: %v", err)
+	}
+	checkLedgerHashes(t, d, false)
+	if rep, err := d.Check(ctx); err != nil || !rep.OK() {
+		t.Errorf("Check = %+v, %v", rep, err)
+	}
+	checkRelease0007Records(t, d)
+
+	// The copy is the previous release's database, untouched.
+	b, err := Open(ctx, Options{Path: path + ".pre-v8", ReadOnly: true})
+	if err != nil {
+		t.Fatalf("opening the pre-v8 copy: %v", err)
+	}
+	defer b.Close()
+	if v, _ := b.SchemaVersion(ctx); v != 7 {
+		t.Errorf("pre-v8 copy is at version %d, want 7", v)
+	}
+	var n int
+	if err := b.db.QueryRowContext(ctx, `SELECT count(*) FROM pipeline_images`).Scan(&n); err != nil || n != 3 {
+		t.Errorf("pre-v8 copy has %d pulled images, %v; want 3", n, err)
+	}
+
+	// Opening again changes nothing.
+	d.Close()
+	d2, err := Open(ctx, Options{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d2.Close()
+	if res := d2.Migrated(); len(res.Applied) != 0 || res.Backup != "" {
+		t.Errorf("second open migrated again: %+v", res)
+	}
+	checkRelease0007Records(t, d2)
+}
+
+// TestReadOnlyOpenOfRelease0007 opens the previous release's database
+// read-only: it is accepted (its ledger records earlier hashes of reworded
+// migrations) and nothing is written to it.
+func TestReadOnlyOpenOfRelease0007(t *testing.T) {
+	ctx := context.Background()
+	path := copyRelease0007(t)
+	before, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(ctx, Options{Path: path, ReadOnly: true})
+	if err != nil {
+		t.Fatalf("read-only open of the previous release's database: %v", err)
+	}
+	if v, err := r.SchemaVersion(ctx); err != nil || v != 7 {
+		t.Errorf("SchemaVersion = %d, %v; want 7", v, err)
+	}
+	r.Close()
+	after, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(before, after) {
+		t.Errorf("a read-only open changed the database file")
+	}
+	if backups, _ := filepath.Glob(path + ".pre-v*"); len(backups) != 0 {
+		t.Errorf("a read-only open wrote %v", backups)
+	}
+}
+
+// TestMigrationKilledInMigration8 kills (SIGKILL) a process paused inside
+// migration 8's transaction on the previous release's database: the
+// database stays at version 7 with its rows, and the next open migrates it
+// completely.
+func TestMigrationKilledInMigration8(t *testing.T) {
+	ctx := context.Background()
+	path := copyRelease0007(t)
+	cmd, out := startChild(t, "migrate-pause", "METADATA_TEST_DB="+path, "PAUSE_AT=8")
+	waitLine(t, out, "PAUSED")
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	err := cmd.Wait()
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("child did not die of SIGKILL: %v", err)
+	}
+	r, err := Open(ctx, Options{Path: path, ReadOnly: true})
+	if err != nil {
+		t.Fatalf("read-only open after the kill: %v", err)
+	}
+	var n int
+	if v, _ := r.SchemaVersion(ctx); v != 7 {
+		t.Errorf("version after a kill in migration 8 = %d, want 7", v)
+	}
+	if err := r.db.QueryRowContext(ctx, `SELECT count(*) FROM pipeline_images`).Scan(&n); err != nil || n != 3 {
+		t.Errorf("after the kill: %d pulled images in the version-7 tables, %v; want 3", n, err)
+	}
+	r.Close()
+	d, err := Open(ctx, Options{Path: path})
+	if err != nil {
+		t.Fatalf("open after the kill: %v", err)
+	}
+	defer d.Close()
+	if res := d.Migrated(); res.From != 7 || res.To != LatestVersion() {
+		t.Errorf("MigrateResult after the kill = %+v", res)
+	}
+	checkRelease0007Records(t, d)
+}
