@@ -19,6 +19,12 @@ func (c *Config) S3SourceConfig(bucket string) s3source.Config {
 	return s3source.Config{Bucket: bucket, Region: c.S3.Region, Endpoint: c.S3.Endpoint, PathStyle: c.S3.PathStyle, Anonymous: c.S3.Anonymous}
 }
 
+// TarLimits returns the extraction policy of the [pipeline] section, the
+// one the daemon's validate step applies to every layer.
+func (c *Config) TarLimits() tarball.Limits {
+	return tarball.Limits{AllowSetID: c.Pipeline.AllowSetID}
+}
+
 // PipelineOptions returns the pipeline.Options of the [pipeline], [queues]
 // and [containerd] sections over the service's database, snapshotter and
 // pool. S3 sources are made once per bucket.
@@ -48,7 +54,7 @@ func (s *Service) PipelineOptions() pipeline.Options {
 		ThinExists:      s.Pool.ThinExists,
 		Namespace:       c.Containerd.Namespace,
 		MaxLayerSize:    c.Pipeline.MaxImageSize.Bytes(),
-		Limits:          tarball.Limits{AllowSetID: c.Pipeline.AllowSetID},
+		Limits:          c.TarLimits(),
 		DownloadTimeout: c.Pipeline.DownloadTimeout.Duration,
 		ExtractTimeout:  c.Pipeline.ExtractTimeout.Duration,
 		Downloads:       c.Queues.Downloads,

@@ -88,7 +88,7 @@ func runPull(ctx context.Context, args []string) error {
 		return err
 	}
 	if len(pos) != 1 {
-		return &exitError{code: 2, msg: "pull takes exactly one s3://BUCKET/KEY-or-PREFIX argument"}
+		return usageError(fs, "pull takes exactly one s3://BUCKET/KEY-or-PREFIX argument")
 	}
 	bucket, key, err := pipeline.ParseS3URL(pos[0])
 	if err != nil {

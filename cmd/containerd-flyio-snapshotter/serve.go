@@ -15,7 +15,9 @@ Runs the daemon: opens (migrating) the metadata database, opens the thin pool
 (creating loop-file-backed pool files under pool.root_dir on the first start
 when no devices are configured), reconciles the database with the pool, and
 serves containerd's snapshots gRPC API on daemon.socket (mode 0660) for
-containerd's [proxy_plugins] entry. Namespaces are taken from each request.
+containerd's [proxy_plugins] entry. Snapshot keys are not scoped by the
+request's containerd namespace: containerd already makes every key it sends
+unique across namespaces, and its garbage collector calls without one.
 
 Readiness is reported to systemd (Type=notify) once the socket accepts
 calls. SIGTERM or SIGINT stops it gracefully: no new calls are accepted,
@@ -41,7 +43,7 @@ type serveFlags struct {
 
 func newServeFlagSet() (*serveFlags, func(args []string) error) {
 	fs := newFlagSet("serve", "serve [--config FILE] [flags]", serveDescription)
-	addConfigFlags(fs)
+	addDBFlags(fs)
 	f := &serveFlags{}
 	fs.StringVar(&f.socket, "socket", "", "unix socket `PATH` to serve on, overriding daemon.socket")
 	fs.StringVar(&f.metrics, "metrics-address", "", "`HOST:PORT` of the metrics endpoint, overriding daemon.metrics_address")

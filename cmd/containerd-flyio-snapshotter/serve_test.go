@@ -44,7 +44,7 @@ func TestServeRejectsBadFlagsBeforeStarting(t *testing.T) {
 		inStderr string
 	}{
 		{[]string{"serve", "--config", cfg, "now"}, 2, `unexpected argument "now"`},
-		{[]string{"serve", "--config", cfg, "--frobnicate"}, 2, "flag provided but not defined: -frobnicate"},
+		{[]string{"serve", "--config", cfg, "--frobnicate"}, 2, "unknown flag --frobnicate"},
 		{[]string{"serve", "--config", cfg, "--log-level", "loud"}, 2, `daemon.log_level: must be one of trace, debug, info, warn, error, fatal, panic, got "loud"`},
 		{[]string{"serve", "--config", cfg, "--socket", "relative.sock"}, 2, `daemon.socket: must be an absolute path, got "relative.sock"`},
 		{[]string{"serve", "--config", cfg, "--metrics-address", "9123"}, 2, "daemon.metrics_address: must be host:port"},
