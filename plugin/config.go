@@ -14,11 +14,14 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/identifiers"
 	toml "github.com/pelletier/go-toml/v2"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
 )
 
 // Defaults of the keys that are not derived from daemon.root_dir.
@@ -130,8 +133,14 @@ type S3Config struct {
 	PathStyle bool `toml:"path_style"`
 	// Anonymous sends unsigned requests (public buckets).
 	Anonymous bool `toml:"anonymous"`
-	// Prefix is prepended to every image key.
+	// Prefix is prepended to the image path of a pull that names no
+	// bucket (`pull debian/`); an s3://BUCKET/KEY URL names its key whole.
 	Prefix string `toml:"prefix"`
+	// AllowedBuckets are the buckets a pull may name besides Bucket. When
+	// Bucket or AllowedBuckets is set, the daemon refuses every other
+	// bucket, whoever asks; when both are empty any bucket the daemon's
+	// credentials reach may be pulled from.
+	AllowedBuckets []string `toml:"allowed_buckets"`
 }
 
 // PipelineConfig is the [pipeline] section: limits of the download, unpack
@@ -152,6 +161,16 @@ type PipelineConfig struct {
 	// distribution images carry some (su, passwd, mount); turn it on only
 	// for image sources you trust.
 	AllowSetID bool `toml:"allow_setid"`
+	// MaxEntries bounds the tar headers of one layer.
+	MaxEntries int `toml:"max_entries"`
+	// MaxFileSize bounds one regular file of a layer.
+	MaxFileSize Size `toml:"max_file_size"`
+	// MaxTotalSize bounds the regular files of one layer together.
+	MaxTotalSize Size `toml:"max_total_size"`
+	// RequiredDirs must be real directories at the top of every pulled
+	// image's tree; an empty list requires none (images built FROM
+	// scratch).
+	RequiredDirs []string `toml:"required_dirs"`
 }
 
 // QueuesConfig is the [queues] section: how many state-machine runs of each
@@ -194,6 +213,10 @@ func defaults() *Config {
 			DownloadTimeout: D(DefaultDownloadTimeout),
 			ExtractTimeout:  D(DefaultExtractTimeout),
 			StaleLockAge:    D(DefaultStaleLockAge),
+			MaxEntries:      tarball.DefaultMaxEntries,
+			MaxFileSize:     Size(tarball.DefaultMaxFileSize),
+			MaxTotalSize:    Size(tarball.DefaultMaxTotalSize),
+			RequiredDirs:    slices.Clone(tarball.RequiredDirs),
 		},
 		Queues: QueuesConfig{
 			Downloads: DefaultDownloads,
@@ -251,6 +274,14 @@ func (c *Config) resolve() {
 	}
 	if len(c.Pool.MkfsOptions) == 0 {
 		c.Pool.MkfsOptions = nil
+	}
+	if len(c.S3.AllowedBuckets) == 0 {
+		c.S3.AllowedBuckets = nil
+	}
+	// An empty required_dirs is a choice (no layout requirement), kept
+	// apart from an absent key, which keeps the default list.
+	if c.Pipeline.RequiredDirs == nil {
+		c.Pipeline.RequiredDirs = []string{}
 	}
 }
 
@@ -500,8 +531,16 @@ func (c *Config) Validate() error {
 	}
 
 	s := c.S3
-	if s.Bucket != "" && (!bucketNameRE.MatchString(s.Bucket) || strings.Contains(s.Bucket, "..")) {
-		bad("s3.bucket", "must be an S3 bucket name (3-63 lower-case letters, digits, '.' and '-', starting and ending with a letter or digit), got %q", s.Bucket)
+	bucketName := func(key, b string) {
+		if !bucketNameRE.MatchString(b) || strings.Contains(b, "..") {
+			bad(key, "must be an S3 bucket name (3-63 lower-case letters, digits, '.' and '-', starting and ending with a letter or digit), got %q", b)
+		}
+	}
+	if s.Bucket != "" {
+		bucketName("s3.bucket", s.Bucket)
+	}
+	for i, b := range s.AllowedBuckets {
+		bucketName(fmt.Sprintf("s3.allowed_buckets[%d]", i), b)
 	}
 	if s.Endpoint != "" {
 		u, err := url.Parse(s.Endpoint)
@@ -521,6 +560,20 @@ func (c *Config) Validate() error {
 	positiveDuration("pipeline.download_timeout", pl.DownloadTimeout)
 	positiveDuration("pipeline.extract_timeout", pl.ExtractTimeout)
 	positiveDuration("pipeline.stale_lock_age", pl.StaleLockAge)
+	if pl.MaxEntries <= 0 {
+		bad("pipeline.max_entries", "must be positive, got %d", pl.MaxEntries)
+	}
+	if pl.MaxFileSize <= 0 {
+		bad("pipeline.max_file_size", "must be positive, got %s", pl.MaxFileSize)
+	}
+	if pl.MaxTotalSize <= 0 {
+		bad("pipeline.max_total_size", "must be positive, got %s", pl.MaxTotalSize)
+	}
+	for i, d := range pl.RequiredDirs {
+		if d == "" || d == "." || d == ".." || strings.ContainsRune(d, '/') {
+			bad(fmt.Sprintf("pipeline.required_dirs[%d]", i), "must be one top-level directory name such as \"etc\" (no '/', not \".\" or \"..\"), got %q", d)
+		}
+	}
 
 	if q := c.Queues.Downloads; q < 1 || q > maxQueue {
 		bad("queues.downloads", "must be between 1 and %d, got %d", maxQueue, q)

@@ -18,6 +18,9 @@ import (
 const pullDescription = `
 Asks the running daemon (over daemon.control_socket) to pull an S3 image:
 one .tar key, or a prefix whose .tar objects, in key order, are its layers.
+IMAGE is s3://BUCKET/KEY-or-PREFIX, or a bare PATH that the daemon looks up
+under its s3.prefix in its s3.bucket. The daemon refuses a bucket other than
+its s3.bucket and s3.allowed_buckets when either is set.
 Each layer is downloaded (SHA-256, validated against the extraction policy)
 and unpacked into a committed snapshot named by its OCI chain ID; the image
 then gets its active snapshot "snap-<image id>". Everything is idempotent and
@@ -76,7 +79,7 @@ func isTerminal(f *os.File) bool {
 }
 
 func runPull(ctx context.Context, args []string) error {
-	fs := newFlagSet("pull", "pull s3://BUCKET/KEY-or-PREFIX [--name REF] [--config FILE] [--socket PATH]", pullDescription)
+	fs := newFlagSet("pull", "pull s3://BUCKET/KEY-or-PREFIX|PATH [--name REF] [--config FILE] [--socket PATH]", pullDescription)
 	addConfigFlags(fs)
 	var socket, name string
 	var refresh bool
@@ -88,9 +91,9 @@ func runPull(ctx context.Context, args []string) error {
 		return err
 	}
 	if len(pos) != 1 {
-		return usageError(fs, "pull takes exactly one s3://BUCKET/KEY-or-PREFIX argument")
+		return usageError(fs, "pull takes exactly one s3://BUCKET/KEY-or-PREFIX or PATH argument")
 	}
-	bucket, key, err := pipeline.ParseS3URL(pos[0])
+	bucket, key, err := parseImageArg(pos[0])
 	if err != nil {
 		return &exitError{code: 2, msg: err.Error()}
 	}
@@ -113,6 +116,19 @@ func runPull(ctx context.Context, args []string) error {
 	}
 	printPullResult(os.Stdout, res, time.Since(start))
 	return nil
+}
+
+// parseImageArg splits pull's argument: an s3:// URL names its bucket and
+// key; a bare path leaves the bucket (and the prefix) to the daemon's
+// config.
+func parseImageArg(arg string) (bucket, key string, err error) {
+	if strings.Contains(arg, "://") {
+		return pipeline.ParseS3URL(arg)
+	}
+	if arg == "" || strings.HasPrefix(arg, "/") {
+		return "", "", fmt.Errorf("image %q: a bare path must be a key or prefix under the daemon's s3.prefix, without a leading '/'", arg)
+	}
+	return "", arg, nil
 }
 
 // progressLine renders one progress event on one line.

@@ -74,6 +74,10 @@ func imageSource(bucket, key string) (source, imageID string) {
 	return source, "s3-" + hex.EncodeToString(sum[:12])
 }
 
+// ErrImageTooLarge: the sum of an image's layer objects is over
+// Options.MaxImageSize.
+var ErrImageTooLarge = errors.New("image too large")
+
 // Pull runs Download, Unpack and Activate for the image req names and
 // returns once the image is active (or a machine ended it). progress, if
 // set, receives the events of the runs of this pull, from several
@@ -227,8 +231,13 @@ func (p *Pipelines) layersOf(ctx context.Context, req PullRequest, source string
 		return nil, fmt.Errorf("pull %s: %w", source, err)
 	}
 	ls := make([]Layer, len(objs))
+	var total int64
 	for i, o := range objs {
 		ls[i] = Layer{Key: o.Key, Size: o.Size, ETag: o.ETag}
+		total += o.Size
+	}
+	if limit := p.opts.MaxImageSize; limit > 0 && total > limit {
+		return nil, fmt.Errorf("pull %s: %w: %d layer objects of %d bytes together, limit %d", source, ErrImageTooLarge, len(objs), total, limit)
 	}
 	return ls, nil
 }

@@ -424,7 +424,7 @@ func (p *Pipelines) verifyLayout(ctx context.Context, req *upReq) (_ *upResp, er
 	}
 	var verr error
 	if r.Top {
-		verr = tarball.VerifyLayoutDir(dir)
+		verr = tarball.VerifyLayoutDirOf(dir, p.opts.RequiredDirs)
 	} else if fi, serr := os.Stat(dir); serr != nil {
 		verr = fmt.Errorf("root of %s: %w", resp.ExtractKey, serr)
 	} else if !fi.IsDir() {
