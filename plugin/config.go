@@ -16,32 +16,39 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/containerd/containerd/v2/pkg/identifiers"
+	"github.com/containerd/log"
 	toml "github.com/pelletier/go-toml/v2"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
-// Defaults of the keys that are not derived from daemon.root_dir.
+// Defaults of the keys that are not derived from daemon.root_dir. A key
+// that a lower package also defaults takes that package's value, so the
+// daemon and a caller of the package agree.
 const (
 	DefaultRootDir          = "/var/lib/containerd-flyio-snapshotter"
 	DefaultSocket           = "/run/containerd-flyio-snapshotter/containerd-flyio-snapshotter.sock"
 	DefaultControlSocket    = "/run/containerd-flyio-snapshotter/control.sock"
 	DefaultLogLevel         = "info"
+	DefaultLogFormat        = "text"
 	DefaultPoolName         = "flyio-pool"
-	DefaultDataSize         = Size(100 << 30)
-	DefaultMetadataSize     = Size(1 << 30)
-	DefaultBlockSize        = Size(64 << 10)
-	DefaultBaseImageSize    = Size(10 << 30)
-	DefaultFSType           = "ext4"
-	DefaultMaxImageSize     = Size(10 << 30)
-	DefaultDownloadTimeout  = 5 * time.Minute
-	DefaultExtractTimeout   = 30 * time.Minute
-	DefaultStaleLockAge     = time.Hour
-	DefaultDownloads        = 5
-	DefaultUnpacking        = 2
+	DefaultDataSize         = Size(thinpool.DefaultDataSize)
+	DefaultMetadataSize     = Size(thinpool.DefaultMetadataSize)
+	DefaultBlockSize        = Size(thinpool.DefaultBlockSizeSectors * 512)
+	DefaultBaseImageSize    = Size(snapshotter.DefaultBaseImageSize)
+	DefaultFSType           = string(thinpool.FSExt4)
+	DefaultMaxImageSize     = Size(pipeline.DefaultMaxLayerSize)
+	DefaultDownloadTimeout  = pipeline.DefaultDownloadTimeout
+	DefaultExtractTimeout   = pipeline.DefaultExtractTimeout
+	DefaultStaleLockAge     = metadata.DefaultStaleLockAge
+	DefaultDownloads        = pipeline.DefaultDownloads
+	DefaultUnpacking        = pipeline.DefaultUnpacking
 	DefaultContainerdSocket = "/run/containerd/containerd.sock"
 	DefaultNamespace        = "default"
 )
@@ -73,6 +80,9 @@ type DaemonConfig struct {
 	RootDir string `toml:"root_dir"`
 	// LogLevel is one of trace, debug, info, warn, error, fatal, panic.
 	LogLevel string `toml:"log_level"`
+	// LogFormat is "text" (logfmt) or "json" (one object a line), both
+	// with nanosecond RFC 3339 timestamps, as containerd writes them.
+	LogFormat string `toml:"log_format"`
 	// MetricsAddress is the host:port of the Prometheus /metrics endpoint;
 	// empty disables it.
 	MetricsAddress string `toml:"metrics_address"`
@@ -198,6 +208,7 @@ func defaults() *Config {
 			ControlSocket: DefaultControlSocket,
 			RootDir:       DefaultRootDir,
 			LogLevel:      DefaultLogLevel,
+			LogFormat:     DefaultLogFormat,
 		},
 		Pool: PoolConfig{
 			Name:          DefaultPoolName,
@@ -469,6 +480,11 @@ func (c *Config) Validate() error {
 	case "trace", "debug", "info", "warn", "error", "fatal", "panic":
 	default:
 		bad("daemon.log_level", "must be one of trace, debug, info, warn, error, fatal, panic, got %q", d.LogLevel)
+	}
+	switch d.LogFormat {
+	case string(log.TextFormat), string(log.JSONFormat):
+	default:
+		bad("daemon.log_format", "must be %q or %q, got %q", log.TextFormat, log.JSONFormat, d.LogFormat)
 	}
 	if d.MetricsAddress != "" {
 		if _, port, err := net.SplitHostPort(d.MetricsAddress); err != nil || port == "" {

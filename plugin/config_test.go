@@ -127,6 +127,7 @@ socket = "/run/x/snap.sock"
 control_socket = ""
 root_dir = "/srv/x"
 log_level = "debug"
+log_format = "json"
 metrics_address = "127.0.0.1:9123"
 [metadata]
 path = "/srv/db/meta.db"
@@ -175,7 +176,7 @@ namespace = "k8s.io"
 		t.Fatal(err)
 	}
 	want := &Config{
-		Daemon:   DaemonConfig{Socket: "/run/x/snap.sock", RootDir: "/srv/x", LogLevel: "debug", MetricsAddress: "127.0.0.1:9123"},
+		Daemon:   DaemonConfig{Socket: "/run/x/snap.sock", RootDir: "/srv/x", LogLevel: "debug", LogFormat: "json", MetricsAddress: "127.0.0.1:9123"},
 		Metadata: MetadataConfig{Path: "/srv/db/meta.db"},
 		Pool: PoolConfig{Name: "pool-2", RootDir: "/srv/pool", DataDevice: "/dev/vdb", MetadataDevice: "/dev/vdc",
 			DataSize: 1 << 30, MetadataSize: 64 << 20, BlockSize: 256 << 10, LowWaterMark: 1024,
@@ -272,6 +273,7 @@ func TestValidateRules(t *testing.T) {
 		{"root relative", func(c *Config) { c.Daemon.RootDir = "var/lib" }, "daemon.root_dir: must be an absolute path"},
 		{"log level", func(c *Config) { c.Daemon.LogLevel = "loud" }, `daemon.log_level: must be one of trace, debug, info, warn, error, fatal, panic, got "loud"`},
 		{"log level empty", func(c *Config) { c.Daemon.LogLevel = "" }, "daemon.log_level: must be one of"},
+		{"log format", func(c *Config) { c.Daemon.LogFormat = "xml" }, `daemon.log_format: must be "text" or "json", got "xml"`},
 		{"metrics address", func(c *Config) { c.Daemon.MetricsAddress = "9123" }, `daemon.metrics_address: must be host:port`},
 		{"metadata path", func(c *Config) { c.Metadata.Path = "meta.db" }, "metadata.path: must be an absolute path"},
 		{"pool name empty", func(c *Config) { c.Pool.Name = "" }, "pool.name: must not be empty"},

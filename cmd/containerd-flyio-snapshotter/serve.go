@@ -38,7 +38,7 @@ func init() {
 // serveFlags are serve's flags beyond --config and --db; each overrides
 // the config key it names when given.
 type serveFlags struct {
-	socket, metrics, logLevel string
+	socket, metrics, logLevel, logFormat string
 }
 
 func newServeFlagSet() (*serveFlags, func(args []string) error) {
@@ -48,6 +48,7 @@ func newServeFlagSet() (*serveFlags, func(args []string) error) {
 	fs.StringVar(&f.socket, "socket", "", "unix socket `PATH` to serve on, overriding daemon.socket")
 	fs.StringVar(&f.metrics, "metrics-address", "", "`HOST:PORT` of the metrics endpoint, overriding daemon.metrics_address")
 	fs.StringVar(&f.logLevel, "log-level", "", "log `LEVEL` (trace, debug, info, warn, error), overriding daemon.log_level")
+	fs.StringVar(&f.logFormat, "log-format", "", "log `FORMAT` (text or json), overriding daemon.log_format")
 	return f, func(args []string) error {
 		if err := parseFlags(fs, args); err != nil {
 			return err
@@ -74,6 +75,9 @@ func (f *serveFlags) serveConfig() (*plugin.Config, error) {
 	if f.logLevel != "" {
 		cfg.Daemon.LogLevel = f.logLevel
 	}
+	if f.logFormat != "" {
+		cfg.Daemon.LogFormat = f.logFormat
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, &exitError{code: 2, msg: fmt.Sprintf("invalid configuration after flags: %v", err)}
 	}
@@ -91,6 +95,9 @@ func runServe(ctx context.Context, args []string) (err error) {
 	}
 	if err := log.SetLevel(cfg.Daemon.LogLevel); err != nil {
 		return fmt.Errorf("daemon.log_level %q: %w", cfg.Daemon.LogLevel, err)
+	}
+	if err := log.SetFormat(log.OutputFormat(cfg.Daemon.LogFormat)); err != nil {
+		return fmt.Errorf("daemon.log_format %q: %w", cfg.Daemon.LogFormat, err)
 	}
 	l := log.G(ctx).WithField("version", version)
 	l.WithField("socket", cfg.Daemon.Socket).WithField("db", cfg.Metadata.Path).WithField("pool", cfg.Pool.Name).Info("starting")
