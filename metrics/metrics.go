@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -32,6 +33,9 @@ const scrapeTimeout = 10 * time.Second
 type Metrics struct {
 	reg *prometheus.Registry
 	ops *prometheus.HistogramVec
+
+	fetchOnce sync.Once
+	fetch     *Fetch
 }
 
 // New returns a registry holding the operation latency histogram and the

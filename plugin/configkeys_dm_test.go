@@ -44,12 +44,13 @@ func tarOf(t *testing.T, dirs []string, files map[string]int) []byte {
 	return buf.Bytes()
 }
 
-// daemonPulls opens a service on cfg with its S3 pipelines and control
-// socket (as serve does) and returns a pull through the control socket,
-// the way the CLI asks.
+// daemonPulls opens a service on cfg with its S3 pipelines, control
+// socket and metrics endpoint (as serve does) and returns a pull through
+// the control socket, the way the CLI asks.
 func daemonPulls(t *testing.T, ctx context.Context, cfg *plugin.Config) func(bucket, key string) (*pipeline.PullResult, error) {
 	t.Helper()
 	cfg.Daemon.ControlSocket = filepath.Join(cfg.Daemon.RootDir, "run", "control.sock")
+	cfg.Daemon.MetricsAddress = loopbackAddr(t)
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -63,6 +64,15 @@ func daemonPulls(t *testing.T, ctx context.Context, cfg *plugin.Config) func(buc
 		t.Fatal(err)
 	}
 	t.Cleanup(stop)
+	serveCtx, stopServe := context.WithCancel(ctx)
+	ready, done := make(chan struct{}), make(chan error, 1)
+	go func() { done <- svc.Serve(serveCtx, func() { close(ready) }, nil) }()
+	t.Cleanup(func() { stopServe(); <-done })
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("Serve: %v", err)
+	}
 	ctl := control.NewClient(cfg.Daemon.ControlSocket)
 	return func(bucket, key string) (*pipeline.PullResult, error) {
 		return ctl.Pull(ctx, pipeline.PullRequest{Bucket: bucket, Key: key}, nil)
@@ -118,6 +128,8 @@ func TestConfigKeysChangePulls(t *testing.T) {
 		name  string
 		cfg   func(*plugin.Config)
 		pulls []pull
+		// metrics are lines the metrics page must have after the pulls.
+		metrics []string
 	}{
 		{"defaults", s3, []pull{
 			{"", "scratch/", "no bucket: name one (s3://BUCKET/KEY) or set s3.bucket"},
@@ -127,6 +139,12 @@ func TestConfigKeysChangePulls(t *testing.T) {
 			{srv.Bucket, "team/onefile/", ""},
 			{srv.Bucket, "team/total/", ""},
 			{third.Bucket, "x/", ""},
+		}, []string{
+			`flyio_snapshotter_layers_rejected_total{rule="layout_required_directory_missing"} 1`,
+			`flyio_snapshotter_pull_duration_seconds_count{outcome="ok"} 5`,
+			`flyio_snapshotter_pull_duration_seconds_count{outcome="error"} 1`,
+			`flyio_snapshotter_s3_requests_total{operation="ListObjectsV2",outcome="ok"} 6`,
+			`flyio_snapshotter_s3_requests_total{operation="GetObject",outcome="ok"} 7`,
 		}},
 		{"keys set", func(cfg *plugin.Config) {
 			s3(cfg)
@@ -144,6 +162,14 @@ func TestConfigKeysChangePulls(t *testing.T) {
 			{"", "total/", "too large"},
 			{other.Bucket, "x/", ""},
 			{third.Bucket, "x/", `bucket "third-images": bucket not allowed`},
+		}, []string{
+			`flyio_snapshotter_layers_rejected_total{rule="image_too_large"} 1`,
+			`flyio_snapshotter_layers_rejected_total{rule="too_many_entries"} 1`,
+			`flyio_snapshotter_layers_rejected_total{rule="file_too_large"} 1`,
+			`flyio_snapshotter_layers_rejected_total{rule="total_size_too_large"} 1`,
+			`flyio_snapshotter_pull_duration_seconds_count{outcome="ok"} 2`,
+			`flyio_snapshotter_pull_duration_seconds_count{outcome="rejected"} 4`,
+			`flyio_snapshotter_pull_duration_seconds_count{outcome="error"} 1`,
 		}},
 	}
 	for _, c := range cases {
@@ -167,6 +193,20 @@ func TestConfigKeysChangePulls(t *testing.T) {
 					t.Errorf("bare %q resolved to %s, want under s3://%s/%s", p.key, res.Source, srv.Bucket, cfg.S3.Prefix)
 				}
 			}
+			page := plugin.Scrape(t, cfg.Daemon.MetricsAddress)
+			for _, want := range c.metrics {
+				if !strings.Contains(page, "\n"+want+"\n") {
+					t.Errorf("metrics page lacks %q", want)
+				}
+			}
+			var fetchLines []string
+			for _, l := range strings.Split(page, "\n") {
+				if strings.HasPrefix(l, "flyio_snapshotter_s3_") || strings.HasPrefix(l, "flyio_snapshotter_layers_rejected") ||
+					strings.HasPrefix(l, "flyio_snapshotter_pull_duration_seconds_count") || strings.HasPrefix(l, "flyio_snapshotter_pull_duration_seconds_sum") {
+					fetchLines = append(fetchLines, l)
+				}
+			}
+			t.Logf("metrics page, fetch counters:\n%s", strings.Join(fetchLines, "\n"))
 		})
 	}
 }

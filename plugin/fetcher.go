@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/containerd/log"
 
@@ -14,12 +15,22 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metrics"
 )
 
 // S3SourceConfig returns the s3source.Config of bucket under the [s3]
 // section (endpoint, region, path style, anonymous access).
 func (c *Config) S3SourceConfig(bucket string) s3source.Config {
 	return s3source.Config{Bucket: bucket, Region: c.S3.Region, Endpoint: c.S3.Endpoint, PathStyle: c.S3.PathStyle, Anonymous: c.S3.Anonymous}
+}
+
+// fetchMetrics returns the S3 pipelines' counters, or nil when
+// daemon.metrics_address is empty.
+func (s *Service) fetchMetrics() *metrics.Fetch {
+	if m := s.metricsRegistry(); m != nil {
+		return m.Fetch()
+	}
+	return nil
 }
 
 // TarLimits returns the extraction policy of the [pipeline] section, the
@@ -66,15 +77,21 @@ func (c *Config) ResolvePull(req pipeline.PullRequest) (pipeline.PullRequest, er
 }
 
 // s3Policy serves the pipelines with the [s3] section's bucket, prefix and
-// allowed buckets applied to every pull, whoever asks.
+// allowed buckets applied to every pull, whoever asks, and times the
+// pulls when metrics is set.
 type s3Policy struct {
 	*pipeline.Pipelines
-	cfg *Config
+	cfg     *Config
+	metrics *metrics.Fetch
 }
 
 // Pull resolves req (ResolvePull) and pulls it.
-func (s s3Policy) Pull(ctx context.Context, req pipeline.PullRequest, progress func(pipeline.Event)) (*pipeline.PullResult, error) {
-	req, err := s.cfg.ResolvePull(req)
+func (s s3Policy) Pull(ctx context.Context, req pipeline.PullRequest, progress func(pipeline.Event)) (res *pipeline.PullResult, err error) {
+	if s.metrics != nil {
+		start := time.Now()
+		defer func() { s.metrics.ObservePull(time.Since(start), rejectionRule(err), err) }()
+	}
+	req, err = s.cfg.ResolvePull(req)
 	if err != nil {
 		return nil, err
 	}
@@ -89,6 +106,7 @@ func (s *Service) PipelineOptions() pipeline.Options {
 	var (
 		mu      sync.Mutex
 		sources = map[string]*s3source.Source{}
+		fm      = s.fetchMetrics()
 	)
 	return pipeline.Options{
 		DB:          s.DB,
@@ -102,7 +120,11 @@ func (s *Service) PipelineOptions() pipeline.Options {
 			if err := c.BucketAllowed(bucket); err != nil {
 				return nil, err
 			}
-			src, err := s3source.New(ctx, c.S3SourceConfig(bucket))
+			sc := c.S3SourceConfig(bucket)
+			if fm != nil {
+				sc.APIOptions = append(sc.APIOptions, fm.S3Middleware)
+			}
+			src, err := s3source.New(ctx, sc)
 			if err != nil {
 				return nil, err
 			}
@@ -163,7 +185,7 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 		}
 		go func() {
 			defer close(done)
-			if err := control.Serve(sctx, lis, s3Policy{Pipelines: p, cfg: s.Config}); err != nil {
+			if err := control.Serve(sctx, lis, s3Policy{Pipelines: p, cfg: s.Config, metrics: s.fetchMetrics()}); err != nil {
 				log.G(ctx).WithError(err).Error("control socket stopped")
 			}
 		}()

@@ -28,7 +28,9 @@ resumed, and daemon.control_socket (mode 0660) serves pull and activate.
 
 With daemon.metrics_address set, Prometheus metrics are served at
 http://ADDRESS/metrics: latency of every snapshotter method, pool data and
-metadata usage, device counts by state.
+metadata usage, device counts by state, S3 requests by operation and
+outcome, bytes read from S3, retried S3 requests, pull durations, and pulls
+refused by policy rule.
 `
 
 func init() {
