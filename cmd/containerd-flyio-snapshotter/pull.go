@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -27,9 +29,14 @@ then gets its active snapshot "snap-<image id>". Everything is idempotent and
 survives a daemon crash: pulling again resumes or, when complete, returns at
 once without asking S3.
 
-On a terminal the current state, bytes and files are shown on one line;
-otherwise one line with the result is printed. Exit status 0 on success, 1
-with the reason on failure, 2 on a usage error.
+Progress goes to stderr: on a terminal one line per layer (its step, bytes
+of its tarball, percentage, rate and time left), redrawn in place;
+otherwise a line per layer when its step changes and every 5s while it
+advances. The result is one line on stdout. With --format json, stdout
+instead carries the daemon's stream as it comes, one JSON object a line:
+{"event":{...}} per progress event (fsm, state, layer, bytes, total,
+files), then {"result":{...}} or {"error":"..."}. Exit status 0 on success,
+1 with the reason on failure, 2 on a usage error.
 `
 
 func init() {
@@ -79,10 +86,11 @@ func isTerminal(f *os.File) bool {
 }
 
 func runPull(ctx context.Context, args []string) error {
-	fs := newFlagSet("pull", "pull s3://BUCKET/KEY-or-PREFIX|PATH [--name REF] [--config FILE] [--socket PATH]", pullDescription)
+	fs := newFlagSet("pull", "pull s3://BUCKET/KEY-or-PREFIX|PATH [--name REF] [--format text|json] [--config FILE] [--socket PATH]", pullDescription)
 	addConfigFlags(fs)
-	var socket, name string
+	var socket, name, format string
 	var refresh bool
+	fs.StringVar(&format, "format", "text", "output `FORMAT`: text (progress on stderr, the result on stdout) or json (the daemon's events and result as JSON lines on stdout)")
 	addSocketFlag(fs, &socket)
 	fs.StringVar(&name, "name", "", "image `REF` to register the result under (default: the s3:// source)")
 	fs.BoolVar(&refresh, "refresh", false, "list the image in S3 again and run the pipelines even if it was pulled before (they check every layer's device and rebuild what is missing)")
@@ -93,6 +101,9 @@ func runPull(ctx context.Context, args []string) error {
 	if len(pos) != 1 {
 		return usageError(fs, "pull takes exactly one s3://BUCKET/KEY-or-PREFIX or PATH argument")
 	}
+	if format != "text" && format != "json" {
+		return usageError(fs, fmt.Sprintf("--format %q: must be text or json", format))
+	}
 	bucket, key, err := parseImageArg(pos[0])
 	if err != nil {
 		return &exitError{code: 2, msg: err.Error()}
@@ -101,20 +112,38 @@ func runPull(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	req := pipeline.PullRequest{Bucket: bucket, Key: key, Ref: name, Refresh: refresh}
+	if format == "json" {
+		return pullJSON(ctx, c, req, os.Stdout)
+	}
 	start := time.Now()
-	var onEvent func(pipeline.Event)
-	tty := isTerminal(os.Stderr)
-	if tty {
-		onEvent = func(e pipeline.Event) { fmt.Fprintf(os.Stderr, "\r\033[K%s", progressLine(e)) }
-	}
-	res, err := c.Pull(ctx, pipeline.PullRequest{Bucket: bucket, Key: key, Ref: name, Refresh: refresh}, onEvent)
-	if tty {
-		fmt.Fprint(os.Stderr, "\r\033[K")
-	}
+	pr := newProgress(os.Stderr, isTerminal(os.Stderr))
+	res, err := c.Pull(ctx, req, pr.event)
+	pr.finish()
 	if err != nil {
 		return err
 	}
 	printPullResult(os.Stdout, res, time.Since(start))
+	return nil
+}
+
+// pullJSON pulls with the daemon's stream written to w as it arrives: one
+// control.Line a line, the events, then the result or the error (which
+// also makes the exit status 1, with nothing more on stderr).
+func pullJSON(ctx context.Context, c *control.Client, req pipeline.PullRequest, w io.Writer) error {
+	var mu sync.Mutex
+	enc := json.NewEncoder(w)
+	write := func(l control.Line) {
+		mu.Lock()
+		defer mu.Unlock()
+		_ = enc.Encode(l)
+	}
+	res, err := c.Pull(ctx, req, func(e pipeline.Event) { write(control.Line{Event: &e}) })
+	if err != nil {
+		write(control.Line{Error: err.Error()})
+		return &exitError{code: 1}
+	}
+	write(control.Line{Result: res})
 	return nil
 }
 
@@ -129,27 +158,6 @@ func parseImageArg(arg string) (bucket, key string, err error) {
 		return "", "", fmt.Errorf("image %q: a bare path must be a key or prefix under the daemon's s3.prefix, without a leading '/'", arg)
 	}
 	return "", arg, nil
-}
-
-// progressLine renders one progress event on one line.
-func progressLine(e pipeline.Event) string {
-	var b strings.Builder
-	if e.Layer > 0 {
-		fmt.Fprintf(&b, "layer %d: ", e.Layer)
-	} else {
-		b.WriteString("image: ")
-	}
-	fmt.Fprintf(&b, "%-15s", e.State)
-	if e.Bytes > 0 || e.Total > 0 {
-		fmt.Fprintf(&b, " %s", mib(e.Bytes))
-		if e.Total > 0 {
-			fmt.Fprintf(&b, "/%s", mib(e.Total))
-		}
-	}
-	if e.Files > 0 {
-		fmt.Fprintf(&b, " %d files", e.Files)
-	}
-	return b.String()
 }
 
 func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
