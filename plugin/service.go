@@ -36,7 +36,7 @@ func (c *Config) SnapshotterConfig() snapshotter.Config {
 		FSType:               c.Pool.FSType,
 		MkfsOptions:          c.Pool.MkfsOptions,
 		BaseImageSize:        c.Pool.BaseImageSize.Bytes(),
-		SyncRemove:           !c.Pool.AsyncRemove,
+		AsyncRemove:          c.Pool.AsyncRemove,
 		DeleteUnknownDevices: c.Pool.DeleteUnknownDevices,
 	}
 }

@@ -614,7 +614,7 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 
 // Remove drops the snapshot key. A snapshot with children cannot be removed
 // (FailedPrecondition). The device is deleted by Cleanup, or before Remove
-// returns when Config.SyncRemove is set.
+// returns unless Config.AsyncRemove is set.
 func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 	ns, err := s.open(ctx)
 	if err != nil {
@@ -641,7 +641,7 @@ func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 	if err := s.step("remove:marked"); err != nil {
 		return err
 	}
-	if s.cfg.SyncRemove {
+	if !s.cfg.AsyncRemove {
 		if err := s.reclaim(ctx, dev); err != nil {
 			if errors.Is(err, errSimulatedCrash) {
 				return err
