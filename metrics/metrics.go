@@ -1,8 +1,10 @@
 // Package metrics exposes the daemon's Prometheus metrics: the latency of
 // every snapshotter method (a decorator around any snapshots.Snapshotter),
 // the thin pool's data and metadata usage, and the snapshotter's device
-// counts by state. Pool and device figures are read when scraped, so they
-// are never stale and cost nothing between scrapes.
+// counts by state; the S3 pipelines' records; and counters of what the
+// pipelines do (Fetch): S3 requests through an AWS SDK middleware, pulls
+// and their rejections. Pool, device and record figures are read when
+// scraped, so they are never stale and cost nothing between scrapes.
 package metrics
 
 import (
