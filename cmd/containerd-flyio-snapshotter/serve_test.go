@@ -67,10 +67,14 @@ func TestServeRejectsBadFlagsBeforeStarting(t *testing.T) {
 // TestServeLogFormat checks what a log collector relies on: with
 // daemon.log_format = "json" every line serve writes is one JSON object
 // whose time has nanoseconds, and --log-format text overrides it with
-// key=value lines. The daemon stops at the thin pool here (a host without
-// device-mapper, or a pool name that cannot be made), after logging.
+// key=value lines. The daemon stops after its first log line, at the
+// database, whose directory is a regular file, on any host.
 func TestServeLogFormat(t *testing.T) {
-	cfg, _ := tempConfig(t, "")
+	notDir := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(notDir, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := tempConfig(t, "[metadata]\npath = \""+filepath.Join(notDir, "metadata.db")+"\"\n")
 	body, _ := os.ReadFile(cfg)
 	os.WriteFile(cfg, []byte(strings.Replace(string(body), "[daemon]\n", "[daemon]\nlog_format = \"json\"\n", 1)), 0o644)
 	nano := regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}(Z|[+-]\d\d:\d\d)$`)
