@@ -7,12 +7,13 @@ BINDIR    ?= bin
 BIN       := $(BINDIR)/containerd-flyio-snapshotter
 PREFIX    ?= /usr/local
 SYSCONFDIR ?= /etc
+UNITDIR   ?= /etc/systemd/system
 # go-sqlite3 is cgo; a fully static binary runs in the busybox VM and on any host.
 BUILDTAGS := sqlite_omit_load_extension osusergo netgo
 LDFLAGS   := -s -w -linkmode external -extldflags "-static" \
   -X main.version=$(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test unit vmtest e2e demo lint install clean
+.PHONY: all build test unit vmtest e2e demo lint tidy-check install install-unit clean
 
 all: build
 
@@ -21,10 +22,15 @@ build:
 
 test: lint unit vmtest
 
-lint:
+lint: tidy-check
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet -tags '$(BUILDTAGS)' ./...
 	$(GO) vet -tags 'dm $(BUILDTAGS)' ./...
+
+# go.mod and go.sum must be what `go mod tidy` makes of the imports: no
+# unused requirement, none mislabelled "// indirect".
+tidy-check:
+	@$(GO) mod tidy -diff >/dev/null 2>&1 || { echo "go.mod/go.sum are not tidy; run 'go mod tidy'. The difference:"; $(GO) mod tidy -diff; exit 1; }
 
 unit:
 	$(GO) test -tags '$(BUILDTAGS)' -count=1 ./...
@@ -50,13 +56,21 @@ e2e: build
 demo:
 	./scripts/demo.sh
 
-install: build
+install: build install-unit
 	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/containerd-flyio-snapshotter
-	install -D -m 0644 contrib/systemd/containerd-flyio-snapshotter.service \
-	  $(DESTDIR)/etc/systemd/system/containerd-flyio-snapshotter.service
 	@if [ ! -e $(DESTDIR)$(SYSCONFDIR)/containerd-flyio-snapshotter/config.toml ]; then \
 	  install -D -m 0644 config.toml.example $(DESTDIR)$(SYSCONFDIR)/containerd-flyio-snapshotter/config.toml; \
 	else echo "keeping existing $(DESTDIR)$(SYSCONFDIR)/containerd-flyio-snapshotter/config.toml"; fi
+
+# The systemd unit alone (also a check of the installed unit without
+# building the binary): contrib/systemd's template names the default PREFIX
+# and SYSCONFDIR; the installed copy names the ones given.
+install-unit:
+	install -d $(DESTDIR)$(UNITDIR)
+	sed -e 's|/usr/local/bin/containerd-flyio-snapshotter|$(PREFIX)/bin/containerd-flyio-snapshotter|g' \
+	  -e 's|/etc/containerd-flyio-snapshotter/|$(SYSCONFDIR)/containerd-flyio-snapshotter/|g' \
+	  contrib/systemd/containerd-flyio-snapshotter.service > $(DESTDIR)$(UNITDIR)/containerd-flyio-snapshotter.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/containerd-flyio-snapshotter.service
 
 clean:
 	rm -rf $(BINDIR) .cache/vmbin

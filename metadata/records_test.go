@@ -286,10 +286,6 @@ func TestPulledImageState(t *testing.T) {
 			w.pull(id, "s3://bkt/"+id+"/", "", twoLayers(id+"/", id)...)
 			w.must(db.DeleteChain(ctx, "sha256:c-"+id))
 		},
-		"last pull failed": func(id string) {
-			w.pull(id, "s3://bkt/"+id+"/", "", twoLayers(id+"/", id)...)
-			w.must(db.MarkImageFailed(ctx, id, "s3://bkt/"+id+"/", "unpack: disk full"))
-		},
 		"never pulled": func(id string) {
 			w.must(db.MarkImageFailed(ctx, id, "s3://bkt/"+id+"/", "list: 403"))
 		},
@@ -307,5 +303,16 @@ func TestPulledImageState(t *testing.T) {
 	// The other images' changes left the full one intact.
 	if st, err := db.PulledImageState(ctx, "s3-full"); st == nil || err != nil {
 		t.Errorf("PulledImageState of the full image after the others = %v, %v", st, err)
+	}
+	// A later pull that failed (S3 unreachable, say) leaves what the
+	// earlier one made usable, and says why the later one failed.
+	w.pull("s3-refailed", "s3://bkt/s3-refailed/", "", twoLayers("s3-refailed/", "s3-refailed")...)
+	w.must(db.MarkImageFailed(ctx, "s3-refailed", "s3://bkt/s3-refailed/", "list: 503"))
+	if st, err := db.PulledImageState(ctx, "s3-refailed"); err != nil || st == nil || st.Image.FailureReason != "list: 503" {
+		t.Errorf("PulledImageState after a failed re-pull = %+v, %v; want the state, with the failure", st, err)
+	}
+	w.must(db.ClearImageFailure(ctx, "s3-refailed"))
+	if im, err := db.GetImage(ctx, "s3-refailed"); err != nil || im.FailureReason != "" {
+		t.Errorf("after ClearImageFailure: %+v, %v", im, err)
 	}
 }

@@ -1,14 +1,17 @@
 // Package metrics exposes the daemon's Prometheus metrics: the latency of
 // every snapshotter method (a decorator around any snapshots.Snapshotter),
 // the thin pool's data and metadata usage, and the snapshotter's device
-// counts by state. Pool and device figures are read when scraped, so they
-// are never stale and cost nothing between scrapes.
+// counts by state; the S3 pipelines' records; and counters of what the
+// pipelines do (Fetch): S3 requests through an AWS SDK middleware, pulls
+// and their rejections. Pool, device and record figures are read when
+// scraped, so they are never stale and cost nothing between scrapes.
 package metrics
 
 import (
 	"context"
 	"errors"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -32,6 +35,9 @@ const scrapeTimeout = 10 * time.Second
 type Metrics struct {
 	reg *prometheus.Registry
 	ops *prometheus.HistogramVec
+
+	fetchOnce sync.Once
+	fetch     *Fetch
 }
 
 // New returns a registry holding the operation latency histogram and the

@@ -14,30 +14,39 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
-	"time"
 
 	"github.com/containerd/containerd/v2/pkg/identifiers"
+	"github.com/containerd/log"
 	toml "github.com/pelletier/go-toml/v2"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
-// Defaults of the keys that are not derived from daemon.root_dir.
+// Defaults of the keys that are not derived from daemon.root_dir. A key
+// that a lower package also defaults takes that package's value, so the
+// daemon and a caller of the package agree.
 const (
 	DefaultRootDir          = "/var/lib/containerd-flyio-snapshotter"
 	DefaultSocket           = "/run/containerd-flyio-snapshotter/containerd-flyio-snapshotter.sock"
 	DefaultControlSocket    = "/run/containerd-flyio-snapshotter/control.sock"
 	DefaultLogLevel         = "info"
+	DefaultLogFormat        = "text"
 	DefaultPoolName         = "flyio-pool"
-	DefaultDataSize         = Size(100 << 30)
-	DefaultMetadataSize     = Size(1 << 30)
-	DefaultBlockSize        = Size(64 << 10)
-	DefaultBaseImageSize    = Size(10 << 30)
-	DefaultFSType           = "ext4"
-	DefaultMaxImageSize     = Size(10 << 30)
-	DefaultDownloadTimeout  = 5 * time.Minute
-	DefaultExtractTimeout   = 30 * time.Minute
-	DefaultDownloads        = 5
-	DefaultUnpacking        = 2
+	DefaultDataSize         = Size(thinpool.DefaultDataSize)
+	DefaultMetadataSize     = Size(thinpool.DefaultMetadataSize)
+	DefaultBlockSize        = Size(thinpool.DefaultBlockSizeSectors * 512)
+	DefaultBaseImageSize    = Size(snapshotter.DefaultBaseImageSize)
+	DefaultFSType           = string(thinpool.FSExt4)
+	DefaultMaxImageSize     = Size(pipeline.DefaultMaxLayerSize)
+	DefaultDownloadTimeout  = pipeline.DefaultDownloadTimeout
+	DefaultExtractTimeout   = pipeline.DefaultExtractTimeout
+	DefaultDownloads        = pipeline.DefaultDownloads
+	DefaultUnpacking        = pipeline.DefaultUnpacking
 	DefaultContainerdSocket = "/run/containerd/containerd.sock"
 	DefaultNamespace        = "default"
 )
@@ -69,6 +78,9 @@ type DaemonConfig struct {
 	RootDir string `toml:"root_dir"`
 	// LogLevel is one of trace, debug, info, warn, error, fatal, panic.
 	LogLevel string `toml:"log_level"`
+	// LogFormat is "text" (logfmt) or "json" (one object a line), both
+	// with nanosecond RFC 3339 timestamps, as containerd writes them.
+	LogFormat string `toml:"log_format"`
 	// MetricsAddress is the host:port of the Prometheus /metrics endpoint;
 	// empty disables it.
 	MetricsAddress string `toml:"metrics_address"`
@@ -129,8 +141,14 @@ type S3Config struct {
 	PathStyle bool `toml:"path_style"`
 	// Anonymous sends unsigned requests (public buckets).
 	Anonymous bool `toml:"anonymous"`
-	// Prefix is prepended to every image key.
+	// Prefix is prepended to the image path of a pull that names no
+	// bucket (`pull debian/`); an s3://BUCKET/KEY URL names its key whole.
 	Prefix string `toml:"prefix"`
+	// AllowedBuckets are the buckets a pull may name besides Bucket. When
+	// Bucket or AllowedBuckets is set, the daemon refuses every other
+	// bucket, whoever asks; when both are empty any bucket the daemon's
+	// credentials reach may be pulled from.
+	AllowedBuckets []string `toml:"allowed_buckets"`
 }
 
 // PipelineConfig is the [pipeline] section: limits of the download, unpack
@@ -149,6 +167,16 @@ type PipelineConfig struct {
 	// distribution images carry some (su, passwd, mount); turn it on only
 	// for image sources you trust.
 	AllowSetID bool `toml:"allow_setid"`
+	// MaxEntries bounds the tar headers of one layer.
+	MaxEntries int `toml:"max_entries"`
+	// MaxFileSize bounds one regular file of a layer.
+	MaxFileSize Size `toml:"max_file_size"`
+	// MaxTotalSize bounds the regular files of one layer together.
+	MaxTotalSize Size `toml:"max_total_size"`
+	// RequiredDirs must be real directories at the top of every pulled
+	// image's tree; an empty list requires none (images built FROM
+	// scratch).
+	RequiredDirs []string `toml:"required_dirs"`
 }
 
 // QueuesConfig is the [queues] section: how many state-machine runs of each
@@ -176,6 +204,7 @@ func defaults() *Config {
 			ControlSocket: DefaultControlSocket,
 			RootDir:       DefaultRootDir,
 			LogLevel:      DefaultLogLevel,
+			LogFormat:     DefaultLogFormat,
 		},
 		Pool: PoolConfig{
 			Name:          DefaultPoolName,
@@ -190,6 +219,10 @@ func defaults() *Config {
 			MaxImageSize:    DefaultMaxImageSize,
 			DownloadTimeout: D(DefaultDownloadTimeout),
 			ExtractTimeout:  D(DefaultExtractTimeout),
+			MaxEntries:      tarball.DefaultMaxEntries,
+			MaxFileSize:     Size(tarball.DefaultMaxFileSize),
+			MaxTotalSize:    Size(tarball.DefaultMaxTotalSize),
+			RequiredDirs:    slices.Clone(tarball.RequiredDirs),
 		},
 		Queues: QueuesConfig{
 			Downloads: DefaultDownloads,
@@ -247,6 +280,14 @@ func (c *Config) resolve() {
 	}
 	if len(c.Pool.MkfsOptions) == 0 {
 		c.Pool.MkfsOptions = nil
+	}
+	if len(c.S3.AllowedBuckets) == 0 {
+		c.S3.AllowedBuckets = nil
+	}
+	// An empty required_dirs is a choice (no layout requirement), kept
+	// apart from an absent key, which keeps the default list.
+	if c.Pipeline.RequiredDirs == nil {
+		c.Pipeline.RequiredDirs = []string{}
 	}
 }
 
@@ -435,6 +476,11 @@ func (c *Config) Validate() error {
 	default:
 		bad("daemon.log_level", "must be one of trace, debug, info, warn, error, fatal, panic, got %q", d.LogLevel)
 	}
+	switch d.LogFormat {
+	case string(log.TextFormat), string(log.JSONFormat):
+	default:
+		bad("daemon.log_format", "must be %q or %q, got %q", log.TextFormat, log.JSONFormat, d.LogFormat)
+	}
 	if d.MetricsAddress != "" {
 		if _, port, err := net.SplitHostPort(d.MetricsAddress); err != nil || port == "" {
 			bad("daemon.metrics_address", "must be host:port (e.g. \"127.0.0.1:9123\") or empty to disable, got %q", d.MetricsAddress)
@@ -496,8 +542,16 @@ func (c *Config) Validate() error {
 	}
 
 	s := c.S3
-	if s.Bucket != "" && (!bucketNameRE.MatchString(s.Bucket) || strings.Contains(s.Bucket, "..")) {
-		bad("s3.bucket", "must be an S3 bucket name (3-63 lower-case letters, digits, '.' and '-', starting and ending with a letter or digit), got %q", s.Bucket)
+	bucketName := func(key, b string) {
+		if !bucketNameRE.MatchString(b) || strings.Contains(b, "..") {
+			bad(key, "must be an S3 bucket name (3-63 lower-case letters, digits, '.' and '-', starting and ending with a letter or digit), got %q", b)
+		}
+	}
+	if s.Bucket != "" {
+		bucketName("s3.bucket", s.Bucket)
+	}
+	for i, b := range s.AllowedBuckets {
+		bucketName(fmt.Sprintf("s3.allowed_buckets[%d]", i), b)
 	}
 	if s.Endpoint != "" {
 		u, err := url.Parse(s.Endpoint)
@@ -516,6 +570,20 @@ func (c *Config) Validate() error {
 	}
 	positiveDuration("pipeline.download_timeout", pl.DownloadTimeout)
 	positiveDuration("pipeline.extract_timeout", pl.ExtractTimeout)
+	if pl.MaxEntries <= 0 {
+		bad("pipeline.max_entries", "must be positive, got %d", pl.MaxEntries)
+	}
+	if pl.MaxFileSize <= 0 {
+		bad("pipeline.max_file_size", "must be positive, got %s", pl.MaxFileSize)
+	}
+	if pl.MaxTotalSize <= 0 {
+		bad("pipeline.max_total_size", "must be positive, got %s", pl.MaxTotalSize)
+	}
+	for i, d := range pl.RequiredDirs {
+		if d == "" || d == "." || d == ".." || strings.ContainsRune(d, '/') {
+			bad(fmt.Sprintf("pipeline.required_dirs[%d]", i), "must be one top-level directory name such as \"etc\" (no '/', not \".\" or \"..\"), got %q", d)
+		}
+	}
 
 	if q := c.Queues.Downloads; q < 1 || q > maxQueue {
 		bad("queues.downloads", "must be between 1 and %d, got %d", maxQueue, q)

@@ -127,6 +127,7 @@ socket = "/run/x/snap.sock"
 control_socket = ""
 root_dir = "/srv/x"
 log_level = "debug"
+log_format = "json"
 metrics_address = "127.0.0.1:9123"
 [metadata]
 path = "/srv/db/meta.db"
@@ -151,12 +152,17 @@ endpoint = "http://127.0.0.1:9000"
 path_style = true
 anonymous = true
 prefix = "images/"
+allowed_buckets = ["b-two", "b-three"]
 [pipeline]
 download_dir = "/srv/dl"
 max_image_size = "2GB"
 download_timeout = "90s"
 extract_timeout = "1h"
 allow_setid = true
+max_entries = 500
+max_file_size = "2MiB"
+max_total_size = "8MiB"
+required_dirs = []
 [queues]
 downloads = 8
 unpacking = 3
@@ -169,15 +175,17 @@ namespace = "k8s.io"
 		t.Fatal(err)
 	}
 	want := &Config{
-		Daemon:   DaemonConfig{Socket: "/run/x/snap.sock", RootDir: "/srv/x", LogLevel: "debug", MetricsAddress: "127.0.0.1:9123"},
+		Daemon:   DaemonConfig{Socket: "/run/x/snap.sock", RootDir: "/srv/x", LogLevel: "debug", LogFormat: "json", MetricsAddress: "127.0.0.1:9123"},
 		Metadata: MetadataConfig{Path: "/srv/db/meta.db"},
 		Pool: PoolConfig{Name: "pool-2", RootDir: "/srv/pool", DataDevice: "/dev/vdb", MetadataDevice: "/dev/vdc",
 			DataSize: 1 << 30, MetadataSize: 64 << 20, BlockSize: 256 << 10, LowWaterMark: 1024,
 			BaseImageSize: 3 << 29, FSType: "xfs", MkfsOptions: []string{"-K", "-m", "crc=1"},
 			AsyncRemove: false, DeleteUnknownDevices: true},
-		S3: S3Config{Bucket: "my-images", Region: "eu-west-1", Endpoint: "http://127.0.0.1:9000", PathStyle: true, Anonymous: true, Prefix: "images/"},
+		S3: S3Config{Bucket: "my-images", Region: "eu-west-1", Endpoint: "http://127.0.0.1:9000", PathStyle: true, Anonymous: true, Prefix: "images/",
+			AllowedBuckets: []string{"b-two", "b-three"}},
 		Pipeline: PipelineConfig{DownloadDir: "/srv/dl", MaxImageSize: 2_000_000_000,
-			DownloadTimeout: D(90 * time.Second), ExtractTimeout: D(time.Hour), AllowSetID: true},
+			DownloadTimeout: D(90 * time.Second), ExtractTimeout: D(time.Hour), AllowSetID: true,
+			MaxEntries: 500, MaxFileSize: 2 << 20, MaxTotalSize: 8 << 20, RequiredDirs: []string{}},
 		Queues:     QueuesConfig{Downloads: 8, Unpacking: 3},
 		Containerd: ContainerdConfig{Address: "/run/k3s/containerd.sock", Namespace: "k8s.io"},
 	}
@@ -275,6 +283,7 @@ func TestValidateRules(t *testing.T) {
 		{"root relative", func(c *Config) { c.Daemon.RootDir = "var/lib" }, "daemon.root_dir: must be an absolute path"},
 		{"log level", func(c *Config) { c.Daemon.LogLevel = "loud" }, `daemon.log_level: must be one of trace, debug, info, warn, error, fatal, panic, got "loud"`},
 		{"log level empty", func(c *Config) { c.Daemon.LogLevel = "" }, "daemon.log_level: must be one of"},
+		{"log format", func(c *Config) { c.Daemon.LogFormat = "xml" }, `daemon.log_format: must be "text" or "json", got "xml"`},
 		{"metrics address", func(c *Config) { c.Daemon.MetricsAddress = "9123" }, `daemon.metrics_address: must be host:port`},
 		{"metadata path", func(c *Config) { c.Metadata.Path = "meta.db" }, "metadata.path: must be an absolute path"},
 		{"pool name empty", func(c *Config) { c.Pool.Name = "" }, "pool.name: must not be empty"},
@@ -303,6 +312,12 @@ func TestValidateRules(t *testing.T) {
 		{"bucket dots", func(c *Config) { c.S3.Bucket = "a..b" }, `s3.bucket: must be an S3 bucket name`},
 		{"endpoint", func(c *Config) { c.S3.Endpoint = "127.0.0.1:9000" }, `s3.endpoint: must be an http:// or https:// URL with a host, got "127.0.0.1:9000"`},
 		{"prefix", func(c *Config) { c.S3.Prefix = "/images" }, "s3.prefix: must not start with '/'"},
+		{"allowed bucket", func(c *Config) { c.S3.AllowedBuckets = []string{"ok-bucket", "Not_OK"} }, `s3.allowed_buckets[1]: must be an S3 bucket name (3-63 lower-case letters, digits, '.' and '-', starting and ending with a letter or digit), got "Not_OK"`},
+		{"max entries", func(c *Config) { c.Pipeline.MaxEntries = 0 }, "pipeline.max_entries: must be positive, got 0"},
+		{"max file size", func(c *Config) { c.Pipeline.MaxFileSize = -1 }, "pipeline.max_file_size: must be positive"},
+		{"max total size", func(c *Config) { c.Pipeline.MaxTotalSize = 0 }, "pipeline.max_total_size: must be positive"},
+		{"required dir path", func(c *Config) { c.Pipeline.RequiredDirs = []string{"etc", "usr/bin"} }, `pipeline.required_dirs[1]: must be one top-level directory name such as "etc" (no '/', not "." or ".."), got "usr/bin"`},
+		{"required dir dotdot", func(c *Config) { c.Pipeline.RequiredDirs = []string{".."} }, `pipeline.required_dirs[0]: must be one top-level directory name`},
 		{"download dir", func(c *Config) { c.Pipeline.DownloadDir = "dl" }, "pipeline.download_dir: must be an absolute path"},
 		{"max image size", func(c *Config) { c.Pipeline.MaxImageSize = 0 }, "pipeline.max_image_size: must be positive, got 0"},
 		{"download timeout", func(c *Config) { c.Pipeline.DownloadTimeout = D(0) }, `pipeline.download_timeout: must be a positive duration such as "30m", got "0s"`},

@@ -2,8 +2,12 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/containerd/log"
 
@@ -11,12 +15,87 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metrics"
 )
 
 // S3SourceConfig returns the s3source.Config of bucket under the [s3]
 // section (endpoint, region, path style, anonymous access).
 func (c *Config) S3SourceConfig(bucket string) s3source.Config {
 	return s3source.Config{Bucket: bucket, Region: c.S3.Region, Endpoint: c.S3.Endpoint, PathStyle: c.S3.PathStyle, Anonymous: c.S3.Anonymous}
+}
+
+// fetchMetrics returns the S3 pipelines' counters, or nil when
+// daemon.metrics_address is empty.
+func (s *Service) fetchMetrics() *metrics.Fetch {
+	if m := s.metricsRegistry(); m != nil {
+		return m.Fetch()
+	}
+	return nil
+}
+
+// TarLimits returns the extraction policy of the [pipeline] section, the
+// one the daemon's validate step applies to every layer.
+func (c *Config) TarLimits() tarball.Limits {
+	return tarball.Limits{
+		MaxEntries:   c.Pipeline.MaxEntries,
+		MaxFileSize:  c.Pipeline.MaxFileSize.Bytes(),
+		MaxTotalSize: c.Pipeline.MaxTotalSize.Bytes(),
+		AllowSetID:   c.Pipeline.AllowSetID,
+	}
+}
+
+// ErrBucketNotAllowed: a pull named a bucket that the [s3] section does not
+// admit.
+var ErrBucketNotAllowed = errors.New("bucket not allowed")
+
+// BucketAllowed says whether the [s3] section admits pulls from bucket:
+// any bucket when neither s3.bucket nor s3.allowed_buckets is set,
+// otherwise only those.
+func (c *Config) BucketAllowed(bucket string) error {
+	s := c.S3
+	if (s.Bucket == "" && len(s.AllowedBuckets) == 0) || bucket == s.Bucket || slices.Contains(s.AllowedBuckets, bucket) {
+		return nil
+	}
+	allowed := slices.DeleteFunc(append([]string{s.Bucket}, s.AllowedBuckets...), func(b string) bool { return b == "" })
+	return fmt.Errorf("bucket %q: %w (the daemon's s3.bucket and s3.allowed_buckets admit only %s)", bucket, ErrBucketNotAllowed, strings.Join(allowed, ", "))
+}
+
+// ResolvePull completes a pull request the way the daemon serves it: a
+// request without a bucket names a path under s3.prefix in s3.bucket, and
+// the bucket must be one the [s3] section admits.
+func (c *Config) ResolvePull(req pipeline.PullRequest) (pipeline.PullRequest, error) {
+	if req.Bucket == "" {
+		if c.S3.Bucket == "" {
+			return req, fmt.Errorf("pull %q: no bucket: name one (s3://BUCKET/KEY) or set s3.bucket in the daemon's config", req.Key)
+		}
+		req.Bucket, req.Key = c.S3.Bucket, c.S3.Prefix+req.Key
+	}
+	if err := c.BucketAllowed(req.Bucket); err != nil {
+		return req, fmt.Errorf("pull s3://%s/%s: %w", req.Bucket, req.Key, err)
+	}
+	return req, nil
+}
+
+// s3Policy serves the pipelines with the [s3] section's bucket, prefix and
+// allowed buckets applied to every pull, whoever asks, and times the
+// pulls when metrics is set.
+type s3Policy struct {
+	*pipeline.Pipelines
+	cfg     *Config
+	metrics *metrics.Fetch
+}
+
+// Pull resolves req (ResolvePull) and pulls it.
+func (s s3Policy) Pull(ctx context.Context, req pipeline.PullRequest, progress func(pipeline.Event)) (res *pipeline.PullResult, err error) {
+	if s.metrics != nil {
+		start := time.Now()
+		defer func() { s.metrics.ObservePull(time.Since(start), rejectionRule(err), err) }()
+	}
+	req, err = s.cfg.ResolvePull(req)
+	if err != nil {
+		return nil, err
+	}
+	return s.Pipelines.Pull(ctx, req, progress)
 }
 
 // PipelineOptions returns the pipeline.Options of the [pipeline], [queues]
@@ -27,6 +106,7 @@ func (s *Service) PipelineOptions() pipeline.Options {
 	var (
 		mu      sync.Mutex
 		sources = map[string]*s3source.Source{}
+		fm      = s.fetchMetrics()
 	)
 	return pipeline.Options{
 		DB:          s.DB,
@@ -37,7 +117,14 @@ func (s *Service) PipelineOptions() pipeline.Options {
 			if src := sources[bucket]; src != nil {
 				return src, nil
 			}
-			src, err := s3source.New(ctx, c.S3SourceConfig(bucket))
+			if err := c.BucketAllowed(bucket); err != nil {
+				return nil, err
+			}
+			sc := c.S3SourceConfig(bucket)
+			if fm != nil {
+				sc.APIOptions = append(sc.APIOptions, fm.S3Middleware)
+			}
+			src, err := s3source.New(ctx, sc)
 			if err != nil {
 				return nil, err
 			}
@@ -47,7 +134,9 @@ func (s *Service) PipelineOptions() pipeline.Options {
 		Snapshots:       s.Snapshotter,
 		ThinExists:      s.Pool.ThinExists,
 		MaxLayerSize:    c.Pipeline.MaxImageSize.Bytes(),
-		Limits:          tarball.Limits{AllowSetID: c.Pipeline.AllowSetID},
+		MaxImageSize:    c.Pipeline.MaxImageSize.Bytes(),
+		RequiredDirs:    c.Pipeline.RequiredDirs,
+		Limits:          c.TarLimits(),
 		DownloadTimeout: c.Pipeline.DownloadTimeout.Duration,
 		ExtractTimeout:  c.Pipeline.ExtractTimeout.Duration,
 		Downloads:       c.Queues.Downloads,
@@ -95,7 +184,7 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 		}
 		go func() {
 			defer close(done)
-			if err := control.Serve(sctx, lis, p); err != nil {
+			if err := control.Serve(sctx, lis, s3Policy{Pipelines: p, cfg: s.Config, metrics: s.fetchMetrics()}); err != nil {
 				log.G(ctx).WithError(err).Error("control socket stopped")
 			}
 		}()

@@ -1,6 +1,14 @@
 package plugin
 
-import "testing"
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
+)
 
 // TestAllowSetIDReachesThePipelines: pipeline.allow_setid is what the
 // pulls' tarball validator applies (off unless the operator turns it on).
@@ -12,5 +20,81 @@ func TestAllowSetIDReachesThePipelines(t *testing.T) {
 	cfg.Pipeline.AllowSetID = true
 	if !(&Service{Config: cfg}).PipelineOptions().Limits.AllowSetID {
 		t.Fatal("pipeline.allow_setid = true does not reach the pipelines' tarball limits")
+	}
+}
+
+// TestTarLimitsReachThePipelines: the [pipeline] limits of a layer are the
+// pulls' and validate's tarball limits, and required_dirs is the pulls'
+// layout rule, an empty list kept apart from the default one.
+func TestTarLimitsReachThePipelines(t *testing.T) {
+	def := (&Service{Config: DefaultConfig()}).PipelineOptions()
+	if def.Limits.MaxEntries != tarball.DefaultMaxEntries || def.Limits.MaxFileSize != tarball.DefaultMaxFileSize ||
+		def.Limits.MaxTotalSize != tarball.DefaultMaxTotalSize || !slices.Equal(def.RequiredDirs, tarball.RequiredDirs) {
+		t.Fatalf("defaults reach the pipelines as %+v, required dirs %q", def.Limits, def.RequiredDirs)
+	}
+	cfg, err := ParseConfig("test", []byte("[pipeline]\nmax_entries = 7\nmax_file_size = \"3KiB\"\nmax_total_size = \"5KiB\"\nrequired_dirs = []\nmax_image_size = \"1MiB\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := (&Service{Config: cfg}).PipelineOptions()
+	if o.Limits.MaxEntries != 7 || o.Limits.MaxFileSize != 3<<10 || o.Limits.MaxTotalSize != 5<<10 {
+		t.Errorf("limits %+v, want 7 entries, 3 KiB a file, 5 KiB in all", o.Limits)
+	}
+	if o.RequiredDirs == nil || len(o.RequiredDirs) != 0 {
+		t.Errorf("required_dirs = [] reaches the pipelines as %#v, want an empty, non-nil list (no requirement)", o.RequiredDirs)
+	}
+	if o.MaxImageSize != 1<<20 {
+		t.Errorf("max_image_size reaches the pipelines as %d", o.MaxImageSize)
+	}
+	cfg, err = ParseConfig("test", []byte("[pipeline]\nrequired_dirs = [\"etc\"]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := (&Service{Config: cfg}).PipelineOptions().RequiredDirs; !slices.Equal(got, []string{"etc"}) {
+		t.Errorf("required_dirs = [\"etc\"] reaches the pipelines as %q", got)
+	}
+}
+
+// TestResolvePull: what the daemon makes of a pull request under the [s3]
+// section.
+func TestResolvePull(t *testing.T) {
+	open := DefaultConfig()
+	restricted := DefaultConfig()
+	restricted.S3.Bucket, restricted.S3.Prefix, restricted.S3.AllowedBuckets = "main-images", "team/", []string{"extra-images"}
+	only := DefaultConfig()
+	only.S3.AllowedBuckets = []string{"extra-images"}
+	cases := []struct {
+		name        string
+		cfg         *Config
+		bucket, key string
+		wantBucket  string
+		wantKey     string
+		wantErr     string
+	}{
+		{"open, any bucket", open, "anything", "a/", "anything", "a/", ""},
+		{"open, bare path", open, "", "a/", "", "", "no bucket: name one (s3://BUCKET/KEY) or set s3.bucket"},
+		{"bare path under the prefix", restricted, "", "debian/", "main-images", "team/debian/", ""},
+		{"URL names its key whole", restricted, "main-images", "debian/", "main-images", "debian/", ""},
+		{"allowed bucket", restricted, "extra-images", "x.tar", "extra-images", "x.tar", ""},
+		{"other bucket", restricted, "anything", "a/", "", "", `pull s3://anything/a/: bucket "anything": bucket not allowed (the daemon's s3.bucket and s3.allowed_buckets admit only main-images, extra-images)`},
+		{"allowed list alone", only, "anything", "a/", "", "", "bucket not allowed"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := c.cfg.ResolvePull(pipeline.PullRequest{Bucket: c.bucket, Key: c.key})
+			switch {
+			case c.wantErr != "":
+				if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+					t.Fatalf("got %+v, %v; want an error with %q", got, err, c.wantErr)
+				}
+				if strings.Contains(c.wantErr, "not allowed") && !errors.Is(err, ErrBucketNotAllowed) {
+					t.Errorf("%v is not ErrBucketNotAllowed", err)
+				}
+			case err != nil:
+				t.Fatal(err)
+			case got.Bucket != c.wantBucket || got.Key != c.wantKey:
+				t.Errorf("resolved to s3://%s/%s, want s3://%s/%s", got.Bucket, got.Key, c.wantBucket, c.wantKey)
+			}
+		})
 	}
 }

@@ -207,7 +207,7 @@ func (s *Service) Serve(ctx context.Context, ready, stopping func()) error {
 	}
 	opts := ServeOptions{Socket: s.Config.Daemon.Socket, Ready: ready, Stopping: stopping}
 	if addr := s.Config.Daemon.MetricsAddress; addr != "" {
-		m := metrics.New()
+		m := s.metricsRegistry()
 		m.AddPool(s.Pool)
 		m.AddDevices(s.Snapshotter)
 		m.AddPipeline(s.DB)

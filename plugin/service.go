@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/log"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metrics"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
@@ -34,7 +36,7 @@ func (c *Config) SnapshotterConfig() snapshotter.Config {
 		FSType:               c.Pool.FSType,
 		MkfsOptions:          c.Pool.MkfsOptions,
 		BaseImageSize:        c.Pool.BaseImageSize.Bytes(),
-		SyncRemove:           !c.Pool.AsyncRemove,
+		AsyncRemove:          c.Pool.AsyncRemove,
 		DeleteUnknownDevices: c.Pool.DeleteUnknownDevices,
 	}
 }
@@ -57,6 +59,20 @@ type Service struct {
 	// served is what Serve gives containerd: the snapshotter itself, or
 	// the S3 pipelines' view of it once StartFetcher has run.
 	served snapshots.Snapshotter
+	// metrics is the registry served at daemon.metrics_address, shared by
+	// the snapshotter's and the pipelines' metrics; made on first use.
+	metrics     *metrics.Metrics
+	metricsOnce sync.Once
+}
+
+// metricsRegistry returns the service's metrics registry, or nil when
+// daemon.metrics_address is empty.
+func (s *Service) metricsRegistry() *metrics.Metrics {
+	if s.Config.Daemon.MetricsAddress == "" {
+		return nil
+	}
+	s.metricsOnce.Do(func() { s.metrics = metrics.New() })
+	return s.metrics
 }
 
 // Open validates cfg, opens the database read-write (migrating it), opens

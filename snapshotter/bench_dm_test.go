@@ -127,7 +127,7 @@ func runVsDevmapper(b *testing.B) ([]benchRow, error) {
 	ctx := nsCtx("bench")
 
 	ours := newTestEnv(b, "bo")
-	s, err := New(ctx, ours.db, ours.pool, Config{BaseImageSize: testBaseSize, SyncRemove: true})
+	s, err := New(ctx, ours.db, ours.pool, Config{BaseImageSize: testBaseSize})
 	if err != nil {
 		return nil, err
 	}
@@ -168,7 +168,7 @@ func runVsDevmapper(b *testing.B) ([]benchRow, error) {
 		rows = append(rows, benchRow{op: op, ours: median(all[op][0]), theirs: median(all[op][1])})
 	}
 	// Async removal on both sides: the Remove call only.
-	sa, err := New(ctx, ours.db, ours.pool, Config{BaseImageSize: testBaseSize})
+	sa, err := New(ctx, ours.db, ours.pool, Config{BaseImageSize: testBaseSize, AsyncRemove: true})
 	if err != nil {
 		return nil, err
 	}

@@ -11,8 +11,9 @@ import (
 const DefaultBaseImageSize int64 = 10 << 30
 
 // Config tunes a Snapshotter. The zero value is valid: ext4 with the
-// thinpool package's default mkfs options, 10 GiB devices, asynchronous
-// removal, unexplained devices quarantined but kept.
+// thinpool package's default mkfs options, 10 GiB devices, removal that
+// deletes the device before Remove returns, unexplained devices
+// quarantined but kept.
 type Config struct {
 	// FSType is the filesystem made on the base device: "ext4" (default) or
 	// "xfs". A pool whose base is already formatted keeps its filesystem.
@@ -22,9 +23,10 @@ type Config struct {
 	// BaseImageSize is the virtual size in bytes of the base device and
 	// every snapshot (thin: only written blocks use pool space).
 	BaseImageSize int64
-	// SyncRemove makes Remove delete the device before it returns instead
-	// of leaving it to Cleanup.
-	SyncRemove bool
+	// AsyncRemove makes Remove only forget the snapshot and leaves the
+	// device's deletion to Cleanup (containerd's garbage collector); when
+	// false Remove deletes the device before it returns.
+	AsyncRemove bool
 	// DeleteUnknownDevices makes start-up reconciliation delete thin devices
 	// that nothing in the database explains (their ids stay quarantined).
 	// When false they are quarantined and left in the pool untouched.

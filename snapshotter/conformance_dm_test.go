@@ -24,7 +24,7 @@ func TestConformanceInProcess(t *testing.T) {
 	t.Parallel() // with TestConformanceGRPC: their long 128-layer cases overlap
 	testsuite.SnapshotterSuite(t, "flyio", func(ctx context.Context, root string) (snapshots.Snapshotter, func() error, error) {
 		e := newTestEnv(t, "cfi")
-		s, err := New(ctx, e.db, e.pool, Config{BaseImageSize: testBaseSize})
+		s, err := New(ctx, e.db, e.pool, Config{BaseImageSize: testBaseSize, AsyncRemove: true})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -39,7 +39,7 @@ func TestConformanceGRPC(t *testing.T) {
 	t.Parallel()
 	testsuite.SnapshotterSuite(t, "flyio", func(ctx context.Context, root string) (snapshots.Snapshotter, func() error, error) {
 		e := newTestEnv(t, "cfg")
-		s, err := New(ctx, e.db, e.pool, Config{BaseImageSize: testBaseSize})
+		s, err := New(ctx, e.db, e.pool, Config{BaseImageSize: testBaseSize, AsyncRemove: true})
 		if err != nil {
 			return nil, nil, err
 		}

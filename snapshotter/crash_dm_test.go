@@ -60,7 +60,7 @@ func TestCrashChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(ctx, db, pool, Config{BaseImageSize: testBaseSize, SyncRemove: round%2 == 1})
+	s, err := New(ctx, db, pool, Config{BaseImageSize: testBaseSize, AsyncRemove: round%2 == 0})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +249,7 @@ func TestCrashSIGKILL(t *testing.T) {
 	// Format the base device first (its interruption is covered by
 	// TestReconcileRollsBackInterruptedCreate): under emulation mkfs takes
 	// longer than most kill delays and every round would die in it.
-	warm := e.newSnapshotter(t, Config{})
+	warm := e.newSnapshotter(t, Config{AsyncRemove: true})
 	if _, err := warm.Prepare(ctx, "warm", ""); err != nil {
 		t.Fatal(err)
 	}
@@ -301,7 +301,7 @@ func TestCrashSIGKILL(t *testing.T) {
 		t.Logf("round %d: killed after %v; journal: %d snapshots, in flight %v", round, delay, len(model.kind), model.inFlight)
 
 		e.reopen(t)
-		s := e.newSnapshotter(t, Config{})
+		s := e.newSnapshotter(t, Config{AsyncRemove: true})
 		checkPoolMatchesDB(t, s)
 		seen := map[string]snapshots.Info{}
 		if err := s.Walk(ctx, func(_ context.Context, i snapshots.Info) error {
@@ -391,7 +391,7 @@ func TestCrashSIGKILL(t *testing.T) {
 		e.pool.Close()
 	}
 	e.reopen(t)
-	s := e.newSnapshotter(t, Config{})
+	s := e.newSnapshotter(t, Config{AsyncRemove: true})
 	checkPoolMatchesDB(t, s)
 	if _, err := s.Stat(ctx, "never-made"); !errdefs.IsNotFound(err) {
 		t.Fatal(err)

@@ -6,8 +6,9 @@
 // the pool's base device, which is created and formatted once per pool; a
 // child is a create_snap of its parent's device. Committing records the
 // device's mapped bytes as its usage and deactivates it; a view is a snapshot
-// mounted read-only. Removing is asynchronous by default: the record goes at
-// once and Cleanup deletes the device.
+// mounted read-only. With Config.AsyncRemove (the daemon's default) removing
+// is asynchronous: the record goes at once and Cleanup deletes the device;
+// otherwise Remove deletes the device before it returns.
 //
 // Device work is never done inside a database write transaction. Creating a
 // device records an intent row first (with the thin id chosen), then does the

@@ -117,7 +117,7 @@ func (s *Snapshotter) reconcile(ctx context.Context) error {
 				errs = append(errs, err)
 			}
 		case d.State == metadata.ThinStateRemoved:
-			if s.cfg.SyncRemove {
+			if !s.cfg.AsyncRemove {
 				if err := s.reclaim(ctx, d); err != nil {
 					l.WithError(err).Warn("reconcile: removed device could not be deleted; Cleanup will retry")
 				} else {

@@ -71,14 +71,14 @@ func TestReconcileRollsBackInterruptedCreate(t *testing.T) {
 		t.Run(step, func(t *testing.T) {
 			e := newTestEnv(t, "rc")
 			ctx := nsCtx("default")
-			s := e.newSnapshotter(t, Config{})
+			s := e.newSnapshotter(t, Config{AsyncRemove: true})
 			var fired bool
 			s.hook = crashAt(step, &fired)
 			if _, err := s.Prepare(ctx, "k", ""); !errors.Is(err, errSimulatedCrash) || !fired {
 				t.Fatalf("Prepare with a crash at %s: err = %v, fired = %v", step, err, fired)
 			}
 			e.reopen(t)
-			s = e.newSnapshotter(t, Config{})
+			s = e.newSnapshotter(t, Config{AsyncRemove: true})
 			if _, err := s.Stat(ctx, "k"); !errdefs.IsNotFound(err) {
 				t.Fatalf("after restart, Stat of the half-made snapshot: err = %v, want NotFound", err)
 			}
@@ -105,7 +105,7 @@ func TestReconcileRollsBackInterruptedCreate(t *testing.T) {
 func TestReconcileInterruptedCommit(t *testing.T) {
 	e := newTestEnv(t, "rm")
 	ctx := nsCtx("default")
-	s := e.newSnapshotter(t, Config{})
+	s := e.newSnapshotter(t, Config{AsyncRemove: true})
 	m, err := s.Prepare(ctx, "k", "")
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +117,7 @@ func TestReconcileInterruptedCommit(t *testing.T) {
 		t.Fatalf("Commit with a crash: %v", err)
 	}
 	e.reopen(t)
-	s = e.newSnapshotter(t, Config{})
+	s = e.newSnapshotter(t, Config{AsyncRemove: true})
 	info, err := s.Stat(ctx, "k")
 	if err != nil || info.Kind != snapshots.KindActive {
 		t.Fatalf("after restart, Stat(k) = %+v, %v; want the active snapshot", info, err)
@@ -153,7 +153,7 @@ func TestReconcileInterruptedRemove(t *testing.T) {
 		t.Run(fmt.Sprintf("%s-sync=%v", tc.step, tc.sync), func(t *testing.T) {
 			e := newTestEnv(t, "rr")
 			ctx := nsCtx("default")
-			s := e.newSnapshotter(t, Config{SyncRemove: tc.sync})
+			s := e.newSnapshotter(t, Config{AsyncRemove: !tc.sync})
 			if _, err := s.Prepare(ctx, "k", ""); err != nil {
 				t.Fatal(err)
 			}
@@ -163,7 +163,7 @@ func TestReconcileInterruptedRemove(t *testing.T) {
 				t.Fatalf("Remove with a crash at %s: %v", tc.step, err)
 			}
 			e.reopen(t)
-			s = e.newSnapshotter(t, Config{SyncRemove: tc.sync})
+			s = e.newSnapshotter(t, Config{AsyncRemove: !tc.sync})
 			if _, err := s.Stat(ctx, "k"); !errdefs.IsNotFound(err) {
 				t.Fatalf("removed snapshot visible after restart: %v", err)
 			}
@@ -190,7 +190,7 @@ func TestReconcileQuarantinesUnknownDevices(t *testing.T) {
 			if err := e.pool.CreateThin(bg, stray); err != nil {
 				t.Fatal(err)
 			}
-			s := e.newSnapshotter(t, Config{DeleteUnknownDevices: del})
+			s := e.newSnapshotter(t, Config{DeleteUnknownDevices: del, AsyncRemove: true})
 			qs, err := s.reads().QuarantinedIDs(bg)
 			if err != nil || len(qs) != 1 || qs[0].DeviceID != stray || qs[0].Deleted != del {
 				t.Fatalf("quarantine = %+v, %v; want id %d deleted=%v", qs, err, stray, del)
@@ -219,7 +219,7 @@ func TestReconcileQuarantinesUnknownDevices(t *testing.T) {
 func TestCreateSkipsUnexplainedDeviceAtCandidateID(t *testing.T) {
 	e := newTestEnv(t, "rx")
 	ctx := nsCtx("default")
-	s := e.newSnapshotter(t, Config{})
+	s := e.newSnapshotter(t, Config{AsyncRemove: true})
 	if _, err := s.Prepare(ctx, "warm", ""); err != nil { // make the base first
 		t.Fatal(err)
 	}
@@ -245,7 +245,7 @@ func TestCreateSkipsUnexplainedDeviceAtCandidateID(t *testing.T) {
 func TestReconcileDeactivatesInactiveDevices(t *testing.T) {
 	e := newTestEnv(t, "ri")
 	ctx := nsCtx("default")
-	s := e.newSnapshotter(t, Config{})
+	s := e.newSnapshotter(t, Config{AsyncRemove: true})
 	if _, err := s.Prepare(ctx, "k", ""); err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +259,7 @@ func TestReconcileDeactivatesInactiveDevices(t *testing.T) {
 	if _, err := e.pool.Activate(context.Background(), name, id, testBaseSize); err != nil {
 		t.Fatal(err)
 	}
-	s = e.newSnapshotter(t, Config{})
+	s = e.newSnapshotter(t, Config{AsyncRemove: true})
 	if active, err := e.pool.IsActive(context.Background(), name); err != nil || active {
 		t.Fatalf("committed device %s still active after reconciliation (%v)", name, err)
 	}
@@ -272,7 +272,7 @@ func TestReconcileDeactivatesInactiveDevices(t *testing.T) {
 func TestKeyspaceRefsAndCounts(t *testing.T) {
 	e := newTestEnv(t, "rn")
 	a, b := nsCtx("a"), nsCtx("b")
-	s := e.newSnapshotter(t, Config{})
+	s := e.newSnapshotter(t, Config{AsyncRemove: true})
 	ma, err := s.Prepare(a, "same", "")
 	if err != nil {
 		t.Fatal(err)

@@ -675,7 +675,7 @@ func (s *Snapshotter) Recommit(ctx context.Context, name, key string) error {
 
 // Remove drops the snapshot key. A snapshot with children cannot be removed
 // (FailedPrecondition). The device is deleted by Cleanup, or before Remove
-// returns when Config.SyncRemove is set.
+// returns unless Config.AsyncRemove is set.
 func (s *Snapshotter) Remove(ctx context.Context, key string) error {
 	return s.RemoveIf(ctx, key, nil)
 }
@@ -720,7 +720,7 @@ func (s *Snapshotter) RemoveIf(ctx context.Context, key string, guard RemoveGuar
 	if err := s.step("remove:marked"); err != nil {
 		return err
 	}
-	if s.cfg.SyncRemove {
+	if !s.cfg.AsyncRemove {
 		if err := s.reclaim(ctx, dev); err != nil {
 			if errors.Is(err, errSimulatedCrash) {
 				return err

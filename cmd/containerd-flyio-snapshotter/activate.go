@@ -28,7 +28,7 @@ func runActivate(ctx context.Context, args []string) error {
 		return err
 	}
 	if len(pos) != 1 {
-		return &exitError{code: 2, msg: "activate takes exactly one REF argument (the name given to pull, or its s3:// source)"}
+		return usageError(fs, "activate takes exactly one REF argument (the name given to pull, or its s3:// source)")
 	}
 	c, err := controlClient(socket)
 	if err != nil {

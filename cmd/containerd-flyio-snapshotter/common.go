@@ -40,10 +40,17 @@ var configFlags = struct {
 	db     string
 }{config: configPath{path: defaultConfigPath}}
 
-// addConfigFlags registers --config FILE and --db PATH on fs. loadConfig
-// applies them after fs is parsed.
+// addConfigFlags registers --config FILE on fs. loadConfig applies it after
+// fs is parsed.
 func addConfigFlags(fs *flag.FlagSet) {
-	fs.Var(&configFlags.config, "config", "configuration `FILE` (the default is read only if it exists)")
+	fs.Var(&configFlags.config, "config", "configuration `FILE`; the default file is read only if it exists")
+}
+
+// addDBFlags registers --config FILE and --db PATH on fs, for the
+// subcommands that open the database themselves. loadConfig applies them
+// after fs is parsed.
+func addDBFlags(fs *flag.FlagSet) {
+	addConfigFlags(fs)
 	fs.StringVar(&configFlags.db, "db", "", "SQLite database `PATH`, overriding the config's metadata.path")
 }
 

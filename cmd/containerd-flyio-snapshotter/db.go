@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -34,14 +35,14 @@ func init() {
 }
 
 func runDB(ctx context.Context, args []string) error {
-	usage := func() { newFlagSet("db", "db migrate|check|backup [flags]", dbDescription).Usage() }
+	fs := newFlagSet("db", "db migrate|check|backup [flags]", dbDescription)
 	if len(args) == 0 {
-		usage()
-		return &exitError{code: 2}
+		return usageError(fs, "name a subcommand: migrate, check or backup")
 	}
 	switch args[0] {
 	case "-h", "--help", "-help", "help":
-		usage()
+		fs.SetOutput(os.Stdout)
+		fs.Usage()
 		return nil
 	case "migrate":
 		return runDBMigrate(ctx, args[1:])
@@ -56,7 +57,7 @@ func runDB(ctx context.Context, args []string) error {
 // parseDBFlags parses a db subcommand's flags (which include --config and
 // --db) and requires exactly nargs positional arguments.
 func parseDBFlags(fs *flag.FlagSet, args []string, nargs int, what string) error {
-	addConfigFlags(fs)
+	addDBFlags(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -94,21 +95,34 @@ func openDBTo(ctx context.Context, readOnly bool, migrateTo int) (*metadata.DB, 
 }
 
 func runDBMigrate(ctx context.Context, args []string) error {
-	fs := newFlagSet("db migrate", "db migrate [--to N] [--config FILE] [--db PATH]", `
+	fs := newFlagSet("db migrate", "db migrate [--to N] [--create] [--config FILE] [--db PATH]", `
 Apply the embedded schema migrations the database lacks, each in its own
 BEGIN IMMEDIATE transaction with its ledger row (so a concurrent daemon or a
 second 'db migrate' waits, then finds the work done). Before migrating a
 database that already has tables, a consistent copy is written beside it as
 <db>.pre-v<N>, N being the first version applied. Creates the database if it
-does not exist. The daemon does the same at start-up. --to N stops after
+does not exist; its directory must exist unless --create is given (so a
+mistyped path is an error, not a new tree). The daemon does the same at
+start-up, creating the directory. --to N stops after
 version N (a staged upgrade); without it the schema goes to the latest
 version this binary embeds.`)
 	to := fs.Int("to", 0, "stop after schema `VERSION` (0: the latest, "+strconv.Itoa(metadata.LatestVersion())+")")
+	create := fs.Bool("create", false, "create the database's directory (mode 0700) when it does not exist")
 	if err := parseDBFlags(fs, args, 0, ""); err != nil {
 		return err
 	}
 	if *to < 0 || *to > metadata.LatestVersion() {
 		return &exitError{code: 2, msg: fmt.Sprintf("--to %d: want a schema version from 1 to %d", *to, metadata.LatestVersion())}
+	}
+	if !*create {
+		path, err := dbPath()
+		if err != nil {
+			return err
+		}
+		dir := filepath.Dir(path)
+		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+			return fmt.Errorf("database %s: directory %s does not exist (pass --create to make it)", path, dir)
+		}
 	}
 	d, err := openDBTo(ctx, false, *to)
 	if err != nil {

@@ -34,7 +34,7 @@ func rawSQL(t *testing.T, path string, stmts ...string) {
 
 func TestDBMigrateAndCheck(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "sub", "m.db")
-	code, out, errOut := runCommand(t, nil, "db", "migrate", "--db", path)
+	code, out, errOut := runCommand(t, nil, "db", "migrate", "--create", "--db", path)
 	if code != 0 || !strings.Contains(out, "migrated from version 0 to "+strconv.Itoa(metadata.LatestVersion())) {
 		t.Fatalf("db migrate (new) = %d, %q, %q", code, out, errOut)
 	}
@@ -365,4 +365,25 @@ func activate(ctx context.Context, d *metadata.DB, imageID, parent string, devID
 			ParentID: p.ID, DeviceID: devID, CreatedNs: now, UpdatedNs: now})
 		return err
 	})
+}
+
+// TestDBMigrateCreate checks that db migrate makes no directory unless
+// --create says so: a mistyped path is an error that leaves nothing behind.
+func TestDBMigrateCreate(t *testing.T) {
+	top := filepath.Join(t.TempDir(), "no")
+	path := filepath.Join(top, "such", "dir", "x.db")
+	code, out, errOut := runCommand(t, nil, "db", "migrate", "--db", path)
+	if code != 1 || out != "" || !strings.Contains(errOut, "directory "+filepath.Dir(path)+" does not exist (pass --create to make it)") {
+		t.Errorf("db migrate into a missing directory = %d, %q, %q", code, out, errOut)
+	}
+	if _, err := os.Stat(top); !os.IsNotExist(err) {
+		t.Errorf("db migrate without --create made %s: %v", top, err)
+	}
+	code, out, errOut = runCommand(t, nil, "db", "migrate", "--create", "--db", path)
+	if code != 0 || !strings.Contains(out, path+": migrated from version 0") {
+		t.Errorf("db migrate --create = %d, %q, %q", code, out, errOut)
+	}
+	if fi, err := os.Stat(filepath.Dir(path)); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("--create made %s: %v, %v; want a 0700 directory", filepath.Dir(path), fi, err)
+	}
 }

@@ -344,7 +344,7 @@ func runLs(ctx context.Context, args []string) error {
 	format := formatFlag("table")
 	fs.Var(&filters, "filter", "keep rows whose `KEY=VALUE` matches (repeatable; keys per kind above)")
 	fs.Var(&format, "format", "output `FORMAT`: table or json")
-	addConfigFlags(fs)
+	addDBFlags(fs)
 	// Flags may come before or after the kind: parse, take a positional
 	// word, parse the rest again.
 	var words []string
@@ -361,8 +361,7 @@ func runLs(ctx context.Context, args []string) error {
 	}
 	kinds := lsKinds()
 	if len(words) == 0 {
-		fs.Usage()
-		return &exitError{code: 2, msg: "name what to list: images, unpacked, chains, snapshots, locks or runs"}
+		return usageError(fs, "name what to list: images, unpacked, chains, snapshots, locks or runs")
 	}
 	kind := words[0]
 	k, ok := kinds[kind]

@@ -39,40 +39,94 @@ func register(c *command) {
 	commands[c.name] = c
 }
 
-// exitError makes main exit with code after printing msg (if any).
+// exitError makes main exit with code after printing msg (if any) and,
+// for a usage error, the subcommand's usage, both on stderr.
 type exitError struct {
-	code int
-	msg  string
+	code  int
+	msg   string
+	usage *flag.FlagSet
 }
 
 func (e *exitError) Error() string { return e.msg }
 
-// newFlagSet returns a flag set for a subcommand whose -h/--help prints usage
-// (the synopsis line, the description and the flags) to stdout.
+// newFlagSet returns a flag set for a subcommand whose usage (the synopsis
+// line, the description and the flags, each spelled --name) goes to stdout
+// when asked for with -h/--help and to stderr after a usage error, so that
+// stdout stays the command's output.
 func newFlagSet(name, synopsis, description string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(os.Stdout)
+	fs.SetOutput(os.Stderr)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: containerd-flyio-snapshotter %s\n\n%s\n", synopsis, strings.TrimSpace(description))
 		var hasFlags bool
 		fs.VisitAll(func(*flag.Flag) { hasFlags = true })
 		if hasFlags {
 			fmt.Fprintln(fs.Output(), "\nFlags:")
-			fs.PrintDefaults()
+			printFlags(fs.Output(), fs)
 		}
 	}
 	return fs
 }
 
-// parseFlags parses args and turns -h/--help into a clean exit 0.
+// printFlags lists fs's flags the way the synopsis spells them (--name
+// VALUE), each with its usage and its default when it has one.
+func printFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		arg, text := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if arg != "" {
+			line += " " + arg
+		}
+		line += "\n    \t" + strings.ReplaceAll(text, "\n", "\n    \t")
+		switch f.DefValue {
+		case "", "0", "false":
+		default:
+			line += fmt.Sprintf(" (default %q)", f.DefValue)
+		}
+		fmt.Fprintln(w, line)
+	})
+}
+
+// parseFlags parses args: -h/--help prints the usage to stdout and becomes
+// a clean exit 0; a bad flag becomes exit 2 with the parser's message and
+// the usage on stderr.
 func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
+	usage, out := fs.Usage, fs.Output()
+	fs.Usage = func() {}
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	fs.Usage = usage
+	fs.SetOutput(out)
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(os.Stdout)
+			fs.Usage()
+			fs.SetOutput(out)
 			return &exitError{code: 0}
 		}
-		return &exitError{code: 2, msg: err.Error()}
+		return &exitError{code: 2, msg: flagMessage(err), usage: fs}
 	}
 	return nil
+}
+
+// flagMessage is the flag package's error message with each flag spelled
+// --name, as the usage spells it.
+func flagMessage(err error) string {
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		return "unknown flag --" + strings.TrimPrefix(name, "-")
+	}
+	for _, p := range []string{"for flag -", "flag needs an argument: -", "\" for -"} {
+		if i := strings.Index(msg, p); i >= 0 {
+			return msg[:i+len(p)] + "-" + msg[i+len(p):]
+		}
+	}
+	return msg
+}
+
+// usageError is exit status 2 with msg and fs's usage on stderr.
+func usageError(fs *flag.FlagSet, msg string) error {
+	return &exitError{code: 2, msg: msg, usage: fs}
 }
 
 func usage(w io.Writer) {
@@ -87,7 +141,8 @@ func usage(w io.Writer) {
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
-	fmt.Fprintln(w, "\nRun 'containerd-flyio-snapshotter <command> --help' for a command's flags.")
+	fmt.Fprintln(w, "\nRun 'containerd-flyio-snapshotter <command> --help' for a command's flags;")
+	fmt.Fprintln(w, "'containerd-flyio-snapshotter --version' prints the version.")
 }
 
 func main() {
@@ -95,12 +150,16 @@ func main() {
 }
 
 func run(args []string) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
+		usage(os.Stderr)
+		return 2
+	}
+	switch args[0] {
+	case "-h", "--help", "-help", "help":
 		usage(os.Stdout)
-		if len(args) == 0 {
-			return 2
-		}
 		return 0
+	case "--version", "-version":
+		args = []string{"version"}
 	}
 	c, ok := commands[args[0]]
 	if !ok {
@@ -118,6 +177,11 @@ func run(args []string) int {
 	if errors.As(err, &ee) {
 		if ee.msg != "" {
 			fmt.Fprintf(os.Stderr, "containerd-flyio-snapshotter %s: %s\n", c.name, ee.msg)
+		}
+		if ee.usage != nil {
+			fmt.Fprintln(os.Stderr)
+			ee.usage.SetOutput(os.Stderr)
+			ee.usage.Usage()
 		}
 		return ee.code
 	}

@@ -35,13 +35,13 @@ func init() {
 
 func runPool(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		fs := newFlagSet("pool", "pool status|ls [flags]", poolDescription)
-		fs.Usage()
-		return &exitError{code: 2}
+		return usageError(newFlagSet("pool", "pool status|ls [flags]", poolDescription), "name a subcommand: status or ls")
 	}
 	switch args[0] {
 	case "-h", "--help", "-help", "help":
-		newFlagSet("pool", "pool status|ls [flags]", poolDescription).Usage()
+		fs := newFlagSet("pool", "pool status|ls [flags]", poolDescription)
+		fs.SetOutput(os.Stdout)
+		fs.Usage()
 		return nil
 	case "status":
 		return runPoolStatus(ctx, args[1:])
@@ -224,7 +224,7 @@ it (device name, role, state, pending intent, quarantine) and the active
 device-mapper device mapping it, and flags each disagreement: an id in the
 pool that the database does not explain, or a device record whose id is not
 in the pool. The database is opened read-only.`)
-	addConfigFlags(fs)
+	addDBFlags(fs)
 	format := formatFlag("table")
 	fs.Var(&format, "format", "output `FORMAT`: table or json")
 	check := fs.Bool("check", false, "exit with status 1 when pool and database disagree")

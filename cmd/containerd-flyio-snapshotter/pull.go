@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -18,6 +20,9 @@ import (
 const pullDescription = `
 Asks the running daemon (over daemon.control_socket) to pull an S3 image:
 one .tar key, or a prefix whose .tar objects, in key order, are its layers.
+IMAGE is s3://BUCKET/KEY-or-PREFIX, or a bare PATH that the daemon looks up
+under its s3.prefix in its s3.bucket. The daemon refuses a bucket other than
+its s3.bucket and s3.allowed_buckets when either is set.
 Each layer is downloaded (SHA-256, validated against the extraction policy)
 and unpacked into a committed snapshot named by its OCI chain ID; the image
 then gets its active snapshot "snap-<image id>" and is registered in
@@ -35,9 +40,14 @@ recognised by its SHA-256. --cached answers from the records alone and asks
 S3 nothing; --refresh runs the pipelines even for an unchanged image, so
 that every layer's device is checked in the pool (and rebuilt if lost).
 
-On a terminal the current state, bytes and files are shown on one line;
-otherwise one line with the result is printed. Exit status 0 on success, 1
-with the reason on failure, 2 on a usage error.
+Progress goes to stderr: on a terminal one line per layer (its step, bytes
+of its tarball, percentage, rate and time left), redrawn in place;
+otherwise a line per layer when its step changes and every 5s while it
+advances. The result is one line on stdout. With --format json, stdout
+instead carries the daemon's stream as it comes, one JSON object a line:
+{"event":{...}} per progress event (fsm, state, layer, bytes, total,
+files), then {"result":{...}} or {"error":"..."}. Exit status 0 on success,
+1 with the reason on failure, 2 on a usage error.
 `
 
 func init() {
@@ -87,10 +97,11 @@ func isTerminal(f *os.File) bool {
 }
 
 func runPull(ctx context.Context, args []string) error {
-	fs := newFlagSet("pull", "pull s3://BUCKET/KEY-or-PREFIX [--name REF] [--refresh|--cached] [--config FILE] [--socket PATH]", pullDescription)
+	fs := newFlagSet("pull", "pull s3://BUCKET/KEY-or-PREFIX|PATH [--name REF] [--refresh|--cached] [--format text|json] [--config FILE] [--socket PATH]", pullDescription)
 	addConfigFlags(fs)
-	var socket, name string
+	var socket, name, format string
 	var refresh, cached bool
+	fs.StringVar(&format, "format", "text", "output `FORMAT`: text (progress on stderr, the result on stdout) or json (the daemon's events and result as JSON lines on stdout)")
 	addSocketFlag(fs, &socket)
 	fs.StringVar(&name, "name", "", "image `REF` to register the result under (default: the s3:// source)")
 	fs.BoolVar(&refresh, "refresh", false, "run the pipelines even if the image is pulled and unchanged in S3 (they check every layer's device and rebuild what is missing)")
@@ -100,12 +111,15 @@ func runPull(ctx context.Context, args []string) error {
 		return err
 	}
 	if len(pos) != 1 {
-		return &exitError{code: 2, msg: "pull takes exactly one s3://BUCKET/KEY-or-PREFIX argument"}
+		return usageError(fs, "pull takes exactly one s3://BUCKET/KEY-or-PREFIX or PATH argument")
+	}
+	if format != "text" && format != "json" {
+		return usageError(fs, fmt.Sprintf("--format %q: must be text or json", format))
 	}
 	if refresh && cached {
-		return &exitError{code: 2, msg: "--refresh and --cached contradict each other: choose one"}
+		return usageError(fs, "--refresh and --cached contradict each other: choose one")
 	}
-	bucket, key, err := pipeline.ParseS3URL(pos[0])
+	bucket, key, err := parseImageArg(pos[0])
 	if err != nil {
 		return &exitError{code: 2, msg: err.Error()}
 	}
@@ -113,16 +127,14 @@ func runPull(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	req := pipeline.PullRequest{Bucket: bucket, Key: key, Ref: name, Refresh: refresh, Cached: cached}
+	if format == "json" {
+		return pullJSON(ctx, c, req, os.Stdout)
+	}
 	start := time.Now()
-	var onEvent func(pipeline.Event)
-	tty := isTerminal(os.Stderr)
-	if tty {
-		onEvent = func(e pipeline.Event) { fmt.Fprintf(os.Stderr, "\r\033[K%s", progressLine(e)) }
-	}
-	res, err := c.Pull(ctx, pipeline.PullRequest{Bucket: bucket, Key: key, Ref: name, Refresh: refresh, Cached: cached}, onEvent)
-	if tty {
-		fmt.Fprint(os.Stderr, "\r\033[K")
-	}
+	pr := newProgress(os.Stderr, isTerminal(os.Stderr))
+	res, err := c.Pull(ctx, req, pr.event)
+	pr.finish()
 	if err != nil {
 		return err
 	}
@@ -130,25 +142,37 @@ func runPull(ctx context.Context, args []string) error {
 	return nil
 }
 
-// progressLine renders one progress event on one line.
-func progressLine(e pipeline.Event) string {
-	var b strings.Builder
-	if e.Layer > 0 {
-		fmt.Fprintf(&b, "layer %d: ", e.Layer)
-	} else {
-		b.WriteString("image: ")
+// pullJSON pulls with the daemon's stream written to w as it arrives: one
+// control.Line a line, the events, then the result or the error (which
+// also makes the exit status 1, with nothing more on stderr).
+func pullJSON(ctx context.Context, c *control.Client, req pipeline.PullRequest, w io.Writer) error {
+	var mu sync.Mutex
+	enc := json.NewEncoder(w)
+	write := func(l control.Line) {
+		mu.Lock()
+		defer mu.Unlock()
+		_ = enc.Encode(l)
 	}
-	fmt.Fprintf(&b, "%-15s", e.State)
-	if e.Bytes > 0 || e.Total > 0 {
-		fmt.Fprintf(&b, " %s", mib(e.Bytes))
-		if e.Total > 0 {
-			fmt.Fprintf(&b, "/%s", mib(e.Total))
-		}
+	res, err := c.Pull(ctx, req, func(e pipeline.Event) { write(control.Line{Event: &e}) })
+	if err != nil {
+		write(control.Line{Error: err.Error()})
+		return &exitError{code: 1}
 	}
-	if e.Files > 0 {
-		fmt.Fprintf(&b, " %d files", e.Files)
+	write(control.Line{Result: res})
+	return nil
+}
+
+// parseImageArg splits pull's argument: an s3:// URL names its bucket and
+// key; a bare path leaves the bucket (and the prefix) to the daemon's
+// config.
+func parseImageArg(arg string) (bucket, key string, err error) {
+	if strings.Contains(arg, "://") {
+		return pipeline.ParseS3URL(arg)
 	}
-	return b.String()
+	if arg == "" || strings.HasPrefix(arg, "/") {
+		return "", "", fmt.Errorf("image %q: a bare path must be a key or prefix under the daemon's s3.prefix, without a leading '/'", arg)
+	}
+	return "", arg, nil
 }
 
 func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }

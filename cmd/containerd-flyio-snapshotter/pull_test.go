@@ -29,9 +29,9 @@ func TestPullUsageErrors(t *testing.T) {
 	}{
 		{[]string{"s3://bkt/images/app.tar", "--refresh", "--cached"}, "--refresh and --cached contradict each other: choose one"},
 		{[]string{"--cached", "--refresh", "s3://bkt/images/"}, "--refresh and --cached contradict each other: choose one"},
-		{[]string{}, "pull takes exactly one s3://BUCKET/KEY-or-PREFIX argument"},
-		{[]string{"s3://bkt/a.tar", "s3://bkt/b.tar"}, "pull takes exactly one s3://BUCKET/KEY-or-PREFIX argument"},
-		{[]string{"--frobnicate", "s3://bkt/a.tar"}, "flag provided but not defined: -frobnicate"},
+		{[]string{}, "pull takes exactly one s3://BUCKET/KEY-or-PREFIX or PATH argument"},
+		{[]string{"s3://bkt/a.tar", "s3://bkt/b.tar"}, "pull takes exactly one s3://BUCKET/KEY-or-PREFIX or PATH argument"},
+		{[]string{"--frobnicate", "s3://bkt/a.tar"}, "unknown flag --frobnicate"},
 	}
 	for _, tc := range cases {
 		args := append([]string{"pull", "--socket", socket}, tc.args...)

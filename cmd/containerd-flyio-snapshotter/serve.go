@@ -15,7 +15,9 @@ Runs the daemon: opens (migrating) the metadata database, opens the thin pool
 (creating loop-file-backed pool files under pool.root_dir on the first start
 when no devices are configured), reconciles the database with the pool, and
 serves containerd's snapshots gRPC API on daemon.socket (mode 0660) for
-containerd's [proxy_plugins] entry. Namespaces are taken from each request.
+containerd's [proxy_plugins] entry. Snapshot keys are not scoped by the
+request's containerd namespace: containerd already makes every key it sends
+unique across namespaces, and its garbage collector calls without one.
 
 Readiness is reported to systemd (Type=notify) once the socket accepts
 calls. SIGTERM or SIGINT stops it gracefully: no new calls are accepted,
@@ -26,7 +28,9 @@ resumed, and daemon.control_socket (mode 0660) serves pull and activate.
 
 With daemon.metrics_address set, Prometheus metrics are served at
 http://ADDRESS/metrics: latency of every snapshotter method, pool data and
-metadata usage, device counts by state.
+metadata usage, device counts by state, S3 requests by operation and
+outcome, bytes read from S3, retried S3 requests, pull durations, and pulls
+refused by policy rule.
 `
 
 func init() {
@@ -36,16 +40,17 @@ func init() {
 // serveFlags are serve's flags beyond --config and --db; each overrides
 // the config key it names when given.
 type serveFlags struct {
-	socket, metrics, logLevel string
+	socket, metrics, logLevel, logFormat string
 }
 
 func newServeFlagSet() (*serveFlags, func(args []string) error) {
 	fs := newFlagSet("serve", "serve [--config FILE] [flags]", serveDescription)
-	addConfigFlags(fs)
+	addDBFlags(fs)
 	f := &serveFlags{}
 	fs.StringVar(&f.socket, "socket", "", "unix socket `PATH` to serve on, overriding daemon.socket")
 	fs.StringVar(&f.metrics, "metrics-address", "", "`HOST:PORT` of the metrics endpoint, overriding daemon.metrics_address")
 	fs.StringVar(&f.logLevel, "log-level", "", "log `LEVEL` (trace, debug, info, warn, error), overriding daemon.log_level")
+	fs.StringVar(&f.logFormat, "log-format", "", "log `FORMAT` (text or json), overriding daemon.log_format")
 	return f, func(args []string) error {
 		if err := parseFlags(fs, args); err != nil {
 			return err
@@ -72,6 +77,9 @@ func (f *serveFlags) serveConfig() (*plugin.Config, error) {
 	if f.logLevel != "" {
 		cfg.Daemon.LogLevel = f.logLevel
 	}
+	if f.logFormat != "" {
+		cfg.Daemon.LogFormat = f.logFormat
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, &exitError{code: 2, msg: fmt.Sprintf("invalid configuration after flags: %v", err)}
 	}
@@ -89,6 +97,9 @@ func runServe(ctx context.Context, args []string) (err error) {
 	}
 	if err := log.SetLevel(cfg.Daemon.LogLevel); err != nil {
 		return fmt.Errorf("daemon.log_level %q: %w", cfg.Daemon.LogLevel, err)
+	}
+	if err := log.SetFormat(log.OutputFormat(cfg.Daemon.LogFormat)); err != nil {
+		return fmt.Errorf("daemon.log_format %q: %w", cfg.Daemon.LogFormat, err)
 	}
 	l := log.G(ctx).WithField("version", version)
 	l.WithField("socket", cfg.Daemon.Socket).WithField("db", cfg.Metadata.Path).WithField("pool", cfg.Pool.Name).Info("starting")

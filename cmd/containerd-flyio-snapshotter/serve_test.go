@@ -1,8 +1,10 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -44,7 +46,7 @@ func TestServeRejectsBadFlagsBeforeStarting(t *testing.T) {
 		inStderr string
 	}{
 		{[]string{"serve", "--config", cfg, "now"}, 2, `unexpected argument "now"`},
-		{[]string{"serve", "--config", cfg, "--frobnicate"}, 2, "flag provided but not defined: -frobnicate"},
+		{[]string{"serve", "--config", cfg, "--frobnicate"}, 2, "unknown flag --frobnicate"},
 		{[]string{"serve", "--config", cfg, "--log-level", "loud"}, 2, `daemon.log_level: must be one of trace, debug, info, warn, error, fatal, panic, got "loud"`},
 		{[]string{"serve", "--config", cfg, "--socket", "relative.sock"}, 2, `daemon.socket: must be an absolute path, got "relative.sock"`},
 		{[]string{"serve", "--config", cfg, "--metrics-address", "9123"}, 2, "daemon.metrics_address: must be host:port"},
@@ -59,5 +61,55 @@ func TestServeRejectsBadFlagsBeforeStarting(t *testing.T) {
 	}
 	if _, err := os.Stat(root); !os.IsNotExist(err) {
 		t.Errorf("a rejected serve created its root directory: %v", err)
+	}
+}
+
+// TestServeLogFormat checks what a log collector relies on: with
+// daemon.log_format = "json" every line serve writes is one JSON object
+// whose time has nanoseconds, and --log-format text overrides it with
+// key=value lines. The daemon stops after its first log line, at the
+// database, whose directory is a regular file, on any host.
+func TestServeLogFormat(t *testing.T) {
+	notDir := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(notDir, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := tempConfig(t, "[metadata]\npath = \""+filepath.Join(notDir, "metadata.db")+"\"\n")
+	body, _ := os.ReadFile(cfg)
+	os.WriteFile(cfg, []byte(strings.Replace(string(body), "[daemon]\n", "[daemon]\nlog_format = \"json\"\n", 1)), 0o644)
+	nano := regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}(Z|[+-]\d\d:\d\d)$`)
+
+	_, _, errOut := runCommand(t, nil, "serve", "--config", cfg)
+	var logged int
+	for _, line := range strings.Split(strings.TrimSpace(errOut), "\n") {
+		if strings.HasPrefix(line, "containerd-flyio-snapshotter serve: ") {
+			continue // the exit message, not a log line
+		}
+		var entry struct {
+			Time  string `json:"time"`
+			Level string `json:"level"`
+			Msg   string `json:"msg"`
+		}
+		if err := json.Unmarshal([]byte(line), &entry); err != nil {
+			t.Fatalf("log line is not JSON: %q (%v)", line, err)
+		}
+		if !nano.MatchString(entry.Time) || entry.Level == "" || entry.Msg == "" {
+			t.Errorf("log line %q: time %q (want RFC 3339 with nanoseconds), level %q, msg %q", line, entry.Time, entry.Level, entry.Msg)
+		}
+		logged++
+	}
+	if logged == 0 {
+		t.Fatalf("serve logged nothing: %q", errOut)
+	}
+
+	_, _, errOut = runCommand(t, nil, "serve", "--config", cfg, "--log-format", "text")
+	first, _, _ := strings.Cut(errOut, "\n")
+	m := regexp.MustCompile(`^time="([^"]+)" level=info msg=starting `).FindStringSubmatch(first)
+	if m == nil || !nano.MatchString(m[1]) {
+		t.Errorf("--log-format text: first line %q, want time=\"<RFC 3339 with nanoseconds>\" level=info msg=starting", first)
+	}
+	code, _, errOut := runCommand(t, nil, "serve", "--config", cfg, "--log-format", "xml")
+	if code != 2 || !strings.Contains(errOut, `daemon.log_format: must be "text" or "json", got "xml"`) {
+		t.Errorf("--log-format xml = %d, %q", code, errOut)
 	}
 }

@@ -24,10 +24,14 @@ const validateHelp = `
 Checks FILE.tar (or standard input with "-") the way the Download pipeline's
 validate step does, without a daemon: the tar structure, and every rule of
 the extraction policy (no absolute names, no ".." climbing above the root,
-no relative symlink or hard link leaving the root, no setuid/setgid files, no
-device nodes, at most 100,000 entries, 1 GiB per file, 10 GiB in total, OCI
-whiteouts well formed). Absolute symlinks are allowed. Run it before
-uploading a tarball to S3.
+no relative symlink or hard link leaving the root, no setuid/setgid files
+unless the config's pipeline.allow_setid or --allow-setid admits them, no
+device nodes, at most 100,000 entries, 1 GiB per file, 10 GiB in total
+unless the config's [pipeline] limits say otherwise, OCI whiteouts well
+formed). Absolute symlinks are allowed. The policy is the one of --config
+(or of the default configuration file when it exists): the daemon reading
+the same file applies the same rules. Run it before uploading a tarball to
+S3.
 
 Exit status: 0 and a one-line summary on stdout if the tarball is accepted;
 1 and "FILE: entry "NAME": RULE" on stderr if it is rejected; 2 if it
@@ -36,16 +40,23 @@ could not be read or the arguments are wrong.
 
 // runValidate is the validate subcommand with its streams as parameters.
 func runValidate(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-	fs := newFlagSet("validate", "validate [--allow-setid] FILE.tar|-", validateHelp)
-	allowSetID := fs.Bool("allow-setid", false, "accept setuid/setgid files and file capabilities (off by default, as the daemon's policy)")
-	if err := parseFlags(fs, args); err != nil {
+	fs := newFlagSet("validate", "validate [--config FILE] [--allow-setid] FILE.tar|-", validateHelp)
+	addConfigFlags(fs)
+	allowSetID := fs.Bool("allow-setid", false, "accept setuid/setgid files and file capabilities even when the config's pipeline.allow_setid does not")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return &exitError{code: 2, msg: "expected exactly one FILE.tar (or - for standard input)"}
+	if len(pos) != 1 {
+		return usageError(fs, "expected exactly one FILE.tar (or - for standard input)")
 	}
-	name := fs.Arg(0)
+	cfg, err := loadConfig()
+	if err != nil {
+		return &exitError{code: 2, msg: err.Error()}
+	}
+	limits := cfg.TarLimits()
+	limits.AllowSetID = limits.AllowSetID || *allowSetID
+	name := pos[0]
 	in := stdin
 	if name != "-" {
 		f, err := os.Open(name)
@@ -55,7 +66,7 @@ func runValidate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		defer f.Close()
 		in = f
 	}
-	rep, err := tarball.Validate(ctx, in, tarball.Limits{AllowSetID: *allowSetID})
+	rep, err := tarball.Validate(ctx, in, limits)
 	if err != nil {
 		if tarball.IsRejection(err) {
 			fmt.Fprintf(stderr, "%s: %v\n", name, err)

@@ -100,9 +100,35 @@ func TestValidateCommand(t *testing.T) {
 		{"traversal", nil, []string{"validate", escape}, 1, "", escape + `: entry "../../etc/cron.d/x": path climbs above the root`},
 		{"not-a-tar", nil, []string{"validate", notTar}, 1, "", notTar + ": malformed tar archive at offset"},
 		{"missing-file", nil, []string{"validate", filepath.Join(dir, "nope.tar")}, 2, "", "no such file"},
-		{"no-args", nil, []string{"validate"}, 2, "Usage: containerd-flyio-snapshotter validate", "expected exactly one"},
+		{"no-args", nil, []string{"validate"}, 2, "", "expected exactly one"},
 		{"help", nil, []string{"validate", "--help"}, 0, "Exit status: 0", ""},
 	}
+	setidCfg := filepath.Join(dir, "setid.toml")
+	os.WriteFile(setidCfg, []byte("[pipeline]\nallow_setid = true\n"), 0o644)
+	entriesCfg := filepath.Join(dir, "entries.toml")
+	os.WriteFile(entriesCfg, []byte("[pipeline]\nmax_entries = 3\n"), 0o644)
+	fileCfg := filepath.Join(dir, "file.toml")
+	os.WriteFile(fileCfg, []byte("[pipeline]\nmax_file_size = 4\n"), 0o644)
+	totalCfg := filepath.Join(dir, "total.toml")
+	os.WriteFile(totalCfg, []byte("[pipeline]\nmax_total_size = 4\n"), 0o644)
+	cases = append(cases, []struct {
+		name   string
+		stdin  []byte
+		args   []string
+		code   int
+		stdout string
+		stderr string
+	}{
+		// The config's policy is the daemon's: a file admitting setuid
+		// binaries makes validate admit them too, flags before or after
+		// the tarball.
+		{"config-allows-setid", nil, []string{"validate", "--config", setidCfg, bad}, 0, bad + ": ok", ""},
+		{"config-after-file", nil, []string{"validate", bad, "--config", setidCfg}, 0, bad + ": ok", ""},
+		{"config-max-entries", nil, []string{"validate", "--config", entriesCfg, good}, 1, "", good + `: entry "rootfs/etc/vi": too many entries: more than 3`},
+		{"config-max-file-size", nil, []string{"validate", "--config", fileCfg, good}, 1, "", good + `: entry "rootfs/etc/hostname": file too large: 5 bytes, limit 4`},
+		{"config-max-total-size", nil, []string{"validate", "--config", totalCfg, good}, 1, "", good + `: entry "rootfs/etc/hostname": total size too large`},
+		{"bad-config", nil, []string{"validate", "--config", filepath.Join(dir, "nope.toml"), good}, 2, "", "nope.toml"},
+	}...)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			code, stdout, stderr := runCommand(t, c.stdin, c.args...)

@@ -5,6 +5,9 @@
 //
 //	POST /v1/pull      {"bucket","key","ref","refresh","cached"} → {"event":{...}}... then {"result":{...}} | {"error":"..."}
 //	POST /v1/activate  {"ref"}                          → {"result":{...}} | {"error":"..."}
+//
+// A pull without a bucket leaves it to the Puller (the daemon's default
+// bucket).
 package control
 
 import (
@@ -70,8 +73,8 @@ func servePull(p Puller, w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, Line{Error: fmt.Sprintf("pull: request body: %v", err)})
 		return
 	}
-	if req.Bucket == "" || req.Key == "" {
-		writeJSON(w, http.StatusBadRequest, Line{Error: "pull: bucket and key are required"})
+	if req.Key == "" {
+		writeJSON(w, http.StatusBadRequest, Line{Error: "pull: key is required"})
 		return
 	}
 	w.Header().Set("Content-Type", "application/x-ndjson")

@@ -189,7 +189,7 @@ func (p *Pipelines) verifyImageLayout(ctx context.Context, r *ActivateRequest, k
 	if err != nil {
 		return fmt.Errorf("activate %s: %w", r.Source, err)
 	}
-	verr := tarball.VerifyLayoutDir(dir)
+	verr := tarball.VerifyLayoutDirOf(dir, p.opts.RequiredDirs)
 	if uerr := umount(); uerr != nil {
 		return fmt.Errorf("activate %s: unmount %s: %w", r.Source, dir, uerr)
 	}

@@ -90,6 +90,12 @@ type Options struct {
 	Limits          tarball.Limits
 	Downloads       int // queue limit, default 5
 	Unpacking       int // queue limit, default 2
+	// MaxImageSize bounds the sum of an image's layer objects, checked
+	// when the pull lists them; 0 means no bound beyond MaxLayerSize.
+	MaxImageSize int64
+	// RequiredDirs are the top-level directories the top of every image
+	// must have; nil means tarball.RequiredDirs, an empty list none.
+	RequiredDirs []string
 
 	// Registrar, when set, registers activated images in containerd.
 	Registrar Registrar
@@ -152,6 +158,9 @@ func New(ctx context.Context, opts Options) (*Pipelines, error) {
 	}
 	if opts.MountDir == "" {
 		opts.MountDir = filepath.Join(opts.DownloadDir, "mnt")
+	}
+	if opts.RequiredDirs == nil {
+		opts.RequiredDirs = tarball.RequiredDirs
 	}
 	for _, d := range []string{opts.blobDir(), opts.tmpDir()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {

@@ -72,6 +72,10 @@ func imageSource(bucket, key string) (source, imageID string) {
 	return source, "s3-" + hex.EncodeToString(sum[:12])
 }
 
+// ErrImageTooLarge: the sum of an image's layer objects is over
+// Options.MaxImageSize.
+var ErrImageTooLarge = errors.New("image too large")
+
 // Pull makes the image req names pulled, unpacked, activated and
 // registered under its name, and returns it. Unless req.Cached, it first
 // asks S3 what the image is now (one LIST for a prefix, one HEAD for a
@@ -247,8 +251,13 @@ func (p *Pipelines) listLayers(ctx context.Context, req PullRequest, source stri
 		return nil, fmt.Errorf("pull %s: %w", source, err)
 	}
 	ls := make([]Layer, len(objs))
+	var total int64
 	for i, o := range objs {
 		ls[i] = Layer{Key: o.Key, Size: o.Size, ETag: o.ETag}
+		total += o.Size
+	}
+	if limit := p.opts.MaxImageSize; limit > 0 && total > limit {
+		return nil, fmt.Errorf("pull %s: %w: %d layer objects of %d bytes together, limit %d", source, ErrImageTooLarge, len(objs), total, limit)
 	}
 	return ls, nil
 }

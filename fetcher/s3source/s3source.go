@@ -29,6 +29,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/smithy-go/middleware"
 	"github.com/containerd/log"
 )
 
@@ -53,6 +54,9 @@ type Config struct {
 	MaxAttempts int
 	// HTTPClient, if set, is used for every request (tests, proxies).
 	HTTPClient *http.Client
+	// APIOptions are added to the S3 client's middleware stack (the
+	// daemon's request counters).
+	APIOptions []func(*middleware.Stack) error
 }
 
 // Object is one tarball object of the bucket.
@@ -102,6 +106,7 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 			o.BaseEndpoint = aws.String(cfg.Endpoint)
 		}
 		o.UsePathStyle = cfg.PathStyle
+		o.APIOptions = append(o.APIOptions, cfg.APIOptions...)
 		// Checksums only where S3 requires them: S3-compatible servers
 		// often lack the newer checksum headers, and the pipeline computes
 		// its own SHA-256 of every byte.

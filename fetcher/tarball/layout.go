@@ -19,11 +19,12 @@ var (
 	ErrLayoutWorldWritable = errors.New("world-writable")
 )
 
-// RequiredDirs must be real directories at the top of an image's tree.
+// RequiredDirs must be real directories at the top of an image's tree,
+// unless the caller names its own list (VerifyLayoutOf).
 var RequiredDirs = []string{"etc", "usr", "var"}
 
 // protectedDirs must not be world-writable.
-var protectedDirs = map[string]bool{"etc": true, "usr": true}
+var protectedDirs = []string{"etc", "usr"}
 
 // LayoutError names the path and the layout rule it breaks.
 type LayoutError struct {
@@ -42,7 +43,15 @@ func (e *LayoutError) Unwrap() error { return e.Rule }
 // directories, and etc/ and usr/ are not world-writable. It returns the
 // first *LayoutError found, or an I/O error.
 func VerifyLayout(root *os.Root) error {
-	for _, d := range RequiredDirs {
+	return VerifyLayoutOf(root, RequiredDirs)
+}
+
+// VerifyLayoutOf is VerifyLayout with required as the top-level names that
+// must be real directories (an empty list requires none, as for an image
+// built FROM scratch). etc/ and usr/, whenever they are real directories,
+// must not be world-writable.
+func VerifyLayoutOf(root *os.Root, required []string) error {
+	for _, d := range required {
 		fi, err := root.Lstat(d)
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
@@ -51,7 +60,15 @@ func VerifyLayout(root *os.Root) error {
 			return fmt.Errorf("verify layout of %s: %w", root.Name(), err)
 		case !fi.IsDir():
 			return &LayoutError{Path: d, Rule: ErrLayoutNotDir}
-		case protectedDirs[d] && fi.Mode().Perm()&0o002 != 0:
+		}
+	}
+	for _, d := range protectedDirs {
+		fi, err := root.Lstat(d)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+		case err != nil:
+			return fmt.Errorf("verify layout of %s: %w", root.Name(), err)
+		case fi.IsDir() && fi.Mode().Perm()&0o002 != 0:
 			return &LayoutError{Path: d, Rule: ErrLayoutWorldWritable}
 		}
 	}
@@ -60,10 +77,15 @@ func VerifyLayout(root *os.Root) error {
 
 // VerifyLayoutDir is VerifyLayout of the directory dir.
 func VerifyLayoutDir(dir string) error {
+	return VerifyLayoutDirOf(dir, RequiredDirs)
+}
+
+// VerifyLayoutDirOf is VerifyLayoutOf of the directory dir.
+func VerifyLayoutDirOf(dir string, required []string) error {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return fmt.Errorf("verify layout: %w", err)
 	}
 	defer root.Close()
-	return VerifyLayout(root)
+	return VerifyLayoutOf(root, required)
 }

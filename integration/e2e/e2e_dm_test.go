@@ -157,6 +157,28 @@ func TestEndToEnd(t *testing.T) {
 	}
 	wantMetric(t, ctx, e, "flyio_snapshotter_pipeline_unpacked", len(distinct))
 	wantMetric(t, ctx, e, "flyio_snapshotter_pipeline_blobs", len(distinct))
+	// The S3 counters saw the pulls: requests, bytes and durations.
+	s3lines, err := e.Metrics(ctx, "flyio_snapshotter_s3_", "flyio_snapshotter_pull_duration_seconds_count", "flyio_snapshotter_layers_rejected")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("metrics page, S3 and pull counters:\n%s", strings.Join(s3lines, "\n"))
+	for _, prefix := range []string{
+		`flyio_snapshotter_s3_requests_total{operation="GetObject",outcome="ok"} `,
+		`flyio_snapshotter_s3_requests_total{operation="ListObjectsV2",outcome="ok"} `,
+		`flyio_snapshotter_s3_downloaded_bytes_total `,
+		`flyio_snapshotter_pull_duration_seconds_count{outcome="ok"} `,
+	} {
+		var found bool
+		for _, l := range s3lines {
+			if v, ok := strings.CutPrefix(l, prefix); ok && v != "0" {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("metrics page has no non-zero %s", strings.TrimSpace(prefix))
+		}
+	}
 
 	// `ctr run` must find each pulled image unpacked in containerd (else it
 	// unpacks by itself and fails: no layer blobs): pull's registrar made

@@ -3,6 +3,8 @@ package builtin
 import (
 	"context"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -101,5 +103,65 @@ func TestSystemdUnit(t *testing.T) {
 				t.Errorf("[%s] %s = %q, want %q", sec, k, got, v)
 			}
 		}
+	}
+}
+
+// installUnit runs `make install-unit` with prefix and the unit directory
+// under dest, and returns the installed unit's text.
+func installUnit(t *testing.T, dest, prefix string) string {
+	t.Helper()
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Fatalf("make is needed to check the installed unit: %v", err)
+	}
+	cmd := exec.Command("make", "-s", "-C", "../..", "install-unit", "DESTDIR="+dest, "PREFIX="+prefix, "UNITDIR=/units")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("make install-unit: %v\n%s", err, out)
+	}
+	b, err := os.ReadFile(filepath.Join(dest, "units", "containerd-flyio-snapshotter.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestInstalledUnitNamesPrefix checks that `make install PREFIX=/usr`
+// installs a unit that starts the binary it installed, not the template's
+// /usr/local one.
+func TestInstalledUnitNamesPrefix(t *testing.T) {
+	unit := installUnit(t, t.TempDir(), "/usr")
+	want := "ExecStart=/usr/bin/containerd-flyio-snapshotter serve --config /etc/containerd-flyio-snapshotter/config.toml\n"
+	if !strings.Contains(unit, want) {
+		t.Errorf("installed unit has no line %q:\n%s", want, unit)
+	}
+	if strings.Contains(unit, "/usr/local") {
+		t.Errorf("installed unit still names /usr/local:\n%s", unit)
+	}
+}
+
+// TestSystemdAnalyzeVerify runs systemd's own checker over the installed
+// unit (its ExecStart pointing at a real executable, as after make install):
+// any warning, such as a key in the wrong section, fails the test. It needs
+// systemd-analyze (Debian's systemd package).
+func TestSystemdAnalyzeVerify(t *testing.T) {
+	tool, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("systemd-analyze is not installed (apt-get install systemd)")
+	}
+	dest := t.TempDir()
+	prefix := filepath.Join(dest, "prefix")
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(prefix, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(exe, filepath.Join(prefix, "bin", "containerd-flyio-snapshotter")); err != nil {
+		t.Fatal(err)
+	}
+	installUnit(t, dest, prefix)
+	out, err := exec.Command(tool, "verify", filepath.Join(dest, "units", "containerd-flyio-snapshotter.service")).CombinedOutput()
+	if err != nil || len(strings.TrimSpace(string(out))) > 0 {
+		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
 	}
 }

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+)
+
+// Spacing of progress output: a terminal is redrawn at most every
+// redrawInterval; plain output repeats a layer's line at most every
+// plainInterval while only its byte count changes.
+const (
+	redrawInterval = 100 * time.Millisecond
+	plainInterval  = 5 * time.Second
+)
+
+// layerProgress is what the progress display knows of one layer (0: the
+// image's activation).
+type layerProgress struct {
+	fsm, state  string
+	bytes       int64
+	total       int64
+	files       int
+	since       time.Time // when this state started
+	sinceBytes  int64     // bytes when this state started
+	lastPrinted time.Time // plain output: when the line was last written
+}
+
+// progress renders a pull's events: on a terminal one line per layer,
+// redrawn in place; otherwise a line per layer when its state changes and
+// at most every plainInterval while it only advances.
+type progress struct {
+	w    io.Writer
+	tty  bool
+	now  func() time.Time
+	mu   sync.Mutex
+	byID map[int]*layerProgress
+	// drawn is how many lines the last redraw wrote (the terminal cursor
+	// is below them).
+	drawn    int
+	lastDraw time.Time
+}
+
+func newProgress(w io.Writer, tty bool) *progress {
+	return &progress{w: w, tty: tty, now: time.Now, byID: map[int]*layerProgress{}}
+}
+
+// event takes one of the daemon's progress events.
+func (p *progress) event(e pipeline.Event) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	l := p.byID[e.Layer]
+	changed := l == nil || l.fsm != e.FSM || l.state != e.State
+	if l == nil {
+		l = &layerProgress{}
+		p.byID[e.Layer] = l
+	}
+	if changed {
+		if l.fsm != e.FSM {
+			// Another machine's bytes: the download's total is not the
+			// unpack's until an event says so.
+			l.total = 0
+		}
+		l.fsm, l.state, l.since, l.sinceBytes = e.FSM, e.State, now, e.Bytes
+	}
+	l.bytes, l.files = e.Bytes, e.Files
+	if e.Total > 0 {
+		l.total = e.Total
+	}
+	if p.tty {
+		if changed || now.Sub(p.lastDraw) >= redrawInterval {
+			p.redraw(now)
+		}
+		return
+	}
+	if changed || now.Sub(l.lastPrinted) >= plainInterval {
+		l.lastPrinted = now
+		fmt.Fprintln(p.w, p.line(e.Layer, l, now))
+	}
+}
+
+// finish draws the final state on a terminal (plain output has nothing
+// pending).
+func (p *progress) finish() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.tty && len(p.byID) > 0 {
+		p.redraw(p.now())
+	}
+}
+
+// redraw rewrites every layer's line in place.
+func (p *progress) redraw(now time.Time) {
+	var b strings.Builder
+	if p.drawn > 0 {
+		fmt.Fprintf(&b, "\033[%dA", p.drawn)
+	}
+	ids := make([]int, 0, len(p.byID))
+	for id := range p.byID {
+		ids = append(ids, id)
+	}
+	// Layers in order, the image's activation (0) last.
+	sort.Slice(ids, func(i, j int) bool {
+		a, c := ids[i], ids[j]
+		if a == 0 || c == 0 {
+			return c == 0 && a != 0
+		}
+		return a < c
+	})
+	for _, id := range ids {
+		b.WriteString("\r\033[K")
+		b.WriteString(p.line(id, p.byID[id], now))
+		b.WriteByte('\n')
+	}
+	p.drawn, p.lastDraw = len(ids), now
+	io.WriteString(p.w, b.String())
+}
+
+// line renders one layer: its state, bytes of the total with percentage,
+// the rate over the current state and the time left at that rate.
+func (p *progress) line(id int, l *layerProgress, now time.Time) string {
+	var b strings.Builder
+	if id > 0 {
+		fmt.Fprintf(&b, "layer %-3d ", id)
+	} else {
+		b.WriteString("image     ")
+	}
+	fmt.Fprintf(&b, "%-15s", l.state)
+	if l.bytes > 0 || l.total > 0 {
+		fmt.Fprintf(&b, " %9s", mib(l.bytes))
+		if l.total > 0 {
+			pct := 100 * float64(l.bytes) / float64(l.total)
+			fmt.Fprintf(&b, " / %-9s %5.1f%%", mib(l.total), min(pct, 100))
+		}
+		if el := now.Sub(l.since); el >= 200*time.Millisecond && l.bytes > l.sinceBytes {
+			rate := float64(l.bytes-l.sinceBytes) / el.Seconds()
+			fmt.Fprintf(&b, "  %s/s", mib(int64(rate)))
+			if l.total > l.bytes && rate > 0 {
+				eta := time.Duration(float64(l.total-l.bytes) / rate * float64(time.Second))
+				fmt.Fprintf(&b, "  ETA %s", eta.Round(time.Second))
+			}
+		}
+	}
+	if l.files > 0 {
+		fmt.Fprintf(&b, "  %d files", l.files)
+	}
+	return strings.TrimRight(b.String(), " ")
+}

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+)
+
+// clock is a settable time source for the progress display.
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time { return c.t }
+
+// TestProgressTerminal: one line per layer, redrawn in place (cursor moved
+// up over the previous drawing), with bytes, percentage, rate and ETA.
+func TestProgressTerminal(t *testing.T) {
+	var out bytes.Buffer
+	c := &clock{t: time.Unix(1700000000, 0)}
+	p := newProgress(&out, true)
+	p.now = c.now
+	p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "download", Layer: 1, Total: 100 << 20})
+	c.t = c.t.Add(2 * time.Second)
+	p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "download", Layer: 1, Bytes: 50 << 20, Total: 100 << 20})
+	p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "download", Layer: 2, Total: 10 << 20})
+	p.finish()
+	frames := strings.Split(out.String(), "\033[")
+	last := out.String()[strings.LastIndex(out.String(), "\033[2A"):]
+	lines := strings.Split(strings.TrimSuffix(last, "\n"), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("last frame %q: want two lines (two layers) after a cursor-up by 2", last)
+	}
+	want1 := "layer 1   download         50.0 MiB / 100.0 MiB  50.0%  25.0 MiB/s  ETA 2s"
+	if got := strings.TrimPrefix(lines[0], "\033[2A\r\033[K"); got != want1 {
+		t.Errorf("layer 1 line %q\nwant          %q", got, want1)
+	}
+	if got := strings.TrimPrefix(lines[1], "\r\033[K"); !strings.HasPrefix(got, "layer 2   download          0.0 MiB / 10.0 MiB    0.0%") {
+		t.Errorf("layer 2 line %q", got)
+	}
+	if len(frames) < 4 {
+		t.Errorf("expected several redraws, got %q", out.String())
+	}
+}
+
+// TestProgressPlain: off a terminal, a line when a layer's step changes
+// and, while it only advances, at most one every plainInterval; no control
+// characters.
+func TestProgressPlain(t *testing.T) {
+	var out bytes.Buffer
+	c := &clock{t: time.Unix(1700000000, 0)}
+	p := newProgress(&out, false)
+	p.now = c.now
+	p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "download", Layer: 1, Total: 8 << 20})
+	for i := 1; i <= 8; i++ {
+		c.t = c.t.Add(time.Second)
+		p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "download", Layer: 1, Bytes: int64(i) << 20, Total: 8 << 20})
+	}
+	p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "validate", Layer: 1, Bytes: 8 << 20, Total: 8 << 20})
+	p.event(pipeline.Event{FSM: pipeline.FSMActivate, State: "register"})
+	p.finish()
+	got := out.String()
+	if strings.ContainsAny(got, "\r\033") {
+		t.Errorf("plain output has terminal control characters: %q", got)
+	}
+	lines := strings.Split(strings.TrimSpace(got), "\n")
+	want := []string{
+		"layer 1   download          0.0 MiB / 8.0 MiB     0.0%",
+		"layer 1   download          5.0 MiB / 8.0 MiB    62.5%  1.0 MiB/s  ETA 3s",
+		"layer 1   validate          8.0 MiB / 8.0 MiB   100.0%",
+		"image     register",
+	}
+	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
+		t.Errorf("plain output:\n%s\nwant:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
+	}
+}

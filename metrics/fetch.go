@@ -1,0 +1,193 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/smithy-go/middleware"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Fetch counts what the S3 pipelines do: S3 requests by operation and
+// outcome, bytes read from S3, requests that repeat a failed one, pulls by
+// duration and outcome, and layers rejected by rule. Get it from
+// Metrics.Fetch; install S3Middleware on every S3 client.
+type Fetch struct {
+	requests *prometheus.CounterVec
+	bytes    prometheus.Counter
+	retries  *prometheus.CounterVec
+	pulls    *prometheus.HistogramVec
+	rejected *prometheus.CounterVec
+
+	mu     sync.Mutex
+	failed map[string]bool // operation + bucket + key of requests whose last attempt failed
+}
+
+// maxFailed bounds the failed requests remembered for retry counting; past
+// it the oldest are forgotten (a retry of those is then not counted).
+const maxFailed = 4096
+
+// Fetch returns m's fetch counters, registering them on first use.
+func (m *Metrics) Fetch() *Fetch {
+	m.fetchOnce.Do(func() {
+		f := &Fetch{
+			requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Namespace: Namespace, Name: "s3_requests_total",
+				Help: "S3 requests by operation (GetObject, HeadObject, ListObjectsV2) and outcome (ok, not_found, client_error, server_error, network_error, canceled); a GetObject whose body then breaks counts once more, as network_error.",
+			}, []string{"operation", "outcome"}),
+			bytes: prometheus.NewCounter(prometheus.CounterOpts{
+				Namespace: Namespace, Name: "s3_downloaded_bytes_total",
+				Help: "Bytes of object bodies read from S3.",
+			}),
+			retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Namespace: Namespace, Name: "s3_retries_total",
+				Help: "S3 requests for the same operation, bucket and key as one that failed (the pipelines' retries and ranged resumes), by operation.",
+			}, []string{"operation"}),
+			pulls: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+				Namespace: Namespace, Name: "pull_duration_seconds",
+				Help: "Duration of S3 image pulls by outcome (ok, rejected, error).",
+				// 10 ms (an image already pulled) to ~45 min.
+				Buckets: prometheus.ExponentialBuckets(0.01, 2, 19),
+			}, []string{"outcome"}),
+			rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Namespace: Namespace, Name: "layers_rejected_total",
+				Help: "Pulls refused by a rule of the extraction or layout policy or the image size limit, by rule.",
+			}, []string{"rule"}),
+			failed: map[string]bool{},
+		}
+		m.reg.MustRegister(f.requests, f.bytes, f.retries, f.pulls, f.rejected)
+		m.fetch = f
+	})
+	return m.fetch
+}
+
+// ObservePull records one pull that took d: outcome "ok" when err is nil,
+// "rejected" (and the rule counted) when rule is not empty, else "error".
+func (f *Fetch) ObservePull(d time.Duration, rule string, err error) {
+	outcome := "ok"
+	switch {
+	case err == nil:
+	case rule != "":
+		outcome = "rejected"
+		f.rejected.WithLabelValues(rule).Inc()
+	default:
+		outcome = "error"
+	}
+	f.pulls.WithLabelValues(outcome).Observe(d.Seconds())
+}
+
+// S3Middleware is an AWS SDK API option (s3.Options.APIOptions) that
+// counts every request of the client it is installed on.
+func (f *Fetch) S3Middleware(stack *middleware.Stack) error {
+	return stack.Initialize.Add(middleware.InitializeMiddlewareFunc("flyioMetrics",
+		func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
+			op := awsmiddleware.GetOperationName(ctx)
+			id := op + " " + requestTarget(in.Parameters)
+			f.mu.Lock()
+			if f.failed[id] {
+				f.retries.WithLabelValues(op).Inc()
+			}
+			f.mu.Unlock()
+			out, md, err := next.HandleInitialize(ctx, in)
+			outcome := s3Outcome(ctx, err)
+			f.requests.WithLabelValues(op, outcome).Inc()
+			f.remember(id, outcome != "ok" && outcome != "not_found")
+			if g, ok := out.Result.(*s3.GetObjectOutput); ok && err == nil && g.Body != nil {
+				g.Body = &countingBody{ReadCloser: g.Body, f: f, op: op, id: id}
+			}
+			return out, md, err
+		}), middleware.After)
+}
+
+// remember notes whether the request id's last attempt failed.
+func (f *Fetch) remember(id string, failed bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !failed {
+		delete(f.failed, id)
+		return
+	}
+	if len(f.failed) >= maxFailed {
+		for k := range f.failed {
+			delete(f.failed, k)
+			break
+		}
+	}
+	f.failed[id] = true
+}
+
+// requestTarget names the bucket and key (or prefix) of an S3 input.
+func requestTarget(params any) string {
+	str := func(p *string) string {
+		if p == nil {
+			return ""
+		}
+		return *p
+	}
+	switch in := params.(type) {
+	case *s3.GetObjectInput:
+		return str(in.Bucket) + "/" + str(in.Key)
+	case *s3.HeadObjectInput:
+		return str(in.Bucket) + "/" + str(in.Key)
+	case *s3.ListObjectsV2Input:
+		return str(in.Bucket) + "/" + str(in.Prefix) + "?" + str(in.ContinuationToken)
+	}
+	return ""
+}
+
+// s3Outcome classifies a request's error.
+func s3Outcome(ctx context.Context, err error) string {
+	var re *smithyhttp.ResponseError
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil:
+		return "canceled"
+	case errors.As(err, &re) && re.Response != nil:
+		switch code := re.HTTPStatusCode(); {
+		case code == 404:
+			return "not_found"
+		case code >= 500:
+			return "server_error"
+		case code >= 400:
+			return "client_error"
+		}
+	}
+	return "network_error"
+}
+
+// countingBody counts the bytes of a GetObject body; a read error other
+// than EOF before Close makes the request a failed one (its resume is a
+// retry).
+type countingBody struct {
+	io.ReadCloser
+	f      *Fetch
+	op, id string
+	// done is set once the body broke or was closed: later errors are
+	// not the network's.
+	done atomic.Bool
+}
+
+// Read reads and counts.
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.f.bytes.Add(float64(n))
+	if err != nil && err != io.EOF && b.done.CompareAndSwap(false, true) {
+		b.f.requests.WithLabelValues(b.op, "network_error").Inc()
+		b.f.remember(b.id, true)
+	}
+	return n, err
+}
+
+// Close closes the body.
+func (b *countingBody) Close() error {
+	b.done.Store(true)
+	return b.ReadCloser.Close()
+}

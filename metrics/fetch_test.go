@@ -1,0 +1,127 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/smithy-go/middleware"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
+)
+
+// series gathers every sample of m whose name starts with prefix, as
+// "name{label=value,...}" -> value (a histogram gives its sample count).
+func series(t *testing.T, m *Metrics, prefix string) map[string]float64 {
+	t.Helper()
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if !strings.HasPrefix(mf.GetName(), prefix) {
+			continue
+		}
+		for _, mt := range mf.GetMetric() {
+			var labels []string
+			for _, l := range mt.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			v := mt.GetCounter().GetValue()
+			if h := mt.GetHistogram(); h != nil {
+				v = float64(h.GetSampleCount())
+			}
+			out[mf.GetName()+"{"+strings.Join(labels, ",")+"}"] = v
+		}
+	}
+	return out
+}
+
+// TestS3Counters drives a real S3 client (package s3source over the
+// in-process S3 server, its faults injected at the HTTP boundary) with the
+// middleware installed and checks what the counters say.
+func TestS3Counters(t *testing.T) {
+	ctx := context.Background()
+	srv := s3test.NewServer(t)
+	payload := strings.Repeat("layer bytes ", 1000)
+	srv.Put(t, "img/1.tar", []byte(payload))
+	m := New()
+	f := m.Fetch()
+	src, err := s3source.New(ctx, s3source.Config{Bucket: srv.Bucket, Region: "us-east-1", Endpoint: srv.URL, PathStyle: true, Anonymous: true,
+		APIOptions: []func(*middleware.Stack) error{f.S3Middleware}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.ResolveImage(ctx, "img/"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Stat(ctx, "img/missing.tar"); err == nil {
+		t.Fatal("stat of a missing key succeeded")
+	}
+	// One GET answered 503, then the same GET again (the pipeline's retry),
+	// read whole.
+	srv.Faults.Fail503(1, "img/1.tar")
+	if _, err := src.Open(ctx, "img/1.tar", 0); err == nil {
+		t.Fatal("the injected 503 was not an error")
+	}
+	body, err := src.Open(ctx, "img/1.tar", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := io.Copy(io.Discard, body)
+	body.Close()
+	if err != nil || n != int64(len(payload)) {
+		t.Fatalf("read %d bytes, %v", n, err)
+	}
+	// A body cut after 100 bytes, then resumed where it broke.
+	srv.Faults.DropAfter(1, "img/1.tar", 100)
+	body, err = src.Open(ctx, "img/1.tar", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, rerr := io.Copy(io.Discard, body)
+	body.Close()
+	if rerr == nil {
+		t.Fatalf("the cut body read %d bytes without an error", got)
+	}
+	body, err = src.Open(ctx, "img/1.tar", got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rest, _ := io.Copy(io.Discard, body)
+	body.Close()
+
+	f.ObservePull(2*time.Second, "", nil)
+	f.ObservePull(time.Second, "too_many_entries", errors.New("rejected"))
+	f.ObservePull(time.Second, "", errors.New("S3 down"))
+
+	s := series(t, m, Namespace+"_")
+	want := map[string]float64{
+		`flyio_snapshotter_s3_requests_total{operation=ListObjectsV2,outcome=ok}`:       1,
+		`flyio_snapshotter_s3_requests_total{operation=HeadObject,outcome=not_found}`:   1,
+		`flyio_snapshotter_s3_requests_total{operation=GetObject,outcome=server_error}`: 1,
+		// the whole read, the cut one (ok at its headers), its resume
+		`flyio_snapshotter_s3_requests_total{operation=GetObject,outcome=ok}`:            3,
+		`flyio_snapshotter_s3_requests_total{operation=GetObject,outcome=network_error}`: 1,
+		// the GET after the 503 and the resume after the cut
+		`flyio_snapshotter_s3_retries_total{operation=GetObject}`:        2,
+		`flyio_snapshotter_s3_downloaded_bytes_total{}`:                  float64(int64(len(payload)) + got + rest),
+		`flyio_snapshotter_pull_duration_seconds{outcome=ok}`:            1,
+		`flyio_snapshotter_pull_duration_seconds{outcome=rejected}`:      1,
+		`flyio_snapshotter_pull_duration_seconds{outcome=error}`:         1,
+		`flyio_snapshotter_layers_rejected_total{rule=too_many_entries}`: 1,
+	}
+	for k, v := range want {
+		if s[k] != v {
+			t.Errorf("%s = %v, want %v", k, s[k], v)
+		}
+	}
+	if t.Failed() {
+		t.Logf("all series: %v", s)
+	}
+}
