@@ -25,6 +25,7 @@ type Fetch struct {
 	retries  *prometheus.CounterVec
 	pulls    *prometheus.HistogramVec
 	rejected *prometheus.CounterVec
+	steps    *prometheus.CounterVec
 
 	mu     sync.Mutex
 	failed map[string]bool // operation + bucket + key of requests whose last attempt failed
@@ -60,13 +61,21 @@ func (m *Metrics) Fetch() *Fetch {
 				Namespace: Namespace, Name: "layers_rejected_total",
 				Help: "Pulls refused by a rule of the extraction or layout policy or the image size limit, by rule.",
 			}, []string{"rule"}),
+			steps: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Namespace: Namespace, Name: "pipeline_step_retries_total",
+				Help: "Attempts of a state-machine step that failed and are retried, by machine and step.",
+			}, []string{"fsm", "step"}),
 			failed: map[string]bool{},
 		}
-		m.reg.MustRegister(f.requests, f.bytes, f.retries, f.pulls, f.rejected)
+		m.reg.MustRegister(f.requests, f.bytes, f.retries, f.pulls, f.rejected, f.steps)
 		m.fetch = f
 	})
 	return m.fetch
 }
+
+// StepRetried counts one failed attempt of step of machine fsm that will be
+// retried (pipeline.Options.OnRetry).
+func (f *Fetch) StepRetried(fsm, step string) { f.steps.WithLabelValues(fsm, step).Inc() }
 
 // ObservePull records one pull that took d: outcome "ok" when err is nil,
 // "rejected" (and the rule counted) when rule is not empty, else "error".

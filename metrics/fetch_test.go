@@ -99,6 +99,7 @@ func TestS3Counters(t *testing.T) {
 	f.ObservePull(2*time.Second, "", nil)
 	f.ObservePull(time.Second, "too_many_entries", errors.New("rejected"))
 	f.ObservePull(time.Second, "", errors.New("S3 down"))
+	f.StepRetried("download-image", "download")
 
 	s := series(t, m, Namespace+"_")
 	want := map[string]float64{
@@ -109,12 +110,13 @@ func TestS3Counters(t *testing.T) {
 		`flyio_snapshotter_s3_requests_total{operation=GetObject,outcome=ok}`:            3,
 		`flyio_snapshotter_s3_requests_total{operation=GetObject,outcome=network_error}`: 1,
 		// the GET after the 503 and the resume after the cut
-		`flyio_snapshotter_s3_retries_total{operation=GetObject}`:        2,
-		`flyio_snapshotter_s3_downloaded_bytes_total{}`:                  float64(int64(len(payload)) + got + rest),
-		`flyio_snapshotter_pull_duration_seconds{outcome=ok}`:            1,
-		`flyio_snapshotter_pull_duration_seconds{outcome=rejected}`:      1,
-		`flyio_snapshotter_pull_duration_seconds{outcome=error}`:         1,
-		`flyio_snapshotter_layers_rejected_total{rule=too_many_entries}`: 1,
+		`flyio_snapshotter_s3_retries_total{operation=GetObject}`:                         2,
+		`flyio_snapshotter_s3_downloaded_bytes_total{}`:                                   float64(int64(len(payload)) + got + rest),
+		`flyio_snapshotter_pull_duration_seconds{outcome=ok}`:                             1,
+		`flyio_snapshotter_pull_duration_seconds{outcome=rejected}`:                       1,
+		`flyio_snapshotter_pull_duration_seconds{outcome=error}`:                          1,
+		`flyio_snapshotter_layers_rejected_total{rule=too_many_entries}`:                  1,
+		`flyio_snapshotter_pipeline_step_retries_total{fsm=download-image,step=download}`: 1,
 	}
 	for k, v := range want {
 		if s[k] != v {

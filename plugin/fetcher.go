@@ -142,7 +142,16 @@ func (s *Service) PipelineOptions() pipeline.Options {
 		Downloads:       c.Queues.Downloads,
 		Unpacking:       c.Queues.Unpacking,
 		Registrar:       registrar(c),
+		OnRetry:         onRetry(fm),
 	}
+}
+
+// onRetry counts the pipelines' step retries in fm (nil: not counted).
+func onRetry(fm *metrics.Fetch) func(fsm, step string) {
+	if fm == nil {
+		return nil
+	}
+	return fm.StepRetried
 }
 
 // registrar is the containerd registrar of [containerd], or nil when no

@@ -745,3 +745,49 @@ func TestResumedRunsWaitForTheirQueue(t *testing.T) {
 		t.Fatalf("second run entered = %s, want %s", second, other)
 	}
 }
+
+// TestRetryObserverAndOnFail: every retried attempt is reported to the
+// manager's retry observer, and a run that ends without completing (here,
+// attempts used up) runs the machine's cleanup once, with its request and
+// where it stopped, before its end is recorded.
+func TestRetryObserverAndOnFail(t *testing.T) {
+	db := openDB(t)
+	var mu sync.Mutex
+	var retried []string
+	m := newManager(t, db, fsm.WithRetryObserver(func(name, transition string) {
+		mu.Lock()
+		defer mu.Unlock()
+		retried = append(retried, name+"/"+transition)
+	}))
+	var cleanups atomic.Int32
+	var cleaned string
+	start := mustBuild(t, fsm.Register[testReq, testResp](m, "leaky").
+		Start("make", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
+			return nil, errors.New("half made")
+		}, fast(3)).
+		End("done").
+		OnFail(func(ctx context.Context, req *fsm.Request[testReq, testResp]) error {
+			cleanups.Add(1)
+			cleaned = req.Run.Transition
+			if row, err := db.GetRun(ctx, req.Run.ID); err != nil || row.State == metadata.RunFailed {
+				t.Errorf("cleanup ran after the end was recorded: %+v %v", row, err)
+			}
+			return nil
+		}))
+	ctx := waitCtx(t)
+	id, err := start(ctx, "x", &testReq{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if state, _, _ := m.Wait(ctx, id); state != fsm.StateFailed {
+		t.Fatalf("state %s, want failed", state)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Join(retried, ",") != "leaky/make,leaky/make" {
+		t.Errorf("retries observed: %v, want the two retried attempts of leaky/make", retried)
+	}
+	if cleanups.Load() != 1 || cleaned != "make" {
+		t.Errorf("cleanups = %d at %q, want 1 at make", cleanups.Load(), cleaned)
+	}
+}

@@ -18,8 +18,9 @@ import (
 // and run-after ordering, checkpoints every step, and resumes interrupted
 // runs after a restart. All methods are safe for concurrent use.
 type Manager struct {
-	store  Store
-	limits map[string]int
+	store   Store
+	limits  map[string]int
+	onRetry func(fsm, transition string)
 
 	base   context.Context // canceled by Close: every run's context derives from it
 	cancel context.CancelFunc
@@ -48,6 +49,13 @@ type ManagerOption func(*Manager)
 // started with a queue that has no limit configured are refused.
 func WithQueueLimit(name string, limit int) ManagerOption {
 	return func(m *Manager) { m.limits[name] = max(limit, 1) }
+}
+
+// WithRetryObserver has fn told of every failed attempt that will be
+// retried (the FSM's and the transition's names), for counters; fn must
+// not block.
+func WithRetryObserver(fn func(fsm, transition string)) ManagerOption {
+	return func(m *Manager) { m.onRetry = fn }
 }
 
 // NewManager returns a manager over store. Register FSMs on it, Build them,

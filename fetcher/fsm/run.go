@@ -220,6 +220,9 @@ func (f *machine[R, W]) runFrom(ctx context.Context, rec *RunRecord, idx int, in
 			}
 			delay := t.cfg.retry.Delay(attempt)
 			lg.WithError(err).WithField("retry_in", delay).Warn("fsm: transition failed, will retry")
+			if f.m.onRetry != nil {
+				f.m.onRetry(f.name, t.name)
+			}
 			// Record the error and count the coming attempt before waiting.
 			if err := f.m.checkpoint(ctx, f.cp(*rec, t.name, attempt+1, nil)); err != nil {
 				f.stall(ctx, *rec, err)

@@ -99,6 +99,9 @@ type Options struct {
 
 	// Registrar, when set, registers activated images in containerd.
 	Registrar Registrar
+	// OnRetry, when set, is told of every transition attempt that failed
+	// and will be retried (for a counter); it must not block.
+	OnRetry func(fsm, transition string)
 	// RetryInitial, when positive, replaces the first retry delay of every
 	// transition (the cap becomes 8 times it); tests use it to stay fast.
 	RetryInitial time.Duration
@@ -173,7 +176,8 @@ func New(ctx context.Context, opts Options) (*Pipelines, error) {
 		p.hooks = map[string]func(){at: func() { select {} }}
 	}
 	p.m = fsm.NewManager(fsm.NewSQLiteStore(opts.DB),
-		fsm.WithQueueLimit(QueueDownloads, opts.Downloads), fsm.WithQueueLimit(QueueUnpacking, opts.Unpacking))
+		fsm.WithQueueLimit(QueueDownloads, opts.Downloads), fsm.WithQueueLimit(QueueUnpacking, opts.Unpacking),
+		fsm.WithRetryObserver(opts.OnRetry))
 	var err error
 	if p.startDownload, err = p.buildDownload(ctx); err != nil {
 		return nil, err
