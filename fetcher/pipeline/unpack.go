@@ -378,7 +378,7 @@ func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, e
 		},
 	})
 	if err != nil {
-		if tarball.IsRejection(err) || errors.Is(err, unix.ENOSPC) {
+		if tarball.IsPermanent(err) {
 			_ = umount()
 			return nil, p.failUnpack(ctx, req, fsm.Abort(fmt.Errorf("unpack %s from %s: %w", r.ChainID, r.S3URL, err)))
 		}

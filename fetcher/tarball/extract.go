@@ -178,7 +178,7 @@ func (x *extractor) apply(s *stream, e entry) error {
 	}
 	var pe *PolicyError
 	if err != nil && !errors.As(err, &pe) && !errors.Is(err, ErrMalformed) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-		err = fmt.Errorf("extract entry %q: %w", raw, err)
+		err = exhausted(fmt.Errorf("extract entry %q: %w", raw, err))
 	}
 	return err
 }
@@ -423,10 +423,25 @@ func (x *extractor) hardlink(raw string, e entry) error {
 	if !ok {
 		return reject(raw, ErrHardlinkTarget, "-> %s is not in the tree", e.link)
 	}
-	if _, _, _, err := x.slot(raw, e.name, false); err != nil {
+	// Link from the two directories' descriptors: a walk of both names
+	// from the root would cost a system call per component.
+	src, err := l.r.Open(".")
+	if err != nil {
 		return err
 	}
-	return x.root.Link(e.link, e.name)
+	defer src.Close()
+	dst, base, _, err := x.slot(raw, e.name, false)
+	if err != nil {
+		return err
+	}
+	fd, err := dst.fd()
+	if err != nil {
+		return err
+	}
+	if err := unix.Linkat(int(src.Fd()), path.Base(e.link), fd, base, 0); err != nil {
+		return &os.LinkError{Op: "linkat", Old: e.link, New: e.name, Err: err}
+	}
+	return nil
 }
 
 func (x *extractor) fifo(raw string, e entry) error {
