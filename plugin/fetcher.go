@@ -54,7 +54,17 @@ func (s *Service) PipelineOptions() pipeline.Options {
 		Downloads:       c.Queues.Downloads,
 		Unpacking:       c.Queues.Unpacking,
 		Registrar:       registrar(c),
+		PoolFree:        s.poolFree,
 	}
+}
+
+// poolFree is the pool's free data space in bytes.
+func (s *Service) poolFree(ctx context.Context) (int64, error) {
+	st, err := s.Pool.Status(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return int64(st.TotalDataBlocks-st.UsedDataBlocks) * int64(st.BlockSizeSectors) * 512, nil
 }
 
 // registrar is the containerd registrar of [containerd], or nil when no

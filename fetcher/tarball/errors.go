@@ -62,6 +62,9 @@ var (
 	ErrFileTooLarge = errors.New("file too large")
 	// ErrTotalTooLarge: files adding up to more than Limits.MaxTotalSize.
 	ErrTotalTooLarge = errors.New("total size too large")
+	// ErrOverBudget: an archive whose file data (runs of zeros aside) is
+	// more than ExtractOptions.MaxDataBytes, the space the caller has.
+	ErrOverBudget = errors.New("file data over the space budget")
 	// ErrWhiteoutEscape: a whiteout whose target is "", "." or "..", which
 	// would remove its own directory or climb above it.
 	ErrWhiteoutEscape = errors.New("whiteout escapes its directory")
