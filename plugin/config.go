@@ -19,6 +19,8 @@ import (
 
 	"github.com/containerd/containerd/v2/pkg/identifiers"
 	toml "github.com/pelletier/go-toml/v2"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 )
 
 // Defaults of the keys that are not derived from daemon.root_dir.
@@ -132,6 +134,12 @@ type S3Config struct {
 	Anonymous bool `toml:"anonymous"`
 	// Prefix is prepended to every image key.
 	Prefix string `toml:"prefix"`
+	// ConnectTimeout bounds connecting to the server.
+	ConnectTimeout Duration `toml:"connect_timeout"`
+	// ResponseHeaderTimeout bounds the wait for a response's headers.
+	ResponseHeaderTimeout Duration `toml:"response_header_timeout"`
+	// IdleTimeout bounds the wait for more of a response's body.
+	IdleTimeout Duration `toml:"idle_timeout"`
 }
 
 // PipelineConfig is the [pipeline] section: limits of the download, unpack
@@ -152,6 +160,8 @@ type PipelineConfig struct {
 	// distribution images carry some (su, passwd, mount); turn it on only
 	// for image sources you trust.
 	AllowSetID bool `toml:"allow_setid"`
+	// MaxLayers is the most layers (tarballs) one image may have.
+	MaxLayers int `toml:"max_layers"`
 }
 
 // QueuesConfig is the [queues] section: how many state-machine runs of each
@@ -189,7 +199,13 @@ func defaults() *Config {
 			FSType:        DefaultFSType,
 			AsyncRemove:   true,
 		},
+		S3: S3Config{
+			ConnectTimeout:        D(s3source.DefaultConnectTimeout),
+			ResponseHeaderTimeout: D(s3source.DefaultResponseHeaderTimeout),
+			IdleTimeout:           D(s3source.DefaultIdleTimeout),
+		},
 		Pipeline: PipelineConfig{
+			MaxLayers:       s3source.DefaultMaxLayers,
 			MaxImageSize:    DefaultMaxImageSize,
 			DownloadTimeout: D(DefaultDownloadTimeout),
 			ExtractTimeout:  D(DefaultExtractTimeout),
@@ -512,6 +528,9 @@ func (c *Config) Validate() error {
 	if strings.HasPrefix(s.Prefix, "/") {
 		bad("s3.prefix", "must not start with '/' (S3 keys have no leading slash), got %q", s.Prefix)
 	}
+	positiveDuration("s3.connect_timeout", s.ConnectTimeout)
+	positiveDuration("s3.response_header_timeout", s.ResponseHeaderTimeout)
+	positiveDuration("s3.idle_timeout", s.IdleTimeout)
 
 	pl := c.Pipeline
 	absPath("pipeline.download_dir", pl.DownloadDir, false)
@@ -521,6 +540,9 @@ func (c *Config) Validate() error {
 	positiveDuration("pipeline.download_timeout", pl.DownloadTimeout)
 	positiveDuration("pipeline.extract_timeout", pl.ExtractTimeout)
 	positiveDuration("pipeline.stale_lock_age", pl.StaleLockAge)
+	if pl.MaxLayers < 1 {
+		bad("pipeline.max_layers", "must be at least 1, got %d", pl.MaxLayers)
+	}
 
 	if q := c.Queues.Downloads; q < 1 || q > maxQueue {
 		bad("queues.downloads", "must be between 1 and %d, got %d", maxQueue, q)

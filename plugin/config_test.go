@@ -151,6 +151,9 @@ endpoint = "http://127.0.0.1:9000"
 path_style = true
 anonymous = true
 prefix = "images/"
+connect_timeout = "3s"
+response_header_timeout = "7s"
+idle_timeout = "20s"
 [pipeline]
 download_dir = "/srv/dl"
 max_image_size = "2GB"
@@ -158,6 +161,7 @@ download_timeout = "90s"
 extract_timeout = "1h"
 stale_lock_age = "45m"
 allow_setid = true
+max_layers = 64
 [queues]
 downloads = 8
 unpacking = 3
@@ -176,9 +180,10 @@ namespace = "k8s.io"
 			DataSize: 1 << 30, MetadataSize: 64 << 20, BlockSize: 256 << 10, LowWaterMark: 1024,
 			BaseImageSize: 3 << 29, FSType: "xfs", MkfsOptions: []string{"-K", "-m", "crc=1"},
 			AsyncRemove: false, DeleteUnknownDevices: true},
-		S3: S3Config{Bucket: "my-images", Region: "eu-west-1", Endpoint: "http://127.0.0.1:9000", PathStyle: true, Anonymous: true, Prefix: "images/"},
+		S3: S3Config{Bucket: "my-images", Region: "eu-west-1", Endpoint: "http://127.0.0.1:9000", PathStyle: true, Anonymous: true, Prefix: "images/",
+			ConnectTimeout: D(3 * time.Second), ResponseHeaderTimeout: D(7 * time.Second), IdleTimeout: D(20 * time.Second)},
 		Pipeline: PipelineConfig{DownloadDir: "/srv/dl", MaxImageSize: 2_000_000_000,
-			DownloadTimeout: D(90 * time.Second), ExtractTimeout: D(time.Hour), StaleLockAge: D(45 * time.Minute), AllowSetID: true},
+			DownloadTimeout: D(90 * time.Second), ExtractTimeout: D(time.Hour), StaleLockAge: D(45 * time.Minute), AllowSetID: true, MaxLayers: 64},
 		Queues:     QueuesConfig{Downloads: 8, Unpacking: 3},
 		Containerd: ContainerdConfig{Address: "/run/k3s/containerd.sock", Namespace: "k8s.io"},
 	}
@@ -298,6 +303,8 @@ func TestValidateRules(t *testing.T) {
 		{"download timeout", func(c *Config) { c.Pipeline.DownloadTimeout = D(0) }, `pipeline.download_timeout: must be a positive duration such as "30m", got "0s"`},
 		{"extract timeout", func(c *Config) { c.Pipeline.ExtractTimeout = D(-time.Second) }, "pipeline.extract_timeout: must be a positive duration"},
 		{"stale lock age", func(c *Config) { c.Pipeline.StaleLockAge = D(0) }, "pipeline.stale_lock_age: must be a positive duration"},
+		{"max layers", func(c *Config) { c.Pipeline.MaxLayers = 0 }, "pipeline.max_layers: must be at least 1, got 0"},
+		{"s3 idle timeout", func(c *Config) { c.S3.IdleTimeout = D(0) }, "s3.idle_timeout: must be a positive duration"},
 		{"downloads zero", func(c *Config) { c.Queues.Downloads = 0 }, "queues.downloads: must be between 1 and 64, got 0"},
 		{"unpacking big", func(c *Config) { c.Queues.Unpacking = 65 }, "queues.unpacking: must be between 1 and 64, got 65"},
 		{"containerd address", func(c *Config) { c.Containerd.Address = "containerd.sock" }, "containerd.address: must be an absolute path"},

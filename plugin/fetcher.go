@@ -14,9 +14,12 @@ import (
 )
 
 // S3SourceConfig returns the s3source.Config of bucket under the [s3]
-// section (endpoint, region, path style, anonymous access).
+// section (endpoint, region, path style, anonymous access, timeouts) and
+// pipeline.max_layers.
 func (c *Config) S3SourceConfig(bucket string) s3source.Config {
-	return s3source.Config{Bucket: bucket, Region: c.S3.Region, Endpoint: c.S3.Endpoint, PathStyle: c.S3.PathStyle, Anonymous: c.S3.Anonymous}
+	return s3source.Config{Bucket: bucket, Region: c.S3.Region, Endpoint: c.S3.Endpoint, PathStyle: c.S3.PathStyle, Anonymous: c.S3.Anonymous,
+		ConnectTimeout: c.S3.ConnectTimeout.Duration, ResponseHeaderTimeout: c.S3.ResponseHeaderTimeout.Duration,
+		IdleTimeout: c.S3.IdleTimeout.Duration, MaxLayers: c.Pipeline.MaxLayers}
 }
 
 // PipelineOptions returns the pipeline.Options of the [pipeline], [queues]
