@@ -11,9 +11,11 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/user"
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -75,6 +77,9 @@ type DaemonConfig struct {
 	// MetricsAddress is the host:port of the Prometheus /metrics endpoint;
 	// empty disables it.
 	MetricsAddress string `toml:"metrics_address"`
+	// SocketGroup is the group (a name or a number) given both sockets:
+	// its members, and root, may use them.
+	SocketGroup string `toml:"socket_group"`
 }
 
 // MetadataConfig is the [metadata] section.
@@ -189,6 +194,7 @@ func defaults() *Config {
 			ControlSocket: DefaultControlSocket,
 			RootDir:       DefaultRootDir,
 			LogLevel:      DefaultLogLevel,
+			SocketGroup:   DefaultSocketGroup,
 		},
 		Pool: PoolConfig{
 			Name:          DefaultPoolName,
@@ -515,6 +521,10 @@ func (c *Config) Validate() error {
 		}
 	}
 
+	if _, err := c.SocketGID(); err != nil {
+		bad("daemon.socket_group", "%v", err)
+	}
+
 	s := c.S3
 	if s.Bucket != "" && (!bucketNameRE.MatchString(s.Bucket) || strings.Contains(s.Bucket, "..")) {
 		bad("s3.bucket", "must be an S3 bucket name (3-63 lower-case letters, digits, '.' and '-', starting and ending with a letter or digit), got %q", s.Bucket)
@@ -556,4 +566,21 @@ func (c *Config) Validate() error {
 		bad("containerd.namespace", "must be a containerd namespace (letters, digits and ._- separators, at most 76 characters), got %q", c.Containerd.Namespace)
 	}
 	return errors.Join(errs...)
+}
+
+// SocketGID resolves daemon.socket_group: a group id, or a group name
+// looked up in the group database.
+func (c *Config) SocketGID() (int, error) {
+	g := c.Daemon.SocketGroup
+	if id, err := strconv.Atoi(g); err == nil {
+		if id < 0 {
+			return 0, fmt.Errorf("must be a group name or a non-negative id, got %d", id)
+		}
+		return id, nil
+	}
+	grp, err := user.LookupGroup(g)
+	if err != nil {
+		return 0, fmt.Errorf("must be a group name or id: %w", err)
+	}
+	return strconv.Atoi(grp.Gid)
 }

@@ -128,6 +128,7 @@ control_socket = ""
 root_dir = "/srv/x"
 log_level = "debug"
 metrics_address = "127.0.0.1:9123"
+socket_group = "1000"
 [metadata]
 path = "/srv/db/meta.db"
 [pool]
@@ -174,7 +175,7 @@ namespace = "k8s.io"
 		t.Fatal(err)
 	}
 	want := &Config{
-		Daemon:   DaemonConfig{Socket: "/run/x/snap.sock", RootDir: "/srv/x", LogLevel: "debug", MetricsAddress: "127.0.0.1:9123"},
+		Daemon:   DaemonConfig{Socket: "/run/x/snap.sock", RootDir: "/srv/x", LogLevel: "debug", MetricsAddress: "127.0.0.1:9123", SocketGroup: "1000"},
 		Metadata: MetadataConfig{Path: "/srv/db/meta.db"},
 		Pool: PoolConfig{Name: "pool-2", RootDir: "/srv/pool", DataDevice: "/dev/vdb", MetadataDevice: "/dev/vdc",
 			DataSize: 1 << 30, MetadataSize: 64 << 20, BlockSize: 256 << 10, LowWaterMark: 1024,
@@ -303,6 +304,7 @@ func TestValidateRules(t *testing.T) {
 		{"download timeout", func(c *Config) { c.Pipeline.DownloadTimeout = D(0) }, `pipeline.download_timeout: must be a positive duration such as "30m", got "0s"`},
 		{"extract timeout", func(c *Config) { c.Pipeline.ExtractTimeout = D(-time.Second) }, "pipeline.extract_timeout: must be a positive duration"},
 		{"stale lock age", func(c *Config) { c.Pipeline.StaleLockAge = D(0) }, "pipeline.stale_lock_age: must be a positive duration"},
+		{"socket group", func(c *Config) { c.Daemon.SocketGroup = "no-such-group-here" }, "daemon.socket_group: must be a group name or id"},
 		{"max layers", func(c *Config) { c.Pipeline.MaxLayers = 0 }, "pipeline.max_layers: must be at least 1, got 0"},
 		{"s3 idle timeout", func(c *Config) { c.S3.IdleTimeout = D(0) }, "s3.idle_timeout: must be a positive duration"},
 		{"downloads zero", func(c *Config) { c.Queues.Downloads = 0 }, "queues.downloads: must be between 1 and 64, got 0"},

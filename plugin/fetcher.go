@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"net"
 	"sync"
 
 	"github.com/containerd/log"
@@ -101,11 +102,11 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	if sock := s.Config.Daemon.ControlSocket; sock != "" {
-		lis, err := control.Listen(ctx, sock)
+		lis, err := s.listenControl(ctx, sock)
 		if err != nil {
 			cancel()
 			p.Close(ctx)
-			return nil, fmt.Errorf("fetcher: %w", err)
+			return nil, fmt.Errorf("fetcher: control %w", err)
 		}
 		go func() {
 			defer close(done)
@@ -123,4 +124,20 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 			log.G(ctx).WithError(err).Warn("closing the pipelines")
 		}
 	}, nil
+}
+
+// listenControl listens on the control socket like the snapshots socket
+// (SocketMode, daemon.socket_group), and lets only root and that group's
+// members through (PeerCheck): it pulls from any bucket with the daemon's
+// credentials.
+func (s *Service) listenControl(ctx context.Context, path string) (net.Listener, error) {
+	gid, err := s.Config.SocketGID()
+	if err != nil {
+		return nil, err
+	}
+	lis, err := ListenUnix(ctx, path, SocketMode, gid)
+	if err != nil {
+		return nil, err
+	}
+	return PeerCheck(ctx, lis, gid), nil
 }

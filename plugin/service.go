@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/log"
@@ -57,9 +58,13 @@ type Service struct {
 	// served is what Serve gives containerd: the snapshotter itself, or
 	// the S3 pipelines' view of it once StartFetcher has run.
 	served snapshots.Snapshotter
+	// lock is the single-instance lock of daemon.root_dir (lockRoot).
+	lock *os.File
 }
 
-// Open validates cfg, opens the database read-write (migrating it), opens
+// Open validates cfg, takes the single-instance lock of daemon.root_dir
+// (LockFileName; ErrLocked, naming the holder's pid, if another process
+// has it), opens the database read-write (migrating it), opens
 // or creates the thin pool and builds the snapshotter, which reconciles the
 // database with the pool before Open returns. On error everything opened so
 // far is closed again.
@@ -76,6 +81,11 @@ func Open(ctx context.Context, cfg *Config) (_ *Service, err error) {
 		}
 	}()
 	l := log.G(ctx).WithField("db", cfg.Metadata.Path).WithField("pool", cfg.Pool.Name)
+	// Before anything is opened for writing: a second daemon on the same
+	// root would reconcile and resume the first one's work under it.
+	if s.lock, err = lockRoot(cfg.Daemon.RootDir); err != nil {
+		return nil, fmt.Errorf("open service: %w", err)
+	}
 	if s.DB, err = metadata.Open(ctx, cfg.MetadataOptions(false)); err != nil {
 		return nil, fmt.Errorf("open service: metadata database %s: %w", cfg.Metadata.Path, err)
 	}
@@ -90,7 +100,7 @@ func Open(ctx context.Context, cfg *Config) (_ *Service, err error) {
 }
 
 // Close closes the snapshotter, then the pool (which stays active in the
-// kernel), then the database. It returns every error met, joined, and may
+// kernel), then the database, and releases the lock. It returns every error met, joined, and may
 // be called on a half-opened Service.
 func (s *Service) Close() error {
 	var errs []error
@@ -111,6 +121,10 @@ func (s *Service) Close() error {
 			errs = append(errs, fmt.Errorf("close metadata database %s: %w", s.Config.Metadata.Path, err))
 		}
 		s.DB = nil
+	}
+	if s.lock != nil {
+		s.lock.Close() // releases the lock; the file stays for the next owner
+		s.lock = nil
 	}
 	return errors.Join(errs...)
 }
