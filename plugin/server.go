@@ -242,6 +242,9 @@ type unixListener struct {
 	ino  uint64
 }
 
+// Addr is the socket's path (it was bound under a temporary name).
+func (l *unixListener) Addr() net.Addr { return &net.UnixAddr{Name: l.path, Net: "unix"} }
+
 func (l *unixListener) Close() error {
 	err := l.UnixListener.Close()
 	var st unix.Stat_t
