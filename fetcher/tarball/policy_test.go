@@ -3,6 +3,7 @@ package tarball
 import (
 	"errors"
 	"fmt"
+	"path"
 	"strings"
 	"testing"
 )
@@ -74,5 +75,39 @@ func TestImplicitDirBudget(t *testing.T) {
 	}
 	if len(c.nodes) > 10_100 {
 		t.Errorf("%d names remembered, budget 10,000", len(c.nodes))
+	}
+}
+
+// TestAncestorCacheKeepsStaleness: a directory whited out and made again
+// while its path is cached is new for hard links: a link to a file it
+// held before is refused.
+func TestAncestorCacheKeepsStaleness(t *testing.T) {
+	c := newChecker(Limits{}, false)
+	for _, e := range []ent{file("d/x/f", "f"), file("d/.wh.x", ""), file("d/x/g", "g")} {
+		if _, err := c.admit(&e.hdr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := hardlink("h", "d/x/f")
+	if _, err := c.admit(&h.hdr); !errors.Is(err, ErrHardlinkTarget) {
+		t.Fatalf("link to a file of a re-made directory: %v, want %v", err, ErrHardlinkTarget)
+	}
+	h = hardlink("h2", "d/x/g")
+	if _, err := c.admit(&h.hdr); err != nil {
+		t.Fatalf("link to a file of the new directory: %v", err)
+	}
+}
+
+// TestIsCleanAgreesWithPathClean: the fast path of cleanName takes a name
+// as it is only when path.Clean would leave it unchanged and no rule
+// applies to it.
+func TestIsCleanAgreesWithPathClean(t *testing.T) {
+	for _, n := range []string{"a", "a/b", "usr/lib/x.so", ".", "./a", "a/", "a//b", "a/./b", "a/..", "../a", "..a/b..", ".a/.b",
+		"/a", "", "a/" + strings.Repeat("c", 256), strings.Repeat("d/", 10) + "e"} {
+		got, want := isClean(n), n != "" && path.Clean(n) == n && !strings.HasPrefix(n, "/") && n != "." &&
+			!strings.HasPrefix(n, "../") && n != ".." && !strings.Contains(n, strings.Repeat("c", 256))
+		if got != want {
+			t.Errorf("isClean(%.30q) = %v, want %v", n, got, want)
+		}
 	}
 }
