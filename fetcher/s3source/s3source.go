@@ -487,7 +487,7 @@ func (s *Source) Open(ctx context.Context, key string, offset int64, opts ...Ope
 	b := &Body{ReadCloser: out.Body, Offset: offset, ETag: aws.ToString(out.ETag)}
 	if in.IfMatch != nil && b.ETag != *in.IfMatch {
 		out.Body.Close()
-		return nil, fmt.Errorf("get s3://%s/%s: ETag %s, want %s: %w", s.bucket, key, b.ETag, *in.IfMatch, ErrChanged)
+		return nil, fmt.Errorf("get s3://%s/%s: ETag %q, want %q: %w", s.bucket, key, b.ETag, *in.IfMatch, ErrChanged)
 	}
 	length := aws.ToInt64(out.ContentLength)
 	if cr := aws.ToString(out.ContentRange); offset > 0 && cr != "" {
