@@ -11,10 +11,12 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/user"
 	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/containerd/containerd/v2/pkg/identifiers"
@@ -22,6 +24,7 @@ import (
 	toml "github.com/pelletier/go-toml/v2"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
@@ -84,6 +87,9 @@ type DaemonConfig struct {
 	// MetricsAddress is the host:port of the Prometheus /metrics endpoint;
 	// empty disables it.
 	MetricsAddress string `toml:"metrics_address"`
+	// SocketGroup is the group (a name or a number) given both sockets:
+	// its members, and root, may use them.
+	SocketGroup string `toml:"socket_group"`
 }
 
 // MetadataConfig is the [metadata] section.
@@ -149,6 +155,12 @@ type S3Config struct {
 	// bucket, whoever asks; when both are empty any bucket the daemon's
 	// credentials reach may be pulled from.
 	AllowedBuckets []string `toml:"allowed_buckets"`
+	// ConnectTimeout bounds connecting to the server.
+	ConnectTimeout Duration `toml:"connect_timeout"`
+	// ResponseHeaderTimeout bounds the wait for a response's headers.
+	ResponseHeaderTimeout Duration `toml:"response_header_timeout"`
+	// IdleTimeout bounds the wait for more of a response's body.
+	IdleTimeout Duration `toml:"idle_timeout"`
 }
 
 // PipelineConfig is the [pipeline] section: limits of the download, unpack
@@ -177,6 +189,8 @@ type PipelineConfig struct {
 	// image's tree; an empty list requires none (images built FROM
 	// scratch).
 	RequiredDirs []string `toml:"required_dirs"`
+	// MaxLayers is the most layers (tarballs) one image may have.
+	MaxLayers int `toml:"max_layers"`
 }
 
 // QueuesConfig is the [queues] section: how many state-machine runs of each
@@ -205,6 +219,7 @@ func defaults() *Config {
 			RootDir:       DefaultRootDir,
 			LogLevel:      DefaultLogLevel,
 			LogFormat:     DefaultLogFormat,
+			SocketGroup:   DefaultSocketGroup,
 		},
 		Pool: PoolConfig{
 			Name:          DefaultPoolName,
@@ -215,7 +230,13 @@ func defaults() *Config {
 			FSType:        DefaultFSType,
 			AsyncRemove:   true,
 		},
+		S3: S3Config{
+			ConnectTimeout:        D(s3source.DefaultConnectTimeout),
+			ResponseHeaderTimeout: D(s3source.DefaultResponseHeaderTimeout),
+			IdleTimeout:           D(s3source.DefaultIdleTimeout),
+		},
 		Pipeline: PipelineConfig{
+			MaxLayers:       s3source.DefaultMaxLayers,
 			MaxImageSize:    DefaultMaxImageSize,
 			DownloadTimeout: D(DefaultDownloadTimeout),
 			ExtractTimeout:  D(DefaultExtractTimeout),
@@ -541,6 +562,10 @@ func (c *Config) Validate() error {
 		}
 	}
 
+	if _, err := c.SocketGID(); err != nil {
+		bad("daemon.socket_group", "%v", err)
+	}
+
 	s := c.S3
 	bucketName := func(key, b string) {
 		if !bucketNameRE.MatchString(b) || strings.Contains(b, "..") {
@@ -562,6 +587,9 @@ func (c *Config) Validate() error {
 	if strings.HasPrefix(s.Prefix, "/") {
 		bad("s3.prefix", "must not start with '/' (S3 keys have no leading slash), got %q", s.Prefix)
 	}
+	positiveDuration("s3.connect_timeout", s.ConnectTimeout)
+	positiveDuration("s3.response_header_timeout", s.ResponseHeaderTimeout)
+	positiveDuration("s3.idle_timeout", s.IdleTimeout)
 
 	pl := c.Pipeline
 	absPath("pipeline.download_dir", pl.DownloadDir, false)
@@ -584,6 +612,9 @@ func (c *Config) Validate() error {
 			bad(fmt.Sprintf("pipeline.required_dirs[%d]", i), "must be one top-level directory name such as \"etc\" (no '/', not \".\" or \"..\"), got %q", d)
 		}
 	}
+	if pl.MaxLayers < 1 {
+		bad("pipeline.max_layers", "must be at least 1, got %d", pl.MaxLayers)
+	}
 
 	if q := c.Queues.Downloads; q < 1 || q > maxQueue {
 		bad("queues.downloads", "must be between 1 and %d, got %d", maxQueue, q)
@@ -597,4 +628,21 @@ func (c *Config) Validate() error {
 		bad("containerd.namespace", "must be a containerd namespace (letters, digits and ._- separators, at most 76 characters), got %q", c.Containerd.Namespace)
 	}
 	return errors.Join(errs...)
+}
+
+// SocketGID resolves daemon.socket_group: a group id, or a group name
+// looked up in the group database.
+func (c *Config) SocketGID() (int, error) {
+	g := c.Daemon.SocketGroup
+	if id, err := strconv.Atoi(g); err == nil {
+		if id < 0 {
+			return 0, fmt.Errorf("must be a group name or a non-negative id, got %d", id)
+		}
+		return id, nil
+	}
+	grp, err := user.LookupGroup(g)
+	if err != nil {
+		return 0, fmt.Errorf("must be a group name or id: %w", err)
+	}
+	return strconv.Atoi(grp.Gid)
 }

@@ -129,6 +129,7 @@ root_dir = "/srv/x"
 log_level = "debug"
 log_format = "json"
 metrics_address = "127.0.0.1:9123"
+socket_group = "1000"
 [metadata]
 path = "/srv/db/meta.db"
 [pool]
@@ -153,6 +154,9 @@ path_style = true
 anonymous = true
 prefix = "images/"
 allowed_buckets = ["b-two", "b-three"]
+connect_timeout = "3s"
+response_header_timeout = "7s"
+idle_timeout = "20s"
 [pipeline]
 download_dir = "/srv/dl"
 max_image_size = "2GB"
@@ -163,6 +167,7 @@ max_entries = 500
 max_file_size = "2MiB"
 max_total_size = "8MiB"
 required_dirs = []
+max_layers = 64
 [queues]
 downloads = 8
 unpacking = 3
@@ -175,17 +180,18 @@ namespace = "k8s.io"
 		t.Fatal(err)
 	}
 	want := &Config{
-		Daemon:   DaemonConfig{Socket: "/run/x/snap.sock", RootDir: "/srv/x", LogLevel: "debug", LogFormat: "json", MetricsAddress: "127.0.0.1:9123"},
+		Daemon:   DaemonConfig{Socket: "/run/x/snap.sock", RootDir: "/srv/x", LogLevel: "debug", LogFormat: "json", MetricsAddress: "127.0.0.1:9123", SocketGroup: "1000"},
 		Metadata: MetadataConfig{Path: "/srv/db/meta.db"},
 		Pool: PoolConfig{Name: "pool-2", RootDir: "/srv/pool", DataDevice: "/dev/vdb", MetadataDevice: "/dev/vdc",
 			DataSize: 1 << 30, MetadataSize: 64 << 20, BlockSize: 256 << 10, LowWaterMark: 1024,
 			BaseImageSize: 3 << 29, FSType: "xfs", MkfsOptions: []string{"-K", "-m", "crc=1"},
 			AsyncRemove: false, DeleteUnknownDevices: true},
 		S3: S3Config{Bucket: "my-images", Region: "eu-west-1", Endpoint: "http://127.0.0.1:9000", PathStyle: true, Anonymous: true, Prefix: "images/",
-			AllowedBuckets: []string{"b-two", "b-three"}},
+			AllowedBuckets: []string{"b-two", "b-three"},
+			ConnectTimeout: D(3 * time.Second), ResponseHeaderTimeout: D(7 * time.Second), IdleTimeout: D(20 * time.Second)},
 		Pipeline: PipelineConfig{DownloadDir: "/srv/dl", MaxImageSize: 2_000_000_000,
 			DownloadTimeout: D(90 * time.Second), ExtractTimeout: D(time.Hour), AllowSetID: true,
-			MaxEntries: 500, MaxFileSize: 2 << 20, MaxTotalSize: 8 << 20, RequiredDirs: []string{}},
+			MaxEntries: 500, MaxFileSize: 2 << 20, MaxTotalSize: 8 << 20, RequiredDirs: []string{}, MaxLayers: 64},
 		Queues:     QueuesConfig{Downloads: 8, Unpacking: 3},
 		Containerd: ContainerdConfig{Address: "/run/k3s/containerd.sock", Namespace: "k8s.io"},
 	}
@@ -322,6 +328,9 @@ func TestValidateRules(t *testing.T) {
 		{"max image size", func(c *Config) { c.Pipeline.MaxImageSize = 0 }, "pipeline.max_image_size: must be positive, got 0"},
 		{"download timeout", func(c *Config) { c.Pipeline.DownloadTimeout = D(0) }, `pipeline.download_timeout: must be a positive duration such as "30m", got "0s"`},
 		{"extract timeout", func(c *Config) { c.Pipeline.ExtractTimeout = D(-time.Second) }, "pipeline.extract_timeout: must be a positive duration"},
+		{"socket group", func(c *Config) { c.Daemon.SocketGroup = "no-such-group-here" }, "daemon.socket_group: must be a group name or id"},
+		{"max layers", func(c *Config) { c.Pipeline.MaxLayers = 0 }, "pipeline.max_layers: must be at least 1, got 0"},
+		{"s3 idle timeout", func(c *Config) { c.S3.IdleTimeout = D(0) }, "s3.idle_timeout: must be a positive duration"},
 		{"downloads zero", func(c *Config) { c.Queues.Downloads = 0 }, "queues.downloads: must be between 1 and 64, got 0"},
 		{"unpacking big", func(c *Config) { c.Queues.Unpacking = 65 }, "queues.unpacking: must be between 1 and 64, got 65"},
 		{"containerd address", func(c *Config) { c.Containerd.Address = "containerd.sock" }, "containerd.address: must be an absolute path"},

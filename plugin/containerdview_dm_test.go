@@ -114,7 +114,7 @@ func TestContainerdViewOverSocket(t *testing.T) {
 	defer cancel()
 	cfg := dmtest.Config(t)
 	srv := s3test.NewServer(t)
-	cfg.S3 = plugin.S3Config{Region: "us-east-1", Endpoint: srv.URL, PathStyle: true, Anonymous: true}
+	cfg.S3.Region, cfg.S3.Endpoint, cfg.S3.PathStyle, cfg.S3.Anonymous = "us-east-1", srv.URL, true, true
 	cfg.Daemon.ControlSocket = filepath.Join(cfg.Daemon.RootDir, "run", "control.sock")
 	// A registrar is configured (so the chains are shown to containerd for
 	// adoption); its socket does not exist, so registering is skipped.

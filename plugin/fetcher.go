@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -19,9 +20,12 @@ import (
 )
 
 // S3SourceConfig returns the s3source.Config of bucket under the [s3]
-// section (endpoint, region, path style, anonymous access).
+// section (endpoint, region, path style, anonymous access, timeouts) and
+// pipeline.max_layers.
 func (c *Config) S3SourceConfig(bucket string) s3source.Config {
-	return s3source.Config{Bucket: bucket, Region: c.S3.Region, Endpoint: c.S3.Endpoint, PathStyle: c.S3.PathStyle, Anonymous: c.S3.Anonymous}
+	return s3source.Config{Bucket: bucket, Region: c.S3.Region, Endpoint: c.S3.Endpoint, PathStyle: c.S3.PathStyle, Anonymous: c.S3.Anonymous,
+		ConnectTimeout: c.S3.ConnectTimeout.Duration, ResponseHeaderTimeout: c.S3.ResponseHeaderTimeout.Duration,
+		IdleTimeout: c.S3.IdleTimeout.Duration, MaxLayers: c.Pipeline.MaxLayers}
 }
 
 // fetchMetrics returns the S3 pipelines' counters, or nil when
@@ -143,6 +147,7 @@ func (s *Service) PipelineOptions() pipeline.Options {
 		Unpacking:       c.Queues.Unpacking,
 		Registrar:       registrar(c),
 		OnRetry:         onRetry(fm),
+		PoolFree:        s.poolFree,
 	}
 }
 
@@ -152,6 +157,15 @@ func onRetry(fm *metrics.Fetch) func(fsm, step string) {
 		return nil
 	}
 	return fm.StepRetried
+}
+
+// poolFree is the pool's free data space in bytes.
+func (s *Service) poolFree(ctx context.Context) (int64, error) {
+	st, err := s.Pool.Status(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return int64(st.TotalDataBlocks-st.UsedDataBlocks) * int64(st.BlockSizeSectors) * 512, nil
 }
 
 // registrar is the containerd registrar of [containerd], or nil when no
@@ -185,11 +199,11 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	if sock := s.Config.Daemon.ControlSocket; sock != "" {
-		lis, err := control.Listen(ctx, sock)
+		lis, err := s.listenControl(ctx, sock)
 		if err != nil {
 			cancel()
 			p.Close(ctx)
-			return nil, fmt.Errorf("fetcher: %w", err)
+			return nil, fmt.Errorf("fetcher: control %w", err)
 		}
 		go func() {
 			defer close(done)
@@ -207,4 +221,20 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 			log.G(ctx).WithError(err).Warn("closing the pipelines")
 		}
 	}, nil
+}
+
+// listenControl listens on the control socket like the snapshots socket
+// (SocketMode, daemon.socket_group), and lets only root and that group's
+// members through (PeerCheck): it pulls from any bucket with the daemon's
+// credentials.
+func (s *Service) listenControl(ctx context.Context, path string) (net.Listener, error) {
+	gid, err := s.Config.SocketGID()
+	if err != nil {
+		return nil, err
+	}
+	lis, err := ListenUnix(ctx, path, SocketMode, gid)
+	if err != nil {
+		return nil, err
+	}
+	return PeerCheck(ctx, lis, gid), nil
 }

@@ -1,7 +1,9 @@
 package plugin
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -9,12 +11,15 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
 	"github.com/containerd/containerd/v2/contrib/snapshotservice"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metrics"
@@ -24,14 +29,20 @@ import (
 // after its context is done before cutting them off.
 const DefaultShutdownTimeout = 30 * time.Second
 
-// SocketMode is the permission of the snapshots socket: containerd (root)
-// and members of the socket's group may connect.
+// SocketMode is the permission of both sockets: root and members of the
+// socket's group (daemon.socket_group) may connect.
 const SocketMode fs.FileMode = 0o660
+
+// DefaultSocketGroup is daemon.socket_group's default: root's group, so
+// only root may drive the daemon.
+const DefaultSocketGroup = "0"
 
 // ServeOptions configure Serve.
 type ServeOptions struct {
 	// Socket is the unix socket path to listen on (required).
 	Socket string
+	// SocketGID is the group given the socket (0: root's group).
+	SocketGID int
 	// MetricsAddress is the host:port of the /metrics HTTP endpoint; empty
 	// serves no metrics.
 	MetricsAddress string
@@ -80,7 +91,7 @@ func Serve(ctx context.Context, sn snapshots.Snapshotter, opts ServeOptions) (er
 	if mlis != nil {
 		defer mlis.Close()
 	}
-	lis, err := ListenUnix(ctx, opts.Socket, SocketMode)
+	lis, err := ListenUnix(ctx, opts.Socket, SocketMode, opts.SocketGID)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
@@ -159,15 +170,22 @@ func stopGracefully(ctx context.Context, srv *grpc.Server, timeout time.Duration
 	}
 }
 
-// ListenUnix listens on the unix socket path with permission mode. The
-// parent directory is created (0711) when missing. An existing socket that
-// nobody answers on is stale and replaced; one that answers belongs to a
-// running process and is an error, as is a path that is not a socket.
-func ListenUnix(ctx context.Context, path string, mode fs.FileMode) (net.Listener, error) {
+// ListenUnix listens on the unix socket path, which it gives group gid and
+// permission mode. The parent directory is created (0711) when missing. An
+// existing socket that nobody answers on is stale and replaced; one that
+// answers belongs to a running process and is an error, as is a path that
+// is not a socket.
+//
+// The socket is bound in a private directory (0700) beside path, given its
+// group and mode there, and only then renamed to path: at no moment can a
+// process the mode does not admit connect, whatever the process umask.
+// Closing the listener removes the socket, unless another one replaced it.
+func ListenUnix(ctx context.Context, path string, mode fs.FileMode, gid int) (net.Listener, error) {
 	if !filepath.IsAbs(path) {
 		return nil, fmt.Errorf("socket %q: must be an absolute path", path)
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o711); err != nil {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o711); err != nil {
 		return nil, fmt.Errorf("socket %s: create directory: %w", path, err)
 	}
 	if fi, err := os.Lstat(path); err == nil {
@@ -185,15 +203,149 @@ func ListenUnix(ctx context.Context, path string, mode fs.FileMode) (net.Listene
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("socket %s: %w", path, err)
 	}
-	lis, err := net.Listen("unix", path)
+	private, err := os.MkdirTemp(dir, ".bind-")
+	if err != nil {
+		return nil, fmt.Errorf("socket %s: private directory: %w", path, err)
+	}
+	defer os.RemoveAll(private)
+	tmp := filepath.Join(private, "s")
+	lis, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("socket %s: %w", path, err)
 	}
-	if err := os.Chmod(path, mode); err != nil {
+	lis.SetUnlinkOnClose(false)
+	fail := func(step string, err error) (net.Listener, error) {
 		lis.Close()
-		return nil, fmt.Errorf("socket %s: chmod %o: %w", path, mode, err)
+		return nil, fmt.Errorf("socket %s: %s: %w", path, step, err)
 	}
-	return lis, nil
+	if err := os.Lchown(tmp, -1, gid); err != nil {
+		return fail(fmt.Sprintf("give group %d", gid), err)
+	}
+	if err := os.Chmod(tmp, mode); err != nil {
+		return fail(fmt.Sprintf("chmod %o", mode), err)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(tmp, &st); err != nil {
+		return fail("stat", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fail("move into place", err)
+	}
+	return &unixListener{UnixListener: lis, path: path, ino: st.Ino}, nil
+}
+
+// unixListener removes its socket file when closed, if the file is still
+// the one it bound (same inode).
+type unixListener struct {
+	*net.UnixListener
+	path string
+	ino  uint64
+}
+
+// Addr is the socket's path (it was bound under a temporary name).
+func (l *unixListener) Addr() net.Addr { return &net.UnixAddr{Name: l.path, Net: "unix"} }
+
+func (l *unixListener) Close() error {
+	err := l.UnixListener.Close()
+	var st unix.Stat_t
+	if unix.Lstat(l.path, &st) == nil && st.Ino == l.ino {
+		os.Remove(l.path)
+	}
+	return err
+}
+
+// ErrPeerRefused is matched by the error a refused caller of a socket
+// guarded by PeerCheck is told about.
+var ErrPeerRefused = errors.New("caller is neither root nor a member of the socket's group")
+
+// PeerCheck wraps a unix socket listener so that only root and members of
+// group gid (primary or supplementary, from SO_PEERCRED and the caller's
+// /proc status) get their connections through. Others are answered, on
+// the connection, an HTTP 403 whose JSON body's "error" names their uid,
+// the group and the rule, and are logged; Accept goes on to the next
+// caller. It is a second line behind the socket's own mode.
+func PeerCheck(ctx context.Context, lis net.Listener, gid int) net.Listener {
+	return &peerListener{Listener: lis, gid: gid, ctx: ctx}
+}
+
+type peerListener struct {
+	net.Listener
+	gid int
+	ctx context.Context
+}
+
+func (l *peerListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		cred, err := peerCred(c)
+		if err == nil && allowed(cred, l.gid) {
+			return c, nil
+		}
+		msg := fmt.Sprintf("control socket: %v (peer credentials: %v)", ErrPeerRefused, err)
+		if err == nil {
+			msg = fmt.Sprintf("control socket: uid %d (pid %d): %v %d (daemon.socket_group)", cred.Uid, cred.Pid, ErrPeerRefused, l.gid)
+			log.G(l.ctx).WithField("uid", cred.Uid).WithField("pid", cred.Pid).WithField("gid", l.gid).Warn("control socket: caller refused")
+		}
+		go refuse(c, msg)
+	}
+}
+
+func peerCred(c net.Conn) (*unix.Ucred, error) {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return nil, fmt.Errorf("not a unix socket connection (%T)", c)
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return nil, err
+	}
+	return cred, cerr
+}
+
+// allowed: root, the group as primary group, or the group among the
+// caller's supplementary groups (the Groups line of /proc/PID/status).
+func allowed(cred *unix.Ucred, gid int) bool {
+	if cred.Uid == 0 || int(cred.Gid) == gid {
+		return true
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cred.Pid))
+	if err != nil {
+		return false
+	}
+	for line := range strings.Lines(string(status)) {
+		if groups, ok := strings.CutPrefix(line, "Groups:"); ok {
+			for _, g := range strings.Fields(groups) {
+				if g == strconv.Itoa(gid) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// refuse reads the caller's request head (briefly) so that closing does
+// not reset the connection under the answer, then answers 403.
+func refuse(c net.Conn, msg string) {
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	br := bufio.NewReader(c)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil || line == "\r\n" || line == "\n" {
+			break
+		}
+	}
+	body, _ := json.Marshal(map[string]string{"error": msg})
+	fmt.Fprintf(c, "HTTP/1.1 403 Forbidden\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s\n", len(body)+1, body)
 }
 
 // Serve serves the service's snapshotter with Serve, on the configured
@@ -205,7 +357,11 @@ func (s *Service) Serve(ctx context.Context, ready, stopping func()) error {
 	if s.served != nil {
 		sn = s.served
 	}
-	opts := ServeOptions{Socket: s.Config.Daemon.Socket, Ready: ready, Stopping: stopping}
+	gid, err := s.Config.SocketGID()
+	if err != nil {
+		return err
+	}
+	opts := ServeOptions{Socket: s.Config.Daemon.Socket, SocketGID: gid, Ready: ready, Stopping: stopping}
 	if addr := s.Config.Daemon.MetricsAddress; addr != "" {
 		m := s.metricsRegistry()
 		m.AddPool(s.Pool)

@@ -198,14 +198,14 @@ func TestListenUnixReplacesStaleSocketOnly(t *testing.T) {
 	}
 	l.(*net.UnixListener).SetUnlinkOnClose(false)
 	l.Close()
-	lis, err := ListenUnix(ctx, stale, SocketMode)
+	lis, err := ListenUnix(ctx, stale, SocketMode, 0)
 	if err != nil {
 		t.Fatalf("stale socket not replaced: %v", err)
 	}
 	defer lis.Close()
 
 	// A socket someone serves on is not taken over.
-	if _, err := ListenUnix(ctx, stale, SocketMode); err == nil || !strings.Contains(err.Error(), "another process is serving on it") {
+	if _, err := ListenUnix(ctx, stale, SocketMode, 0); err == nil || !strings.Contains(err.Error(), "another process is serving on it") {
 		t.Fatalf("live socket: err = %v, want a refusal", err)
 	}
 
@@ -214,14 +214,14 @@ func TestListenUnixReplacesStaleSocketOnly(t *testing.T) {
 	if err := os.WriteFile(file, []byte("data"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ListenUnix(ctx, file, SocketMode); err == nil || !strings.Contains(err.Error(), "is not a socket") {
+	if _, err := ListenUnix(ctx, file, SocketMode, 0); err == nil || !strings.Contains(err.Error(), "is not a socket") {
 		t.Fatalf("regular file: err = %v, want a refusal", err)
 	}
 	if b, _ := os.ReadFile(file); string(b) != "data" {
 		t.Fatal("regular file was modified")
 	}
 
-	if _, err := ListenUnix(ctx, "rel.sock", SocketMode); err == nil {
+	if _, err := ListenUnix(ctx, "rel.sock", SocketMode, 0); err == nil {
 		t.Fatal("relative socket path accepted")
 	}
 }

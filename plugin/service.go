@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
@@ -63,6 +64,8 @@ type Service struct {
 	// the snapshotter's and the pipelines' metrics; made on first use.
 	metrics     *metrics.Metrics
 	metricsOnce sync.Once
+	// lock is the single-instance lock of daemon.root_dir (lockRoot).
+	lock *os.File
 }
 
 // metricsRegistry returns the service's metrics registry, or nil when
@@ -75,7 +78,9 @@ func (s *Service) metricsRegistry() *metrics.Metrics {
 	return s.metrics
 }
 
-// Open validates cfg, opens the database read-write (migrating it), opens
+// Open validates cfg, takes the single-instance lock of daemon.root_dir
+// (LockFileName; ErrLocked, naming the holder's pid, if another process
+// has it), opens the database read-write (migrating it), opens
 // or creates the thin pool and builds the snapshotter, which reconciles the
 // database with the pool before Open returns. On error everything opened so
 // far is closed again.
@@ -92,6 +97,11 @@ func Open(ctx context.Context, cfg *Config) (_ *Service, err error) {
 		}
 	}()
 	l := log.G(ctx).WithField("db", cfg.Metadata.Path).WithField("pool", cfg.Pool.Name)
+	// Before anything is opened for writing: a second daemon on the same
+	// root would reconcile and resume the first one's work under it.
+	if s.lock, err = lockRoot(cfg.Daemon.RootDir); err != nil {
+		return nil, fmt.Errorf("open service: %w", err)
+	}
 	if s.DB, err = metadata.Open(ctx, cfg.MetadataOptions(false)); err != nil {
 		return nil, fmt.Errorf("open service: metadata database %s: %w", cfg.Metadata.Path, err)
 	}
@@ -106,7 +116,7 @@ func Open(ctx context.Context, cfg *Config) (_ *Service, err error) {
 }
 
 // Close closes the snapshotter, then the pool (which stays active in the
-// kernel), then the database. It returns every error met, joined, and may
+// kernel), then the database, and releases the lock. It returns every error met, joined, and may
 // be called on a half-opened Service.
 func (s *Service) Close() error {
 	var errs []error
@@ -127,6 +137,10 @@ func (s *Service) Close() error {
 			errs = append(errs, fmt.Errorf("close metadata database %s: %w", s.Config.Metadata.Path, err))
 		}
 		s.DB = nil
+	}
+	if s.lock != nil {
+		s.lock.Close() // releases the lock; the file stays for the next owner
+		s.lock = nil
 	}
 	return errors.Join(errs...)
 }

@@ -137,7 +137,9 @@ type pullEnv struct {
 
 func newPullEnv(t *testing.T) *pullEnv { return newPullEnvTB(t) }
 
-func newPullEnvTB(t testing.TB) *pullEnv {
+// newPullEnvTB's tune functions, if any, change the configuration before
+// the daemon starts.
+func newPullEnvTB(t testing.TB, tune ...func(*plugin.Config)) *pullEnv {
 	// The VM harness boots with -net none: the fake S3 needs loopback up.
 	if out, err := exec.Command("ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
 		t.Logf("ip link set lo up: %v: %s", err, out)
@@ -145,10 +147,13 @@ func newPullEnvTB(t testing.TB) *pullEnv {
 	cfg := dmtest.Config(t)
 	srv := s3test.NewServer(t)
 	cfg.Daemon.ControlSocket = filepath.Join(cfg.Daemon.RootDir, "run", "control.sock")
-	cfg.S3 = plugin.S3Config{Region: "us-east-1", Endpoint: srv.URL, PathStyle: true, Anonymous: true}
+	cfg.S3.Region, cfg.S3.Endpoint, cfg.S3.PathStyle, cfg.S3.Anonymous = "us-east-1", srv.URL, true, true
 	cfg.Pool.DataSize = 6 << 30
 	cfg.Pool.BaseImageSize = 1 << 30
 	cfg.Pool.AsyncRemove = false
+	for _, f := range tune {
+		f(cfg)
+	}
 	cfgPath := dmtest.WriteConfig(t, cfg)
 	e := &pullEnv{t: t, cfg: cfg, srv: srv, cfgPath: cfgPath}
 	e.d = startDaemon(t, cfg, cfgPath)

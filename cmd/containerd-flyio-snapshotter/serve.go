@@ -11,11 +11,13 @@ import (
 )
 
 const serveDescription = `
-Runs the daemon: opens (migrating) the metadata database, opens the thin pool
+Runs the daemon: takes the lock of daemon.root_dir (daemon.lock; a second
+daemon on the same root exits at once naming the holder's pid), opens
+(migrating) the metadata database, opens the thin pool
 (creating loop-file-backed pool files under pool.root_dir on the first start
 when no devices are configured), reconciles the database with the pool, and
-serves containerd's snapshots gRPC API on daemon.socket (mode 0660) for
-containerd's [proxy_plugins] entry. Snapshot keys are not scoped by the
+serves containerd's snapshots gRPC API on daemon.socket (mode 0660, group
+daemon.socket_group) for containerd's [proxy_plugins] entry. Snapshot keys are not scoped by the
 request's containerd namespace: containerd already makes every key it sends
 unique across namespaces, and its garbage collector calls without one.
 
@@ -24,7 +26,9 @@ calls. SIGTERM or SIGINT stops it gracefully: no new calls are accepted,
 in-flight calls finish (at most 30s), then the database is closed.
 
 The S3 pipelines start with the daemon: runs a previous process left are
-resumed, and daemon.control_socket (mode 0660) serves pull and activate.
+resumed, and daemon.control_socket (mode 0660, group daemon.socket_group;
+callers other than root and that group's members are refused) serves pull
+and activate.
 
 With daemon.metrics_address set, Prometheus metrics are served at
 http://ADDRESS/metrics: latency of every snapshotter method, pool data and

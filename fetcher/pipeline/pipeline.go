@@ -107,6 +107,9 @@ type Options struct {
 	RetryInitial time.Duration
 	// NoChown extracts files owned by the extracting user (tests).
 	NoChown bool
+	// PoolFree, when set, returns the pool's free data space: a layer's
+	// extraction may write at most that much (and MaxLayerSize).
+	PoolFree func(ctx context.Context) (int64, error)
 }
 
 // FaultPauseEnv names an environment variable for crash tests: when set

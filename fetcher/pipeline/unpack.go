@@ -225,6 +225,19 @@ func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, e
 	if dl.Checksum != r.DiffID {
 		return nil, p.failUnpack(ctx, req, fsm.Abort(fmt.Errorf("unpack %s: download produced %s, the chain wants diff %s", r.ChainID, dl.Checksum, r.DiffID)))
 	}
+	// The file data written is at most the tarball's size (runs of zeros
+	// stay holes), so a tarball within the budget cannot overrun it.
+	budget := p.opts.MaxLayerSize
+	if p.opts.PoolFree != nil {
+		free, err := p.opts.PoolFree(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("unpack %s: free space of the pool: %w", r.ChainID, err)
+		}
+		budget = min(budget, free)
+	}
+	if dl.SizeBytes > budget {
+		return nil, p.failUnpack(ctx, req, fsm.Abort(fmt.Errorf("unpack %s from %s: layer of %d bytes, more than the %d bytes the pool has free or pipeline.max_image_size allows", r.ChainID, r.S3URL, dl.SizeBytes, budget)))
+	}
 	if req.Run.Attempt > 1 {
 		log.G(ctx).WithField("chain", r.ChainID).WithField("attempt", req.Run.Attempt).Info("unpack: discarding the partial extraction of an earlier attempt")
 		if err := p.discardExtract(ctx, r.ChainID); err != nil {
@@ -256,7 +269,7 @@ func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, e
 	p.hook("extract:started")
 	th := throttle{every: progressInterval}
 	st, err := tarball.ExtractDir(ctx, f, dir, tarball.ExtractOptions{
-		Limits: p.opts.Limits, StripRootfs: dl.HasRootfs, NoChown: p.opts.NoChown,
+		Limits: p.opts.Limits, StripRootfs: dl.HasRootfs, NoChown: p.opts.NoChown, MaxDataBytes: budget,
 		Progress: func(pr tarball.Progress) {
 			if th.ok(false) {
 				p.hub.emit(Event{Run: req.Run.ID, FSM: FSMUnpack, State: "extract-layers", Bytes: pr.Bytes, Files: pr.Files, Total: dl.SizeBytes})
@@ -265,7 +278,7 @@ func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, e
 		},
 	})
 	if err != nil {
-		if tarball.IsRejection(err) || errors.Is(err, unix.ENOSPC) {
+		if tarball.IsPermanent(err) {
 			_ = umount()
 			return nil, p.failUnpack(ctx, req, fsm.Abort(fmt.Errorf("unpack %s from %s: %w", r.ChainID, r.S3URL, err)))
 		}

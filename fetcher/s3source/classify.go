@@ -69,6 +69,12 @@ func Classify(err error) Kind {
 	if errors.Is(err, ErrNoLayers) {
 		return KindNotFound
 	}
+	if errors.Is(err, ErrListLoop) || errors.Is(err, ErrListTooLong) || errors.Is(err, ErrTooManyLayers) {
+		return KindInvalid
+	}
+	if errors.Is(err, ErrTimeout) {
+		return KindRetryable
+	}
 	if errors.Is(err, context.Canceled) {
 		return KindCanceled
 	}

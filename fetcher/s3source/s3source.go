@@ -20,13 +20,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"sort"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/smithy-go/middleware"
@@ -52,11 +55,47 @@ type Config struct {
 	// MaxAttempts is the SDK's attempts per request; 0 means 1 (the caller
 	// retries; see the package documentation).
 	MaxAttempts int
-	// HTTPClient, if set, is used for every request (tests, proxies).
+	// HTTPClient, if set, is used for every request (tests, proxies); the
+	// connect and response-header timeouts are then its own business.
 	HTTPClient *http.Client
 	// APIOptions are added to the S3 client's middleware stack (the
 	// daemon's request counters).
 	APIOptions []func(*middleware.Stack) error
+
+	// ConnectTimeout bounds connecting to the server (TCP and TLS);
+	// 0 means DefaultConnectTimeout.
+	ConnectTimeout time.Duration
+	// ResponseHeaderTimeout bounds the wait for a response's headers once
+	// the request is sent; 0 means DefaultResponseHeaderTimeout.
+	ResponseHeaderTimeout time.Duration
+	// IdleTimeout bounds the wait for more of an object's body; 0 means
+	// DefaultIdleTimeout. A listing page or a HEAD must be answered in full
+	// within ResponseHeaderTimeout plus IdleTimeout.
+	IdleTimeout time.Duration
+	// MaxListPages bounds the pages of one listing; 0 means
+	// DefaultMaxListPages.
+	MaxListPages int
+	// MaxLayers bounds the layers (".tar" objects) of one image; 0 means
+	// DefaultMaxLayers.
+	MaxLayers int
+}
+
+// Defaults of the deadlines and listing bounds of Config.
+const (
+	DefaultConnectTimeout        = 10 * time.Second
+	DefaultResponseHeaderTimeout = 30 * time.Second
+	DefaultIdleTimeout           = time.Minute
+	// DefaultMaxListPages of 1,000 keys each is far more than an image
+	// prefix holds; a server that keeps answering "truncated" is cut off.
+	DefaultMaxListPages = 100
+	DefaultMaxLayers    = 128
+)
+
+func orDefault[T time.Duration | int](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
 }
 
 // Object is one tarball object of the bucket.
@@ -71,6 +110,11 @@ type Object struct {
 type Source struct {
 	client *s3.Client
 	bucket string
+
+	requestTimeout time.Duration // a listing page or a HEAD, in full
+	idleTimeout    time.Duration
+	maxPages       int
+	maxLayers      int
 }
 
 // New makes a Source; it does not contact S3 (credentials are resolved on
@@ -79,6 +123,12 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 	if cfg.Bucket == "" {
 		return nil, errors.New("s3 source: bucket is required")
 	}
+	if i := strings.IndexFunc(cfg.Bucket, unprintable); i >= 0 || !utf8.ValidString(cfg.Bucket) {
+		return nil, fmt.Errorf("s3 source: bucket %q: %w", cfg.Bucket, ErrKeyControl)
+	}
+	connect := orDefault(cfg.ConnectTimeout, DefaultConnectTimeout)
+	header := orDefault(cfg.ResponseHeaderTimeout, DefaultResponseHeaderTimeout)
+	idle := orDefault(cfg.IdleTimeout, DefaultIdleTimeout)
 	opts := []func(*config.LoadOptions) error{}
 	if cfg.Region != "" {
 		opts = append(opts, config.WithRegion(cfg.Region))
@@ -88,6 +138,15 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	if cfg.HTTPClient != nil {
 		opts = append(opts, config.WithHTTPClient(cfg.HTTPClient))
+	} else {
+		// A server that accepts the connection and never answers would
+		// otherwise hold a pull for good.
+		opts = append(opts, config.WithHTTPClient(awshttp.NewBuildableClient().
+			WithDialerOptions(func(d *net.Dialer) { d.Timeout = connect }).
+			WithTransportOptions(func(t *http.Transport) {
+				t.TLSHandshakeTimeout = connect
+				t.ResponseHeaderTimeout = header
+			})))
 	}
 	attempts := cfg.MaxAttempts
 	if attempts <= 0 {
@@ -113,7 +172,47 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 		o.RequestChecksumCalculation = aws.RequestChecksumCalculationWhenRequired
 		o.ResponseChecksumValidation = aws.ResponseChecksumValidationWhenRequired
 	})
-	return &Source{client: client, bucket: cfg.Bucket}, nil
+	return &Source{client: client, bucket: cfg.Bucket, requestTimeout: header + idle, idleTimeout: idle,
+		maxPages: orDefault(cfg.MaxListPages, DefaultMaxListPages), maxLayers: orDefault(cfg.MaxLayers, DefaultMaxLayers)}, nil
+}
+
+// ErrTimeout is matched by the error of a request the server did not
+// answer in time (Config's timeouts); it is classified as retryable.
+var ErrTimeout = errors.New("s3 server did not answer in time")
+
+// bounded runs a request that must be answered in full within
+// s.requestTimeout, saying so if it was not.
+func bounded[T any](ctx context.Context, s *Source, do func(context.Context) (T, error)) (T, error) {
+	rctx, cancel := context.WithTimeout(ctx, s.requestTimeout)
+	defer cancel()
+	v, err := do(rctx)
+	if err != nil && ctx.Err() == nil && rctx.Err() != nil {
+		err = fmt.Errorf("no complete answer within %v: %w (%w)", s.requestTimeout, ErrTimeout, err)
+	}
+	return v, err
+}
+
+// idleBody is an object's body whose every Read must make progress within
+// d: otherwise the request is canceled, which ends the blocked Read.
+type idleBody struct {
+	rc     io.ReadCloser
+	cancel context.CancelFunc
+	d      time.Duration
+	what   string
+}
+
+func (b *idleBody) Read(p []byte) (int, error) {
+	t := time.AfterFunc(b.d, b.cancel)
+	n, err := b.rc.Read(p)
+	if !t.Stop() && err != nil && err != io.EOF {
+		err = fmt.Errorf("%s: no data for %v: %w (%w)", b.what, b.d, ErrTimeout, err)
+	}
+	return n, err
+}
+
+func (b *idleBody) Close() error {
+	b.cancel()
+	return b.rc.Close()
 }
 
 // Bucket is the bucket this source reads.
@@ -127,7 +226,20 @@ var (
 	ErrKeyTraversal = errors.New(`key has a ".." segment`)
 	ErrKeyNUL       = errors.New("key contains a NUL byte")
 	ErrKeyUTF8      = errors.New("key is not valid UTF-8")
+	// ErrKeyControl: a control or invisible formatting character (ESC,
+	// C1 controls, DEL, bidirectional overrides such as U+202E) that could
+	// rewrite what a terminal shows.
+	ErrKeyControl = errors.New("key has a control or formatting character")
+	// ErrKeyOutsidePrefix: a listing returned a key not under the prefix
+	// asked for.
+	ErrKeyOutsidePrefix = errors.New("listed key is outside the prefix")
+	// ErrNegativeSize: a listing or HEAD gave an object a negative size.
+	ErrNegativeSize = errors.New("object has a negative size")
 )
+
+// unprintable reports a rune ValidateKey refuses: a control character
+// (C0, DEL, C1) or an invisible formatting one (Unicode category Cf).
+func unprintable(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Cf, r) }
 
 // MaxKeyLen is S3's limit on a key, in bytes.
 const MaxKeyLen = 1024
@@ -144,8 +256,10 @@ func (e *KeyError) Error() string { return fmt.Sprintf("s3 key %q: %v", e.Key, e
 // Unwrap returns the rule.
 func (e *KeyError) Unwrap() error { return e.Rule }
 
-// ValidateKey checks a key or prefix before any request: not empty, at most
-// 1024 bytes, valid UTF-8, no NUL, no leading "/", no ".." segment.
+// ValidateKey checks a key or prefix before any request, and every key a
+// listing returns: not empty, at most 1024 bytes, valid UTF-8, no NUL, no
+// control or formatting character, no leading "/", no ".." segment. So a
+// key that reaches a message or a terminal cannot rewrite what it shows.
 func ValidateKey(key string) error {
 	var rule error
 	switch {
@@ -157,6 +271,8 @@ func ValidateKey(key string) error {
 		rule = ErrKeyUTF8
 	case strings.IndexByte(key, 0) >= 0:
 		rule = ErrKeyNUL
+	case strings.IndexFunc(key, unprintable) >= 0:
+		rule = ErrKeyControl
 	case strings.HasPrefix(key, "/"):
 		rule = ErrKeyAbsolute
 	default:
@@ -178,36 +294,94 @@ func ValidateKey(key string) error {
 	return nil
 }
 
+// Errors of a listing the server would not end.
+var (
+	// ErrListTooLong: more pages than Config.MaxListPages.
+	ErrListTooLong = errors.New("listing has too many pages")
+	// ErrListLoop: a continuation token the server already gave.
+	ErrListLoop = errors.New("listing repeats a continuation token")
+	// ErrTooManyLayers: more ".tar" objects under an image's prefix than
+	// Config.MaxLayers.
+	ErrTooManyLayers = errors.New("image has too many layers")
+)
+
 // List returns the ".tar" objects directly under prefix (no deeper "/"), in
-// key order. An empty prefix lists the bucket's top level.
+// key order. An empty prefix lists the bucket's top level. Every key listed
+// must pass ValidateKey and lie under prefix, every size be non-negative
+// (*KeyError otherwise); a listing of more than Config.MaxListPages pages or
+// repeating a continuation token is refused.
 func (s *Source) List(ctx context.Context, prefix string) ([]Object, error) {
+	return s.list(ctx, prefix, 0)
+}
+
+// list is List stopping with ErrTooManyLayers past limit objects (0: no
+// limit).
+func (s *Source) list(ctx context.Context, prefix string, limit int) ([]Object, error) {
 	if prefix != "" {
 		if err := ValidateKey(prefix); err != nil {
 			return nil, err
 		}
 	}
+	where := fmt.Sprintf("list s3://%s/%s", s.bucket, prefix)
 	in := &s3.ListObjectsV2Input{Bucket: aws.String(s.bucket), Delimiter: aws.String("/")}
 	if prefix != "" {
 		in.Prefix = aws.String(prefix)
 	}
 	var out []Object
-	p := s3.NewListObjectsV2Paginator(s.client, in)
-	for p.HasMorePages() {
-		page, err := p.NextPage(ctx)
+	seen := map[string]bool{}
+	for pages := 1; ; pages++ {
+		page, err := bounded(ctx, s, func(ctx context.Context) (*s3.ListObjectsV2Output, error) {
+			return s.client.ListObjectsV2(ctx, in)
+		})
 		if err != nil {
-			return nil, fmt.Errorf("list s3://%s/%s: %w", s.bucket, prefix, err)
+			return nil, fmt.Errorf("%s: %w", where, err)
 		}
 		for _, o := range page.Contents {
-			k := aws.ToString(o.Key)
+			k, size := aws.ToString(o.Key), aws.ToInt64(o.Size)
+			if err := checkListed(prefix, k, size); err != nil {
+				return nil, fmt.Errorf("%s: %w", where, err)
+			}
 			if !strings.HasSuffix(k, ".tar") {
 				continue
 			}
-			out = append(out, Object{Key: k, Size: aws.ToInt64(o.Size), ETag: aws.ToString(o.ETag), LastModified: aws.ToTime(o.LastModified)})
+			out = append(out, Object{Key: k, Size: size, ETag: aws.ToString(o.ETag), LastModified: aws.ToTime(o.LastModified)})
+			if limit > 0 && len(out) > limit {
+				return nil, fmt.Errorf("%s: %w: more than %d", where, ErrTooManyLayers, limit)
+			}
 		}
+		if !aws.ToBool(page.IsTruncated) {
+			break
+		}
+		tok := aws.ToString(page.NextContinuationToken)
+		switch {
+		case tok == "":
+			return nil, fmt.Errorf("%s: page %d is truncated but gives no continuation token: %w", where, pages, ErrListLoop)
+		case seen[tok]:
+			return nil, fmt.Errorf("%s: page %d: %w %q", where, pages, ErrListLoop, tok)
+		case pages >= s.maxPages:
+			return nil, fmt.Errorf("%s: %w: more than %d", where, ErrListTooLong, s.maxPages)
+		}
+		seen[tok] = true
+		in.ContinuationToken = aws.String(tok)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	log.G(ctx).WithField("bucket", s.bucket).WithField("prefix", prefix).WithField("objects", len(out)).Debug("s3 list")
 	return out, nil
+}
+
+// checkListed applies ValidateKey and the listing's own rules to a key a
+// listing of prefix returned.
+func checkListed(prefix, key string, size int64) error {
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	if !strings.HasPrefix(key, prefix) {
+		return &KeyError{Key: key, Rule: ErrKeyOutsidePrefix}
+	}
+	if size < 0 {
+		return &KeyError{Key: key, Rule: ErrNegativeSize}
+	}
+	return nil
 }
 
 // Stat returns one object's size and ETag (a HEAD request).
@@ -215,9 +389,14 @@ func (s *Source) Stat(ctx context.Context, key string) (Object, error) {
 	if err := ValidateKey(key); err != nil {
 		return Object{}, err
 	}
-	h, err := s.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(s.bucket), Key: aws.String(key)})
+	h, err := bounded(ctx, s, func(ctx context.Context) (*s3.HeadObjectOutput, error) {
+		return s.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(s.bucket), Key: aws.String(key)})
+	})
 	if err != nil {
 		return Object{}, fmt.Errorf("stat s3://%s/%s: %w", s.bucket, key, err)
+	}
+	if aws.ToInt64(h.ContentLength) < 0 {
+		return Object{}, fmt.Errorf("stat s3://%s/%s: %w", s.bucket, key, &KeyError{Key: key, Rule: ErrNegativeSize})
 	}
 	return Object{Key: key, Size: aws.ToInt64(h.ContentLength), ETag: aws.ToString(h.ETag), LastModified: aws.ToTime(h.LastModified)}, nil
 }
@@ -229,7 +408,8 @@ var ErrNoLayers = errors.New("no .tar objects under the prefix")
 // ResolveImage turns what a user names into the image's layers: a key
 // ending in ".tar" is one object (stat'ed); anything else is a prefix
 // ("/" appended if missing) whose ".tar" objects directly under it are the
-// layers, in key order.
+// layers, in key order, at most Config.MaxLayers of them
+// (ErrTooManyLayers).
 func (s *Source) ResolveImage(ctx context.Context, keyOrPrefix string) ([]Object, error) {
 	if err := ValidateKey(keyOrPrefix); err != nil {
 		return nil, err
@@ -245,7 +425,7 @@ func (s *Source) ResolveImage(ctx context.Context, keyOrPrefix string) ([]Object
 	if !strings.HasSuffix(prefix, "/") {
 		prefix += "/"
 	}
-	objs, err := s.List(ctx, prefix)
+	objs, err := s.list(ctx, prefix, s.maxLayers)
 	if err != nil {
 		return nil, err
 	}
@@ -295,14 +475,24 @@ func (s *Source) Open(ctx context.Context, key string, offset int64, opts ...Ope
 	for _, o := range opts {
 		o(in)
 	}
-	out, err := s.client.GetObject(ctx, in)
+	// The request lives as long as the body; a body that stops coming
+	// for s.idleTimeout cancels it.
+	rctx, cancel := context.WithCancel(ctx)
+	out, err := s.client.GetObject(rctx, in)
 	if err != nil {
+		cancel()
 		return nil, fmt.Errorf("get s3://%s/%s from offset %d: %w", s.bucket, key, offset, err)
 	}
+	if aws.ToInt64(out.ContentLength) < 0 {
+		cancel()
+		out.Body.Close()
+		return nil, fmt.Errorf("get s3://%s/%s: %w", s.bucket, key, &KeyError{Key: key, Rule: ErrNegativeSize})
+	}
+	out.Body = &idleBody{rc: out.Body, cancel: cancel, d: s.idleTimeout, what: fmt.Sprintf("read s3://%s/%s", s.bucket, key)}
 	b := &Body{ReadCloser: out.Body, Offset: offset, ETag: aws.ToString(out.ETag)}
 	if in.IfMatch != nil && b.ETag != *in.IfMatch {
 		out.Body.Close()
-		return nil, fmt.Errorf("get s3://%s/%s: ETag %s, want %s: %w", s.bucket, key, b.ETag, *in.IfMatch, ErrChanged)
+		return nil, fmt.Errorf("get s3://%s/%s: ETag %q, want %q: %w", s.bucket, key, b.ETag, *in.IfMatch, ErrChanged)
 	}
 	length := aws.ToInt64(out.ContentLength)
 	if cr := aws.ToString(out.ContentRange); offset > 0 && cr != "" {

@@ -1,6 +1,7 @@
 package s3test
 
 import (
+	"errors"
 	"net/http"
 	"sync"
 	"time"
@@ -28,6 +29,8 @@ const (
 	faultDrop                      // cut the connection after some body bytes
 	faultTruncate                  // send fewer body bytes than declared, then end
 	faultDelay                     // wait before answering
+	faultAnswer                    // answer a fixed body instead of the fake
+	faultStall                     // send some body bytes, then nothing until the client leaves
 )
 
 type fault struct {
@@ -39,6 +42,8 @@ type fault struct {
 	code   string
 	after  int64
 	delay  time.Duration
+	body   func(i int) []byte
+	served int // answers given so far (faultAnswer)
 }
 
 func newFaultyS3(next http.Handler, bucket string) *faultyS3 {
@@ -79,6 +84,22 @@ func (f *faultyS3) Delay(n int, key string, d time.Duration) {
 	f.add(&fault{kind: faultDelay, key: key, times: n, delay: d})
 }
 
+// Answer makes the next n GETs of key ("" for the bucket itself, such as
+// listings) answer 200 with body(i) as XML, i counting from 0, instead of
+// the fake's answer: a server making up listings (repeating continuation
+// tokens, endless pages, keys outside the prefix, control characters,
+// negative sizes).
+func (f *faultyS3) Answer(n int, key string, body func(i int) []byte) {
+	f.add(&fault{kind: faultAnswer, key: key, method: http.MethodGet, times: n, body: body})
+}
+
+// StallAfter makes the next n GETs of key send the headers and `after`
+// bytes of the body, then nothing more, holding the connection open until
+// the client gives up.
+func (f *faultyS3) StallAfter(n int, key string, after int64) {
+	f.add(&fault{kind: faultStall, key: key, method: http.MethodGet, times: n, after: after})
+}
+
 // Reset disarms every fault and zeroes the counters.
 func (f *faultyS3) Reset() {
 	f.mu.Lock()
@@ -111,9 +132,9 @@ func (f *faultyS3) total() int {
 
 // take counts the request and returns the faults to apply to it: the first
 // matching delay, then either the first matching status fault or, if there
-// is none, the first matching cut (drop or truncate). Only the faults
-// applied are consumed.
-func (f *faultyS3) take(method, key string, signed bool) (delay, status, cut *fault) {
+// is none, the first matching cut (drop, truncate or stall), and the body of
+// an Answer fault. Only the faults applied are consumed.
+func (f *faultyS3) take(method, key string, signed bool) (delay, status, cut *fault, answer []byte) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.all++
@@ -128,9 +149,9 @@ func (f *faultyS3) take(method, key string, signed bool) (delay, status, cut *fa
 		switch {
 		case fl.kind == faultDelay && delay == nil:
 			delay = fl
-		case fl.kind == faultStatus && status == nil:
+		case (fl.kind == faultStatus || fl.kind == faultAnswer) && status == nil:
 			status = fl
-		case (fl.kind == faultDrop || fl.kind == faultTruncate) && cut == nil:
+		case (fl.kind == faultDrop || fl.kind == faultTruncate || fl.kind == faultStall) && cut == nil:
 			cut = fl
 		}
 	}
@@ -142,17 +163,21 @@ func (f *faultyS3) take(method, key string, signed bool) (delay, status, cut *fa
 		if fl == delay || fl == status || fl == cut {
 			fl.times--
 		}
+		if fl == status && fl.kind == faultAnswer {
+			answer = fl.body(fl.served)
+			fl.served++
+		}
 		if fl.times > 0 {
 			kept = append(kept, fl)
 		}
 	}
 	f.faults = kept
-	return delay, status, cut
+	return delay, status, cut, answer
 }
 
 func (f *faultyS3) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	key, _ := keyOf(f.bucket, r.URL.Path)
-	delay, status, cut := f.take(r.Method, key, r.Header.Get("Authorization") != "")
+	delay, status, cut, answer := f.take(r.Method, key, r.Header.Get("Authorization") != "")
 	if delay != nil {
 		select {
 		case <-time.After(delay.delay):
@@ -160,26 +185,34 @@ func (f *faultyS3) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if status != nil {
+	switch {
+	case status != nil && status.kind == faultAnswer:
+		w.Header().Set("Content-Type", "application/xml")
+		w.Write(answer)
+	case status != nil:
 		s3Error(w, status.status, status.code)
-		return
-	}
-	if cut == nil {
+	case cut == nil:
 		f.next.ServeHTTP(w, r)
-		return
+	default:
+		cw := &cutWriter{ResponseWriter: w, limit: cut.after, drop: cut.kind == faultDrop}
+		if cut.kind == faultStall {
+			cw.stall = r.Context().Done()
+		}
+		f.next.ServeHTTP(cw, r)
 	}
-	f.next.ServeHTTP(&cutWriter{ResponseWriter: w, limit: cut.after, drop: cut.kind == faultDrop}, r)
 }
 
 // cutWriter passes headers through and stops the body after limit bytes:
-// dropping the connection (hijack and RST) or simply ending the response,
-// whose declared Content-Length is then longer than what was sent.
+// dropping the connection (hijack and RST), stalling until the client
+// leaves, or simply ending the response, whose declared Content-Length is
+// then longer than what was sent.
 type cutWriter struct {
 	http.ResponseWriter
 	limit   int64
 	written int64
 	drop    bool
 	done    bool
+	stall   <-chan struct{} // if set, block the cut until it closes (the client left)
 }
 
 func (c *cutWriter) Write(p []byte) (int, error) {
@@ -203,6 +236,10 @@ func (c *cutWriter) Write(p []byte) (int, error) {
 	rc := http.NewResponseController(c.ResponseWriter)
 	if err := rc.Flush(); err != nil {
 		return 0, err
+	}
+	if c.stall != nil {
+		<-c.stall
+		return 0, errors.New("faultyS3: client left a stalled body")
 	}
 	if c.drop {
 		conn, _, err := rc.Hijack()

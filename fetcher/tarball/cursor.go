@@ -14,14 +14,24 @@ import (
 // we refuse it outright), and moving between neighbouring directories, as
 // tar archives do, costs a system call per component changed rather than
 // a walk from the root for every entry.
+//
+// Only the root and the deepest maxOpenLevels levels hold a descriptor, so
+// a path thousands of directories deep costs a bounded number of open
+// files; a level whose descriptor was closed is opened again from the
+// nearest open one above it when the cursor climbs back to it.
 type cursor struct {
 	stack []level // stack[0] is the root itself
 }
 
+// maxOpenLevels bounds the directories the cursor keeps open below the
+// root: enough for the depth real images reach, far below the usual limit
+// of 1,024 descriptors a process may be given.
+const maxOpenLevels = 64
+
 type level struct {
 	name string   // root-relative path ("." for the root)
 	comp string   // last component ("" for the root)
-	r    *os.Root // the directory, confined
+	r    *os.Root // the directory, confined; nil while closed (never the root)
 	f    *os.File // the directory as a file, for *at calls; opened on demand
 }
 
@@ -49,8 +59,9 @@ func (l *level) close(isRoot bool) {
 		l.f.Close()
 		l.f = nil
 	}
-	if !isRoot {
+	if !isRoot && l.r != nil {
 		l.r.Close()
+		l.r = nil
 	}
 }
 
@@ -79,6 +90,9 @@ func (c *cursor) cd(raw, dir string, create bool) (*level, error) {
 		k++
 	}
 	c.pop(k + 1)
+	if err := c.reopen(raw); err != nil {
+		return nil, err
+	}
 	for _, comp := range comps[k:] {
 		t := c.top()
 		name := comp
@@ -105,13 +119,54 @@ func (c *cursor) cd(raw, dir string, create bool) (*level, error) {
 		if err != nil {
 			return nil, err
 		}
-		if t.f != nil { // only the deepest level needs its descriptor
-			t.f.Close()
-			t.f = nil
-		}
-		c.stack = append(c.stack, level{name: name, comp: comp, r: sub})
+		c.push(level{name: name, comp: comp, r: sub})
 	}
 	return c.top(), nil
+}
+
+// push adds an open level below the top, closing the descriptor of the
+// level that falls out of the window.
+func (c *cursor) push(l level) {
+	if t := c.top(); t.f != nil { // only the deepest level needs its file
+		t.f.Close()
+		t.f = nil
+	}
+	c.stack = append(c.stack, l)
+	if i := len(c.stack) - 2 - maxOpenLevels; i > 0 {
+		c.stack[i].close(false)
+	}
+}
+
+// reopen gives the top level a descriptor again if it was closed, opening
+// each closed level from its parent by one component, checked to be a real
+// directory as when it was first entered.
+func (c *cursor) reopen(raw string) error {
+	if c.top().r != nil {
+		return nil
+	}
+	j := len(c.stack) - 1
+	for c.stack[j].r == nil {
+		j--
+	}
+	for i := j + 1; i < len(c.stack); i++ {
+		p, l := &c.stack[i-1], &c.stack[i]
+		fi, err := p.r.Lstat(l.comp)
+		switch {
+		case err != nil:
+			return err
+		case fi.Mode()&fs.ModeSymlink != 0:
+			return reject(raw, ErrThroughSymlink, "%s is a symlink", l.name)
+		case !fi.IsDir():
+			return reject(raw, ErrParentNotDir, "%s", l.name)
+		}
+		if l.r, err = p.r.OpenRoot(l.comp); err != nil {
+			return err
+		}
+		if i-1 > 0 && len(c.stack)-1-(i-1) > maxOpenLevels {
+			p.close(false)
+		}
+	}
+	return nil
 }
 
 // removed drops the levels at or below the removed directory name.

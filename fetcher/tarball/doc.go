@@ -18,8 +18,9 @@
 //   - no character or block devices (ErrDeviceNode). Named pipes (FIFOs) are
 //     allowed: they give no access to any device or kernel object, and
 //     images occasionally carry them; they are created, never opened;
-//   - at most 100,000 entries, 1 GiB per file, 10 GiB of files in total
-//     (Limits);
+//   - at most 100,000 entries, 1 GiB per file, 10 GiB of files in total,
+//     and at most 100,000 parent directories implied by names but not
+//     listed (ErrTooManyDirs) (Limits);
 //   - OCI whiteouts: ".wh.<name>" removes <name> from the lower layers,
 //     ".wh..wh..opq" empties its directory of lower content; a whiteout
 //     must be a regular file and must not name "", "." or ".."

@@ -3,6 +3,8 @@ package tarball
 import (
 	"errors"
 	"fmt"
+
+	"golang.org/x/sys/unix"
 )
 
 // Rules of the extraction policy. Every rejection by Validate or Extract is a
@@ -52,10 +54,17 @@ var (
 	ErrBadOwner = errors.New("invalid owner")
 	// ErrTooManyEntries: more entries than Limits.MaxEntries.
 	ErrTooManyEntries = errors.New("too many entries")
+	// ErrTooManyDirs: more parent directories implied by entry names (not
+	// listed as entries themselves) than Limits.MaxEntries. Without it, a
+	// small archive of deep unique paths would make millions of directories.
+	ErrTooManyDirs = errors.New("too many implicit parent directories")
 	// ErrFileTooLarge: a file larger than Limits.MaxFileSize.
 	ErrFileTooLarge = errors.New("file too large")
 	// ErrTotalTooLarge: files adding up to more than Limits.MaxTotalSize.
 	ErrTotalTooLarge = errors.New("total size too large")
+	// ErrOverBudget: an archive whose file data (runs of zeros aside) is
+	// more than ExtractOptions.MaxDataBytes, the space the caller has.
+	ErrOverBudget = errors.New("file data over the space budget")
 	// ErrWhiteoutEscape: a whiteout whose target is "", "." or "..", which
 	// would remove its own directory or climb above it.
 	ErrWhiteoutEscape = errors.New("whiteout escapes its directory")
@@ -117,6 +126,32 @@ func (e *FormatError) Is(target error) bool { return target == ErrMalformed }
 func IsRejection(err error) bool {
 	var pe *PolicyError
 	return errors.As(err, &pe) || errors.Is(err, ErrMalformed)
+}
+
+// ErrExhausted is matched (errors.Is) by an extraction error caused by
+// running out of a resource while writing the tree: space or inodes
+// (ENOSPC), quota (EDQUOT), links to one inode (EMLINK), or file
+// descriptors (EMFILE, ENFILE). Such an error also matches its errno.
+// Trying the same layer again on the same device fails the same way, so a
+// pipeline gives up on it (see IsPermanent) rather than retrying.
+var ErrExhausted = errors.New("out of resources")
+
+// exhausted tags err with ErrExhausted when its cause is one of the errnos
+// of running out.
+func exhausted(err error) error {
+	for _, e := range []error{unix.ENOSPC, unix.EDQUOT, unix.EMLINK, unix.EMFILE, unix.ENFILE} {
+		if errors.Is(err, e) {
+			return fmt.Errorf("%w: %w", ErrExhausted, err)
+		}
+	}
+	return err
+}
+
+// IsPermanent reports whether trying the same archive again cannot
+// succeed: a rejection (IsRejection) or running out of a resource while
+// extracting (ErrExhausted).
+func IsPermanent(err error) bool {
+	return IsRejection(err) || errors.Is(err, ErrExhausted)
 }
 
 func reject(entry string, rule error, detail string, args ...any) *PolicyError {

@@ -2,6 +2,7 @@ package tarball
 
 import (
 	"archive/tar"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -26,6 +27,11 @@ type ExtractOptions struct {
 	// archive has that layout); an entry outside rootfs/ is then rejected
 	// with ErrOutsideRootfs, and the archive root entry "./" is ignored.
 	StripRootfs bool
+	// MaxDataBytes, if positive, is the most file content Extract writes
+	// (runs of zeros are left as holes and not counted): the space the
+	// caller has for this archive. The entry that would write more is
+	// refused (ErrOverBudget) before its excess is written, and removed.
+	MaxDataBytes int64
 	// NoChown leaves every entry owned by the extracting user instead of the
 	// archive's uid/gid (for unprivileged tools and tests).
 	NoChown bool
@@ -52,7 +58,10 @@ type Stats struct {
 	Fifos     int   // named pipes made
 	Whiteouts int   // whiteout entries applied (.wh.<name>, .wh..wh..opq)
 	Removed   int   // names removed by whiteouts (lower-layer content)
-	Bytes     int64 // file content written
+	Bytes     int64 // file content extracted, holes included
+	// Written is the file content actually written: Bytes less the runs
+	// of zeros (a sparse entry's holes) left as holes.
+	Written int64
 	// XattrsSkipped counts extended attributes not applied: only user.*
 	// attributes are set, and only where the filesystem supports them.
 	XattrsSkipped int
@@ -178,7 +187,7 @@ func (x *extractor) apply(s *stream, e entry) error {
 	}
 	var pe *PolicyError
 	if err != nil && !errors.As(err, &pe) && !errors.Is(err, ErrMalformed) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-		err = fmt.Errorf("extract entry %q: %w", raw, err)
+		err = exhausted(fmt.Errorf("extract entry %q: %w", raw, err))
 	}
 	return err
 }
@@ -328,11 +337,6 @@ func (x *extractor) dir(raw string, e entry) error {
 	return nil
 }
 
-// writerOnly and readerOnly hide ReadFrom/WriteTo so io.CopyBuffer uses our
-// buffer and our context-checking, error-classifying reader.
-type writerOnly struct{ io.Writer }
-type readerOnly struct{ io.Reader }
-
 // countingBody reports progress while a large file is copied.
 type countingBody struct {
 	x    *extractor
@@ -372,7 +376,7 @@ func (x *extractor) file(s *stream, raw string, e entry) (err error) {
 		}
 	}()
 	src := &countingBody{x: x, r: body{s}, raw: raw, next: x.st.Bytes + progressEvery}
-	if _, err := io.CopyBuffer(writerOnly{f}, readerOnly{src}, x.buf); err != nil {
+	if err := x.copySparse(f, src, raw); err != nil {
 		return err
 	}
 	if !x.opts.NoChown {
@@ -392,6 +396,59 @@ func (x *extractor) file(s *stream, raw string, e entry) (err error) {
 		return cerr
 	}
 	return setTimes(l, base, h.AccessTime, h.ModTime)
+}
+
+// holeBlock is the granularity of the holes copySparse leaves: a file
+// system block.
+const holeBlock = 4096
+
+var zeroBlock [holeBlock]byte
+
+// copySparse copies a file's content into the new, empty file f, leaving
+// every block-aligned run of zeros as a hole instead of writing it: the
+// holes of a sparse entry (read back as zeros) cost no space, whatever
+// size the header claims. Only the bytes written count against
+// ExtractOptions.MaxDataBytes.
+func (x *extractor) copySparse(f *os.File, src io.Reader, raw string) error {
+	var off, end int64 // bytes of content so far; end of the written part
+	for {
+		n, rerr := src.Read(x.buf)
+		for p := x.buf[:n]; len(p) > 0; {
+			// One block (up to the next aligned offset), then extend a
+			// write over the following non-zero blocks.
+			k := min(int64(len(p)), holeBlock-off%holeBlock)
+			if bytes.Equal(p[:k], zeroBlock[:k]) {
+				off, p = off+k, p[k:]
+				continue
+			}
+			for k < int64(len(p)) {
+				next := min(int64(len(p)), k+holeBlock)
+				if bytes.Equal(p[k:next], zeroBlock[:next-k]) {
+					break
+				}
+				k = next
+			}
+			if budget := x.opts.MaxDataBytes; budget > 0 && x.st.Written+k > budget {
+				return reject(raw, ErrOverBudget, "more than %d bytes of file data", budget)
+			}
+			if _, err := f.WriteAt(p[:k], off); err != nil {
+				return err
+			}
+			x.st.Written += k
+			off, p = off+k, p[k:]
+			end = off
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+	if off > end {
+		return f.Truncate(off)
+	}
+	return nil
 }
 
 func (x *extractor) symlink(raw string, e entry) error {
@@ -423,10 +480,25 @@ func (x *extractor) hardlink(raw string, e entry) error {
 	if !ok {
 		return reject(raw, ErrHardlinkTarget, "-> %s is not in the tree", e.link)
 	}
-	if _, _, _, err := x.slot(raw, e.name, false); err != nil {
+	// Link from the two directories' descriptors: a walk of both names
+	// from the root would cost a system call per component.
+	src, err := l.r.Open(".")
+	if err != nil {
 		return err
 	}
-	return x.root.Link(e.link, e.name)
+	defer src.Close()
+	dst, base, _, err := x.slot(raw, e.name, false)
+	if err != nil {
+		return err
+	}
+	fd, err := dst.fd()
+	if err != nil {
+		return err
+	}
+	if err := unix.Linkat(int(src.Fd()), path.Base(e.link), fd, base, 0); err != nil {
+		return &os.LinkError{Op: "linkat", Old: e.link, New: e.name, Err: err}
+	}
+	return nil
 }
 
 func (x *extractor) fifo(raw string, e entry) error {

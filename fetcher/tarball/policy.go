@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"hash/maphash"
 	"path"
+	"sort"
 	"strings"
 )
 
@@ -26,7 +27,7 @@ const (
 
 // Limits bounds what an archive may hold. A zero field means the default.
 type Limits struct {
-	MaxEntries   int   // headers of any kind; default 100,000
+	MaxEntries   int   // headers of any kind, and separately the parent directories they imply; default 100,000
 	MaxFileSize  int64 // bytes of one regular file; default 1 GiB
 	MaxTotalSize int64 // bytes of all regular files together; default 10 GiB
 	// AllowSetID turns off the ErrSetID and ErrFileCapability rules. It is
@@ -83,37 +84,81 @@ type node struct {
 
 // entry is a header the checker admitted, with names normalised.
 type entry struct {
-	op   op
-	name string // root-relative slash path, "." for the root; after stripping
-	link string // opHardlink: normalised target; opSymlink: target as written
-	hdr  *tar.Header
+	op    op
+	name  string // root-relative slash path, "." for the root; after stripping
+	clean string // the header's name cleaned, before stripping
+	link  string // opHardlink: normalised target; opSymlink: target as written
+	hdr   *tar.Header
 }
 
 // checker applies the extraction policy to a stream of headers. It remembers
 // what kind of thing every name is (keyed by a seeded 64-bit hash, so memory
-// is a few dozen bytes per entry whatever the name lengths) in order to
+// is a few dozen bytes per name whatever the name lengths) in order to
 // refuse writes through symlinks and hard links to unknown names in a single
-// pass. Validate and Extract share it, so both apply exactly the same rules.
+// pass. The names are the entries and the parent directories they imply;
+// the latter are limited to Limits.MaxEntries too, so memory is bounded by
+// the entry limit whatever the depth of the paths. Validate and Extract
+// share it, so both apply exactly the same rules.
 type checker struct {
 	limits Limits
 	strip  bool // map rootfs/ to the root, refuse entries outside it
 	seed   maphash.Seed
 	nodes  map[uint64]node
 	serial uint32
+	anc    ancestorCache
 
-	entries int
-	total   int64
+	entries  int
+	implicit int // directories recorded because an entry implied them
+	total    int64
 }
 
 func newChecker(limits Limits, strip bool) *checker {
 	return &checker{limits: limits.withDefaults(), strip: strip, seed: maphash.MakeSeed(), nodes: make(map[uint64]node)}
 }
 
-func (c *checker) key(name string) uint64 { return maphash.String(c.seed, name) }
+// rootKey stands for "." in the chain of component hashes.
+const rootKey uint64 = 0
+
+// key hashes a clean root-relative name one component at a time, so the
+// keys of a name's ancestors are the intermediate values (see step). The
+// levels it shares with the last recorded ancestor walk are not hashed
+// again.
+func (c *checker) key(name string) uint64 {
+	if name == "." {
+		return rootKey
+	}
+	k, i := rootKey, 0
+	if n := c.anc.shared(name); n > 0 {
+		k, i = c.anc.keys[n-1], c.anc.ends[n-1]+1
+	}
+	for i <= len(name) {
+		end := len(name)
+		if j := strings.IndexByte(name[i:], '/'); j >= 0 {
+			end = i + j
+		}
+		k = c.step(k, name[i:end])
+		i = end + 1
+	}
+	return k
+}
+
+// step is the key of the child comp of the name whose key is parent: the
+// component's seeded hash, combined with the parent's key and mixed by a
+// bijection (the SplitMix64 finaliser), so that names collide no more
+// often than random 64-bit values unless the seed is known.
+func (c *checker) step(parent uint64, comp string) uint64 {
+	z := parent*0x9e3779b97f4a7c15 + maphash.String(c.seed, comp)
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	return z ^ z>>31
+}
 
 // cleanName turns an archive name into a root-relative clean slash path
 // ("." is the root), or names the rule it breaks.
 func cleanName(raw string) (string, error) {
+	if len(raw) <= maxNameLen && isClean(raw) {
+		return raw, nil
+	}
 	if raw == "" {
 		return "", ErrInvalidName
 	}
@@ -135,6 +180,27 @@ func cleanName(raw string) (string, error) {
 		rest = tail
 	}
 	return c, nil
+}
+
+// isClean reports, in one pass over the bytes, whether name is already a
+// clean relative path of components of at most 255 bytes, none "." or
+// "..": what most archive names are, so they skip path.Clean and the
+// component checks, whose cost per component would dominate for deep paths.
+func isClean(name string) bool {
+	start := 0
+	for i := 0; i <= len(name); i++ {
+		if i < len(name) && name[i] != '/' {
+			continue
+		}
+		switch n := i - start; {
+		case n == 0 || n > maxComponentLen:
+			return false
+		case name[start] == '.' && (n == 1 || (n == 2 && name[start+1] == '.')):
+			return false
+		}
+		start = i + 1
+	}
+	return true
 }
 
 // underRootfs maps a clean name to its place once rootfs/ is stripped.
@@ -170,9 +236,10 @@ func (c *checker) admit(hdr *tar.Header) (entry, error) {
 	if err != nil {
 		return entry{}, reject(raw, err, "")
 	}
+	clean := name
 	if c.strip {
 		if name == "." {
-			return entry{op: opSkip, hdr: hdr}, nil // the archive root above rootfs/
+			return entry{op: opSkip, hdr: hdr, clean: clean}, nil // the archive root above rootfs/
 		}
 		s, ok := underRootfs(name)
 		if !ok {
@@ -191,10 +258,12 @@ func (c *checker) admit(hdr *tar.Header) (entry, error) {
 
 	base := path.Base(name)
 	if strings.HasPrefix(base, whiteoutPrefix) {
-		return c.admitWhiteout(raw, name, base, hdr)
+		e, err := c.admitWhiteout(raw, name, base, hdr)
+		e.clean = clean
+		return e, err
 	}
 
-	e := entry{name: name, hdr: hdr}
+	e := entry{name: name, clean: clean, hdr: hdr}
 	var k kind
 	switch hdr.Typeflag {
 	case tar.TypeDir:
@@ -247,7 +316,7 @@ func (c *checker) admit(hdr *tar.Header) (entry, error) {
 	key := c.key(name)
 	if old, ok := c.nodes[key]; !(ok && old.kind == kDir && k == kDir) {
 		c.serial++
-		c.nodes[key] = node{kind: k, serial: c.serial}
+		c.set(name, key, node{kind: k, serial: c.serial})
 	}
 	return e, nil
 }
@@ -283,34 +352,40 @@ func (c *checker) admitWhiteout(raw, name, base string, hdr *tar.Header) (entry,
 	}
 	t := path.Join(dir, target)
 	c.serial++
-	c.nodes[c.key(t)] = node{kind: kRemoved, serial: c.serial}
+	c.set(t, c.key(t), node{kind: kRemoved, serial: c.serial})
 	return entry{op: opWhiteout, name: t, hdr: hdr}, nil
 }
 
 // ancestors checks every proper ancestor of a name (dir is path.Dir of it):
 // none may be a symlink or a non-directory. With record, ancestors unknown or
 // whited out are recorded as (implicit) directories, as extraction will make
-// them. It returns the newest serial among the ancestors.
+// them, and count against the implicit-directory budget. It returns the
+// newest serial among the ancestors.
+//
+// Archives list neighbouring names one after another, so the levels of the
+// last recorded walk are cached (all of them known directories): a name
+// sharing them costs one comparison of the shared part plus a lookup per
+// component below it, whatever its depth.
 func (c *checker) ancestors(raw, dir string, record bool) (uint32, error) {
-	var newest uint32
 	if dir == "." {
 		return 0, nil
 	}
-	// One incremental hash over the components gives every prefix's key
-	// (the same as c.key(prefix)) in time linear in the name's length.
-	var h maphash.Hash
-	h.SetSeed(c.seed)
-	for i := 0; ; {
-		j := strings.IndexByte(dir[i:], '/')
+	a := &c.anc
+	k := a.shared(dir)
+	key, newest, i := rootKey, uint32(0), 0
+	if k > 0 {
+		key, newest, i = a.keys[k-1], a.newest[k-1], a.ends[k-1]+1
+	}
+	if record {
+		a.truncate(k)
+		a.dir = dir
+	}
+	for i <= len(dir) {
 		end := len(dir)
-		if j >= 0 {
+		if j := strings.IndexByte(dir[i:], '/'); j >= 0 {
 			end = i + j
 		}
-		if i > 0 {
-			h.WriteByte('/')
-		}
-		h.WriteString(dir[i:end])
-		key := h.Sum64()
+		key = c.step(key, dir[i:end])
 		n, ok := c.nodes[key]
 		switch {
 		case ok && n.kind == kSymlink:
@@ -318,16 +393,70 @@ func (c *checker) ancestors(raw, dir string, record bool) (uint32, error) {
 		case ok && (n.kind == kReg || n.kind == kHardlink || n.kind == kFifo):
 			return 0, reject(raw, ErrParentNotDir, "%s", dir[:end])
 		case (!ok || n.kind == kRemoved) && record:
+			c.implicit++
+			if c.implicit > c.limits.MaxEntries {
+				return 0, reject(raw, ErrTooManyDirs, "more than %d directories not listed in the archive", c.limits.MaxEntries)
+			}
 			c.serial++
 			n = node{kind: kDir, serial: c.serial}
 			c.nodes[key] = n
 		}
 		newest = max(newest, n.serial)
-		if j < 0 {
-			return newest, nil
+		if record {
+			a.ends = append(a.ends, end)
+			a.keys = append(a.keys, key)
+			a.newest = append(a.newest, newest)
 		}
 		i = end + 1
 	}
+	return newest, nil
+}
+
+// ancestorCache holds the levels of the last recorded ancestor walk.
+// Level i is dir[:ends[i]], its key keys[i], and newest[i] the newest
+// serial of levels 0..i. Every cached level is a directory in the
+// checker's nodes until set() changes that name, which truncates the cache.
+type ancestorCache struct {
+	dir    string
+	ends   []int
+	keys   []uint64
+	newest []uint32
+}
+
+// shared returns how many cached levels are ancestors of dir (or dir).
+func (a *ancestorCache) shared(dir string) int {
+	if len(a.ends) == 0 {
+		return 0
+	}
+	isAncestor := func(i int) bool {
+		e := a.ends[i]
+		return len(dir) >= e && (len(dir) == e || dir[e] == '/') && dir[:e] == a.dir[:e]
+	}
+	if isAncestor(len(a.ends) - 1) {
+		return len(a.ends)
+	}
+	return sort.Search(len(a.ends), func(i int) bool { return !isAncestor(i) })
+}
+
+func (a *ancestorCache) truncate(k int) {
+	a.ends, a.keys, a.newest = a.ends[:k], a.keys[:k], a.newest[:k]
+}
+
+// forget drops name and the levels below it from the cache: its kind is
+// about to change.
+func (a *ancestorCache) forget(name string) {
+	if len(a.ends) == 0 || !strings.HasPrefix(a.dir, name) || (len(a.dir) > len(name) && a.dir[len(name)] != '/') {
+		return
+	}
+	if i := sort.SearchInts(a.ends, len(name)); i < len(a.ends) {
+		a.truncate(i)
+	}
+}
+
+// set records what name now is.
+func (c *checker) set(name string, key uint64, n node) {
+	c.anc.forget(name)
+	c.nodes[key] = n
 }
 
 // linkTarget checks a hard link's target: inside the root, an earlier

@@ -58,8 +58,7 @@ func Validate(ctx context.Context, r io.Reader, limits Limits) (Report, error) {
 			return rep, err
 		}
 		if hdr.Typeflag != tar.TypeXGlobalHeader {
-			// admit accepted the name, so cleanName succeeds.
-			switch n, _ := cleanName(hdr.Name); {
+			switch n := e.clean; {
 			case n == ".":
 			case n == rootfsDir:
 				sawRootfs = true

@@ -1,0 +1,54 @@
+package plugin
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// LockFileName is the file in daemon.root_dir whose lock (flock) the
+// daemon owning that root holds for its whole life; it holds the owner's
+// pid.
+const LockFileName = "daemon.lock"
+
+// ErrLocked is matched by Open's error when another live process holds
+// the lock of daemon.root_dir.
+var ErrLocked = errors.New("another daemon is running on this root")
+
+// lockRoot takes the exclusive lock of root (created 0700 if missing) at
+// once or fails naming the lock file and the holder's pid. The lock goes
+// with the returned file, and with the process.
+func lockRoot(root string) (*os.File, error) {
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return nil, fmt.Errorf("lock %s: %w", root, err)
+	}
+	path := filepath.Join(root, LockFileName)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		defer f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			holder := "unknown pid"
+			if b, rerr := os.ReadFile(path); rerr == nil && strings.TrimSpace(string(b)) != "" {
+				holder = "pid " + strings.TrimSpace(string(b))
+			}
+			return nil, fmt.Errorf("lock %s is held by %s: %w", path, holder, ErrLocked)
+		}
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	if err := f.Truncate(0); err == nil {
+		_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: record pid: %w", path, err)
+	}
+	return f, nil
+}
