@@ -18,11 +18,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -30,10 +27,6 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 )
-
-// SocketMode is the control socket's permission: root and the socket's
-// group.
-const SocketMode fs.FileMode = 0o660
 
 // Puller is what the control socket serves (*pipeline.Pipelines).
 type Puller interface {
@@ -118,38 +111,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
-}
-
-// Listen listens on the unix socket path with SocketMode, creating its
-// directory and replacing a stale socket nobody answers on.
-func Listen(ctx context.Context, path string) (net.Listener, error) {
-	if !filepath.IsAbs(path) {
-		return nil, fmt.Errorf("control socket %q: must be an absolute path", path)
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o711); err != nil {
-		return nil, fmt.Errorf("control socket %s: %w", path, err)
-	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode().Type() != fs.ModeSocket {
-			return nil, fmt.Errorf("control socket %s: exists and is not a socket", path)
-		}
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("control socket %s: another process is serving on it", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("control socket %s: remove stale socket: %w", path, err)
-		}
-	}
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("control socket %s: %w", path, err)
-	}
-	if err := os.Chmod(path, SocketMode); err != nil {
-		lis.Close()
-		return nil, fmt.Errorf("control socket %s: chmod: %w", path, err)
-	}
-	return lis, nil
 }
 
 // Serve answers on lis until ctx is done, then stops (in-flight pulls are

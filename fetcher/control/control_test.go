@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -33,16 +34,17 @@ func TestSocketCarriesErrors(t *testing.T) {
 	}
 	defer p.Close(ctx)
 	sock := filepath.Join(dir, "run", "control.sock")
-	lis, err := Listen(ctx, sock)
+	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// The daemon's listener (private bind, group, mode, caller check) is
+	// plugin.ListenUnix, tested there; any unix listener serves here.
+	lis, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- Serve(ctx, lis, p) }()
-	fi, err := os.Stat(sock)
-	if err != nil || fi.Mode().Perm() != SocketMode {
-		t.Fatalf("socket mode %v (%v), want %v", fi.Mode().Perm(), err, SocketMode)
-	}
 	c := NewClient(sock)
 	_, err = c.Pull(ctx, pipeline.PullRequest{Bucket: "b", Key: "img/"}, nil)
 	if err == nil || !strings.Contains(err.Error(), "no snapshotter") {
@@ -51,9 +53,6 @@ func TestSocketCarriesErrors(t *testing.T) {
 	_, err = c.Activate(ctx, "never-pulled")
 	if err == nil || !strings.Contains(err.Error(), "never-pulled") {
 		t.Errorf("activate of an unknown ref: err %v, want a reason naming it", err)
-	}
-	if _, err := Listen(ctx, sock); err == nil {
-		t.Error("a second Listen on a live socket succeeded")
 	}
 	cancel()
 	if err := <-done; err != nil {
