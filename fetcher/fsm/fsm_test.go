@@ -381,7 +381,7 @@ func TestUnknownQueueRefused(t *testing.T) {
 	}
 }
 
-// download/unpack mimic the seed's chaining: unpack reads download's
+// download/unpack mimic the pipelines' chaining: unpack reads download's
 // response through its run-after predecessor.
 func chainFSMs(t *testing.T, m *fsm.Manager, downloadGate chan struct{}, downloadErr error, unpackCalls *atomic.Int32) (fsm.StartFunc[testReq], fsm.StartFunc[testReq]) {
 	download := mustBuild(t, fsm.Register[testReq, testResp](m, "download-image").

@@ -1,5 +1,5 @@
 // Package tarball validates and extracts the tar archives that S3 images are
-// made of, under the extraction policy of DESIGN.md:
+// made of, under the extraction policy (docs/architecture.md):
 //
 //   - no absolute entry names (ErrAbsoluteName), no ".." climbing above the
 //     root (ErrTraversal); names are used cleaned ("a/./b/" is "a/b");

@@ -7,8 +7,8 @@ import (
 	"os"
 )
 
-// Layout rules checked by VerifyLayout (seed 004's verify-layout, applied to
-// the top of an unpacked chain after rootfs/ was stripped).
+// Layout rules checked by VerifyLayout (applied to an image whole, through
+// its activation, after rootfs/ was stripped from its layers).
 var (
 	// ErrLayoutMissing: a required top-level directory is absent.
 	ErrLayoutMissing = errors.New("required directory missing")

@@ -8,7 +8,7 @@ import (
 	"strings"
 )
 
-// Default limits of the extraction policy (DESIGN.md).
+// Default limits of the extraction policy.
 const (
 	DefaultMaxEntries   = 100_000
 	DefaultMaxFileSize  = 1 << 30  // 1 GiB
@@ -31,7 +31,7 @@ type Limits struct {
 	MaxFileSize  int64 // bytes of one regular file; default 1 GiB
 	MaxTotalSize int64 // bytes of all regular files together; default 10 GiB
 	// AllowSetID turns off the ErrSetID and ErrFileCapability rules. It is
-	// off by default, as DESIGN.md's policy says; real distribution images
+	// off by default: a hostile image could plant a setuid binary; real distribution images
 	// (su, passwd, mount) carry setuid files, so an operator who trusts the
 	// source may need it.
 	AllowSetID bool

@@ -136,7 +136,7 @@ const (
 		`if test -e ` + ociimage.WhiteoutVictim + `; then echo whiteout-ignored; else echo whiteout-honoured; fi`
 )
 
-// TestContainerdRun is issue 4's end-to-end check with real containerd:
+// TestContainerdRun is the end-to-end check with real containerd:
 // import the test image with the snapshotter, run a container from it that
 // prints and writes a file, check both, remove the container and the image,
 // and after garbage collection nothing of the image is left in the
@@ -305,7 +305,7 @@ func readFromMounts(mounts []mount.Mount, dir, file string) (string, error) {
 	return string(b), nil
 }
 
-// BenchmarkImport is issue 4's import benchmark: the same image imported
+// BenchmarkImport is the import benchmark: the same image imported
 // (content ingest + unpack) with our snapshotter and with containerd's
 // built-in devmapper snapshotter on the same pool settings, alternating,
 // the image removed and garbage collected after each import. It reports

@@ -47,7 +47,7 @@ type crashOp struct {
 	snap            crashSnap
 }
 
-// crashKills is FLYIO_IT_CRASH_KILLS or 20 (issue 4's minimum).
+// crashKills is FLYIO_IT_CRASH_KILLS or 20 (the fewest that make the crash test worth its time).
 func crashKills(t *testing.T) int {
 	n := 20
 	if v := os.Getenv("FLYIO_IT_CRASH_KILLS"); v != "" {
@@ -59,7 +59,7 @@ func crashKills(t *testing.T) int {
 	return n
 }
 
-// TestCrashOverSocket is issue 4's crash test driven the way containerd
+// TestCrashOverSocket is the crash test driven the way containerd
 // drives us: over the daemon's socket with containerd's proxy snapshotter
 // client. `containerd-flyio-snapshotter serve` is killed with SIGKILL at
 // random points of a Prepare (+ write a file) / Commit / Remove / Cleanup
