@@ -9,6 +9,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metrics"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
@@ -57,6 +58,8 @@ type Service struct {
 	// served is what Serve gives containerd: the snapshotter itself, or
 	// the S3 pipelines' view of it once StartFetcher has run.
 	served snapshots.Snapshotter
+	// gcMetrics counts image garbage collection once StartFetcher has run.
+	gcMetrics *metrics.GC
 }
 
 // Open validates cfg, opens the database read-write (migrating it), opens

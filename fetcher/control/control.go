@@ -5,6 +5,7 @@
 //
 //	POST /v1/pull      {"bucket","key","ref","refresh","cached"} → {"event":{...}}... then {"result":{...}} | {"error":"..."}
 //	POST /v1/activate  {"ref"}                          → {"result":{...}} | {"error":"..."}
+//	POST /v1/rm        {"refs":[...]}                   → {"removed":[...],"error":"..."} (served when the Puller is a Remover)
 package control
 
 import (
@@ -56,11 +57,14 @@ type ActivateAnswer struct {
 	Error  string                     `json:"error,omitempty"`
 }
 
-// Handler serves the control API of p.
+// Handler serves the control API of p (and /v1/rm when p is a Remover).
 func Handler(p Puller) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/pull", func(w http.ResponseWriter, r *http.Request) { servePull(p, w, r) })
 	mux.HandleFunc("POST /v1/activate", func(w http.ResponseWriter, r *http.Request) { serveActivate(p, w, r) })
+	if rm, ok := p.(Remover); ok {
+		mux.HandleFunc("POST /v1/rm", func(w http.ResponseWriter, r *http.Request) { serveRm(rm, w, r) })
+	}
 	return mux
 }
 

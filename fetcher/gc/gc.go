@@ -281,7 +281,7 @@ func over(u Usage, need uint64, pct float64) bool {
 // Collect removes unused images, least recently used first, when the pool
 // with need more data bytes is at or past the high threshold, until it is
 // under the low threshold or nothing unused is left. trigger names what
-// asked for it, for the logs and the metric.
+// asked for it ("pull", "room", "timer"), for the logs and the metric.
 func (c *Collector) Collect(ctx context.Context, trigger string, need uint64) (*Report, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -538,7 +538,7 @@ func (c *Collector) MakeRoom(ctx context.Context, source string, needs []pipelin
 	for _, n := range needs {
 		total += need(n.Bytes)
 	}
-	rep, err := c.Collect(ctx, "room for "+source, total)
+	rep, err := c.Collect(log.WithLogger(ctx, log.G(ctx).WithField("source", source)), "room", total)
 	if err != nil {
 		log.G(ctx).WithError(err).WithField("source", source).Warn("gc: collection before a pull")
 	}
