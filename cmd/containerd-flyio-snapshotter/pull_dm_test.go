@@ -137,7 +137,11 @@ type pullEnv struct {
 
 func newPullEnv(t *testing.T) *pullEnv { return newPullEnvTB(t) }
 
-func newPullEnvTB(t testing.TB) *pullEnv {
+func newPullEnvTB(t testing.TB) *pullEnv { return newPullEnvWith(t, nil) }
+
+// newPullEnvWith is newPullEnvTB with tweak (when set) applied to the
+// config before the daemon starts.
+func newPullEnvWith(t testing.TB, tweak func(*plugin.Config)) *pullEnv {
 	// The VM harness boots with -net none: the fake S3 needs loopback up.
 	if out, err := exec.Command("ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
 		t.Logf("ip link set lo up: %v: %s", err, out)
@@ -149,6 +153,9 @@ func newPullEnvTB(t testing.TB) *pullEnv {
 	cfg.Pool.DataSize = 6 << 30
 	cfg.Pool.BaseImageSize = 1 << 30
 	cfg.Pool.AsyncRemove = false
+	if tweak != nil {
+		tweak(cfg)
+	}
 	cfgPath := dmtest.WriteConfig(t, cfg)
 	e := &pullEnv{t: t, cfg: cfg, srv: srv, cfgPath: cfgPath}
 	e.d = startDaemon(t, cfg, cfgPath)
