@@ -550,7 +550,7 @@ func (c *Collector) MakeRoom(ctx context.Context, source string, needs []pipelin
 	}
 	kept := ""
 	if rep != nil && len(rep.Kept) > 0 {
-		kept = fmt.Sprintf("; %d unused-looking image(s) kept in use", len(rep.Kept))
+		kept = fmt.Sprintf("; %d image(s) in use kept", len(rep.Kept))
 	}
 	if u.MetaPercent() >= c.opts.HighThreshold {
 		return fmt.Errorf("pull %s: the pool's metadata is %.1f%% used, at or past the %v%% threshold, after garbage collection%s: %w",

@@ -396,7 +396,7 @@ func TestCollectKeepsImagesInUse(t *testing.T) {
 	if !errors.Is(err, ErrNoRoom) {
 		t.Fatalf("MakeRoom = %v, want ErrNoRoom", err)
 	}
-	for _, want := range []string{"layer 2 (big/2.tar, 200.0 MiB)", "244.0 MiB free", "5 unused-looking image(s) kept in use"} {
+	for _, want := range []string{"layer 2 (big/2.tar, 200.0 MiB)", "244.0 MiB free", "5 image(s) in use kept"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("MakeRoom error %q does not say %q", err, want)
 		}
