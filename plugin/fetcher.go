@@ -91,15 +91,13 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 		return nil, fmt.Errorf("fetcher: %w", err)
 	}
 	sctx, cancel := context.WithCancel(ctx)
+	p.SetPoolGuard(col)
 	var loops sync.WaitGroup
-	if s.Config.GC.Enabled {
-		p.SetPoolGuard(col)
-		loops.Add(1)
-		go func() {
-			defer loops.Done()
-			col.Loop(sctx)
-		}()
-	}
+	loops.Add(1)
+	go func() {
+		defer loops.Done()
+		col.Loop(sctx)
+	}()
 	done := make(chan struct{})
 	if sock := s.Config.Daemon.ControlSocket; sock != "" {
 		lis, err := control.Listen(ctx, sock)

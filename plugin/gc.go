@@ -37,6 +37,7 @@ func (s *Service) newCollector(p *pipeline.Pipelines) (*gc.Collector, error) {
 		LowThreshold:  c.LowThreshold,
 		Pinned:        c.Pinned,
 		Interval:      c.Interval.Duration,
+		Disabled:      !c.Enabled,
 	})
 }
 

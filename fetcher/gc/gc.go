@@ -161,6 +161,10 @@ type Options struct {
 	// Interval spaces the collections Loop runs between pulls (default 5
 	// minutes).
 	Interval time.Duration
+	// Disabled turns collection by itself off: Pulled, MakeRoom and Loop do
+	// nothing. Begin still marks the images being pulled, so that Remove
+	// never takes one.
+	Disabled bool
 }
 
 // Collector removes unused images. Its methods are safe for concurrent use;
@@ -230,6 +234,9 @@ func (c *Collector) Begin(imageID string) (end func()) {
 
 // Pulled implements pipeline.PoolGuard: a collection after every pull.
 func (c *Collector) Pulled(ctx context.Context, imageID string) {
+	if c.opts.Disabled {
+		return
+	}
 	if _, err := c.Collect(ctx, "pull", 0); err != nil {
 		log.G(ctx).WithError(err).WithField("image", imageID).Warn("gc: collection after a pull")
 	}
@@ -237,6 +244,9 @@ func (c *Collector) Pulled(ctx context.Context, imageID string) {
 
 // Loop collects every Options.Interval until ctx is done.
 func (c *Collector) Loop(ctx context.Context) {
+	if c.opts.Disabled {
+		return
+	}
 	t := time.NewTicker(c.opts.Interval)
 	defer t.Stop()
 	for {
@@ -534,6 +544,9 @@ func (c *Collector) Remove(ctx context.Context, refs []string) ([]Removed, error
 // is past the high threshold (new devices would fill it, and a full
 // metadata device turns the pool read-only).
 func (c *Collector) MakeRoom(ctx context.Context, source string, needs []pipeline.LayerNeed) error {
+	if c.opts.Disabled {
+		return nil
+	}
 	var total uint64
 	for _, n := range needs {
 		total += need(n.Bytes)

@@ -483,3 +483,24 @@ func TestNewRejectsBadThresholds(t *testing.T) {
 		}
 	}
 }
+
+func TestDisabledCollectsNothingButRemoveWorks(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 1000*mib, Options{Disabled: true})
+	files := h.image("img1", "one", layer{"c1", 500 * mib})
+	h.image("img2", "two", layer{"c2", 400 * mib}) // 90.2%
+	h.c.Pulled(ctx, "img2")
+	if err := h.c.MakeRoom(ctx, "s3://bucket/img3/", []pipeline.LayerNeed{{Position: 1, Key: "img3/1.tar", Bytes: 50 * mib}}); err != nil {
+		t.Errorf("MakeRoom with collection disabled: %v", err)
+	}
+	h.present("img1", "img2")
+	end := h.c.Begin("img2")
+	if _, err := h.c.Remove(ctx, []string{"two"}); !errors.Is(err, ErrInUse) || !strings.Contains(err.Error(), "a pull of it is under way") {
+		t.Errorf("rm of an image being pulled: %v", err)
+	}
+	end()
+	if removed, err := h.c.Remove(ctx, []string{"one"}); err != nil || len(removed) != 1 {
+		t.Fatalf("rm with collection disabled: %v %v", removed, err)
+	}
+	h.gone("img1", "one", []string{"c1"}, files)
+}
