@@ -285,17 +285,26 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 		t.Errorf("rm pinned container = %d, %q", code, errOut)
 	}
 	keep()
-	// rm removes an unused one.
-	last := names[len(names)-1]
-	if code, out, errOut := runCommand(t, nil, "rm", "--socket", e.cfg.Daemon.ControlSocket, last); code != 0 || !strings.Contains(out, "removed ") {
-		t.Fatalf("rm %s = %d, %q, %q", last, code, out, errOut)
+	// rm removes the unused ones.
+	var unused []string
+	for _, n := range names {
+		if imageOf(n) != nil {
+			unused = append(unused, n)
+		}
 	}
-	if imageOf(last) != nil {
-		t.Errorf("%s still recorded after rm", last)
+	code, out, errOut := runCommand(t, nil, append([]string{"rm", "--socket", e.cfg.Daemon.ControlSocket}, unused...)...)
+	if code != 0 || strings.Count(out, "removed ") != len(unused) {
+		t.Fatalf("rm %v = %d, %q, %q", unused, code, out, errOut)
+	}
+	for _, n := range unused {
+		if imageOf(n) != nil {
+			t.Errorf("%s still recorded after rm", n)
+		}
 	}
 	e.checkClean()
 
-	// The container fills the pool until a 200 MB layer cannot fit.
+	// The container fills the pool until a 200 MB layer cannot fit, even
+	// with nothing left to collect.
 	u := usage()
 	fill := int64(u.DataFree()) - 150<<20
 	if fill <= 0 {
