@@ -78,7 +78,7 @@ func (u Usage) DataFree() uint64 {
 	return u.DataTotal - u.DataUsed
 }
 
-// DataPercent and MetaPercent are the data and metadata usage in percent.
+// DataPercent is the data usage in percent.
 func (u Usage) DataPercent() float64 { return percent(u.DataUsed, u.DataTotal) }
 
 // MetaPercent is the metadata usage in percent.
