@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/gc"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 )
@@ -331,8 +332,15 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 	}
 	t.Logf("pool at %s; the pull was refused: %v", before, err)
 	keep()
-	if got := listed()["img-11"]; !strings.Contains(got.FailureReason, "no room in the pool") {
-		t.Errorf("ls images shows img-11 as %+v, want the headroom failure", got)
+	// A pull that failed recorded no name: ls images lists it by source.
+	var failed *metadata.ImageView
+	for _, im := range lsJSON[metadata.ImageView](t, "images", "--db", e.cfg.Metadata.Path, "--format", "json") {
+		if im.S3Key == pipeline.S3URL(e.srv.Bucket, "img-11.tar") {
+			failed = &im
+		}
+	}
+	if failed == nil || !strings.Contains(failed.FailureReason, "no room in the pool") || failed.State != metadata.ImageStateFailed {
+		t.Errorf("ls images shows img-11 as %+v, want it failed with the headroom error", failed)
 	}
 	if im := imageOf("img-11"); im != nil && len(im.Chains) != 0 {
 		t.Errorf("the refused pull left chains: %v", im.Chains)
