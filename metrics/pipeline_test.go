@@ -6,11 +6,20 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
 // gauges gathers every gauge named name as "label=value,..." -> value.
 func gauges(t *testing.T, m *Metrics, name string) map[string]float64 {
+	t.Helper()
+	return samples(t, m, name, func(mt *dto.Metric) float64 { return mt.GetGauge().GetValue() })
+}
+
+// samples gathers every metric named name as "label=value,..." -> what
+// value reads of it.
+func samples(t *testing.T, m *Metrics, name string, value func(*dto.Metric) float64) map[string]float64 {
 	t.Helper()
 	mfs, err := m.Registry().Gather()
 	if err != nil {
@@ -29,7 +38,7 @@ func gauges(t *testing.T, m *Metrics, name string) map[string]float64 {
 				}
 				key += l.GetName() + "=" + l.GetValue()
 			}
-			out[key] = mt.GetGauge().GetValue()
+			out[key] = value(mt)
 		}
 	}
 	return out

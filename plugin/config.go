@@ -23,6 +23,7 @@ import (
 	"github.com/containerd/log"
 	toml "github.com/pelletier/go-toml/v2"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/gc"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
@@ -65,6 +66,7 @@ type Config struct {
 	Pipeline   PipelineConfig   `toml:"pipeline"`
 	Queues     QueuesConfig     `toml:"queues"`
 	Containerd ContainerdConfig `toml:"containerd"`
+	GC         GCConfig         `toml:"gc"`
 }
 
 // DaemonConfig is the [daemon] section: where the daemon listens and keeps
@@ -209,6 +211,23 @@ type ContainerdConfig struct {
 	Namespace string `toml:"namespace"`
 }
 
+// GCConfig is the [gc] section: garbage collection of pulled S3 images
+// (package fetcher/gc).
+type GCConfig struct {
+	// Enabled collects after every pull, every Interval, and before a
+	// pull's devices are made.
+	Enabled bool `toml:"enabled"`
+	// HighThreshold is the pool data or metadata usage, in percent, at
+	// which unused images are removed, least recently used first, until
+	// usage is under LowThreshold.
+	HighThreshold float64 `toml:"high_threshold"`
+	LowThreshold  float64 `toml:"low_threshold"`
+	// Interval spaces the collections between pulls.
+	Interval Duration `toml:"interval"`
+	// Pinned names images never removed.
+	Pinned []string `toml:"pinned"`
+}
+
 // defaults returns the default configuration with the derived paths still
 // empty, so that a file changing daemon.root_dir moves them too.
 func defaults() *Config {
@@ -252,6 +271,12 @@ func defaults() *Config {
 		Containerd: ContainerdConfig{
 			Address:   DefaultContainerdSocket,
 			Namespace: DefaultNamespace,
+		},
+		GC: GCConfig{
+			Enabled:       true,
+			HighThreshold: gc.DefaultHighThreshold,
+			LowThreshold:  gc.DefaultLowThreshold,
+			Interval:      D(gc.DefaultInterval),
 		},
 	}
 }
@@ -309,6 +334,9 @@ func (c *Config) resolve() {
 	// apart from an absent key, which keeps the default list.
 	if c.Pipeline.RequiredDirs == nil {
 		c.Pipeline.RequiredDirs = []string{}
+	}
+	if len(c.GC.Pinned) == 0 {
+		c.GC.Pinned = nil
 	}
 }
 
@@ -626,6 +654,16 @@ func (c *Config) Validate() error {
 	socket("containerd.address", strings.TrimPrefix(c.Containerd.Address, "unix://"), false)
 	if err := identifiers.Validate(c.Containerd.Namespace); err != nil {
 		bad("containerd.namespace", "must be a containerd namespace (letters, digits and ._- separators, at most 76 characters), got %q", c.Containerd.Namespace)
+	}
+
+	if err := gc.ValidateThresholds(c.GC.HighThreshold, c.GC.LowThreshold); err != nil {
+		bad("gc.high_threshold", "%v", err)
+	}
+	positiveDuration("gc.interval", c.GC.Interval)
+	for i, n := range c.GC.Pinned {
+		if strings.TrimSpace(n) == "" {
+			bad(fmt.Sprintf("gc.pinned[%d]", i), "must not be empty")
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -174,6 +174,12 @@ unpacking = 3
 [containerd]
 address = "/run/k3s/containerd.sock"
 namespace = "k8s.io"
+[gc]
+enabled = false
+high_threshold = 90
+low_threshold = 70.5
+interval = "1m"
+pinned = ["base", "s3://b/base/"]
 `
 	c, err := LoadConfig(writeConfig(t, body))
 	if err != nil {
@@ -194,6 +200,7 @@ namespace = "k8s.io"
 			MaxEntries: 500, MaxFileSize: 2 << 20, MaxTotalSize: 8 << 20, RequiredDirs: []string{}, MaxLayers: 64},
 		Queues:     QueuesConfig{Downloads: 8, Unpacking: 3},
 		Containerd: ContainerdConfig{Address: "/run/k3s/containerd.sock", Namespace: "k8s.io"},
+		GC:         GCConfig{HighThreshold: 90, LowThreshold: 70.5, Interval: D(time.Minute), Pinned: []string{"base", "s3://b/base/"}},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("loaded\n %+v\nwant\n %+v", c, want)
@@ -313,6 +320,10 @@ func TestValidateRules(t *testing.T) {
 		{"base size small", func(c *Config) { c.Pool.BaseImageSize = 1 << 20 }, "pool.base_image_size: must be a multiple of 512 bytes and at least 16MiB, got 1MiB"},
 		{"base size unaligned", func(c *Config) { c.Pool.BaseImageSize = 20<<20 + 3 }, "pool.base_image_size: must be a multiple of 512 bytes"},
 		{"fs type", func(c *Config) { c.Pool.FSType = "btrfs" }, `pool.fs_type: must be "ext4" or "xfs", got "btrfs"`},
+		{"gc low above high", func(c *Config) { c.GC.HighThreshold, c.GC.LowThreshold = 80, 85 }, "gc.high_threshold: thresholds high 80% and low 85%: must be 0 < low < high <= 100"},
+		{"gc high above 100", func(c *Config) { c.GC.HighThreshold = 120 }, "gc.high_threshold: thresholds high 120% and low 80%: must be 0 < low < high <= 100"},
+		{"gc interval", func(c *Config) { c.GC.Interval = D(0) }, `gc.interval: must be a positive duration such as "30m", got "0s"`},
+		{"gc pinned empty", func(c *Config) { c.GC.Pinned = []string{" "} }, "gc.pinned[0]: must not be empty"},
 		{"mkfs empty option", func(c *Config) { c.Pool.MkfsOptions = []string{"-E", " "} }, "pool.mkfs_options[1]: must not be empty"},
 		{"bucket", func(c *Config) { c.S3.Bucket = "My_Bucket" }, `s3.bucket: must be an S3 bucket name`},
 		{"bucket dots", func(c *Config) { c.S3.Bucket = "a..b" }, `s3.bucket: must be an S3 bucket name`},

@@ -180,7 +180,8 @@ func registrar(c *Config) pipeline.Registrar {
 // StartFetcher builds the S3 pipelines, resumes the runs a previous process
 // left, prunes the records of snapshots removed while it was
 // down, and serves the control socket (daemon.control_socket; none when
-// empty) until ctx is done. From then on Serve gives containerd the
+// empty) until ctx is done. With gc.enabled, image garbage collection runs
+// before and after every pull and every gc.interval. From then on Serve gives containerd the
 // pipelines' view of the snapshotter (pipeline.ContainerdView). stop closes
 // both; runs under way stay recorded for the next start.
 func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
@@ -196,7 +197,19 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 		log.G(ctx).WithError(err).Warn("fetcher: pruning records of removed snapshots")
 	}
 	s.served = p.ContainerdView(s.Snapshotter)
+	col, err := s.newCollector(p)
+	if err != nil {
+		p.Close(ctx)
+		return nil, fmt.Errorf("fetcher: %w", err)
+	}
 	sctx, cancel := context.WithCancel(ctx)
+	p.SetPoolGuard(col)
+	var loops sync.WaitGroup
+	loops.Add(1)
+	go func() {
+		defer loops.Done()
+		col.Loop(sctx)
+	}()
 	done := make(chan struct{})
 	if sock := s.Config.Daemon.ControlSocket; sock != "" {
 		lis, err := s.listenControl(ctx, sock)
@@ -207,7 +220,7 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 		}
 		go func() {
 			defer close(done)
-			if err := control.Serve(sctx, lis, s3Policy{Pipelines: p, cfg: s.Config, metrics: s.fetchMetrics()}); err != nil {
+			if err := control.Serve(sctx, lis, fetcherAPI{s3Policy{Pipelines: p, cfg: s.Config, metrics: s.fetchMetrics()}, col}); err != nil {
 				log.G(ctx).WithError(err).Error("control socket stopped")
 			}
 		}()
@@ -217,6 +230,7 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 	return func() {
 		cancel()
 		<-done
+		loops.Wait()
 		if err := p.Close(context.WithoutCancel(ctx)); err != nil {
 			log.G(ctx).WithError(err).Warn("closing the pipelines")
 		}

@@ -367,6 +367,9 @@ func (s *Service) Serve(ctx context.Context, ready, stopping func()) error {
 		m.AddPool(s.Pool)
 		m.AddDevices(s.Snapshotter)
 		m.AddPipeline(s.DB)
+		if s.gcMetrics != nil {
+			m.AddGC(s.gcMetrics)
+		}
 		sn = m.Wrap(sn)
 		opts.MetricsAddress, opts.Metrics = addr, m
 	}

@@ -66,6 +66,8 @@ type Service struct {
 	metricsOnce sync.Once
 	// lock is the single-instance lock of daemon.root_dir (lockRoot).
 	lock *os.File
+	// gcMetrics counts image garbage collection once StartFetcher has run.
+	gcMetrics *metrics.GC
 }
 
 // metricsRegistry returns the service's metrics registry, or nil when

@@ -73,9 +73,10 @@ func TestDBMigrateAndCheck(t *testing.T) {
 
 func TestDBMigrateWritesCopy(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "m.db")
-	// A database at the previous schema holding a pulled image, as an
-	// operator's host would have before an upgrade of the binary.
-	prev := strconv.Itoa(metadata.LatestVersion() - 1)
+	// A database at the schema before migration 8 reshaped the records,
+	// holding a pulled image, as an operator's host would have before an
+	// upgrade of the binary.
+	prev := "7"
 	if code, out, errOut := runCommand(t, nil, "db", "migrate", "--to", prev, "--db", path); code != 0 || !strings.Contains(out, "migrated from version 0 to "+prev) {
 		t.Fatalf("db migrate --to %s = %d, %q, %q", prev, code, out, errOut)
 	}
@@ -90,7 +91,7 @@ func TestDBMigrateWritesCopy(t *testing.T) {
 				'`+chain+`', 'snap-img-app', 1700000000000000000)`)
 	latest := strconv.Itoa(metadata.LatestVersion())
 	code, out, errOut := runCommand(t, nil, "db", "migrate", "--db", path)
-	copyPath := path + ".pre-v" + latest
+	copyPath := path + ".pre-v8" // named after the first migration applied
 	if code != 0 || !strings.Contains(out, "migrated from version "+prev+" to "+latest) || !strings.Contains(out, copyPath) {
 		t.Fatalf("db migrate (%s -> %s) = %d, %q, %q", prev, latest, code, out, errOut)
 	}
@@ -102,7 +103,7 @@ func TestDBMigrateWritesCopy(t *testing.T) {
 	}
 	// The copy keeps the previous schema's rows as they were.
 	if n := countRows(t, copyPath, `SELECT count(*) FROM pipeline_images WHERE image_id = 'img-app'`); n != 1 {
-		t.Errorf("the pre-v%s copy holds %d pipeline_images rows of img-app, want 1", latest, n)
+		t.Errorf("the pre-v8 copy holds %d pipeline_images rows of img-app, want 1", n)
 	}
 	if code, out, _ := runCommand(t, nil, "db", "check", "--db", path); code != 0 {
 		t.Errorf("db check after the upgrade = %d, %q", code, out)

@@ -1,5 +1,5 @@
 // Command containerd-flyio-snapshotter is the daemon (serve) and the operator
-// tool (pull, activate, ls, db, pool, validate, version) of the flyio
+// tool (pull, activate, rm, ls, db, pool, validate, version) of the flyio
 // snapshotter. Each subcommand lives in its own file and registers itself with
 // register; main only dispatches.
 package main

@@ -1,10 +1,12 @@
 // Package control is the daemon's control socket: an HTTP API over a unix
-// socket (mode 0660) that the operator CLI uses to pull and activate S3
-// images. Requests and answers are JSON; a pull streams JSON lines, one
-// progress event per line, then one line with the result or the error.
+// socket that the operator CLI uses to pull, activate and remove S3 images
+// (the daemon binds it, and checks its callers, in package plugin).
+// Requests and answers are JSON; a pull streams JSON lines, one progress
+// event per line, then one line with the result or the error.
 //
 //	POST /v1/pull      {"bucket","key","ref","refresh","cached"} → {"event":{...}}... then {"result":{...}} | {"error":"..."}
 //	POST /v1/activate  {"ref"}                          → {"result":{...}} | {"error":"..."}
+//	POST /v1/rm        {"refs":[...]}                   → {"removed":[...],"error":"..."} (served when the Puller is a Remover)
 //
 // A pull without a bucket leaves it to the Puller (the daemon's default
 // bucket).
@@ -52,11 +54,14 @@ type ActivateAnswer struct {
 	Error  string                     `json:"error,omitempty"`
 }
 
-// Handler serves the control API of p.
+// Handler serves the control API of p (and /v1/rm when p is a Remover).
 func Handler(p Puller) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/pull", func(w http.ResponseWriter, r *http.Request) { servePull(p, w, r) })
 	mux.HandleFunc("POST /v1/activate", func(w http.ResponseWriter, r *http.Request) { serveActivate(p, w, r) })
+	if rm, ok := p.(Remover); ok {
+		mux.HandleFunc("POST /v1/rm", func(w http.ResponseWriter, r *http.Request) { serveRm(rm, w, r) })
+	}
 	return mux
 }
 

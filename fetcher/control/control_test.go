@@ -8,14 +8,16 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/gc"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
 // TestSocketCarriesErrors serves real pipelines that have no snapshotter
-// (host: no device-mapper) and checks the socket's mode and that failures
-// reach the client with their reason.
+// (host: no device-mapper) and a collector over an empty pool, and checks
+// the socket's mode and that failures and refusals reach the client with
+// their reason.
 func TestSocketCarriesErrors(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -44,7 +46,18 @@ func TestSocketCarriesErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- Serve(ctx, lis, p) }()
+	col, err := gc.New(gc.Options{DB: db, Snapshots: fakeEmptyPool{}, Guard: pipeline.GuardChain,
+		Usage: func(context.Context) (gc.Usage, error) { return gc.Usage{DataTotal: 1 << 30, MetaTotal: 1 << 20}, nil },
+		Prune: func(ctx context.Context) error { _, err := p.Prune(ctx); return err }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		done <- Serve(ctx, lis, struct {
+			*pipeline.Pipelines
+			*gc.Collector
+		}{p, col})
+	}()
 	c := NewClient(sock)
 	_, err = c.Pull(ctx, pipeline.PullRequest{Bucket: "b", Key: "img/"}, nil)
 	if err == nil || !strings.Contains(err.Error(), "no snapshotter") {
@@ -53,6 +66,13 @@ func TestSocketCarriesErrors(t *testing.T) {
 	_, err = c.Activate(ctx, "never-pulled")
 	if err == nil || !strings.Contains(err.Error(), "never-pulled") {
 		t.Errorf("activate of an unknown ref: err %v, want a reason naming it", err)
+	}
+	removed, err := c.Remove(ctx, []string{"never-pulled"})
+	if len(removed) != 0 || err == nil || !strings.Contains(err.Error(), "rm never-pulled: no image pulled under that name") {
+		t.Errorf("rm of a name never pulled: removed %v, err %v", removed, err)
+	}
+	if _, err := c.Remove(ctx, nil); err == nil || !strings.Contains(err.Error(), "rm: request must name at least one image") {
+		t.Errorf("rm of nothing: %v", err)
 	}
 	cancel()
 	if err := <-done; err != nil {

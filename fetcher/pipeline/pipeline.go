@@ -139,6 +139,8 @@ type Pipelines struct {
 	deviceLive func(path string) error
 	// hooks are test points (crash injection); nil in production.
 	hooks map[string]func()
+	// guard, when set, keeps the pool from filling up (SetPoolGuard).
+	guard PoolGuard
 }
 
 // New builds the manager, the queues and the three machines over opts.DB.

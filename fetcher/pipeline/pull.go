@@ -94,12 +94,14 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 		ref = source
 	}
 	lg := log.G(ctx).WithField("source", source).WithField("ref", ref)
+	defer p.beginPull(imageID)()
 	if req.Cached {
 		res, why := p.repull(ctx, source, imageID, ref, nil)
 		if res == nil {
 			return nil, fmt.Errorf("pull %s --cached: %s: %w", source, why, metadata.ErrNotFound)
 		}
 		lg.WithField("snapshot", res.Snapshot.SnapshotName).Info("already pulled (records only)")
+		p.used(ctx, imageID, false)
 		return res, nil
 	}
 	layers, err := p.listLayers(ctx, req, source)
@@ -110,8 +112,13 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 	if !req.Refresh {
 		if res, _ := p.repull(ctx, source, imageID, ref, layers); res != nil {
 			lg.WithField("snapshot", res.Snapshot.SnapshotName).Info("already pulled, unchanged in S3")
+			p.used(ctx, imageID, false)
 			return res, nil
 		}
+	}
+	if err := p.makeRoom(ctx, req.Bucket, source, layers); err != nil {
+		p.markFailed(ctx, imageID, source, err)
+		return nil, err
 	}
 	res, err := p.runPipelines(ctx, req, source, imageID, ref, layers, progress)
 	if err != nil {
@@ -119,6 +126,7 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 		return nil, err
 	}
 	lg.WithField("snapshot", res.Snapshot.SnapshotName).WithField("downloaded", res.Downloaded).WithField("unpacked", res.Unpacked).Info("pulled")
+	p.used(ctx, imageID, true)
 	return res, nil
 }
 
@@ -311,7 +319,11 @@ func (p *Pipelines) Activate(ctx context.Context, ref string) (*ActivateResponse
 	if err != nil {
 		return nil, err
 	}
-	return fsm.Await[ActivateResponse](ctx, p.m, runID)
+	resp, err := fsm.Await[ActivateResponse](ctx, p.m, runID)
+	if err == nil {
+		p.used(ctx, imageID, false)
+	}
+	return resp, err
 }
 
 func newPullID() string {

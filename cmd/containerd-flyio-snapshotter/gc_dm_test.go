@@ -1,0 +1,352 @@
+//go:build dm
+
+package main
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
+	"github.com/containerd/containerd/v2/core/snapshots/proxy"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/gc"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
+)
+
+// gcImageFiles × gcFileSize is the bulk of each test image: about 200 MB.
+const (
+	gcImageFiles = 95
+	gcFileSize   = 2 << 20
+)
+
+// gcLayer is a one-layer image tarball of about 200 MB whose marker file
+// makes it distinct (its own diff ID, chain and device); the bulk is body,
+// random bytes shared by every image, which the pool stores again for each
+// (a thin pool does not deduplicate).
+func gcLayer(t *testing.T, name string, body []byte) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	put := func(h *tar.Header, data []byte) {
+		h.ModTime = time.Unix(1700000000, 0)
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range []string{"etc/", "usr/", "var/", name + "/"} {
+		put(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755}, nil)
+	}
+	put(&tar.Header{Typeflag: tar.TypeReg, Name: "etc/os-release", Mode: 0o644, Size: 13}, []byte("ID=flyiotest\n"))
+	put(&tar.Header{Typeflag: tar.TypeReg, Name: name + "/marker", Mode: 0o644, Size: int64(len(name))}, []byte(name))
+	for i := 0; i < gcImageFiles; i++ {
+		put(&tar.Header{Typeflag: tar.TypeReg, Name: fmt.Sprintf("%s/f%03d", name, i), Mode: 0o644, Size: int64(len(body))}, body)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// scrapeGC reads the daemon's garbage-collection metrics: total seconds
+// spent collecting and images removed, every trigger and cause summed.
+func scrapeGC(t *testing.T, addr string) (seconds float64, removed int) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		name, val, ok := strings.Cut(sc.Text(), " ")
+		if !ok || strings.HasPrefix(name, "#") {
+			continue
+		}
+		v, err := strconv.ParseFloat(val, 64)
+		if err != nil {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(name, "flyio_snapshotter_gc_duration_seconds_sum"):
+			seconds += v
+		case strings.HasPrefix(name, "flyio_snapshotter_gc_removed_images_total"):
+			removed += int(v)
+		}
+	}
+	return seconds, removed
+}
+
+// TestGCKeepsPoolUnderThreshold: on a 1 GiB pool with default [gc]
+// settings, ten distinct images of about 200 MB pulled one after another
+// all succeed; after each pull the pool is under the high threshold, the
+// oldest unused images are gone (from `ls images`, the records and the
+// pool), and a pinned image and an image with a container snapshot on it
+// stay. `rm` refuses both with the reason. When the container then fills
+// the pool, the next pull fails at once with the headroom error, leaving
+// nothing behind and saying why in `ls images`.
+func TestGCKeepsPoolUnderThreshold(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := lis.Addr().String()
+	lis.Close()
+	e := newPullEnvTB(t, func(c *plugin.Config) {
+		c.Pool.DataSize = 1 << 30
+		c.GC.Pinned = []string{"pinned"}
+		c.Daemon.MetricsAddress = metricsAddr
+	})
+	ctx := context.Background()
+	r := rand.New(rand.NewPCG(15, 15))
+	body := make([]byte, gcFileSize)
+	for i := range body {
+		body[i] = byte(r.Uint32())
+	}
+	usage := func() gc.Usage {
+		t.Helper()
+		st, err := e.pool.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return gc.UsageOf(st)
+	}
+	pull := func(name string) error {
+		t.Helper()
+		key := name + ".tar"
+		e.srv.Put(t, key, gcLayer(t, name, body))
+		_, err := e.pull(key, name)
+		// The pulled tarball is on the daemon's disk now: free the fake
+		// S3's copy (the VM's memory holds the pool and both).
+		e.srv.Delete(t, key)
+		return err
+	}
+	imageOf := func(name string) *metadata.GCImage {
+		t.Helper()
+		db := e.db()
+		id, err := db.ImageIDByName(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if id == "" {
+			return nil
+		}
+		im, err := db.GCImage(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return im
+	}
+	listed := func() map[string]metadata.ImageView {
+		out := map[string]metadata.ImageView{}
+		for _, im := range lsJSON[metadata.ImageView](t, "images", "--db", e.cfg.Metadata.Path, "--format", "json") {
+			for _, n := range im.Names {
+				out[n] = im
+			}
+		}
+		return out
+	}
+
+	for _, name := range []string{"pinned", "container"} {
+		if err := pull(name); err != nil {
+			t.Fatalf("pull %s: %v", name, err)
+		}
+	}
+	conn, err := grpc.NewClient("unix://"+e.cfg.Daemon.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sn := proxy.NewSnapshotter(snapshotsapi.NewSnapshotsClient(conn), "flyio")
+	nctx := namespaces.WithNamespace(ctx, "default")
+	held := imageOf("container")
+	if held == nil {
+		t.Fatal("image container not recorded after its pull")
+	}
+	mounts, err := sn.Prepare(nctx, "container-1", held.Chains[len(held.Chains)-1])
+	if err != nil {
+		t.Fatalf("prepare a container snapshot on the image: %v", err)
+	}
+	keep := func() {
+		t.Helper()
+		for _, name := range []string{"pinned", "container"} {
+			if im := imageOf(name); im == nil {
+				t.Fatalf("image %s (in use) was removed", name)
+			}
+			if _, ok := listed()[name]; !ok {
+				t.Fatalf("image %s (in use) is gone from ls images", name)
+			}
+		}
+	}
+
+	type row struct {
+		name                string
+		pull                time.Duration
+		dataPct, metaPct    float64
+		gcSeconds           float64
+		removed, keptImages int
+	}
+	var rows []row
+	names := []string{}
+	lastSecs, lastRemoved := scrapeGC(t, metricsAddr)
+	for i := 1; i <= 10; i++ {
+		name := fmt.Sprintf("img-%02d", i)
+		names = append(names, name)
+		start := time.Now()
+		if err := pull(name); err != nil {
+			t.Fatalf("pull %d (%s): %v", i, name, err)
+		}
+		took := time.Since(start)
+		u := usage()
+		secs, removed := scrapeGC(t, metricsAddr)
+		ls := listed()
+		rows = append(rows, row{name: name, pull: took, dataPct: u.DataPercent(), metaPct: u.MetaPercent(),
+			gcSeconds: secs - lastSecs, removed: removed - lastRemoved, keptImages: len(ls)})
+		lastSecs, lastRemoved = secs, removed
+		if u.DataPercent() >= gc.DefaultHighThreshold || u.MetaPercent() >= gc.DefaultHighThreshold {
+			t.Errorf("after pull %d the pool is at %s: not under the %v%% threshold", i, u, gc.DefaultHighThreshold)
+		}
+		keep()
+		// The images still there are the most recent ones: once one is
+		// present, every later one is.
+		present := false
+		for _, n := range names {
+			im := imageOf(n)
+			_, inLs := ls[n]
+			if present && im == nil {
+				t.Errorf("after pull %d, %s is gone but an older image stayed", i, n)
+			}
+			if im != nil {
+				present = true
+			}
+			if (im != nil) != inLs {
+				t.Errorf("after pull %d, %s: recorded %v, listed by ls images %v", i, n, im != nil, inLs)
+			}
+		}
+		if imageOf(name) == nil {
+			t.Fatalf("the image just pulled (%s) was removed", name)
+		}
+		e.checkClean()
+	}
+	t.Logf("pool usage after each pull (1 GiB pool, [gc] defaults: high %v%%, low %v%%):", gc.DefaultHighThreshold, gc.DefaultLowThreshold)
+	t.Logf("%-8s %8s %7s %7s %8s %8s %7s", "image", "pull", "data%", "meta%", "gc", "removed", "images")
+	gone := 0
+	for _, r := range rows {
+		t.Logf("%-8s %7.1fs %6.1f%% %6.1f%% %7.2fs %8d %7d", r.name, r.pull.Seconds(), r.dataPct, r.metaPct, r.gcSeconds, r.removed, r.keptImages)
+		gone += r.removed
+	}
+	if gone < 7 {
+		t.Errorf("only %d images were removed over ten pulls of 200 MB on a 1 GiB pool", gone)
+	}
+	// No chain, activation or device is left of a removed image.
+	db := e.db()
+	chains, err := db.SnapshotterReads().Snapshots(ctx, "", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{}
+	for _, n := range append([]string{"pinned", "container"}, names...) {
+		if im := imageOf(n); im != nil {
+			want[metadata.ActivationKey(im.ImageID)] = true
+			for _, c := range im.Chains {
+				want[c] = true
+			}
+		}
+	}
+	want["container-1"] = true
+	for _, s := range chains {
+		if !want[s.Key] {
+			t.Errorf("snapshot %s (%s) left, of no image kept", s.Key, s.Kind)
+		}
+	}
+
+	// rm refuses the images in use, with the reason.
+	code, _, errOut := runCommand(t, nil, "rm", "--socket", e.cfg.Daemon.ControlSocket, "pinned", "container")
+	if code != 1 || !strings.Contains(errOut, "pinned") || !strings.Contains(errOut, `snapshot "container-1" (a container's)`) {
+		t.Errorf("rm pinned container = %d, %q", code, errOut)
+	}
+	keep()
+	// rm removes the unused ones.
+	var unused []string
+	for _, n := range names {
+		if imageOf(n) != nil {
+			unused = append(unused, n)
+		}
+	}
+	code, out, errOut := runCommand(t, nil, append([]string{"rm", "--socket", e.cfg.Daemon.ControlSocket}, unused...)...)
+	if code != 0 || strings.Count(out, "removed ") != len(unused) {
+		t.Fatalf("rm %v = %d, %q, %q", unused, code, out, errOut)
+	}
+	for _, n := range unused {
+		if imageOf(n) != nil {
+			t.Errorf("%s still recorded after rm", n)
+		}
+	}
+	e.checkClean()
+
+	// The container fills the pool until a 200 MB layer cannot fit, even
+	// with nothing left to collect.
+	u := usage()
+	fill := int64(u.DataFree()) - 150<<20
+	if fill <= 0 {
+		t.Fatalf("pool already too full to test headroom: %s", u)
+	}
+	dir := t.TempDir()
+	if len(mounts) != 1 {
+		t.Fatalf("container mounts %+v", mounts)
+	}
+	if out, err := exec.Command("mount", "-t", mounts[0].Type, "-o", strings.Join(mounts[0].Options, ","), mounts[0].Source, dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount the container's snapshot: %v: %s", err, out)
+	}
+	if out, err := exec.Command("dd", "if=/dev/zero", "of="+filepath.Join(dir, "fill"), "bs=1M", fmt.Sprintf("count=%d", fill>>20), "conv=fsync").CombinedOutput(); err != nil {
+		t.Fatalf("fill the container: %v: %s", err, out)
+	}
+	if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+		t.Fatalf("umount: %v: %s", err, out)
+	}
+	before := usage()
+	err = pull("img-11")
+	if err == nil || !strings.Contains(err.Error(), "no room in the pool") || !strings.Contains(err.Error(), "free after garbage collection") ||
+		!strings.Contains(err.Error(), "layer 1 (img-11.tar") {
+		t.Fatalf("pull on a pool the container filled: %v, want the headroom error with the free space and the layer", err)
+	}
+	t.Logf("pool at %s; the pull was refused: %v", before, err)
+	keep()
+	// A pull that failed recorded no name: ls images lists it by source.
+	var failed *metadata.ImageView
+	for _, im := range lsJSON[metadata.ImageView](t, "images", "--db", e.cfg.Metadata.Path, "--format", "json") {
+		if im.S3Key == pipeline.S3URL(e.srv.Bucket, "img-11.tar") {
+			failed = &im
+		}
+	}
+	if failed == nil || !strings.Contains(failed.FailureReason, "no room in the pool") || failed.State != metadata.ImageStateFailed {
+		t.Errorf("ls images shows img-11 as %+v, want it failed with the headroom error", failed)
+	}
+	if im := imageOf("img-11"); im != nil && len(im.Chains) != 0 {
+		t.Errorf("the refused pull left chains: %v", im.Chains)
+	}
+	if n := e.srv.Requests("GET", "img-11.tar"); n != 0 {
+		t.Errorf("the refused pull downloaded the layer (%d GETs)", n)
+	}
+	e.checkClean()
+}

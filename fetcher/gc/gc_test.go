@@ -1,0 +1,506 @@
+package gc
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/filters"
+	"github.com/containerd/errdefs"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
+)
+
+const mib = 1 << 20
+
+// fakePool is a fake of the thin pool under the snapshotter, for host tests
+// that have no device-mapper: the snapshot and device records are real rows
+// of the metadata database, written through metadata.SnapshotterTx as
+// package snapshotter writes them, and removed the same way (RemoveIf runs
+// its guard in the removing transaction; Cleanup deletes removed devices).
+// Only the pool's blocks are fake: each device holds a number of data bytes,
+// and the pool's usage is their sum over the devices not deleted yet.
+type fakePool struct {
+	db    *metadata.DB
+	total uint64
+
+	mu    sync.Mutex
+	bytes map[uint32]uint64 // thin id → data bytes, for devices in the pool
+	next  uint32
+}
+
+func (p *fakePool) usage(context.Context) (Usage, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var used uint64
+	for _, b := range p.bytes {
+		used += b
+	}
+	return Usage{DataUsed: used, DataTotal: p.total, MetaUsed: 10, MetaTotal: 1000}, nil
+}
+
+// add records snapshot key on parent holding bytes of data.
+func (p *fakePool) add(t *testing.T, key, parent, kind string, labels map[string]string, bytes uint64) {
+	t.Helper()
+	ctx := context.Background()
+	p.mu.Lock()
+	p.next++
+	id := p.next
+	p.mu.Unlock()
+	err := p.db.WithTx(ctx, func(tx *sql.Tx) error {
+		q := metadata.SnapshotterTx(tx)
+		var parentID int64
+		if parent != "" {
+			r, ok, err := q.Snapshot(ctx, "", parent)
+			if err != nil || !ok {
+				return fmt.Errorf("parent %q: %v %v", parent, ok, err)
+			}
+			parentID = r.ID
+		}
+		now := time.Now().UnixNano()
+		if err := q.InsertThinDevice(ctx, metadata.ThinDevice{ID: id, Name: fmt.Sprintf("fake-%d", id), Role: metadata.ThinRoleSnapshot,
+			State: metadata.ThinStateInactive, SizeBytes: 1 << 30, FSType: "ext4", CreatedNs: now, UpdatedNs: now}); err != nil {
+			return err
+		}
+		_, err := q.InsertSnapshot(ctx, metadata.CDSnapshot{Key: key, Kind: kind, ParentID: parentID, DeviceID: id, Labels: labels, CreatedNs: now, UpdatedNs: now})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("add snapshot %s: %v", key, err)
+	}
+	p.mu.Lock()
+	p.bytes[id] = bytes
+	p.mu.Unlock()
+}
+
+func (p *fakePool) Walk(ctx context.Context, fn snapshots.WalkFunc, fs ...string) error {
+	filter, err := filters.ParseAll(fs...)
+	if err != nil {
+		return err
+	}
+	rows, err := p.db.SnapshotterReads().Snapshots(ctx, "", false)
+	if err != nil {
+		return err
+	}
+	for _, r := range rows {
+		kind := map[string]snapshots.Kind{metadata.SnapKindActive: snapshots.KindActive, metadata.SnapKindCommitted: snapshots.KindCommitted,
+			metadata.SnapKindView: snapshots.KindView}[r.Kind]
+		info := snapshots.Info{Kind: kind, Name: r.Key, Parent: r.ParentKey, Labels: r.Labels}
+		if !filter.Match(filters.AdapterFunc(func(fp []string) (string, bool) {
+			if len(fp) == 1 && fp[0] == "parent" {
+				return info.Parent, true
+			}
+			return "", false
+		})) {
+			continue
+		}
+		if err := fn(ctx, info); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *fakePool) Remove(ctx context.Context, key string) error { return p.RemoveIf(ctx, key, nil) }
+
+func (p *fakePool) RemoveIf(ctx context.Context, key string, guard snapshotter.RemoveGuard) error {
+	return p.db.WithTx(ctx, func(tx *sql.Tx) error {
+		if guard != nil {
+			if err := guard(ctx, tx); err != nil {
+				return err
+			}
+		}
+		_, children, found, err := metadata.SnapshotterTx(tx).RemoveSnapshot(ctx, "", key, time.Now().UnixNano())
+		switch {
+		case err != nil:
+			return err
+		case !found:
+			return fmt.Errorf("remove %q: %w", key, errdefs.ErrNotFound)
+		case children > 0:
+			return fmt.Errorf("remove %q: %d children: %w", key, children, errdefs.ErrFailedPrecondition)
+		}
+		return nil
+	})
+}
+
+func (p *fakePool) Cleanup(ctx context.Context) error {
+	devs, err := p.db.SnapshotterReads().ThinDevices(ctx, metadata.ThinStateRemoved)
+	if err != nil {
+		return err
+	}
+	for _, d := range devs {
+		p.mu.Lock()
+		delete(p.bytes, d.ID)
+		p.mu.Unlock()
+		if err := p.db.WithTx(ctx, func(tx *sql.Tx) error { return metadata.SnapshotterTx(tx).DeleteThinDevice(ctx, d.ID) }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fakeNames is a fake of containerd's image store: it records the names
+// removed and says which are pinned.
+type fakeNames struct {
+	mu      sync.Mutex
+	removed []string
+	pinned  map[string]bool
+}
+
+func (n *fakeNames) Unregister(_ context.Context, name string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.removed = append(n.removed, name)
+	return nil
+}
+
+func (n *fakeNames) Pinned(_ context.Context, name string) (bool, error) { return n.pinned[name], nil }
+
+// counts is an Observer that counts.
+type counts struct {
+	mu      sync.Mutex
+	runs    int
+	removed map[string]int
+	freed   int64
+}
+
+func (c *counts) Ran(string, time.Duration) { c.mu.Lock(); c.runs++; c.mu.Unlock() }
+func (c *counts) Removed(cause string, freed int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.removed[cause]++
+	c.freed += freed
+}
+
+type harness struct {
+	t     *testing.T
+	db    *metadata.DB
+	pool  *fakePool
+	names *fakeNames
+	obs   *counts
+	c     *Collector
+	dir   string
+}
+
+func newHarness(t *testing.T, total uint64, opts Options) *harness {
+	t.Helper()
+	ctx := context.Background()
+	dir := t.TempDir()
+	db, err := metadata.Open(ctx, metadata.Options{Path: filepath.Join(dir, "meta.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	h := &harness{t: t, db: db, pool: &fakePool{db: db, total: total, bytes: map[uint32]uint64{}},
+		names: &fakeNames{pinned: map[string]bool{}}, obs: &counts{removed: map[string]int{}}, dir: dir}
+	opts.DB, opts.Snapshots, opts.Usage, opts.Names, opts.Observer = db, h.pool, h.pool.usage, h.names, h.obs
+	opts.Guard = pipeline.GuardChain
+	opts.Prune = func(ctx context.Context) error {
+		res, err := db.PruneOrphans(ctx)
+		for _, p := range res.LayerPaths {
+			os.Remove(p)
+		}
+		return err
+	}
+	if h.c, err = New(opts); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// layer is one layer of a test image: its chain and the bytes its device
+// holds.
+type layer struct {
+	chain string
+	bytes uint64
+}
+
+// image records what a pull of image id (named name) leaves: a layer file
+// and object per layer, each chain's committed snapshot (made once, shared
+// by the images that have it), the chain rows, the activation and the
+// image's records. It returns the layer files.
+func (h *harness) image(id, name string, layers ...layer) []string {
+	h.t.Helper()
+	ctx := context.Background()
+	source := "s3://bucket/" + id + "/"
+	var (
+		recs  []metadata.ImageLayer
+		files []string
+		prev  string
+	)
+	for i, l := range layers {
+		key := fmt.Sprintf("%s/%d.tar", id, i+1)
+		digest := "sha256:diff-" + l.chain
+		if c, err := h.db.GetChain(ctx, l.chain); err != nil {
+			h.t.Fatal(err)
+		} else if c == nil {
+			h.pool.add(h.t, l.chain, prev, metadata.SnapKindCommitted, map[string]string{pipeline.LabelSource: source}, l.bytes)
+			if err := h.db.StoreChain(ctx, metadata.Chain{ChainID: l.chain, ParentChainID: prev, DiffID: digest, SizeBytes: int64(l.bytes)}); err != nil {
+				h.t.Fatal(err)
+			}
+		}
+		path := filepath.Join(h.dir, "blob-"+l.chain)
+		if err := os.WriteFile(path, []byte("tarball"), 0o600); err != nil {
+			h.t.Fatal(err)
+		}
+		files = append(files, path)
+		if err := h.db.StoreDownload(ctx, metadata.Object{Bucket: "bucket", Key: key, ETag: "e", SizeBytes: 7, Digest: digest},
+			metadata.LayerFile{Digest: digest, Path: path, SizeBytes: 7}); err != nil {
+			h.t.Fatal(err)
+		}
+		recs = append(recs, metadata.ImageLayer{Key: key, ETag: "e", SizeBytes: 7, ChainID: l.chain})
+		prev = l.chain
+	}
+	h.pool.add(h.t, metadata.ActivationKey(id), prev, metadata.SnapKindActive, map[string]string{pipeline.LabelPrivate: "activation"}, mib)
+	if err := h.db.RecordPulledImage(ctx, id, source, recs, name); err != nil {
+		h.t.Fatal(err)
+	}
+	return files
+}
+
+// gone checks that nothing is left of image id: no image, name, chain or
+// snapshot record, no device in the pool, no layer file.
+func (h *harness) gone(id, name string, chains []string, files []string) {
+	h.t.Helper()
+	ctx := context.Background()
+	if im, err := h.db.GetImage(ctx, id); err != nil || im != nil {
+		h.t.Errorf("image %s still recorded: %+v %v", id, im, err)
+	}
+	if got, _ := h.db.ImageIDByName(ctx, name); got != "" {
+		h.t.Errorf("name %s still recorded (image %s)", name, got)
+	}
+	for _, key := range append([]string{metadata.ActivationKey(id)}, chains...) {
+		if _, ok, _ := h.db.SnapshotterReads().Snapshot(ctx, "", key); ok {
+			h.t.Errorf("snapshot %s of image %s still recorded", key, id)
+		}
+		if c, _ := h.db.GetChain(ctx, key); c != nil {
+			h.t.Errorf("chain %s of image %s still recorded", key, id)
+		}
+	}
+	if devs, _ := h.db.SnapshotterReads().ThinDevices(ctx, metadata.ThinStateRemoved); len(devs) != 0 {
+		h.t.Errorf("removed devices not deleted from the pool: %+v", devs)
+	}
+	for _, f := range files {
+		if _, err := os.Stat(f); !errors.Is(err, os.ErrNotExist) {
+			h.t.Errorf("layer file %s of image %s still there (%v)", f, id, err)
+		}
+	}
+	if !slices.Contains(h.names.removed, name) {
+		h.t.Errorf("name %s not removed from containerd (removed: %v)", name, h.names.removed)
+	}
+}
+
+func (h *harness) present(ids ...string) {
+	h.t.Helper()
+	for _, id := range ids {
+		if im, err := h.db.GetImage(context.Background(), id); err != nil || im == nil {
+			h.t.Errorf("image %s was removed", id)
+		}
+		if _, ok, _ := h.db.SnapshotterReads().Snapshot(context.Background(), "", metadata.ActivationKey(id)); !ok {
+			h.t.Errorf("activation of image %s was removed", id)
+		}
+	}
+}
+
+func TestCollectRemovesLeastRecentlyUsedUntilUnderLow(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 1000*mib, Options{})
+	var files [][]string
+	for i := 1; i <= 4; i++ {
+		files = append(files, h.image(fmt.Sprintf("img%d", i), fmt.Sprintf("name%d", i), layer{fmt.Sprintf("c%d", i), 200 * mib}))
+	}
+	// 4 × 201 MiB: 80.4%, under the high threshold: nothing to do.
+	rep, err := h.c.Collect(ctx, "test", 0)
+	if err != nil || len(rep.Removed) != 0 {
+		t.Fatalf("under the high threshold: removed %v, %v", rep.Removed, err)
+	}
+	// img1 used after the others: img2 is now the least recently used.
+	if err := h.db.TouchImage(ctx, "img1"); err != nil {
+		t.Fatal(err)
+	}
+	files = append(files, h.image("img5", "name5", layer{"c5", 200 * mib})) // 100.5%
+	rep, err = h.c.Collect(ctx, "test", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("usage %s → %s, removed %d", rep.Before, rep.After, len(rep.Removed))
+	// 100.5% → 80.4% (img2) → 60.3% (img3): two removals to get under 80%.
+	if len(rep.Removed) != 2 || rep.Removed[0].ImageID != "img2" || rep.Removed[1].ImageID != "img3" {
+		t.Fatalf("removed %+v, want img2 then img3", rep.Removed)
+	}
+	if rep.After.DataPercent() >= DefaultLowThreshold {
+		t.Errorf("after collection the pool is %s, not under %v%%", rep.After, DefaultLowThreshold)
+	}
+	if rep.Removed[0].Freed != 201*mib || !strings.Contains(rep.Removed[0].Reason, "unused since") {
+		t.Errorf("removal of img2: freed %d, reason %q", rep.Removed[0].Freed, rep.Removed[0].Reason)
+	}
+	h.gone("img2", "name2", []string{"c2"}, files[1])
+	h.gone("img3", "name3", []string{"c3"}, files[2])
+	h.present("img1", "img4", "img5")
+	if h.obs.runs != 1 || h.obs.removed["usage"] != 2 || h.obs.freed != 2*201*mib {
+		t.Errorf("observed %d runs, %v removals, %d bytes freed; want 1, 2, %d", h.obs.runs, h.obs.removed, h.obs.freed, 2*201*mib)
+	}
+}
+
+func TestCollectKeepsImagesInUse(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 1000*mib, Options{Pinned: []string{"pinned-by-config"}})
+	h.image("img1", "pinned-by-config", layer{"c1", 150 * mib})
+	h.image("img2", "pinned-in-containerd", layer{"c2", 150 * mib})
+	h.names.pinned["pinned-in-containerd"] = true
+	h.image("img3", "with-container", layer{"c3a", 100 * mib}, layer{"c3b", 50 * mib})
+	h.pool.add(t, "default/7/container", "c3a", metadata.SnapKindActive, nil, mib)
+	h.image("img4", "being-pulled", layer{"c4", 150 * mib})
+	end := h.c.Begin("img4")
+	defer end()
+	h.image("img5", "live-run", layer{"c5", 150 * mib})
+	if err := h.db.WithTx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO fsm_runs (run_id, fsm, idempotency_id, request, transition, state, created_at, updated_at)
+			VALUES ('r1', ?, 'img5', '{"layers":[{"chain_id":"c5"}]}', 'register', 'running', 1, 1)`, pipeline.FSMActivate)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	files := h.image("img6", "unused", layer{"c6", 150 * mib}) // 5 × 151 + 152 MiB: 91%
+	rep, err := h.c.Collect(ctx, "test", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Removed) != 1 || rep.Removed[0].ImageID != "img6" {
+		t.Fatalf("removed %+v, want img6 alone", rep.Removed)
+	}
+	// The live run defers pruning the objects and layer files (checked at
+	// the end).
+	h.gone("img6", "unused", []string{"c6"}, nil)
+	h.present("img1", "img2", "img3", "img4", "img5")
+	for id, want := range map[string]string{"img1": "[gc] pinned", "img2": pipeline.LabelPinned, "img3": `"default/7/container"`,
+		"img4": "pull of it is under way", "img5": "live run"} {
+		if !strings.Contains(rep.Kept[id], want) {
+			t.Errorf("image %s kept because %q, want it to say %q", id, rep.Kept[id], want)
+		}
+	}
+	// Nothing else can go: a pull that needs more than is free is refused,
+	// naming the free space and the layer.
+	err = h.c.MakeRoom(ctx, "s3://bucket/big/", []pipeline.LayerNeed{{Position: 1, Key: "big/1.tar", Bytes: 100 * mib}, {Position: 2, Key: "big/2.tar", Bytes: 200 * mib}})
+	if !errors.Is(err, ErrNoRoom) {
+		t.Fatalf("MakeRoom = %v, want ErrNoRoom", err)
+	}
+	for _, want := range []string{"layer 2 (big/2.tar, 200.0 MiB)", "244.0 MiB free", "5 image(s) in use kept"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("MakeRoom error %q does not say %q", err, want)
+		}
+	}
+	h.present("img1", "img2", "img3", "img4", "img5")
+	// A pull that fits is let through.
+	if err := h.c.MakeRoom(ctx, "s3://bucket/small/", []pipeline.LayerNeed{{Position: 1, Key: "small/1.tar", Bytes: 100 * mib}}); err != nil {
+		t.Errorf("MakeRoom of a layer that fits: %v", err)
+	}
+	// Once the live run is over, the next prune removes img6's layer file.
+	if err := h.db.WithTx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `UPDATE fsm_runs SET state = 'failed' WHERE run_id = 'r1'`)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.c.opts.Prune(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.gone("img6", "unused", []string{"c6"}, files)
+}
+
+func TestCollectKeepsSharedChains(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 1000*mib, Options{})
+	h.image("old", "old", layer{"base", 400 * mib}, layer{"old-top", 200 * mib})
+	h.image("new", "new", layer{"base", 400 * mib}, layer{"new-top", 300 * mib}) // 902 MiB
+	rep, err := h.c.Collect(ctx, "test", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Removed) != 1 || rep.Removed[0].ImageID != "old" || rep.Removed[0].Freed != 201*mib {
+		t.Fatalf("removed %+v, want old with 201 MiB freed", rep.Removed)
+	}
+	h.gone("old", "old", []string{"old-top"}, nil)
+	h.present("new")
+	if c, _ := h.db.GetChain(ctx, "base"); c == nil {
+		t.Errorf("the shared chain was removed with the old image")
+	}
+}
+
+func TestMakeRoomCollectsFirst(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 1000*mib, Options{})
+	files := h.image("img1", "one", layer{"c1", 300 * mib})
+	h.image("img2", "two", layer{"c2", 300 * mib}) // 60.2%
+	// 300 MiB more, with the margin 337.5 MiB: 94%, past the high threshold.
+	if err := h.c.MakeRoom(ctx, "s3://bucket/img3/", []pipeline.LayerNeed{{Position: 1, Key: "img3/1.tar", Bytes: 300 * mib}}); err != nil {
+		t.Fatal(err)
+	}
+	h.gone("img1", "one", []string{"c1"}, files)
+	h.present("img2")
+}
+
+func TestRemove(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 10000*mib, Options{})
+	files := h.image("img1", "one", layer{"c1", 100 * mib})
+	h.image("img2", "two", layer{"c2", 100 * mib})
+	h.pool.add(t, "container", "c2", metadata.SnapKindActive, nil, mib)
+	removed, err := h.c.Remove(ctx, []string{"one", "two", "three"})
+	if len(removed) != 1 || removed[0].ImageID != "img1" || removed[0].Reason != "removed by rm one" {
+		t.Errorf("removed %+v, want img1", removed)
+	}
+	if !errors.Is(err, ErrInUse) || !strings.Contains(err.Error(), `rm two: image img2 is in use (snapshot "container" (a container's) is on layer 1)`) {
+		t.Errorf("rm of an image with a container: %v", err)
+	}
+	if !errors.Is(err, metadata.ErrNotFound) || !strings.Contains(err.Error(), "rm three: no image pulled under that name") {
+		t.Errorf("rm of a name never pulled: %v", err)
+	}
+	h.gone("img1", "one", []string{"c1"}, files)
+	h.present("img2")
+	if h.obs.removed["rm"] != 1 {
+		t.Errorf("observed removals %v, want one rm", h.obs.removed)
+	}
+}
+
+func TestNewRejectsBadThresholds(t *testing.T) {
+	for _, c := range [][2]float64{{80, 85}, {101, 50}, {85, -1}, {50, 50}} {
+		if _, err := New(Options{DB: &metadata.DB{}, Snapshots: &fakePool{}, Usage: (&fakePool{}).usage, Guard: pipeline.GuardChain,
+			Prune: func(context.Context) error { return nil }, HighThreshold: c[0], LowThreshold: c[1]}); err == nil ||
+			!strings.Contains(err.Error(), "must be 0 < low < high <= 100") {
+			t.Errorf("high %v low %v: %v", c[0], c[1], err)
+		}
+	}
+}
+
+func TestDisabledCollectsNothingButRemoveWorks(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 1000*mib, Options{Disabled: true})
+	files := h.image("img1", "one", layer{"c1", 500 * mib})
+	h.image("img2", "two", layer{"c2", 400 * mib}) // 90.2%
+	h.c.Pulled(ctx, "img2")
+	if err := h.c.MakeRoom(ctx, "s3://bucket/img3/", []pipeline.LayerNeed{{Position: 1, Key: "img3/1.tar", Bytes: 50 * mib}}); err != nil {
+		t.Errorf("MakeRoom with collection disabled: %v", err)
+	}
+	h.present("img1", "img2")
+	end := h.c.Begin("img2")
+	if _, err := h.c.Remove(ctx, []string{"two"}); !errors.Is(err, ErrInUse) || !strings.Contains(err.Error(), "a pull of it is under way") {
+		t.Errorf("rm of an image being pulled: %v", err)
+	}
+	end()
+	if removed, err := h.c.Remove(ctx, []string{"one"}); err != nil || len(removed) != 1 {
+		t.Fatalf("rm with collection disabled: %v %v", removed, err)
+	}
+	h.gone("img1", "one", []string{"c1"}, files)
+}

@@ -1,0 +1,54 @@
+package metrics
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// GC counts image garbage collection (package fetcher/gc's Observer):
+// flyio_snapshotter_gc_runs_total{trigger}, _gc_duration_seconds{trigger},
+// _gc_removed_images_total{cause} and _gc_removed_bytes_total{cause} (pool
+// data freed). Create it with NewGC, register it with AddGC.
+type GC struct {
+	runs    *prometheus.CounterVec
+	dur     *prometheus.HistogramVec
+	removed *prometheus.CounterVec
+	bytes   *prometheus.CounterVec
+}
+
+// NewGC returns the garbage-collection counters, all at zero.
+func NewGC() *GC {
+	return &GC{
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "gc_runs_total",
+			Help: "Garbage collections that found the pool past the high threshold, by trigger (pull, room, timer)."}, []string{"trigger"}),
+		dur: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: Namespace, Name: "gc_duration_seconds",
+			Help:    "Time a garbage collection took, by trigger.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"trigger"}),
+		removed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "gc_removed_images_total",
+			Help: "Pulled images removed, by cause (usage: the pool was past the high threshold; rm: an operator asked)."}, []string{"cause"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "gc_removed_bytes_total",
+			Help: "Pool data bytes freed by removing pulled images, by cause."}, []string{"cause"}),
+	}
+}
+
+// Ran counts one collection triggered by trigger that took d.
+func (g *GC) Ran(trigger string, d time.Duration) {
+	g.runs.WithLabelValues(trigger).Inc()
+	g.dur.WithLabelValues(trigger).Observe(d.Seconds())
+}
+
+// Removed counts one image removed for cause and the pool data bytes its
+// removal freed (a negative figure, when other writes outgrew it, counts
+// nothing).
+func (g *GC) Removed(cause string, freed int64) {
+	g.removed.WithLabelValues(cause).Inc()
+	if freed > 0 {
+		g.bytes.WithLabelValues(cause).Add(float64(freed))
+	}
+}
+
+// AddGC exports g's counters.
+func (m *Metrics) AddGC(g *GC) {
+	m.reg.MustRegister(g.runs, g.dur, g.removed, g.bytes)
+}
