@@ -7,9 +7,10 @@ import (
 	"github.com/containerd/containerd/v2/pkg/filters"
 )
 
-// infoAdaptor exposes a snapshot's fields to containerd's filter syntax:
-// kind (active, view, committed), name, parent and labels.<key>.
-func infoAdaptor(info snapshots.Info) filters.Adaptor {
+// FilterAdaptor exposes a snapshot's fields to containerd's filter syntax:
+// kind (active, view, committed), name, parent and labels.<key> (what Walk
+// filters on).
+func FilterAdaptor(info snapshots.Info) filters.Adaptor {
 	return filters.AdapterFunc(func(fieldpath []string) (string, bool) {
 		if len(fieldpath) == 0 {
 			return "", false

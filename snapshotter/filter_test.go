@@ -56,7 +56,7 @@ func TestWalkFilters(t *testing.T) {
 		}
 		var got []string
 		for _, in := range infos {
-			if f.Match(infoAdaptor(in)) {
+			if f.Match(FilterAdaptor(in)) {
 				got = append(got, in.Name)
 			}
 		}

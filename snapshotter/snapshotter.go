@@ -111,7 +111,9 @@ func kindOf(k string) snapshots.Kind {
 	return snapshots.KindUnknown
 }
 
-func infoOf(r metadata.CDSnapshot) snapshots.Info {
+// InfoOf is containerd's view of snapshot record r (what Stat and Walk
+// return).
+func InfoOf(r metadata.CDSnapshot) snapshots.Info {
 	return snapshots.Info{
 		Kind:    kindOf(r.Kind),
 		Name:    r.Key,
@@ -152,7 +154,7 @@ func (s *Snapshotter) Stat(ctx context.Context, key string) (snapshots.Info, err
 	if err != nil {
 		return snapshots.Info{}, err
 	}
-	return infoOf(r), nil
+	return InfoOf(r), nil
 }
 
 // Update changes the labels of snapshot info.Name: all of them when no
@@ -208,7 +210,7 @@ func (s *Snapshotter) Update(ctx context.Context, info snapshots.Info, fieldpath
 			r.Labels = nil
 		}
 		r.UpdatedNs = now
-		out = infoOf(r)
+		out = InfoOf(r)
 		return nil
 	})
 	return out, err
@@ -782,8 +784,8 @@ func (s *Snapshotter) Walk(ctx context.Context, fn snapshots.WalkFunc, fs ...str
 		return err
 	}
 	for _, r := range rows {
-		info := infoOf(r)
-		if !filter.Match(infoAdaptor(info)) {
+		info := InfoOf(r)
+		if !filter.Match(FilterAdaptor(info)) {
 			continue
 		}
 		if err := fn(ctx, info); err != nil {

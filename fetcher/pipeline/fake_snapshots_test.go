@@ -105,30 +105,13 @@ func (f *fakeSnapshots) get(ctx context.Context, key string) (metadata.CDSnapsho
 	return r, nil
 }
 
-func fakeKind(k string) snapshots.Kind {
-	switch k {
-	case metadata.SnapKindActive:
-		return snapshots.KindActive
-	case metadata.SnapKindView:
-		return snapshots.KindView
-	case metadata.SnapKindCommitted:
-		return snapshots.KindCommitted
-	}
-	return snapshots.KindUnknown
-}
-
-func fakeInfo(r metadata.CDSnapshot) snapshots.Info {
-	return snapshots.Info{Kind: fakeKind(r.Kind), Name: r.Key, Parent: r.ParentKey, Labels: r.Labels,
-		Created: time.Unix(0, r.CreatedNs).UTC(), Updated: time.Unix(0, r.UpdatedNs).UTC()}
-}
-
 func (f *fakeSnapshots) Stat(ctx context.Context, key string) (snapshots.Info, error) {
 	f.call("Stat")
 	r, err := f.get(ctx, key)
 	if err != nil {
 		return snapshots.Info{}, err
 	}
-	return fakeInfo(r), nil
+	return snapshotter.InfoOf(r), nil
 }
 
 // Update replaces the labels (all of them, or those named labels.<key>).
@@ -165,7 +148,7 @@ func (f *fakeSnapshots) Update(ctx context.Context, info snapshots.Info, fieldpa
 			return err
 		}
 		r.Labels = l
-		out = fakeInfo(r)
+		out = snapshotter.InfoOf(r)
 		return nil
 	})
 	return out, err
@@ -414,37 +397,6 @@ func (f *fakeSnapshots) Cleanup(ctx context.Context) error {
 	return nil
 }
 
-// fakeAdaptor exposes kind, name, parent and labels.<key> to containerd's
-// filter syntax.
-func fakeAdaptor(info snapshots.Info) filters.Adaptor {
-	return filters.AdapterFunc(func(fp []string) (string, bool) {
-		if len(fp) == 0 {
-			return "", false
-		}
-		switch fp[0] {
-		case "kind":
-			switch info.Kind {
-			case snapshots.KindActive:
-				return "active", true
-			case snapshots.KindView:
-				return "view", true
-			case snapshots.KindCommitted:
-				return "committed", true
-			}
-		case "name":
-			return info.Name, true
-		case "parent":
-			return info.Parent, true
-		case "labels":
-			if len(fp) > 1 {
-				v, ok := info.Labels[strings.Join(fp[1:], ".")]
-				return v, ok
-			}
-		}
-		return "", false
-	})
-}
-
 func (f *fakeSnapshots) Walk(ctx context.Context, fn snapshots.WalkFunc, fs ...string) error {
 	f.call("Walk")
 	filter, err := filters.ParseAll(fs...)
@@ -456,8 +408,8 @@ func (f *fakeSnapshots) Walk(ctx context.Context, fn snapshots.WalkFunc, fs ...s
 		return err
 	}
 	for _, r := range rows {
-		info := fakeInfo(r)
-		if !filter.Match(fakeAdaptor(info)) {
+		info := snapshotter.InfoOf(r)
+		if !filter.Match(snapshotter.FilterAdaptor(info)) {
 			continue
 		}
 		if err := fn(ctx, info); err != nil {
