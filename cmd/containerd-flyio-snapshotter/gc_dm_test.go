@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -30,11 +31,19 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 )
 
-// gcImageFiles × gcFileSize is the bulk of each test image: about 200 MB.
-const (
-	gcImageFiles = 95
-	gcFileSize   = 2 << 20
-)
+// gcPoolMB is the pool of TestGCKeepsPoolUnderThreshold: 1 GiB by default
+// (the test's images are then about 200 MB each); `make test` runs it at a
+// quarter of that (testdata/vm-test-args), every size scaled alike.
+var gcPoolMB = flag.Int("flyio.gc-pool-mb", 1024, "TestGCKeepsPoolUnderThreshold's pool size in MiB (images scale with it)")
+
+// gcFileSize is the size of one bulk file of a test image; gcImageFiles of
+// them make an image about 18.5% of the pool (190 MiB of 1 GiB).
+const gcFileSize = 2 << 20
+
+func gcImageFiles() int { return max(1, (*gcPoolMB*95+512)/1024) }
+
+// gcScaleMB scales mb MiB of the 1 GiB test to the configured pool.
+func gcScaleMB(mb int64) int64 { return mb * int64(*gcPoolMB) / 1024 }
 
 // gcLayer is a one-layer image tarball of about 200 MB whose marker file
 // makes it distinct (its own diff ID, chain and device); the bulk is body,
@@ -58,7 +67,7 @@ func gcLayer(t *testing.T, name string, body []byte) []byte {
 	}
 	put(&tar.Header{Typeflag: tar.TypeReg, Name: "etc/os-release", Mode: 0o644, Size: 13}, []byte("ID=flyiotest\n"))
 	put(&tar.Header{Typeflag: tar.TypeReg, Name: name + "/marker", Mode: 0o644, Size: int64(len(name))}, []byte(name))
-	for i := 0; i < gcImageFiles; i++ {
+	for i := 0; i < gcImageFiles(); i++ {
 		put(&tar.Header{Typeflag: tar.TypeReg, Name: fmt.Sprintf("%s/f%03d", name, i), Mode: 0o644, Size: int64(len(body))}, body)
 	}
 	if err := tw.Close(); err != nil {
@@ -113,7 +122,7 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 	metricsAddr := lis.Addr().String()
 	lis.Close()
 	e := newPullEnvTB(t, func(c *plugin.Config) {
-		c.Pool.DataSize = 1 << 30
+		c.Pool.DataSize = plugin.Size(*gcPoolMB) << 20
 		c.GC.Pinned = []string{"pinned"}
 		c.Daemon.MetricsAddress = metricsAddr
 	})
@@ -248,7 +257,8 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 		}
 		e.checkClean()
 	}
-	t.Logf("pool usage after each pull (1 GiB pool, [gc] defaults: high %v%%, low %v%%):", gc.DefaultHighThreshold, gc.DefaultLowThreshold)
+	t.Logf("pool usage after each pull (%d MiB pool, images of %d MiB, [gc] defaults: high %v%%, low %v%%):",
+		*gcPoolMB, gcImageFiles()*gcFileSize>>20, gc.DefaultHighThreshold, gc.DefaultLowThreshold)
 	t.Logf("%-8s %8s %7s %7s %8s %8s %7s", "image", "pull", "data%", "meta%", "gc", "removed", "images")
 	gone := 0
 	for _, r := range rows {
@@ -256,7 +266,7 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 		gone += r.removed
 	}
 	if gone < 7 {
-		t.Errorf("only %d images were removed over ten pulls of 200 MB on a 1 GiB pool", gone)
+		t.Errorf("only %d images were removed over ten pulls of %d MiB on a %d MiB pool", gone, gcImageFiles()*gcFileSize>>20, *gcPoolMB)
 	}
 	// No chain, activation or device is left of a removed image.
 	db := e.db()
@@ -307,7 +317,7 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 	// The container fills the pool until a 200 MB layer cannot fit, even
 	// with nothing left to collect.
 	u := usage()
-	fill := int64(u.DataFree()) - 150<<20
+	fill := int64(u.DataFree()) - gcScaleMB(150)<<20
 	if fill <= 0 {
 		t.Fatalf("pool already too full to test headroom: %s", u)
 	}
