@@ -327,6 +327,24 @@ func (d *DB) ImageIDByName(ctx context.Context, name string) (string, error) {
 	return id, nil
 }
 
+// ImageIDByRef returns the image ref names: one of its names, or else its
+// source (s3://bucket/key, a prefix with or without its final '/'); "" if
+// none.
+func (d *DB) ImageIDByRef(ctx context.Context, ref string) (string, error) {
+	id, err := d.ImageIDByName(ctx, ref)
+	if err != nil || id != "" {
+		return id, err
+	}
+	err = d.db.QueryRowContext(ctx, `SELECT image_id FROM s3_images WHERE source = ? OR source = ? || '/'`, ref, ref).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("metadata: image of source %q: %w", ref, err)
+	}
+	return id, nil
+}
+
 func scanImage(s rowScanner) (*Image, error) {
 	var (
 		im     Image

@@ -316,3 +316,20 @@ func TestPulledImageState(t *testing.T) {
 		t.Errorf("after ClearImageFailure: %+v, %v", im, err)
 	}
 }
+
+// TestImageIDByRef: an image is found by one of its names, or else by its
+// source, a prefix with or without its final '/'.
+func TestImageIDByRef(t *testing.T) {
+	w := newWorld(t)
+	ctx, db := w.ctx, w.db
+	one := []ImageLayer{{Key: "p/1.tar", SizeBytes: 1, ChainID: "sha256:a"}}
+	w.must(db.RecordPulledImage(ctx, "s3-p", "s3://bkt/p/", one, "s3.local/bkt/p:latest"))
+	for _, ref := range []string{"s3.local/bkt/p:latest", "s3://bkt/p/", "s3://bkt/p"} {
+		if id, err := db.ImageIDByRef(ctx, ref); id != "s3-p" || err != nil {
+			t.Errorf("ImageIDByRef(%q) = %q, %v; want s3-p", ref, id, err)
+		}
+	}
+	if id, err := db.ImageIDByRef(ctx, "s3://bkt/q/"); id != "" || err != nil {
+		t.Errorf("ImageIDByRef of an unknown source = %q, %v", id, err)
+	}
+}

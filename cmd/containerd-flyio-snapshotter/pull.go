@@ -103,7 +103,7 @@ func runPull(ctx context.Context, args []string) error {
 	var refresh, cached bool
 	fs.StringVar(&format, "format", "text", "output `FORMAT`: text (progress on stderr, the result on stdout) or json (the daemon's events and result as JSON lines on stdout)")
 	addSocketFlag(fs, &socket)
-	fs.StringVar(&name, "name", "", "image `REF` to register the result under (default: the s3:// source)")
+	fs.StringVar(&name, "name", "", "image `REF` to register the result under (default: s3.local/BUCKET/KEY-or-PREFIX:latest, lowercased, what a reference may not hold replaced by -)")
 	fs.BoolVar(&refresh, "refresh", false, "run the pipelines even if the image is pulled and unchanged in S3 (they check every layer's device and rebuild what is missing)")
 	fs.BoolVar(&cached, "cached", false, "answer from the records alone, without asking S3 what the image is now (fails if it is not pulled)")
 	pos, err := parseInterspersed(fs, args)

@@ -503,7 +503,7 @@ func (c *Collector) Remove(ctx context.Context, refs []string) ([]Removed, error
 		errs []error
 	)
 	for _, ref := range refs {
-		id, err := c.opts.DB.ImageIDByName(ctx, ref)
+		id, err := c.opts.DB.ImageIDByRef(ctx, ref)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("rm %s: %w", ref, err))
 			continue

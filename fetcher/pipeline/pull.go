@@ -22,8 +22,8 @@ import (
 type PullRequest struct {
 	Bucket string `json:"bucket"`
 	Key    string `json:"key"`
-	// Ref names the image (the containerd image name); empty means the
-	// s3:// source.
+	// Ref names the image (the containerd image name); empty means
+	// DefaultRef of the bucket and key.
 	Ref string `json:"ref,omitempty"`
 	// Refresh runs the pipelines even when the image is pulled and
 	// unchanged, so that every layer's device is checked in the pool.
@@ -91,7 +91,10 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 	source, imageID := imageSource(req.Bucket, req.Key)
 	ref := req.Ref
 	if ref == "" {
-		ref = source
+		var err error
+		if ref, err = DefaultRef(req.Bucket, req.Key); err != nil {
+			return nil, err
+		}
 	}
 	lg := log.G(ctx).WithField("source", source).WithField("ref", ref)
 	defer p.beginPull(imageID)()
@@ -283,10 +286,11 @@ func (p *Pipelines) firstFailure(ctx context.Context, runIDs []string) error {
 	return nil
 }
 
-// Activate runs the Activate machine again for the image named ref (its
-// activation re-created if it is gone) and returns its snapshot.
+// Activate runs the Activate machine again for the image ref names (one of
+// its names or its s3:// source; its activation re-created if it is gone)
+// and returns its snapshot.
 func (p *Pipelines) Activate(ctx context.Context, ref string) (*ActivateResponse, error) {
-	imageID, err := p.db.ImageIDByName(ctx, ref)
+	imageID, err := p.db.ImageIDByRef(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -315,7 +319,19 @@ func (p *Pipelines) Activate(ctx context.Context, ref string) (*ActivateResponse
 		}
 		layers[i] = Layer{Key: l.Key, Size: l.SizeBytes, ETag: l.ETag, DiffID: c.DiffID, ChainID: l.ChainID}
 	}
-	runID, err := p.startActivate(ctx, imageID, &ActivateRequest{ImageID: imageID, Source: img.Source, Ref: ref, Layers: layers})
+	// Registering goes by name: a source given instead registers the
+	// image's first name again, if it has one.
+	names, err := p.db.ImageNames(ctx, imageID)
+	if err != nil {
+		return nil, err
+	}
+	name := ""
+	if slices.Contains(names, ref) {
+		name = ref
+	} else if len(names) > 0 {
+		name = names[0]
+	}
+	runID, err := p.startActivate(ctx, imageID, &ActivateRequest{ImageID: imageID, Source: img.Source, Ref: name, Layers: layers})
 	if err != nil {
 		return nil, err
 	}
