@@ -4,13 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-	"strings"
 	"time"
 
-	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/leases"
@@ -53,14 +49,13 @@ func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs 
 	if len(diffIDs) == 0 {
 		return fmt.Errorf("register %s: an image needs at least one layer: %w", ref, errdefs.ErrInvalidArgument)
 	}
-	addr := strings.TrimPrefix(c.Address, "unix://")
-	if _, err := os.Stat(addr); errors.Is(err, os.ErrNotExist) {
-		log.G(ctx).WithField("address", addr).WithField("ref", ref).Warn("containerd socket absent: image not registered in containerd")
-		return nil
-	}
-	cl, err := containerd.New(addr, containerd.WithDefaultNamespace(c.Namespace), containerd.WithTimeout(10*time.Second))
+	cl, err := c.client(ctx, ref)
 	if err != nil {
-		return fmt.Errorf("containerd at %s: %w", addr, err)
+		return err
+	}
+	if cl == nil {
+		log.G(ctx).WithField("address", c.Address).WithField("ref", ref).Warn("containerd socket absent: image not registered in containerd")
+		return nil
 	}
 	defer cl.Close()
 	ctx = namespaces.WithNamespace(ctx, c.Namespace)
@@ -140,13 +135,12 @@ func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs 
 // containerd knows its top chain in our snapshotter. A containerd socket
 // that does not exist counts as registered (nothing to register in).
 func (c *ContainerdRegistrar) Registered(ctx context.Context, ref, topChain string) (bool, error) {
-	addr := strings.TrimPrefix(c.Address, "unix://")
-	if _, err := os.Stat(addr); errors.Is(err, os.ErrNotExist) {
-		return true, nil
-	}
-	cl, err := containerd.New(addr, containerd.WithDefaultNamespace(c.Namespace), containerd.WithTimeout(10*time.Second))
+	cl, err := c.client(ctx, ref)
 	if err != nil {
-		return false, fmt.Errorf("containerd at %s: %w", addr, err)
+		return false, err
+	}
+	if cl == nil {
+		return true, nil // no containerd: nothing to register in
 	}
 	defer cl.Close()
 	ctx = namespaces.WithNamespace(ctx, c.Namespace)
