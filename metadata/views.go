@@ -155,13 +155,11 @@ func (d *DB) UnpackedViews(ctx context.Context) ([]UnpackedView, error) {
 			at sqlTime
 		)
 		err := s.Scan(&v.ImageID, &v.DeviceID, &v.DeviceName, &v.DevicePath, &v.SizeBytes, &v.FileCount,
-			&v.LayoutVerified, &at, &v.RefCount, &v.ActiveRefs)
-		v.UnpackedAt = at.t
+			&v.LayoutVerified, &at, &v.RefCount)
+		v.UnpackedAt, v.ActiveRefs = at.t, v.RefCount
 		return v, err
 	}, `SELECT u.image_id, u.device_id, u.device_name, u.device_path, u.size_bytes,
 		u.file_count, u.layout_verified, u.unpacked_at,
-		(SELECT count(*) FROM cd_snapshots a JOIN cd_snapshots o ON o.id = a.parent_id
-			WHERE o.device_id = CAST(u.device_id AS INTEGER) AND a.kind = 'active' AND a.key LIKE 'snap-%'),
 		(SELECT count(*) FROM cd_snapshots a JOIN cd_snapshots o ON o.id = a.parent_id
 			WHERE o.device_id = CAST(u.device_id AS INTEGER) AND a.kind = 'active' AND a.key LIKE 'snap-%')
 		FROM unpacked_images u ORDER BY u.id`)
