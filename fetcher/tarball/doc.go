@@ -1,5 +1,11 @@
 // Package tarball validates and extracts the tar archives that S3 images are
-// made of, under the extraction policy (docs/architecture.md):
+// made of, under the extraction policy (docs/architecture.md). An archive
+// may be stored plain or compressed with gzip or zstd: the stream's first
+// bytes say which, and a compressed one is decompressed on the way (its
+// checksum, for gzip, checked at its end). Every rule and limit applies to
+// the tar stream, which is bounded too (ErrStreamTooLong), so a small
+// compressed object cannot make us read without end. A layer's identity
+// is the SHA-256 of its tar stream (Report.DiffID), whatever its storage.
 //
 //   - no absolute entry names (ErrAbsoluteName), no ".." climbing above the
 //     root (ErrTraversal); names are used cleaned ("a/./b/" is "a/b");
@@ -27,7 +33,8 @@
 //     (ErrWhiteoutEscape); other ".wh..wh." names (aufs metadata) are
 //     ignored;
 //   - the stream must be a complete tar archive, end-of-archive marker
-//     included (a *FormatError, matching ErrMalformed, otherwise).
+//     included, and compressed data must decode to its end (a
+//     *FormatError, matching ErrMalformed, otherwise).
 //
 // Validate checks all of it in one streaming pass; Extract applies it again
 // while writing, confined with os.Root, so it is safe on an archive never

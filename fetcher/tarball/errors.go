@@ -62,6 +62,11 @@ var (
 	ErrFileTooLarge = errors.New("file too large")
 	// ErrTotalTooLarge: files adding up to more than Limits.MaxTotalSize.
 	ErrTotalTooLarge = errors.New("total size too large")
+	// ErrStreamTooLong: a tar stream (decompressed, for a gzip or zstd
+	// layer) longer than the limits allow: Limits.MaxTotalSize of files
+	// plus 8 KiB of headers and padding per admitted entry. It bounds what a
+	// small compressed object can make us read.
+	ErrStreamTooLong = errors.New("tar stream too long")
 	// ErrOverBudget: an archive whose file data (runs of zeros aside) is
 	// more than ExtractOptions.MaxDataBytes, the space the caller has.
 	ErrOverBudget = errors.New("file data over the space budget")

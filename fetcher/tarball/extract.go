@@ -77,7 +77,8 @@ func ExtractDir(ctx context.Context, r io.Reader, dir string, opts ExtractOption
 	return Extract(ctx, r, root, opts)
 }
 
-// Extract streams the tar archive r into root, applying the same policy as
+// Extract streams the tar archive r (plain, gzip or zstd, told by its first
+// bytes) into root, applying the same policy as
 // Validate entry by entry, so it is safe on an archive that was never
 // validated: every name, link and whiteout is confined to root by os.Root,
 // no symlink is ever followed (an entry below a symlink, whether the symlink
@@ -103,7 +104,8 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 		cleared: make(map[uint64]struct{}),
 	}
 	defer x.cur.close()
-	s := newStream(ctx, r)
+	s := newStream(ctx, r, opts.Limits, false)
+	defer s.close()
 	for {
 		hdr, err := s.next()
 		if err == io.EOF {
@@ -125,6 +127,10 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 			return x.st, err
 		}
 		x.progress(hdr.Name)
+	}
+	// A compressed stream's end (gzip's checksum) comes after the archive's.
+	if err := s.drain(); err != nil {
+		return x.st, err
 	}
 	if err := x.finish(); err != nil {
 		return x.st, err

@@ -3,50 +3,244 @@ package tarball
 import (
 	"archive/tar"
 	"bufio"
+	"bytes"
+	"compress/gzip"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
+
+	"github.com/klauspost/compress/zstd"
 )
 
 const readBufferSize = 1 << 20
 
-// counter counts the bytes archive/tar consumes and remembers the first few,
-// to recognise a compressed file in an error message.
-type counter struct {
-	r     io.Reader
-	n     int64
-	magic [4]byte
+// Compression names how a layer's bytes are stored: a plain tar, or a tar
+// compressed with gzip or zstd. It is recognised by the stream's first
+// bytes (magic numbers), never by a file or key name.
+type Compression string
+
+// The compressions Validate and Extract read.
+const (
+	Plain Compression = ""
+	Gzip  Compression = "gzip"
+	Zstd  Compression = "zstd"
+)
+
+// String is "plain", "gzip" or "zstd".
+func (c Compression) String() string {
+	if c == Plain {
+		return "plain"
+	}
+	return string(c)
 }
 
+var (
+	gzipMagic  = []byte{0x1f, 0x8b}
+	zstdMagic  = []byte{0x28, 0xb5, 0x2f, 0xfd}
+	xzMagic    = []byte{0xfd, '7', 'z', 'X', 'Z', 0x00}
+	bzip2Magic = []byte("BZh")
+)
+
+// zstdMaxWindow bounds the memory one zstd stream may ask for (its window):
+// 64 MiB admits every level of the zstd tool, long mode up to --long=26,
+// while a hostile frame header cannot make the decoder allocate more.
+const zstdMaxWindow = 64 << 20
+
+// entryAllowance is how many bytes of the decompressed stream each entry
+// the limits admit may take besides its file's content: its header, the
+// long-name and PAX records before it, and the padding after it. With
+// Limits.MaxTotalSize it bounds the whole decompressed stream (see
+// maxStreamBytes), so that a small compressed object cannot make us read an
+// unbounded tar (zeros after the end marker, huge PAX records).
+const entryAllowance = 8 << 10
+
+// maxStreamBytes is the most bytes of tar stream (decompressed, for a
+// compressed layer) an archive within l may need.
+func maxStreamBytes(l Limits) int64 {
+	l = l.withDefaults()
+	return l.MaxTotalSize + int64(l.MaxEntries+1)*entryAllowance
+}
+
+// counter counts the bytes of tar stream archive/tar consumes, hashes them
+// when asked (the diff ID), and refuses to give more than max.
+type counter struct {
+	r   io.Reader
+	n   int64
+	max int64
+	h   hash.Hash // nil: not hashed
+}
+
+// errStreamTooLong is counter's refusal; stream.wrap turns it into a
+// *PolicyError naming the entry.
+var errStreamTooLong = errors.New("tar stream longer than the limits allow")
+
 func (c *counter) Read(p []byte) (int, error) {
+	if c.n >= c.max {
+		return 0, errStreamTooLong
+	}
+	if rest := c.max - c.n; int64(len(p)) > rest {
+		p = p[:rest]
+	}
 	n, err := c.r.Read(p)
-	if c.n < int64(len(c.magic)) {
-		copy(c.magic[c.n:], p[:n])
+	if c.h != nil {
+		c.h.Write(p[:n])
 	}
 	c.n += int64(n)
+	return n, err
+}
+
+// source remembers the error of the underlying reader, so that an error of
+// a decompressor can be told apart: the source failing (worth a retry) or
+// corrupt compressed data (a malformed archive).
+type source struct {
+	r   io.Reader
+	err error
+}
+
+func (s *source) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if err != nil && err != io.EOF {
+		s.err = err
+	}
+	return n, err
+}
+
+// decoded is a decompressor's output; its errors are classified with src.
+type decoded struct {
+	r    io.Reader
+	src  *source
+	comp Compression
+}
+
+// corruptError is compressed data a decompressor refused.
+type corruptError struct {
+	comp Compression
+	err  error
+}
+
+func (e *corruptError) Error() string { return fmt.Sprintf("corrupt %s data: %v", e.comp, e.err) }
+func (e *corruptError) Unwrap() error { return e.err }
+
+func (d *decoded) Read(p []byte) (int, error) {
+	n, err := d.r.Read(p)
+	switch {
+	case err == nil || err == io.EOF:
+	case d.src.err != nil && errors.Is(err, d.src.err):
+		err = d.src.err
+	case d.src.err != nil:
+		err = fmt.Errorf("%s stream: %w", d.comp, d.src.err)
+	default:
+		err = &corruptError{comp: d.comp, err: err}
+	}
 	return n, err
 }
 
 // stream reads a tar archive header by header, turning structural problems
 // into *FormatError (with the offset and the entry) and insisting on the
 // end-of-archive marker, so a stream cut at an entry boundary is reported as
-// truncated rather than accepted as a shorter archive.
+// truncated rather than accepted as a shorter archive. A gzip or zstd
+// stream is decompressed on the way; offsets are in the tar stream.
 type stream struct {
-	ctx  context.Context
-	cnt  *counter
-	tr   *tar.Reader
-	cur  string // entry being read ("" before the first header)
-	mark int64  // offset when Next was last called
+	ctx   context.Context
+	cnt   *counter
+	tr    *tar.Reader
+	comp  Compression
+	other string // a compression we do not read, named in errors
+	zr    *zstd.Decoder
+	cur   string // entry being read ("" before the first header)
+	mark  int64  // offset when Next was last called
+	err   error  // opening the decompressor failed
 }
 
-func newStream(ctx context.Context, r io.Reader) *stream {
-	c := &counter{r: bufio.NewReaderSize(r, readBufferSize)}
-	return &stream{ctx: ctx, cnt: c, tr: tar.NewReader(c)}
+// newStream reads r, decompressed when its first bytes say it is gzip or
+// zstd; with hashed, the tar stream's SHA-256 is kept (diffID).
+func newStream(ctx context.Context, r io.Reader, limits Limits, hashed bool) *stream {
+	src := &source{r: r}
+	br := bufio.NewReaderSize(src, readBufferSize)
+	s := &stream{ctx: ctx}
+	magic, _ := br.Peek(6)
+	var tarBytes io.Reader = br
+	switch {
+	case bytes.HasPrefix(magic, gzipMagic):
+		s.comp = Gzip
+		zr, err := gzip.NewReader(br)
+		if err != nil {
+			s.err = s.openErr(src, err)
+		} else {
+			tarBytes = &decoded{r: zr, src: src, comp: Gzip}
+		}
+	case bytes.HasPrefix(magic, zstdMagic):
+		s.comp = Zstd
+		zr, err := zstd.NewReader(br, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(zstdMaxWindow))
+		if err != nil {
+			s.err = s.openErr(src, err)
+		} else {
+			s.zr = zr
+			tarBytes = &decoded{r: zr, src: src, comp: Zstd}
+		}
+	case bytes.HasPrefix(magic, xzMagic):
+		s.other = "xz"
+	case bytes.HasPrefix(magic, bzip2Magic):
+		s.other = "bzip2"
+	}
+	s.cnt = &counter{r: tarBytes, max: maxStreamBytes(limits)}
+	if hashed {
+		s.cnt.h = sha256.New()
+	}
+	s.tr = tar.NewReader(s.cnt)
+	return s
+}
+
+func (s *stream) openErr(src *source, err error) error {
+	if src.err != nil {
+		return fmt.Errorf("read %s stream: %w", s.comp, src.err)
+	}
+	return &FormatError{Err: &corruptError{comp: s.comp, err: err}}
+}
+
+// close releases the decompressor.
+func (s *stream) close() {
+	if s.zr != nil {
+		s.zr.Close()
+	}
+}
+
+// drain reads what follows the end-of-archive marker (padding to the
+// writer's record size), so that the diff ID covers the whole stream and a
+// compressed stream's own end (gzip's checksum) is checked.
+func (s *stream) drain() error {
+	buf := make([]byte, 32<<10)
+	for {
+		if err := s.ctx.Err(); err != nil {
+			return err
+		}
+		_, err := s.cnt.Read(buf)
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return s.wrap(err)
+		}
+	}
+}
+
+// diffID is "sha256:<hex>" of the tar stream read so far (hashed streams).
+func (s *stream) diffID() string {
+	if s.cnt.h == nil {
+		return ""
+	}
+	return "sha256:" + hex.EncodeToString(s.cnt.h.Sum(nil))
 }
 
 // next returns the next header, or io.EOF after a complete archive.
 func (s *stream) next() (*tar.Header, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
 	if err := s.ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -71,18 +265,26 @@ func (s *stream) next() (*tar.Header, error) {
 	}
 }
 
-// wrap classifies an error from archive/tar: structural errors become a
-// *FormatError; anything else (the source failing) is wrapped with where it
-// happened and stays retryable.
+// wrap classifies an error from archive/tar: structural errors and
+// corrupt compressed data become a *FormatError, a stream longer than the
+// limits a *PolicyError; anything else (the source failing) is wrapped with
+// where it happened and stays retryable.
 func (s *stream) wrap(err error) error {
+	if errors.Is(err, errStreamTooLong) {
+		return reject(s.cur, ErrStreamTooLong, "more than %d bytes of tar stream", s.cnt.max)
+	}
+	var ce *corruptError
+	if errors.As(err, &ce) {
+		return s.formatErr(err)
+	}
 	if errors.Is(err, tar.ErrHeader) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, tar.ErrFieldTooLong) {
 		if s.cnt.n <= 512 && s.cur == "" {
 			switch {
-			case s.cnt.magic[0] == 0x1f && s.cnt.magic[1] == 0x8b:
-				err = fmt.Errorf("%w (this is gzip data; decompress it first)", err)
-			case s.cnt.magic == [4]byte{0x28, 0xb5, 0x2f, 0xfd}:
-				err = fmt.Errorf("%w (this is zstd data; decompress it first)", err)
-			case err == io.ErrUnexpectedEOF || errors.Is(err, tar.ErrHeader):
+			case s.other != "":
+				err = fmt.Errorf("%w (this is %s data; only gzip and zstd are decompressed)", err, s.other)
+			case s.comp != Plain:
+				err = fmt.Errorf("%w (%s data that is not a tar archive once decompressed)", err, s.comp)
+			default:
 				err = fmt.Errorf("%w (not a tar archive)", err)
 			}
 		}

@@ -18,7 +18,15 @@ type Report struct {
 	Fifos        int   // named pipes
 	Whiteouts    int   // OCI whiteouts (.wh.<name> and .wh..wh..opq)
 	TotalBytes   int64 // sum of the regular files' sizes
-	ArchiveBytes int64 // bytes of the tar stream read, end marker included
+	ArchiveBytes int64 // bytes of the tar stream, end marker and padding after it included (decompressed)
+
+	// Compression is how the bytes read were stored: plain, gzip or zstd.
+	Compression Compression
+	// DiffID is "sha256:<hex>" of the whole tar stream (decompressed, for
+	// a compressed layer): the layer's identity in containerd's sense, the
+	// same whether the layer is stored plain or compressed. Set only when
+	// Validate returns nil.
+	DiffID string
 
 	// HasRootfs is true when the archive keeps the image under a top-level
 	// rootfs/ folder: at least one entry is named "rootfs" (a directory) or
@@ -28,7 +36,9 @@ type Report struct {
 	HasRootfs bool
 }
 
-// Validate reads a whole tar stream once, with memory bounded by the limits
+// Validate reads a whole tar stream once (decompressing a gzip or zstd
+// one, recognised by its first bytes, on the way; the decompressed stream is
+// bounded by the limits too, see ErrStreamTooLong), with memory bounded by the limits
 // and not by the archive's size, and checks its structure and every rule of
 // the extraction policy (see the package documentation). It returns nil only
 // if Extract of the same bytes into an empty directory applies no rejection;
@@ -36,7 +46,9 @@ type Report struct {
 // IsRejection); other errors come from reading r or from ctx.
 func Validate(ctx context.Context, r io.Reader, limits Limits) (Report, error) {
 	var rep Report
-	s := newStream(ctx, r)
+	s := newStream(ctx, r, limits, true)
+	defer s.close()
+	rep.Compression = s.comp
 	chk := newChecker(limits, false)
 	var (
 		sawRootfs    = false
@@ -97,5 +109,11 @@ func Validate(ctx context.Context, r io.Reader, limits Limits) (Report, error) {
 	if rep.HasRootfs && rootfsEscape != "" {
 		return rep, reject(rootfsEscape, ErrSymlinkEscape, "climbs above rootfs/, which is stripped")
 	}
+	err := s.drain()
+	rep.ArchiveBytes = s.cnt.n
+	if err != nil {
+		return rep, err
+	}
+	rep.DiffID = s.diffID()
 	return rep, nil
 }
