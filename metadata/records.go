@@ -28,7 +28,11 @@ func ActivationKey(imageID string) string { return "snap-" + imageID }
 // LayerFile is a layer's tarball as downloaded and validated (table
 // layers).
 type LayerFile struct {
-	Digest    string // "sha256:<hex>", the layer's diff ID
+	Digest string // "sha256:<hex>" of the file's bytes as stored (plain or compressed): where the file is kept
+	// DiffID is "sha256:<hex>" of the layer's uncompressed tar: its
+	// identity, which names its chains. For a plain tar it is Digest; ""
+	// given to StoreDownload means that.
+	DiffID    string
 	Path      string
 	SizeBytes int64
 	HasRootfs bool
@@ -48,7 +52,8 @@ type Object struct {
 	ETag         string
 	VersionID    string
 	SizeBytes    int64
-	Digest       string
+	Digest       string // of the layer file the object's bytes are
+	DiffID       string // that layer file's diff ID; "" once the file is forgotten
 	DownloadedAt time.Time
 }
 
@@ -60,15 +65,18 @@ func (d *DB) StoreDownload(ctx context.Context, o Object, f LayerFile) error {
 		return fmt.Errorf("metadata: store download of s3://%s/%s as %q at %q: bucket, key, digest and path must be set and the digests equal: %w",
 			o.Bucket, o.Key, o.Digest, f.Path, ErrInvalidArgument)
 	}
+	if f.DiffID == "" {
+		f.DiffID = f.Digest
+	}
 	now := time.Now().UnixNano()
 	return d.WithTx(ctx, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO layers
-			(digest, path, size_bytes, has_rootfs, entries, stat_size, stat_mtime_ns, stat_ino, created_ns)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+			(digest, path, size_bytes, has_rootfs, entries, stat_size, stat_mtime_ns, stat_ino, created_ns, diff_id)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT(digest) DO UPDATE SET path = excluded.path, size_bytes = excluded.size_bytes,
 				has_rootfs = excluded.has_rootfs, entries = excluded.entries, stat_size = excluded.stat_size,
-				stat_mtime_ns = excluded.stat_mtime_ns, stat_ino = excluded.stat_ino`,
-			f.Digest, f.Path, f.SizeBytes, f.HasRootfs, f.Entries, f.StatSize, f.StatMtimeNs, int64(f.StatIno), now); err != nil {
+				stat_mtime_ns = excluded.stat_mtime_ns, stat_ino = excluded.stat_ino, diff_id = excluded.diff_id`,
+			f.Digest, f.Path, f.SizeBytes, f.HasRootfs, f.Entries, f.StatSize, f.StatMtimeNs, int64(f.StatIno), now, f.DiffID); err != nil {
 			return fmt.Errorf("metadata: store layer %s: %w", f.Digest, err)
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO s3_objects (bucket, key, etag, version_id, size_bytes, digest, downloaded_ns)
@@ -89,8 +97,9 @@ func (d *DB) ObjectRecord(ctx context.Context, bucket, key string) (*Object, err
 		o  Object
 		ns int64
 	)
-	err := d.db.QueryRowContext(ctx, `SELECT bucket, key, etag, version_id, size_bytes, digest, downloaded_ns
-		FROM s3_objects WHERE bucket = ? AND key = ?`, bucket, key).Scan(&o.Bucket, &o.Key, &o.ETag, &o.VersionID, &o.SizeBytes, &o.Digest, &ns)
+	err := d.db.QueryRowContext(ctx, `SELECT o.bucket, o.key, o.etag, o.version_id, o.size_bytes, o.digest, COALESCE(l.diff_id, ''), o.downloaded_ns
+		FROM s3_objects o LEFT JOIN layers l ON l.digest = o.digest WHERE o.bucket = ? AND o.key = ?`, bucket, key).
+		Scan(&o.Bucket, &o.Key, &o.ETag, &o.VersionID, &o.SizeBytes, &o.Digest, &o.DiffID, &ns)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
@@ -101,14 +110,14 @@ func (d *DB) ObjectRecord(ctx context.Context, bucket, key string) (*Object, err
 	return &o, nil
 }
 
-const layerColumns = `digest, path, size_bytes, has_rootfs, entries, stat_size, stat_mtime_ns, stat_ino, created_ns`
+const layerColumns = `digest, path, size_bytes, has_rootfs, entries, stat_size, stat_mtime_ns, stat_ino, created_ns, diff_id`
 
 func scanLayerFile(s rowScanner) (*LayerFile, error) {
 	var (
 		f         LayerFile
 		ino, cdat int64
 	)
-	if err := s.Scan(&f.Digest, &f.Path, &f.SizeBytes, &f.HasRootfs, &f.Entries, &f.StatSize, &f.StatMtimeNs, &ino, &cdat); err != nil {
+	if err := s.Scan(&f.Digest, &f.Path, &f.SizeBytes, &f.HasRootfs, &f.Entries, &f.StatSize, &f.StatMtimeNs, &ino, &cdat, &f.DiffID); err != nil {
 		return nil, err
 	}
 	f.StatIno, f.CreatedAt = uint64(ino), time.Unix(0, cdat).UTC()

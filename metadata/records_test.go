@@ -8,6 +8,31 @@ import (
 	"testing"
 )
 
+// TestCompressedLayerFile: a compressed layer's file is kept by the digest
+// of its bytes, and its object answers with the uncompressed tar's diff ID,
+// which a plain copy of the same layer has as its digest.
+func TestCompressedLayerFile(t *testing.T) {
+	w := newWorld(t)
+	ctx, db := w.ctx, w.db
+	w.download("bkt", testLayer{Key: "img/b/1.tar", ETag: `"eb"`, Size: 100, Diff: "sha256:aa"})
+	// A compressed layer file: its digest keys the file, its diff ID (the
+	// uncompressed tar's) is what the object's chains are named by.
+	if err := db.StoreDownload(ctx, Object{Bucket: "bkt", Key: "img/c/1.tar.gz", ETag: `"ec"`, SizeBytes: 40, Digest: "sha256:gz"},
+		LayerFile{Digest: "sha256:gz", DiffID: "sha256:aa", Path: layerPath("sha256:gz"), SizeBytes: 40}); err != nil {
+		t.Fatal(err)
+	}
+	if o, _ := db.ObjectRecord(ctx, "bkt", "img/c/1.tar.gz"); o == nil || o.Digest != "sha256:gz" || o.DiffID != "sha256:aa" {
+		t.Errorf("compressed object = %+v, want digest sha256:gz and diff ID sha256:aa", o)
+	}
+	if f, _ := db.LayerFile(ctx, "sha256:gz"); f == nil || f.DiffID != "sha256:aa" {
+		t.Errorf("compressed layer file = %+v, want diff ID sha256:aa", f)
+	}
+	if o, _ := db.ObjectRecord(ctx, "bkt", "img/b/1.tar"); o == nil || o.DiffID != "sha256:aa" {
+		t.Errorf("plain object = %+v, want its digest as diff ID", o)
+	}
+
+}
+
 // TestStoreDownloadAndForgetLayer: a download records the object and the
 // layer file; two keys with the same bytes share one layer; a later
 // download of a key replaces its object; ForgetLayer forgets the file and

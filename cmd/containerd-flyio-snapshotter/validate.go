@@ -21,7 +21,9 @@ func init() {
 }
 
 const validateHelp = `
-Checks FILE.tar (or standard input with "-") the way the Download pipeline's
+Checks FILE.tar, FILE.tar.gz or FILE.tar.zst (or standard input with "-";
+plain, gzip or zstd is told by the first bytes, not by the name) the way
+the Download pipeline's
 validate step does, without a daemon: the tar structure, and every rule of
 the extraction policy (no absolute names, no ".." climbing above the root,
 no relative symlink or hard link leaving the root, no setuid/setgid files
@@ -33,14 +35,16 @@ formed). Absolute symlinks are allowed. The policy is the one of --config
 the same file applies the same rules. Run it before uploading a tarball to
 S3.
 
-Exit status: 0 and a one-line summary on stdout if the tarball is accepted;
+Exit status: 0 and a one-line summary on stdout if the tarball is accepted
+(it ends with how the tar is stored and its diff ID: the SHA-256 of the
+uncompressed tar, which names the layer whatever its storage);
 1 and "FILE: entry "NAME": RULE" on stderr if it is rejected; 2 if it
 could not be read or the arguments are wrong.
 `
 
 // runValidate is the validate subcommand with its streams as parameters.
 func runValidate(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-	fs := newFlagSet("validate", "validate [--config FILE] [--allow-setid] FILE.tar|-", validateHelp)
+	fs := newFlagSet("validate", "validate [--config FILE] [--allow-setid] FILE.tar[.gz|.zst]|-", validateHelp)
 	addConfigFlags(fs)
 	allowSetID := fs.Bool("allow-setid", false, "accept setuid/setgid files and file capabilities even when the config's pipeline.allow_setid does not")
 	pos, err := parseInterspersed(fs, args)
@@ -81,7 +85,7 @@ func runValidate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	if rep.HasRootfs {
 		rootfs = "rootfs/ folder (stripped at extraction)"
 	}
-	fmt.Fprintf(stdout, "%s: ok: %d entries (%d files, %d dirs, %d symlinks, %d hard links, %d whiteouts), %d bytes of files, %s\n",
-		name, rep.Entries, rep.Files, rep.Dirs, rep.Symlinks, rep.Hardlinks, rep.Whiteouts, rep.TotalBytes, rootfs)
+	fmt.Fprintf(stdout, "%s: ok: %d entries (%d files, %d dirs, %d symlinks, %d hard links, %d whiteouts), %d bytes of files, %s; %s, diff ID %s\n",
+		name, rep.Entries, rep.Files, rep.Dirs, rep.Symlinks, rep.Hardlinks, rep.Whiteouts, rep.TotalBytes, rootfs, rep.Compression, rep.DiffID)
 	return nil
 }

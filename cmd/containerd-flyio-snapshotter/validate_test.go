@@ -3,11 +3,16 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/klauspost/compress/zstd"
 )
 
 func writeTar(t *testing.T, path string, hdrs ...*tar.Header) {
@@ -83,6 +88,19 @@ func TestValidateCommand(t *testing.T) {
 	notTar := filepath.Join(dir, "notes.txt")
 	os.WriteFile(notTar, bytes.Repeat([]byte("plain text\n"), 200), 0o644)
 	goodBytes, _ := os.ReadFile(good)
+	goodSum := sha256.Sum256(goodBytes)
+	goodDiff := "sha256:" + hex.EncodeToString(goodSum[:])
+	gz := filepath.Join(dir, "good.tar.gz")
+	var gzBuf bytes.Buffer
+	zw := gzip.NewWriter(&gzBuf)
+	zw.Write(goodBytes)
+	zw.Close()
+	os.WriteFile(gz, gzBuf.Bytes(), 0o644)
+	zs := filepath.Join(dir, "good.zstd-under-a-tar-name.tar")
+	zsw, _ := zstd.NewWriter(nil)
+	os.WriteFile(zs, zsw.EncodeAll(goodBytes, nil), 0o644)
+	cut := filepath.Join(dir, "cut.tar.gz")
+	os.WriteFile(cut, gzBuf.Bytes()[:gzBuf.Len()/2], 0o644)
 
 	cases := []struct {
 		name   string
@@ -95,6 +113,10 @@ func TestValidateCommand(t *testing.T) {
 		{"accepted", nil, []string{"validate", good}, 0,
 			good + ": ok: 4 entries (1 files, 2 dirs, 1 symlinks, 0 hard links, 0 whiteouts), 5 bytes of files, rootfs/ folder", ""},
 		{"stdin", goodBytes, []string{"validate", "-"}, 0, "-: ok: 4 entries", ""},
+		{"plain-diff-id", nil, []string{"validate", good}, 0, "(stripped at extraction); plain, diff ID " + goodDiff + "\n", ""},
+		{"gzip", nil, []string{"validate", gz}, 0, gz + ": ok: 4 entries (1 files, 2 dirs, 1 symlinks, 0 hard links, 0 whiteouts), 5 bytes of files, rootfs/ folder (stripped at extraction); gzip, diff ID " + goodDiff + "\n", ""},
+		{"zstd", nil, []string{"validate", zs}, 0, zs + ": ok: 4 entries (1 files, 2 dirs, 1 symlinks, 0 hard links, 0 whiteouts), 5 bytes of files, rootfs/ folder (stripped at extraction); zstd, diff ID " + goodDiff + "\n", ""},
+		{"gzip-truncated", nil, []string{"validate", cut}, 1, "", cut + ": malformed tar archive"},
 		{"setuid", nil, []string{"validate", bad}, 1, "", bad + `: entry "usr/bin/su": setuid/setgid bit`},
 		{"setuid-allowed", nil, []string{"validate", "--allow-setid", bad}, 0, bad + ": ok", ""},
 		{"traversal", nil, []string{"validate", escape}, 1, "", escape + `: entry "../../etc/cron.d/x": path climbs above the root`},

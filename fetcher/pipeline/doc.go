@@ -11,8 +11,9 @@
 //     bucket, key, ETag and size as one we downloaded and hashed.
 //   - "unpack-image" per chain (queue "unpacking"), keyed by the OCI chain
 //     ID: chainID(1) = diffID(1), chainID(n) = sha256(chainID(n-1) + " " +
-//     diffID(n)), where diffID is the SHA-256 of the layer tarball as
-//     downloaded. Stripping a rootfs/ folder changes the bytes a registry
+//     diffID(n)), where diffID is the SHA-256 of the layer's uncompressed
+//     tar (a gzip or zstd object is hashed as it decompresses, so the same
+//     layer stored plain or compressed has one diff ID). Stripping a rootfs/ folder changes the bytes a registry
 //     would have hashed, but containerd names and finds unpacked snapshots
 //     only by chain IDs built from the diff IDs the image config lists, and
 //     we write that config from the same digests, so the names agree.

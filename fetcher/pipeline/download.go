@@ -33,15 +33,28 @@ type DownloadRequest struct {
 // DownloadResponse is what the run produced: the layer the object's bytes
 // are, and what Unpack needs of its file.
 type DownloadResponse struct {
-	S3URL        string `json:"s3_url"`
-	LocalPath    string `json:"local_path"`
-	Checksum     string `json:"checksum"` // "sha256:<hex>": the layer's diff ID
+	S3URL     string `json:"s3_url"`
+	LocalPath string `json:"local_path"`
+	Checksum  string `json:"checksum"` // "sha256:<hex>" of the object's bytes: the layer file's digest
+	// DiffID is "sha256:<hex>" of the layer's uncompressed tar, set by
+	// validate: what names its chains. A response recorded before layers
+	// could be compressed has none (see diffID).
+	DiffID       string `json:"diff_id,omitempty"`
 	SizeBytes    int64  `json:"size_bytes"`
 	HasRootfs    bool   `json:"has_rootfs"`
 	Entries      int    `json:"entries"`
 	Downloaded   bool   `json:"downloaded"`    // bytes came from S3 in this run
 	AlreadyExist bool   `json:"already_exist"` // skipped by check-exists
 	Resumes      int    `json:"resumes"`       // Range resumes of the successful attempt
+}
+
+// diffID is the layer's diff ID: DiffID, or, for a response recorded
+// before layers could be compressed (all plain tars), the file's digest.
+func (r *DownloadResponse) diffID() string {
+	if r.DiffID != "" {
+		return r.DiffID
+	}
+	return r.Checksum
 }
 
 // S3URL is the canonical name of an object: s3://bucket/key.
@@ -109,7 +122,7 @@ func (p *Pipelines) checkExists(ctx context.Context, req *dlReq) (*dlResp, error
 }
 
 func layerResponse(url string, f *metadata.LayerFile) *DownloadResponse {
-	return &DownloadResponse{S3URL: url, LocalPath: f.Path, Checksum: f.Digest,
+	return &DownloadResponse{S3URL: url, LocalPath: f.Path, Checksum: f.Digest, DiffID: f.DiffID,
 		SizeBytes: f.SizeBytes, HasRootfs: f.HasRootfs, Entries: int(f.Entries)}
 }
 
@@ -358,7 +371,7 @@ func (p *Pipelines) validate(ctx context.Context, req *dlReq) (*dlResp, error) {
 	if v, ok := p.validated.LoadAndDelete(resp.LocalPath); ok {
 		vf := v.(validatedFile)
 		if fi, err := os.Stat(resp.LocalPath); err == nil && stampOf(fi) == vf.stamp && vf.digest == resp.Checksum {
-			resp.HasRootfs, resp.Entries = vf.report.HasRootfs, vf.report.Entries
+			resp.setReport(vf.report)
 			return fsm.NewResponse(resp), nil
 		}
 		log.G(ctx).WithField("file", resp.LocalPath).Warn("validate: the file changed since it was downloaded; reading it again")
@@ -391,8 +404,14 @@ func (p *Pipelines) validate(ctx context.Context, req *dlReq) (*dlResp, error) {
 		log.G(ctx).WithField("key", resp.S3URL).WithField("reason", reason).Warn("security: tarball rejected")
 		return nil, fsm.Abort(errors.New(reason))
 	}
-	resp.HasRootfs, resp.Entries = rep.HasRootfs, rep.Entries
+	resp.setReport(rep)
 	return fsm.NewResponse(resp), nil
+}
+
+// setReport keeps what validation found of the layer.
+func (r *DownloadResponse) setReport(rep tarball.Report) {
+	r.HasRootfs, r.Entries = rep.HasRootfs, rep.Entries
+	r.DiffID = rep.DiffID
 }
 
 // rejectLayer removes a rejected layer file and forgets it (and the
@@ -415,7 +434,7 @@ func (p *Pipelines) storeMetadata(ctx context.Context, req *dlReq) (*dlResp, err
 	}
 	size, mtime, ino := fileStamp(fi)
 	if err := p.db.StoreDownload(ctx, metadata.Object{Bucket: r.Bucket, Key: r.S3Key, ETag: r.ETag, SizeBytes: r.Size, Digest: resp.Checksum},
-		metadata.LayerFile{Digest: resp.Checksum, Path: resp.LocalPath, SizeBytes: resp.SizeBytes, HasRootfs: resp.HasRootfs,
+		metadata.LayerFile{Digest: resp.Checksum, DiffID: resp.diffID(), Path: resp.LocalPath, SizeBytes: resp.SizeBytes, HasRootfs: resp.HasRootfs,
 			Entries: int64(resp.Entries), StatSize: size, StatMtimeNs: mtime, StatIno: ino}); err != nil {
 		return nil, err
 	}

@@ -78,8 +78,8 @@ func (p *Pipelines) makeRoom(ctx context.Context, bucket, source string, layers 
 			if err != nil {
 				return err
 			}
-			if o != nil && o.ETag == l.ETag && o.SizeBytes == l.Size {
-				chain := ChainID(prev, o.Digest)
+			if o != nil && o.ETag == l.ETag && o.SizeBytes == l.Size && o.DiffID != "" {
+				chain := ChainID(prev, o.DiffID)
 				c, err := p.db.GetChain(ctx, chain)
 				if err != nil {
 					return err

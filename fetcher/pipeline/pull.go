@@ -14,11 +14,12 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
-// PullRequest names an S3 image: one ".tar" key, or a prefix whose ".tar"
-// objects are its layers.
+// PullRequest names an S3 image: one layer key (".tar", ".tar.gz",
+// ".tar.zst"), or a prefix whose layer objects are its layers.
 type PullRequest struct {
 	Bucket string `json:"bucket"`
 	Key    string `json:"key"`
@@ -62,9 +63,9 @@ func ParseS3URL(u string) (bucket, key string, err error) {
 }
 
 // imageSource normalizes what was asked into the image's source and id:
-// a ".tar" key is an image of one layer; a prefix gets "/".
+// a layer key is an image of one layer; a prefix gets "/".
 func imageSource(bucket, key string) (source, imageID string) {
-	if !strings.HasSuffix(key, ".tar") && !strings.HasSuffix(key, "/") {
+	if !s3source.IsLayerKey(key) && !strings.HasSuffix(key, "/") {
 		key += "/"
 	}
 	source = S3URL(bucket, key)
@@ -184,8 +185,8 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 		if d.Downloaded {
 			res.Downloaded++
 		}
-		layers[i].DiffID = d.Checksum
-		prev = ChainID(prev, d.Checksum)
+		layers[i].DiffID = d.diffID()
+		prev = ChainID(prev, layers[i].DiffID)
 		layers[i].ChainID = prev
 	}
 

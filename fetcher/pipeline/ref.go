@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/distribution/reference"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 )
 
 // DefaultRefDomain is the registry-like domain of the names pull gives
@@ -14,14 +16,15 @@ import (
 const DefaultRefDomain = "s3.local"
 
 // DefaultRef is the name of an image pulled from bucket/key without
-// --name: "s3.local/<bucket>/<key without .tar or trailing />:latest", each
+// --name: "s3.local/<bucket>/<key without its layer suffix (.tar, .tar.gz,
+// .tar.zst) or trailing />:latest", each
 // path component lowercased, with every character a reference may not hold
 // replaced by '-' (s3://my-bucket/Images/App v2/ is
 // s3.local/my-bucket/images/app-v2:latest). It is a valid reference for
 // containerd, nerdctl and the CRI; an error names the source and why when
 // none can be made.
 func DefaultRef(bucket, key string) (string, error) {
-	key = strings.TrimSuffix(strings.TrimSuffix(key, "/"), ".tar")
+	key = s3source.LayerBase(strings.TrimSuffix(key, "/"))
 	var parts []string
 	for _, c := range strings.Split(bucket+"/"+key, "/") {
 		if c = refComponent(c); c != "" {

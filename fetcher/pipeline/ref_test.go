@@ -16,6 +16,8 @@ func TestDefaultRef(t *testing.T) {
 		{"my.bucket", "Images/App v2/", "s3.local/my.bucket/images/app-v2:latest"},
 		{"b", "a//__x..y--z/__/", "s3.local/b/a/x-y-z:latest"},
 		{"b", "layers/1.tar", "s3.local/b/layers/1:latest"},
+		{"b", "layers/app.tar.gz", "s3.local/b/layers/app:latest"},
+		{"b", "layers/app.tar.zst", "s3.local/b/layers/app:latest"},
 	}
 	for _, c := range cases {
 		got, err := DefaultRef(c.bucket, c.key)

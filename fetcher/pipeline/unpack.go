@@ -222,20 +222,29 @@ func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, e
 	if err != nil {
 		return nil, p.failUnpack(ctx, req, fsm.Abort(err))
 	}
-	if dl.Checksum != r.DiffID {
-		return nil, p.failUnpack(ctx, req, fsm.Abort(fmt.Errorf("unpack %s: download produced %s, the chain wants diff %s", r.ChainID, dl.Checksum, r.DiffID)))
+	if dl.diffID() != r.DiffID {
+		return nil, p.failUnpack(ctx, req, fsm.Abort(fmt.Errorf("unpack %s: download produced diff %s, the chain wants diff %s", r.ChainID, dl.diffID(), r.DiffID)))
 	}
-	// The file data written is at most the tarball's size (runs of zeros
-	// stay holes), so a tarball within the budget cannot overrun it.
+	// The file data written from a plain tar is at most its size (runs of
+	// zeros stay holes), so a tar within the budget cannot overrun it. A
+	// compressed layer's size says nothing of what it holds: extraction
+	// stops at the budget (tarball.ErrOverBudget), and its files are bound
+	// by the tarball limits, not by the download's size cap.
+	plain := dl.diffID() == dl.Checksum // a compressed file never hashes to its own content's digest
 	budget := p.opts.MaxLayerSize
+	if !plain {
+		budget = 0
+	}
 	if p.opts.PoolFree != nil {
 		free, err := p.opts.PoolFree(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("unpack %s: free space of the pool: %w", r.ChainID, err)
 		}
-		budget = min(budget, free)
+		if budget == 0 || free < budget {
+			budget = free
+		}
 	}
-	if dl.SizeBytes > budget {
+	if plain && dl.SizeBytes > budget {
 		return nil, p.failUnpack(ctx, req, fsm.Abort(fmt.Errorf("unpack %s from %s: layer of %d bytes, more than the %d bytes the pool has free or pipeline.max_image_size allows", r.ChainID, r.S3URL, dl.SizeBytes, budget)))
 	}
 	if req.Run.Attempt > 1 {

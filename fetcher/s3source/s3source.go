@@ -1,10 +1,10 @@
 // Package s3source reads S3 images: tarball objects in a bucket of AWS S3 or
 // of an S3-compatible server, through aws-sdk-go-v2.
 //
-// An image is either one key ending in ".tar" (one layer) or a prefix whose
-// ".tar" objects directly under it are its layers, in key order (byte order
-// of the keys, as S3 lists them: name layers 01.tar, 02.tar, ... so that
-// order is the intended one).
+// An image is either one layer key (ending in ".tar", ".tar.gz" or
+// ".tar.zst": see IsLayerKey) or a prefix whose layer objects directly under
+// it are its layers, in key order (byte order of the keys, as S3 lists them:
+// name layers 01.tar, 02.tar.gz, ... so that order is the intended one).
 //
 // Retries: the SDK's own retryer is limited to one attempt by default
 // (Config.MaxAttempts), so every failure surfaces at once with its Kind
@@ -75,7 +75,7 @@ type Config struct {
 	// MaxListPages bounds the pages of one listing; 0 means
 	// DefaultMaxListPages.
 	MaxListPages int
-	// MaxLayers bounds the layers (".tar" objects) of one image; 0 means
+	// MaxLayers bounds the layers (layer objects) of one image; 0 means
 	// DefaultMaxLayers.
 	MaxLayers int
 }
@@ -300,12 +300,12 @@ var (
 	ErrListTooLong = errors.New("listing has too many pages")
 	// ErrListLoop: a continuation token the server already gave.
 	ErrListLoop = errors.New("listing repeats a continuation token")
-	// ErrTooManyLayers: more ".tar" objects under an image's prefix than
+	// ErrTooManyLayers: more layer objects under an image's prefix than
 	// Config.MaxLayers.
 	ErrTooManyLayers = errors.New("image has too many layers")
 )
 
-// List returns the ".tar" objects directly under prefix (no deeper "/"), in
+// List returns the layer objects (IsLayerKey) directly under prefix (no deeper "/"), in
 // key order. An empty prefix lists the bucket's top level. Every key listed
 // must pass ValidateKey and lie under prefix, every size be non-negative
 // (*KeyError otherwise); a listing of more than Config.MaxListPages pages or
@@ -341,7 +341,7 @@ func (s *Source) list(ctx context.Context, prefix string, limit int) ([]Object, 
 			if err := checkListed(prefix, k, size); err != nil {
 				return nil, fmt.Errorf("%s: %w", where, err)
 			}
-			if !strings.HasSuffix(k, ".tar") {
+			if !IsLayerKey(k) {
 				continue
 			}
 			out = append(out, Object{Key: k, Size: size, ETag: aws.ToString(o.ETag), LastModified: aws.ToTime(o.LastModified)})
@@ -402,19 +402,39 @@ func (s *Source) Stat(ctx context.Context, key string) (Object, error) {
 }
 
 // ErrNoLayers is returned (wrapped, and classified KindNotFound) by
-// ResolveImage for a prefix with no ".tar" object under it.
-var ErrNoLayers = errors.New("no .tar objects under the prefix")
+// ResolveImage for a prefix with no layer object under it.
+var ErrNoLayers = errors.New("no .tar, .tar.gz or .tar.zst objects under the prefix")
 
-// ResolveImage turns what a user names into the image's layers: a key
-// ending in ".tar" is one object (stat'ed); anything else is a prefix
-// ("/" appended if missing) whose ".tar" objects directly under it are the
+// LayerSuffixes are the endings of the keys that are layers. The name says
+// only which objects are layers; how one is stored (plain tar, gzip, zstd)
+// is told by its bytes when it is read.
+var LayerSuffixes = []string{".tar", ".tar.gz", ".tar.zst"}
+
+// IsLayerKey reports whether key ends in one of LayerSuffixes.
+func IsLayerKey(key string) bool {
+	return LayerBase(key) != key
+}
+
+// LayerBase is key without its layer suffix (key itself when it has none).
+func LayerBase(key string) string {
+	for _, s := range LayerSuffixes {
+		if b, ok := strings.CutSuffix(key, s); ok {
+			return b
+		}
+	}
+	return key
+}
+
+// ResolveImage turns what a user names into the image's layers: a layer
+// key (IsLayerKey) is one object (stat'ed); anything else is a prefix
+// ("/" appended if missing) whose layer objects directly under it are the
 // layers, in key order, at most Config.MaxLayers of them
 // (ErrTooManyLayers).
 func (s *Source) ResolveImage(ctx context.Context, keyOrPrefix string) ([]Object, error) {
 	if err := ValidateKey(keyOrPrefix); err != nil {
 		return nil, err
 	}
-	if strings.HasSuffix(keyOrPrefix, ".tar") {
+	if IsLayerKey(keyOrPrefix) {
 		o, err := s.Stat(ctx, keyOrPrefix)
 		if err != nil {
 			return nil, err

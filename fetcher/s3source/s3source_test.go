@@ -73,8 +73,8 @@ func TestValidateKey(t *testing.T) {
 
 func TestListAndResolve(t *testing.T) {
 	srv := s3test.NewServer(t)
-	for _, k := range []string{"images/debian/02.tar", "images/debian/01.tar", "images/debian/10.tar",
-		"images/debian/README", "images/debian/sub/99.tar", "images/debian-slim/01.tar", "single.tar"} {
+	for _, k := range []string{"images/debian/02.tar.gz", "images/debian/01.tar", "images/debian/10.tar.zst",
+		"images/debian/README", "images/debian/11.tar.bz2", "images/debian/12.tgz", "images/debian/sub/99.tar", "images/debian-slim/01.tar", "single.tar"} {
 		srv.Put(t, k, []byte("content of "+k))
 	}
 	src := newSource(t, srv, 0)
@@ -91,8 +91,8 @@ func TestListAndResolve(t *testing.T) {
 			t.Errorf("%s: size %d etag %q, want size %d and an etag", o.Key, o.Size, o.ETag, want)
 		}
 	}
-	if want := "images/debian/01.tar images/debian/02.tar images/debian/10.tar"; strings.Join(keys, " ") != want {
-		t.Errorf("List = %v, want %s (only .tar objects directly under the prefix, in key order)", keys, want)
+	if want := "images/debian/01.tar images/debian/02.tar.gz images/debian/10.tar.zst"; strings.Join(keys, " ") != want {
+		t.Errorf("List = %v, want %s (only .tar, .tar.gz and .tar.zst objects directly under the prefix, in key order)", keys, want)
 	}
 
 	for _, name := range []string{"images/debian", "images/debian/"} {
@@ -104,6 +104,9 @@ func TestListAndResolve(t *testing.T) {
 	one, err := src.ResolveImage(ctx, "single.tar")
 	if err != nil || len(one) != 1 || one[0].Size != int64(len("content of single.tar")) {
 		t.Errorf("ResolveImage(single.tar) = %v, %v", one, err)
+	}
+	if one, err := src.ResolveImage(ctx, "images/debian/02.tar.gz"); err != nil || len(one) != 1 || one[0].Key != "images/debian/02.tar.gz" {
+		t.Errorf("ResolveImage(images/debian/02.tar.gz) = %v, %v; want the one object", one, err)
 	}
 	if _, err := src.ResolveImage(ctx, "images/none/"); !s3source.IsNotFound(err) {
 		t.Errorf("ResolveImage of an empty prefix: %v (kind %v), want not-found", err, s3source.Classify(err))

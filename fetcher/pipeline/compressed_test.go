@@ -1,0 +1,120 @@
+package pipeline
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+func gzipLayer(t testing.TB, b []byte) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	zw.Write(b)
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func zstdLayer(t testing.TB, b []byte) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw, err := zstd.NewWriter(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	zw.Write(b)
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// TestPullCompressedLayers: one two-layer image stored as .tar.gz, as
+// .tar.zst, as plain .tar, and its bottom layer gzip-compressed under a
+// ".tar" name: each object is downloaded and kept by the digest of its
+// bytes, but a layer's identity is its uncompressed tar's, so the four
+// images share two chains, unpacked once, registered with the plain tars'
+// digests as diff IDs; a re-pull with --refresh (every download handed off
+// from the records) finds the same chains.
+func TestPullCompressedLayers(t *testing.T) {
+	reg := newFakeRegistrar()
+	e := newPullEnv(t, reg)
+	base := layerTar(t, "base", 30000)
+	top := layerTar(t, "top", 30000)
+	e.srv.Put(t, "gz/1.tar.gz", gzipLayer(t, base))
+	e.srv.Put(t, "gz/2.tar.gz", gzipLayer(t, top))
+	e.srv.Put(t, "zst/1.tar.zst", zstdLayer(t, base))
+	e.srv.Put(t, "zst/2.tar.zst", zstdLayer(t, top))
+	e.srv.Put(t, "plain/1.tar", base)
+	e.srv.Put(t, "plain/2.tar", top)
+	e.srv.Put(t, "named-tar.tar", gzipLayer(t, base))
+
+	want := ChainID(sha(base), sha(top))
+	gz := e.mustPull("gz/", "")
+	if gz.TopChainID != want || gz.Unpacked != 2 || gz.Downloaded != 2 || gz.Layers[0].DiffID != sha(base) || gz.Layers[1].DiffID != sha(top) {
+		t.Fatalf("gz/: top chain %s, layers %+v, unpacked %d, downloaded %d; want %s from the uncompressed diff IDs, 2 unpacked",
+			gz.TopChainID, gz.Layers, gz.Unpacked, gz.Downloaded, want)
+	}
+	if got := e.sn.readFile(t, gz.Snapshot.SnapshotName, "etc/marker"); got != "top" {
+		t.Errorf("gz/ shows etc/marker %q, want top", got)
+	}
+	if gz.Ref != "s3.local/"+e.srv.Bucket+"/gz:latest" {
+		t.Errorf("gz/ named %q", gz.Ref)
+	}
+	for _, key := range []string{"zst/", "plain/"} {
+		r := e.mustPull(key, "")
+		if r.TopChainID != want || r.Unpacked != 0 || r.Downloaded != 2 {
+			t.Errorf("%s: top chain %s, unpacked %d, downloaded %d; want %s, nothing unpacked, both downloaded", key, r.TopChainID, r.Unpacked, r.Downloaded, want)
+		}
+		if got := e.sn.readFile(t, r.Snapshot.SnapshotName, "etc/marker"); got != "top" {
+			t.Errorf("%s shows etc/marker %q, want top", key, got)
+		}
+	}
+	one := e.mustPull("named-tar.tar", "one")
+	if one.TopChainID != sha(base) || one.Unpacked != 0 {
+		t.Errorf("gzip data under a .tar name: chain %s, unpacked %d; want %s (recognised by its bytes), nothing unpacked", one.TopChainID, one.Unpacked, sha(base))
+	}
+	if chains := e.committedChains(); len(chains) != 2 {
+		t.Errorf("committed chains %v, want 2 (base, top on base)", chains)
+	}
+	if files, err := os.ReadDir(e.p.opts.blobDir()); err != nil || len(files) != 6 {
+		t.Errorf("layer files %d (%v), want 6 (base and top as gzip, zstd and plain; named-tar.tar is gz/1.tar.gz's bytes)", len(files), err)
+	}
+	if diffs := reg.names["s3.local/"+e.srv.Bucket+"/zst:latest"]; len(diffs) != 2 || diffs[0] != sha(base) || diffs[1] != sha(top) {
+		t.Errorf("zst/ registered with diff IDs %v, want the plain tars' digests", diffs)
+	}
+	o, err := e.db.ObjectRecord(context.Background(), e.srv.Bucket, "zst/2.tar.zst")
+	if err != nil || o == nil || o.DiffID != sha(top) || o.Digest == sha(top) {
+		t.Errorf("zst/2.tar.zst recorded as %+v, %v; want its own digest and the top tar's diff ID", o, err)
+	}
+
+	again, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "gz/", Refresh: true})
+	if err != nil || again.TopChainID != want || again.Downloaded != 0 || again.Unpacked != 0 {
+		t.Errorf("gz/ --refresh: %+v, %v; want %s, nothing downloaded or unpacked", again, err, want)
+	}
+}
+
+// TestPullCorruptCompressedLayer: a gzip layer cut short is refused as a
+// malformed archive while it downloads; nothing of it is kept.
+func TestPullCorruptCompressedLayer(t *testing.T) {
+	e := newPullEnv(t, nil)
+	gz := gzipLayer(t, layerTar(t, "cut", 30000))
+	e.srv.Put(t, "cut/1.tar.gz", gz[:len(gz)-40])
+	_, err := e.pull("cut/", "")
+	if err == nil || !strings.Contains(err.Error(), "validate s3://"+e.srv.Bucket+"/cut/1.tar.gz") || !strings.Contains(err.Error(), "malformed tar archive") {
+		t.Fatalf("pull of a truncated gzip layer: %v; want a malformed archive naming the object", err)
+	}
+	if files, _ := os.ReadDir(e.p.opts.blobDir()); len(files) != 0 {
+		t.Errorf("layer files left: %v", files)
+	}
+	if chains := e.committedChains(); len(chains) != 0 {
+		t.Errorf("chains left: %v", chains)
+	}
+}
