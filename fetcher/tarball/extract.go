@@ -63,8 +63,14 @@ type Stats struct {
 	// of zeros (a sparse entry's holes) left as holes.
 	Written int64
 	// XattrsSkipped counts extended attributes not applied: only user.*
-	// attributes are set, and only where the filesystem supports them.
+	// attributes are set, where the filesystem supports them, and file
+	// capabilities (see Capabilities).
 	XattrsSkipped int
+	// Capabilities counts the security.capability attributes set: only
+	// with Limits.AllowSetID (without it an archive carrying one is
+	// rejected), and not with NoChown (setting one needs the privilege
+	// chown does; it is then skipped).
+	Capabilities int
 }
 
 // ExtractDir is Extract into the directory dir, opened as an os.Root.
@@ -88,7 +94,8 @@ func ExtractDir(ctx context.Context, r io.Reader, dir string, opts ExtractOption
 // their content (.wh.<name> removes <name>; .wh..wh..opq empties its
 // directory of everything this archive does not itself write), and entries
 // replace what is there. Modes, ownership (unless NoChown), modification
-// times, user.* xattrs and hard links are preserved. Memory use is bounded
+// times, user.* xattrs, file capabilities (when Limits.AllowSetID admits
+// them) and hard links are preserved. Memory use is bounded
 // by the limits, not by the archive's size.
 //
 // On error the entry being written is removed (no partial file is left);
@@ -282,17 +289,36 @@ func (x *extractor) chown(l *level, base string, h *tar.Header) error {
 	return l.r.Lchown(base, h.Uid, h.Gid)
 }
 
-// userXattrs applies the archive's user.* extended attributes to fd.
-func (x *extractor) userXattrs(fd int, h *tar.Header) {
+// xattrs applies the archive's user.* extended attributes to fd, and its
+// file capability (security.capability) when the limits admit it (the
+// checker refused it otherwise) and entries are owned as archived: it is
+// set after the owner, since a chown clears it, and needs the privilege
+// chown does. A user.* attribute the filesystem refuses is skipped (and
+// counted); a capability admitted but not applied would leave a binary
+// that fails at run time, so that is an error, and a value the kernel
+// finds invalid a rejection of the entry.
+func (x *extractor) xattrs(fd int, raw string, h *tar.Header) error {
 	for k, v := range h.PAXRecords {
 		name, ok := strings.CutPrefix(k, xattrPAXPrefix)
 		if !ok {
+			continue
+		}
+		if name == capabilityXattr && x.chk.limits.AllowSetID && !x.opts.NoChown {
+			err := unix.Fsetxattr(fd, name, []byte(v), 0)
+			switch {
+			case errors.Is(err, unix.EINVAL):
+				return reject(raw, ErrFileCapability, "the kernel refuses its value (%d bytes)", len(v))
+			case err != nil:
+				return fmt.Errorf("entry %q: set %s: %w", raw, name, err)
+			}
+			x.st.Capabilities++
 			continue
 		}
 		if !strings.HasPrefix(name, "user.") || unix.Fsetxattr(fd, name, []byte(v), 0) != nil {
 			x.st.XattrsSkipped++
 		}
 	}
+	return nil
 }
 
 func hasXattrs(h *tar.Header) bool {
@@ -336,8 +362,11 @@ func (x *extractor) dir(raw string, e entry) error {
 		if err != nil {
 			return err
 		}
-		x.userXattrs(int(f.Fd()), h)
+		err = x.xattrs(int(f.Fd()), raw, h)
 		f.Close()
+		if err != nil {
+			return err
+		}
 	}
 	x.dirTimes = append(x.dirTimes, dirTime{e.name, h.AccessTime, h.ModTime})
 	return nil
@@ -394,7 +423,9 @@ func (x *extractor) file(s *stream, raw string, e entry) (err error) {
 		return err
 	}
 	if hasXattrs(h) {
-		x.userXattrs(int(f.Fd()), h)
+		if err := x.xattrs(int(f.Fd()), raw, h); err != nil {
+			return err
+		}
 	}
 	cerr := f.Close()
 	f = nil

@@ -449,18 +449,37 @@ func TestRootfsDetection(t *testing.T) {
 	checkRejection(t, "Extract", err, hostile{rule: ErrOutsideRootfs, entry: "other"})
 }
 
+// pingCapability is cap_net_raw+ep in the kernel's VFS_CAP_REVISION_2
+// format, as setcap writes it: magic and the effective flag, then the
+// permitted and inheritable sets of two 32-bit words each.
+const pingCapability = "\x01\x00\x00\x02" + "\x00\x20\x00\x00" + "\x00\x00\x00\x00" + "\x00\x00\x00\x00" + "\x00\x00\x00\x00"
+
+// TestAllowSetID: with AllowSetID, a setuid file keeps its bit and a file
+// capability is applied: reading the xattr back gives the archive's value
+// (run as root, which setting one needs; the test fails otherwise).
 func TestAllowSetID(t *testing.T) {
-	b := build(t, file("su", "x").mode(0o4755), file("ping", "y").pax("SCHILY.xattr.security.capability", "\x01"))
+	b := build(t, file("su", "x").mode(0o4755), file("ping", "y").mode(0o755).pax("SCHILY.xattr.security.capability", pingCapability))
 	if _, err := Validate(context.Background(), bytes.NewReader(b), Limits{AllowSetID: true}); err != nil {
 		t.Fatalf("Validate with AllowSetID: %v", err)
 	}
 	s := newSandbox(t)
-	if _, err := ExtractDir(context.Background(), bytes.NewReader(b), s.target, ExtractOptions{Limits: Limits{AllowSetID: true}}); err != nil {
+	st, err := ExtractDir(context.Background(), bytes.NewReader(b), s.target, ExtractOptions{Limits: Limits{AllowSetID: true}})
+	if err != nil {
 		t.Fatalf("Extract with AllowSetID: %v", err)
 	}
 	if fi, err := os.Lstat(filepath.Join(s.target, "su")); err != nil || fi.Mode()&fs.ModeSetuid == 0 {
 		t.Errorf("su: %v %v, want setuid kept", fi, err)
 	}
+	buf := make([]byte, 64)
+	n, err := unix.Getxattr(filepath.Join(s.target, "ping"), "security.capability", buf)
+	if err != nil || string(buf[:n]) != pingCapability || st.Capabilities != 1 {
+		t.Errorf("ping's security.capability = %x, %v (%d applied); want %x (cap_net_raw+ep)", buf[:max(n, 0)], err, st.Capabilities, pingCapability)
+	}
+
+	// A value the kernel refuses is a rejection naming the entry.
+	bad := build(t, file("ping", "y").pax("SCHILY.xattr.security.capability", "\x01"))
+	_, err = ExtractDir(context.Background(), bytes.NewReader(bad), newSandbox(t).target, ExtractOptions{Limits: Limits{AllowSetID: true}})
+	checkRejection(t, "Extract", err, hostile{rule: ErrFileCapability, entry: "ping"})
 }
 
 func TestVerifyLayout(t *testing.T) {
