@@ -207,8 +207,12 @@ type QueuesConfig struct {
 type ContainerdConfig struct {
 	// Address is containerd's gRPC socket.
 	Address string `toml:"address"`
-	// Namespace is the containerd namespace images are registered in.
+	// Namespace is the containerd namespace images are registered in
+	// when a pull names none.
 	Namespace string `toml:"namespace"`
+	// Snapshotter is the name containerd's config gives this daemon's
+	// proxy plugin ([proxy_plugins.NAME]); images are labelled with it.
+	Snapshotter string `toml:"snapshotter"`
 }
 
 // GCConfig is the [gc] section: garbage collection of pulled S3 images
@@ -269,8 +273,9 @@ func defaults() *Config {
 			Unpacking: DefaultUnpacking,
 		},
 		Containerd: ContainerdConfig{
-			Address:   DefaultContainerdSocket,
-			Namespace: DefaultNamespace,
+			Address:     DefaultContainerdSocket,
+			Namespace:   DefaultNamespace,
+			Snapshotter: pipeline.DefaultSnapshotter,
 		},
 		GC: GCConfig{
 			Enabled:       true,
@@ -654,6 +659,9 @@ func (c *Config) Validate() error {
 	socket("containerd.address", strings.TrimPrefix(c.Containerd.Address, "unix://"), false)
 	if err := identifiers.Validate(c.Containerd.Namespace); err != nil {
 		bad("containerd.namespace", "must be a containerd namespace (letters, digits and ._- separators, at most 76 characters), got %q", c.Containerd.Namespace)
+	}
+	if err := identifiers.Validate(c.Containerd.Snapshotter); err != nil {
+		bad("containerd.snapshotter", "must be the name of the proxy plugin in containerd's config (letters, digits and ._- separators, at most 76 characters), got %q", c.Containerd.Snapshotter)
 	}
 
 	if err := gc.ValidateThresholds(c.GC.HighThreshold, c.GC.LowThreshold); err != nil {

@@ -33,6 +33,7 @@ func TestDefaultConfigIsValidAndDerivesPaths(t *testing.T) {
 		"daemon.socket":          "/run/containerd-flyio-snapshotter/containerd-flyio-snapshotter.sock",
 		"containerd.address":     "/run/containerd/containerd.sock",
 		"containerd.namespace":   "default",
+		"containerd.snapshotter": "flyio",
 		"pool.name":              "flyio-pool",
 		"pool.fs_type":           "ext4",
 		"pool.block_size(bytes)": "65536",
@@ -44,6 +45,7 @@ func TestDefaultConfigIsValidAndDerivesPaths(t *testing.T) {
 		"daemon.socket":          c.Daemon.Socket,
 		"containerd.address":     c.Containerd.Address,
 		"containerd.namespace":   c.Containerd.Namespace,
+		"containerd.snapshotter": c.Containerd.Snapshotter,
 		"pool.name":              c.Pool.Name,
 		"pool.fs_type":           c.Pool.FSType,
 		"pool.block_size(bytes)": strconv.FormatInt(c.Pool.BlockSize.Bytes(), 10),
@@ -174,6 +176,7 @@ unpacking = 3
 [containerd]
 address = "/run/k3s/containerd.sock"
 namespace = "k8s.io"
+snapshotter = "flyio-k3s"
 [gc]
 enabled = false
 high_threshold = 90
@@ -199,7 +202,7 @@ pinned = ["base", "s3://b/base/"]
 			DownloadTimeout: D(90 * time.Second), ExtractTimeout: D(time.Hour), AllowSetID: true,
 			MaxEntries: 500, MaxFileSize: 2 << 20, MaxTotalSize: 8 << 20, RequiredDirs: []string{}, MaxLayers: 64},
 		Queues:     QueuesConfig{Downloads: 8, Unpacking: 3},
-		Containerd: ContainerdConfig{Address: "/run/k3s/containerd.sock", Namespace: "k8s.io"},
+		Containerd: ContainerdConfig{Address: "/run/k3s/containerd.sock", Namespace: "k8s.io", Snapshotter: "flyio-k3s"},
 		GC:         GCConfig{HighThreshold: 90, LowThreshold: 70.5, Interval: D(time.Minute), Pinned: []string{"base", "s3://b/base/"}},
 	}
 	if !reflect.DeepEqual(c, want) {
@@ -346,6 +349,7 @@ func TestValidateRules(t *testing.T) {
 		{"unpacking big", func(c *Config) { c.Queues.Unpacking = 65 }, "queues.unpacking: must be between 1 and 64, got 65"},
 		{"containerd address", func(c *Config) { c.Containerd.Address = "containerd.sock" }, "containerd.address: must be an absolute path"},
 		{"namespace", func(c *Config) { c.Containerd.Namespace = "bad ns" }, `containerd.namespace: must be a containerd namespace`},
+		{"snapshotter", func(c *Config) { c.Containerd.Snapshotter = "" }, `containerd.snapshotter: must be the name of the proxy plugin`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -174,7 +174,7 @@ func registrar(c *Config) pipeline.Registrar {
 	if c.Containerd.Address == "" {
 		return nil
 	}
-	return &pipeline.ContainerdRegistrar{Address: c.Containerd.Address, Namespace: c.Containerd.Namespace}
+	return &pipeline.ContainerdRegistrar{Address: c.Containerd.Address, Namespace: c.Containerd.Namespace, Snapshotter: c.Containerd.Snapshotter}
 }
 
 // StartFetcher builds the S3 pipelines, resumes the runs a previous process

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -19,14 +20,18 @@ import (
 
 const pullDescription = `
 Asks the running daemon (over daemon.control_socket) to pull an S3 image:
-one .tar key, or a prefix whose .tar objects, in key order, are its layers.
+one layer key, or a prefix whose layer objects, in key order, are its layers.
+A layer is a tar stored plain (.tar), gzip (.tar.gz) or zstd (.tar.zst):
+the suffix says which keys are layers, the first bytes how each is stored.
 IMAGE is s3://BUCKET/KEY-or-PREFIX, or a bare PATH that the daemon looks up
 under its s3.prefix in its s3.bucket. The daemon refuses a bucket other than
 its s3.bucket and s3.allowed_buckets when either is set.
 Each layer is downloaded (SHA-256, validated against the extraction policy)
 and unpacked into a committed snapshot named by its OCI chain ID; the image
 then gets its active snapshot "snap-<image id>" and is registered in
-containerd under --name. Everything is idempotent and survives a daemon
+containerd under --name, in the namespace of each --namespace (default: the
+config's containerd.namespace; "--namespace k8s.io" for the CRI, which
+Kubernetes uses). Everything is idempotent and survives a daemon
 crash: pulling again resumes what was cut.
 
 Like a registry pull, every pull first asks S3 what the image is now (one
@@ -97,7 +102,7 @@ func isTerminal(f *os.File) bool {
 }
 
 func runPull(ctx context.Context, args []string) error {
-	fs := newFlagSet("pull", "pull s3://BUCKET/KEY-or-PREFIX|PATH [--name REF] [--refresh|--cached] [--format text|json] [--config FILE] [--socket PATH]", pullDescription)
+	fs := newFlagSet("pull", "pull s3://BUCKET/KEY-or-PREFIX|PATH [--name REF] [--namespace NS]... [--refresh|--cached] [--format text|json] [--config FILE] [--socket PATH]", pullDescription)
 	addConfigFlags(fs)
 	var socket, name, format string
 	var refresh, cached bool
@@ -105,6 +110,8 @@ func runPull(ctx context.Context, args []string) error {
 	addSocketFlag(fs, &socket)
 	fs.StringVar(&name, "name", "", "image `REF` to register the result under (default: s3.local/BUCKET/KEY-or-PREFIX:latest, lowercased, what a reference may not hold replaced by -)")
 	fs.BoolVar(&refresh, "refresh", false, "run the pipelines even if the image is pulled and unchanged in S3 (they check every layer's device and rebuild what is missing)")
+	var nss namespaceList
+	fs.Var(&nss, "namespace", "containerd `NAMESPACE` to register the image in; repeat it for several (default: the daemon's containerd.namespace)")
 	fs.BoolVar(&cached, "cached", false, "answer from the records alone, without asking S3 what the image is now (fails if it is not pulled)")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
@@ -127,7 +134,7 @@ func runPull(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	req := pipeline.PullRequest{Bucket: bucket, Key: key, Ref: name, Refresh: refresh, Cached: cached}
+	req := pipeline.PullRequest{Bucket: bucket, Key: key, Ref: name, Refresh: refresh, Cached: cached, Namespaces: nss}
 	if format == "json" {
 		return pullJSON(ctx, c, req, os.Stdout)
 	}
@@ -139,6 +146,20 @@ func runPull(ctx context.Context, args []string) error {
 		return err
 	}
 	printPullResult(os.Stdout, res, time.Since(start))
+	return nil
+}
+
+// namespaceList is a repeatable string flag.
+type namespaceList []string
+
+func (l *namespaceList) String() string { return strings.Join(*l, ",") }
+
+// Set adds one namespace; an empty one is a usage error.
+func (l *namespaceList) Set(v string) error {
+	if v == "" {
+		return errors.New("empty namespace")
+	}
+	*l = append(*l, v)
 	return nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
@@ -34,6 +35,9 @@ type ActivateRequest struct {
 	Source  string  `json:"source"` // s3://bucket/key-or-prefix
 	Ref     string  `json:"ref"`
 	Layers  []Layer `json:"layers"`
+	// Namespaces are the containerd namespaces to register Ref in; none
+	// means the registrar's own.
+	Namespaces []string `json:"namespaces,omitempty"`
 }
 
 func (r *ActivateRequest) topChain() string { return r.Layers[len(r.Layers)-1].ChainID }
@@ -49,6 +53,9 @@ type ActivateResponse struct {
 	Activated    bool   `json:"activated"` // false when it already was
 	Registered   bool   `json:"registered"`
 	Ref          string `json:"ref,omitempty"` // the name register registered
+	// Namespaces are the containerd namespaces register registered Ref in
+	// (none: the registrar's own).
+	Namespaces []string `json:"namespaces,omitempty"`
 }
 
 // Registrar registers an activated image somewhere else (containerd).
@@ -217,16 +224,17 @@ func (p *Pipelines) register(ctx context.Context, req *acReq) (*acResp, error) {
 	if err := p.db.RecordPulledImage(ctx, r.ImageID, r.Source, layers, r.Ref); err != nil {
 		return nil, err
 	}
-	if err := p.registerName(ctx, r.Ref, r.Layers); err != nil {
+	if err := p.registerName(ctx, r.Ref, r.Namespaces, r.Layers); err != nil {
 		return nil, err
 	}
-	resp.Registered, resp.Ref = p.opts.Registrar != nil, r.Ref
+	resp.Registered, resp.Ref, resp.Namespaces = p.opts.Registrar != nil, r.Ref, r.Namespaces
 	return fsm.NewResponse(resp), nil
 }
 
 // registerName registers name in containerd (when there is a registrar)
-// as the image of layers.
-func (p *Pipelines) registerName(ctx context.Context, name string, layers []Layer) error {
+// as the image of layers, in each of nss (none: the registrar's own
+// namespace).
+func (p *Pipelines) registerName(ctx context.Context, name string, nss []string, layers []Layer) error {
 	if p.opts.Registrar == nil || name == "" {
 		return nil
 	}
@@ -234,8 +242,28 @@ func (p *Pipelines) registerName(ctx context.Context, name string, layers []Laye
 	for i, l := range layers {
 		diffs[i] = l.DiffID
 	}
-	if err := p.opts.Registrar.Register(ctx, name, diffs); err != nil {
-		return fmt.Errorf("register %s in containerd: %w", name, err)
+	return inNamespaces(ctx, nss, func(ctx context.Context, ns string) error {
+		if err := p.opts.Registrar.Register(ctx, name, diffs); err != nil {
+			if ns != "" {
+				return fmt.Errorf("register %s in containerd namespace %s: %w", name, ns, err)
+			}
+			return fmt.Errorf("register %s in containerd: %w", name, err)
+		}
+		return nil
+	})
+}
+
+// inNamespaces calls f with ctx naming each containerd namespace of nss in
+// turn (namespaces.WithNamespace, which the registrar reads), or once with
+// ctx as it is and "" when nss is empty.
+func inNamespaces(ctx context.Context, nss []string, f func(context.Context, string) error) error {
+	if len(nss) == 0 {
+		return f(ctx, "")
+	}
+	for _, ns := range nss {
+		if err := f(namespaces.WithNamespace(ctx, ns), ns); err != nil {
+			return err
+		}
 	}
 	return nil
 }

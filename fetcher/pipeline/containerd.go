@@ -39,12 +39,36 @@ import (
 // `ctr run --snapshotter flyio REF` finds the image unpacked, and removing
 // the image lets containerd's garbage collector remove its snapshots.
 type ContainerdRegistrar struct {
-	Address   string // containerd's socket
+	Address string // containerd's socket
+	// Namespace is where images are registered when the context names no
+	// containerd namespace (namespaces.WithNamespace names one: a pull
+	// registers its image in each namespace it was asked for that way).
 	Namespace string
+	// Snapshotter is the name containerd's config gives our proxy plugin
+	// ([proxy_plugins.NAME]); "" means DefaultSnapshotter. Images are
+	// labelled with it, so it must be the name containerd uses.
+	Snapshotter string
 }
 
-// Register implements Registrar. A containerd socket that does not exist
-// is not an error (no containerd on this host): it is logged and skipped.
+// namespace is the containerd namespace of a call: the context's, or
+// c.Namespace.
+func (c *ContainerdRegistrar) namespace(ctx context.Context) string {
+	if ns, ok := namespaces.Namespace(ctx); ok && ns != "" {
+		return ns
+	}
+	return c.Namespace
+}
+
+func (c *ContainerdRegistrar) snapshotter() string {
+	if c.Snapshotter == "" {
+		return DefaultSnapshotter
+	}
+	return c.Snapshotter
+}
+
+// Register implements Registrar, in the context's containerd namespace (or
+// c.Namespace). A containerd socket that does not exist is not an error
+// (no containerd on this host): it is logged and skipped.
 func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs []string) error {
 	if len(diffIDs) == 0 {
 		return fmt.Errorf("register %s: an image needs at least one layer: %w", ref, errdefs.ErrInvalidArgument)
@@ -58,7 +82,8 @@ func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs 
 		return nil
 	}
 	defer cl.Close()
-	ctx = namespaces.WithNamespace(ctx, c.Namespace)
+	ns := c.namespace(ctx)
+	ctx = namespaces.WithNamespace(ctx, ns)
 	// The lease keeps what is written here from containerd's garbage
 	// collector until the image refers to all of it.
 	ctx, done, err := cl.WithLease(ctx, leases.WithExpiration(time.Hour))
@@ -102,12 +127,13 @@ func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs 
 	chain := identity.ChainIDs(diffs)
 	top := chain[len(chain)-1].String()
 	cs := cl.ContentStore()
-	cfgLabels := map[string]string{gcRefSnapshot: top}
+	gcRef := gcRefSnapshot(c.snapshotter())
+	cfgLabels := map[string]string{gcRef: top}
 	if err := content.WriteBlob(ctx, cs, "flyio-config-"+cfgDesc.Digest.Encoded(), bytes.NewReader(cfgRaw), cfgDesc, content.WithLabels(cfgLabels)); err != nil {
 		return fmt.Errorf("register %s: write config: %w", ref, err)
 	}
 	// WriteBlob keeps the labels of a blob that exists already.
-	if _, err := cs.Update(ctx, content.Info{Digest: cfgDesc.Digest, Labels: cfgLabels}, "labels."+gcRefSnapshot); err != nil {
+	if _, err := cs.Update(ctx, content.Info{Digest: cfgDesc.Digest, Labels: cfgLabels}, "labels."+gcRef); err != nil {
 		return fmt.Errorf("register %s: label config: %w", ref, err)
 	}
 	gcLabels := map[string]string{"containerd.io/gc.ref.content.config": cfgDesc.Digest.String()}
@@ -124,15 +150,16 @@ func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs 
 			return fmt.Errorf("register %s: update image: %w", ref, err)
 		}
 	}
-	if err := adopt(ctx, cl.SnapshotService(SnapshotterName), chain); err != nil {
+	if err := adopt(ctx, cl.SnapshotService(c.snapshotter()), chain); err != nil {
 		return fmt.Errorf("register %s: %w", ref, err)
 	}
-	log.G(ctx).WithField("ref", ref).WithField("manifest", manDesc.Digest).WithField("top_chain", top).Info("image registered in containerd")
+	log.G(ctx).WithField("ref", ref).WithField("namespace", ns).WithField("snapshotter", c.snapshotter()).WithField("manifest", manDesc.Digest).WithField("top_chain", top).Info("image registered in containerd")
 	return nil
 }
 
-// Registered implements Registrar: ref exists in containerd and
-// containerd knows its top chain in our snapshotter. A containerd socket
+// Registered implements Registrar: ref exists in containerd (in the
+// context's namespace, or c.Namespace) and containerd knows its top chain
+// in our snapshotter. A containerd socket
 // that does not exist counts as registered (nothing to register in).
 func (c *ContainerdRegistrar) Registered(ctx context.Context, ref, topChain string) (bool, error) {
 	cl, err := c.client(ctx, ref)
@@ -143,13 +170,13 @@ func (c *ContainerdRegistrar) Registered(ctx context.Context, ref, topChain stri
 		return true, nil // no containerd: nothing to register in
 	}
 	defer cl.Close()
-	ctx = namespaces.WithNamespace(ctx, c.Namespace)
+	ctx = namespaces.WithNamespace(ctx, c.namespace(ctx))
 	if _, err := cl.ImageService().Get(ctx, ref); errdefs.IsNotFound(err) {
 		return false, nil
 	} else if err != nil {
 		return false, fmt.Errorf("image %s in containerd: %w", ref, err)
 	}
-	if _, err := cl.SnapshotService(SnapshotterName).Stat(ctx, topChain); errdefs.IsNotFound(err) {
+	if _, err := cl.SnapshotService(c.snapshotter()).Stat(ctx, topChain); errdefs.IsNotFound(err) {
 		return false, nil
 	} else if err != nil {
 		return false, fmt.Errorf("chain %s of %s in containerd: %w", topChain, ref, err)
@@ -157,13 +184,14 @@ func (c *ContainerdRegistrar) Registered(ctx context.Context, ref, topChain stri
 	return true, nil
 }
 
-// SnapshotterName is the name containerd knows our proxy plugin by
-// ([proxy_plugins.flyio] in its config).
-const SnapshotterName = "flyio"
+// DefaultSnapshotter is the name containerd knows our proxy plugin by
+// ([proxy_plugins.flyio] in its config) unless the config says otherwise.
+const DefaultSnapshotter = "flyio"
 
 // gcRefSnapshot is containerd's label by which a content blob keeps a
-// snapshot of the flyio snapshotter from the garbage collector.
-const gcRefSnapshot = "containerd.io/gc.ref.snapshot." + SnapshotterName
+// snapshot of the snapshotter containerd calls name from the garbage
+// collector.
+func gcRefSnapshot(name string) string { return "containerd.io/gc.ref.snapshot." + name }
 
 // adopt makes containerd's metadata store record each committed chain
 // snapshot (see the comment at the top of this file). A Prepare that

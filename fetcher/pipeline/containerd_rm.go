@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -35,39 +36,77 @@ func (c *ContainerdRegistrar) client(ctx context.Context, ref string) (*containe
 	return cl, nil
 }
 
-// Unregister removes image ref from containerd and waits for containerd's
-// garbage collection to drop what only it referred to, so that containerd
-// never lists a name whose snapshots are gone. An image containerd does not
-// have, or no containerd, is not an error.
+// Unregister removes image ref from containerd, in every namespace where
+// it is an image we registered (a pull may have registered it in several),
+// and waits for containerd's garbage collection to drop what only it
+// referred to, so that containerd never lists a name whose snapshots are
+// gone. An image containerd does not have, or no containerd, is not an
+// error.
 func (c *ContainerdRegistrar) Unregister(ctx context.Context, ref string) error {
 	cl, err := c.client(ctx, ref)
 	if err != nil || cl == nil {
 		return err
 	}
 	defer cl.Close()
-	ctx = namespaces.WithNamespace(ctx, c.Namespace)
-	if err := cl.ImageService().Delete(ctx, ref, images.SynchronousDelete()); err != nil && !errdefs.IsNotFound(err) {
-		return fmt.Errorf("remove image %s from containerd: %w", ref, err)
-	}
-	return nil
+	return c.eachOurs(ctx, cl, ref, func(ctx context.Context, ns string, _ images.Image) error {
+		if err := cl.ImageService().Delete(ctx, ref, images.SynchronousDelete()); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("remove image %s from containerd namespace %s: %w", ref, ns, err)
+		}
+		return nil
+	})
 }
 
 // Pinned reports whether containerd's image ref carries LabelPinned =
-// "pinned". An image containerd does not have, or no containerd, is not
-// pinned.
+// "pinned" in any namespace where it is an image we registered. An image
+// containerd does not have, or no containerd, is not pinned.
 func (c *ContainerdRegistrar) Pinned(ctx context.Context, ref string) (bool, error) {
 	cl, err := c.client(ctx, ref)
 	if err != nil || cl == nil {
 		return false, err
 	}
 	defer cl.Close()
-	ctx = namespaces.WithNamespace(ctx, c.Namespace)
-	img, err := cl.ImageService().Get(ctx, ref)
-	if errdefs.IsNotFound(err) {
-		return false, nil
-	}
+	pinned := false
+	err = c.eachOurs(ctx, cl, ref, func(_ context.Context, _ string, img images.Image) error {
+		pinned = pinned || img.Labels[LabelPinned] == "pinned"
+		return nil
+	})
+	return pinned, err
+}
+
+// eachOurs calls f, in each containerd namespace (c.Namespace first), for
+// the image named ref there that we registered (labelled LabelSource).
+func (c *ContainerdRegistrar) eachOurs(ctx context.Context, cl *containerd.Client, ref string, f func(context.Context, string, images.Image) error) error {
+	nss, err := cl.NamespaceService().List(namespaces.WithNamespace(ctx, c.Namespace))
 	if err != nil {
-		return false, fmt.Errorf("image %s in containerd: %w", ref, err)
+		return fmt.Errorf("image %s: list containerd namespaces: %w", ref, err)
 	}
-	return img.Labels[LabelPinned] == "pinned", nil
+	if !slices.Contains(nss, c.Namespace) {
+		nss = append(nss, c.Namespace)
+	}
+	slices.SortStableFunc(nss, func(a, b string) int {
+		switch {
+		case a == c.Namespace:
+			return -1
+		case b == c.Namespace:
+			return 1
+		}
+		return 0
+	})
+	for _, ns := range nss {
+		nctx := namespaces.WithNamespace(ctx, ns)
+		img, err := cl.ImageService().Get(nctx, ref)
+		if errdefs.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("image %s in containerd namespace %s: %w", ref, ns, err)
+		}
+		if _, ours := img.Labels[LabelSource]; !ours {
+			continue
+		}
+		if err := f(nctx, ns, img); err != nil {
+			return err
+		}
+	}
+	return nil
 }

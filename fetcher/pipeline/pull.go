@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/containerd/containerd/v2/pkg/identifiers"
 	"github.com/containerd/log"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
@@ -32,6 +33,25 @@ type PullRequest struct {
 	// Cached answers from the records alone, without asking S3 what the
 	// image is now; it fails when the image is not pulled and in place.
 	Cached bool `json:"cached,omitempty"`
+	// Namespaces are the containerd namespaces to register the image in
+	// (each a containerd namespace name, e.g. "k8s.io" for the CRI); none
+	// means the registrar's own ([containerd] namespace).
+	Namespaces []string `json:"namespaces,omitempty"`
+}
+
+// checkNamespaces refuses a namespace containerd would refuse, naming it,
+// and drops repeats.
+func checkNamespaces(nss []string) ([]string, error) {
+	var out []string
+	for _, ns := range nss {
+		if err := identifiers.Validate(ns); err != nil {
+			return nil, fmt.Errorf("pull: containerd namespace %q: must be letters, digits and ._- separators, at most 76 characters: %w", ns, err)
+		}
+		if !slices.Contains(out, ns) {
+			out = append(out, ns)
+		}
+	}
+	return out, nil
 }
 
 // PullResult describes a pulled, unpacked and activated image.
@@ -89,6 +109,11 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 	if p.opts.Snapshots == nil {
 		return nil, errors.New("pull: the pipelines have no snapshotter")
 	}
+	nss, err := checkNamespaces(req.Namespaces)
+	if err != nil {
+		return nil, err
+	}
+	req.Namespaces = nss
 	source, imageID := imageSource(req.Bucket, req.Key)
 	ref := req.Ref
 	if ref == "" {
@@ -100,7 +125,7 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 	lg := log.G(ctx).WithField("source", source).WithField("ref", ref)
 	defer p.beginPull(imageID)()
 	if req.Cached {
-		res, why := p.repull(ctx, source, imageID, ref, nil)
+		res, why := p.repull(ctx, source, imageID, ref, req.Namespaces, nil)
 		if res == nil {
 			return nil, fmt.Errorf("pull %s --cached: %s: %w", source, why, metadata.ErrNotFound)
 		}
@@ -114,7 +139,7 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 		return nil, err
 	}
 	if !req.Refresh {
-		if res, _ := p.repull(ctx, source, imageID, ref, layers); res != nil {
+		if res, _ := p.repull(ctx, source, imageID, ref, req.Namespaces, layers); res != nil {
 			lg.WithField("snapshot", res.Snapshot.SnapshotName).Info("already pulled, unchanged in S3")
 			p.used(ctx, imageID, false)
 			return res, nil
@@ -211,7 +236,7 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 	}
 	top := layers[len(layers)-1].ChainID
 	res.Layers, res.TopChainID = layers, top
-	acRun, err := p.startActivate(ctx, imageID, &ActivateRequest{ImageID: imageID, Source: source, Ref: ref, Layers: layers},
+	acRun, err := p.startActivate(ctx, imageID, &ActivateRequest{ImageID: imageID, Source: source, Ref: ref, Layers: layers, Namespaces: req.Namespaces},
 		fsm.WithRunAfter(upRuns[len(upRuns)-1]), fsm.WithParent(parent))
 	if err != nil {
 		return nil, fmt.Errorf("pull %s: start activate: %w", source, err)
@@ -231,11 +256,12 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 		return nil, fmt.Errorf("pull %s: %w", source, err)
 	}
 	res.Snapshot = *ac
-	// A concurrent pull of the same image under another name shares the
-	// activation run, which registered that name: register this one too,
-	// with the layers this pull made (registering is idempotent).
-	if ac.Ref != ref {
-		if err := p.registerName(ctx, ref, layers); err != nil {
+	// A concurrent pull of the same image under another name or in other
+	// namespaces shares the activation run, which registered that name
+	// there: register this one too, with the layers this pull made
+	// (registering is idempotent).
+	if ac.Ref != ref || !slices.Equal(ac.Namespaces, req.Namespaces) {
+		if err := p.registerName(ctx, ref, req.Namespaces, layers); err != nil {
 			return nil, fmt.Errorf("pull %s: %w", source, err)
 		}
 	}

@@ -14,36 +14,49 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
 // fakeRegistrar is a fake of the containerd side of Registrar: it records
-// the names registered and can forget one (`ctr image rm`).
+// the names registered and can forget one (`ctr image rm`). A name
+// registered in a namespace the context names is keyed "NS|ref"; in the
+// registrar's own namespace, "ref".
 type fakeRegistrar struct {
 	mu        sync.Mutex
 	names     map[string][]string // ref → diff IDs
 	registers map[string]int      // ref → Register calls
 }
 
+func fakeKey(ctx context.Context, ref string) string {
+	if ns, ok := namespaces.Namespace(ctx); ok {
+		return ns + "|" + ref
+	}
+	return ref
+}
+
 func newFakeRegistrar() *fakeRegistrar {
 	return &fakeRegistrar{names: map[string][]string{}, registers: map[string]int{}}
 }
 
-func (r *fakeRegistrar) Register(_ context.Context, ref string, diffIDs []string) error {
+func (r *fakeRegistrar) Register(ctx context.Context, ref string, diffIDs []string) error {
 	if len(diffIDs) == 0 {
 		return errors.New("register " + ref + ": no layers")
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	ref = fakeKey(ctx, ref)
 	r.names[ref] = slices.Clone(diffIDs)
 	r.registers[ref]++
 	return nil
 }
 
-func (r *fakeRegistrar) Registered(_ context.Context, ref, topChain string) (bool, error) {
+func (r *fakeRegistrar) Registered(ctx context.Context, ref, topChain string) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	ref = fakeKey(ctx, ref)
 	diffs, ok := r.names[ref]
 	if !ok {
 		return false, nil
@@ -651,5 +664,43 @@ func TestPullTopLayoutCheckedForEveryImage(t *testing.T) {
 	e.mustPull("p/", "whole")
 	if res, err := e.pull("p/1.tar", "lower-alone"); err == nil {
 		t.Errorf("a layer without var/ pulled as an image of its own was accepted (chain %s, already unpacked as a lower layer)", res.TopChainID)
+	}
+}
+
+// TestPullNamespaces: a pull registers its name in each namespace it is
+// asked for (the registrar's own when none), a re-pull in a new namespace
+// registers it there without running anything, and a namespace containerd
+// would refuse is refused before anything starts, naming it.
+func TestPullNamespaces(t *testing.T) {
+	reg := newFakeRegistrar()
+	e := newPullEnv(t, reg)
+	e.srv.Put(t, "ns/1.tar", layerTar(t, "ns", 1000))
+	res, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "ns/", Namespaces: []string{"k8s.io", "team-a", "k8s.io"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := res.Ref
+	for _, k := range []string{"k8s.io|" + ref, "team-a|" + ref} {
+		if reg.registeredTop(k) != res.TopChainID || reg.calls(k) != 1 {
+			t.Errorf("%s: registered with top %q (%d calls), want %s once", k, reg.registeredTop(k), reg.calls(k), res.TopChainID)
+		}
+	}
+	if reg.calls(ref) != 0 {
+		t.Errorf("registered in the registrar's own namespace too (%d calls), though the pull named others", reg.calls(ref))
+	}
+	runs := e.runCount()
+	again, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "ns/", Namespaces: []string{"k8s.io", "default"}})
+	if err != nil || again.TopChainID != res.TopChainID {
+		t.Fatalf("re-pull in a new namespace: %+v, %v", again, err)
+	}
+	if reg.registeredTop("default|"+ref) != res.TopChainID || reg.calls("k8s.io|"+ref) != 1 || e.runCount() != runs {
+		t.Errorf("re-pull: default has %q, k8s.io registered %d times, %d runs then %d; want default registered, k8s.io left alone, no run",
+			reg.registeredTop("default|"+ref), reg.calls("k8s.io|"+ref), runs, e.runCount())
+	}
+	if _, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "ns/", Namespaces: []string{"bad/ns"}}); err == nil || !strings.Contains(err.Error(), `namespace "bad/ns"`) {
+		t.Errorf("pull into namespace bad/ns: %v; want an error naming it", err)
+	}
+	if e.runCount() != runs {
+		t.Errorf("a refused namespace started runs")
 	}
 }

@@ -23,7 +23,9 @@ import (
 // now: the records answer only if they were pulled from the same objects
 // (keys, ETags and sizes, in order). It starts no run and makes no
 // device-mapper call; it writes only when ref is a new name of the image or
-// a failure recorded by an earlier pull is over.
+// a failure recorded by an earlier pull is over. ref is checked, and
+// registered when missing, in each containerd namespace of nss (none: the
+// registrar's own).
 // It returns nil and why when anything is missing or differs: the caller
 // then runs the pipelines, which heal it.
 //
@@ -33,7 +35,7 @@ import (
 // /sys/block, and only a device-mapper call could tell. That probe stays on
 // the slow path: `pull --refresh` runs the pipelines, whose check-unpacked
 // asks the pool for each chain's device and rebuilds a missing one.
-func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string, listed []Layer) (*PullResult, string) {
+func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string, nss []string, listed []Layer) (*PullResult, string) {
 	st, err := p.db.PulledImageState(ctx, imageID)
 	switch {
 	case err != nil:
@@ -65,16 +67,17 @@ func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string, lis
 	top := layers[len(layers)-1].ChainID
 	registered := false
 	if p.opts.Registrar != nil {
-		ok, err := p.opts.Registrar.Registered(ctx, ref, top)
+		// A new name or namespace, or a name removed from containerd (`ctr
+		// image rm`) while its layers stayed: register it again there.
+		err := inNamespaces(ctx, nss, func(ctx context.Context, _ string) error {
+			ok, err := p.opts.Registrar.Registered(ctx, ref, top)
+			if err != nil || ok {
+				return err
+			}
+			return p.registerName(ctx, ref, nil, layers)
+		})
 		if err != nil {
 			return nil, err.Error()
-		}
-		if !ok {
-			// A new name, or one removed from containerd (`ctr image rm`)
-			// while its layers stayed: register it again.
-			if err := p.registerName(ctx, ref, layers); err != nil {
-				return nil, err.Error()
-			}
 		}
 		registered = true
 	}
