@@ -4,7 +4,7 @@
 // Requests and answers are JSON; a pull streams JSON lines, one progress
 // event per line, then one line with the result or the error.
 //
-//	POST /v1/pull      {"bucket","key","ref","refresh","cached"} → {"event":{...}}... then {"result":{...}} | {"error":"..."}
+//	POST /v1/pull      {"bucket","key","ref","refresh","cached","namespaces"} → {"event":{...}}... then {"result":{...}} | {"error":"..."}
 //	POST /v1/activate  {"ref"}                          → {"result":{...}} | {"error":"..."}
 //	POST /v1/rm        {"refs":[...]}                   → {"removed":[...],"error":"..."} (served when the Puller is a Remover)
 //

@@ -50,6 +50,9 @@ type env struct {
 	image         ociimage.Image
 	imageRef      string // the busybox image in the registry
 	pauseRef      string // the sandbox image in the registry
+	s3            *stack.S3
+	s3DiffIDs     []string // the S3 images' layers, uncompressed
+	s3Ref         string   // the S3 image registered in the CRI namespace
 	timings       []timing
 }
 
@@ -104,12 +107,14 @@ func setup(t *testing.T, ctx context.Context) *env {
 	})
 	e.imageRef = e.reg.host + "/" + imageRepo + ":v1"
 	e.pauseRef = e.reg.host + "/" + pauseRepo + ":1"
+	var archive []byte
 	e.timed(t, "build and push the busybox and pause images", func() error {
 		var buf bytes.Buffer
 		host := platforms.DefaultSpec()
 		if e.image, err = ociimage.Write(&buf, ociimage.Options{Name: e.imageRef, PayloadBytes: 1 << 20, Platform: host}); err != nil {
 			return err
 		}
+		archive = bytes.Clone(buf.Bytes())
 		if _, err := e.reg.push(ctx, buf.Bytes(), imageRepo, "v1"); err != nil {
 			return err
 		}
@@ -127,7 +132,19 @@ func setup(t *testing.T, ctx context.Context) *env {
 	if err := copyFile(filepath.Join(repo, "bin/containerd-flyio-snapshotter"), bin); err != nil {
 		t.Fatalf("our binary (make build): %v", err)
 	}
-	if e.daemon, err = stack.WriteDaemonConfig(bin, stack.DaemonOptions{Dir: filepath.Join(e.scratch, "flyio"), PoolName: pool, DataSize: "2GiB"}); err != nil {
+	e.timed(t, "start versitygw with the S3 images", func() error { return e.startS3(ctx, archive) })
+	t.Cleanup(func() {
+		if err := e.s3.Stop(); err != nil {
+			t.Errorf("versitygw: %v", err)
+		}
+	})
+	if e.daemon, err = stack.WriteDaemonConfig(bin, stack.DaemonOptions{Dir: filepath.Join(e.scratch, "flyio"), PoolName: pool, DataSize: "2GiB",
+		S3: e.s3, Containerd: filepath.Join(e.scratch, "containerd", "containerd.sock")}); err != nil {
+		t.Fatal(err)
+	}
+	// The S3 images carry a file capability, which the daemon applies only
+	// when told to trust them.
+	if err := appendFile(e.daemon.Config, "\n[pipeline]\nallow_setid = true\n"); err != nil {
 		t.Fatal(err)
 	}
 	e.timed(t, "start our daemon (new pool)", func() error { return e.daemon.Start(ctx) })
@@ -148,6 +165,18 @@ func setup(t *testing.T, ctx context.Context) *env {
 		}
 	})
 	return e
+}
+
+func appendFile(path, text string) error {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(text); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 func copyFile(from, to string) error {
@@ -287,10 +316,10 @@ func (e *env) collectGarbage(ctx context.Context) error {
 }
 
 // TestClients pulls the registry's image with ctr, nerdctl and the CRI
-// plugin, runs a container from it with each, all on flyio, checks what the
-// containers print, removes everything through each client and checks that
-// containerd's garbage collection leaves no snapshot and no thin device of
-// ours.
+// plugin, and S3 images with our pull, runs containers from them with each
+// client, all on flyio, checks what the containers print, removes
+// everything through each client and checks that containerd's garbage
+// collection leaves no snapshot and no thin device of ours.
 func TestClients(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 35*time.Minute)
 	defer cancel()
@@ -299,6 +328,7 @@ func TestClients(t *testing.T) {
 
 	t.Run("ctr", func(t *testing.T) { e.testCtr(t, ctx) })
 	t.Run("nerdctl", func(t *testing.T) { e.testNerdctl(t, ctx) })
+	t.Run("s3", func(t *testing.T) { e.testS3(t, ctx) })
 	t.Run("cri", func(t *testing.T) { e.testCRI(t, ctx) })
 
 	e.timed(t, "containerd garbage collection", func() error { return e.collectGarbage(ctx) })

@@ -23,8 +23,9 @@ import (
 // kubelet (and crictl) make: pull the registry's image, run a pod sandbox
 // on the host network (its pause image pulled from the registry by the
 // plugin itself), create and start a container in it that prints the
-// image's marker file, read its CRI log, then remove container, sandbox and
-// both images.
+// image's marker file, and one on the S3 image our pull registered in
+// k8s.io, read their CRI logs, then remove containers, sandbox and every
+// image.
 func (e *env) testCRI(t *testing.T, ctx context.Context) {
 	conn, err := grpc.NewClient("unix://"+e.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -77,15 +78,81 @@ func (e *env) testCRI(t *testing.T, ctx context.Context) {
 		t.Error(err)
 	}
 
+	cctx := namespaces.WithNamespace(ctx, criNamespace)
+	// The sandbox's root filesystem is a snapshot of ours.
+	e.checkFlyioContainer(t, cctx, podID)
+	ctrIDs := []string{e.criContainer(t, ctx, rt, podID, sandboxConfig, "hello", e.imageRef, ociimage.MarkerPath, ociimage.MarkerContent)}
+	if e.s3Ref != "" {
+		// An image pulled from S3 by our pull, registered in k8s.io, runs
+		// by its name like one the CRI plugin pulled.
+		ctrIDs = append(ctrIDs, e.criContainer(t, ctx, rt, podID, sandboxConfig, "from-s3", e.s3Ref, s3LayerPath, s3LayerContent))
+	}
+
+	e.timed(t, "CRI RemoveContainer, StopPodSandbox, RemovePodSandbox", func() error {
+		for _, id := range ctrIDs {
+			if _, err := rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: id}); err != nil {
+				return err
+			}
+		}
+		if _, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: podID}); err != nil {
+			return err
+		}
+		_, err := rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: podID})
+		return err
+	})
+	e.timed(t, "CRI RemoveImage (images and pause)", func() error {
+		refs := []string{e.imageRef, e.pauseRef}
+		if e.s3Ref != "" {
+			refs = append(refs, e.s3Ref)
+		}
+		for _, ref := range refs {
+			if _, err := images.RemoveImage(ctx, &runtimeapi.RemoveImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
+				return fmt.Errorf("remove %s: %w", ref, err)
+			}
+		}
+		return nil
+	})
+	list, err := images.ListImages(ctx, &runtimeapi.ListImagesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, img := range list.Images {
+		t.Errorf("CRI still lists image %s %v after RemoveImage", img.Id, img.RepoTags)
+	}
+}
+
+// checkFlyioContainer checks that containerd's container id (in the CRI
+// namespace of ctx) has its root filesystem on flyio.
+func (e *env) checkFlyioContainer(t *testing.T, ctx context.Context, id string) {
+	t.Helper()
+	c, err := e.client.LoadContainer(ctx, id)
+	if err != nil {
+		t.Errorf("containerd container %s: %v", id, err)
+		return
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		t.Errorf("containerd container %s: %v", id, err)
+	} else if info.Snapshotter != "flyio" {
+		t.Errorf("containerd container %s (image %s) uses snapshotter %q, want flyio", id, info.Image, info.Snapshotter)
+	}
+}
+
+// criContainer creates and starts container name of image in the pod,
+// running `cat file`, waits for its exit and checks that its CRI log holds
+// want and that it ran on flyio; it returns the container's id.
+func (e *env) criContainer(t *testing.T, ctx context.Context, rt runtimeapi.RuntimeServiceClient, podID string, sandboxConfig *runtimeapi.PodSandboxConfig,
+	name, image, file, want string) string {
+	t.Helper()
 	var ctrID string
-	e.timed(t, "CRI CreateContainer + StartContainer", func() error {
+	e.timed(t, "CRI CreateContainer + StartContainer ("+name+")", func() error {
 		r, err := rt.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{
 			PodSandboxId: podID,
 			Config: &runtimeapi.ContainerConfig{
-				Metadata: &runtimeapi.ContainerMetadata{Name: "hello"},
-				Image:    &runtimeapi.ImageSpec{Image: e.imageRef},
-				Command:  []string{"/bin/cat", ociimage.MarkerPath},
-				LogPath:  "hello.log",
+				Metadata: &runtimeapi.ContainerMetadata{Name: name},
+				Image:    &runtimeapi.ImageSpec{Image: image},
+				Command:  []string{"/bin/cat", file},
+				LogPath:  name + ".log",
 				Linux:    &runtimeapi.LinuxContainerConfig{},
 			},
 			SandboxConfig: sandboxConfig,
@@ -99,25 +166,10 @@ func (e *env) testCRI(t *testing.T, ctx context.Context) {
 		}
 		return nil
 	})
-	// The sandbox's and the container's root filesystems are snapshots of
-	// ours.
-	cctx := namespaces.WithNamespace(ctx, criNamespace)
-	for _, id := range []string{podID, ctrID} {
-		c, err := e.client.LoadContainer(cctx, id)
-		if err != nil {
-			t.Errorf("containerd container %s: %v", id, err)
-			continue
-		}
-		info, err := c.Info(cctx)
-		if err != nil {
-			t.Errorf("containerd container %s: %v", id, err)
-		} else if info.Snapshotter != "flyio" {
-			t.Errorf("containerd container %s (image %s) uses snapshotter %q, want flyio", id, info.Image, info.Snapshotter)
-		}
-	}
+	e.checkFlyioContainer(t, namespaces.WithNamespace(ctx, criNamespace), ctrID)
 
 	var status *runtimeapi.ContainerStatus
-	e.timed(t, "CRI container runs to its exit", func() error {
+	e.timed(t, "CRI container runs to its exit ("+name+")", func() error {
 		for {
 			r, err := rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: ctrID})
 			if err != nil {
@@ -134,42 +186,17 @@ func (e *env) testCRI(t *testing.T, ctx context.Context) {
 		}
 	})
 	if status.ExitCode != 0 {
-		t.Errorf("container exited with %d (%s: %s)", status.ExitCode, status.Reason, status.Message)
+		t.Errorf("container %s exited with %d (%s: %s)", name, status.ExitCode, status.Reason, status.Message)
 	}
 	logText, err := readAll(status.LogPath)
 	if err != nil {
 		t.Fatalf("container log: %v", err)
 	}
-	if got := criLogStdout(logText); got != ociimage.MarkerContent {
-		t.Errorf("CRI container printed %q (log %s:\n%s), want %q", got, status.LogPath, logText, ociimage.MarkerContent)
+	if got := criLogStdout(logText); got != want {
+		t.Errorf("CRI container %s (image %s) printed %q (log %s:\n%s), want %q", name, image, got, status.LogPath, logText, want)
 	}
-	t.Logf("CRI container log %s:\n%s", status.LogPath, strings.TrimSpace(logText))
-
-	e.timed(t, "CRI RemoveContainer, StopPodSandbox, RemovePodSandbox", func() error {
-		if _, err := rt.RemoveContainer(ctx, &runtimeapi.RemoveContainerRequest{ContainerId: ctrID}); err != nil {
-			return err
-		}
-		if _, err := rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: podID}); err != nil {
-			return err
-		}
-		_, err := rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: podID})
-		return err
-	})
-	e.timed(t, "CRI RemoveImage (image and pause)", func() error {
-		for _, ref := range []string{e.imageRef, e.pauseRef} {
-			if _, err := images.RemoveImage(ctx, &runtimeapi.RemoveImageRequest{Image: &runtimeapi.ImageSpec{Image: ref}}); err != nil {
-				return fmt.Errorf("remove %s: %w", ref, err)
-			}
-		}
-		return nil
-	})
-	list, err := images.ListImages(ctx, &runtimeapi.ListImagesRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, img := range list.Images {
-		t.Errorf("CRI still lists image %s %v after RemoveImage", img.Id, img.RepoTags)
-	}
+	t.Logf("CRI container %s (image %s) log %s:\n%s", name, image, status.LogPath, strings.TrimSpace(logText))
+	return ctrID
 }
 
 // criLogStdout returns what a CRI log file holds from stdout: each line is

@@ -111,12 +111,11 @@ func (r *registry) do(ctx context.Context, method, path, contentType string, bod
 	return resp, nil
 }
 
-// push uploads the image in an OCI archive (as ociimage.Write makes it:
-// one manifest in index.json) to repo:tag with the distribution API's
-// monolithic blob upload (POST, then PUT ?digest=) and a manifest PUT, and
-// returns the manifest's digest.
-func (r *registry) push(ctx context.Context, archive []byte, repo, tag string) (digest.Digest, error) {
+// readOCIArchive returns the files of an OCI archive by path and its index,
+// which must name one manifest (as ociimage.Write makes it).
+func readOCIArchive(archive []byte) (map[string][]byte, ocispec.Index, error) {
 	files := map[string][]byte{}
+	var index ocispec.Index
 	tr := tar.NewReader(bytes.NewReader(archive))
 	for {
 		h, err := tr.Next()
@@ -124,19 +123,30 @@ func (r *registry) push(ctx context.Context, archive []byte, repo, tag string) (
 			break
 		}
 		if err != nil {
-			return "", fmt.Errorf("read OCI archive: %w", err)
+			return nil, index, fmt.Errorf("read OCI archive: %w", err)
 		}
 		if h.Typeflag == tar.TypeReg {
 			b, err := io.ReadAll(tr)
 			if err != nil {
-				return "", fmt.Errorf("read OCI archive entry %s: %w", h.Name, err)
+				return nil, index, fmt.Errorf("read OCI archive entry %s: %w", h.Name, err)
 			}
 			files[h.Name] = b
 		}
 	}
-	var index ocispec.Index
 	if err := json.Unmarshal(files[ocispec.ImageIndexFile], &index); err != nil || len(index.Manifests) != 1 {
-		return "", fmt.Errorf("OCI archive: index.json with one manifest wanted (%d, %v)", len(index.Manifests), err)
+		return nil, index, fmt.Errorf("OCI archive: index.json with one manifest wanted (%d, %v)", len(index.Manifests), err)
+	}
+	return files, index, nil
+}
+
+// push uploads the image in an OCI archive (as ociimage.Write makes it:
+// one manifest in index.json) to repo:tag with the distribution API's
+// monolithic blob upload (POST, then PUT ?digest=) and a manifest PUT, and
+// returns the manifest's digest.
+func (r *registry) push(ctx context.Context, archive []byte, repo, tag string) (digest.Digest, error) {
+	files, index, err := readOCIArchive(archive)
+	if err != nil {
+		return "", err
 	}
 	md := index.Manifests[0]
 	blob := func(d digest.Digest) ([]byte, error) {

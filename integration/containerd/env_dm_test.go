@@ -275,8 +275,10 @@ func (c containerdConfig) toml() string {
 		fmt.Fprintf(&b, "\n[plugins.'io.containerd.snapshotter.v1.devmapper']\npool_name = %q\nroot_path = %q\nbase_image_size = \"%dMB\"\nasync_remove = true\ndiscard_blocks = false\nfs_type = \"ext4\"\n",
 			c.DevmapperPool, c.DevmapperRoot, baseImageSize>>20)
 	}
+	// An OS-only platform, which every containerd 2.x completes with the
+	// host's architecture, as in contrib/containerd/config.toml.snippet.
 	for _, s := range c.Snapshotters {
-		fmt.Fprintf(&b, "\n[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]\nplatform = \"linux/amd64\"\nsnapshotter = %q\n", s)
+		fmt.Fprintf(&b, "\n[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]\nplatform = \"linux\"\nsnapshotter = %q\n", s)
 	}
 	return b.String()
 }

@@ -147,7 +147,9 @@ func StartContainerd(ctx context.Context, tools, dir, proxySocket string) (*Cont
 	fmt.Fprintf(&b, "\n[plugins.'io.containerd.server.v1.grpc']\naddress = %q\n", c.Socket)
 	fmt.Fprintf(&b, "\n[plugins.'io.containerd.server.v1.ttrpc']\naddress = %q\n", c.Socket+".ttrpc")
 	fmt.Fprintf(&b, "\n[proxy_plugins.flyio]\ntype = \"snapshot\"\naddress = %q\n", proxySocket)
-	b.WriteString("\n[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]\nplatform = \"linux/amd64\"\nsnapshotter = \"flyio\"\n")
+	// An OS-only platform, which every containerd 2.x completes with the
+	// host's architecture, as in contrib/containerd/config.toml.snippet.
+	b.WriteString("\n[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]\nplatform = \"linux\"\nsnapshotter = \"flyio\"\n")
 	if err := os.WriteFile(c.Config, []byte(b.String()), 0o644); err != nil {
 		return nil, fmt.Errorf("containerd config: %w", err)
 	}

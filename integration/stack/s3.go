@@ -19,6 +19,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/smithy-go"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 )
 
 // S3Region is the region the local S3 server signs for.
@@ -183,8 +185,8 @@ type Uploaded struct {
 	Size int64
 }
 
-// Seed creates the bucket, puts PublicReadPolicy, uploads every .tar file
-// under root/images with its path relative to root as the key (so
+// Seed creates the bucket, puts PublicReadPolicy, uploads every layer file
+// (.tar, .tar.gz, .tar.zst) under root/images with its path relative to root as the key (so
 // root/images/debian/1.tar becomes images/debian/1.tar), then proves the
 // server enforces what the demo relies on: an anonymous list and GET work
 // (the policy) and an anonymous PUT and a wrongly signed GET are refused
@@ -202,7 +204,7 @@ func (s *S3) Seed(ctx context.Context, root string) ([]Uploaded, error) {
 		if err != nil {
 			return err
 		}
-		if d.Type().IsRegular() && strings.HasSuffix(path, ".tar") {
+		if d.Type().IsRegular() && s3source.IsLayerKey(path) {
 			files = append(files, path)
 		}
 		return nil
@@ -211,7 +213,7 @@ func (s *S3) Seed(ctx context.Context, root string) ([]Uploaded, error) {
 		return nil, fmt.Errorf("list layer tarballs under %s: %w", root, err)
 	}
 	if len(files) == 0 {
-		return nil, fmt.Errorf("no .tar file under %s to upload", root)
+		return nil, fmt.Errorf("no layer file (.tar, .tar.gz, .tar.zst) under %s to upload", root)
 	}
 	sort.Strings(files)
 	var up []Uploaded
