@@ -126,6 +126,9 @@ func runPull(ctx context.Context, args []string) error {
 	if refresh && cached {
 		return usageError(fs, "--refresh and --cached contradict each other: choose one")
 	}
+	if _, err := pipeline.CheckNamespaces(nss); err != nil {
+		return usageError(fs, "--namespace: "+err.Error())
+	}
 	bucket, key, err := parseImageArg(pos[0])
 	if err != nil {
 		return &exitError{code: 2, msg: err.Error()}

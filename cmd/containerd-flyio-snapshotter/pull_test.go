@@ -11,7 +11,7 @@ func TestPullHelp(t *testing.T) {
 	if code != 0 || !strings.HasPrefix(out, "Usage: containerd-flyio-snapshotter pull") {
 		t.Fatalf("pull --help = %d, %q", code, out)
 	}
-	for _, want := range []string{"[--refresh|--cached]", "-cached", "-refresh", "-name", "-socket", "-config", "without asking S3"} {
+	for _, want := range []string{"[--refresh|--cached]", "[--namespace NS]...", "-namespace", "-cached", "-refresh", "-name", "-socket", "-config", "without asking S3"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("pull --help does not mention %q:\n%s", want, out)
 		}
@@ -32,6 +32,8 @@ func TestPullUsageErrors(t *testing.T) {
 		{[]string{}, "pull takes exactly one s3://BUCKET/KEY-or-PREFIX or PATH argument"},
 		{[]string{"s3://bkt/a.tar", "s3://bkt/b.tar"}, "pull takes exactly one s3://BUCKET/KEY-or-PREFIX or PATH argument"},
 		{[]string{"--frobnicate", "s3://bkt/a.tar"}, "unknown flag --frobnicate"},
+		{[]string{"--namespace", "k8s.io", "--namespace", "bad/ns", "s3://bkt/a.tar"}, `--namespace: containerd namespace "bad/ns": must be letters`},
+		{[]string{"--namespace", "", "s3://bkt/a.tar"}, "empty namespace"},
 	}
 	for _, tc := range cases {
 		args := append([]string{"pull", "--socket", socket}, tc.args...)
@@ -40,8 +42,9 @@ func TestPullUsageErrors(t *testing.T) {
 			t.Errorf("%v = %d, %q, %q; want 2 and %q", tc.args, code, out, errOut, tc.inStderr)
 		}
 	}
-	// Either flag alone passes the usage checks and reaches the socket.
-	for _, flag := range []string{"--refresh", "--cached"} {
+	// Either flag alone, and valid namespaces, pass the usage checks and
+	// reach the socket.
+	for _, flag := range []string{"--refresh", "--cached", "--namespace=k8s.io"} {
 		code, _, errOut := runCommand(t, nil, "pull", "--socket", socket, flag, "s3://bkt/images/app.tar")
 		if code != 1 || !strings.Contains(errOut, socket) {
 			t.Errorf("pull %s with no daemon = %d, %q; want 1 naming the socket", flag, code, errOut)

@@ -39,13 +39,13 @@ type PullRequest struct {
 	Namespaces []string `json:"namespaces,omitempty"`
 }
 
-// checkNamespaces refuses a namespace containerd would refuse, naming it,
-// and drops repeats.
-func checkNamespaces(nss []string) ([]string, error) {
+// CheckNamespaces refuses a containerd namespace containerd would refuse,
+// naming it and the rule, and returns nss without repeats.
+func CheckNamespaces(nss []string) ([]string, error) {
 	var out []string
 	for _, ns := range nss {
 		if err := identifiers.Validate(ns); err != nil {
-			return nil, fmt.Errorf("pull: containerd namespace %q: must be letters, digits and ._- separators, at most 76 characters: %w", ns, err)
+			return nil, fmt.Errorf("containerd namespace %q: must be letters, digits and ._- separators, at most 76 characters: %w", ns, err)
 		}
 		if !slices.Contains(out, ns) {
 			out = append(out, ns)
@@ -109,9 +109,9 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 	if p.opts.Snapshots == nil {
 		return nil, errors.New("pull: the pipelines have no snapshotter")
 	}
-	nss, err := checkNamespaces(req.Namespaces)
+	nss, err := CheckNamespaces(req.Namespaces)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("pull: %w", err)
 	}
 	req.Namespaces = nss
 	source, imageID := imageSource(req.Bucket, req.Key)
