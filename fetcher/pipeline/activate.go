@@ -58,7 +58,9 @@ type ActivateResponse struct {
 	Namespaces []string `json:"namespaces,omitempty"`
 }
 
-// Registrar registers an activated image somewhere else (containerd).
+// Registrar registers an activated image somewhere else (containerd). A
+// containerd registrar works in the namespace ctx names
+// (namespaces.WithNamespace), or in its own when ctx names none.
 type Registrar interface {
 	// Register makes ref an image whose rootfs is the layers' diff IDs.
 	Register(ctx context.Context, ref string, diffIDs []string) error
