@@ -118,3 +118,26 @@ func TestPullCorruptCompressedLayer(t *testing.T) {
 		t.Errorf("chains left: %v", chains)
 	}
 }
+
+// TestCompressedLayerValidatedAgain: when the validate step cannot trust
+// the in-stream check (the file was written by another process, as after a
+// crash), it reads the compressed file again and finds the same diff ID.
+func TestCompressedLayerValidatedAgain(t *testing.T) {
+	e := newPullEnv(t, nil)
+	base := layerTar(t, "again", 30000)
+	e.srv.Put(t, "again/1.tar.zst", zstdLayer(t, base))
+	reads := 0
+	e.p.hooks = map[string]func(){
+		"validate:started": func() {
+			e.p.validated.Range(func(k, _ any) bool { e.p.validated.Delete(k); return true })
+		},
+		"validate:reading": func() { reads++ },
+	}
+	r := e.mustPull("again/", "")
+	if reads != 1 || r.TopChainID != sha(base) || r.Layers[0].DiffID != sha(base) {
+		t.Errorf("re-read %d times, top chain %s, diff ID %s; want one re-read and %s", reads, r.TopChainID, r.Layers[0].DiffID, sha(base))
+	}
+	if got := e.sn.readFile(t, r.Snapshot.SnapshotName, "etc/marker"); got != "again" {
+		t.Errorf("etc/marker %q", got)
+	}
+}
