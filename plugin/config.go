@@ -44,6 +44,7 @@ const (
 	DefaultDataSize         = Size(thinpool.DefaultDataSize)
 	DefaultMetadataSize     = Size(thinpool.DefaultMetadataSize)
 	DefaultBlockSize        = Size(thinpool.DefaultBlockSizeSectors * 512)
+	DefaultGrowthReserve    = Size(thinpool.DefaultGrowthReserve)
 	DefaultBaseImageSize    = Size(snapshotter.DefaultBaseImageSize)
 	DefaultFSType           = string(thinpool.FSExt4)
 	DefaultMaxImageSize     = Size(pipeline.DefaultMaxLayerSize)
@@ -118,8 +119,18 @@ type PoolConfig struct {
 	// BlockSize is the pool's data block size.
 	BlockSize Size `toml:"block_size"`
 	// LowWaterMark is the free data block count under which the kernel
-	// raises a dm event; 0 disables it.
+	// raises a dm event, which starts garbage collection and growth; 0
+	// means thinpool.DefaultLowWaterPercent of the data blocks.
 	LowWaterMark uint64 `toml:"low_water_mark"`
+	// MaxDataSize, when set, lets a loop-file pool's data grow up to this
+	// size at low-water events; 0 keeps data_size.
+	MaxDataSize Size `toml:"max_data_size"`
+	// GrowthReserve is the free space growth leaves on the filesystem
+	// holding the loop files.
+	GrowthReserve Size `toml:"growth_reserve"`
+	// MetadataThreshold is the metadata usage, in percent, from which new
+	// devices are refused, keeping the rest for deletes.
+	MetadataThreshold float64 `toml:"metadata_threshold"`
 	// BaseImageSize is the virtual size of every snapshot device.
 	BaseImageSize Size `toml:"base_image_size"`
 	// FSType is the filesystem of the base device: ext4 or xfs.
@@ -241,13 +252,15 @@ func defaults() *Config {
 			SocketGroup:   DefaultSocketGroup,
 		},
 		Pool: PoolConfig{
-			Name:          DefaultPoolName,
-			DataSize:      DefaultDataSize,
-			MetadataSize:  DefaultMetadataSize,
-			BlockSize:     DefaultBlockSize,
-			BaseImageSize: DefaultBaseImageSize,
-			FSType:        DefaultFSType,
-			AsyncRemove:   true,
+			Name:              DefaultPoolName,
+			DataSize:          DefaultDataSize,
+			MetadataSize:      DefaultMetadataSize,
+			BlockSize:         DefaultBlockSize,
+			GrowthReserve:     DefaultGrowthReserve,
+			MetadataThreshold: thinpool.DefaultMetadataThreshold,
+			BaseImageSize:     DefaultBaseImageSize,
+			FSType:            DefaultFSType,
+			AsyncRemove:       true,
 		},
 		S3: S3Config{
 			ConnectTimeout:        D(s3source.DefaultConnectTimeout),
@@ -577,6 +590,17 @@ func (c *Config) Validate() error {
 				bad("pool.low_water_mark", "must be fewer than the pool's %d data blocks (pool.data_size / pool.block_size), got %d", blocks, p.LowWaterMark)
 			}
 		}
+		if p.MaxDataSize != 0 && (p.MaxDataSize < p.DataSize || p.MaxDataSize%512 != 0) {
+			bad("pool.max_data_size", "must be 0 (no growth) or a multiple of 512 bytes at least pool.data_size %s, got %s", p.DataSize, p.MaxDataSize)
+		}
+		if p.GrowthReserve < 0 {
+			bad("pool.growth_reserve", "must not be negative, got %s", p.GrowthReserve)
+		}
+	} else if p.MaxDataSize != 0 {
+		bad("pool.max_data_size", "must be 0 when pool.data_device is set (only a loop-file pool grows), got %s", p.MaxDataSize)
+	}
+	if !(p.MetadataThreshold > 0 && p.MetadataThreshold <= 100) {
+		bad("pool.metadata_threshold", "must be a percent above 0 and at most 100, got %v", p.MetadataThreshold)
 	}
 	if p.BaseImageSize < minBaseImageSize || p.BaseImageSize%512 != 0 {
 		bad("pool.base_image_size", "must be a multiple of 512 bytes and at least 16MiB, got %s", p.BaseImageSize)

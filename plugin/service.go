@@ -27,6 +27,9 @@ func (c *Config) ThinpoolConfig() thinpool.Config {
 		MetadataSize:       c.Pool.MetadataSize.Bytes(),
 		BlockSizeSectors:   uint32(c.Pool.BlockSize / 512),
 		LowWaterMarkBlocks: c.Pool.LowWaterMark,
+		MaxDataSize:        c.Pool.MaxDataSize.Bytes(),
+		GrowthReserve:      c.Pool.GrowthReserve.Bytes(),
+		MetadataThreshold:  c.Pool.MetadataThreshold,
 	}
 }
 
@@ -68,6 +71,9 @@ type Service struct {
 	lock *os.File
 	// gcMetrics counts image garbage collection once StartFetcher has run.
 	gcMetrics *metrics.GC
+	// poolEvents counts low-water events and growth once StartFetcher has
+	// run.
+	poolEvents *metrics.PoolEvents
 }
 
 // metricsRegistry returns the service's metrics registry, or nil when
