@@ -116,6 +116,9 @@ func Open(ctx context.Context, cfg *Config) (_ *Service, err error) {
 	if s.Pool, err = thinpool.Open(ctx, cfg.ThinpoolConfig()); err != nil {
 		return nil, fmt.Errorf("open service: thin pool %s: %w", cfg.Pool.Name, err)
 	}
+	if err = s.Pool.Adjust(ctx); err != nil {
+		return nil, fmt.Errorf("open service: thin pool %s: %w", cfg.Pool.Name, err)
+	}
 	if s.Snapshotter, err = snapshotter.New(ctx, s.DB, s.Pool, cfg.SnapshotterConfig()); err != nil {
 		return nil, fmt.Errorf("open service: snapshotter: %w", err)
 	}

@@ -226,9 +226,23 @@ func setLoopCapacity(node string) error {
 	return nil
 }
 
-// syncLowWater reloads the table of an adopted pool whose low-water mark is
-// not the one this configuration asks for (the pool was activated under
-// another one), so that its events come where this process expects them.
+// Adjust is what the process owning the pool runs once after Open (a
+// reader such as a status command does not): it reloads the table when the
+// live low-water mark is not the one Config asks for (the pool was
+// activated under another configuration), so that events come where the
+// owner expects them, and warns when the loop files could outgrow the
+// filesystem holding them.
+func (p *Pool) Adjust(ctx context.Context) error {
+	if err := p.usable(); err != nil {
+		return err
+	}
+	p.warnOvercommit(ctx)
+	if err := p.syncLowWater(ctx); err != nil {
+		return p.errf(nil, err, "adjust")
+	}
+	return nil
+}
+
 func (p *Pool) syncLowWater(ctx context.Context) error {
 	p.growMu.Lock()
 	defer p.growMu.Unlock()
@@ -247,4 +261,17 @@ func (p *Pool) syncLowWater(ctx context.Context) error {
 	}
 	log.G(ctx).WithField("pool", p.name).WithField("from_blocks", t.LowWater).WithField("to_blocks", want).Info("thinpool: low-water mark reloaded")
 	return nil
+}
+
+// LowWaterBlocks returns the low-water mark of the pool's live table, in
+// data blocks.
+func (p *Pool) LowWaterBlocks(ctx context.Context) (uint64, error) {
+	if err := p.usable(); err != nil {
+		return 0, err
+	}
+	t, _, err := p.liveTable()
+	if err != nil {
+		return 0, p.errf(nil, err, "read table")
+	}
+	return t.LowWater, nil
 }

@@ -239,3 +239,31 @@ func TestFullPoolSparesOtherDevices(t *testing.T) {
 		t.Fatalf("create_thin after freeing: %v", err)
 	}
 }
+
+// TestAdjustReloadsLowWater: a new pool gets the default low-water mark
+// (10% of its blocks); Open of the active pool under another mark keeps
+// the live table, and Adjust reloads it with the configured mark.
+func TestAdjustReloadsLowWater(t *testing.T) {
+	ctx := context.Background()
+	p, cfg := testPool(t, 32*mib) // 512 blocks
+	if lw, err := p.LowWaterBlocks(ctx); err != nil || lw != 51 {
+		t.Fatalf("default low-water mark = %d, %v; want 51 (10%% of 512)", lw, err)
+	}
+	cfg.LowWaterMarkBlocks = 100
+	q, err := Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lw, err := q.LowWaterBlocks(ctx); err != nil || lw != 51 {
+		t.Fatalf("low-water mark after a reader's Open = %d, %v; want 51 unchanged", lw, err)
+	}
+	if err := q.Adjust(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if lw, err := q.LowWaterBlocks(ctx); err != nil || lw != 100 {
+		t.Fatalf("low-water mark after Adjust = %d, %v; want 100", lw, err)
+	}
+	if st, err := q.Status(ctx); err != nil || st.Mode != ModeReadWrite || st.TotalDataBlocks != 512 {
+		t.Fatalf("status after Adjust: %+v, %v", st, err)
+	}
+}

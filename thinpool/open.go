@@ -107,9 +107,6 @@ func Open(ctx context.Context, cfg Config) (*Pool, error) {
 		if err := p.adopt(); err != nil {
 			return nil, fmt.Errorf("thinpool: open pool %q: reuse active pool: %w", p.name, err)
 		}
-		if err := p.syncLowWater(ctx); err != nil {
-			return nil, fmt.Errorf("thinpool: open pool %q: %w", p.name, err)
-		}
 		lg.WithField("dev", p.devStr).Debug("thinpool: reusing active pool")
 	case err == nil || errors.Is(err, unix.ENXIO):
 		created := err != nil
@@ -123,7 +120,6 @@ func Open(ctx context.Context, cfg Config) (*Pool, error) {
 	if _, err := ensureNode(p.name, p.dev); err != nil {
 		return nil, fmt.Errorf("thinpool: open pool %q: %w", p.name, err)
 	}
-	p.warnOvercommit(ctx)
 	return p, nil
 }
 
