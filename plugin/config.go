@@ -45,6 +45,7 @@ const (
 	DefaultMetadataSize     = Size(thinpool.DefaultMetadataSize)
 	DefaultBlockSize        = Size(thinpool.DefaultBlockSizeSectors * 512)
 	DefaultGrowthReserve    = Size(thinpool.DefaultGrowthReserve)
+	DefaultTarballCacheSize = Size(gc.DefaultTarballCache)
 	DefaultBaseImageSize    = Size(snapshotter.DefaultBaseImageSize)
 	DefaultFSType           = string(thinpool.FSExt4)
 	DefaultMaxImageSize     = Size(pipeline.DefaultMaxLayerSize)
@@ -181,6 +182,9 @@ type S3Config struct {
 type PipelineConfig struct {
 	// DownloadDir holds downloaded tarballs; empty means <root_dir>/images.
 	DownloadDir string `toml:"download_dir"`
+	// TarballCacheSize is the byte budget of the tarballs kept of unpacked
+	// layers, least recently used out first; 0 keeps none once unpacked.
+	TarballCacheSize Size `toml:"tarball_cache_size"`
 	// MaxImageSize is the largest image (sum of its tarballs) accepted.
 	MaxImageSize Size `toml:"max_image_size"`
 	// DownloadTimeout bounds one download attempt.
@@ -268,14 +272,15 @@ func defaults() *Config {
 			IdleTimeout:           D(s3source.DefaultIdleTimeout),
 		},
 		Pipeline: PipelineConfig{
-			MaxLayers:       s3source.DefaultMaxLayers,
-			MaxImageSize:    DefaultMaxImageSize,
-			DownloadTimeout: D(DefaultDownloadTimeout),
-			ExtractTimeout:  D(DefaultExtractTimeout),
-			MaxEntries:      tarball.DefaultMaxEntries,
-			MaxFileSize:     Size(tarball.DefaultMaxFileSize),
-			MaxTotalSize:    Size(tarball.DefaultMaxTotalSize),
-			RequiredDirs:    slices.Clone(tarball.RequiredDirs),
+			TarballCacheSize: DefaultTarballCacheSize,
+			MaxLayers:        s3source.DefaultMaxLayers,
+			MaxImageSize:     DefaultMaxImageSize,
+			DownloadTimeout:  D(DefaultDownloadTimeout),
+			ExtractTimeout:   D(DefaultExtractTimeout),
+			MaxEntries:       tarball.DefaultMaxEntries,
+			MaxFileSize:      Size(tarball.DefaultMaxFileSize),
+			MaxTotalSize:     Size(tarball.DefaultMaxTotalSize),
+			RequiredDirs:     slices.Clone(tarball.RequiredDirs),
 		},
 		Queues: QueuesConfig{
 			Downloads: DefaultDownloads,
@@ -645,6 +650,9 @@ func (c *Config) Validate() error {
 
 	pl := c.Pipeline
 	absPath("pipeline.download_dir", pl.DownloadDir, false)
+	if pl.TarballCacheSize < 0 {
+		bad("pipeline.tarball_cache_size", "must not be negative, got %s", pl.TarballCacheSize)
+	}
 	if pl.MaxImageSize <= 0 {
 		bad("pipeline.max_image_size", "must be positive, got %s", pl.MaxImageSize)
 	}

@@ -161,6 +161,7 @@ response_header_timeout = "7s"
 idle_timeout = "20s"
 [pipeline]
 download_dir = "/srv/dl"
+tarball_cache_size = "1GiB"
 max_image_size = "2GB"
 download_timeout = "90s"
 extract_timeout = "1h"
@@ -197,7 +198,7 @@ pinned = ["base", "s3://b/base/"]
 		S3: S3Config{Bucket: "my-images", Region: "eu-west-1", Endpoint: "http://127.0.0.1:9000", PathStyle: true, Anonymous: true, Prefix: "images/",
 			AllowedBuckets: []string{"b-two", "b-three"},
 			ConnectTimeout: D(3 * time.Second), ResponseHeaderTimeout: D(7 * time.Second), IdleTimeout: D(20 * time.Second)},
-		Pipeline: PipelineConfig{DownloadDir: "/srv/dl", MaxImageSize: 2_000_000_000,
+		Pipeline: PipelineConfig{DownloadDir: "/srv/dl", TarballCacheSize: 1 << 30, MaxImageSize: 2_000_000_000,
 			DownloadTimeout: D(90 * time.Second), ExtractTimeout: D(time.Hour), AllowSetID: true,
 			MaxEntries: 500, MaxFileSize: 2 << 20, MaxTotalSize: 8 << 20, RequiredDirs: []string{}, MaxLayers: 64},
 		Queues:     QueuesConfig{Downloads: 8, Unpacking: 3},

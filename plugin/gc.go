@@ -9,7 +9,8 @@ import (
 )
 
 // newCollector builds the image garbage collector of [gc] over the
-// service's pool, snapshotter and database, removing names from the
+// service's pool, snapshotter and database (usage counts the filesystems
+// of pipeline.download_dir and the pool's loop files too), removing names from the
 // containerd of [containerd] (when an address is set). `rm` uses it even
 // when gc.enabled is false.
 func (s *Service) newCollector(p *pipeline.Pipelines) (*gc.Collector, error) {
@@ -24,7 +25,16 @@ func (s *Service) newCollector(p *pipeline.Pipelines) (*gc.Collector, error) {
 		Snapshots: s.Snapshotter,
 		Usage: func(ctx context.Context) (gc.Usage, error) {
 			st, err := s.Pool.Status(ctx)
-			return gc.UsageOf(st), err
+			if err != nil {
+				return gc.Usage{}, err
+			}
+			u := gc.UsageOf(st)
+			paths := []string{s.Config.Pipeline.DownloadDir}
+			if s.Config.Pool.DataDevice == "" {
+				paths = append(paths, s.Config.Pool.RootDir)
+			}
+			u.HostUsed, u.HostTotal, err = gc.HostUsage(paths...)
+			return u, err
 		},
 		Guard: pipeline.GuardChain,
 		Prune: func(ctx context.Context) error {
@@ -38,6 +48,7 @@ func (s *Service) newCollector(p *pipeline.Pipelines) (*gc.Collector, error) {
 		Pinned:        c.Pinned,
 		Interval:      c.Interval.Duration,
 		Disabled:      !c.Enabled,
+		TarballCache:  s.Config.Pipeline.TarballCacheSize.Bytes(),
 	})
 }
 

@@ -504,3 +504,29 @@ func TestDisabledCollectsNothingButRemoveWorks(t *testing.T) {
 	}
 	h.gone("img1", "one", []string{"c1"}, files)
 }
+
+// TestCollectWhenHostFilesystemLow: with the pool's data far from its
+// threshold, a host filesystem past the high threshold (what the removed
+// images held there counting) makes a collection remove the least recently
+// used unused image until it is under the low threshold.
+func TestCollectWhenHostFilesystemLow(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 10000*mib, Options{})
+	for _, id := range []string{"img1", "img2", "img3", "img4"} {
+		h.image(id, "name-"+id, layer{"c-" + id, 200 * mib})
+	}
+	poolUsage := h.c.opts.Usage
+	h.c.opts.Usage = func(ctx context.Context) (Usage, error) {
+		u, err := poolUsage(ctx)
+		u.HostTotal, u.HostUsed = 2000*mib, 900*mib+u.DataUsed
+		return u, err
+	}
+	rep, err := h.c.Collect(ctx, "test", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Removed) != 1 || rep.Removed[0].ImageID != "img1" || rep.After.HostPercent() >= 80 || rep.Before.DataPercent() > 10 {
+		t.Fatalf("collection: removed %+v, before %s, after %s; want img1 removed for the host filesystem", rep.Removed, rep.Before, rep.After)
+	}
+	t.Logf("before %s, after %s", rep.Before, rep.After)
+}
