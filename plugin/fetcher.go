@@ -212,9 +212,11 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 		col.Loop(sctx)
 	}()
 	s.poolEvents = metrics.NewPoolEvents(s.Pool.Name())
-	// Not in loops: the event wait ends with the pool's next event, which
-	// stop must not wait for.
-	go s.watchPool(sctx, col, s.poolEvents)
+	loops.Add(1)
+	go func() {
+		defer loops.Done()
+		s.watchPool(sctx, col, s.poolEvents)
+	}()
 	done := make(chan struct{})
 	if sock := s.Config.Daemon.ControlSocket; sock != "" {
 		lis, err := s.listenControl(ctx, sock)
