@@ -211,7 +211,6 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 		defer loops.Done()
 		col.Loop(sctx)
 	}()
-	s.poolEvents = metrics.NewPoolEvents(s.Pool.Name())
 	loops.Add(1)
 	go func() {
 		defer loops.Done()

@@ -3,6 +3,8 @@ package plugin
 import (
 	"context"
 
+	"github.com/containerd/log"
+
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/gc"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metrics"
@@ -19,6 +21,7 @@ func (s *Service) newCollector(p *pipeline.Pipelines) (*gc.Collector, error) {
 		names = r
 	}
 	s.gcMetrics = metrics.NewGC()
+	s.poolEvents = metrics.NewPoolEvents(s.Pool.Name())
 	c := s.Config.GC
 	return gc.New(gc.Options{
 		DB:        s.DB,
@@ -49,6 +52,7 @@ func (s *Service) newCollector(p *pipeline.Pipelines) (*gc.Collector, error) {
 		Interval:      c.Interval.Duration,
 		Disabled:      !c.Enabled,
 		TarballCache:  s.Config.Pipeline.TarballCacheSize.Bytes(),
+		Grow:          s.growPool,
 	})
 }
 
@@ -57,4 +61,19 @@ func (s *Service) newCollector(p *pipeline.Pipelines) (*gc.Collector, error) {
 type fetcherAPI struct {
 	s3Policy
 	*gc.Collector
+}
+
+// growPool grows the pool one step when pool.max_data_size allows and
+// counts it; it reports whether the pool grew.
+func (s *Service) growPool(ctx context.Context) (bool, error) {
+	g, err := s.Pool.Grow(ctx)
+	if err != nil {
+		return false, err
+	}
+	if !g.Grew() {
+		log.G(ctx).WithField("pool", s.Pool.Name()).WithField("why", g.Reason).Debug("pool not grown")
+		return false, nil
+	}
+	s.poolEvents.Grew(g.From, g.To)
+	return true, nil
 }

@@ -27,14 +27,10 @@ func (s *Service) watchPool(ctx context.Context, col *gc.Collector, ev *metrics.
 		}
 		l.Warn("pool data at the low-water mark")
 		ev.LowWater()
-		g, err := s.Pool.Grow(ctx)
-		switch {
-		case err != nil:
-			l.WithError(err).Error("growing the pool at the low-water mark")
-		case g.Grew():
-			ev.Grew(g.From, g.To)
-		default:
-			l.WithField("why", g.Reason).Info("pool not grown")
+		if s.Config.Pool.MaxDataSize != 0 {
+			if _, err := s.growPool(ctx); err != nil {
+				l.WithError(err).Error("growing the pool at the low-water mark")
+			}
 		}
 		if !s.Config.GC.Enabled {
 			return

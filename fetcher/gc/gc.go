@@ -195,6 +195,10 @@ type Options struct {
 	// remove no image. Begin still marks the images being pulled, so that
 	// Remove never takes one, and the tarball cache is still trimmed.
 	Disabled bool
+	// Grow, when set, grows the pool by one step and reports whether it
+	// did (a loop-file pool allowed to grow): MakeRoom grows the pool
+	// rather than refuse a pull that garbage collection left no room for.
+	Grow func(ctx context.Context) (bool, error)
 	// TarballCache is the byte budget of the downloaded tarballs of
 	// unpacked layers (TrimTarballs, after every pull and every Interval);
 	// zero keeps none once unpacked. DefaultTarballCache is the daemon's
@@ -584,7 +588,8 @@ func (c *Collector) Remove(ctx context.Context, refs []string) ([]Removed, error
 }
 
 // MakeRoom implements pipeline.PoolGuard: it collects when the pool could
-// not take needs below the high threshold, then refuses the pull (ErrNoRoom)
+// not take needs below the high threshold, grows the pool (Options.Grow)
+// while the layers still do not fit, then refuses the pull (ErrNoRoom)
 // when a layer does not fit in the data space left, or when the metadata
 // is past the high threshold (new devices would fill it, and a full
 // metadata device turns the pool read-only).
@@ -605,6 +610,20 @@ func (c *Collector) MakeRoom(ctx context.Context, source string, needs []pipelin
 		u = rep.After
 	} else if u, err = c.opts.Usage(ctx); err != nil {
 		return fmt.Errorf("pull %s: pool usage: %w", source, err)
+	}
+	if c.opts.Grow != nil {
+		for u.DataFree() < total {
+			grew, err := c.opts.Grow(ctx)
+			if err != nil {
+				log.G(ctx).WithError(err).WithField("source", source).Warn("gc: growing the pool for a pull")
+			}
+			if !grew {
+				break
+			}
+			if u, err = c.opts.Usage(ctx); err != nil {
+				return fmt.Errorf("pull %s: pool usage: %w", source, err)
+			}
+		}
 	}
 	kept := ""
 	if rep != nil && len(rep.Kept) > 0 {
