@@ -44,6 +44,8 @@ const (
 	DefaultDataSize         = Size(thinpool.DefaultDataSize)
 	DefaultMetadataSize     = Size(thinpool.DefaultMetadataSize)
 	DefaultBlockSize        = Size(thinpool.DefaultBlockSizeSectors * 512)
+	DefaultGrowthReserve    = Size(thinpool.DefaultGrowthReserve)
+	DefaultTarballCacheSize = Size(gc.DefaultTarballCache)
 	DefaultBaseImageSize    = Size(snapshotter.DefaultBaseImageSize)
 	DefaultFSType           = string(thinpool.FSExt4)
 	DefaultMaxImageSize     = Size(pipeline.DefaultMaxLayerSize)
@@ -118,8 +120,18 @@ type PoolConfig struct {
 	// BlockSize is the pool's data block size.
 	BlockSize Size `toml:"block_size"`
 	// LowWaterMark is the free data block count under which the kernel
-	// raises a dm event; 0 disables it.
+	// raises a dm event, which starts garbage collection and growth; 0
+	// means thinpool.DefaultLowWaterPercent of the data blocks.
 	LowWaterMark uint64 `toml:"low_water_mark"`
+	// MaxDataSize, when set, lets a loop-file pool's data grow up to this
+	// size at low-water events; 0 keeps data_size.
+	MaxDataSize Size `toml:"max_data_size"`
+	// GrowthReserve is the free space growth leaves on the filesystem
+	// holding the loop files.
+	GrowthReserve Size `toml:"growth_reserve"`
+	// MetadataThreshold is the metadata usage, in percent, from which new
+	// devices are refused, keeping the rest for deletes.
+	MetadataThreshold float64 `toml:"metadata_threshold"`
 	// BaseImageSize is the virtual size of every snapshot device.
 	BaseImageSize Size `toml:"base_image_size"`
 	// FSType is the filesystem of the base device: ext4 or xfs.
@@ -170,6 +182,9 @@ type S3Config struct {
 type PipelineConfig struct {
 	// DownloadDir holds downloaded tarballs; empty means <root_dir>/images.
 	DownloadDir string `toml:"download_dir"`
+	// TarballCacheSize is the byte budget of the tarballs kept of unpacked
+	// layers, least recently used out first; 0 keeps none once unpacked.
+	TarballCacheSize Size `toml:"tarball_cache_size"`
 	// MaxImageSize is the largest image (sum of its tarballs) accepted.
 	MaxImageSize Size `toml:"max_image_size"`
 	// DownloadTimeout bounds one download attempt.
@@ -245,13 +260,15 @@ func defaults() *Config {
 			SocketGroup:   DefaultSocketGroup,
 		},
 		Pool: PoolConfig{
-			Name:          DefaultPoolName,
-			DataSize:      DefaultDataSize,
-			MetadataSize:  DefaultMetadataSize,
-			BlockSize:     DefaultBlockSize,
-			BaseImageSize: DefaultBaseImageSize,
-			FSType:        DefaultFSType,
-			AsyncRemove:   true,
+			Name:              DefaultPoolName,
+			DataSize:          DefaultDataSize,
+			MetadataSize:      DefaultMetadataSize,
+			BlockSize:         DefaultBlockSize,
+			GrowthReserve:     DefaultGrowthReserve,
+			MetadataThreshold: thinpool.DefaultMetadataThreshold,
+			BaseImageSize:     DefaultBaseImageSize,
+			FSType:            DefaultFSType,
+			AsyncRemove:       true,
 		},
 		S3: S3Config{
 			ConnectTimeout:        D(s3source.DefaultConnectTimeout),
@@ -259,14 +276,15 @@ func defaults() *Config {
 			IdleTimeout:           D(s3source.DefaultIdleTimeout),
 		},
 		Pipeline: PipelineConfig{
-			MaxLayers:       s3source.DefaultMaxLayers,
-			MaxImageSize:    DefaultMaxImageSize,
-			DownloadTimeout: D(DefaultDownloadTimeout),
-			ExtractTimeout:  D(DefaultExtractTimeout),
-			MaxEntries:      tarball.DefaultMaxEntries,
-			MaxFileSize:     Size(tarball.DefaultMaxFileSize),
-			MaxTotalSize:    Size(tarball.DefaultMaxTotalSize),
-			RequiredDirs:    slices.Clone(tarball.RequiredDirs),
+			TarballCacheSize: DefaultTarballCacheSize,
+			MaxLayers:        s3source.DefaultMaxLayers,
+			MaxImageSize:     DefaultMaxImageSize,
+			DownloadTimeout:  D(DefaultDownloadTimeout),
+			ExtractTimeout:   D(DefaultExtractTimeout),
+			MaxEntries:       tarball.DefaultMaxEntries,
+			MaxFileSize:      Size(tarball.DefaultMaxFileSize),
+			MaxTotalSize:     Size(tarball.DefaultMaxTotalSize),
+			RequiredDirs:     slices.Clone(tarball.RequiredDirs),
 		},
 		Queues: QueuesConfig{
 			Downloads: DefaultDownloads,
@@ -582,6 +600,17 @@ func (c *Config) Validate() error {
 				bad("pool.low_water_mark", "must be fewer than the pool's %d data blocks (pool.data_size / pool.block_size), got %d", blocks, p.LowWaterMark)
 			}
 		}
+		if p.MaxDataSize != 0 && (p.MaxDataSize < p.DataSize || p.MaxDataSize%512 != 0) {
+			bad("pool.max_data_size", "must be 0 (no growth) or a multiple of 512 bytes at least pool.data_size %s, got %s", p.DataSize, p.MaxDataSize)
+		}
+		if p.GrowthReserve < 0 {
+			bad("pool.growth_reserve", "must not be negative, got %s", p.GrowthReserve)
+		}
+	} else if p.MaxDataSize != 0 {
+		bad("pool.max_data_size", "must be 0 when pool.data_device is set (only a loop-file pool grows), got %s", p.MaxDataSize)
+	}
+	if !(p.MetadataThreshold > 0 && p.MetadataThreshold <= 100) {
+		bad("pool.metadata_threshold", "must be a percent above 0 and at most 100, got %v", p.MetadataThreshold)
 	}
 	if p.BaseImageSize < minBaseImageSize || p.BaseImageSize%512 != 0 {
 		bad("pool.base_image_size", "must be a multiple of 512 bytes and at least 16MiB, got %s", p.BaseImageSize)
@@ -626,6 +655,9 @@ func (c *Config) Validate() error {
 
 	pl := c.Pipeline
 	absPath("pipeline.download_dir", pl.DownloadDir, false)
+	if pl.TarballCacheSize < 0 {
+		bad("pipeline.tarball_cache_size", "must not be negative, got %s", pl.TarballCacheSize)
+	}
 	if pl.MaxImageSize <= 0 {
 		bad("pipeline.max_image_size", "must be positive, got %s", pl.MaxImageSize)
 	}

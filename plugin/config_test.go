@@ -143,6 +143,8 @@ data_size = 1073741824
 metadata_size = "64MiB"
 block_size = "256KiB"
 low_water_mark = 1024
+growth_reserve = "2GiB"
+metadata_threshold = 90
 base_image_size = "1.5GiB"
 fs_type = "xfs"
 mkfs_options = ["-K", "-m", "crc=1"]
@@ -161,6 +163,7 @@ response_header_timeout = "7s"
 idle_timeout = "20s"
 [pipeline]
 download_dir = "/srv/dl"
+tarball_cache_size = "1GiB"
 max_image_size = "2GB"
 download_timeout = "90s"
 extract_timeout = "1h"
@@ -193,12 +196,12 @@ pinned = ["base", "s3://b/base/"]
 		Metadata: MetadataConfig{Path: "/srv/db/meta.db"},
 		Pool: PoolConfig{Name: "pool-2", RootDir: "/srv/pool", DataDevice: "/dev/vdb", MetadataDevice: "/dev/vdc",
 			DataSize: 1 << 30, MetadataSize: 64 << 20, BlockSize: 256 << 10, LowWaterMark: 1024,
-			BaseImageSize: 3 << 29, FSType: "xfs", MkfsOptions: []string{"-K", "-m", "crc=1"},
+			GrowthReserve: 2 << 30, MetadataThreshold: 90, BaseImageSize: 3 << 29, FSType: "xfs", MkfsOptions: []string{"-K", "-m", "crc=1"},
 			AsyncRemove: false, DeleteUnknownDevices: true},
 		S3: S3Config{Bucket: "my-images", Region: "eu-west-1", Endpoint: "http://127.0.0.1:9000", PathStyle: true, Anonymous: true, Prefix: "images/",
 			AllowedBuckets: []string{"b-two", "b-three"},
 			ConnectTimeout: D(3 * time.Second), ResponseHeaderTimeout: D(7 * time.Second), IdleTimeout: D(20 * time.Second)},
-		Pipeline: PipelineConfig{DownloadDir: "/srv/dl", MaxImageSize: 2_000_000_000,
+		Pipeline: PipelineConfig{DownloadDir: "/srv/dl", TarballCacheSize: 1 << 30, MaxImageSize: 2_000_000_000,
 			DownloadTimeout: D(90 * time.Second), ExtractTimeout: D(time.Hour), AllowSetID: true,
 			MaxEntries: 500, MaxFileSize: 2 << 20, MaxTotalSize: 8 << 20, RequiredDirs: []string{}, MaxLayers: 64},
 		Queues:     QueuesConfig{Downloads: 8, Unpacking: 3},
@@ -320,6 +323,12 @@ func TestValidateRules(t *testing.T) {
 		{"metadata size small", func(c *Config) { c.Pool.MetadataSize = 1 << 20 }, "pool.metadata_size: must be a multiple of 4KiB between 2MiB and 16GiB"},
 		{"metadata size big", func(c *Config) { c.Pool.MetadataSize = 17 << 30 }, "pool.metadata_size: must be a multiple of 4KiB between 2MiB and 16GiB (the kernel uses at most 15.9GiB), got 17GiB"},
 		{"low water mark", func(c *Config) { c.Pool.DataSize, c.Pool.LowWaterMark = 64<<20, 1024 }, "pool.low_water_mark: must be fewer than the pool's 1024 data blocks"},
+		{"max data size below data size", func(c *Config) { c.Pool.MaxDataSize = c.Pool.DataSize - 512 }, "pool.max_data_size: must be 0 (no growth) or a multiple of 512 bytes at least pool.data_size"},
+		{"max data size with devices", func(c *Config) {
+			c.Pool.DataDevice, c.Pool.MetadataDevice, c.Pool.MaxDataSize = "/dev/vdb", "/dev/vdc", 1<<40
+		}, "pool.max_data_size: must be 0 when pool.data_device is set"},
+		{"negative growth reserve", func(c *Config) { c.Pool.GrowthReserve = -1 }, "pool.growth_reserve: must not be negative"},
+		{"metadata threshold above 100", func(c *Config) { c.Pool.MetadataThreshold = 101 }, "pool.metadata_threshold: must be a percent above 0 and at most 100, got 101"},
 		{"base size small", func(c *Config) { c.Pool.BaseImageSize = 1 << 20 }, "pool.base_image_size: must be a multiple of 512 bytes and at least 16MiB, got 1MiB"},
 		{"base size unaligned", func(c *Config) { c.Pool.BaseImageSize = 20<<20 + 3 }, "pool.base_image_size: must be a multiple of 512 bytes"},
 		{"fs type", func(c *Config) { c.Pool.FSType = "btrfs" }, `pool.fs_type: must be "ext4" or "xfs", got "btrfs"`},

@@ -3,13 +3,16 @@ package plugin
 import (
 	"context"
 
+	"github.com/containerd/log"
+
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/gc"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metrics"
 )
 
 // newCollector builds the image garbage collector of [gc] over the
-// service's pool, snapshotter and database, removing names from the
+// service's pool, snapshotter and database (usage counts the filesystems
+// of pipeline.download_dir and the pool's loop files too), removing names from the
 // containerd of [containerd] (when an address is set). `rm` uses it even
 // when gc.enabled is false.
 func (s *Service) newCollector(p *pipeline.Pipelines) (*gc.Collector, error) {
@@ -18,13 +21,23 @@ func (s *Service) newCollector(p *pipeline.Pipelines) (*gc.Collector, error) {
 		names = r
 	}
 	s.gcMetrics = metrics.NewGC()
+	s.poolEvents = metrics.NewPoolEvents(s.Pool.Name())
 	c := s.Config.GC
 	return gc.New(gc.Options{
 		DB:        s.DB,
 		Snapshots: s.Snapshotter,
 		Usage: func(ctx context.Context) (gc.Usage, error) {
 			st, err := s.Pool.Status(ctx)
-			return gc.UsageOf(st), err
+			if err != nil {
+				return gc.Usage{}, err
+			}
+			u := gc.UsageOf(st)
+			paths := []string{s.Config.Pipeline.DownloadDir}
+			if s.Config.Pool.DataDevice == "" {
+				paths = append(paths, s.Config.Pool.RootDir)
+			}
+			u.HostUsed, u.HostTotal, err = gc.HostUsage(paths...)
+			return u, err
 		},
 		Guard: pipeline.GuardChain,
 		Prune: func(ctx context.Context) error {
@@ -38,6 +51,8 @@ func (s *Service) newCollector(p *pipeline.Pipelines) (*gc.Collector, error) {
 		Pinned:        c.Pinned,
 		Interval:      c.Interval.Duration,
 		Disabled:      !c.Enabled,
+		TarballCache:  s.Config.Pipeline.TarballCacheSize.Bytes(),
+		Grow:          s.growPool,
 	})
 }
 
@@ -46,4 +61,19 @@ func (s *Service) newCollector(p *pipeline.Pipelines) (*gc.Collector, error) {
 type fetcherAPI struct {
 	s3Policy
 	*gc.Collector
+}
+
+// growPool grows the pool one step when pool.max_data_size allows and
+// counts it; it reports whether the pool grew.
+func (s *Service) growPool(ctx context.Context) (bool, error) {
+	g, err := s.Pool.Grow(ctx)
+	if err != nil {
+		return false, err
+	}
+	if !g.Grew() {
+		log.G(ctx).WithField("pool", s.Pool.Name()).WithField("why", g.Reason).Debug("pool not grown")
+		return false, nil
+	}
+	s.poolEvents.Grew(g.From, g.To)
+	return true, nil
 }

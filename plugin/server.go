@@ -365,10 +365,14 @@ func (s *Service) Serve(ctx context.Context, ready, stopping func()) error {
 	if addr := s.Config.Daemon.MetricsAddress; addr != "" {
 		m := s.metricsRegistry()
 		m.AddPool(s.Pool)
+		m.AddPoolBacking(s.Pool)
 		m.AddDevices(s.Snapshotter)
 		m.AddPipeline(s.DB)
 		if s.gcMetrics != nil {
 			m.AddGC(s.gcMetrics)
+		}
+		if s.poolEvents != nil {
+			m.AddPoolEvents(s.poolEvents)
 		}
 		sn = m.Wrap(sn)
 		opts.MetricsAddress, opts.Metrics = addr, m

@@ -27,6 +27,9 @@ func (c *Config) ThinpoolConfig() thinpool.Config {
 		MetadataSize:       c.Pool.MetadataSize.Bytes(),
 		BlockSizeSectors:   uint32(c.Pool.BlockSize / 512),
 		LowWaterMarkBlocks: c.Pool.LowWaterMark,
+		MaxDataSize:        c.Pool.MaxDataSize.Bytes(),
+		GrowthReserve:      c.Pool.GrowthReserve.Bytes(),
+		MetadataThreshold:  c.Pool.MetadataThreshold,
 	}
 }
 
@@ -68,6 +71,9 @@ type Service struct {
 	lock *os.File
 	// gcMetrics counts image garbage collection once StartFetcher has run.
 	gcMetrics *metrics.GC
+	// poolEvents counts low-water events and growth once StartFetcher has
+	// run.
+	poolEvents *metrics.PoolEvents
 }
 
 // metricsRegistry returns the service's metrics registry, or nil when
@@ -108,6 +114,9 @@ func Open(ctx context.Context, cfg *Config) (_ *Service, err error) {
 		return nil, fmt.Errorf("open service: metadata database %s: %w", cfg.Metadata.Path, err)
 	}
 	if s.Pool, err = thinpool.Open(ctx, cfg.ThinpoolConfig()); err != nil {
+		return nil, fmt.Errorf("open service: thin pool %s: %w", cfg.Pool.Name, err)
+	}
+	if err = s.Pool.Adjust(ctx); err != nil {
 		return nil, fmt.Errorf("open service: thin pool %s: %w", cfg.Pool.Name, err)
 	}
 	if s.Snapshotter, err = snapshotter.New(ctx, s.DB, s.Pool, cfg.SnapshotterConfig()); err != nil {

@@ -47,6 +47,7 @@ var dmCmdNames = map[uint]string{
 	unix.DM_TABLE_DEPS:   "DM_TABLE_DEPS",
 	unix.DM_TABLE_STATUS: "DM_TABLE_STATUS",
 	unix.DM_TARGET_MSG:   "DM_TARGET_MSG",
+	unix.DM_DEV_WAIT:     "DM_DEV_WAIT",
 }
 
 // dmTarget is one line of a device-mapper table.
@@ -63,6 +64,7 @@ type dmRequest struct {
 	flags       uint32
 	dev         uint64
 	targetCount uint32
+	eventNr     uint32 // DM_DEV_WAIT: the counter to wait past
 	payload     []byte
 }
 
@@ -163,6 +165,7 @@ func encodeRequest(req dmRequest, size int) ([]byte, error) {
 	hdr.Target_count = req.targetCount
 	hdr.Flags = req.flags
 	hdr.Dev = req.dev
+	hdr.Event_nr = req.eventNr
 	copy(hdr.Name[:], req.name)
 	copy(hdr.Uuid[:], req.uuid)
 	copy(buf[dmHeaderSize:], req.payload)

@@ -285,7 +285,8 @@ func TestMetadataFull(t *testing.T) {
 	ctx := context.Background()
 	scratch := os.Getenv("VM_SCRATCH")
 	cfg := Config{PoolName: "tp-metafull", RootDir: filepath.Join(scratch, "tp-metafull"),
-		DataSize: 64 * mib, MetadataSize: 512 << 10} // 128 metadata blocks
+		DataSize: 64 * mib, MetadataSize: 512 << 10, // 128 metadata blocks
+		MetadataThreshold: 100} // the kernel's own limit, not ours
 	p, err := Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -29,8 +29,20 @@
 //     thin_ls/thin_dump, which are not always installed.
 //   - ThinExists probes with a temporary device whose inactive table maps
 //     the id: the kernel refuses the table when the id is absent.
+//   - The table's low-water mark defaults to DefaultLowWaterPercent of the
+//     data blocks; Watch waits for the kernel's events with DM_DEV_WAIT on
+//     the pool's event counter (no dmeventd), and Grow extends a loop-file
+//     pool online (file, LOOP_SET_CAPACITY, table reload) within
+//     Config.MaxDataSize and the filesystem's free space less
+//     Config.GrowthReserve. Adjust, run once by the pool's owner, reloads
+//     a mark the live table does not have and warns when the loop files
+//     could outgrow their filesystem (Backing).
+//   - CreateThin and CreateSnap refuse new devices once the metadata is
+//     Config.MetadataThreshold used (ErrMetadataReserve), keeping the rest
+//     for deletes so the pool never turns read-only for lack of it.
 //
 // Errors callers can act on are matched with errors.Is: ErrPoolFull (wrapped
-// by ErrDataFull and ErrMetadataFull), ErrNotFound, ErrExists and ErrBusy.
+// by ErrDataFull and ErrMetadataFull, itself wrapped by ErrMetadataReserve),
+// ErrNotFound, ErrExists and ErrBusy.
 // Every message names the pool and the device or thin id involved.
 package thinpool

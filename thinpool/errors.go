@@ -17,6 +17,10 @@ var (
 	// ErrMetadataFull means the pool's metadata device has no free block
 	// (the pool went read-only for lack of metadata space).
 	ErrMetadataFull = fmt.Errorf("metadata space exhausted: %w", ErrPoolFull)
+	// ErrMetadataReserve means a new device was refused because the pool's
+	// metadata is at or past Config.MetadataThreshold; deletes still work.
+	// It matches ErrMetadataFull and ErrPoolFull.
+	ErrMetadataReserve = fmt.Errorf("down to the reserve kept for deletes: %w", ErrMetadataFull)
 	// ErrNotFound means the thin id is not in the pool's metadata, or the
 	// named device-mapper device does not exist.
 	ErrNotFound = errors.New("not found")

@@ -66,6 +66,16 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.BlockSizeSectors == 0 {
 		cfg.BlockSizeSectors = DefaultBlockSizeSectors
 	}
+	if cfg.GrowthReserve == 0 {
+		cfg.GrowthReserve = DefaultGrowthReserve
+	}
+	if cfg.MetadataThreshold == 0 {
+		cfg.MetadataThreshold = DefaultMetadataThreshold
+	}
+	if cfg.MaxDataSize < 0 || cfg.GrowthReserve < 0 || !(cfg.MetadataThreshold > 0 && cfg.MetadataThreshold <= 100) {
+		return cfg, fmt.Errorf("pool %q: MaxDataSize %d and GrowthReserve %d must not be negative, MetadataThreshold %v must be in (0, 100]: %w",
+			cfg.PoolName, cfg.MaxDataSize, cfg.GrowthReserve, cfg.MetadataThreshold, ErrInvalid)
+	}
 	if bs := cfg.BlockSizeSectors; bs%128 != 0 || bs < 128 || bs > 2097152 {
 		return cfg, fmt.Errorf("pool %q: BlockSizeSectors %d must be a multiple of 128 between 128 and 2097152: %w", cfg.PoolName, bs, ErrInvalid)
 	}
@@ -224,7 +234,7 @@ func (p *Pool) activatePool(ctx context.Context, create bool) (err error) {
 		}()
 	}
 	table := []dmTarget{{Start: 0, Length: sectors, Type: "thin-pool",
-		Params: poolTableParams(devString(metaDev), devString(dataDev), p.blockSize, p.cfg.LowWaterMarkBlocks)}}
+		Params: poolTableParams(devString(metaDev), devString(dataDev), p.blockSize, p.lowWaterBlocks(sectors/uint64(p.blockSize)))}}
 	if err := p.ctl.load(p.name, table, false); err != nil {
 		return fmt.Errorf("load table %q: %w", table[0].Params, err)
 	}

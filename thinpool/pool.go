@@ -18,6 +18,9 @@ const (
 	// DefaultDataSize is the sparse data file size used when
 	// Config.DataSize is zero and no DataDevice is given (100 GiB).
 	DefaultDataSize = 100 << 30
+	// DefaultMetadataThreshold is Config.MetadataThreshold's default: new
+	// devices are refused once 95% of the metadata is used.
+	DefaultMetadataThreshold = 95.0
 	// DefaultMetadataSize is the sparse metadata file size used when
 	// Config.MetadataSize is zero and no MetadataDevice is given (1 GiB).
 	DefaultMetadataSize = 1 << 30
@@ -41,8 +44,19 @@ type Config struct {
 	// 2097152).
 	BlockSizeSectors uint32
 	// LowWaterMarkBlocks is the free data block count under which the
-	// kernel raises a dm event (0 = no event).
+	// kernel raises a dm event (Watch reports it); 0 means
+	// DefaultLowWaterPercent of the data blocks.
 	LowWaterMarkBlocks uint64
+	// MaxDataSize, when positive, lets Grow extend a loop-file pool's data
+	// up to this many bytes; 0 leaves the size fixed.
+	MaxDataSize int64
+	// GrowthReserve is the free space, in bytes, Grow leaves on the
+	// filesystem holding the loop files (0 means DefaultGrowthReserve).
+	GrowthReserve int64
+	// MetadataThreshold is the metadata usage, in percent, from which
+	// CreateThin and CreateSnap refuse new devices (0 means
+	// DefaultMetadataThreshold).
+	MetadataThreshold float64
 }
 
 // Pool is an open thin pool. Its methods are safe for concurrent use.
@@ -56,6 +70,7 @@ type Pool struct {
 	blockSize uint32
 
 	metaSnapMu sync.Mutex // one metadata snapshot at a time
+	growMu     sync.Mutex // one table reload at a time
 	originMu   keyedMutex // one suspend/create_snap/resume per origin id
 	probeSeq   atomic.Uint64
 	closed     atomic.Bool

@@ -67,6 +67,29 @@ func (p *Pool) fullError() error {
 	return st.FullError()
 }
 
+// creatable returns fullError's answer, or ErrMetadataReserve when the
+// metadata is at or past Config.MetadataThreshold: the rest is kept for
+// deletes, which need metadata blocks too, so that a pool short of
+// metadata can still be emptied instead of turning read-only.
+func (p *Pool) creatable() error {
+	st, err := p.status(true)
+	if err != nil {
+		return err
+	}
+	if err := st.FullError(); err != nil {
+		return err
+	}
+	if st.TotalMetadataBlocks == 0 {
+		return nil
+	}
+	limit := p.cfg.MetadataThreshold
+	if used := 100 * float64(st.UsedMetadataBlocks) / float64(st.TotalMetadataBlocks); used >= limit {
+		return fmt.Errorf("metadata %.1f%% used (%d of %d blocks), at or past the %v%% threshold for new devices: %w",
+			used, st.UsedMetadataBlocks, st.TotalMetadataBlocks, limit, ErrMetadataReserve)
+	}
+	return nil
+}
+
 // FullError classifies a status for callers that saw IO fail: it returns
 // ErrDataFull or ErrMetadataFull (both matching ErrPoolFull) when the pool
 // cannot allocate, another error when the pool is failed or read-only for
@@ -114,7 +137,8 @@ func (p *Pool) poolMessage(msg string) error {
 
 // CreateThin creates a new empty thin device with the given id in the pool
 // metadata. It returns ErrExists when the id is taken and ErrDataFull or
-// ErrMetadataFull when the pool cannot allocate (nothing is created then).
+// ErrMetadataFull when the pool cannot allocate, ErrMetadataReserve when
+// its metadata is past Config.MetadataThreshold (nothing is created then).
 func (p *Pool) CreateThin(ctx context.Context, id uint32) error {
 	if err := p.usable(); err != nil {
 		return err
@@ -122,7 +146,7 @@ func (p *Pool) CreateThin(ctx context.Context, id uint32) error {
 	if err := checkID("thin id", id); err != nil {
 		return p.errf(nil, err, "create_thin %d", id)
 	}
-	if err := p.fullError(); err != nil {
+	if err := p.creatable(); err != nil {
 		return p.errf(nil, err, "create_thin %d", id)
 	}
 	return p.poolMessage(fmt.Sprintf("create_thin %d", id))
@@ -132,7 +156,8 @@ func (p *Pool) CreateThin(ctx context.Context, id uint32) error {
 // origin is active it is suspended (IO flushed, a mounted filesystem
 // frozen) around the message and always resumed, even on error. It returns
 // ErrNotFound when the origin does not exist, ErrExists when id is taken and
-// ErrDataFull/ErrMetadataFull when the pool cannot allocate.
+// ErrDataFull/ErrMetadataFull when the pool cannot allocate (and
+// ErrMetadataReserve, as CreateThin).
 func (p *Pool) CreateSnap(ctx context.Context, id, originID uint32) (err error) {
 	if err := p.usable(); err != nil {
 		return err
@@ -143,7 +168,7 @@ func (p *Pool) CreateSnap(ctx context.Context, id, originID uint32) (err error) 
 	if err := checkID("origin thin id", originID); err != nil {
 		return p.errf(nil, err, "create_snap %d %d", id, originID)
 	}
-	if err := p.fullError(); err != nil {
+	if err := p.creatable(); err != nil {
 		return p.errf(nil, err, "create_snap %d %d", id, originID)
 	}
 	// Concurrent snapshots of one origin would suspend and resume the

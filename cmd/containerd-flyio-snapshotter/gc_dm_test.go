@@ -51,6 +51,12 @@ func gcScaleMB(mb int64) int64 { return mb * int64(*gcPoolMB) / 1024 }
 // (a thin pool does not deduplicate).
 func gcLayer(t *testing.T, name string, body []byte) []byte {
 	t.Helper()
+	return bulkLayer(t, name, body, gcImageFiles())
+}
+
+// bulkLayer is gcLayer with files copies of body.
+func bulkLayer(t *testing.T, name string, body []byte, files int) []byte {
+	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	put := func(h *tar.Header, data []byte) {
@@ -67,7 +73,7 @@ func gcLayer(t *testing.T, name string, body []byte) []byte {
 	}
 	put(&tar.Header{Typeflag: tar.TypeReg, Name: "etc/os-release", Mode: 0o644, Size: 13}, []byte("ID=flyiotest\n"))
 	put(&tar.Header{Typeflag: tar.TypeReg, Name: name + "/marker", Mode: 0o644, Size: int64(len(name))}, []byte(name))
-	for i := 0; i < gcImageFiles(); i++ {
+	for i := 0; i < files; i++ {
 		put(&tar.Header{Typeflag: tar.TypeReg, Name: fmt.Sprintf("%s/f%03d", name, i), Mode: 0o644, Size: int64(len(body))}, body)
 	}
 	if err := tw.Close(); err != nil {

@@ -124,11 +124,15 @@ type poolStatusView struct {
 	TransactionID      uint64 `json:"transaction_id"`
 	NeedsCheck         bool   `json:"needs_check"`
 	ErrorIfNoSpace     bool   `json:"error_if_no_space"`
+	LowWaterBlocks     uint64 `json:"low_water_blocks"`
+	// The filesystem under a loop-file pool (absent for block devices).
+	BackingFSFreeBytes    uint64 `json:"backing_fs_free_bytes,omitempty"`
+	LoopFilesVirtualBytes uint64 `json:"loop_files_virtual_bytes,omitempty"`
 }
 
 func runPoolStatus(ctx context.Context, args []string) error {
 	fs := newFlagSet("pool status", "pool status [--config FILE] [--format table|json]",
-		"Prints the thin pool's mode, block size, and data and metadata space used and total, as the kernel reports them.")
+		"Prints the thin pool's mode (ro when the metadata is full or needs_check is set), block size, data and metadata space used and total, as the kernel reports them, its low-water mark, and for loop files the free space of their filesystem.")
 	addConfigFlags(fs)
 	format := formatFlag("table")
 	fs.Var(&format, "format", "output `FORMAT`: table or json")
@@ -155,6 +159,14 @@ func runPoolStatus(ctx context.Context, args []string) error {
 		MetadataUsedBytes: st.UsedMetadataBlocks * 4096, MetadataTotalBytes: st.TotalMetadataBlocks * 4096,
 		TransactionID: st.TransactionID, NeedsCheck: st.NeedsCheck, ErrorIfNoSpace: st.ErrorIfNoSpace,
 	}
+	if v.LowWaterBlocks, err = pool.LowWaterBlocks(ctx); err != nil {
+		return err
+	}
+	b, err := pool.Backing(ctx)
+	if err != nil {
+		return err
+	}
+	v.BackingFSFreeBytes, v.LoopFilesVirtualBytes = b.FSFree, b.Virtual
 	if format == "json" {
 		return writeJSON(os.Stdout, v)
 	}
@@ -166,6 +178,10 @@ func runPoolStatus(ctx context.Context, args []string) error {
 	fmt.Fprintf(tw, "metadata\t%s\n", spaceUsage(v.MetadataUsedBytes, v.MetadataTotalBytes))
 	fmt.Fprintf(tw, "transaction id\t%d\n", v.TransactionID)
 	fmt.Fprintf(tw, "needs check\t%v\n", v.NeedsCheck)
+	fmt.Fprintf(tw, "low-water mark\t%d blocks\n", v.LowWaterBlocks)
+	if b.Loop {
+		fmt.Fprintf(tw, "loop files\t%s virtual, %s free on their filesystem\n", humanBytes(v.LoopFilesVirtualBytes), humanBytes(v.BackingFSFreeBytes))
+	}
 	return tw.Flush()
 }
 

@@ -30,6 +30,7 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
@@ -56,11 +57,36 @@ var ErrInUse = errors.New("image in use")
 // the pool.
 var ErrNoRoom = errors.New("no room in the pool")
 
-// Usage is how full the pool is, in bytes.
+// Usage is how full the pool is, in bytes, and the fullest of the host
+// filesystems holding the downloads and the pool's loop files: when the
+// host runs low, removing images (their tarballs, and the blocks their
+// devices held in the loop files) is what frees it.
 type Usage struct {
 	DataUsed, DataTotal uint64
 	MetaUsed, MetaTotal uint64
+	HostUsed, HostTotal uint64
 }
+
+// HostUsage returns the used and total bytes of the fullest filesystem
+// holding one of paths (used counts what the daemon cannot use: the
+// filesystem's reserve for root is not free to it either).
+func HostUsage(paths ...string) (used, total uint64, err error) {
+	for _, p := range paths {
+		var fs unix.Statfs_t
+		if err := unix.Statfs(p, &fs); err != nil {
+			return 0, 0, fmt.Errorf("statfs %s: %w", p, err)
+		}
+		t := fs.Blocks * uint64(fs.Bsize)
+		u := t - min(t, fs.Bavail*uint64(fs.Bsize))
+		if percent(u, t) > percent(used, total) {
+			used, total = u, t
+		}
+	}
+	return used, total, nil
+}
+
+// HostPercent is the host filesystem usage in percent.
+func (u Usage) HostPercent() float64 { return percent(u.HostUsed, u.HostTotal) }
 
 // UsageOf converts a thin-pool status line into bytes.
 func UsageOf(st thinpool.PoolStatus) Usage {
@@ -93,7 +119,11 @@ func percent(used, total uint64) float64 {
 
 // String prints both usages, for logs and messages.
 func (u Usage) String() string {
-	return fmt.Sprintf("data %.1f%% (%s of %s), metadata %.1f%%", u.DataPercent(), bytesOf(u.DataUsed), bytesOf(u.DataTotal), u.MetaPercent())
+	s := fmt.Sprintf("data %.1f%% (%s of %s), metadata %.1f%%", u.DataPercent(), bytesOf(u.DataUsed), bytesOf(u.DataTotal), u.MetaPercent())
+	if u.HostTotal > 0 {
+		s += fmt.Sprintf(", host filesystem %.1f%%", u.HostPercent())
+	}
+	return s
 }
 
 func bytesOf(n uint64) string {
@@ -161,10 +191,19 @@ type Options struct {
 	// Interval spaces the collections Loop runs between pulls (default 5
 	// minutes).
 	Interval time.Duration
-	// Disabled turns collection by itself off: Pulled, MakeRoom and Loop do
-	// nothing. Begin still marks the images being pulled, so that Remove
-	// never takes one.
+	// Disabled turns collection by itself off: Pulled, MakeRoom and Loop
+	// remove no image. Begin still marks the images being pulled, so that
+	// Remove never takes one, and the tarball cache is still trimmed.
 	Disabled bool
+	// Grow, when set, grows the pool by one step and reports whether it
+	// did (a loop-file pool allowed to grow): MakeRoom grows the pool
+	// rather than refuse a pull that garbage collection left no room for.
+	Grow func(ctx context.Context) (bool, error)
+	// TarballCache is the byte budget of the downloaded tarballs of
+	// unpacked layers (TrimTarballs, after every pull and every Interval);
+	// zero keeps none once unpacked. DefaultTarballCache is the daemon's
+	// default.
+	TarballCache int64
 }
 
 // Collector removes unused images. Its methods are safe for concurrent use;
@@ -178,6 +217,7 @@ type Collector struct {
 	cond     *sync.Cond
 	pulling  map[string]int // image id → pulls under way
 	removing string         // image id being removed
+	trimming bool           // TrimTarballs is removing files
 }
 
 // New validates opts and returns a collector.
@@ -193,6 +233,9 @@ func New(opts Options) (*Collector, error) {
 	}
 	if opts.Interval <= 0 {
 		opts.Interval = DefaultInterval
+	}
+	if opts.TarballCache < 0 {
+		return nil, fmt.Errorf("gc: tarball cache of %d bytes: must not be negative", opts.TarballCache)
 	}
 	if err := ValidateThresholds(opts.HighThreshold, opts.LowThreshold); err != nil {
 		return nil, fmt.Errorf("gc: %w", err)
@@ -215,7 +258,7 @@ func ValidateThresholds(high, low float64) error {
 // the pull starts after it and makes the image again.
 func (c *Collector) Begin(imageID string) (end func()) {
 	c.pmu.Lock()
-	for c.removing == imageID {
+	for c.removing == imageID || c.trimming {
 		c.cond.Wait()
 	}
 	c.pulling[imageID]++
@@ -232,21 +275,22 @@ func (c *Collector) Begin(imageID string) (end func()) {
 	}
 }
 
-// Pulled implements pipeline.PoolGuard: a collection after every pull.
+// Pulled implements pipeline.PoolGuard: a collection and a trim of the
+// tarball cache after every pull.
 func (c *Collector) Pulled(ctx context.Context, imageID string) {
-	if c.opts.Disabled {
-		return
+	if !c.opts.Disabled {
+		if _, err := c.Collect(ctx, "pull", 0); err != nil {
+			log.G(ctx).WithError(err).WithField("image", imageID).Warn("gc: collection after a pull")
+		}
 	}
-	if _, err := c.Collect(ctx, "pull", 0); err != nil {
-		log.G(ctx).WithError(err).WithField("image", imageID).Warn("gc: collection after a pull")
+	if _, err := c.TrimTarballs(ctx, imageID); err != nil {
+		log.G(ctx).WithError(err).WithField("image", imageID).Warn("gc: trimming the tarball cache after a pull")
 	}
 }
 
-// Loop collects every Options.Interval until ctx is done.
+// Loop collects (unless Disabled) and trims the tarball cache every
+// Options.Interval until ctx is done.
 func (c *Collector) Loop(ctx context.Context) {
-	if c.opts.Disabled {
-		return
-	}
 	t := time.NewTicker(c.opts.Interval)
 	defer t.Stop()
 	for {
@@ -254,8 +298,13 @@ func (c *Collector) Loop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if _, err := c.Collect(ctx, "timer", 0); err != nil {
-				log.G(ctx).WithError(err).Warn("gc: periodic collection")
+			if !c.opts.Disabled {
+				if _, err := c.Collect(ctx, "timer", 0); err != nil {
+					log.G(ctx).WithError(err).Warn("gc: periodic collection")
+				}
+			}
+			if _, err := c.TrimTarballs(ctx, ""); err != nil {
+				log.G(ctx).WithError(err).Warn("gc: trimming the tarball cache")
 			}
 		}
 	}
@@ -283,9 +332,9 @@ type Report struct {
 }
 
 // over reports whether the pool, with need more data bytes, is at or past
-// pct of its data or metadata.
+// pct of its data or metadata, or the host filesystem is.
 func over(u Usage, need uint64, pct float64) bool {
-	return percent(u.DataUsed+need, u.DataTotal) >= pct || u.MetaPercent() >= pct
+	return percent(u.DataUsed+need, u.DataTotal) >= pct || u.MetaPercent() >= pct || u.HostPercent() >= pct
 }
 
 // Collect removes unused images, least recently used first, when the pool
@@ -539,7 +588,8 @@ func (c *Collector) Remove(ctx context.Context, refs []string) ([]Removed, error
 }
 
 // MakeRoom implements pipeline.PoolGuard: it collects when the pool could
-// not take needs below the high threshold, then refuses the pull (ErrNoRoom)
+// not take needs below the high threshold, grows the pool (Options.Grow)
+// while the layers still do not fit, then refuses the pull (ErrNoRoom)
 // when a layer does not fit in the data space left, or when the metadata
 // is past the high threshold (new devices would fill it, and a full
 // metadata device turns the pool read-only).
@@ -560,6 +610,20 @@ func (c *Collector) MakeRoom(ctx context.Context, source string, needs []pipelin
 		u = rep.After
 	} else if u, err = c.opts.Usage(ctx); err != nil {
 		return fmt.Errorf("pull %s: pool usage: %w", source, err)
+	}
+	if c.opts.Grow != nil {
+		for u.DataFree() < total {
+			grew, err := c.opts.Grow(ctx)
+			if err != nil {
+				log.G(ctx).WithError(err).WithField("source", source).Warn("gc: growing the pool for a pull")
+			}
+			if !grew {
+				break
+			}
+			if u, err = c.opts.Usage(ctx); err != nil {
+				return fmt.Errorf("pull %s: pool usage: %w", source, err)
+			}
+		}
 	}
 	kept := ""
 	if rep != nil && len(rep.Kept) > 0 {

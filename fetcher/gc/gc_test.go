@@ -504,3 +504,64 @@ func TestDisabledCollectsNothingButRemoveWorks(t *testing.T) {
 	}
 	h.gone("img1", "one", []string{"c1"}, files)
 }
+
+// TestCollectWhenHostFilesystemLow: with the pool's data far from its
+// threshold, a host filesystem past the high threshold (what the removed
+// images held there counting) makes a collection remove the least recently
+// used unused image until it is under the low threshold.
+func TestCollectWhenHostFilesystemLow(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 10000*mib, Options{})
+	for _, id := range []string{"img1", "img2", "img3", "img4"} {
+		h.image(id, "name-"+id, layer{"c-" + id, 200 * mib})
+	}
+	poolUsage := h.c.opts.Usage
+	h.c.opts.Usage = func(ctx context.Context) (Usage, error) {
+		u, err := poolUsage(ctx)
+		u.HostTotal, u.HostUsed = 2000*mib, 900*mib+u.DataUsed
+		return u, err
+	}
+	rep, err := h.c.Collect(ctx, "test", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Removed) != 1 || rep.Removed[0].ImageID != "img1" || rep.After.HostPercent() >= 80 || rep.Before.DataPercent() > 10 {
+		t.Fatalf("collection: removed %+v, before %s, after %s; want img1 removed for the host filesystem", rep.Removed, rep.Before, rep.After)
+	}
+	t.Logf("before %s, after %s", rep.Before, rep.After)
+}
+
+// TestMakeRoomGrowsPool: when collection leaves too little room (the images
+// are in use), a pool that may grow is grown step by step until the pull's
+// layers fit, and no further; once it may not grow, the pull is refused.
+func TestMakeRoomGrowsPool(t *testing.T) {
+	ctx := context.Background()
+	grows, maxTotal := 0, uint64(1600*mib)
+	var h *harness
+	h = newHarness(t, 1000*mib, Options{Grow: func(context.Context) (bool, error) {
+		h.pool.mu.Lock()
+		defer h.pool.mu.Unlock()
+		if h.pool.total+200*mib > maxTotal {
+			return false, nil
+		}
+		h.pool.total += 200 * mib
+		grows++
+		return true, nil
+	}})
+	for _, id := range []string{"img1", "img2"} {
+		h.image(id, "name-"+id, layer{"c-" + id, 450 * mib})
+		h.pool.add(t, "ctr-"+id, "c-"+id, metadata.SnapKindActive, nil, 0) // in use: nothing to collect
+	}
+	// 300 MiB with the margin: 337.5 MiB; 98 MiB free, 298 after one step.
+	if err := h.c.MakeRoom(ctx, "s3://bucket/img3/", []pipeline.LayerNeed{{Position: 1, Key: "img3/1.tar", Bytes: 300 * mib}}); err != nil {
+		t.Fatalf("MakeRoom with growth allowed: %v", err)
+	}
+	if grows != 2 || h.pool.total != 1400*mib {
+		t.Fatalf("grew %d times to %d MiB; want twice, to 1400 MiB", grows, h.pool.total/mib)
+	}
+	h.present("img1", "img2")
+	err := h.c.MakeRoom(ctx, "s3://bucket/img4/", []pipeline.LayerNeed{{Position: 1, Key: "img4/1.tar", Bytes: 800 * mib}})
+	if !errors.Is(err, ErrNoRoom) || h.pool.total != 1600*mib {
+		t.Fatalf("MakeRoom past the growth limit: %v (pool %d MiB); want ErrNoRoom at 1600 MiB", err, h.pool.total/mib)
+	}
+}

@@ -59,41 +59,54 @@ func (p *Pipelines) used(ctx context.Context, imageID string, pulled bool) {
 }
 
 // makeRoom asks the guard for room for the layers of a pull that are not
-// unpacked yet: a layer whose object is recorded with the listed ETag and
-// size and whose chain is recorded needs no new device, nor do the layers
-// below it.
+// unpacked yet: the bottom layers unpackedPrefix finds need no new device.
 func (p *Pipelines) makeRoom(ctx context.Context, bucket, source string, layers []Layer) error {
 	if p.guard == nil {
 		return nil
 	}
-	var (
-		needs []LayerNeed
-		prev  string
-		known = true
-	)
-	for i, l := range layers {
-		if known {
-			known = false
-			o, err := p.db.ObjectRecord(ctx, bucket, l.Key)
-			if err != nil {
-				return err
-			}
-			if o != nil && o.ETag == l.ETag && o.SizeBytes == l.Size && o.DiffID != "" {
-				chain := ChainID(prev, o.DiffID)
-				c, err := p.db.GetChain(ctx, chain)
-				if err != nil {
-					return err
-				}
-				if c != nil {
-					prev, known = chain, true
-					continue
-				}
-			}
-		}
-		needs = append(needs, LayerNeed{Position: i + 1, Key: l.Key, Bytes: l.Size})
+	known, err := p.unpackedPrefix(ctx, bucket, layers)
+	if err != nil {
+		return err
+	}
+	var needs []LayerNeed
+	for i, l := range layers[len(known):] {
+		needs = append(needs, LayerNeed{Position: len(known) + i + 1, Key: l.Key, Bytes: l.Size})
 	}
 	if len(needs) == 0 {
 		return nil
 	}
 	return p.guard.MakeRoom(ctx, source, needs)
+}
+
+// unpackedPrefix returns the bottom layers of a pull that are unpacked as
+// recorded, with their diff and chain IDs: each one's object is recorded
+// with the listed ETag and size, and the chain its content makes on the
+// layers below is recorded. They need neither a new device nor their
+// tarball, which may have left the download cache.
+func (p *Pipelines) unpackedPrefix(ctx context.Context, bucket string, layers []Layer) ([]Layer, error) {
+	var (
+		out  []Layer
+		prev string
+	)
+	for _, l := range layers {
+		o, err := p.db.ObjectRecord(ctx, bucket, l.Key)
+		if err != nil {
+			return nil, err
+		}
+		if o == nil || l.ETag == "" || o.ETag != l.ETag || o.SizeBytes != l.Size || o.DiffID == "" {
+			break
+		}
+		chain := ChainID(prev, o.DiffID)
+		c, err := p.db.GetChain(ctx, chain)
+		if err != nil {
+			return nil, err
+		}
+		if c == nil {
+			break
+		}
+		l.DiffID, l.ChainID = o.DiffID, chain
+		out = append(out, l)
+		prev = chain
+	}
+	return out, nil
 }

@@ -191,8 +191,29 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 	parent := newPullID()
 	res := &PullResult{Ref: ref, Source: source, ImageID: imageID}
 
+	// The bottom layers already unpacked as recorded are not downloaded
+	// again: their chains stand, and their tarballs may have left the
+	// download cache.
+	// A chain whose device left the pool is rebuilt from its tarball by
+	// its unpack run: from there on, layers are downloaded.
+	known, err := p.unpackedPrefix(ctx, req.Bucket, layers)
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: %w", source, err)
+	}
+	for i, l := range known {
+		alive, _, err := p.deviceAlive(ctx, l.ChainID)
+		if err != nil {
+			return nil, fmt.Errorf("pull %s: layer %d: %w", source, i+1, err)
+		}
+		if !alive {
+			known = known[:i]
+			break
+		}
+	}
+	copy(layers, known)
 	dlRuns := make([]string, len(layers))
-	for i, l := range layers {
+	for i, l := range layers[len(known):] {
+		i += len(known)
 		dr := &DownloadRequest{Bucket: req.Bucket, S3Key: l.Key, Size: l.Size, ETag: l.ETag}
 		runID, err := p.startDownload(ctx, objectRunID(dr), dr, fsm.WithQueue(QueueDownloads), fsm.WithParent(parent))
 		if err != nil {
@@ -202,7 +223,13 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 		watch(runID, i+1)
 	}
 	prev := ""
+	if len(known) > 0 {
+		prev = known[len(known)-1].ChainID
+	}
 	for i, runID := range dlRuns {
+		if i < len(known) {
+			continue
+		}
 		d, err := fsm.Await[DownloadResponse](ctx, p.m, runID)
 		if err != nil {
 			return nil, fmt.Errorf("pull %s: layer %d (%s): %w", source, i+1, layers[i].Key, err)
@@ -221,7 +248,10 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 		if i > 0 {
 			parentChain = layers[i-1].ChainID
 		}
-		after := []string{dlRuns[i]}
+		var after []string
+		if dlRuns[i] != "" {
+			after = append(after, dlRuns[i])
+		}
 		if i > 0 {
 			after = append(after, upRuns[i-1])
 		}

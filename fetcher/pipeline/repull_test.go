@@ -133,3 +133,37 @@ func TestMappedDeviceLive(t *testing.T) {
 		}
 	}
 }
+
+// TestRepullWithoutTarballs: once an image is unpacked its tarballs are a
+// cache: with them deleted, a pull that runs the pipelines again
+// (--refresh) downloads nothing and needs no file, because its layers'
+// chains stand as recorded.
+func TestRepullWithoutTarballs(t *testing.T) {
+	e := newPullEnv(t, nil)
+	e.srv.Put(t, "img/1.tar", layerTar(t, "img", 500))
+	e.srv.Put(t, "img/2.tar", layerTar(t, "img2", 300))
+	first := e.mustPull("img/", "img")
+	files, err := e.db.ListLayerFiles(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != 2 {
+		t.Fatalf("%d layer files recorded, want 2", len(files))
+	}
+	for _, f := range files {
+		if err := os.Remove(f.Path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.srv.Faults.Reset()
+	res, err := e.p.Pull(context.Background(), PullRequest{Bucket: e.srv.Bucket, Key: "img/", Ref: "img", Refresh: true}, nil)
+	if err != nil {
+		t.Fatalf("refresh pull without the tarballs: %v", err)
+	}
+	if res.Downloaded != 0 || res.TopChainID != first.TopChainID {
+		t.Errorf("refresh pull: %d layers downloaded, top chain %s; want 0 and %s", res.Downloaded, res.TopChainID, first.TopChainID)
+	}
+	if get := e.srv.Requests("GET", "img/1.tar") + e.srv.Requests("GET", "img/2.tar"); get != 0 {
+		t.Errorf("refresh pull fetched the layers %d times, want none", get)
+	}
+}

@@ -1,0 +1,123 @@
+//go:build dm
+
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
+)
+
+// scrapeSum sums the samples of every metric whose name starts with prefix.
+func scrapeSum(t *testing.T, addr, prefix string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	sum := 0.0
+	for sc.Scan() {
+		name, val, ok := strings.Cut(sc.Text(), " ")
+		if !ok || strings.HasPrefix(name, "#") || !strings.HasPrefix(name, prefix) {
+			continue
+		}
+		if v, err := strconv.ParseFloat(val, 64); err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
+
+// poolStatusJSON runs `pool status --format json` against cfgPath.
+func poolStatusJSON(t *testing.T, cfgPath string) poolStatusView {
+	t.Helper()
+	code, out, errOut := runCommand(t, nil, "pool", "status", "--config", cfgPath, "--format", "json")
+	if code != 0 {
+		t.Fatalf("pool status = %d, %q, %q", code, out, errOut)
+	}
+	var v poolStatusView
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatalf("pool status output %q: %v", out, err)
+	}
+	return v
+}
+
+// TestPullGrowsPoolAtLowWater: with pool.max_data_size set, a pull whose
+// unpacking crosses the low-water mark makes the daemon grow the loop-file
+// pool online (the event is counted, the table reloaded: `pool status`
+// shows the larger size) and the pull succeeds.
+func TestPullGrowsPoolAtLowWater(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := lis.Addr().String()
+	lis.Close()
+	const (
+		dataSize = 256 << 20
+		blocks   = dataSize / (64 << 10)
+	)
+	e := newPullEnvTB(t, func(c *plugin.Config) {
+		c.Pool.DataSize = dataSize
+		c.Pool.MaxDataSize = 1 << 30
+		c.Pool.GrowthReserve = 64 << 20
+		c.Pool.LowWaterMark = blocks * 6 / 10 // an image of 120 MiB crosses it
+		c.Daemon.MetricsAddress = metricsAddr
+	})
+	before := poolStatusJSON(t, e.cfgPath)
+	if before.DataTotalBytes != dataSize || before.LowWaterBlocks != blocks*6/10 || before.LoopFilesVirtualBytes == 0 || before.BackingFSFreeBytes == 0 {
+		t.Fatalf("pool status before the pull: %+v; want %d bytes of data, low-water mark %d, the loop files' figures", before, dataSize, blocks*6/10)
+	}
+	r := rand.New(rand.NewPCG(15, 16))
+	body := make([]byte, 2<<20)
+	for i := range body {
+		body[i] = byte(r.Uint32())
+	}
+	e.srv.Put(t, "big.tar", bulkLayer(t, "big", body, 60))
+	start := time.Now()
+	res, err := e.pull("big.tar", "big")
+	if err != nil {
+		t.Fatalf("pull crossing the low-water mark: %v", err)
+	}
+	t.Logf("pulled %s in %v", res.ImageID, time.Since(start).Round(time.Millisecond))
+	var after poolStatusView
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		after = poolStatusJSON(t, e.cfgPath)
+		if after.DataTotalBytes > dataSize || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Logf("pool status after: data %d/%d bytes, mode %s, low-water mark %d blocks, loop files %d virtual, %d free",
+		after.DataUsedBytes, after.DataTotalBytes, after.Mode, after.LowWaterBlocks, after.LoopFilesVirtualBytes, after.BackingFSFreeBytes)
+	if after.DataTotalBytes <= dataSize || after.Mode != "rw" {
+		t.Fatalf("pool status after the pull: %+v; want more than %d bytes of data, rw", after, dataSize)
+	}
+	if after.DataUsedBytes < 120<<20 {
+		t.Fatalf("pool holds %d bytes after a 120 MiB pull", after.DataUsedBytes)
+	}
+	events := scrapeSum(t, metricsAddr, "flyio_snapshotter_pool_low_water_events_total")
+	growths := scrapeSum(t, metricsAddr, "flyio_snapshotter_pool_growths_total")
+	grown := scrapeSum(t, metricsAddr, "flyio_snapshotter_pool_grown_bytes_total")
+	free := scrapeSum(t, metricsAddr, "flyio_snapshotter_pool_backing_fs_free_bytes")
+	t.Logf("metrics: %v low-water events, %v growths, %v bytes grown, %v bytes free on the loop files' filesystem", events, growths, grown, free)
+	if events < 1 || growths < 1 || uint64(grown) != after.DataTotalBytes-dataSize || free <= 0 {
+		t.Fatalf("metrics: %v low-water events, %v growths, %v bytes grown, %v free; want at least one event and growth, %d bytes grown",
+			events, growths, grown, free, after.DataTotalBytes-dataSize)
+	}
+	if got := e.readActive(res, "big/marker"); got != "big" {
+		t.Fatalf("big/marker in the activation after the growth = %q, want \"big\"", got)
+	}
+	e.checkClean()
+}

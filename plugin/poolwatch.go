@@ -1,0 +1,45 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+
+	"github.com/containerd/log"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/gc"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metrics"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
+)
+
+// watchPool handles the pool's device-mapper events until ctx is done. At
+// the low-water mark it grows a loop-file pool when pool.max_data_size
+// allows (first: containers writing now need the room at once), then, with gc.enabled,
+// runs a garbage collection, which removes unused images only when the pool is
+// still past gc.high_threshold. Other events (mode changes) are logged.
+func (s *Service) watchPool(ctx context.Context, col *gc.Collector, ev *metrics.PoolEvents) {
+	lg := log.G(ctx).WithField("pool", s.Pool.Name())
+	err := s.Pool.Watch(ctx, func(ctx context.Context, e thinpool.Event) {
+		l := lg.WithField("event", e.EventNr).WithField("mode", e.Status.Mode).
+			WithField("free_blocks", e.Status.TotalDataBlocks-e.Status.UsedDataBlocks).WithField("low_water_blocks", e.LowWaterBlocks)
+		if !e.LowWater {
+			l.WithField("needs_check", e.Status.NeedsCheck).Info("pool event")
+			return
+		}
+		l.Warn("pool data at the low-water mark")
+		ev.LowWater()
+		if s.Config.Pool.MaxDataSize != 0 {
+			if _, err := s.growPool(ctx); err != nil {
+				l.WithError(err).Error("growing the pool at the low-water mark")
+			}
+		}
+		if !s.Config.GC.Enabled {
+			return
+		}
+		if _, err := col.Collect(ctx, "low_water", 0); err != nil {
+			l.WithError(err).Warn("gc: collection at the low-water mark")
+		}
+	})
+	if err != nil && !errors.Is(err, context.Canceled) {
+		lg.WithError(err).Error("watching the pool's events stopped")
+	}
+}

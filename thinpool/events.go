@@ -1,0 +1,114 @@
+package thinpool
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+)
+
+// DefaultLowWaterPercent sizes the low-water mark when
+// Config.LowWaterMarkBlocks is zero: the kernel raises its event once the
+// free data blocks fall to this percent of the pool's data blocks, early
+// enough for a collection or a growth to finish before writes run out.
+const DefaultLowWaterPercent = 10
+
+// lowWaterBlocks is the low-water mark loaded with a data device of
+// totalBlocks blocks: the configured count, or DefaultLowWaterPercent of
+// the blocks (at least one).
+func (p *Pool) lowWaterBlocks(totalBlocks uint64) uint64 {
+	if p.cfg.LowWaterMarkBlocks != 0 {
+		return p.cfg.LowWaterMarkBlocks
+	}
+	return max(1, totalBlocks*DefaultLowWaterPercent/100)
+}
+
+// Event is one device-mapper event the kernel raised on the pool: the data
+// low-water mark crossed, a mode change (out of data space, read-only,
+// back to rw), or the metadata low-water mark crossed.
+type Event struct {
+	// EventNr is the pool's event counter after the event.
+	EventNr uint32
+	// Status is the pool's status when the wait returned.
+	Status PoolStatus
+	// LowWater is true when the free data blocks are at or under the
+	// pool's low-water mark.
+	LowWater bool
+	// LowWaterBlocks is the low-water mark of the live table.
+	LowWaterBlocks uint64
+}
+
+// Watch calls fn with each event the kernel raises on the pool until ctx is
+// done, then returns ctx's error. It waits with the DM_DEV_WAIT ioctl on
+// the pool's event counter, so no event is lost between two waits (a wait
+// for a counter the pool has already passed returns at once) and no
+// dmeventd is needed. fn runs on Watch's goroutine: events raised while it
+// runs are reported once it returns, merged into one.
+//
+// The kernel offers no way to interrupt DM_DEV_WAIT from Go (the runtime's
+// signals restart it), so when ctx ends the wait still under way is left to
+// end with the pool's next event; it holds nothing but a goroutine.
+func (p *Pool) Watch(ctx context.Context, fn func(ctx context.Context, ev Event)) error {
+	if err := p.usable(); err != nil {
+		return err
+	}
+	info, err := p.ctl.info(p.name)
+	if err != nil {
+		return p.errf(nil, err, "watch: event counter")
+	}
+	last := info.EventNr
+	type result struct {
+		nr      uint32
+		targets []dmTarget
+		err     error
+	}
+	for {
+		ch := make(chan result, 1)
+		go func(after uint32) {
+			nr, targets, err := p.ctl.wait(p.name, after)
+			ch <- result{nr, targets, err}
+		}(last)
+		var r result
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case r = <-ch:
+		}
+		if r.err != nil {
+			return p.errf(nil, r.err, "watch: wait for event %d", last+1)
+		}
+		last = r.nr
+		ev := Event{EventNr: r.nr}
+		if len(r.targets) == 1 && r.targets[0].Type == "thin-pool" {
+			if st, err := parsePoolStatus(r.targets[0].Params); err == nil {
+				st.BlockSizeSectors = p.blockSize
+				ev.Status = st
+			}
+		}
+		if ev.Status.TotalDataBlocks == 0 && ev.Status.Mode == "" {
+			if ev.Status, err = p.status(true); err != nil {
+				log.G(ctx).WithError(err).WithField("pool", p.name).Warn("thinpool: status after an event")
+			}
+		}
+		if t, _, err := p.liveTable(); err == nil {
+			ev.LowWaterBlocks = t.LowWater
+			ev.LowWater = ev.Status.TotalDataBlocks-ev.Status.UsedDataBlocks <= t.LowWater
+		}
+		fn(ctx, ev)
+	}
+}
+
+// wait blocks until the event counter of device name differs from after
+// (DM_DEV_WAIT) and returns the new counter with the targets' status.
+func (c *dmControl) wait(name string, after uint32) (uint32, []dmTarget, error) {
+	r, err := c.ioctl(unix.DM_DEV_WAIT, dmRequest{name: name, eventNr: after})
+	if err != nil {
+		return 0, nil, err
+	}
+	t, err := parseTargets(r.data, r.hdr.Target_count)
+	if err != nil {
+		return r.hdr.Event_nr, nil, fmt.Errorf("%s %q: %w", dmCmdName(unix.DM_DEV_WAIT), name, err)
+	}
+	return r.hdr.Event_nr, t, nil
+}

@@ -1,0 +1,277 @@
+package thinpool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+)
+
+// DefaultGrowthReserve is the free space growth leaves on the filesystem
+// holding the loop files when Config.GrowthReserve is zero (1 GiB): the
+// host keeps room for its logs and the daemon's database and downloads.
+const DefaultGrowthReserve = 1 << 30
+
+// growthStepDivisor sizes one growth: a quarter of the data size, so a few
+// events take a small pool to its maximum without reserving far ahead of
+// what is written.
+const growthStepDivisor = 4
+
+// Backing describes the filesystem under a loop-file pool.
+type Backing struct {
+	// Loop is false for a pool on block devices; the other fields are then
+	// zero.
+	Loop bool
+	// Dir is the directory holding the loop files.
+	Dir string
+	// FSFree is what the filesystem has free for the daemon, in bytes.
+	FSFree uint64
+	// FSSize is the filesystem's size in bytes.
+	FSSize uint64
+	// Virtual is the loop files' apparent size (data plus metadata).
+	Virtual uint64
+	// Allocated is what the loop files already hold on the filesystem.
+	Allocated uint64
+}
+
+// Unbacked is the part of the loop files the filesystem has not yet
+// allocated: what the pool can still write that must come out of FSFree.
+func (b Backing) Unbacked() uint64 {
+	if b.Allocated >= b.Virtual {
+		return 0
+	}
+	return b.Virtual - b.Allocated
+}
+
+// Overcommitted reports whether the loop files could need more space than
+// the filesystem has free.
+func (b Backing) Overcommitted() bool { return b.Loop && b.Unbacked() > b.FSFree }
+
+// Backing reads the filesystem under the pool's loop files.
+func (p *Pool) Backing(ctx context.Context) (Backing, error) {
+	if err := p.usable(); err != nil {
+		return Backing{}, err
+	}
+	if p.cfg.DataDevice != "" {
+		return Backing{}, nil
+	}
+	b := Backing{Loop: true, Dir: p.cfg.RootDir}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(p.cfg.RootDir, &fs); err != nil {
+		return Backing{}, p.errf(nil, err, "statfs %s", p.cfg.RootDir)
+	}
+	b.FSFree = fs.Bavail * uint64(fs.Bsize)
+	b.FSSize = fs.Blocks * uint64(fs.Bsize)
+	for _, name := range []string{DataFileName, MetadataFileName} {
+		var st unix.Stat_t
+		path := filepath.Join(p.cfg.RootDir, name)
+		if err := unix.Stat(path, &st); err != nil {
+			return Backing{}, p.errf(nil, err, "stat %s", path)
+		}
+		b.Virtual += uint64(st.Size)
+		b.Allocated += uint64(st.Blocks) * 512
+	}
+	return b, nil
+}
+
+// warnOvercommit logs when the loop files could outgrow the filesystem
+// holding them: a pool that believes it has space the host has not fails
+// its writes with EIO from the loop device, not a clean ENOSPC.
+func (p *Pool) warnOvercommit(ctx context.Context) {
+	b, err := p.Backing(ctx)
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("pool", p.name).Warn("thinpool: reading the loop files' filesystem")
+		return
+	}
+	if b.Overcommitted() {
+		log.G(ctx).WithField("pool", p.name).WithField("dir", b.Dir).WithField("virtual_bytes", b.Virtual).
+			WithField("unallocated_bytes", b.Unbacked()).WithField("fs_free_bytes", b.FSFree).
+			Warn("thinpool: the loop files may grow past the free space of their filesystem; the pool fails its writes when it does")
+	}
+}
+
+// liveTable returns the pool's live thin-pool table and its length in
+// sectors.
+func (p *Pool) liveTable() (poolTable, uint64, error) {
+	targets, _, err := p.ctl.tableStatus(p.name, true, false)
+	if err != nil {
+		return poolTable{}, 0, err
+	}
+	if len(targets) != 1 || targets[0].Type != "thin-pool" {
+		return poolTable{}, 0, fmt.Errorf("device %q is not a thin pool (table %v)", p.name, targets)
+	}
+	t, err := parsePoolTable(targets[0].Params)
+	return t, targets[0].Length, err
+}
+
+// Growth is what one Grow did.
+type Growth struct {
+	// From and To are the data sizes in bytes before and after; equal when
+	// the pool did not grow.
+	From, To int64
+	// Reason says why the pool did not grow, when it did not.
+	Reason string
+}
+
+// Grew reports whether the pool grew.
+func (g Growth) Grew() bool { return g.To > g.From }
+
+// Grow makes a loop-file pool's data larger by one step (a quarter of its
+// size) while Config.MaxDataSize allows, never adding more than the
+// filesystem holding the loop files has free beyond Config.GrowthReserve
+// and what the files may still claim. It extends the data file, has the
+// loop device take the new size (LOOP_SET_CAPACITY), and reloads the pool
+// table with the new length online (load, suspend, resume: IO to thin
+// devices waits during the swap and goes on after it). A pool on block
+// devices, one at its maximum, or one without room on the filesystem does
+// not grow: the result says why and the error is nil.
+func (p *Pool) Grow(ctx context.Context) (Growth, error) {
+	if err := p.usable(); err != nil {
+		return Growth{}, err
+	}
+	p.growMu.Lock()
+	defer p.growMu.Unlock()
+	t, sectors, err := p.liveTable()
+	if err != nil {
+		return Growth{}, p.errf(nil, err, "grow: read table")
+	}
+	block := int64(p.blockSize) * 512
+	g := Growth{From: int64(sectors) * 512}
+	g.To = g.From
+	switch {
+	case p.cfg.DataDevice != "":
+		g.Reason = "the pool is on block devices, not loop files"
+		return g, nil
+	case p.cfg.MaxDataSize <= 0:
+		g.Reason = "growth is off (no maximum data size)"
+		return g, nil
+	case g.From+block > p.cfg.MaxDataSize:
+		g.Reason = fmt.Sprintf("the data size %d is at the maximum %d", g.From, p.cfg.MaxDataSize)
+		return g, nil
+	}
+	b, err := p.Backing(ctx)
+	if err != nil {
+		return g, err
+	}
+	reserve := p.cfg.GrowthReserve
+	room := int64(b.FSFree) - int64(b.Unbacked()) - reserve
+	to := min(g.From+max(g.From/growthStepDivisor, block), p.cfg.MaxDataSize, g.From+room)
+	to = to / block * block
+	if to <= g.From {
+		g.Reason = fmt.Sprintf("the filesystem of %s has %d bytes free, the loop files may still claim %d and %d are kept in reserve",
+			b.Dir, b.FSFree, b.Unbacked(), reserve)
+		return g, nil
+	}
+	dataPath := filepath.Join(p.cfg.RootDir, DataFileName)
+	if err := os.Truncate(dataPath, to); err != nil {
+		return g, p.errf(nil, err, "grow: extend %s to %d bytes", dataPath, to)
+	}
+	dataDev, err := parseDevString(t.DataDev)
+	if err != nil {
+		return g, p.errf(nil, err, "grow")
+	}
+	node, err := nodeFor(dataDev)
+	if err != nil {
+		return g, p.errf(nil, err, "grow")
+	}
+	if err := setLoopCapacity(node); err != nil {
+		return g, p.errf(nil, err, "grow: %s", node)
+	}
+	if got, err := deviceSize(node); err != nil {
+		return g, p.errf(nil, err, "grow")
+	} else if got < to {
+		return g, p.errf(nil, fmt.Errorf("loop device %s reports %d bytes after LOOP_SET_CAPACITY, want %d", node, got, to), "grow")
+	}
+	newSectors := uint64(to) / 512
+	table := []dmTarget{{Start: 0, Length: newSectors, Type: "thin-pool",
+		Params: poolTableParams(t.MetaDev, t.DataDev, t.BlockSize, p.lowWaterBlocks(newSectors/uint64(t.BlockSize)))}}
+	if err := p.reload(table); err != nil {
+		return g, p.errf(nil, err, "grow: reload the table with %d sectors", newSectors)
+	}
+	g.To = to
+	log.G(ctx).WithField("pool", p.name).WithField("from_bytes", g.From).WithField("to_bytes", g.To).Info("thinpool: pool data grown")
+	return g, nil
+}
+
+// reload swaps the pool's table for table: load into the inactive slot,
+// suspend, resume. A failed suspend drops the loaded table again.
+func (p *Pool) reload(table []dmTarget) error {
+	if err := p.ctl.load(p.name, table, false); err != nil {
+		return fmt.Errorf("load table %q: %w", table[0].Params, err)
+	}
+	if err := p.ctl.suspend(p.name, false); err != nil {
+		_, clearErr := p.ctl.ioctl(unix.DM_TABLE_CLEAR, dmRequest{name: p.name})
+		return errors.Join(fmt.Errorf("suspend: %w", err), clearErr)
+	}
+	if _, err := p.ctl.resume(p.name); err != nil {
+		return fmt.Errorf("resume: %w", err)
+	}
+	return nil
+}
+
+// setLoopCapacity has loop device node re-read its backing file's size.
+func setLoopCapacity(node string) error {
+	f, err := os.OpenFile(node, os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", node, err)
+	}
+	defer f.Close()
+	if err := unix.IoctlSetInt(int(f.Fd()), unix.LOOP_SET_CAPACITY, 0); err != nil {
+		return fmt.Errorf("LOOP_SET_CAPACITY %s: %w", node, err)
+	}
+	return nil
+}
+
+// Adjust is what the process owning the pool runs once after Open (a
+// reader such as a status command does not): it reloads the table when the
+// live low-water mark is not the one Config asks for (the pool was
+// activated under another configuration), so that events come where the
+// owner expects them, and warns when the loop files could outgrow the
+// filesystem holding them.
+func (p *Pool) Adjust(ctx context.Context) error {
+	if err := p.usable(); err != nil {
+		return err
+	}
+	p.warnOvercommit(ctx)
+	if err := p.syncLowWater(ctx); err != nil {
+		return p.errf(nil, err, "adjust")
+	}
+	return nil
+}
+
+func (p *Pool) syncLowWater(ctx context.Context) error {
+	p.growMu.Lock()
+	defer p.growMu.Unlock()
+	t, sectors, err := p.liveTable()
+	if err != nil {
+		return err
+	}
+	want := p.lowWaterBlocks(sectors / uint64(t.BlockSize))
+	if t.LowWater == want {
+		return nil
+	}
+	table := []dmTarget{{Start: 0, Length: sectors, Type: "thin-pool",
+		Params: poolTableParams(t.MetaDev, t.DataDev, t.BlockSize, want)}}
+	if err := p.reload(table); err != nil {
+		return fmt.Errorf("reload the table with low-water mark %d blocks: %w", want, err)
+	}
+	log.G(ctx).WithField("pool", p.name).WithField("from_blocks", t.LowWater).WithField("to_blocks", want).Info("thinpool: low-water mark reloaded")
+	return nil
+}
+
+// LowWaterBlocks returns the low-water mark of the pool's live table, in
+// data blocks.
+func (p *Pool) LowWaterBlocks(ctx context.Context) (uint64, error) {
+	if err := p.usable(); err != nil {
+		return 0, err
+	}
+	t, _, err := p.liveTable()
+	if err != nil {
+		return 0, p.errf(nil, err, "read table")
+	}
+	return t.LowWater, nil
+}

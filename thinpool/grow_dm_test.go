@@ -1,0 +1,269 @@
+//go:build dm
+
+package thinpool
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestLowWaterEventGrowsPool: writes crossing the low-water mark raise a
+// device-mapper event that Watch reports; Grow at that event extends the
+// loop file, the loop device and the live table, so the writes go on past
+// the pool's first size, and the next event comes at the new size's mark.
+func TestLowWaterEventGrowsPool(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	scratch := os.Getenv("VM_SCRATCH")
+	cfg := Config{PoolName: "tp-lowwater", RootDir: filepath.Join(scratch, "tp-lowwater"),
+		DataSize: 32 * mib, MetadataSize: 16 << 20, MaxDataSize: 48 * mib, GrowthReserve: mib,
+		LowWaterMarkBlocks: 256} // half of the 512 blocks
+	p, err := Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { destroyPool(t, cfg) })
+	if tbl, _, err := p.liveTable(); err != nil || tbl.LowWater != 256 {
+		t.Fatalf("live table low-water mark = %d, %v; want 256", tbl.LowWater, err)
+	}
+
+	type seen struct {
+		ev Event
+		g  Growth
+	}
+	events := make(chan seen, 8)
+	go p.Watch(ctx, func(ctx context.Context, ev Event) {
+		s := seen{ev: ev}
+		if ev.LowWater {
+			g, err := p.Grow(ctx)
+			if err != nil {
+				t.Errorf("Grow at event %d: %v", ev.EventNr, err)
+			}
+			s.g = g
+		}
+		events <- s
+	})
+
+	if err := p.CreateThin(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	path, err := p.Activate(ctx, "tp-lowwater-1", 1, 128*mib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := openDirect(t, path)
+	chunk := pattern(7, mib)
+	for off := int64(0); off < 20*mib; off += mib { // past 16 MiB: under 256 free blocks
+		d.mustWrite(off, chunk)
+	}
+	var s seen
+	select {
+	case s = <-events:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no device-mapper event within 30 s of crossing the low-water mark")
+	}
+	t.Logf("event %d: low water %v, status %d/%d blocks, growth %+v", s.ev.EventNr, s.ev.LowWater,
+		s.ev.Status.UsedDataBlocks, s.ev.Status.TotalDataBlocks, s.g)
+	if !s.ev.LowWater || !s.g.Grew() || s.g.From != 32*mib || s.g.To != 40*mib {
+		t.Fatalf("event %+v, growth %+v; want a low-water event and growth from 32 to 40 MiB", s.ev, s.g)
+	}
+	st, err := p.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.TotalDataBlocks != 40*mib/(64<<10) || st.Mode != ModeReadWrite {
+		t.Fatalf("status after growth: %+v; want 640 blocks, rw", st)
+	}
+	if fi, err := os.Stat(filepath.Join(cfg.RootDir, DataFileName)); err != nil || fi.Size() != 40*mib {
+		t.Fatalf("data file after growth: %v, %v; want 40 MiB", fi, err)
+	}
+	// Past the first size: these blocks exist only because the pool grew.
+	for off := int64(20 * mib); off < 36*mib; off += mib {
+		d.mustWrite(off, chunk)
+	}
+	mustEqual(t, "block written after growth", d.read(35*mib, mib), chunk)
+
+	// The reload re-armed the mark (now 256 of 640 blocks): the writes
+	// above crossed it again, and the pool grows to its maximum.
+	select {
+	case s = <-events:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no second event after the writes crossed the new low-water mark")
+	}
+	if !s.ev.LowWater || s.g.To != 48*mib {
+		t.Fatalf("second event %+v, growth %+v; want growth to the 48 MiB maximum", s.ev, s.g)
+	}
+	g, err := p.Grow(ctx)
+	if err != nil || g.Grew() || g.Reason == "" {
+		t.Fatalf("Grow at the maximum = %+v, %v; want no growth with a reason", g, err)
+	}
+	t.Logf("at the maximum: %s", g.Reason)
+	b, err := p.Backing(ctx)
+	if err != nil || !b.Loop || b.Virtual != 48*mib+16<<20 || b.FSFree == 0 {
+		t.Fatalf("Backing = %+v, %v; want the loop files' 64 MiB and the tmpfs's free space", b, err)
+	}
+}
+
+// TestGrowthKeepsFilesystemReserve: growth never takes the filesystem's
+// free space below the reserve, counting what the sparse files may still
+// claim.
+func TestGrowthKeepsFilesystemReserve(t *testing.T) {
+	ctx := context.Background()
+	scratch := os.Getenv("VM_SCRATCH")
+	var fs unix.Statfs_t
+	if err := unix.Statfs(scratch, &fs); err != nil {
+		t.Fatal(err)
+	}
+	free := int64(fs.Bavail) * int64(fs.Bsize)
+	cfg := Config{PoolName: "tp-reserve", RootDir: filepath.Join(scratch, "tp-reserve"),
+		DataSize: 32 * mib, MetadataSize: 16 << 20, MaxDataSize: 1 << 40,
+		GrowthReserve: free - 48*mib - 4*mib} // room for the files' 48 MiB and 4 MiB more
+	p, err := Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { destroyPool(t, cfg) })
+	g, err := p.Grow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !g.Grew() || g.To > 36*mib || g.To < 35*mib {
+		t.Fatalf("Grow = %+v; want about 4 MiB added (the room beyond the reserve), not the 8 MiB step", g)
+	}
+	g, err = p.Grow(ctx)
+	if err != nil || g.Grew() {
+		t.Fatalf("second Grow = %+v, %v; want none: the reserve is reached", g, err)
+	}
+	t.Logf("refused: %s", g.Reason)
+}
+
+// TestMetadataThresholdKeepsDeletes: past the metadata threshold new devices
+// are refused with ErrMetadataReserve while the pool stays rw and deletes
+// work, which frees the metadata for new devices again.
+func TestMetadataThresholdKeepsDeletes(t *testing.T) {
+	ctx := context.Background()
+	scratch := os.Getenv("VM_SCRATCH")
+	cfg := Config{PoolName: "tp-metathreshold", RootDir: filepath.Join(scratch, "tp-metathreshold"),
+		DataSize: 64 * mib, MetadataSize: 512 << 10, MetadataThreshold: 60}
+	p, err := Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { destroyPool(t, cfg) })
+	var id uint32
+	for id = 1; ; id++ {
+		if err = p.CreateThin(ctx, id); err != nil {
+			break
+		}
+		if id > 10000 {
+			t.Fatal("10000 thin devices fit in 512 KiB of metadata")
+		}
+	}
+	t.Logf("refused after %d devices: %v", id-1, err)
+	wantErr(t, "create_thin past the threshold", err, ErrMetadataReserve)
+	wantErr(t, "create_thin past the threshold", err, ErrPoolFull)
+	st, err := p.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if used := 100 * float64(st.UsedMetadataBlocks) / float64(st.TotalMetadataBlocks); st.Mode != ModeReadWrite || used < 60 || used > 90 {
+		t.Fatalf("status at the threshold: %+v (%.1f%% metadata); want rw, at 60%% and well short of full", st, used)
+	}
+	for d := uint32(1); d < id; d++ {
+		if err := p.Delete(ctx, d); err != nil {
+			t.Fatalf("delete %d at the metadata threshold: %v", d, err)
+		}
+	}
+	if err := p.CreateThin(ctx, id); err != nil {
+		t.Fatalf("create_thin after the deletes: %v", err)
+	}
+}
+
+// TestFullPoolSparesOtherDevices: a device that fills the pool gets ENOSPC
+// while another device keeps reading and rewriting the blocks it already
+// has; once the first is deleted the pool is rw again and takes new
+// devices.
+func TestFullPoolSparesOtherDevices(t *testing.T) {
+	ctx := context.Background()
+	p, _ := testPool(t, 32*mib)
+	for _, id := range []uint32{1, 2} {
+		if err := p.CreateThin(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pathB, err := p.Activate(ctx, p.name+"-b", 2, 64*mib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := openDirect(t, pathB)
+	for off := int64(0); off < 4*mib; off += mib {
+		b.mustWrite(off, pattern(off, mib))
+	}
+	pathA, err := p.Activate(ctx, p.name+"-a", 1, 64*mib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := openDirect(t, pathA)
+	var werr error
+	for off := int64(0); off < 64*mib && werr == nil; off += mib {
+		werr = a.write(off, pattern(1, mib))
+	}
+	if !errors.Is(werr, unix.ENOSPC) {
+		t.Fatalf("writer filling the pool got %v, want ENOSPC", werr)
+	}
+	if st, err := p.Status(ctx); err != nil || st.Mode != ModeOutOfDataSpace {
+		t.Fatalf("status: %+v, %v; want out_of_data_space", st, err)
+	}
+	for off := int64(0); off < 4*mib; off += mib {
+		want := pattern(off+100, mib)
+		b.mustWrite(off, want) // mapped blocks: no allocation needed
+		mustEqual(t, "other device's block on the full pool", b.read(off, mib), want)
+	}
+	a.f.Close()
+	if err := p.Deactivate(ctx, p.name+"-a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Delete(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := p.Status(ctx); err != nil || st.Mode != ModeReadWrite {
+		t.Fatalf("status after deleting the filler: %+v, %v; want rw", st, err)
+	}
+	if err := p.CreateThin(ctx, 3); err != nil {
+		t.Fatalf("create_thin after freeing: %v", err)
+	}
+}
+
+// TestAdjustReloadsLowWater: a new pool gets the default low-water mark
+// (10% of its blocks); Open of the active pool under another mark keeps
+// the live table, and Adjust reloads it with the configured mark.
+func TestAdjustReloadsLowWater(t *testing.T) {
+	ctx := context.Background()
+	p, cfg := testPool(t, 32*mib) // 512 blocks
+	if lw, err := p.LowWaterBlocks(ctx); err != nil || lw != 51 {
+		t.Fatalf("default low-water mark = %d, %v; want 51 (10%% of 512)", lw, err)
+	}
+	cfg.LowWaterMarkBlocks = 100
+	q, err := Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lw, err := q.LowWaterBlocks(ctx); err != nil || lw != 51 {
+		t.Fatalf("low-water mark after a reader's Open = %d, %v; want 51 unchanged", lw, err)
+	}
+	if err := q.Adjust(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if lw, err := q.LowWaterBlocks(ctx); err != nil || lw != 100 {
+		t.Fatalf("low-water mark after Adjust = %d, %v; want 100", lw, err)
+	}
+	if st, err := q.Status(ctx); err != nil || st.Mode != ModeReadWrite || st.TotalDataBlocks != 512 {
+		t.Fatalf("status after Adjust: %+v, %v", st, err)
+	}
+}
