@@ -831,7 +831,10 @@ func (s *Snapshotter) Cleanup(ctx context.Context) error {
 
 // Walk calls fn for every snapshot of the context's namespace that matches
 // any of filters (containerd's filter syntax over kind, name, parent and
-// labels.<key>). fn may call the snapshotter.
+// labels.<key>). fn may call the snapshotter. A single filter's equality
+// selectors are answered by the database (containerd's lookup of a layer by
+// its snapshot.ref label and parent, a walk of one snapshot's children), so
+// such a walk costs what it returns, not the number of snapshots.
 func (s *Snapshotter) Walk(ctx context.Context, fn snapshots.WalkFunc, fs ...string) error {
 	ns, err := s.open(ctx)
 	if err != nil {
@@ -841,7 +844,12 @@ func (s *Snapshotter) Walk(ctx context.Context, fn snapshots.WalkFunc, fs ...str
 	if err != nil {
 		return fmt.Errorf("walk: filters %q: %w", fs, err)
 	}
-	rows, err := s.reads().Snapshots(ctx, ns, false)
+	var rows []metadata.CDSnapshot
+	if narrow, ok := pushdown(fs, filter); ok {
+		rows, err = s.reads().SnapshotsWhere(ctx, ns, narrow)
+	} else {
+		rows, err = s.reads().Snapshots(ctx, ns, false)
+	}
 	if err != nil {
 		return err
 	}
