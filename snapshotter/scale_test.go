@@ -1,0 +1,219 @@
+package snapshotter
+
+import (
+	"context"
+	"database/sql"
+	"flag"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/snapshots"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+)
+
+var scaleSizes = flag.String("flyio.scale-sizes", "100,1000,10000", "snapshot counts BenchmarkScale measures at (the first is the anchor of the ratios)")
+
+// scaleSamples is how many calls each per-call row times at each size.
+const scaleSamples = 200
+
+// scaleImageDepth is how many snapshots one image holds in the scale
+// population: its committed layers, each with containerd's snapshot.ref
+// label, and a container's active snapshot on top.
+const scaleImageDepth = 5
+
+// scaleGCImages is how many images BenchmarkScale collects at each size
+// (a quarter of the smallest population).
+const scaleGCImages = 5
+
+// maxPerCallRatio is the most a per-call row's p50 may grow from the
+// anchor size to any larger one.
+const maxPerCallRatio = 1.5
+
+// scaleRow is one measured operation at one size.
+type scaleRow struct {
+	name     string
+	perCall  bool
+	p50, p99 time.Duration
+}
+
+func percentile(ds []time.Duration, p float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(float64(len(s)-1) * p)
+	return s[i]
+}
+
+func timed(samples []time.Duration, fn func()) []time.Duration {
+	t0 := time.Now()
+	fn()
+	return append(samples, time.Since(t0))
+}
+
+// scaleKey names snapshot layer of image i the way containerd's metadata
+// store names its backend keys.
+func scaleKey(i, layer int) string { return fmt.Sprintf("default/%d/sha256:%064x", i*scaleImageDepth+layer, i*scaleImageDepth+layer) }
+
+// populate records n snapshots (n/scaleImageDepth images) on the pool in
+// one transaction, as if containerd had unpacked them.
+func populate(b *testing.B, s *Snapshotter, pool *fakePool, n int) {
+	b.Helper()
+	ctx := context.Background()
+	next := uint32(fakeBaseID + 1)
+	err := s.db.WithTx(ctx, func(tx *sql.Tx) error {
+		q := metadata.SnapshotterTx(tx)
+		for i := 0; i < n/scaleImageDepth; i++ {
+			var parent int64
+			origin := uint32(fakeBaseID)
+			for l := 0; l < scaleImageDepth; l++ {
+				id := next
+				next++
+				if err := pool.CreateSnap(ctx, id, origin); err != nil {
+					return err
+				}
+				kind, state := metadata.SnapKindCommitted, metadata.ThinStateInactive
+				lbls := map[string]string{snapshots.LabelSnapshotRef: fmt.Sprintf("sha256:%064x", i*scaleImageDepth+l)}
+				if l == scaleImageDepth-1 {
+					kind, state, lbls = metadata.SnapKindActive, metadata.ThinStateActive, nil
+					if _, err := pool.Activate(ctx, deviceName(pool.Name(), id), id, DefaultBaseImageSize); err != nil {
+						return err
+					}
+				}
+				if err := q.InsertThinDevice(ctx, metadata.ThinDevice{ID: id, Name: deviceName(pool.Name(), id), OriginID: origin,
+					Role: metadata.ThinRoleSnapshot, State: state, SizeBytes: DefaultBaseImageSize, FSType: "ext4", CreatedNs: 1, UpdatedNs: 1}); err != nil {
+					return err
+				}
+				rid, err := q.InsertSnapshot(ctx, metadata.CDSnapshot{Namespace: keyspace, Key: scaleKey(i, l), Kind: kind,
+					ParentID: parent, DeviceID: id, Labels: lbls, CreatedNs: 1, UpdatedNs: 1})
+				if err != nil {
+					return err
+				}
+				parent, origin = rid, id
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		b.Fatalf("populate %d snapshots: %v", n, err)
+	}
+}
+
+// measureScale fills a fresh database and fake pool with n snapshots and
+// times the calls containerd makes.
+func measureScale(b *testing.B, n int) []scaleRow {
+	ctx := context.Background()
+	pool := newFakePool()
+	dir := b.TempDir()
+	s := newFakeSnapshotter(b, dir, pool, Config{})
+	populate(b, s, pool, n)
+	images := n / scaleImageDepth
+
+	var prep, commit, remove, stat []time.Duration
+	for i := 0; i < scaleSamples; i++ {
+		img := i % images
+		parent := scaleKey(img, scaleImageDepth-2)
+		key := fmt.Sprintf("default/bench/extract-%d", i)
+		name := fmt.Sprintf("sha256:bench-%d", i)
+		ref := snapshots.WithLabels(map[string]string{snapshots.LabelSnapshotRef: name})
+		var err error
+		prep = timed(prep, func() { _, err = s.Prepare(ctx, key, parent, ref) })
+		if err != nil {
+			b.Fatal(err)
+		}
+		commit = timed(commit, func() { err = s.Commit(ctx, name, key, ref) })
+		if err != nil {
+			b.Fatal(err)
+		}
+		stat = timed(stat, func() { _, err = s.Stat(ctx, scaleKey((i*7919)%images, i%scaleImageDepth)) })
+		if err != nil {
+			b.Fatal(err)
+		}
+		remove = timed(remove, func() { err = s.Remove(ctx, name) })
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+
+	var startup []time.Duration
+	for range 5 {
+		var err error
+		startup = timed(startup, func() { _, err = newOn(ctx, s.db, pool, Config{}) })
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	// One image's garbage collection the way containerd's collector does
+	// it: a Walk of every backend snapshot, the removals top first, then
+	// Cleanup.
+	var gc []time.Duration
+	gcImages := min(scaleGCImages, images)
+	for i := 0; i < gcImages; i++ {
+		img := images - 1 - i
+		var err error
+		gc = timed(gc, func() {
+			seen := 0
+			if err = s.Walk(ctx, func(context.Context, snapshots.Info) error { seen++; return nil }); err != nil {
+				return
+			}
+			for l := scaleImageDepth - 1; l >= 0 && err == nil; l-- {
+				err = s.Remove(ctx, scaleKey(img, l))
+			}
+			if err == nil {
+				err = s.Cleanup(ctx)
+			}
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+
+	row := func(name string, perCall bool, ds []time.Duration) scaleRow {
+		return scaleRow{name: name, perCall: perCall, p50: percentile(ds, 0.5), p99: percentile(ds, 0.99)}
+	}
+	return []scaleRow{
+		row("Prepare", true, prep), row("Commit", true, commit), row("Remove", true, remove), row("Stat", true, stat),
+		row("GC of one image (Walk, Remove x5, Cleanup)", false, gc), row("start-up reconciliation", false, startup),
+	}
+}
+
+// BenchmarkScale times Prepare, Commit, Remove, Stat, one image's garbage
+// collection and start-up reconciliation with 100, 1,000 and 10,000
+// snapshots recorded (-flyio.scale-sizes), on a real database and the
+// in-memory fakePool, and prints p50 and p99 with each row's ratio to the
+// first size. It fails when a per-call row's p50 grows more than
+// maxPerCallRatio. It measures once, whatever b.N.
+func BenchmarkScale(b *testing.B) {
+	var sizes []int
+	for _, f := range strings.Split(*scaleSizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < scaleImageDepth*20 {
+			b.Fatalf("-flyio.scale-sizes: %q is not a count of at least %d snapshots", f, scaleImageDepth*20)
+		}
+		sizes = append(sizes, n)
+	}
+	results := make([][]scaleRow, len(sizes))
+	for i, n := range sizes {
+		results[i] = measureScale(b, n)
+	}
+	var out strings.Builder
+	fmt.Fprintf(&out, "\n%-44s %8s %12s %12s %8s %8s\n", "operation", "snaps", "p50", "p99", "p50 x", "p99 x")
+	for r := range results[0] {
+		anchor := results[0][r]
+		for i, n := range sizes {
+			row := results[i][r]
+			r50 := float64(row.p50) / float64(anchor.p50)
+			r99 := float64(row.p99) / float64(anchor.p99)
+			fmt.Fprintf(&out, "%-44s %8d %12s %12s %8.2f %8.2f\n", row.name, n, row.p50.Round(time.Microsecond), row.p99.Round(time.Microsecond), r50, r99)
+			if row.perCall && r50 > maxPerCallRatio {
+				b.Errorf("%s at %d snapshots: p50 %s is %.2f times the %d-snapshot figure (at most %.1f)", row.name, n, row.p50, r50, sizes[0], maxPerCallRatio)
+			}
+		}
+	}
+	fmt.Print(out.String())
+	for b.Loop() {
+	}
+}
