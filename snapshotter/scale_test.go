@@ -56,7 +56,9 @@ func timed(samples []time.Duration, fn func()) []time.Duration {
 
 // scaleKey names snapshot layer of image i the way containerd's metadata
 // store names its backend keys.
-func scaleKey(i, layer int) string { return fmt.Sprintf("default/%d/sha256:%064x", i*scaleImageDepth+layer, i*scaleImageDepth+layer) }
+func scaleKey(i, layer int) string {
+	return fmt.Sprintf("default/%d/sha256:%064x", i*scaleImageDepth+layer, i*scaleImageDepth+layer)
+}
 
 // populate records n snapshots (n/scaleImageDepth images) on the pool in
 // one transaction, as if containerd had unpacked them.
