@@ -181,7 +181,8 @@ func registrar(c *Config) pipeline.Registrar {
 // left, prunes the records of snapshots removed while it was
 // down, and serves the control socket (daemon.control_socket; none when
 // empty) until ctx is done. With gc.enabled, image garbage collection runs
-// before and after every pull and every gc.interval. From then on Serve gives containerd the
+// before and after every pull and every gc.interval; old history records go
+// every retention.interval ([retention]). From then on Serve gives containerd the
 // pipelines' view of the snapshotter (pipeline.ContainerdView). stop closes
 // both; runs under way stay recorded for the next start.
 func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
@@ -209,6 +210,11 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 	go func() {
 		defer loops.Done()
 		col.Loop(sctx)
+	}()
+	loops.Add(1)
+	go func() {
+		defer loops.Done()
+		s.DB.RetainEvery(sctx, s.Config.Retention.Interval.Duration, s.Config.RetentionPolicy())
 	}()
 	done := make(chan struct{})
 	if sock := s.Config.Daemon.ControlSocket; sock != "" {
