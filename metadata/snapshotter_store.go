@@ -631,6 +631,17 @@ func (s SnapshotterQueries) Quarantine(ctx context.Context, id uint32, reason st
 	return nil
 }
 
+// ReleaseQuarantined forgets the quarantine of thin id id, which may then
+// be chosen for a new device; false when it was not quarantined.
+func (s SnapshotterQueries) ReleaseQuarantined(ctx context.Context, id uint32) (bool, error) {
+	res, err := s.q.ExecContext(ctx, `DELETE FROM quarantined_thin_ids WHERE device_id = ?`, id)
+	if err != nil {
+		return false, fmt.Errorf("release quarantined thin id %d: %w", id, err)
+	}
+	n, err := res.RowsAffected()
+	return n > 0, err
+}
+
 // QuarantinedIDs returns every quarantined thin id, ordered by id.
 func (s SnapshotterQueries) QuarantinedIDs(ctx context.Context) ([]QuarantinedID, error) {
 	rows, err := s.q.QueryContext(ctx, `SELECT device_id, reason, deleted, quarantined_ns FROM quarantined_thin_ids ORDER BY device_id`)
