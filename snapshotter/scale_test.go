@@ -34,6 +34,9 @@ const scaleGCImages = 5
 // anchor size to any larger one.
 const maxPerCallRatio = 1.5
 
+// startupRow names the start-up reconciliation row.
+const startupRow = "start-up reconciliation"
+
 // scaleRow is one measured operation at one size.
 type scaleRow struct {
 	name     string
@@ -60,37 +63,36 @@ func scaleKey(i, layer int) string {
 	return fmt.Sprintf("default/%d/sha256:%064x", i*scaleImageDepth+layer, i*scaleImageDepth+layer)
 }
 
-// populate records n snapshots (n/scaleImageDepth images) on the pool in
-// one transaction, as if containerd had unpacked them.
-func populate(b *testing.B, s *Snapshotter, pool *fakePool, n int) {
+// populate records n committed snapshots (n/scaleImageDepth images of
+// scaleImageDepth layers) in one transaction, each a thin snapshot made in
+// pool, as if containerd had unpacked them.
+func populate(b *testing.B, s *Snapshotter, pool devicePool, n int) {
 	b.Helper()
 	ctx := context.Background()
-	next := uint32(fakeBaseID + 1)
-	err := s.db.WithTx(ctx, func(tx *sql.Tx) error {
+	base, err := s.ensureBase(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	next := uint32(1)
+	err = s.db.WithTx(ctx, func(tx *sql.Tx) error {
 		q := metadata.SnapshotterTx(tx)
 		for i := 0; i < n/scaleImageDepth; i++ {
 			var parent int64
-			origin := uint32(fakeBaseID)
+			origin := base.ID
 			for l := 0; l < scaleImageDepth; l++ {
+				if next++; next == base.ID {
+					next++
+				}
 				id := next
-				next++
 				if err := pool.CreateSnap(ctx, id, origin); err != nil {
 					return err
 				}
-				kind, state := metadata.SnapKindCommitted, metadata.ThinStateInactive
-				lbls := map[string]string{snapshots.LabelSnapshotRef: fmt.Sprintf("sha256:%064x", i*scaleImageDepth+l)}
-				if l == scaleImageDepth-1 {
-					kind, state, lbls = metadata.SnapKindActive, metadata.ThinStateActive, nil
-					if _, err := pool.Activate(ctx, deviceName(pool.Name(), id), id, DefaultBaseImageSize); err != nil {
-						return err
-					}
-				}
 				if err := q.InsertThinDevice(ctx, metadata.ThinDevice{ID: id, Name: deviceName(pool.Name(), id), OriginID: origin,
-					Role: metadata.ThinRoleSnapshot, State: state, SizeBytes: DefaultBaseImageSize, FSType: "ext4", CreatedNs: 1, UpdatedNs: 1}); err != nil {
+					Role: metadata.ThinRoleSnapshot, State: metadata.ThinStateInactive, SizeBytes: base.SizeBytes, FSType: base.FSType, CreatedNs: 1, UpdatedNs: 1}); err != nil {
 					return err
 				}
-				rid, err := q.InsertSnapshot(ctx, metadata.CDSnapshot{Namespace: keyspace, Key: scaleKey(i, l), Kind: kind,
-					ParentID: parent, DeviceID: id, Labels: lbls, CreatedNs: 1, UpdatedNs: 1})
+				rid, err := q.InsertSnapshot(ctx, metadata.CDSnapshot{Namespace: keyspace, Key: scaleKey(i, l), Kind: metadata.SnapKindCommitted,
+					ParentID: parent, DeviceID: id, Labels: map[string]string{snapshots.LabelSnapshotRef: scaleKey(i, l)}, CreatedNs: 1, UpdatedNs: 1})
 				if err != nil {
 					return err
 				}
@@ -104,20 +106,17 @@ func populate(b *testing.B, s *Snapshotter, pool *fakePool, n int) {
 	}
 }
 
-// measureScale fills a fresh database and fake pool with n snapshots and
+// measureScale fills s, a fresh snapshotter on pool, with n snapshots and
 // times the calls containerd makes.
-func measureScale(b *testing.B, n int) []scaleRow {
+func measureScale(b *testing.B, n int, s *Snapshotter, pool devicePool) []scaleRow {
 	ctx := context.Background()
-	pool := newFakePool()
-	dir := b.TempDir()
-	s := newFakeSnapshotter(b, dir, pool, Config{})
 	populate(b, s, pool, n)
 	images := n / scaleImageDepth
 
 	var prep, commit, remove, stat []time.Duration
 	for i := 0; i < scaleSamples; i++ {
 		img := i % images
-		parent := scaleKey(img, scaleImageDepth-2)
+		parent := scaleKey(img, scaleImageDepth-1)
 		key := fmt.Sprintf("default/bench/extract-%d", i)
 		name := fmt.Sprintf("sha256:bench-%d", i)
 		ref := snapshots.WithLabels(map[string]string{snapshots.LabelSnapshotRef: name})
@@ -143,7 +142,7 @@ func measureScale(b *testing.B, n int) []scaleRow {
 	var startup []time.Duration
 	for range 5 {
 		var err error
-		startup = timed(startup, func() { _, err = newOn(ctx, s.db, pool, Config{}) })
+		startup = timed(startup, func() { _, err = newOn(ctx, s.db, pool, s.cfg) })
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -178,7 +177,7 @@ func measureScale(b *testing.B, n int) []scaleRow {
 	}
 	return []scaleRow{
 		row("Prepare", true, prep), row("Commit", true, commit), row("Remove", true, remove), row("Stat", true, stat),
-		row("GC of one image (Walk, Remove x5, Cleanup)", false, gc), row("start-up reconciliation", false, startup),
+		row("GC of one image (Walk, Remove x5, Cleanup)", false, gc), row(startupRow, false, startup),
 	}
 }
 
@@ -189,18 +188,33 @@ func measureScale(b *testing.B, n int) []scaleRow {
 // first size. It fails when a per-call row's p50 grows more than
 // maxPerCallRatio. It measures once, whatever b.N.
 func BenchmarkScale(b *testing.B) {
+	sizes := scaleSizeList(b)
+	results := make([][]scaleRow, len(sizes))
+	for i, n := range sizes {
+		pool := newFakePool()
+		results[i] = measureScale(b, n, newFakeSnapshotter(b, "", pool, Config{}), pool)
+	}
+	reportScale(b, sizes, results)
+	for b.Loop() {
+	}
+}
+
+// scaleSizeList parses -flyio.scale-sizes.
+func scaleSizeList(b *testing.B) []int {
 	var sizes []int
 	for _, f := range strings.Split(*scaleSizes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < scaleImageDepth*20 {
-			b.Fatalf("-flyio.scale-sizes: %q is not a count of at least %d snapshots", f, scaleImageDepth*20)
+		if err != nil || n < scaleImageDepth*scaleGCImages*2 {
+			b.Fatalf("-flyio.scale-sizes: %q is not a count of at least %d snapshots", f, scaleImageDepth*scaleGCImages*2)
 		}
 		sizes = append(sizes, n)
 	}
-	results := make([][]scaleRow, len(sizes))
-	for i, n := range sizes {
-		results[i] = measureScale(b, n)
-	}
+	return sizes
+}
+
+// reportScale prints the table of results (one slice of rows per size)
+// and fails b when a per-call row's p50 grows more than maxPerCallRatio.
+func reportScale(b *testing.B, sizes []int, results [][]scaleRow) {
 	var out strings.Builder
 	fmt.Fprintf(&out, "\n%-44s %8s %12s %12s %8s %8s\n", "operation", "snaps", "p50", "p99", "p50 x", "p99 x")
 	for r := range results[0] {
@@ -216,6 +230,4 @@ func BenchmarkScale(b *testing.B) {
 		}
 	}
 	fmt.Print(out.String())
-	for b.Loop() {
-	}
 }
