@@ -224,6 +224,19 @@ func (s SnapshotterQueries) listSnapshots(ctx context.Context, what, q string, a
 	return out, nil
 }
 
+// SnapshotOnDevice returns the snapshot that owns thin device id, in any
+// namespace; ok is false when none does.
+func (s SnapshotterQueries) SnapshotOnDevice(ctx context.Context, id uint32) (snap CDSnapshot, ok bool, err error) {
+	snap, err = scanCDSnapshot(s.q.QueryRowContext(ctx, `SELECT `+cdSnapshotColumns+` WHERE s.device_id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return CDSnapshot{}, false, nil
+	}
+	if err != nil {
+		return CDSnapshot{}, false, fmt.Errorf("snapshot on thin device %d: %w", id, err)
+	}
+	return snap, true, nil
+}
+
 // RefTarget returns the key of a committed snapshot of namespace ns whose
 // parent's key is parentKey ("" for none) and whose label labelKey equals
 // target, or failing that whose key is target; "" when there is none. It is
