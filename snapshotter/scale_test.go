@@ -113,7 +113,7 @@ func measureScale(b *testing.B, n int, s *Snapshotter, pool devicePool) []scaleR
 	populate(b, s, pool, n)
 	images := n / scaleImageDepth
 
-	var prep, commit, remove, stat []time.Duration
+	var prep, commit, remove, stat, lookup []time.Duration
 	for i := 0; i < scaleSamples; i++ {
 		img := i % images
 		parent := scaleKey(img, scaleImageDepth-1)
@@ -136,6 +136,17 @@ func measureScale(b *testing.B, n int, s *Snapshotter, pool devicePool) []scaleR
 		remove = timed(remove, func() { err = s.Remove(ctx, name) })
 		if err != nil {
 			b.Fatal(err)
+		}
+		// containerd's lookup of a layer another Prepare found already
+		// there: a walk filtered on its snapshot.ref label and parent.
+		img, l := (i*7919)%images, 1+i%(scaleImageDepth-1)
+		filter := fmt.Sprintf(`labels.%q==%s,parent==%q`, snapshots.LabelSnapshotRef, scaleKey(img, l), scaleKey(img, l-1))
+		found := 0
+		lookup = timed(lookup, func() {
+			err = s.Walk(ctx, func(context.Context, snapshots.Info) error { found++; return nil }, filter)
+		})
+		if err != nil || found != 1 {
+			b.Fatalf("walk %s: %d found, %v", filter, found, err)
 		}
 	}
 
@@ -177,6 +188,7 @@ func measureScale(b *testing.B, n int, s *Snapshotter, pool devicePool) []scaleR
 	}
 	return []scaleRow{
 		row("Prepare", true, prep), row("Commit", true, commit), row("Remove", true, remove), row("Stat", true, stat),
+		row("Walk by ref label and parent", true, lookup),
 		row("GC of one image (Walk, Remove x5, Cleanup)", false, gc), row(startupRow, false, startup),
 	}
 }
