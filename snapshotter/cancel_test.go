@@ -215,3 +215,33 @@ func mustParent(t *testing.T, s *Snapshotter, name string) {
 		t.Fatal(err)
 	}
 }
+
+// A Commit whose active snapshot is removed between its deactivation and
+// its record fails NotFound and leaves the removed device unmapped, so
+// Cleanup can delete it.
+func TestCommitOfRemovedSnapshotLeavesDeviceUnmapped(t *testing.T) {
+	bg := context.Background()
+	pool := newFakePool()
+	s := newFakeSnapshotter(t, "", pool, Config{AsyncRemove: true})
+	if _, err := s.Prepare(bg, "work", ""); err != nil {
+		t.Fatal(err)
+	}
+	s.hook = func(step string) error {
+		if step == "commit:deactivated" {
+			return s.Remove(bg, "work")
+		}
+		return nil
+	}
+	err := s.Commit(bg, "done", "work")
+	s.hook = nil
+	if !errdefs.IsNotFound(err) {
+		t.Fatalf("Commit of a snapshot removed meanwhile: %v, want NotFound", err)
+	}
+	if _, active := pool.counts(); active != 0 {
+		t.Fatalf("%d devices mapped after the failed commit; the removed device must stay unmapped", active)
+	}
+	if err := s.Cleanup(bg); err != nil {
+		t.Fatal(err)
+	}
+	assertSettled(t, s, pool)
+}

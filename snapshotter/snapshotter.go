@@ -648,11 +648,19 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 }
 
 // reactivate maps the device of active snapshot r again after a commit
-// that deactivated it did not go through. Failing is only logged: Mounts
-// activates a device it finds unmapped.
+// that deactivated it did not go through, unless r was removed (or
+// changed) meanwhile: a removed device must stay unmapped to be deleted.
+// Failing is only logged: Mounts activates a device it finds unmapped.
 func (s *Snapshotter) reactivate(ctx context.Context, r metadata.CDSnapshot) {
-	dev, ok, err := s.reads().ThinDevice(ctx, r.DeviceID)
-	if err == nil && ok {
+	cur, ok, err := s.reads().SnapshotByID(ctx, r.ID)
+	if err == nil && (!ok || cur.Kind != metadata.SnapKindActive || cur.DeviceID != r.DeviceID) {
+		return
+	}
+	var dev metadata.ThinDevice
+	if err == nil {
+		dev, ok, err = s.reads().ThinDevice(ctx, r.DeviceID)
+	}
+	if err == nil && ok && dev.State != metadata.ThinStateRemoved {
 		_, err = s.pool.Activate(ctx, dev.Name, dev.ID, dev.SizeBytes)
 	}
 	if err != nil {
