@@ -11,17 +11,18 @@ import (
 // the largest population.
 const maxStartupDM = 10 * time.Second
 
-// BenchmarkScaleDM is BenchmarkScale on a real thin pool (one per size):
+// BenchmarkScaleDM is BenchmarkScale on real thin pools (one per size):
 // every snapshot a thin device, every call's device-mapper work done. It
 // also fails when start-up reconciliation at the largest size takes longer
 // than maxStartupDM.
 func BenchmarkScaleDM(b *testing.B) {
 	sizes := scaleSizeList(b)
-	results := make([][]scaleRow, len(sizes))
-	for i, n := range sizes {
+	var envs []*scaleEnv
+	for _, n := range sizes {
 		e := newTestEnv(b, "sc")
-		results[i] = measureScale(b, n, e.newSnapshotter(b, Config{}), e.pool)
+		envs = append(envs, &scaleEnv{n: n, s: e.newSnapshotter(b, Config{}), pool: e.pool})
 	}
+	results := measureScale(b, envs)
 	reportScale(b, sizes, results)
 	for _, row := range results[len(results)-1] {
 		if row.name == startupRow && row.p50 > maxStartupDM {

@@ -106,91 +106,111 @@ func populate(b *testing.B, s *Snapshotter, pool devicePool, n int) {
 	}
 }
 
-// measureScale fills s, a fresh snapshotter on pool, with n snapshots and
-// times the calls containerd makes.
-func measureScale(b *testing.B, n int, s *Snapshotter, pool devicePool) []scaleRow {
+// scaleEnv is one population BenchmarkScale measures: n snapshots on s,
+// over pool, and the per-call samples taken so far.
+type scaleEnv struct {
+	n                                  int
+	s                                  *Snapshotter
+	pool                               devicePool
+	prep, commit, remove, stat, lookup []time.Duration
+}
+
+// sample times one of each per-call operation on e (sample i).
+func (e *scaleEnv) sample(b *testing.B, i int) {
+	ctx, s := context.Background(), e.s
+	images := e.n / scaleImageDepth
+	parent := scaleKey(i%images, scaleImageDepth-1)
+	key := fmt.Sprintf("default/bench/extract-%d", i)
+	name := fmt.Sprintf("sha256:bench-%d", i)
+	ref := snapshots.WithLabels(map[string]string{snapshots.LabelSnapshotRef: name})
+	var err error
+	e.prep = timed(e.prep, func() { _, err = s.Prepare(ctx, key, parent, ref) })
+	if err != nil {
+		b.Fatal(err)
+	}
+	e.commit = timed(e.commit, func() { err = s.Commit(ctx, name, key, ref) })
+	if err != nil {
+		b.Fatal(err)
+	}
+	e.stat = timed(e.stat, func() { _, err = s.Stat(ctx, scaleKey((i*7919)%images, i%scaleImageDepth)) })
+	if err != nil {
+		b.Fatal(err)
+	}
+	e.remove = timed(e.remove, func() { err = s.Remove(ctx, name) })
+	if err != nil {
+		b.Fatal(err)
+	}
+	// containerd's lookup of a layer another Prepare found already there:
+	// a walk filtered on its snapshot.ref label and parent.
+	img, l := (i*7919)%images, 1+i%(scaleImageDepth-1)
+	filter := fmt.Sprintf(`labels.%q==%s,parent==%q`, snapshots.LabelSnapshotRef, scaleKey(img, l), scaleKey(img, l-1))
+	found := 0
+	e.lookup = timed(e.lookup, func() {
+		err = s.Walk(ctx, func(context.Context, snapshots.Info) error { found++; return nil }, filter)
+	})
+	if err != nil || found != 1 {
+		b.Fatalf("walk %s: %d found, %v", filter, found, err)
+	}
+}
+
+// measureScale fills every env with its snapshots and times the calls
+// containerd makes. The per-call samples go round the sizes one at a time,
+// so that a burst of load from elsewhere on the machine falls on every size
+// alike instead of on whichever was being measured.
+func measureScale(b *testing.B, envs []*scaleEnv) [][]scaleRow {
 	ctx := context.Background()
-	populate(b, s, pool, n)
-	images := n / scaleImageDepth
-
-	var prep, commit, remove, stat, lookup []time.Duration
+	for _, e := range envs {
+		populate(b, e.s, e.pool, e.n)
+	}
 	for i := 0; i < scaleSamples; i++ {
-		img := i % images
-		parent := scaleKey(img, scaleImageDepth-1)
-		key := fmt.Sprintf("default/bench/extract-%d", i)
-		name := fmt.Sprintf("sha256:bench-%d", i)
-		ref := snapshots.WithLabels(map[string]string{snapshots.LabelSnapshotRef: name})
-		var err error
-		prep = timed(prep, func() { _, err = s.Prepare(ctx, key, parent, ref) })
-		if err != nil {
-			b.Fatal(err)
-		}
-		commit = timed(commit, func() { err = s.Commit(ctx, name, key, ref) })
-		if err != nil {
-			b.Fatal(err)
-		}
-		stat = timed(stat, func() { _, err = s.Stat(ctx, scaleKey((i*7919)%images, i%scaleImageDepth)) })
-		if err != nil {
-			b.Fatal(err)
-		}
-		remove = timed(remove, func() { err = s.Remove(ctx, name) })
-		if err != nil {
-			b.Fatal(err)
-		}
-		// containerd's lookup of a layer another Prepare found already
-		// there: a walk filtered on its snapshot.ref label and parent.
-		img, l := (i*7919)%images, 1+i%(scaleImageDepth-1)
-		filter := fmt.Sprintf(`labels.%q==%s,parent==%q`, snapshots.LabelSnapshotRef, scaleKey(img, l), scaleKey(img, l-1))
-		found := 0
-		lookup = timed(lookup, func() {
-			err = s.Walk(ctx, func(context.Context, snapshots.Info) error { found++; return nil }, filter)
-		})
-		if err != nil || found != 1 {
-			b.Fatalf("walk %s: %d found, %v", filter, found, err)
+		for _, e := range envs {
+			e.sample(b, i)
 		}
 	}
-
-	var startup []time.Duration
-	for range 5 {
-		var err error
-		startup = timed(startup, func() { _, err = newOn(ctx, s.db, pool, s.cfg) })
-		if err != nil {
-			b.Fatal(err)
-		}
-	}
-	// One image's garbage collection the way containerd's collector does
-	// it: a Walk of every backend snapshot, the removals top first, then
-	// Cleanup.
-	var gc []time.Duration
-	gcImages := min(scaleGCImages, images)
-	for i := 0; i < gcImages; i++ {
-		img := images - 1 - i
-		var err error
-		gc = timed(gc, func() {
-			seen := 0
-			if err = s.Walk(ctx, func(context.Context, snapshots.Info) error { seen++; return nil }); err != nil {
-				return
-			}
-			for l := scaleImageDepth - 1; l >= 0 && err == nil; l-- {
-				err = s.Remove(ctx, scaleKey(img, l))
-			}
-			if err == nil {
-				err = s.Cleanup(ctx)
-			}
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
-	}
-
 	row := func(name string, perCall bool, ds []time.Duration) scaleRow {
 		return scaleRow{name: name, perCall: perCall, p50: percentile(ds, 0.5), p99: percentile(ds, 0.99)}
 	}
-	return []scaleRow{
-		row("Prepare", true, prep), row("Commit", true, commit), row("Remove", true, remove), row("Stat", true, stat),
-		row("Walk by ref label and parent", true, lookup),
-		row("GC of one image (Walk, Remove x5, Cleanup)", false, gc), row(startupRow, false, startup),
+	out := make([][]scaleRow, 0, len(envs))
+	for _, e := range envs {
+		s, images := e.s, e.n/scaleImageDepth
+		var startup []time.Duration
+		for range 5 {
+			var err error
+			startup = timed(startup, func() { _, err = newOn(ctx, s.db, e.pool, s.cfg) })
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		// One image's garbage collection the way containerd's collector
+		// does it: a Walk of every backend snapshot, the removals top
+		// first, then Cleanup.
+		var gc []time.Duration
+		for i := 0; i < min(scaleGCImages, images); i++ {
+			img := images - 1 - i
+			var err error
+			gc = timed(gc, func() {
+				seen := 0
+				if err = s.Walk(ctx, func(context.Context, snapshots.Info) error { seen++; return nil }); err != nil {
+					return
+				}
+				for l := scaleImageDepth - 1; l >= 0 && err == nil; l-- {
+					err = s.Remove(ctx, scaleKey(img, l))
+				}
+				if err == nil {
+					err = s.Cleanup(ctx)
+				}
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		out = append(out, []scaleRow{
+			row("Prepare", true, e.prep), row("Commit", true, e.commit), row("Remove", true, e.remove), row("Stat", true, e.stat),
+			row("Walk by ref label and parent", true, e.lookup),
+			row("GC of one image (Walk, Remove x5, Cleanup)", false, gc), row(startupRow, false, startup),
+		})
 	}
+	return out
 }
 
 // BenchmarkScale times Prepare, Commit, Remove, Stat, one image's garbage
@@ -201,12 +221,12 @@ func measureScale(b *testing.B, n int, s *Snapshotter, pool devicePool) []scaleR
 // maxPerCallRatio. It measures once, whatever b.N.
 func BenchmarkScale(b *testing.B) {
 	sizes := scaleSizeList(b)
-	results := make([][]scaleRow, len(sizes))
-	for i, n := range sizes {
+	var envs []*scaleEnv
+	for _, n := range sizes {
 		pool := newFakePool()
-		results[i] = measureScale(b, n, newFakeSnapshotter(b, "", pool, Config{}), pool)
+		envs = append(envs, &scaleEnv{n: n, s: newFakeSnapshotter(b, "", pool, Config{}), pool: pool})
 	}
-	reportScale(b, sizes, results)
+	reportScale(b, sizes, measureScale(b, envs))
 	for b.Loop() {
 	}
 }
