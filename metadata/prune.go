@@ -23,9 +23,14 @@ type PruneResult struct {
 // liveRunOn is true when a pending or running run has idempotency id ?.
 const liveRunOn = `EXISTS (SELECT 1 FROM fsm_runs r WHERE r.idempotency_id = %s AND r.state IN ('pending', 'running'))`
 
-// PruneOrphans forgets, in one transaction, the records whose snapshots the
-// snapshotter no longer has, the way containerd's garbage collector leaves
-// them after it removed an image's snapshots through the proxy plugin:
+// pruneBatch is the most rows one of PruneOrphans' transactions deletes:
+// each holds the write lock only that long, so the snapshotter's calls
+// queue behind a batch, never behind a whole pruning.
+const pruneBatch = 500
+
+// PruneOrphans forgets the records whose snapshots the snapshotter no
+// longer has, the way containerd's garbage collector leaves them after it
+// removed an image's snapshots through the proxy plugin:
 //   - chains whose committed snapshot is gone, unless a live run is making
 //     them again;
 //   - images one of whose layers' chains is gone (their layers and names
@@ -33,51 +38,118 @@ const liveRunOn = `EXISTS (SELECT 1 FROM fsm_runs r WHERE r.idempotency_id = %s 
 //
 // then, only when no run is pending or running, the object records no
 // image's layer names, and the layer files no object or chain refers to.
+//
+// It works in transactions of at most pruneBatch rows, each step after the
+// one before it is done; an error or a crash half-way leaves records the
+// next call prunes (every step's rule reads the state, not a list made
+// earlier). The result counts what the committed batches removed.
 func (d *DB) PruneOrphans(ctx context.Context) (PruneResult, error) {
+	return d.pruneOrphans(ctx, pruneBatch)
+}
+
+func (d *DB) pruneOrphans(ctx context.Context, batch int) (PruneResult, error) {
 	var res PruneResult
-	err := d.WithTx(ctx, func(tx *sql.Tx) error {
-		res = PruneResult{}
-		var err error
-		// A chain row is written after its snapshot is committed, so a row
-		// without a committed snapshot was removed behind it.
-		if res.Chains, err = execCount(ctx, tx, `DELETE FROM chains WHERE NOT EXISTS
-			(SELECT 1 FROM cd_snapshots c WHERE c.key = chains.chain_id AND c.kind = 'committed')
-			AND NOT `+fmt.Sprintf(liveRunOn, "chains.chain_id")); err != nil {
-			return fmt.Errorf("metadata: prune chains: %w", err)
+	// A chain row is written after its snapshot is committed, so a row
+	// without a committed snapshot was removed behind it.
+	chains := `DELETE FROM chains WHERE chain_id IN (SELECT chain_id FROM chains WHERE NOT EXISTS
+		(SELECT 1 FROM cd_snapshots c WHERE c.key = chains.chain_id AND c.kind = 'committed')
+		AND NOT ` + fmt.Sprintf(liveRunOn, "chains.chain_id") + ` LIMIT ?)`
+	if err := d.pruneBatches(ctx, batch, &res.Chains, false, &res, func(tx *sql.Tx) (int, error) {
+		return execCount(ctx, tx, chains, batch)
+	}); err != nil {
+		return res, fmt.Errorf("metadata: prune chains: %w", err)
+	}
+	images := `DELETE FROM s3_images WHERE image_id IN (SELECT DISTINCT il.image_id FROM image_layers il
+		WHERE NOT EXISTS (SELECT 1 FROM chains c WHERE c.chain_id = il.chain_id)
+		AND NOT ` + fmt.Sprintf(liveRunOn, "il.image_id") + ` LIMIT ?)`
+	if err := d.pruneBatches(ctx, batch, &res.Images, false, &res, func(tx *sql.Tx) (int, error) {
+		return execCount(ctx, tx, images, batch)
+	}); err != nil {
+		return res, fmt.Errorf("metadata: prune images: %w", err)
+	}
+	objects := `DELETE FROM s3_objects WHERE rowid IN (SELECT rowid FROM s3_objects WHERE NOT EXISTS
+		(SELECT 1 FROM image_layers il JOIN s3_images i ON i.image_id = il.image_id
+		  WHERE il.key = s3_objects.key
+		    AND substr(i.source, 1, length(s3_objects.bucket) + 6) = 's3://' || s3_objects.bucket || '/') LIMIT ?)`
+	if err := d.pruneBatches(ctx, batch, &res.Objects, true, &res, func(tx *sql.Tx) (int, error) {
+		return execCount(ctx, tx, objects, batch)
+	}); err != nil {
+		return res, fmt.Errorf("metadata: prune objects: %w", err)
+	}
+	if res.Deferred {
+		return res, nil
+	}
+	unused := `SELECT digest, path FROM layers WHERE NOT EXISTS (SELECT 1 FROM s3_objects o WHERE o.digest = layers.digest)
+		AND NOT EXISTS (SELECT 1 FROM chains c WHERE c.diff_id = layers.digest) LIMIT ?`
+	var layers int
+	if err := d.pruneBatches(ctx, batch, &layers, true, &res, func(tx *sql.Tx) (int, error) {
+		rows, err := tx.QueryContext(ctx, unused, batch)
+		if err != nil {
+			return 0, err
 		}
-		if res.Images, err = execCount(ctx, tx, `DELETE FROM s3_images WHERE image_id IN
-			(SELECT il.image_id FROM image_layers il WHERE NOT EXISTS (SELECT 1 FROM chains c WHERE c.chain_id = il.chain_id))
-			AND NOT `+fmt.Sprintf(liveRunOn, "s3_images.image_id")); err != nil {
-			return fmt.Errorf("metadata: prune images: %w", err)
+		var digests, paths []string
+		for rows.Next() {
+			var digest, path string
+			if err := rows.Scan(&digest, &path); err != nil {
+				rows.Close()
+				return 0, err
+			}
+			digests, paths = append(digests, digest), append(paths, path)
 		}
-		var live int
-		if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM fsm_runs WHERE state IN ('pending', 'running')`).Scan(&live); err != nil {
-			return fmt.Errorf("metadata: prune: live runs: %w", err)
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return 0, err
 		}
-		if live > 0 {
+		for _, dg := range digests {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM layers WHERE digest = ?`, dg); err != nil {
+				return 0, err
+			}
+		}
+		// Kept only once the batch commits (see pruneBatches).
+		res.LayerPaths = append(res.LayerPaths, paths...)
+		return len(digests), nil
+	}); err != nil {
+		return res, fmt.Errorf("metadata: prune layers: %w", err)
+	}
+	return res, nil
+}
+
+// pruneBatches runs step, one write transaction each, until it removes
+// fewer than batch rows, adding what committed batches removed to *count.
+// When idle is true a batch first checks that no run is pending or
+// running; if one is, it stops and marks res deferred.
+func (d *DB) pruneBatches(ctx context.Context, batch int, count *int, idle bool, res *PruneResult, step func(tx *sql.Tx) (int, error)) error {
+	for {
+		paths := len(res.LayerPaths)
+		n, deferred := 0, false
+		err := d.WithTx(ctx, func(tx *sql.Tx) error {
+			if idle {
+				var live int
+				if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM fsm_runs WHERE state IN ('pending', 'running')`).Scan(&live); err != nil {
+					return fmt.Errorf("live runs: %w", err)
+				}
+				if live > 0 {
+					deferred = true
+					return nil
+				}
+			}
+			var err error
+			n, err = step(tx)
+			return err
+		})
+		if err != nil {
+			res.LayerPaths = res.LayerPaths[:paths]
+			return err
+		}
+		if deferred {
 			res.Deferred = true
 			return nil
 		}
-		if res.Objects, err = execCount(ctx, tx, `DELETE FROM s3_objects WHERE NOT EXISTS
-			(SELECT 1 FROM image_layers il JOIN s3_images i ON i.image_id = il.image_id
-			  WHERE il.key = s3_objects.key
-			    AND substr(i.source, 1, length(s3_objects.bucket) + 6) = 's3://' || s3_objects.bucket || '/')`); err != nil {
-			return fmt.Errorf("metadata: prune objects: %w", err)
+		*count += n
+		if n < batch {
+			return nil
 		}
-		const unused = `FROM layers WHERE NOT EXISTS (SELECT 1 FROM s3_objects o WHERE o.digest = layers.digest)
-			AND NOT EXISTS (SELECT 1 FROM chains c WHERE c.diff_id = layers.digest)`
-		if res.LayerPaths, err = queryStrings(ctx, tx, `SELECT path `+unused); err != nil {
-			return fmt.Errorf("metadata: prune layers: %w", err)
-		}
-		if _, err := tx.ExecContext(ctx, `DELETE `+unused); err != nil {
-			return fmt.Errorf("metadata: prune layers: %w", err)
-		}
-		return nil
-	})
-	if err != nil {
-		return PruneResult{}, err
 	}
-	return res, nil
 }
 
 // LiveRuns counts the FSM runs pending or running.
@@ -134,22 +206,4 @@ func execCount(ctx context.Context, tx *sql.Tx, q string, args ...any) (int, err
 	}
 	n, err := r.RowsAffected()
 	return int(n), err
-}
-
-// queryStrings returns the one text column of every row of q.
-func queryStrings(ctx context.Context, tx *sql.Tx, q string, args ...any) ([]string, error) {
-	rows, err := tx.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			return nil, err
-		}
-		out = append(out, s)
-	}
-	return out, rows.Err()
 }

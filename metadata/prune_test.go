@@ -1,8 +1,10 @@
 package metadata
 
 import (
+	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 )
@@ -205,5 +207,38 @@ func TestLiveRunsUsing(t *testing.T) {
 	}
 	if n, err := db.LiveRuns(ctx); err != nil || n != 4 {
 		t.Errorf("LiveRuns = %d, %v; want 4", n, err)
+	}
+}
+
+// TestPruneOrphansInBatches: pruning more orphans than one batch holds
+// takes several transactions and still forgets every one of them, and the
+// layer paths it returns are those of every deleted layer row.
+func TestPruneOrphansInBatches(t *testing.T) {
+	ctx := context.Background()
+	db := openTestDB(t)
+	const n = 7
+	for i := range n {
+		if err := writeImage(ctx, db, i); err != nil {
+			t.Fatal(err)
+		}
+		for _, key := range []string{ActivationKey(fmt.Sprintf("s3-w%d", i)), fmt.Sprintf("sha256:w%d", i)} {
+			if err := removeSnapshotKey(ctx, db, key); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	res, err := db.pruneOrphans(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Chains != n || res.Images != n || res.Objects != n || len(res.LayerPaths) != n || res.Deferred {
+		t.Fatalf("prune in batches of 2 = %+v, want %d chains, images, objects and layer paths", res, n)
+	}
+	slices.Sort(res.LayerPaths)
+	if res.LayerPaths = slices.Compact(res.LayerPaths); len(res.LayerPaths) != n {
+		t.Fatalf("layer paths repeat: %v", res.LayerPaths)
+	}
+	if res, err := db.pruneOrphans(ctx, 2); err != nil || fmt.Sprint(res) != fmt.Sprint(PruneResult{}) {
+		t.Fatalf("second prune = %+v, %v; want nothing left", res, err)
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 )
 
@@ -194,50 +196,61 @@ func (s SnapshotterQueries) SnapshotByID(ctx context.Context, id int64) (snap CD
 // Snapshots returns every snapshot of namespace ns, or of all namespaces
 // when allNamespaces is true, ordered by row id.
 func (s SnapshotterQueries) Snapshots(ctx context.Context, ns string, allNamespaces bool) ([]CDSnapshot, error) {
-	var (
-		rows *sql.Rows
-		err  error
-	)
 	if allNamespaces {
-		rows, err = s.q.QueryContext(ctx, `SELECT `+cdSnapshotColumns+` ORDER BY s.id`)
-	} else {
-		rows, err = s.q.QueryContext(ctx, `SELECT `+cdSnapshotColumns+` WHERE s.namespace = ? ORDER BY s.id`, ns)
+		return s.listSnapshots(ctx, "all namespaces", `SELECT `+cdSnapshotColumns+` ORDER BY s.id`)
 	}
+	return s.SnapshotsWhere(ctx, ns, SnapshotFilter{})
+}
+
+// listSnapshots runs q, a SELECT of cdSnapshotColumns, and scans its rows;
+// what names the set in errors.
+func (s SnapshotterQueries) listSnapshots(ctx context.Context, what, q string, args ...any) ([]CDSnapshot, error) {
+	rows, err := s.q.QueryContext(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("list snapshots of namespace %q: %w", ns, err)
+		return nil, fmt.Errorf("list snapshots of %s: %w", what, err)
 	}
 	defer rows.Close()
 	var out []CDSnapshot
 	for rows.Next() {
 		snap, err := scanCDSnapshot(rows)
 		if err != nil {
-			return nil, fmt.Errorf("list snapshots of namespace %q: %w", ns, err)
+			return nil, fmt.Errorf("list snapshots of %s: %w", what, err)
 		}
 		out = append(out, snap)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list snapshots of namespace %q: %w", ns, err)
+		return nil, fmt.Errorf("list snapshots of %s: %w", what, err)
 	}
 	return out, nil
+}
+
+// SnapshotOnDevice returns the snapshot that owns thin device id, in any
+// namespace; ok is false when none does.
+func (s SnapshotterQueries) SnapshotOnDevice(ctx context.Context, id uint32) (snap CDSnapshot, ok bool, err error) {
+	snap, err = scanCDSnapshot(s.q.QueryRowContext(ctx, `SELECT `+cdSnapshotColumns+` WHERE s.device_id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return CDSnapshot{}, false, nil
+	}
+	if err != nil {
+		return CDSnapshot{}, false, fmt.Errorf("snapshot on thin device %d: %w", id, err)
+	}
+	return snap, true, nil
 }
 
 // RefTarget returns the key of a committed snapshot of namespace ns whose
 // parent's key is parentKey ("" for none) and whose label labelKey equals
 // target, or failing that whose key is target; "" when there is none. It is
 // how a Prepare carrying containerd's snapshot.ref label finds a layer that
-// is already there.
+// is already there. Both lookups are indexed (for the label, only
+// containerd.io/snapshot.ref has an index), so the cost does not grow with
+// the number of snapshots.
 func (s SnapshotterQueries) RefTarget(ctx context.Context, ns, labelKey, target, parentKey string) (string, error) {
-	if strings.ContainsAny(labelKey, `"\`) {
-		return "", fmt.Errorf("find ref target: label key %q must not contain quotes or backslashes", labelKey)
+	label, err := labelExpr("s", labelKey)
+	if err != nil {
+		return "", fmt.Errorf("find ref target: %w", err)
 	}
-	path := `$."` + labelKey + `"`
 	var key string
-	err := s.q.QueryRowContext(ctx, `SELECT s.key FROM cd_snapshots s
-		LEFT JOIN cd_snapshots p ON p.id = s.parent_id
-		WHERE s.namespace = ?1 AND s.kind = 'committed' AND IFNULL(p.key, '') = ?2
-		  AND (json_extract(s.labels, ?3) = ?4 OR s.key = ?4)
-		ORDER BY IFNULL(json_extract(s.labels, ?3) = ?4, 0) DESC, s.id LIMIT 1`,
-		ns, parentKey, path, target).Scan(&key)
+	err = s.q.QueryRowContext(ctx, refTargetSQL(label), ns, parentKey, target).Scan(&key)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", nil
 	}
@@ -245,6 +258,80 @@ func (s SnapshotterQueries) RefTarget(ctx context.Context, ns, labelKey, target,
 		return "", fmt.Errorf("find committed snapshot for ref %q on parent %q in namespace %q: %w", target, parentKey, ns, err)
 	}
 	return key, nil
+}
+
+// refTargetSQL is RefTarget's query, label the expression of its label
+// (labelExpr); its parameters are the namespace, the parent's key and the
+// target.
+func refTargetSQL(label string) string {
+	return `SELECT key FROM (
+		SELECT s.key, 0 AS pref, s.id FROM cd_snapshots s LEFT JOIN cd_snapshots p ON p.id = s.parent_id
+		 WHERE ` + label + ` = ?3 AND s.kind = 'committed' AND s.namespace = ?1 AND IFNULL(p.key, '') = ?2
+		UNION ALL
+		SELECT s.key, 1 AS pref, s.id FROM cd_snapshots s LEFT JOIN cd_snapshots p ON p.id = s.parent_id
+		 WHERE s.namespace = ?1 AND s.key = ?3 AND s.kind = 'committed' AND IFNULL(p.key, '') = ?2
+		) ORDER BY pref, id LIMIT 1`
+}
+
+// labelExpr is the SQL expression of label key of the cd_snapshots row
+// aliased alias, written the way the label index of migration 10 is (the
+// JSON path a literal, not a parameter), so that SQLite can use it.
+func labelExpr(alias, key string) (string, error) {
+	if key == "" || strings.ContainsAny(key, `\"'`) {
+		return "", fmt.Errorf("label key %q must be non-empty, without quotes or backslashes", key)
+	}
+	return `json_extract(` + alias + `.labels, '$."` + key + `"')`, nil
+}
+
+// SnapshotFilter narrows SnapshotsWhere: every field set must hold (the
+// zero value selects every snapshot of the namespace).
+type SnapshotFilter struct {
+	Key    string            // the key, when not ""
+	Kind   string            // SnapKind*, when not ""
+	Parent *string           // the parent's key ("" for none), when not nil
+	Labels map[string]string // label key -> value, each must be equal
+}
+
+// SnapshotsWhere returns the snapshots of namespace ns that f selects,
+// ordered by row id. A filter on the key, on the parent or on
+// containerd.io/snapshot.ref is answered from an index.
+func (s SnapshotterQueries) SnapshotsWhere(ctx context.Context, ns string, f SnapshotFilter) ([]CDSnapshot, error) {
+	q, args, err := snapshotsWhereSQL(ns, f)
+	if err != nil {
+		return nil, fmt.Errorf("list snapshots of namespace %q: %w", ns, err)
+	}
+	return s.listSnapshots(ctx, fmt.Sprintf("namespace %q", ns), q, args...)
+}
+
+// snapshotsWhereSQL is SnapshotsWhere's query and its arguments.
+func snapshotsWhereSQL(ns string, f SnapshotFilter) (string, []any, error) {
+	where := []string{"s.namespace = ?"}
+	args := []any{ns}
+	if f.Key != "" {
+		where = append(where, "s.key = ?")
+		args = append(args, f.Key)
+	}
+	if f.Kind != "" {
+		where = append(where, "s.kind = ?")
+		args = append(args, f.Kind)
+	}
+	if f.Parent != nil {
+		if *f.Parent == "" {
+			where = append(where, "s.parent_id IS NULL")
+		} else {
+			where = append(where, "s.parent_id = (SELECT id FROM cd_snapshots WHERE namespace = ? AND key = ?)")
+			args = append(args, ns, *f.Parent)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(f.Labels)) {
+		expr, err := labelExpr("s", k)
+		if err != nil {
+			return "", nil, err
+		}
+		where = append(where, expr+" = ?")
+		args = append(args, f.Labels[k])
+	}
+	return `SELECT ` + cdSnapshotColumns + ` WHERE ` + strings.Join(where, " AND ") + ` ORDER BY s.id`, args, nil
 }
 
 // ChildCount returns how many snapshots name row id as their parent.
@@ -555,6 +642,17 @@ func (s SnapshotterQueries) Quarantine(ctx context.Context, id uint32, reason st
 		return fmt.Errorf("quarantine thin id %d: %w", id, err)
 	}
 	return nil
+}
+
+// ReleaseQuarantined forgets the quarantine of thin id id, which may then
+// be chosen for a new device; false when it was not quarantined.
+func (s SnapshotterQueries) ReleaseQuarantined(ctx context.Context, id uint32) (bool, error) {
+	res, err := s.q.ExecContext(ctx, `DELETE FROM quarantined_thin_ids WHERE device_id = ?`, id)
+	if err != nil {
+		return false, fmt.Errorf("release quarantined thin id %d: %w", id, err)
+	}
+	n, err := res.RowsAffected()
+	return n > 0, err
 }
 
 // QuarantinedIDs returns every quarantined thin id, ordered by id.

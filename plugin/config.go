@@ -27,6 +27,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
@@ -69,6 +70,7 @@ type Config struct {
 	Queues     QueuesConfig     `toml:"queues"`
 	Containerd ContainerdConfig `toml:"containerd"`
 	GC         GCConfig         `toml:"gc"`
+	Retention  RetentionConfig  `toml:"retention"`
 }
 
 // DaemonConfig is the [daemon] section: where the daemon listens and keeps
@@ -247,6 +249,27 @@ type GCConfig struct {
 	Pinned []string `toml:"pinned"`
 }
 
+// RetentionConfig is the [retention] section: how long the daemon keeps
+// history records (metadata.Retention), forgotten in bounded batches every
+// Interval.
+type RetentionConfig struct {
+	// Interval spaces the retention passes.
+	Interval Duration `toml:"interval"`
+	// RunsMaxAge and RunsMaxCount bound the finished state-machine runs
+	// kept (`ls runs`): older ones, and the oldest beyond the count, go.
+	RunsMaxAge   Duration `toml:"runs_max_age"`
+	RunsMaxCount int      `toml:"runs_max_count"`
+	// FailedImagesMaxAge is how long an image never pulled successfully is
+	// kept with its failure.
+	FailedImagesMaxAge Duration `toml:"failed_images_max_age"`
+}
+
+// RetentionPolicy is [retention] as the metadata package takes it.
+func (c *Config) RetentionPolicy() metadata.Retention {
+	r := c.Retention
+	return metadata.Retention{RunsMaxAge: r.RunsMaxAge.Duration, RunsMaxCount: r.RunsMaxCount, FailedImagesMaxAge: r.FailedImagesMaxAge.Duration}
+}
+
 // defaults returns the default configuration with the derived paths still
 // empty, so that a file changing daemon.root_dir moves them too.
 func defaults() *Config {
@@ -300,6 +323,12 @@ func defaults() *Config {
 			HighThreshold: gc.DefaultHighThreshold,
 			LowThreshold:  gc.DefaultLowThreshold,
 			Interval:      D(gc.DefaultInterval),
+		},
+		Retention: RetentionConfig{
+			Interval:           D(metadata.DefaultRetentionInterval),
+			RunsMaxAge:         D(metadata.DefaultRunsMaxAge),
+			RunsMaxCount:       metadata.DefaultRunsMaxCount,
+			FailedImagesMaxAge: D(metadata.DefaultFailedImagesMaxAge),
 		},
 	}
 }
@@ -700,6 +729,12 @@ func (c *Config) Validate() error {
 		bad("gc.high_threshold", "%v", err)
 	}
 	positiveDuration("gc.interval", c.GC.Interval)
+	positiveDuration("retention.interval", c.Retention.Interval)
+	positiveDuration("retention.runs_max_age", c.Retention.RunsMaxAge)
+	positiveDuration("retention.failed_images_max_age", c.Retention.FailedImagesMaxAge)
+	if c.Retention.RunsMaxCount <= 0 {
+		bad("retention.runs_max_count", "must be positive, got %d", c.Retention.RunsMaxCount)
+	}
 	for i, n := range c.GC.Pinned {
 		if strings.TrimSpace(n) == "" {
 			bad(fmt.Sprintf("gc.pinned[%d]", i), "must not be empty")

@@ -186,6 +186,12 @@ high_threshold = 90
 low_threshold = 70.5
 interval = "1m"
 pinned = ["base", "s3://b/base/"]
+
+[retention]
+interval = "10m"
+runs_max_age = "48h"
+runs_max_count = 500
+failed_images_max_age = "24h"
 `
 	c, err := LoadConfig(writeConfig(t, body))
 	if err != nil {
@@ -207,6 +213,7 @@ pinned = ["base", "s3://b/base/"]
 		Queues:     QueuesConfig{Downloads: 8, Unpacking: 3},
 		Containerd: ContainerdConfig{Address: "/run/k3s/containerd.sock", Namespace: "k8s.io", Snapshotter: "flyio-k3s"},
 		GC:         GCConfig{HighThreshold: 90, LowThreshold: 70.5, Interval: D(time.Minute), Pinned: []string{"base", "s3://b/base/"}},
+		Retention:  RetentionConfig{Interval: D(10 * time.Minute), RunsMaxAge: D(48 * time.Hour), RunsMaxCount: 500, FailedImagesMaxAge: D(24 * time.Hour)},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("loaded\n %+v\nwant\n %+v", c, want)
@@ -335,6 +342,10 @@ func TestValidateRules(t *testing.T) {
 		{"gc low above high", func(c *Config) { c.GC.HighThreshold, c.GC.LowThreshold = 80, 85 }, "gc.high_threshold: thresholds high 80% and low 85%: must be 0 < low < high <= 100"},
 		{"gc high above 100", func(c *Config) { c.GC.HighThreshold = 120 }, "gc.high_threshold: thresholds high 120% and low 80%: must be 0 < low < high <= 100"},
 		{"gc interval", func(c *Config) { c.GC.Interval = D(0) }, `gc.interval: must be a positive duration such as "30m", got "0s"`},
+		{"retention interval", func(c *Config) { c.Retention.Interval = D(0) }, `retention.interval: must be a positive duration such as "30m", got "0s"`},
+		{"retention runs age", func(c *Config) { c.Retention.RunsMaxAge = D(-time.Hour) }, `retention.runs_max_age: must be a positive duration`},
+		{"retention runs count", func(c *Config) { c.Retention.RunsMaxCount = 0 }, "retention.runs_max_count: must be positive, got 0"},
+		{"retention failed images age", func(c *Config) { c.Retention.FailedImagesMaxAge = D(0) }, `retention.failed_images_max_age: must be a positive duration`},
 		{"gc pinned empty", func(c *Config) { c.GC.Pinned = []string{" "} }, "gc.pinned[0]: must not be empty"},
 		{"mkfs empty option", func(c *Config) { c.Pool.MkfsOptions = []string{"-E", " "} }, "pool.mkfs_options[1]: must not be empty"},
 		{"bucket", func(c *Config) { c.S3.Bucket = "My_Bucket" }, `s3.bucket: must be an S3 bucket name`},

@@ -182,9 +182,11 @@ func registrar(c *Config) pipeline.Registrar {
 // down, and serves the control socket (daemon.control_socket; none when
 // empty) until ctx is done. With gc.enabled, image garbage collection runs
 // before and after every pull, every gc.interval and at the pool's
-// low-water event, which also grows a pool allowed to (watchPool). From then on Serve gives containerd the
-// pipelines' view of the snapshotter (pipeline.ContainerdView). stop closes
-// both; runs under way stay recorded for the next start.
+// low-water event, which also grows a pool allowed to (watchPool); old
+// history records go every retention.interval ([retention]). From then on
+// Serve gives containerd the pipelines' view of the snapshotter
+// (pipeline.ContainerdView). stop closes both; runs under way stay recorded
+// for the next start.
 func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 	p, err := pipeline.New(ctx, s.PipelineOptions())
 	if err != nil {
@@ -215,6 +217,11 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 	go func() {
 		defer loops.Done()
 		s.watchPool(sctx, col, s.poolEvents)
+	}()
+	loops.Add(1)
+	go func() {
+		defer loops.Done()
+		s.DB.RetainEvery(sctx, s.Config.Retention.Interval.Duration, s.Config.RetentionPolicy())
 	}()
 	done := make(chan struct{})
 	if sock := s.Config.Daemon.ControlSocket; sock != "" {

@@ -56,21 +56,31 @@ func (s *Snapshotter) ensureBase(ctx context.Context) (*metadata.ThinDevice, err
 	}
 	plan := createPlan{intentID: intentID, id: id, name: name}
 	logger := log.G(ctx).WithFields(log.Fields{"pool": s.pool.Name(), "thin_id": id, "device": name, "fs": s.cfg.FSType})
+	// From here the call ends with the outcome or a rollback recorded,
+	// whatever its caller does (see detached).
+	fctx, cancel := detached(ctx)
+	defer cancel()
 	if err := s.step("base:intent"); err != nil {
 		return nil, err
 	}
-	if err := s.pool.CreateThin(ctx, id); err != nil {
+	if err := ctx.Err(); err != nil {
+		s.rollbackCreate(fctx, plan, false, err)
+		return nil, fmt.Errorf("base device of pool %s: caller gone before create_thin: %w", s.pool.Name(), err)
+	}
+	if err := s.pool.CreateThin(fctx, id); err != nil {
 		if errors.Is(err, thinpool.ErrExists) {
 			// Not ours: never touch it, never reuse the id. The next call
 			// chooses another.
-			s.quarantineAndDrop(ctx, plan, "found in pool while creating the base device; no record explains it")
+			s.quarantineAndDrop(fctx, plan, "found in pool while creating the base device; no record explains it")
 		} else {
-			s.rollbackCreate(ctx, plan, false, err)
+			s.rollbackCreate(fctx, plan, false, err)
 		}
 		return nil, fmt.Errorf("base device of pool %s: create_thin %d: %w", s.pool.Name(), id, err)
 	}
+	// mkfs follows the caller's cancellation (it is the long part); the
+	// rollback of what it leaves does not.
 	if err := s.formatBase(ctx, name, id); err != nil {
-		s.rollbackCreate(ctx, plan, true, err)
+		s.rollbackCreate(fctx, plan, true, err)
 		return nil, fmt.Errorf("base device of pool %s: %w", s.pool.Name(), err)
 	}
 	if err := s.step("base:formatted"); err != nil {
@@ -79,14 +89,14 @@ func (s *Snapshotter) ensureBase(ctx context.Context) (*metadata.ThinDevice, err
 	now := nowNs()
 	d := metadata.ThinDevice{ID: id, Name: name, Role: metadata.ThinRoleBase, State: metadata.ThinStateInactive,
 		SizeBytes: s.cfg.BaseImageSize, FSType: s.cfg.FSType, CreatedNs: now, UpdatedNs: now}
-	err = s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
-		if err := q.InsertThinDevice(ctx, d); err != nil {
+	err = s.withTx(fctx, func(q metadata.SnapshotterQueries) error {
+		if err := q.InsertThinDevice(fctx, d); err != nil {
 			return err
 		}
-		return q.DeleteIntent(ctx, intentID)
+		return q.DeleteIntent(fctx, intentID)
 	})
 	if err != nil {
-		s.rollbackCreate(ctx, plan, true, err)
+		s.rollbackCreate(fctx, plan, true, err)
 		return nil, fmt.Errorf("base device of pool %s: record outcome: %w", s.pool.Name(), err)
 	}
 	logger.Info("base device created and formatted")

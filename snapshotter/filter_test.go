@@ -1,11 +1,15 @@
 package snapshotter
 
 import (
+	"context"
+	"fmt"
 	"slices"
 	"testing"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/filters"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
 // The snapshots and filters of containerd's conformance Walk case, matched
@@ -72,5 +76,69 @@ func TestWalkFilters(t *testing.T) {
 func TestWalkFilterSyntaxErrorIsReported(t *testing.T) {
 	if _, err := filters.ParseAll("kind=="); err == nil {
 		t.Fatal("want a parse error for an incomplete filter")
+	}
+}
+
+// Walk narrows in the database what a single filter's equality selectors
+// allow; whatever the filter, it must return exactly what matching every
+// record in Go returns.
+func TestWalkPushdownAgreesWithFilter(t *testing.T) {
+	r := newRecordsOnly(t)
+	ctx := context.Background()
+	const ref = snapshots.LabelSnapshotRef
+	r.seed(keyspace, "p,1", metadata.SnapKindCommitted, "", map[string]string{ref: "sha256:a", "x.y": "1"})
+	r.seed(keyspace, "c", metadata.SnapKindCommitted, "p,1", map[string]string{ref: "sha256:b", "x.y": "2"})
+	r.seed(keyspace, "c2", metadata.SnapKindCommitted, "p,1", map[string]string{ref: "sha256:a"})
+	r.seed(keyspace, "a", metadata.SnapKindActive, "c", nil)
+	r.seed(keyspace, "v", metadata.SnapKindView, "c", map[string]string{"x.y": "2"})
+	all := func(fs ...string) []string {
+		f, err := filters.ParseAll(fs...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, err := r.reads().Snapshots(ctx, keyspace, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, row := range rows {
+			if f.Match(FilterAdaptor(InfoOf(row))) {
+				out = append(out, row.Key)
+			}
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		fs     []string
+		pushed bool
+	}{
+		{[]string{`labels."containerd.io/snapshot.ref"==sha256:a,parent=="p,1"`}, true},
+		{[]string{fmt.Sprintf(`labels.%q==sha256:a,parent==%q`, ref, "")}, true},
+		{[]string{`parent=="p,1"`}, true},
+		{[]string{`parent==c,kind==view`}, true},
+		{[]string{`name==a`}, true},
+		{[]string{`labels.x.y==2`}, true},
+		{[]string{`labels."x.y"==2,kind==committed`}, true},
+		{[]string{`kind==nonsense`}, false},
+		{[]string{`parent!=c`}, false},
+		{[]string{`name~=/x,parent==c/`}, false},
+		{[]string{`name~=^c`, `parent==c`}, false},
+		{[]string{`labels."x.y"`}, false},
+		{nil, false},
+	} {
+		f, err := filters.ParseAll(tc.fs...)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.fs, err)
+		}
+		if _, ok := pushdown(tc.fs, f); ok != tc.pushed {
+			t.Errorf("%q: pushed down = %v, want %v", tc.fs, ok, tc.pushed)
+		}
+		var got []string
+		if err := r.Walk(ctx, func(_ context.Context, i snapshots.Info) error { got = append(got, i.Name); return nil }, tc.fs...); err != nil {
+			t.Fatalf("%q: %v", tc.fs, err)
+		}
+		if want := all(tc.fs...); !slices.Equal(got, want) {
+			t.Errorf("Walk(%q) = %v, matching every record gives %v", tc.fs, got, want)
+		}
 	}
 }

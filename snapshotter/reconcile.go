@@ -213,14 +213,11 @@ func (s *Snapshotter) dropMissing(ctx context.Context, d metadata.ThinDevice, l 
 	}
 	var dropped, children bool
 	err := s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
-		all, err := q.Snapshots(ctx, "", true)
+		r, ok, err := q.SnapshotOnDevice(ctx, d.ID)
 		if err != nil {
 			return err
 		}
-		for _, r := range all {
-			if r.DeviceID != d.ID {
-				continue
-			}
+		if ok {
 			n, err := q.ChildCount(ctx, r.ID)
 			if err != nil {
 				return err

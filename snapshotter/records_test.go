@@ -15,10 +15,10 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
-// recordsOnly is a Snapshotter on a real database and no pool: enough for
-// every call that only reads or writes records (Stat, Update, Walk, async
-// Remove, Exists, DeviceOf, DeviceCounts, and the checks that precede device
-// work). Records are seeded directly.
+// recordsOnly is a Snapshotter on a real database and an empty fakePool,
+// removing asynchronously: enough for every call that only reads or writes
+// records (Stat, Update, Walk, Remove, Exists, DeviceOf, DeviceCounts, and
+// the checks that precede device work). Records are seeded directly.
 type recordsOnly struct {
 	*Snapshotter
 	t    *testing.T
@@ -33,7 +33,7 @@ func newRecordsOnly(t *testing.T) *recordsOnly {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	r := &recordsOnly{Snapshotter: &Snapshotter{db: db, cfg: Config{FSType: "ext4", BaseImageSize: DefaultBaseImageSize}}, t: t, next: 100}
+	r := &recordsOnly{Snapshotter: &Snapshotter{db: db, pool: newFakePool(), cfg: Config{FSType: "ext4", BaseImageSize: DefaultBaseImageSize, AsyncRemove: true}}, t: t, next: 100}
 	r.tx(func(q metadata.SnapshotterQueries) error {
 		return q.InsertThinDevice(ctx, metadata.ThinDevice{ID: 1, Name: "p-base-1", Role: metadata.ThinRoleBase,
 			State: metadata.ThinStateInactive, SizeBytes: DefaultBaseImageSize, FSType: "ext4", CreatedNs: 1, UpdatedNs: 1})

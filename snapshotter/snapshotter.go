@@ -27,7 +27,7 @@ import (
 // database or the pool: Close leaves both open.
 type Snapshotter struct {
 	db   *metadata.DB
-	pool *thinpool.Pool
+	pool devicePool
 	cfg  Config
 
 	baseMu sync.Mutex
@@ -56,6 +56,11 @@ func New(ctx context.Context, db *metadata.DB, pool *thinpool.Pool, cfg Config) 
 	if db == nil || pool == nil {
 		return nil, fmt.Errorf("new snapshotter: database and pool are required: %w", errdefs.ErrInvalidArgument)
 	}
+	return newOn(ctx, db, pool, cfg)
+}
+
+// newOn is New over any devicePool.
+func newOn(ctx context.Context, db *metadata.DB, pool devicePool, cfg Config) (*Snapshotter, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, fmt.Errorf("new snapshotter: %w", err)
@@ -372,6 +377,12 @@ func (s *Snapshotter) create(ctx context.Context, kind, key, parent string, opts
 		}
 	}
 
+	// Once the intent is recorded, the call ends by recording the outcome or
+	// by rolling back, whatever the caller does meanwhile: fctx. A caller
+	// that gave up is seen between the steps and rolled back, so it leaves
+	// neither an intent nor a snapshot nobody asked for.
+	fctx, cancel := detached(ctx)
+	defer cancel()
 	var plan createPlan
 	for attempt := 0; ; attempt++ {
 		plan, err = s.planCreate(ctx, ns, kind, key, parent, base.Labels, baseDev)
@@ -381,50 +392,62 @@ func (s *Snapshotter) create(ctx context.Context, kind, key, parent string, opts
 		if err := s.step("create:intent"); err != nil {
 			return nil, err
 		}
-		err = s.pool.CreateSnap(ctx, plan.id, plan.origin)
+		if err := ctx.Err(); err != nil {
+			s.rollbackCreate(fctx, plan, false, err)
+			return nil, fmt.Errorf("create snapshot %q: caller gone before create_snap: %w", key, err)
+		}
+		err = s.pool.CreateSnap(fctx, plan.id, plan.origin)
 		if err == nil {
 			break
 		}
 		if errors.Is(err, thinpool.ErrExists) && attempt < 8 {
 			// The pool holds a device that nothing recorded: never touch it,
 			// never reuse its id.
-			if qerr := s.quarantineAndDrop(ctx, plan, "found in pool while creating a snapshot; no record explains it"); qerr != nil {
+			if qerr := s.quarantineAndDrop(fctx, plan, "found in pool while creating a snapshot; no record explains it"); qerr != nil {
 				return nil, fmt.Errorf("create snapshot %q: quarantine thin id %d: %w", key, plan.id, qerr)
 			}
 			continue
 		}
-		s.rollbackCreate(ctx, plan, false, err)
+		s.rollbackCreate(fctx, plan, false, err)
 		return nil, fmt.Errorf("create snapshot %q: create_snap %d of %d: %w", key, plan.id, plan.origin, err)
 	}
 	if err := s.step("create:device"); err != nil {
 		return nil, err
 	}
-	path, err := s.pool.Activate(ctx, plan.name, plan.id, plan.size)
+	if err := ctx.Err(); err != nil {
+		s.rollbackCreate(fctx, plan, true, err)
+		return nil, fmt.Errorf("create snapshot %q: caller gone after create_snap: %w", key, err)
+	}
+	path, err := s.pool.Activate(fctx, plan.name, plan.id, plan.size)
 	if err != nil {
-		s.rollbackCreate(ctx, plan, true, err)
+		s.rollbackCreate(fctx, plan, true, err)
 		return nil, fmt.Errorf("create snapshot %q: activate %s: %w", key, plan.name, err)
 	}
 	if err := s.step("create:activated"); err != nil {
 		return nil, err
 	}
+	if err := ctx.Err(); err != nil {
+		s.rollbackCreate(fctx, plan, true, err)
+		return nil, fmt.Errorf("create snapshot %q: caller gone after activation: %w", key, err)
+	}
 	now := nowNs()
-	err = s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
-		if err := q.InsertThinDevice(ctx, metadata.ThinDevice{
+	err = s.withTx(fctx, func(q metadata.SnapshotterQueries) error {
+		if err := q.InsertThinDevice(fctx, metadata.ThinDevice{
 			ID: plan.id, Name: plan.name, OriginID: plan.origin, Role: metadata.ThinRoleSnapshot,
 			State: metadata.ThinStateActive, SizeBytes: plan.size, FSType: plan.fsType, CreatedNs: now, UpdatedNs: now,
 		}); err != nil {
 			return err
 		}
-		if _, err := q.InsertSnapshot(ctx, metadata.CDSnapshot{
+		if _, err := q.InsertSnapshot(fctx, metadata.CDSnapshot{
 			Namespace: ns, Key: key, Kind: kind, ParentID: plan.parentID, DeviceID: plan.id,
 			Labels: base.Labels, CreatedNs: now, UpdatedNs: now,
 		}); err != nil {
 			return err
 		}
-		return q.DeleteIntent(ctx, plan.intentID)
+		return q.DeleteIntent(fctx, plan.intentID)
 	})
 	if err != nil {
-		s.rollbackCreate(ctx, plan, true, err)
+		s.rollbackCreate(fctx, plan, true, err)
 		return nil, fmt.Errorf("create snapshot %q: record outcome: %w", key, err)
 	}
 	logger.WithFields(log.Fields{"thin_id": plan.id, "device": plan.name}).Debug("snapshot created")
@@ -493,7 +516,8 @@ func (s *Snapshotter) planCreate(ctx context.Context, ns, kind, key, parent stri
 
 // rollbackCreate undoes the device work of a failed create and drops its
 // intent. If the device cannot be removed, its id is quarantined in the same
-// transaction that drops the intent, so it is never reused.
+// transaction that drops the intent, so it is never reused. ctx must not be
+// the caller's own (see detached): a rollback cut short leaves the intent.
 func (s *Snapshotter) rollbackCreate(ctx context.Context, plan createPlan, created bool, cause error) {
 	if errors.Is(cause, errSimulatedCrash) {
 		return
@@ -586,32 +610,62 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 	if err := s.pool.Deactivate(ctx, r.DeviceName); err != nil {
 		return fmt.Errorf("commit %q as %q: deactivate %s (still mounted?): %w", key, name, r.DeviceName, err)
 	}
+	fctx, cancel := detached(ctx)
+	defer cancel()
 	if err := s.step("commit:deactivated"); err != nil {
 		return err
 	}
-	err = s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
-		cur, ok, err := q.Snapshot(ctx, ns, key)
+	if err := ctx.Err(); err != nil {
+		// The caller keeps the active snapshot it still believes in: give
+		// it its device back.
+		s.reactivate(fctx, r)
+		return fmt.Errorf("commit %q as %q: caller gone after deactivation: %w", key, name, err)
+	}
+	err = s.withTx(fctx, func(q metadata.SnapshotterQueries) error {
+		cur, ok, err := q.Snapshot(fctx, ns, key)
 		if err != nil {
 			return err
 		}
 		if !ok || cur.ID != r.ID {
 			return fmt.Errorf("commit %q as %q: snapshot was removed meanwhile: %w", key, name, errdefs.ErrNotFound)
 		}
-		if _, ok, err := q.Snapshot(ctx, ns, name); err != nil {
+		if _, ok, err := q.Snapshot(fctx, ns, name); err != nil {
 			return err
 		} else if ok {
 			return fmt.Errorf("commit %q as %q: %w", key, name, errdefs.ErrAlreadyExists)
 		}
-		if err := q.CommitSnapshot(ctx, r.ID, name, base.Labels, nowNs(), size, 0); err != nil {
+		if err := q.CommitSnapshot(fctx, r.ID, name, base.Labels, nowNs(), size, 0); err != nil {
 			return err
 		}
-		return q.SetThinDeviceState(ctx, r.DeviceID, metadata.ThinStateInactive, nowNs())
+		return q.SetThinDeviceState(fctx, r.DeviceID, metadata.ThinStateInactive, nowNs())
 	})
 	if err != nil {
+		s.reactivate(fctx, r)
 		return err
 	}
 	log.G(ctx).WithFields(log.Fields{"key": key, "name": name, "thin_id": r.DeviceID, "size": size}).Debug("snapshot committed")
 	return nil
+}
+
+// reactivate maps the device of active snapshot r again after a commit
+// that deactivated it did not go through, unless r was removed (or
+// changed) meanwhile: a removed device must stay unmapped to be deleted.
+// Failing is only logged: Mounts activates a device it finds unmapped.
+func (s *Snapshotter) reactivate(ctx context.Context, r metadata.CDSnapshot) {
+	cur, ok, err := s.reads().SnapshotByID(ctx, r.ID)
+	if err == nil && (!ok || cur.Kind != metadata.SnapKindActive || cur.DeviceID != r.DeviceID) {
+		return
+	}
+	var dev metadata.ThinDevice
+	if err == nil {
+		dev, ok, err = s.reads().ThinDevice(ctx, r.DeviceID)
+	}
+	if err == nil && ok && dev.State != metadata.ThinStateRemoved {
+		_, err = s.pool.Activate(ctx, dev.Name, dev.ID, dev.SizeBytes)
+	}
+	if err != nil {
+		log.G(ctx).WithError(err).WithFields(log.Fields{"key": r.Key, "device": r.DeviceName}).Warn("commit not done: device left unmapped; Mounts will map it")
+	}
 }
 
 // Recommit puts the device of active snapshot key in place of the device
@@ -649,26 +703,29 @@ func (s *Snapshotter) Recommit(ctx context.Context, name, key string) error {
 	if err := s.pool.Deactivate(ctx, r.DeviceName); err != nil {
 		return fmt.Errorf("recommit %q as %q: deactivate %s (still mounted?): %w", key, name, r.DeviceName, err)
 	}
-	err = s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
-		cur, ok, err := q.Snapshot(ctx, ns, key)
+	fctx, cancel := detached(ctx)
+	defer cancel()
+	err = s.withTx(fctx, func(q metadata.SnapshotterQueries) error {
+		cur, ok, err := q.Snapshot(fctx, ns, key)
 		if err != nil {
 			return err
 		}
 		if !ok || cur.ID != r.ID {
 			return fmt.Errorf("recommit %q as %q: snapshot was removed meanwhile: %w", key, name, errdefs.ErrNotFound)
 		}
-		if err := q.DeleteSnapshot(ctx, r.ID); err != nil {
+		if err := q.DeleteSnapshot(fctx, r.ID); err != nil {
 			return err
 		}
-		if err := q.MoveDevice(ctx, old.ID, r.DeviceID, size, nowNs()); err != nil {
+		if err := q.MoveDevice(fctx, old.ID, r.DeviceID, size, nowNs()); err != nil {
 			return err
 		}
-		if err := q.SetThinDeviceState(ctx, r.DeviceID, metadata.ThinStateInactive, nowNs()); err != nil {
+		if err := q.SetThinDeviceState(fctx, r.DeviceID, metadata.ThinStateInactive, nowNs()); err != nil {
 			return err
 		}
-		return q.DeleteThinDevice(ctx, old.DeviceID)
+		return q.DeleteThinDevice(fctx, old.DeviceID)
 	})
 	if err != nil {
+		s.reactivate(fctx, r)
 		return err
 	}
 	log.G(ctx).WithFields(log.Fields{"key": key, "name": name, "thin_id": r.DeviceID, "lost_thin_id": old.DeviceID}).Warn("snapshot's lost device replaced")
@@ -723,7 +780,11 @@ func (s *Snapshotter) RemoveIf(ctx context.Context, key string, guard RemoveGuar
 		return err
 	}
 	if !s.cfg.AsyncRemove {
-		if err := s.reclaim(ctx, dev); err != nil {
+		// The removal is recorded: deleting the device is this call's to
+		// finish, even for a caller that gave up.
+		fctx, cancel := detached(ctx)
+		defer cancel()
+		if err := s.reclaim(fctx, dev); err != nil {
 			if errors.Is(err, errSimulatedCrash) {
 				return err
 			}
@@ -733,7 +794,9 @@ func (s *Snapshotter) RemoveIf(ctx context.Context, key string, guard RemoveGuar
 	return nil
 }
 
-// reclaim deletes a removed device from the pool and then its record.
+// reclaim deletes a removed device from the pool and then its record. ctx
+// should be detached from a caller's cancellation: a reclaim cut between
+// the deletion and the record leaves the record for Cleanup.
 func (s *Snapshotter) reclaim(ctx context.Context, dev metadata.ThinDevice) error {
 	if err := s.destroy(ctx, dev.Name, dev.ID); err != nil {
 		return err
@@ -755,8 +818,15 @@ func (s *Snapshotter) Cleanup(ctx context.Context) error {
 		return err
 	}
 	var errs []error
-	for _, d := range devs {
-		if err := s.reclaim(ctx, d); err != nil {
+	for i, d := range devs {
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, fmt.Errorf("cleanup stopped with %d devices left: %w", len(devs)-i, err))
+			break
+		}
+		fctx, cancel := detached(ctx)
+		err := s.reclaim(fctx, d)
+		cancel()
+		if err != nil {
 			if errors.Is(err, errSimulatedCrash) {
 				return err
 			}
@@ -769,7 +839,10 @@ func (s *Snapshotter) Cleanup(ctx context.Context) error {
 
 // Walk calls fn for every snapshot of the context's namespace that matches
 // any of filters (containerd's filter syntax over kind, name, parent and
-// labels.<key>). fn may call the snapshotter.
+// labels.<key>). fn may call the snapshotter. A single filter's equality
+// selectors are answered by the database (containerd's lookup of a layer by
+// its snapshot.ref label and parent, a walk of one snapshot's children), so
+// such a walk costs what it returns, not the number of snapshots.
 func (s *Snapshotter) Walk(ctx context.Context, fn snapshots.WalkFunc, fs ...string) error {
 	ns, err := s.open(ctx)
 	if err != nil {
@@ -779,7 +852,12 @@ func (s *Snapshotter) Walk(ctx context.Context, fn snapshots.WalkFunc, fs ...str
 	if err != nil {
 		return fmt.Errorf("walk: filters %q: %w", fs, err)
 	}
-	rows, err := s.reads().Snapshots(ctx, ns, false)
+	var rows []metadata.CDSnapshot
+	if narrow, ok := pushdown(fs, filter); ok {
+		rows, err = s.reads().SnapshotsWhere(ctx, ns, narrow)
+	} else {
+		rows, err = s.reads().Snapshots(ctx, ns, false)
+	}
 	if err != nil {
 		return err
 	}

@@ -25,21 +25,22 @@ section. The pool must be active (the daemon activates it); these commands
 never create it.
 
 Subcommands:
-  status   data and metadata usage, block size and mode of the pool
-  ls       every thin id of the pool next to the database's device records
+  status       data and metadata usage, block size and mode of the pool
+  ls           every thin id of the pool next to the database's device records
+  quarantine   review the thin ids start-up quarantined (ls, delete, release)
 `
 
 func init() {
-	register(&command{name: "pool", summary: "inspect the thin pool (status, ls)", run: runPool})
+	register(&command{name: "pool", summary: "inspect the thin pool (status, ls, quarantine)", run: runPool})
 }
 
 func runPool(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return usageError(newFlagSet("pool", "pool status|ls [flags]", poolDescription), "name a subcommand: status or ls")
+		return usageError(newFlagSet("pool", "pool status|ls|quarantine [flags]", poolDescription), "name a subcommand: status, ls or quarantine")
 	}
 	switch args[0] {
 	case "-h", "--help", "-help", "help":
-		fs := newFlagSet("pool", "pool status|ls [flags]", poolDescription)
+		fs := newFlagSet("pool", "pool status|ls|quarantine [flags]", poolDescription)
 		fs.SetOutput(os.Stdout)
 		fs.Usage()
 		return nil
@@ -47,8 +48,10 @@ func runPool(ctx context.Context, args []string) error {
 		return runPoolStatus(ctx, args[1:])
 	case "ls":
 		return runPoolLs(ctx, args[1:])
+	case "quarantine":
+		return runPoolQuarantine(ctx, args[1:])
 	default:
-		return &exitError{code: 2, msg: fmt.Sprintf("unknown pool subcommand %q (want status or ls)", args[0])}
+		return &exitError{code: 2, msg: fmt.Sprintf("unknown pool subcommand %q (want status, ls or quarantine)", args[0])}
 	}
 }
 

@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
+)
+
+const quarantineDescription = `
+Reviews the thin ids start-up quarantined: devices in the pool that no record
+or intent explained (never touched, their ids never reused), and devices a
+rollback could not delete.
+
+Subcommands:
+  ls                 every quarantined id: whether the pool still holds it,
+                     whether it was deleted, since when, and why
+  delete ID...       delete each id's device from the pool (and any
+                     device-mapper device mapping it); the id stays
+                     quarantined, recorded as deleted
+  release ID...      forget each id's quarantine, so a new device may use
+                     it; refused while the pool still holds the id
+
+Ids a device record or an intent owns are the daemon's and are refused.
+delete and release need the pool active (the daemon activates it).
+`
+
+func runPoolQuarantine(ctx context.Context, args []string) error {
+	const synopsis = "pool quarantine ls|delete|release [flags] [ID...]"
+	if len(args) == 0 {
+		return usageError(newFlagSet("pool quarantine", synopsis, quarantineDescription), "name a subcommand: ls, delete or release")
+	}
+	switch args[0] {
+	case "-h", "--help", "-help", "help":
+		fs := newFlagSet("pool quarantine", synopsis, quarantineDescription)
+		fs.SetOutput(os.Stdout)
+		fs.Usage()
+		return nil
+	case "ls":
+		return runQuarantineLs(ctx, args[1:])
+	case "delete":
+		return runQuarantineChange(ctx, "delete", args[1:], snapshotter.DeleteQuarantined)
+	case "release":
+		return runQuarantineChange(ctx, "release", args[1:], snapshotter.ReleaseQuarantined)
+	default:
+		return &exitError{code: 2, msg: fmt.Sprintf("unknown pool quarantine subcommand %q (want ls, delete or release)", args[0])}
+	}
+}
+
+// quarantineView is one row of `pool quarantine ls`.
+type quarantineView struct {
+	ThinID uint32 `json:"thin_id"`
+	// InPool is "yes", "no", or "unknown" when the pool is not active.
+	InPool  string    `json:"in_pool"`
+	Deleted bool      `json:"deleted"`
+	Since   time.Time `json:"since"`
+	Reason  string    `json:"reason"`
+}
+
+func runQuarantineLs(ctx context.Context, args []string) error {
+	fs := newFlagSet("pool quarantine ls", "pool quarantine ls [--config FILE] [--db PATH] [--format table|json]", `
+Lists every quarantined thin id with whether the pool still holds it
+("unknown" when the pool is not active), whether its device was deleted,
+since when it is quarantined and why. The database is opened read-only.`)
+	addDBFlags(fs)
+	format := formatFlag("table")
+	fs.Var(&format, "format", "output `FORMAT`: table or json")
+	if err := parsePoolFlags(fs, args); err != nil {
+		return err
+	}
+	cfg, err := loadConfig()
+	if err != nil {
+		return err
+	}
+	db, err := openDB(ctx, true)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	var pool *thinpool.Pool
+	if active, err := dmDeviceExists(cfg.Pool.Name); err == nil && active {
+		if pool, err = thinpool.Open(ctx, cfg.ThinpoolConfig()); err != nil {
+			return err
+		}
+		defer pool.Close()
+	}
+	qs, err := snapshotter.ListQuarantine(ctx, db, pool)
+	if err != nil {
+		return err
+	}
+	rows := make([]quarantineView, 0, len(qs))
+	for _, q := range qs {
+		in := "unknown"
+		if q.PoolChecked {
+			in = map[bool]string{true: "yes", false: "no"}[q.InPool]
+		}
+		rows = append(rows, quarantineView{ThinID: q.DeviceID, InPool: in, Deleted: q.Deleted, Since: time.Unix(0, q.QuarantinedNs).UTC(), Reason: q.Reason})
+	}
+	if format == "json" {
+		return writeJSON(os.Stdout, rows)
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tIN POOL\tDELETED\tSINCE\tREASON")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%d\t%s\t%v\t%s\t%s\n", r.ThinID, r.InPool, r.Deleted, r.Since.Format(time.RFC3339), r.Reason)
+	}
+	return tw.Flush()
+}
+
+// runQuarantineChange parses the ids of `pool quarantine delete|release`
+// and applies change to each, on the active pool and the database opened
+// read-write; it goes on past an id it cannot change and fails at the end.
+func runQuarantineChange(ctx context.Context, verb string, args []string,
+	change func(context.Context, *metadata.DB, *thinpool.Pool, uint32) error) error {
+	fs := newFlagSet("pool quarantine "+verb, "pool quarantine "+verb+" [--config FILE] [--db PATH] ID...", map[string]string{
+		"delete": `
+Deletes the device of each quarantined thin id from the pool, after
+removing any device-mapper device mapping it; the id stays quarantined,
+recorded as deleted, until released.`,
+		"release": `
+Forgets the quarantine of each thin id, so that a new device may use it.
+An id the pool still holds is refused: delete it first.`,
+	}[verb])
+	addDBFlags(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		return usageError(fs, "name at least one quarantined thin id (pool quarantine ls lists them)")
+	}
+	var ids []uint32
+	for _, a := range fs.Args() {
+		id, err := strconv.ParseUint(a, 10, 32)
+		if err != nil || id == 0 || id > thinpool.MaxThinID {
+			return &exitError{code: 2, msg: fmt.Sprintf("thin id %q: must be a number from 1 to %d", a, thinpool.MaxThinID)}
+		}
+		ids = append(ids, uint32(id))
+	}
+	cfg, err := loadConfig()
+	if err != nil {
+		return err
+	}
+	pool, err := openActivePool(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	db, err := openDB(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	failed := 0
+	for _, id := range ids {
+		if err := change(ctx, db, pool, id); err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", verb, err)
+			failed++
+			continue
+		}
+		fmt.Printf("%s %d\n", map[string]string{"delete": "deleted", "release": "released"}[verb], id)
+	}
+	if failed > 0 {
+		return &exitError{code: 1, msg: fmt.Sprintf("pool quarantine %s: %d of %d ids not changed", verb, failed, len(ids))}
+	}
+	return nil
+}

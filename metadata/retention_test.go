@@ -1,0 +1,97 @@
+package metadata
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+)
+
+// TestRetention: finished runs older than the age or beyond the count go,
+// oldest first, in batches; live runs, and finished runs a live run waits
+// for or descends from, stay; an image whose pulls all failed goes once old
+// enough, an image that was pulled stays whatever its last failure.
+func TestRetention(t *testing.T) {
+	ctx := context.Background()
+	db := openTestDB(t)
+	now := time.Unix(1_900_000_000, 0)
+	day := 24 * time.Hour
+	run := func(id, state string, finishedAgo time.Duration, parent string, after ...string) {
+		t.Helper()
+		live := state
+		if state != RunPending {
+			live = RunRunning
+		}
+		r := Run{ID: id, FSM: "m", IdempotencyID: id, ParentID: parent, RunAfter: after, Request: []byte(`{}`), Transition: "t",
+			State: live, CreatedAt: now.Add(-finishedAgo - time.Minute), UpdatedAt: now.Add(-finishedAgo - time.Minute)}
+		if _, created, err := db.CreateRun(ctx, r); err != nil || !created {
+			t.Fatalf("CreateRun %s: %v %v", id, created, err)
+		}
+		if state != live {
+			if err := db.CheckpointRun(ctx, RunCheckpoint{RunID: id, State: state, Transition: "t", At: now.Add(-finishedAgo)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Seven old finished runs, two of them still needed by live runs.
+	for i := range 7 {
+		run(fmt.Sprintf("old-%d", i), []string{RunComplete, RunFailed, RunAborted}[i%3], 10*day+time.Duration(i)*time.Hour, "")
+	}
+	run("old-parent", RunComplete, 20*day, "")
+	run("live-child", RunRunning, 0, "old-parent")
+	run("old-before", RunComplete, 20*day, "")
+	run("live-waiter", RunPending, 0, "", "x", "old-before")
+	// Recent finished runs, newest last.
+	for i := range 5 {
+		run(fmt.Sprintf("new-%d", i), RunComplete, time.Duration(5-i)*time.Hour, "")
+	}
+
+	if err := db.MarkImageFailed(ctx, "s3-failed", "s3://b/failed.tar", "no such key"); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeImage(ctx, db, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.MarkImageFailed(ctx, "s3-w1", "s3://bkt/w/1.tar", "a later pull failed"); err != nil {
+		t.Fatal(err)
+	}
+
+	// Nothing is old yet for the images; runs: the count keeps the 3 newest.
+	res, err := db.retain(ctx, Retention{RunsMaxAge: 7 * day, RunsMaxCount: 3, FailedImagesMaxAge: -1}, now, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs, err := db.ListRuns(ctx, RunFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, r := range runs {
+		ids = append(ids, r.ID)
+	}
+	slices.Sort(ids)
+	want := []string{"live-child", "live-waiter", "new-2", "new-3", "new-4", "old-before", "old-parent"}
+	if !slices.Equal(ids, want) {
+		t.Errorf("runs kept %v, want %v", ids, want)
+	}
+	if res.Runs != 9 || res.FailedImages != 0 {
+		t.Errorf("retention = %+v, want 9 runs and no image", res)
+	}
+
+	// An image is judged by when it was created or last used: a year on,
+	// the image that never pulled goes, the pulled one stays.
+	res, err = db.retain(ctx, Retention{RunsMaxAge: -1, RunsMaxCount: -1}, now.Add(365*day), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.FailedImages != 1 || res.Runs != 0 {
+		t.Errorf("retention a year on = %+v, want the one failed image", res)
+	}
+	if im, _ := db.GetImage(ctx, "s3-failed"); im != nil {
+		t.Errorf("failed image kept: %+v", im)
+	}
+	if im, _ := db.GetImage(ctx, "s3-w1"); im == nil {
+		t.Error("the pulled image whose later pull failed was deleted")
+	}
+}

@@ -1,0 +1,247 @@
+package snapshotter
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/containerd/errdefs"
+)
+
+// cancelAt returns a step hook that cancels the caller's context when the
+// operation reaches step, and a pointer saying whether it did.
+func cancelAt(step string, cancel context.CancelFunc) (func(string) error, *bool) {
+	fired := new(bool)
+	return func(s string) error {
+		if s == step {
+			*fired = true
+			cancel()
+		}
+		return nil
+	}, fired
+}
+
+// assertSettled checks what a caller's cancellation may not leave behind:
+// an intent row, or a device in the pool that no record holds (or a record
+// whose device is gone).
+func assertSettled(t *testing.T, s *Snapshotter, pool *fakePool) {
+	t.Helper()
+	ctx := context.Background()
+	intents, err := s.reads().Intents(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(intents) != 0 {
+		t.Errorf("intents left: %+v", intents)
+	}
+	devs, err := s.reads().ThinDevices(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recorded []uint32
+	for _, d := range devs {
+		recorded = append(recorded, d.ID)
+	}
+	inPool, _ := pool.ThinIDs(ctx)
+	slices.Sort(recorded)
+	slices.Sort(inPool)
+	if !slices.Equal(recorded, inPool) {
+		t.Errorf("pool holds thin ids %v, records %v", inPool, recorded)
+	}
+}
+
+// TestCancelAtEveryStep cancels the caller's context at each step of
+// Prepare, Commit and Remove (after the device-mapper call before it), and
+// checks the call ends with its work either done or undone: no intent row,
+// pool and records agreeing, the key free again, and the parent removable.
+func TestCancelAtEveryStep(t *testing.T) {
+	bg := context.Background()
+	for _, step := range []string{"create:intent", "create:device", "create:activated"} {
+		t.Run("prepare/"+step, func(t *testing.T) {
+			pool := newFakePool()
+			s := newFakeSnapshotter(t, "", pool, Config{})
+			mustParent(t, s, "parent")
+			ctx, cancel := context.WithCancel(bg)
+			defer cancel()
+			var fired *bool
+			s.hook, fired = cancelAt(step, cancel)
+			_, err := s.Prepare(ctx, "child", "parent")
+			s.hook = nil
+			if !*fired {
+				t.Fatalf("step %s never reached", step)
+			}
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("Prepare cancelled at %s: got %v, want context.Canceled", step, err)
+			}
+			assertSettled(t, s, pool)
+			if _, err := s.Stat(bg, "child"); !errdefs.IsNotFound(err) {
+				t.Errorf("Stat of the cancelled key: got %v, want NotFound", err)
+			}
+			// The key is free again (not "being created").
+			if _, err := s.Prepare(bg, "child", "parent"); err != nil {
+				t.Fatalf("Prepare again after the cancel: %v", err)
+			}
+			if err := s.Remove(bg, "child"); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Remove(bg, "parent"); err != nil {
+				t.Fatalf("parent not removable after a cancelled Prepare on it: %v", err)
+			}
+			assertSettled(t, s, pool)
+		})
+	}
+	t.Run("commit/commit:deactivated", func(t *testing.T) {
+		pool := newFakePool()
+		s := newFakeSnapshotter(t, "", pool, Config{})
+		mustParent(t, s, "parent")
+		if _, err := s.Prepare(bg, "work", "parent"); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(bg)
+		defer cancel()
+		var fired *bool
+		s.hook, fired = cancelAt("commit:deactivated", cancel)
+		err := s.Commit(ctx, "done", "work")
+		s.hook = nil
+		if !*fired {
+			t.Fatal("step commit:deactivated never reached")
+		}
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Commit cancelled: got %v, want context.Canceled", err)
+		}
+		assertSettled(t, s, pool)
+		// The caller still has its active snapshot, mounted as before.
+		if _, err := s.Stat(bg, "done"); !errdefs.IsNotFound(err) {
+			t.Errorf("Stat of the cancelled commit's name: got %v, want NotFound", err)
+		}
+		if _, active := pool.counts(); active != 1 {
+			t.Errorf("%d devices mapped after a cancelled commit, want 1 (the active snapshot's)", active)
+		}
+		if _, err := s.Mounts(bg, "work"); err != nil {
+			t.Fatalf("Mounts of the active snapshot after a cancelled commit: %v", err)
+		}
+		if err := s.Commit(bg, "done", "work"); err != nil {
+			t.Fatalf("Commit again after the cancel: %v", err)
+		}
+		if err := s.Remove(bg, "done"); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Remove(bg, "parent"); err != nil {
+			t.Fatalf("parent not removable after a cancelled Commit on it: %v", err)
+		}
+		assertSettled(t, s, pool)
+	})
+	for _, step := range []string{"remove:marked", "reclaim:deleted"} {
+		t.Run("remove/"+step, func(t *testing.T) {
+			pool := newFakePool()
+			s := newFakeSnapshotter(t, "", pool, Config{})
+			mustParent(t, s, "parent")
+			if _, err := s.Prepare(bg, "child", "parent"); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(bg)
+			defer cancel()
+			var fired *bool
+			s.hook, fired = cancelAt(step, cancel)
+			// The removal is recorded before the first step: the call
+			// finishes it and reports success.
+			err := s.Remove(ctx, "child")
+			s.hook = nil
+			if !*fired {
+				t.Fatalf("step %s never reached", step)
+			}
+			if err != nil {
+				t.Fatalf("Remove cancelled at %s: %v", step, err)
+			}
+			assertSettled(t, s, pool)
+			if removed, err := s.reads().ThinDevices(bg, "removed"); err != nil || len(removed) != 0 {
+				t.Errorf("devices awaiting Cleanup after a synchronous Remove: %v (%v)", removed, err)
+			}
+			if err := s.Remove(bg, "parent"); err != nil {
+				t.Fatalf("parent not removable after a cancelled Remove of its child: %v", err)
+			}
+			assertSettled(t, s, pool)
+		})
+	}
+}
+
+// TestCancelledCleanupStops checks a Cleanup whose caller gave up stops
+// between devices, and leaves each device it reached either deleted with
+// its record or still recorded for the next Cleanup.
+func TestCancelledCleanupStops(t *testing.T) {
+	bg := context.Background()
+	pool := newFakePool()
+	s := newFakeSnapshotter(t, "", pool, Config{AsyncRemove: true})
+	mustParent(t, s, "parent")
+	for _, k := range []string{"a", "b", "c"} {
+		if _, err := s.Prepare(bg, k, "parent"); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Remove(bg, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(bg)
+	var fired *bool
+	s.hook, fired = cancelAt("reclaim:deleted", cancel)
+	err := s.Cleanup(ctx)
+	s.hook = nil
+	if !*fired || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Cleanup cancelled at its first device: got %v, want context.Canceled", err)
+	}
+	assertSettled(t, s, pool)
+	left, err := s.reads().ThinDevices(bg, "removed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 2 {
+		t.Errorf("%d devices left for the next Cleanup, want 2 (it stopped after the first)", len(left))
+	}
+	if err := s.Cleanup(bg); err != nil {
+		t.Fatal(err)
+	}
+	assertSettled(t, s, pool)
+}
+
+// mustParent makes the committed snapshot name on an empty filesystem.
+func mustParent(t *testing.T, s *Snapshotter, name string) {
+	t.Helper()
+	bg := context.Background()
+	if _, err := s.Prepare(bg, name+"-work", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(bg, name, name+"-work"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A Commit whose active snapshot is removed between its deactivation and
+// its record fails NotFound and leaves the removed device unmapped, so
+// Cleanup can delete it.
+func TestCommitOfRemovedSnapshotLeavesDeviceUnmapped(t *testing.T) {
+	bg := context.Background()
+	pool := newFakePool()
+	s := newFakeSnapshotter(t, "", pool, Config{AsyncRemove: true})
+	if _, err := s.Prepare(bg, "work", ""); err != nil {
+		t.Fatal(err)
+	}
+	s.hook = func(step string) error {
+		if step == "commit:deactivated" {
+			return s.Remove(bg, "work")
+		}
+		return nil
+	}
+	err := s.Commit(bg, "done", "work")
+	s.hook = nil
+	if !errdefs.IsNotFound(err) {
+		t.Fatalf("Commit of a snapshot removed meanwhile: %v, want NotFound", err)
+	}
+	if _, active := pool.counts(); active != 0 {
+		t.Fatalf("%d devices mapped after the failed commit; the removed device must stay unmapped", active)
+	}
+	if err := s.Cleanup(bg); err != nil {
+		t.Fatal(err)
+	}
+	assertSettled(t, s, pool)
+}
