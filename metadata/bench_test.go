@@ -127,7 +127,7 @@ func BenchmarkPruneOrphans(b *testing.B) {
 	d := benchDB(b)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if res, err := d.PruneOrphans(ctx); err != nil || res.Chains+res.Images+res.Objects+len(res.LayerPaths) != 0 {
+		if res, err := d.PruneOrphans(ctx, true); err != nil || res.Chains+res.Images+res.Objects+len(res.LayerPaths) != 0 {
 			b.Fatalf("PruneOrphans = %+v, %v; want nothing pruned", res, err)
 		}
 	}

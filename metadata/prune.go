@@ -36,18 +36,19 @@ const pruneBatch = 500
 //   - images one of whose layers' chains is gone (their layers and names
 //     with them): the image cannot be activated again without a pull;
 //
-// then, only when no run is pending or running, the object records no
-// image's layer names, and the layer files no object or chain refers to.
+// then, only when files is true and no run is pending or running, the
+// object records no image's layer names, and the layer files no object or
+// chain refers to (otherwise the result is Deferred).
 //
 // It works in transactions of at most pruneBatch rows, each step after the
 // one before it is done; an error or a crash half-way leaves records the
 // next call prunes (every step's rule reads the state, not a list made
 // earlier). The result counts what the committed batches removed.
-func (d *DB) PruneOrphans(ctx context.Context) (PruneResult, error) {
-	return d.pruneOrphans(ctx, pruneBatch)
+func (d *DB) PruneOrphans(ctx context.Context, files bool) (PruneResult, error) {
+	return d.pruneOrphans(ctx, pruneBatch, files)
 }
 
-func (d *DB) pruneOrphans(ctx context.Context, batch int) (PruneResult, error) {
+func (d *DB) pruneOrphans(ctx context.Context, batch int, files bool) (PruneResult, error) {
 	var res PruneResult
 	// A chain row is written after its snapshot is committed, so a row
 	// without a committed snapshot was removed behind it.
@@ -66,6 +67,10 @@ func (d *DB) pruneOrphans(ctx context.Context, batch int) (PruneResult, error) {
 		return execCount(ctx, tx, images, batch)
 	}); err != nil {
 		return res, fmt.Errorf("metadata: prune images: %w", err)
+	}
+	if !files {
+		res.Deferred = true
+		return res, nil
 	}
 	objects := `DELETE FROM s3_objects WHERE rowid IN (SELECT rowid FROM s3_objects WHERE NOT EXISTS
 		(SELECT 1 FROM image_layers il JOIN s3_images i ON i.image_id = il.image_id

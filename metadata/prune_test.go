@@ -18,7 +18,7 @@ func pruneWorld(t *testing.T) *world {
 	w.pull("s3-a", "s3://bkt/a/", "a:latest", twoLayers("a/", "a")...)
 	w.pull("s3-b", "s3://bkt/b/", "b:latest", twoLayers("b/", "b")...)
 	w.must(w.db.AddImageName(w.ctx, "b:v1", "s3-b"))
-	res, err := w.db.PruneOrphans(w.ctx)
+	res, err := w.db.PruneOrphans(w.ctx, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func checkAIntact(t *testing.T, w *world) {
 func TestPruneOrphansAfterGC(t *testing.T) {
 	w := pruneWorld(t)
 	ctx, db := w.ctx, w.db
-	res, err := db.PruneOrphans(ctx)
+	res, err := db.PruneOrphans(ctx, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestPruneOrphansAfterGC(t *testing.T) {
 	if c, _ := db.GetChain(ctx, "sha256:d1"); c == nil {
 		t.Errorf("the shared bottom chain was pruned")
 	}
-	res, err = db.PruneOrphans(ctx)
+	res, err = db.PruneOrphans(ctx, true)
 	if err != nil || fmt.Sprint(res) != fmt.Sprint(PruneResult{}) {
 		t.Errorf("second prune = %+v, %v; want nothing pruned", res, err)
 	}
@@ -118,7 +118,7 @@ func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
 
 	// An unpack of c-b is under way: nothing of s3-b goes.
 	live("unpack", "unpack-layer", "sha256:c-b", RunRunning)
-	res, err := db.PruneOrphans(ctx)
+	res, err := db.PruneOrphans(ctx, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
 
 	// A pull of s3-b is pending: the chain goes, the image stays.
 	live("pull", "pull-image", "s3-b", RunPending)
-	res, err = db.PruneOrphans(ctx)
+	res, err = db.PruneOrphans(ctx, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +147,7 @@ func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
 	// Another download is running: the image goes, its objects and layer
 	// file wait.
 	live("dl", "download-layer", "s3://bkt/z.tar", RunRunning)
-	res, err = db.PruneOrphans(ctx)
+	res, err = db.PruneOrphans(ctx, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
 	finish("dl")
 
 	// Idle: the rest goes.
-	res, err = db.PruneOrphans(ctx)
+	res, err = db.PruneOrphans(ctx, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +227,7 @@ func TestPruneOrphansInBatches(t *testing.T) {
 			}
 		}
 	}
-	res, err := db.pruneOrphans(ctx, 2)
+	res, err := db.pruneOrphans(ctx, 2, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +238,7 @@ func TestPruneOrphansInBatches(t *testing.T) {
 	if res.LayerPaths = slices.Compact(res.LayerPaths); len(res.LayerPaths) != n {
 		t.Fatalf("layer paths repeat: %v", res.LayerPaths)
 	}
-	if res, err := db.pruneOrphans(ctx, 2); err != nil || fmt.Sprint(res) != fmt.Sprint(PruneResult{}) {
+	if res, err := db.pruneOrphans(ctx, 2, true); err != nil || fmt.Sprint(res) != fmt.Sprint(PruneResult{}) {
 		t.Fatalf("second prune = %+v, %v; want nothing left", res, err)
 	}
 }

@@ -166,9 +166,15 @@ func (p *Pipelines) removeActivationsOf(ctx context.Context, parent string) erro
 // Prune forgets the records of chains and images whose snapshots are gone
 // (metadata.PruneOrphans) and deletes the layer files no record needs any
 // more. containerd's garbage collection calls it through Cleanup; it is
-// safe to call at any time.
+// safe to call at any time. While a pull is under way it keeps object
+// records and layer files (the result says Deferred): the pull may have
+// found them already downloaded and be about to unpack them.
 func (p *Pipelines) Prune(ctx context.Context) (metadata.PruneResult, error) {
-	res, err := p.db.PruneOrphans(ctx)
+	files := p.files.TryLock()
+	if files {
+		defer p.files.Unlock()
+	}
+	res, err := p.db.PruneOrphans(ctx, files)
 	if err != nil {
 		return res, fmt.Errorf("prune: %w", err)
 	}

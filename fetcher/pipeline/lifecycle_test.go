@@ -339,3 +339,54 @@ func TestContainerdViewRefusedRemoveKeepsActivation(t *testing.T) {
 		t.Errorf("the removal of chain %s was refused, but the image's activation %s was removed", rx.TopChainID, rx.Snapshot.SnapshotName)
 	}
 }
+
+// TestPruneSparesAPullBetweenDownloadAndUnpack: containerd's collection
+// (Cleanup, which prunes) can come after a pull's downloads ended and
+// before its unpack runs started, when no run is live. The prune then keeps
+// the objects and layer files the pull is about to unpack, and the pull
+// succeeds; a prune once the pull is over deletes what nothing uses.
+func TestPruneSparesAPullBetweenDownloadAndUnpack(t *testing.T) {
+	e := newPullEnv(t, nil)
+	e.srv.Put(t, "race/1.tar", layerTar(t, "r1", 3000))
+	e.srv.Put(t, "race/2.tar", layerTar(t, "r2", 3000))
+	ctx := context.Background()
+	var during metadata.PruneResult
+	e.p.hooks = map[string]func(){"downloads:done": func() {
+		var err error
+		if during, err = e.p.Prune(ctx); err != nil {
+			t.Errorf("prune during the pull: %v", err)
+		}
+	}}
+	res, err := e.pull("race/", "race")
+	if err != nil {
+		t.Fatalf("pull with a prune between its downloads and its unpack: %v", err)
+	}
+	if !during.Deferred || during.Objects != 0 || len(during.LayerPaths) != 0 {
+		t.Errorf("prune during the pull: %+v, want the objects and layer files kept (deferred)", during)
+	}
+	if got := e.sn.readFile(t, res.Snapshot.SnapshotName, "etc/marker"); got != "r2" {
+		t.Errorf("pulled image shows marker %q, want r2", got)
+	}
+
+	// Once the image's snapshots are gone, a prune with no pull under way
+	// forgets its objects and deletes its files.
+	e.p.hooks = nil
+	keys := []string{res.Snapshot.SnapshotName}
+	for i := len(res.Layers) - 1; i >= 0; i-- {
+		keys = append(keys, res.Layers[i].ChainID)
+	}
+	for _, key := range keys {
+		if err := e.sn.Remove(ctx, key); err != nil {
+			t.Fatalf("remove %s: %v", key, err)
+		}
+	}
+	after, err := e.p.Prune(ctx)
+	if err != nil || after.Deferred || after.Objects != 2 || len(after.LayerPaths) != 2 {
+		t.Fatalf("prune after the image was removed: %+v, %v; want 2 objects and 2 layer files, not deferred", after, err)
+	}
+	for _, path := range after.LayerPaths {
+		if _, err := os.Stat(path); !os.IsNotExist(err) {
+			t.Errorf("layer file %s still there after the prune (%v)", path, err)
+		}
+	}
+}

@@ -141,6 +141,12 @@ type Pipelines struct {
 	hooks map[string]func()
 	// guard, when set, keeps the pool from filling up (SetPoolGuard).
 	guard PoolGuard
+	// files is held shared by every pull from its listing until its runs
+	// end, and exclusively by Prune while it forgets object records and
+	// deletes layer files: between a pull's downloads and its unpack no
+	// run is live, and without it a prune would delete the files the
+	// unpack is about to read.
+	files sync.RWMutex
 }
 
 // New builds the manager, the queues and the three machines over opts.DB.

@@ -124,6 +124,10 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 	}
 	lg := log.G(ctx).WithField("source", source).WithField("ref", ref)
 	defer p.beginPull(imageID)()
+	p.files.RLock()
+	var release sync.Once
+	unlock := func() { release.Do(p.files.RUnlock) }
+	defer unlock()
 	if req.Cached {
 		res, why := p.repull(ctx, source, imageID, ref, req.Namespaces, nil)
 		if res == nil {
@@ -155,6 +159,9 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 		return nil, err
 	}
 	lg.WithField("snapshot", res.Snapshot.SnapshotName).WithField("downloaded", res.Downloaded).WithField("unpacked", res.Unpacked).Info("pulled")
+	// The collection after a pull may delete files this pull no longer
+	// needs.
+	unlock()
 	p.used(ctx, imageID, true)
 	return res, nil
 }
@@ -241,6 +248,7 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 		prev = ChainID(prev, layers[i].DiffID)
 		layers[i].ChainID = prev
 	}
+	p.hook("downloads:done")
 
 	upRuns := make([]string, len(layers))
 	for i, l := range layers {
