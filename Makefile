@@ -13,7 +13,7 @@ BUILDTAGS := sqlite_omit_load_extension osusergo netgo
 LDFLAGS   := -s -w -linkmode external -extldflags "-static" \
   -X main.version=$(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test unit vmtest e2e demo lint tidy-check install install-unit clean
+.PHONY: all build test unit vmtest e2e powerloss demo lint tidy-check install install-unit clean
 
 all: build
 
@@ -44,6 +44,14 @@ vmtest: build
 	./integration/tools/build.sh >/dev/null
 	./integration/e2e/prepare.sh >/dev/null
 	./integration/vm/suite.sh
+	./integration/powerloss/run.sh --rounds 3
+
+# The whole power-loss test (integration/powerloss/README.md): 10 guest
+# resets with each [metadata] synchronous setting; with "normal" it reports
+# what was lost instead of failing on it.
+powerloss:
+	./integration/powerloss/run.sh --rounds 10 --sync full
+	./integration/powerloss/run.sh --rounds 10 --sync normal
 
 # Only the end-to-end test (integration/e2e's TestEndToEnd, also part of
 # vmtest).
