@@ -248,13 +248,14 @@ func (g *guest) do(e event, fn func(e *event) error) error {
 	return nil
 }
 
-// devOf is the thin id recorded for key in the namespace.
+// devOf is the thin id of snapshot key, or 0 when the snapshotter does
+// not know it.
 func (g *guest) devOf(key string) uint32 {
-	s, ok, err := g.svc.DB.SnapshotterReads().Snapshot(g.ctx, namespace, key)
-	if err != nil || !ok {
+	_, _, id, err := g.svc.Snapshotter.DeviceOf(g.ctx, key)
+	if err != nil {
 		return 0
 	}
-	return s.DeviceID
+	return id
 }
 
 func (g *guest) prepare(key, parent string) error {
