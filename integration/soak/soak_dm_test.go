@@ -165,10 +165,10 @@ func TestSoak(t *testing.T) {
 			tp := time.Now()
 			res, err := ctl.Pull(ctx, pipeline.PullRequest{Bucket: srv.Bucket, Key: imageKey}, nil)
 			if err != nil {
-				t.Fatalf("pull %d (cycle %d): %v", pulled, i, err)
+				t.Fatalf("pull %d (cycle %d): %v\ndaemon log tail:\n%s", pulled, i, err, d.Proc.LogTail(40))
 			}
 			if _, err := ctl.Remove(ctx, []string{res.Source}); err != nil {
-				t.Fatalf("remove of pull %d (cycle %d): %v", pulled, i, err)
+				t.Fatalf("remove of pull %d (cycle %d): %v\ndaemon log tail:\n%s", pulled, i, err, d.Proc.LogTail(40))
 			}
 			pullTime += time.Since(tp)
 		}
