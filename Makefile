@@ -13,7 +13,7 @@ BUILDTAGS := sqlite_omit_load_extension osusergo netgo
 LDFLAGS   := -s -w -linkmode external -extldflags "-static" \
   -X main.version=$(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test unit vmtest e2e demo lint tidy-check install install-unit clean
+.PHONY: all build test unit vmtest e2e powerloss soak demo lint tidy-check install install-unit clean
 
 all: build
 
@@ -44,6 +44,23 @@ vmtest: build
 	./integration/tools/build.sh >/dev/null
 	./integration/e2e/prepare.sh >/dev/null
 	./integration/vm/suite.sh
+	./integration/powerloss/run.sh --rounds 3
+
+# The whole power-loss test (integration/powerloss/README.md): 10 guest
+# resets with each [metadata] synchronous setting; with "normal" it reports
+# what was lost instead of failing on it.
+powerloss:
+	./integration/powerloss/run.sh --rounds 10 --sync full
+	./integration/powerloss/run.sh --rounds 10 --sync normal
+
+# The full soak (integration/soak/README.md): 10,000 Prepare/Commit/Remove
+# cycles through containerd and 200 S3 pull and remove cycles; make vmtest
+# runs 1,500 and 30.
+soak: build
+	./integration/tools/build.sh >/dev/null
+	CGO_ENABLED=1 $(GO) test -c -tags 'dm $(BUILDTAGS)' -o .cache/vmbin/integration_soak_full.test ./integration/soak
+	cd integration/soak && ../vm/run.sh --mem 3072 --timeout 21600 -- ../../.cache/vmbin/integration_soak_full.test \
+	  -test.v -test.timeout 6h -flyio.soak-cycles 10000 -flyio.soak-pulls 200
 
 # Only the end-to-end test (integration/e2e's TestEndToEnd, also part of
 # vmtest).

@@ -27,6 +27,48 @@ const DefaultPath = "/var/lib/containerd-flyio-snapshotter/metadata.db"
 // for another connection's lock before failing with SQLITE_BUSY.
 const DefaultBusyTimeout = 5 * time.Second
 
+// Synchronous is SQLite's synchronous setting for the database: how often
+// a commit waits for the disk. Both values keep the file consistent after a
+// crash of the process or the machine; they differ in what a power loss or
+// kernel crash may take back.
+type Synchronous string
+
+const (
+	// SynchronousFull fsyncs the write-ahead log at every commit: a commit
+	// that returned survives a power loss. Each write transaction costs one
+	// fsync more than SynchronousNormal.
+	SynchronousFull Synchronous = "full"
+	// SynchronousNormal fsyncs the write-ahead log only at checkpoints: a
+	// commit that returned survives a crash of the process, but the last
+	// commits before a power loss or kernel crash can be lost while the
+	// device-mapper pool already holds what they recorded.
+	SynchronousNormal Synchronous = "normal"
+)
+
+// DefaultSynchronous is the synchronous setting used when none is given:
+// every operation acknowledged to a caller survives a power loss, because
+// start-up reconciliation can only explain a pool device by a row that is
+// on disk.
+const DefaultSynchronous = SynchronousFull
+
+// Validate reports whether s is a setting Open accepts; the error names the
+// accepted values.
+func (s Synchronous) Validate() error {
+	switch s {
+	case SynchronousFull, SynchronousNormal:
+		return nil
+	}
+	return fmt.Errorf("metadata: synchronous must be %q or %q, got %q", SynchronousFull, SynchronousNormal, string(s))
+}
+
+// pragma is the value of SQLite's synchronous pragma for s.
+func (s Synchronous) pragma() string {
+	if s == SynchronousNormal {
+		return "NORMAL"
+	}
+	return "FULL"
+}
+
 // Connection pool settings.
 const (
 	maxOpenConns    = 10
@@ -80,6 +122,10 @@ type Options struct {
 	ReadOnly bool
 	// BusyTimeout overrides DefaultBusyTimeout when positive.
 	BusyTimeout time.Duration
+	// Synchronous is how durable each commit is; empty means
+	// DefaultSynchronous. Open refuses any other value than the
+	// Synchronous constants.
+	Synchronous Synchronous
 
 	// MigrateTo, when positive, stops a read-write open's migration after
 	// that version (staged upgrades: `db migrate --to N`). Zero migrates to
@@ -101,11 +147,11 @@ type DB struct {
 // (busy_timeout, foreign_keys, synchronous, cache_size, and for writers
 // journal_mode=WAL and BEGIN IMMEDIATE transactions; for readers mode=ro and
 // query_only).
-func dsn(path string, readOnly bool, busy time.Duration) string {
+func dsn(path string, readOnly bool, busy time.Duration, sync Synchronous) string {
 	q := url.Values{}
 	q.Set("_busy_timeout", strconv.FormatInt(busy.Milliseconds(), 10))
 	q.Set("_foreign_keys", "1")
-	q.Set("_synchronous", "NORMAL")
+	q.Set("_synchronous", sync.pragma())
 	q.Set("_cache_size", "-10000")
 	q.Set("_stmt_cache_size", strconv.Itoa(stmtCacheSize))
 	if readOnly {
@@ -134,6 +180,13 @@ func Open(ctx context.Context, opts Options) (*DB, error) {
 	if busy <= 0 {
 		busy = DefaultBusyTimeout
 	}
+	sync := opts.Synchronous
+	if sync == "" {
+		sync = DefaultSynchronous
+	}
+	if err := sync.Validate(); err != nil {
+		return nil, fmt.Errorf("metadata: open %s: %w", path, err)
+	}
 	if opts.ReadOnly {
 		if _, err := os.Stat(path); err != nil {
 			if errors.Is(err, os.ErrNotExist) {
@@ -147,7 +200,7 @@ func Open(ctx context.Context, opts Options) (*DB, error) {
 		}
 	}
 
-	sdb, err := sql.Open(driverName, dsn(path, opts.ReadOnly, busy))
+	sdb, err := sql.Open(driverName, dsn(path, opts.ReadOnly, busy, sync))
 	if err != nil {
 		return nil, fmt.Errorf("metadata: open %s: %w", path, err)
 	}

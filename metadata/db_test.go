@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -29,7 +30,7 @@ func TestPragmasOnEveryConnection(t *testing.T) {
 	want := map[string]string{
 		"journal_mode": "wal",
 		"foreign_keys": "1",
-		"synchronous":  "1", // NORMAL
+		"synchronous":  "2", // FULL, DefaultSynchronous
 		"cache_size":   "-10000",
 		"busy_timeout": "5000",
 		"temp_store":   "2", // MEMORY
@@ -59,6 +60,43 @@ func TestPragmasOnEveryConnection(t *testing.T) {
 	}
 	if st := d.db.Stats(); st.MaxOpenConnections != maxOpenConns {
 		t.Errorf("MaxOpenConnections = %d, want %d", st.MaxOpenConnections, maxOpenConns)
+	}
+}
+
+// TestSynchronousOption checks that Options.Synchronous reaches every
+// connection, and that a value Open does not know is refused with an error
+// naming it and the accepted values, before any file is made.
+func TestSynchronousOption(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		sync Synchronous
+		want string
+	}{{SynchronousFull, "2"}, {SynchronousNormal, "1"}, {"", "2"}} {
+		d, err := Open(ctx, Options{Path: filepath.Join(t.TempDir(), "m.db"), Synchronous: tc.sync})
+		if err != nil {
+			t.Fatalf("Open with synchronous %q: %v", tc.sync, err)
+		}
+		var got string
+		if err := d.db.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		d.Close()
+		if got != tc.want {
+			t.Errorf("synchronous %q: PRAGMA synchronous = %s, want %s", tc.sync, got, tc.want)
+		}
+	}
+	dir := filepath.Join(t.TempDir(), "db")
+	_, err := Open(ctx, Options{Path: filepath.Join(dir, "m.db"), Synchronous: "extra"})
+	if err == nil {
+		t.Fatal("Open accepted synchronous \"extra\"")
+	}
+	for _, w := range []string{`"extra"`, `"full"`, `"normal"`} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not mention %s", err, w)
+		}
+	}
+	if _, serr := os.Stat(dir); !errors.Is(serr, os.ErrNotExist) {
+		t.Errorf("refused open left %s behind (stat: %v)", dir, serr)
 	}
 }
 

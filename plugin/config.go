@@ -102,6 +102,10 @@ type DaemonConfig struct {
 type MetadataConfig struct {
 	// Path is the SQLite database file; empty means <root_dir>/metadata.db.
 	Path string `toml:"path"`
+	// Synchronous is "full" (every acknowledged operation survives a power
+	// loss) or "normal" (one fsync less per write; the last operations
+	// before a power loss can be lost and their devices quarantined).
+	Synchronous string `toml:"synchronous"`
 }
 
 // PoolConfig is the [pool] section: the device-mapper thin pool and the
@@ -281,6 +285,9 @@ func defaults() *Config {
 			LogLevel:      DefaultLogLevel,
 			LogFormat:     DefaultLogFormat,
 			SocketGroup:   DefaultSocketGroup,
+		},
+		Metadata: MetadataConfig{
+			Synchronous: string(metadata.DefaultSynchronous),
 		},
 		Pool: PoolConfig{
 			Name:              DefaultPoolName,
@@ -589,6 +596,9 @@ func (c *Config) Validate() error {
 	}
 
 	absPath("metadata.path", c.Metadata.Path, false)
+	if metadata.Synchronous(c.Metadata.Synchronous).Validate() != nil {
+		bad("metadata.synchronous", "must be %q or %q, got %q", metadata.SynchronousFull, metadata.SynchronousNormal, c.Metadata.Synchronous)
+	}
 
 	p := c.Pool
 	switch {

@@ -134,6 +134,7 @@ metrics_address = "127.0.0.1:9123"
 socket_group = "1000"
 [metadata]
 path = "/srv/db/meta.db"
+synchronous = "normal"
 [pool]
 name = "pool-2"
 root_dir = "/srv/pool"
@@ -199,7 +200,7 @@ failed_images_max_age = "24h"
 	}
 	want := &Config{
 		Daemon:   DaemonConfig{Socket: "/run/x/snap.sock", RootDir: "/srv/x", LogLevel: "debug", LogFormat: "json", MetricsAddress: "127.0.0.1:9123", SocketGroup: "1000"},
-		Metadata: MetadataConfig{Path: "/srv/db/meta.db"},
+		Metadata: MetadataConfig{Path: "/srv/db/meta.db", Synchronous: "normal"},
 		Pool: PoolConfig{Name: "pool-2", RootDir: "/srv/pool", DataDevice: "/dev/vdb", MetadataDevice: "/dev/vdc",
 			DataSize: 1 << 30, MetadataSize: 64 << 20, BlockSize: 256 << 10, LowWaterMark: 1024,
 			GrowthReserve: 2 << 30, MetadataThreshold: 90, BaseImageSize: 3 << 29, FSType: "xfs", MkfsOptions: []string{"-K", "-m", "crc=1"},
@@ -312,6 +313,7 @@ func TestValidateRules(t *testing.T) {
 		{"log format", func(c *Config) { c.Daemon.LogFormat = "xml" }, `daemon.log_format: must be "text" or "json", got "xml"`},
 		{"metrics address", func(c *Config) { c.Daemon.MetricsAddress = "9123" }, `daemon.metrics_address: must be host:port`},
 		{"metadata path", func(c *Config) { c.Metadata.Path = "meta.db" }, "metadata.path: must be an absolute path"},
+		{"metadata synchronous", func(c *Config) { c.Metadata.Synchronous = "off" }, `metadata.synchronous: must be "full" or "normal", got "off"`},
 		{"pool name empty", func(c *Config) { c.Pool.Name = "" }, "pool.name: must not be empty"},
 		{"pool name slash", func(c *Config) { c.Pool.Name = "a/b" }, `pool.name: must be at most 96 characters`},
 		{"pool name long", func(c *Config) { c.Pool.Name = strings.Repeat("p", 97) }, `pool.name: must be at most 96 characters`},

@@ -48,7 +48,7 @@ func (c *Config) SnapshotterConfig() snapshotter.Config {
 // MetadataOptions returns the options opening the [metadata] database,
 // read-write for the daemon or read-only for CLI readers.
 func (c *Config) MetadataOptions(readOnly bool) metadata.Options {
-	return metadata.Options{Path: c.Metadata.Path, ReadOnly: readOnly}
+	return metadata.Options{Path: c.Metadata.Path, ReadOnly: readOnly, Synchronous: metadata.Synchronous(c.Metadata.Synchronous)}
 }
 
 // Service is the daemon's state built from a Config: the metadata

@@ -1,0 +1,403 @@
+//go:build dm
+
+package soak
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/control"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
+)
+
+var (
+	// The defaults are the shortened soak make vmtest runs: at 500 cycles
+	// the first tenth is still the daemon warming up (its resident memory
+	// rises for the first ~75 cycles), at 1,500 it is not.
+	cycles = flag.Int("flyio.soak-cycles", 1500, "Prepare/Commit/Remove cycles through containerd (the full soak: 10000)")
+	pulls  = flag.Int("flyio.soak-pulls", 30, "S3 pull and remove cycles, spread over the snapshot cycles (full soak: 200)")
+)
+
+// growthLimit is how much the last tenth's mean may exceed the first
+// tenth's, for the daemon's resident memory and its goroutines.
+const growthLimit = 1.10
+
+// sample is one reading of the daemon's metrics endpoint.
+type sample struct {
+	rss, goroutines float64
+}
+
+// TestSoak drives the daemon (the `serve` binary) through a real containerd
+// (our daemon as its [proxy_plugins] snapshotter) for -flyio.soak-cycles
+// Prepare/Commit/Remove cycles (containerd's garbage collector passes the
+// removals on to the daemon and calls its Cleanup), and -flyio.soak-pulls
+// S3 pull and remove
+// cycles of a two-layer image from an in-process S3 server through the
+// control socket, spread among them. It then checks that nothing is left
+// (no snapshot, device, image, chain or layer record, no layer file, only
+// the base device in the pool), that the daemon's resident memory and
+// goroutines (its metrics endpoint: process_resident_memory_bytes,
+// go_goroutines) over the last tenth of the cycles are within 10% of the
+// first tenth, and that the database file with its write-ahead log did not
+// grow past their size after the first tenth by more than 10%.
+func TestSoak(t *testing.T) {
+	if *cycles < 10 || *pulls < 1 {
+		t.Fatalf("-flyio.soak-cycles must be >= 10 and -flyio.soak-pulls >= 1; got %d and %d", *cycles, *pulls)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Hour)
+	defer cancel()
+	scratch := os.Getenv("VM_SCRATCH")
+	if scratch == "" {
+		t.Fatal("VM_SCRATCH is not set: run through integration/vm/run.sh or suite.sh")
+	}
+	repo, err := stack.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tools, err := stack.ToolsDir(repo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Exec a private copy: `make build` on the host may replace bin/ while
+	// the soak runs.
+	bin := filepath.Join(scratch, "containerd-flyio-snapshotter")
+	copyFile(t, filepath.Join(repo, "bin/containerd-flyio-snapshotter"), bin)
+
+	if err := stack.LoopbackUp(ctx); err != nil {
+		t.Fatal(err)
+	}
+	srv := s3test.NewServer(t)
+	const imageKey = "soak/app/"
+	srv.Put(t, imageKey+"1.tar", layer(t, 1, []string{"etc", "usr", "var"}))
+	srv.Put(t, imageKey+"2.tar", layer(t, 2, []string{"usr"}))
+
+	metricsAddr := freeAddr(t)
+	ctrdDir := filepath.Join(scratch, "containerd")
+	d, err := stack.WriteDaemonConfig(bin, stack.DaemonOptions{
+		Dir: filepath.Join(scratch, "daemon"), PoolName: fmt.Sprintf("soak%d", os.Getpid()), DataSize: "2GiB",
+		S3:         &stack.S3{Endpoint: srv.URL, Bucket: srv.Bucket},
+		Containerd: filepath.Join(ctrdDir, "containerd.sock"),
+		Metrics:    metricsAddr,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := plugin.LoadConfig(d.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dmtest.Teardown(t, cfg) })
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	daemonUp := true
+	stopDaemon := func() {
+		if daemonUp {
+			daemonUp = false
+			if err := d.Stop(); err != nil {
+				t.Errorf("daemon stop: %v\n%s", err, d.Proc.LogTail(30))
+			}
+		}
+	}
+	t.Cleanup(stopDaemon)
+	ctrd, err := stack.StartContainerd(ctx, tools, ctrdDir, d.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ctrd.Stop() })
+	cli, err := client.New(ctrd.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	// Snapshots need a lease, or containerd's garbage collector takes a
+	// committed one before the cycle removes it.
+	nctx, doneLease, err := cli.WithLease(namespaces.WithNamespace(ctx, stack.Namespace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer doneLease(namespaces.WithNamespace(ctx, stack.Namespace))
+	sn := cli.SnapshotService("flyio")
+	ctl := control.NewClient(d.Control)
+
+	n := *cycles
+	tenth := n / 10
+	sampleEvery := max(1, tenth/20)
+	pullEvery := max(1, n / *pulls)
+	var first, last []sample
+	var dbAfterFirst int64
+	pulled := 0
+	var pullTime time.Duration
+	t0 := time.Now()
+	for i := range n {
+		key, name := fmt.Sprintf("soak-%d", i), fmt.Sprintf("soak-%d-c", i)
+		if _, err := sn.Prepare(nctx, key, ""); err != nil {
+			t.Fatalf("cycle %d: Prepare: %v", i, err)
+		}
+		if err := sn.Commit(nctx, name, key); err != nil {
+			t.Fatalf("cycle %d: Commit: %v", i, err)
+		}
+		if err := sn.Remove(nctx, name); err != nil {
+			t.Fatalf("cycle %d: Remove: %v", i, err)
+		}
+		if i%pullEvery == 0 && pulled < *pulls {
+			pulled++
+			tp := time.Now()
+			res, err := ctl.Pull(ctx, pipeline.PullRequest{Bucket: srv.Bucket, Key: imageKey}, nil)
+			if err != nil {
+				t.Fatalf("pull %d (cycle %d): %v\ndaemon log tail:\n%s", pulled, i, err, d.Proc.LogTail(40))
+			}
+			if _, err := ctl.Remove(ctx, []string{res.Source}); err != nil {
+				t.Fatalf("remove of pull %d (cycle %d): %v\ndaemon log tail:\n%s", pulled, i, err, d.Proc.LogTail(40))
+			}
+			pullTime += time.Since(tp)
+		}
+		switch {
+		case i < tenth && i%sampleEvery == 0:
+			first = append(first, scrape(t, metricsAddr))
+		case i >= n-tenth && i%sampleEvery == 0:
+			last = append(last, scrape(t, metricsAddr))
+		}
+		if i == tenth-1 {
+			dbAfterFirst = dbSize(t, cfg.Metadata.Path)
+		}
+		if (i+1)%max(1, n/20) == 0 {
+			s := scrape(t, metricsAddr)
+			t.Logf("%d/%d cycles, %d pulls, %.1f s: RSS %.1f MiB, %.0f goroutines, database and WAL %d bytes",
+				i+1, n, pulled, time.Since(t0).Seconds(), s.rss/(1<<20), s.goroutines, dbSize(t, cfg.Metadata.Path))
+		}
+	}
+	elapsed := time.Since(t0)
+
+	f, l := mean(first), mean(last)
+	dbEnd := dbSize(t, cfg.Metadata.Path)
+	t.Logf("soak: %d cycles and %d pulls in %.1f s: %.1f ms a snapshot cycle, %.1f s a pull and remove",
+		n, pulled, elapsed.Seconds(), float64((elapsed-pullTime).Milliseconds())/float64(n), pullTime.Seconds()/float64(pulled))
+	t.Logf("soak: RSS first tenth %.1f MiB, last tenth %.1f MiB (ratio %.3f); goroutines %.1f -> %.1f (ratio %.3f); %d+%d samples",
+		f.rss/(1<<20), l.rss/(1<<20), l.rss/f.rss, f.goroutines, l.goroutines, l.goroutines/f.goroutines, len(first), len(last))
+	t.Logf("soak: database and WAL files %d bytes after the first tenth, %d at the end (ratio %.3f)",
+		dbAfterFirst, dbEnd, float64(dbEnd)/float64(dbAfterFirst))
+	if l.rss > f.rss*growthLimit {
+		t.Errorf("daemon RSS grew from %.1f MiB (first tenth) to %.1f MiB (last tenth): more than %.0f%%", f.rss/(1<<20), l.rss/(1<<20), (growthLimit-1)*100)
+	}
+	if l.goroutines > f.goroutines*growthLimit {
+		t.Errorf("daemon goroutines grew from %.1f (first tenth) to %.1f (last tenth): more than %.0f%%", f.goroutines, l.goroutines, (growthLimit-1)*100)
+	}
+	if float64(dbEnd) > float64(dbAfterFirst)*growthLimit {
+		t.Errorf("database and WAL files grew from %d bytes (after the first tenth) to %d: not bounded", dbAfterFirst, dbEnd)
+	}
+
+	// Nothing left: records (read-only, beside the running daemon) ...
+	db, err := metadata.Open(ctx, metadata.Options{Path: cfg.Metadata.Path, ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reads := db.SnapshotterReads()
+	// A Remove through containerd only marks the snapshot in containerd's
+	// own records; its garbage collector removes it from ours and calls
+	// Cleanup, asynchronously: wait for it to settle.
+	var (
+		snaps []metadata.CDSnapshot
+		devs  []metadata.ThinDevice
+	)
+	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(time.Second) {
+		if snaps, err = reads.Snapshots(ctx, "", true); err != nil {
+			t.Fatal(err)
+		}
+		if devs, err = reads.ThinDevices(ctx, ""); err != nil {
+			t.Fatal(err)
+		}
+		if (len(snaps) == 0 && len(devs) <= 1) || time.Now().After(deadline) {
+			break
+		}
+	}
+	for _, s := range snaps {
+		t.Errorf("snapshot left: %s/%s (%s)", s.Namespace, s.Key, s.Kind)
+	}
+	var baseID uint32
+	for _, dv := range devs {
+		if dv.Role == metadata.ThinRoleBase {
+			baseID = dv.ID
+			continue
+		}
+		t.Errorf("device record left: %+v", dv)
+	}
+	images, err := db.GCImages(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, im := range images {
+		t.Errorf("image record left: %+v", im)
+	}
+	files, err := db.ListLayerFiles(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, lf := range files {
+		t.Errorf("layer file record left: %+v", lf)
+	}
+	db.Close()
+	// ... files in the download folder ...
+	filepath.WalkDir(cfg.Pipeline.DownloadDir, func(p string, de os.DirEntry, err error) error {
+		if err == nil && !de.IsDir() {
+			t.Errorf("file left in the download folder: %s", p)
+		}
+		return nil
+	})
+	// ... and devices in the pool, read once the daemon has stopped.
+	ctrd.Stop()
+	stopDaemon()
+	p, err := thinpool.Open(ctx, cfg.ThinpoolConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := p.ThinIDs(ctx)
+	p.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 1 || ids[0] != baseID {
+		t.Errorf("pool thin ids %v, want only the base device %d", ids, baseID)
+	}
+}
+
+// layer is a layer tarball with the given directories, each holding 20
+// files of 4 KiB of random bytes (seeded by n).
+func layer(t *testing.T, n int, dirs []string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	rng := rand.New(rand.NewPCG(uint64(n), 7))
+	mtime := time.Unix(1700000000, 0)
+	body := make([]byte, 4<<10)
+	for _, d := range dirs {
+		if err := tw.WriteHeader(&tar.Header{Name: d + "/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: mtime}); err != nil {
+			t.Fatal(err)
+		}
+		for f := range 20 {
+			for i := range body {
+				body[i] = byte(rng.UintN(256))
+			}
+			h := &tar.Header{Name: fmt.Sprintf("%s/f%d-%02d", d, n, f), Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(body)), ModTime: mtime}
+			if err := tw.WriteHeader(h); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tw.Write(body); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// scrape reads the daemon's resident memory and goroutine count from its
+// metrics endpoint.
+func scrape(t *testing.T, addr string) sample {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	var s sample
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, val, ok := strings.Cut(sc.Text(), " ")
+		if !ok {
+			continue
+		}
+		switch name {
+		case "process_resident_memory_bytes":
+			s.rss, _ = strconv.ParseFloat(val, 64)
+		case "go_goroutines":
+			s.goroutines, _ = strconv.ParseFloat(val, 64)
+		}
+	}
+	if s.rss == 0 || s.goroutines == 0 {
+		t.Fatalf("metrics page of %s lacks process_resident_memory_bytes or go_goroutines", addr)
+	}
+	return s
+}
+
+func mean(ss []sample) sample {
+	var m sample
+	for _, s := range ss {
+		m.rss += s.rss
+		m.goroutines += s.goroutines
+	}
+	m.rss /= float64(len(ss))
+	m.goroutines /= float64(len(ss))
+	return m
+}
+
+// dbSize is the size of the database file and its write-ahead log: until
+// a checkpoint, the rows live in the log.
+func dbSize(t *testing.T, path string) int64 {
+	t.Helper()
+	return fileSize(t, path) + fileSize(t, path+"-wal")
+}
+
+func fileSize(t *testing.T, path string) int64 {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Size()
+}
+
+// freeAddr is a free 127.0.0.1 port for the daemon's metrics endpoint.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	in, err := os.Open(from)
+	if err != nil {
+		t.Fatalf("%v (run `make build` on the host first)", err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
