@@ -209,7 +209,7 @@ func Open(ctx context.Context, opts Options) (*DB, error) {
 	sdb.SetConnMaxLifetime(connMaxLifetime)
 	d := &DB{db: sdb, path: path, readOnly: opts.ReadOnly}
 
-	if err := d.Ping(ctx); err != nil {
+	if err := d.firstPing(ctx, busy); err != nil {
 		sdb.Close()
 		return nil, err
 	}
@@ -248,6 +248,27 @@ func (d *DB) Ping(ctx context.Context) error {
 		return fmt.Errorf("metadata: ping %s: %w", d.path, err)
 	}
 	return nil
+}
+
+// firstPing is Ping for a connection's first use, which switches a new
+// file to WAL: that switch needs the file to itself, and SQLite answers
+// "database is locked" at once, without waiting busy_timeout, when another
+// process is switching it at the same moment (several processes opening a
+// database that does not exist yet). It tries again for up to busy.
+func (d *DB) firstPing(ctx context.Context, busy time.Duration) error {
+	deadline := time.Now().Add(busy)
+	for wait := 5 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
+		err := d.Ping(ctx)
+		var se sqlite3.Error
+		if err == nil || !errors.As(err, &se) || (se.Code != sqlite3.ErrBusy && se.Code != sqlite3.ErrLocked) || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+	}
 }
 
 // Path is the database file this DB was opened on.
