@@ -11,12 +11,8 @@ import (
 	"strings"
 	"testing"
 
-	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
 	"github.com/containerd/containerd/v2/core/mount"
-	"github.com/containerd/containerd/v2/core/snapshots/proxy"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 )
@@ -52,12 +48,7 @@ func TestContainerFillingPool(t *testing.T) {
 		}
 		tops[name] = res.TopChainID
 	}
-	conn, err := grpc.NewClient("unix://"+e.cfg.Daemon.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	sn := proxy.NewSnapshotter(snapshotsapi.NewSnapshotsClient(conn), "flyio")
+	sn := proxySnapshotter(t, e.cfg.Daemon.Socket)
 	nctx := namespaces.WithNamespace(ctx, "default")
 	dirs := map[string]string{}
 	for _, name := range []string{"a", "b"} {

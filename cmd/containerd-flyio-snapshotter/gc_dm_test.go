@@ -4,26 +4,19 @@ package main
 
 import (
 	"archive/tar"
-	"bufio"
 	"bytes"
 	"context"
 	"flag"
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"net/http"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
-	"github.com/containerd/containerd/v2/core/snapshots/proxy"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/gc"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
@@ -86,30 +79,8 @@ func bulkLayer(t *testing.T, name string, body []byte, files int) []byte {
 // spent collecting and images removed, every trigger and cause summed.
 func scrapeGC(t *testing.T, addr string) (seconds float64, removed int) {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		name, val, ok := strings.Cut(sc.Text(), " ")
-		if !ok || strings.HasPrefix(name, "#") {
-			continue
-		}
-		v, err := strconv.ParseFloat(val, 64)
-		if err != nil {
-			continue
-		}
-		switch {
-		case strings.HasPrefix(name, "flyio_snapshotter_gc_duration_seconds_sum"):
-			seconds += v
-		case strings.HasPrefix(name, "flyio_snapshotter_gc_removed_images_total"):
-			removed += int(v)
-		}
-	}
-	return seconds, removed
+	return scrapeSum(t, addr, "flyio_snapshotter_gc_duration_seconds_sum"),
+		int(scrapeSum(t, addr, "flyio_snapshotter_gc_removed_images_total"))
 }
 
 // TestGCKeepsPoolUnderThreshold: on a 1 GiB pool with default [gc]
@@ -187,12 +158,7 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 			t.Fatalf("pull %s: %v", name, err)
 		}
 	}
-	conn, err := grpc.NewClient("unix://"+e.cfg.Daemon.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	sn := proxy.NewSnapshotter(snapshotsapi.NewSnapshotsClient(conn), "flyio")
+	sn := proxySnapshotter(t, e.cfg.Daemon.Socket)
 	nctx := namespaces.WithNamespace(ctx, "default")
 	held := imageOf("container")
 	if held == nil {
