@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
 )
 
 // shellRun runs a shell command line and returns its combined output and error.
@@ -48,7 +49,7 @@ func TestContainerFillingPool(t *testing.T) {
 		}
 		tops[name] = res.TopChainID
 	}
-	sn := proxySnapshotter(t, e.cfg.Daemon.Socket)
+	sn := dmtest.DialProxy(t, e.cfg.Daemon.Socket)
 	nctx := namespaces.WithNamespace(ctx, "default")
 	dirs := map[string]string{}
 	for _, name := range []string{"a", "b"} {

@@ -22,6 +22,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
 )
 
 // gcPoolMB is the pool of TestGCKeepsPoolUnderThreshold: 1 GiB by default
@@ -158,7 +159,7 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 			t.Fatalf("pull %s: %v", name, err)
 		}
 	}
-	sn := proxySnapshotter(t, e.cfg.Daemon.Socket)
+	sn := dmtest.DialProxy(t, e.cfg.Daemon.Socket)
 	nctx := namespaces.WithNamespace(ctx, "default")
 	held := imageOf("container")
 	if held == nil {

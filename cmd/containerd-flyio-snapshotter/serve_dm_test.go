@@ -15,12 +15,7 @@ import (
 	"testing"
 	"time"
 
-	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
-	"github.com/containerd/containerd/v2/core/snapshots"
-	"github.com/containerd/containerd/v2/core/snapshots/proxy"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
@@ -95,7 +90,7 @@ func TestServeCommand(t *testing.T) {
 	}()
 	waitMsg(t, msgs, "READY=1", 3*time.Minute)
 
-	client := proxySnapshotter(t, cfg.Daemon.Socket)
+	client := dmtest.DialProxy(t, cfg.Daemon.Socket)
 	ctx := namespaces.WithNamespace(context.Background(), "default")
 	if _, err := client.Prepare(ctx, "k", ""); err != nil {
 		t.Fatalf("Prepare over the daemon's socket: %v", err)
@@ -181,16 +176,4 @@ func TestPoolLsFindsUnknownDevice(t *testing.T) {
 	if !strings.Contains(out, "4242") {
 		t.Errorf("table does not list thin id 4242:\n%s", out)
 	}
-}
-
-// proxySnapshotter is the daemon's snapshots API on socket as containerd's
-// proxy plugin calls it; its connection closes when the test ends.
-func proxySnapshotter(t *testing.T, socket string) snapshots.Snapshotter {
-	t.Helper()
-	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return proxy.NewSnapshotter(snapshotsapi.NewSnapshotsClient(conn), "flyio")
 }
