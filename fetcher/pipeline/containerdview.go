@@ -88,8 +88,9 @@ var chainFields = map[string][]string{
 	FSMActivate: {"$.layers[]"},
 }
 
-// chainGuard refuses the removal of chain while a live run uses it.
-func chainGuard(chain string) snapshotter.RemoveGuard {
+// GuardChain refuses, inside the transaction that removes a chain's
+// snapshot, the removal of chain while a live run uses it.
+func GuardChain(chain string) snapshotter.RemoveGuard {
 	return func(ctx context.Context, tx *sql.Tx) error {
 		n, err := metadata.LiveRunsUsing(ctx, tx, chain, chainFields)
 		if err != nil {
@@ -112,13 +113,13 @@ func (v *containerdView) Remove(ctx context.Context, key string) error {
 	}
 	// Only a pipeline chain can carry an image activation. A refusal here
 	// is only a hint; the guarded removal below decides.
-	if err := v.p.db.WithTx(ctx, func(tx *sql.Tx) error { return chainGuard(key)(ctx, tx) }); err != nil {
+	if err := v.p.db.WithTx(ctx, func(tx *sql.Tx) error { return GuardChain(key)(ctx, tx) }); err != nil {
 		return err
 	}
 	if err := v.p.removeActivationsOf(ctx, key); err != nil {
 		return err
 	}
-	return v.Snapshots.RemoveIf(ctx, key, chainGuard(key))
+	return v.Snapshots.RemoveIf(ctx, key, GuardChain(key))
 }
 
 func (v *containerdView) Cleanup(ctx context.Context) error {
@@ -155,7 +156,7 @@ func (p *Pipelines) removeActivationsOf(ctx context.Context, parent string) erro
 	for _, name := range acts {
 		// Guarded like the chain: a run that starts using the chain now
 		// keeps its activation too.
-		if err := p.opts.Snapshots.RemoveIf(ctx, name, chainGuard(parent)); err != nil && !errdefs.IsNotFound(err) {
+		if err := p.opts.Snapshots.RemoveIf(ctx, name, GuardChain(parent)); err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("remove activation %s of %s: %w", name, parent, err)
 		}
 		log.G(ctx).WithField("snapshot", name).WithField("parent", parent).Info("image activation removed with its chain")

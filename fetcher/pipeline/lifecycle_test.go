@@ -271,7 +271,7 @@ func TestContainerdView(t *testing.T) {
 		t.Errorf("remove of a chain a live run names: %v, want failed precondition", err)
 	}
 	// The guard itself, inside the removal's transaction.
-	if err := e.sn.RemoveIf(ctx, cx, chainGuard(cx)); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "live run") {
+	if err := e.sn.RemoveIf(ctx, cx, GuardChain(cx)); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "live run") {
 		t.Errorf("guarded removal of a chain a live run names: %v", err)
 	}
 	if err := view.Remove(ctx, cy); err != nil {

@@ -4,8 +4,6 @@ import (
 	"context"
 
 	"github.com/containerd/log"
-
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 )
 
 // LayerNeed is a layer a pull is about to unpack on a new device.
@@ -34,10 +32,6 @@ type PoolGuard interface {
 // SetPoolGuard makes every later Pull consult g. Call it before the first
 // Pull.
 func (p *Pipelines) SetPoolGuard(g PoolGuard) { p.guard = g }
-
-// GuardChain refuses, inside the transaction that removes a chain's
-// snapshot, the removal of chain while a live run uses it.
-func GuardChain(chain string) snapshotter.RemoveGuard { return chainGuard(chain) }
 
 // beginPull marks imageID as being pulled (see PoolGuard.Begin).
 func (p *Pipelines) beginPull(imageID string) (end func()) {
