@@ -69,10 +69,14 @@ func (s Synchronous) pragma() string {
 	return "FULL"
 }
 
-// Connection pool settings.
+// Connection pool settings. Every connection opened stays idle in the
+// pool until its lifetime ends: one closed after a burst of calls and
+// opened again at the next would read the schema, prepare its statements
+// and fill its page cache again, and allocate its caches again on the C
+// heap, where what it freed may not have gone back to the system.
 const (
 	maxOpenConns    = 10
-	maxIdleConns    = 5
+	maxIdleConns    = maxOpenConns
 	connMaxLifetime = time.Hour
 )
 
