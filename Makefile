@@ -55,7 +55,7 @@ powerloss:
 
 # The full soak (integration/soak/README.md): 10,000 Prepare/Commit/Remove
 # cycles through containerd and 200 S3 pull and remove cycles; make vmtest
-# runs 1,500 and 30.
+# runs 150 + 1,000 and 20.
 soak: build
 	./integration/tools/build.sh >/dev/null
 	CGO_ENABLED=1 $(GO) test -c -tags 'dm $(BUILDTAGS)' -o .cache/vmbin/integration_soak_full.test ./integration/soak

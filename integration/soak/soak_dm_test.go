@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -43,15 +44,42 @@ var (
 	cycles = flag.Int("flyio.soak-cycles", 1000, "measured Prepare/Commit/Remove cycles through containerd (the full soak: 10000)")
 	warmup = flag.Int("flyio.soak-warmup", 150, "cycles run before the measured ones, not sampled")
 	pulls  = flag.Int("flyio.soak-pulls", 20, "S3 pull and remove cycles, spread over all the snapshot cycles (full soak: 200)")
+	// A 40 MiB daemon's resident memory moves by a few MiB with what is in
+	// flight and when Go's scavenger last ran, and climbs by a few more
+	// over its first thousand or so cycles before it levels off. The full
+	// soak's tenths of 1,000 cycles see the level; the shortened soak's
+	// tenths of 100 see the climb (medians 1.08 to 1.15 times the first
+	// tenth's in four runs), so make test's run (testdata/vm-test-args)
+	// checks them against a wider limit.
+	rssLimit = flag.Float64("flyio.soak-rss-limit", growthLimit, "most the last tenth's median resident memory may be, as a multiple of the first tenth's")
 )
 
-// growthLimit is how much the last tenth's mean may exceed the first
-// tenth's, for the daemon's resident memory and its goroutines.
+// growthLimit is how much the last tenth's goroutine floor (see steady)
+// may exceed the first tenth's, and the database's end size its size
+// after the first tenth; -flyio.soak-rss-limit is the same for the
+// resident memory's median.
 const growthLimit = 1.10
+
+// soakRetention compresses retention to the soak's time scale. Each pull
+// leaves five finished state-machine runs, and the defaults (kept 7 days,
+// up to 10,000) are never reached in a soak, so with them the database
+// grows by every pull's runs. Kept to 10, the cap is reached within the
+// warm-up's pulls, and retention deletes as many runs as each pull adds
+// from then on: the measured cycles see the steady state a host reaches
+// after a week.
+const soakRetention = `[retention]
+interval = "2s"
+runs_max_count = 10
+`
 
 // sample is one reading of the daemon's metrics endpoint.
 type sample struct {
 	rss, goroutines float64
+	// goHeap is the part of rss that is Go's heap (in use, or free and not
+	// yet returned to the system); heapGoal is the heap size at which the
+	// next collection starts. Logged, to tell Go's heap from SQLite's and
+	// the rest when resident memory moves.
+	goHeap, heapGoal float64
 }
 
 // TestSoak drives the daemon (the `serve` binary) through a real containerd
@@ -105,6 +133,7 @@ func TestSoak(t *testing.T) {
 		S3:         &stack.S3{Endpoint: srv.URL, Bucket: srv.Bucket},
 		Containerd: filepath.Join(ctrdDir, "containerd.sock"),
 		Metrics:    metricsAddr,
+		ExtraTOML:  soakRetention,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -201,8 +230,8 @@ func TestSoak(t *testing.T) {
 		}
 		if i >= 0 && (i+1)%max(1, n/20) == 0 {
 			s := scrape(t, metricsAddr)
-			t.Logf("%d/%d cycles, %d pulls, %.1f s: RSS %.1f MiB, %.0f goroutines, database and WAL %d bytes",
-				i+1, n, pulled, time.Since(t0).Seconds(), s.rss/(1<<20), s.goroutines, dbSize(t, cfg.Metadata.Path))
+			t.Logf("%d/%d cycles, %d pulls, %.1f s: RSS %.1f MiB (Go heap %.1f MiB, next collection at %.1f MiB), %.0f goroutines, database and WAL %d bytes",
+				i+1, n, pulled, time.Since(t0).Seconds(), s.rss/(1<<20), s.goHeap/(1<<20), s.heapGoal/(1<<20), s.goroutines, dbSize(t, cfg.Metadata.Path))
 		}
 	}
 	elapsed := time.Since(t0)
@@ -213,19 +242,19 @@ func TestSoak(t *testing.T) {
 		t.Errorf("end the soak's lease (containerd's collection): %v", err)
 	}
 
-	f, l := mean(first), mean(last)
+	f, l := steady(first), steady(last)
 	dbEnd := dbSize(t, cfg.Metadata.Path)
 	t.Logf("soak: %d cycles (%d of them warm-up) and %d pulls in %.1f s: %.1f ms a snapshot cycle, %.1f s a pull and remove",
 		warm+n, warm, pulled, elapsed.Seconds(), float64((elapsed-pullTime).Milliseconds())/float64(warm+n), pullTime.Seconds()/float64(pulled))
-	t.Logf("soak: RSS first tenth %.1f MiB, last tenth %.1f MiB (ratio %.3f); goroutines %.1f -> %.1f (ratio %.3f); %d+%d samples",
+	t.Logf("soak: RSS median %.1f MiB in the first tenth, %.1f MiB in the last (ratio %.3f); goroutines at least %.0f and %.0f (ratio %.3f); %d+%d samples",
 		f.rss/(1<<20), l.rss/(1<<20), l.rss/f.rss, f.goroutines, l.goroutines, l.goroutines/f.goroutines, len(first), len(last))
 	t.Logf("soak: database and WAL files %d bytes after the first tenth, %d at the end (ratio %.3f)",
 		dbAfterFirst, dbEnd, float64(dbEnd)/float64(dbAfterFirst))
-	if l.rss > f.rss*growthLimit {
-		t.Errorf("daemon RSS grew from %.1f MiB (first tenth) to %.1f MiB (last tenth): more than %.0f%%", f.rss/(1<<20), l.rss/(1<<20), (growthLimit-1)*100)
+	if l.rss > f.rss**rssLimit {
+		t.Errorf("daemon RSS (median) grew from %.1f MiB (first tenth) to %.1f MiB (last tenth): more than %.0f%%", f.rss/(1<<20), l.rss/(1<<20), (*rssLimit-1)*100)
 	}
 	if l.goroutines > f.goroutines*growthLimit {
-		t.Errorf("daemon goroutines grew from %.1f (first tenth) to %.1f (last tenth): more than %.0f%%", f.goroutines, l.goroutines, (growthLimit-1)*100)
+		t.Errorf("daemon goroutine floor grew from %.0f (first tenth) to %.0f (last tenth): more than %.0f%%", f.goroutines, l.goroutines, (growthLimit-1)*100)
 	}
 	if float64(dbEnd) > float64(dbAfterFirst)*growthLimit {
 		t.Errorf("database and WAL files grew from %d bytes (after the first tenth) to %d: not bounded", dbAfterFirst, dbEnd)
@@ -347,6 +376,7 @@ func scrape(t *testing.T, addr string) sample {
 	}
 	defer resp.Body.Close()
 	var s sample
+	var idle, released float64
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		name, val, ok := strings.Cut(sc.Text(), " ")
@@ -358,23 +388,46 @@ func scrape(t *testing.T, addr string) sample {
 			s.rss, _ = strconv.ParseFloat(val, 64)
 		case "go_goroutines":
 			s.goroutines, _ = strconv.ParseFloat(val, 64)
+		case "go_memstats_heap_inuse_bytes":
+			s.goHeap, _ = strconv.ParseFloat(val, 64)
+		case "go_memstats_heap_idle_bytes":
+			idle, _ = strconv.ParseFloat(val, 64)
+		case "go_memstats_heap_released_bytes":
+			released, _ = strconv.ParseFloat(val, 64)
+		case "go_memstats_next_gc_bytes":
+			s.heapGoal, _ = strconv.ParseFloat(val, 64)
 		}
 	}
+	s.goHeap += idle - released
 	if s.rss == 0 || s.goroutines == 0 {
 		t.Fatalf("metrics page of %s lacks process_resident_memory_bytes or go_goroutines", addr)
 	}
 	return s
 }
 
-func mean(ss []sample) sample {
-	var m sample
-	for _, s := range ss {
-		m.rss += s.rss
-		m.goroutines += s.goroutines
+// steady is what a tenth's samples say of the daemon's standing state:
+// the median of its resident memory and the least of its goroutines. A
+// sample just after a pull catches the pull's buffers before Go's
+// scavenger returns them to the system (and a few more SQLite connections
+// at work), and the median ignores those few where a mean moves with
+// however many a tenth happens to hold. The goroutine count at a sample is
+// the daemon's standing goroutines plus the calls in flight (containerd's
+// collector calls the daemon asynchronously after each Remove, so a
+// sample lands among a varying few of them); a leaked goroutine never
+// ends and raises the floor, which the least count is.
+func steady(ss []sample) sample {
+	rss := make([]float64, len(ss))
+	g := ss[0].goroutines
+	for i, s := range ss {
+		rss[i] = s.rss
+		g = min(g, s.goroutines)
 	}
-	m.rss /= float64(len(ss))
-	m.goroutines /= float64(len(ss))
-	return m
+	slices.Sort(rss)
+	m := rss[len(rss)/2]
+	if len(rss)%2 == 0 {
+		m = (rss[len(rss)/2-1] + m) / 2
+	}
+	return sample{rss: m, goroutines: g}
 }
 
 // dbSize is the size of the database file and its write-ahead log: until

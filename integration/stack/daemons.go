@@ -34,6 +34,9 @@ type DaemonOptions struct {
 	S3         *S3    // the bucket pull reads, anonymously
 	Containerd string // containerd's socket, where pull registers images
 	Metrics    string // daemon.metrics_address (host:port), empty for none
+	// ExtraTOML is appended to the config as is: whole tables a test sets
+	// beyond these (say, a [retention] compressed to a test's time scale).
+	ExtraTOML string
 }
 
 // WriteDaemonConfig writes the daemon's config into opts.Dir and returns a
@@ -56,8 +59,9 @@ func WriteDaemonConfig(bin string, opts DaemonOptions) (*Daemon, error) {
 		fmt.Fprintf(&b, "[s3]\nbucket = %q\nregion = %q\nendpoint = %q\npath_style = true\nanonymous = true\n\n", opts.S3.Bucket, S3Region, opts.S3.Endpoint)
 	}
 	if opts.Containerd != "" {
-		fmt.Fprintf(&b, "[containerd]\naddress = %q\nnamespace = %q\n", opts.Containerd, Namespace)
+		fmt.Fprintf(&b, "[containerd]\naddress = %q\nnamespace = %q\n\n", opts.Containerd, Namespace)
 	}
+	b.WriteString(opts.ExtraTOML)
 	if err := os.WriteFile(d.Config, []byte(b.String()), 0o644); err != nil {
 		return nil, fmt.Errorf("daemon config: %w", err)
 	}
