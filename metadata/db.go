@@ -69,14 +69,10 @@ func (s Synchronous) pragma() string {
 	return "FULL"
 }
 
-// Connection pool settings. Every connection opened stays idle in the
-// pool until its lifetime ends: one closed after a burst of calls and
-// opened again at the next would read the schema, prepare its statements
-// and fill its page cache again, and allocate its caches again on the C
-// heap, where what it freed may not have gone back to the system.
+// Connection pool settings.
 const (
 	maxOpenConns    = 10
-	maxIdleConns    = maxOpenConns
+	maxIdleConns    = 5
 	connMaxLifetime = time.Hour
 )
 
