@@ -16,13 +16,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/gc"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
 )
 
 // gcPoolMB is the pool of TestGCKeepsPoolUnderThreshold: 1 GiB by default
@@ -84,6 +85,29 @@ func scrapeGC(t *testing.T, addr string) (seconds float64, removed int) {
 		int(scrapeSum(t, addr, "flyio_snapshotter_gc_removed_images_total"))
 }
 
+// startContainerd starts a real containerd (integration/tools/build.sh's)
+// with the daemon of c as its flyio proxy plugin, stopped when the test
+// ends, and points c's [containerd] at it: the daemon registers its pulls
+// there, in stack.Namespace.
+func startContainerd(t *testing.T, c *plugin.Config) *stack.Containerd {
+	t.Helper()
+	repo, err := stack.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tools, err := stack.ToolsDir(repo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctrd, err := stack.StartContainerd(context.Background(), tools, filepath.Join(t.TempDir(), "containerd"), c.Daemon.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ctrd.Stop() })
+	c.Containerd.Address, c.Containerd.Namespace = ctrd.Socket, stack.Namespace
+	return ctrd
+}
+
 // TestGCKeepsPoolUnderThreshold: on a 1 GiB pool with default [gc]
 // settings, ten distinct images of about 200 MB pulled one after another
 // all succeed; after each pull the pool is under the high threshold, the
@@ -99,10 +123,12 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 	}
 	metricsAddr := lis.Addr().String()
 	lis.Close()
+	var ctrd *stack.Containerd
 	e := newPullEnvTB(t, func(c *plugin.Config) {
 		c.Pool.DataSize = plugin.Size(*gcPoolMB) << 20
 		c.GC.Pinned = []string{"pinned"}
 		c.Daemon.MetricsAddress = metricsAddr
+		ctrd = startContainerd(t, c)
 	})
 	ctx := context.Background()
 	r := rand.New(rand.NewPCG(15, 15))
@@ -144,6 +170,19 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 		}
 		return im
 	}
+	// ctrListed is what `ctr image ls` lists in the daemon's namespace.
+	ctrListed := func() map[string]bool {
+		t.Helper()
+		out, err := ctrd.Ctr(ctx, "image", "ls", "-q")
+		if err != nil {
+			t.Fatalf("ctr image ls: %v: %s", err, out)
+		}
+		names := map[string]bool{}
+		for _, n := range strings.Fields(out) {
+			names[n] = true
+		}
+		return names
+	}
 	listed := func() map[string]metadata.ImageView {
 		out := map[string]metadata.ImageView{}
 		for _, im := range lsJSON[metadata.ImageView](t, "images", "--db", e.cfg.Metadata.Path, "--format", "json") {
@@ -159,8 +198,19 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 			t.Fatalf("pull %s: %v", name, err)
 		}
 	}
-	sn := dmtest.DialProxy(t, e.cfg.Daemon.Socket)
-	nctx := namespaces.WithNamespace(ctx, "default")
+	// The container's snapshot is made through containerd, as a
+	// container's is, under a lease: containerd's collector removes from
+	// its proxy plugins every snapshot its own records do not hold.
+	cli, err := client.New(ctrd.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	nctx, _, err := cli.WithLease(namespaces.WithNamespace(ctx, stack.Namespace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn := cli.SnapshotService(e.cfg.Containerd.Snapshotter)
 	held := imageOf("container")
 	if held == nil {
 		t.Fatal("image container not recorded after its pull")
@@ -177,6 +227,9 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 			}
 			if _, ok := listed()[name]; !ok {
 				t.Fatalf("image %s (in use) is gone from ls images", name)
+			}
+			if !ctrListed()[name] {
+				t.Fatalf("image %s (in use) is gone from ctr image ls", name)
 			}
 		}
 	}
@@ -201,7 +254,7 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 		took := time.Since(start)
 		u := usage()
 		secs, removed := scrapeGC(t, metricsAddr)
-		ls := listed()
+		ls, inCtr := listed(), ctrListed()
 		rows = append(rows, row{name: name, pull: took, dataPct: u.DataPercent(), metaPct: u.MetaPercent(),
 			gcSeconds: secs - lastSecs, removed: removed - lastRemoved, keptImages: len(ls)})
 		lastSecs, lastRemoved = secs, removed
@@ -221,8 +274,8 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 			if im != nil {
 				present = true
 			}
-			if (im != nil) != inLs {
-				t.Errorf("after pull %d, %s: recorded %v, listed by ls images %v", i, n, im != nil, inLs)
+			if (im != nil) != inLs || inLs != inCtr[n] {
+				t.Errorf("after pull %d, %s: recorded %v, listed by ls images %v, by ctr image ls %v", i, n, im != nil, inLs, inCtr[n])
 			}
 		}
 		if imageOf(name) == nil {
@@ -256,16 +309,17 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 			}
 		}
 	}
-	want["container-1"] = true
 	for _, s := range chains {
-		if !want[s.Key] {
+		// containerd names its snapshots in its proxy plugins
+		// "<namespace>/<id>/<key>".
+		if !want[s.Key] && !strings.HasSuffix(s.Key, "/container-1") {
 			t.Errorf("snapshot %s (%s) left, of no image kept", s.Key, s.Kind)
 		}
 	}
 
 	// rm refuses the images in use, with the reason.
 	code, _, errOut := runCommand(t, nil, "rm", "--socket", e.cfg.Daemon.ControlSocket, "pinned", "container")
-	if code != 1 || !strings.Contains(errOut, "pinned") || !strings.Contains(errOut, `snapshot "container-1" (a container's)`) {
+	if code != 1 || !strings.Contains(errOut, "pinned") || !strings.Contains(errOut, `/container-1" (a container's)`) {
 		t.Errorf("rm pinned container = %d, %q", code, errOut)
 	}
 	keep()
@@ -280,9 +334,13 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 	if code != 0 || strings.Count(out, "removed ") != len(unused) {
 		t.Fatalf("rm %v = %d, %q, %q", unused, code, out, errOut)
 	}
+	inCtr := ctrListed()
 	for _, n := range unused {
 		if imageOf(n) != nil {
 			t.Errorf("%s still recorded after rm", n)
+		}
+		if inCtr[n] {
+			t.Errorf("%s still listed by ctr image ls after rm", n)
 		}
 	}
 	e.checkClean()
