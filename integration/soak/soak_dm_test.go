@@ -230,8 +230,8 @@ func TestSoak(t *testing.T) {
 		}
 		if i >= 0 && (i+1)%max(1, n/20) == 0 {
 			s := scrape(t, metricsAddr)
-			t.Logf("%d/%d cycles, %d pulls, %.1f s: RSS %.1f MiB (Go heap %.1f MiB, next collection at %.1f MiB), %.0f goroutines, database and WAL %d bytes",
-				i+1, n, pulled, time.Since(t0).Seconds(), s.rss/(1<<20), s.goHeap/(1<<20), s.heapGoal/(1<<20), s.goroutines, dbSize(t, cfg.Metadata.Path))
+			t.Logf("%d/%d cycles, %d pulls, %.1f s: RSS %.1f MiB (Go heap %.1f MiB, next collection at %.1f MiB; %s), %.0f goroutines, database and WAL %d bytes",
+				i+1, n, pulled, time.Since(t0).Seconds(), s.rss/(1<<20), s.goHeap/(1<<20), s.heapGoal/(1<<20), procStatus(d.Proc.Pid()), s.goroutines, dbSize(t, cfg.Metadata.Path))
 		}
 	}
 	elapsed := time.Since(t0)
@@ -428,6 +428,25 @@ func steady(ss []sample) sample {
 		m = (rss[len(rss)/2-1] + m) / 2
 	}
 	return sample{rss: m, goroutines: g}
+}
+
+// procStatus is the kernel's split of process pid's resident memory
+// (anonymous: heaps and stacks; file: its binary and the mapped database)
+// and its thread count, from /proc/PID/status.
+func procStatus(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		switch k {
+		case "RssAnon", "RssFile", "Threads":
+			out = append(out, k+" "+strings.Join(strings.Fields(v), " "))
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 // dbSize is the size of the database file and its write-ahead log: until

@@ -50,6 +50,9 @@ func StartProc(name, logPath string, env []string, argv ...string) (*Proc, error
 	return p, nil
 }
 
+// Pid is the process id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
 // Exited reports whether the process has ended.
 func (p *Proc) Exited() bool {
 	select {
