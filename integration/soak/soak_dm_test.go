@@ -431,8 +431,9 @@ func steady(ss []sample) sample {
 }
 
 // procStatus is the kernel's split of process pid's resident memory
-// (anonymous: heaps and stacks; file: its binary and the mapped database)
-// and its thread count, from /proc/PID/status.
+// (anonymous: heaps and stacks; file and shmem: the pages of files it
+// maps, its binary and the database, shmem when they are on a tmpfs, as
+// in the VM) and its thread count, from /proc/PID/status.
 func procStatus(pid int) string {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
@@ -442,7 +443,7 @@ func procStatus(pid int) string {
 	for _, line := range strings.Split(string(b), "\n") {
 		k, v, _ := strings.Cut(line, ":")
 		switch k {
-		case "RssAnon", "RssFile", "Threads":
+		case "RssAnon", "RssFile", "RssShmem", "Threads":
 			out = append(out, k+" "+strings.Join(strings.Fields(v), " "))
 		}
 	}
