@@ -16,9 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
-
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/gc"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
@@ -201,16 +198,13 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 	// The container's snapshot is made through containerd, as a
 	// container's is, under a lease: containerd's collector removes from
 	// its proxy plugins every snapshot its own records do not hold.
-	cli, err := client.New(ctrd.Socket)
+	lease, err := ctrd.Leased(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cli.Close() })
-	nctx, _, err := cli.WithLease(namespaces.WithNamespace(ctx, stack.Namespace))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sn := cli.SnapshotService(e.cfg.Containerd.Snapshotter)
+	t.Cleanup(func() { lease.End(ctx) })
+	nctx := lease.Ctx
+	sn := lease.Client.SnapshotService(e.cfg.Containerd.Snapshotter)
 	held := imageOf("container")
 	if held == nil {
 		t.Fatal("image container not recorded after its pull")
@@ -221,14 +215,15 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 	}
 	keep := func() {
 		t.Helper()
+		ls, ctrLs := listed(), ctrListed()
 		for _, name := range []string{"pinned", "container"} {
 			if im := imageOf(name); im == nil {
 				t.Fatalf("image %s (in use) was removed", name)
 			}
-			if _, ok := listed()[name]; !ok {
+			if _, ok := ls[name]; !ok {
 				t.Fatalf("image %s (in use) is gone from ls images", name)
 			}
-			if !ctrListed()[name] {
+			if !ctrLs[name] {
 				t.Fatalf("image %s (in use) is gone from ctr image ls", name)
 			}
 		}
