@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
@@ -40,8 +41,8 @@ type Metrics struct {
 	fetch     *Fetch
 }
 
-// New returns a registry holding the operation latency histogram and the
-// Go runtime and process collectors.
+// New returns a registry holding the operation latency histogram, SQLite's
+// memory, and the Go runtime and process collectors.
 func New() *Metrics {
 	m := &Metrics{
 		reg: prometheus.NewRegistry(),
@@ -54,7 +55,15 @@ func New() *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 17),
 		}, []string{"method", "outcome"}),
 	}
-	m.reg.MustRegister(m.ops, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	sqliteMemory := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace,
+		Name:      "sqlite_memory_bytes",
+		Help:      "Bytes SQLite's allocator holds (page caches, prepared statements, schema) for all database connections: resident memory outside Go's heap.",
+	}, func() float64 {
+		used, _ := metadata.SQLiteMemory()
+		return float64(used)
+	})
+	m.reg.MustRegister(m.ops, sqliteMemory, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

@@ -21,10 +21,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/core/leases"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
-
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/control"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
@@ -80,6 +76,12 @@ type sample struct {
 	// next collection starts. Logged, to tell Go's heap from SQLite's and
 	// the rest when resident memory moves.
 	goHeap, heapGoal float64
+	// goMapped is all the memory Go's runtime holds from the system, its
+	// heap, goroutine stacks and own structures (mapped and not returned):
+	// what of the anonymous resident memory is not the C heap. sqlite is
+	// what SQLite's allocator holds in the C heap (page caches,
+	// statements). Both logged with goHeap.
+	goMapped, sqlite float64
 }
 
 // TestSoak drives the daemon (the `serve` binary) through a real containerd
@@ -161,28 +163,15 @@ func TestSoak(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ctrd.Stop() })
-	cli, err := client.New(ctrd.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
 	// Snapshots need a lease, or containerd's garbage collector takes a
 	// committed one before the cycle removes it.
-	nctx, _, err := cli.WithLease(namespaces.WithNamespace(ctx, stack.Namespace))
+	lease, err := ctrd.Leased(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	leaseDone := false
-	endLease := func() error {
-		if leaseDone {
-			return nil
-		}
-		leaseDone = true
-		id, _ := leases.FromContext(nctx)
-		return cli.LeasesService().Delete(namespaces.WithNamespace(ctx, stack.Namespace), leases.Lease{ID: id}, leases.SynchronousDelete)
-	}
-	defer endLease()
-	sn := cli.SnapshotService("flyio")
+	defer lease.End(ctx)
+	nctx := lease.Ctx
+	sn := lease.Client.SnapshotService("flyio")
 	ctl := control.NewClient(d.Control)
 
 	n, warm := *cycles, *warmup
@@ -230,15 +219,15 @@ func TestSoak(t *testing.T) {
 		}
 		if i >= 0 && (i+1)%max(1, n/20) == 0 {
 			s := scrape(t, metricsAddr)
-			t.Logf("%d/%d cycles, %d pulls, %.1f s: RSS %.1f MiB (Go heap %.1f MiB, next collection at %.1f MiB; %s), %.0f goroutines, database and WAL %d bytes",
-				i+1, n, pulled, time.Since(t0).Seconds(), s.rss/(1<<20), s.goHeap/(1<<20), s.heapGoal/(1<<20), procStatus(d.Proc.Pid()), s.goroutines, dbSize(t, cfg.Metadata.Path))
+			t.Logf("%d/%d cycles, %d pulls, %.1f s: RSS %.1f MiB (Go heap %.1f MiB, next collection at %.1f MiB, all of Go %.1f MiB; SQLite %.1f MiB; %s), %.0f goroutines, database and WAL %d bytes",
+				i+1, n, pulled, time.Since(t0).Seconds(), s.rss/(1<<20), s.goHeap/(1<<20), s.heapGoal/(1<<20), s.goMapped/(1<<20), s.sqlite/(1<<20), procStatus(d.Proc.Pid()), s.goroutines, dbSize(t, cfg.Metadata.Path))
 		}
 	}
 	elapsed := time.Since(t0)
 	// containerd's collector runs after a number of changes, so the last
 	// cycles' removals may wait for one: ending the lease with a
 	// synchronous delete runs it now.
-	if err := endLease(); err != nil {
+	if err := lease.End(ctx); err != nil {
 		t.Errorf("end the soak's lease (containerd's collection): %v", err)
 	}
 
@@ -396,9 +385,14 @@ func scrape(t *testing.T, addr string) sample {
 			released, _ = strconv.ParseFloat(val, 64)
 		case "go_memstats_next_gc_bytes":
 			s.heapGoal, _ = strconv.ParseFloat(val, 64)
+		case "go_memstats_sys_bytes":
+			s.goMapped, _ = strconv.ParseFloat(val, 64)
+		case "flyio_snapshotter_sqlite_memory_bytes":
+			s.sqlite, _ = strconv.ParseFloat(val, 64)
 		}
 	}
 	s.goHeap += idle - released
+	s.goMapped -= released
 	if s.rss == 0 || s.goroutines == 0 {
 		t.Fatalf("metrics page of %s lacks process_resident_memory_bytes or go_goroutines", addr)
 	}
