@@ -174,6 +174,9 @@ func TestSoak(t *testing.T) {
 	sn := lease.Client.SnapshotService("flyio")
 	ctl := control.NewClient(d.Control)
 
+	if thp, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/enabled"); err == nil {
+		t.Logf("transparent huge pages: %s", strings.TrimSpace(string(thp)))
+	}
 	n, warm := *cycles, *warmup
 	tenth := n / 10
 	sampleEvery := max(1, tenth/20)
@@ -427,20 +430,24 @@ func steady(ss []sample) sample {
 // procStatus is the kernel's split of process pid's resident memory
 // (anonymous: heaps and stacks; file and shmem: the pages of files it
 // maps, its binary and the database, shmem when they are on a tmpfs, as
-// in the VM) and its thread count, from /proc/PID/status.
+// in the VM), its thread count, from /proc/PID/status, and how much of its
+// anonymous memory is in transparent huge pages, from
+// /proc/PID/smaps_rollup.
 func procStatus(pid int) string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return err.Error()
-	}
 	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, _ := strings.Cut(line, ":")
-		switch k {
-		case "RssAnon", "RssFile", "RssShmem", "Threads":
-			out = append(out, k+" "+strings.Join(strings.Fields(v), " "))
+	for file, keys := range map[string][]string{"status": {"RssAnon", "RssFile", "RssShmem", "Threads"}, "smaps_rollup": {"AnonHugePages"}} {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, file))
+		if err != nil {
+			return err.Error()
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			k, v, _ := strings.Cut(line, ":")
+			if slices.Contains(keys, k) {
+				out = append(out, k+" "+strings.Join(strings.Fields(v), " "))
+			}
 		}
 	}
+	slices.Sort(out)
 	return strings.Join(out, ", ")
 }
 
