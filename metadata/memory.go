@@ -1,14 +1,30 @@
 package metadata
 
-// The SQLite library linked into the binary is go-sqlite3's (or the
-// system's, with its libsqlite3 build tag); either way its memory
-// statistics are process-wide, kept by SQLite's own allocator wrapper.
+// SQLite is the daemon's only C code, so the C heap is SQLite's: its page
+// caches, prepared statements and schema, allocated through glibc's
+// malloc. Its statistics below are SQLite's own (process-wide); the
+// allocator's settings are the process's, so a binary chooses whether to
+// apply them (LimitCHeapArenas) rather than this package doing so for
+// whoever imports it.
 
 /*
+#include <malloc.h>
+
 extern long long sqlite3_memory_used(void);
 extern long long sqlite3_memory_highwater(int resetFlag);
 */
 import "C"
+
+// LimitCHeapArenas bounds glibc's malloc arenas to n for the rest of the
+// process's life. By default glibc gives each thread that meets
+// contention an arena of its own, up to eight per core; Go runs the
+// connections' calls on whichever of its threads is free, so the pages a
+// connection frees land in many arenas, each keeping its free pieces for
+// itself, and the C heap's resident size becomes a multiple of what
+// SQLite holds. It reports whether the allocator took the setting.
+func LimitCHeapArenas(n int) bool {
+	return C.mallopt(C.M_ARENA_MAX, C.int(n)) == 1
+}
 
 // SQLiteMemory reports the bytes SQLite's allocator holds now (page
 // caches, prepared statements, schema, lookaside; all connections of the
@@ -16,4 +32,11 @@ import "C"
 // memory lives outside Go's heap, so Go's own statistics do not show it.
 func SQLiteMemory() (used, highwater int64) {
 	return int64(C.sqlite3_memory_used()), int64(C.sqlite3_memory_highwater(0))
+}
+
+// ReleaseCHeap hands the C heap's free pages back to the system
+// (glibc's malloc_trim, over every arena): what SQLite freed stays
+// resident in the allocator until then.
+func ReleaseCHeap() {
+	C.malloc_trim(0)
 }
