@@ -18,6 +18,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metrics"
 )
 
@@ -98,8 +99,9 @@ type s3Policy struct {
 // reads) that are garbage once it ends, and Go's background scavenger
 // hands such memory back over minutes, so a daemon that idles between
 // pulls would otherwise sit well above its standing size for a while after
-// each one. The forced collection costs milliseconds on the daemon's small
-// heap, next to a pull's seconds.
+// each one; the records a pull writes leave SQLite's freed pages in the C
+// heap the same way. The forced collection and the trim cost milliseconds
+// on the daemon's small heaps, next to a pull's seconds.
 type pullsUnderWay struct{ n atomic.Int64 }
 
 func (p *pullsUnderWay) begin() { p.n.Add(1) }
@@ -107,6 +109,7 @@ func (p *pullsUnderWay) begin() { p.n.Add(1) }
 func (p *pullsUnderWay) end() {
 	if p.n.Add(-1) == 0 {
 		debug.FreeOSMemory()
+		metadata.ReleaseCHeap()
 	}
 }
 
