@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 
 	"github.com/containerd/log"
 	systemd "github.com/coreos/go-systemd/v22/daemon"
@@ -108,8 +109,8 @@ func runServe(ctx context.Context, args []string) (err error) {
 		return fmt.Errorf("daemon.log_format %q: %w", cfg.Daemon.LogFormat, err)
 	}
 	l := log.G(ctx).WithField("version", version)
-	l.WithField("socket", cfg.Daemon.Socket).WithField("db", cfg.Metadata.Path).WithField("pool", cfg.Pool.Name).Info("starting")
 	boundResidentMemory(l)
+	l.WithField("socket", cfg.Daemon.Socket).WithField("db", cfg.Metadata.Path).WithField("pool", cfg.Pool.Name).Info("starting")
 
 	svc, err := plugin.Open(ctx, cfg)
 	if err != nil {
@@ -153,19 +154,43 @@ const cHeapArenas = 2
 
 // boundResidentMemory sets the daemon's process-wide memory policies, so
 // that a daemon running for months stays at the resident size its work
-// needs. Transparent huge pages are turned off for the process: where the
-// kernel's mode is "always" (Debian's default), page faults and
-// khugepaged fill whole 2 MiB pages in any aligned range of the daemon's
-// heaps, and Go's and glibc's heaps are reserved in large aligned ranges
-// and used sparsely, so resident memory climbs by megabytes with nothing
-// more allocated; a heap of a few MiB gains nothing from huge pages. The
-// C heap's arenas are bounded (cHeapArenas). Either failing only costs
+// needs: no transparent huge pages (hugePagesOffFromStart) and a bounded
+// number of C heap arenas (cHeapArenas). Either failing only costs
 // memory, so it is a warning.
 func boundResidentMemory(l *log.Entry) {
-	if err := unix.Prctl(unix.PR_SET_THP_DISABLE, 1, 0, 0, 0); err != nil {
-		l.WithError(err).Warn("could not turn off transparent huge pages for the daemon; its resident memory may grow as the kernel fills huge pages in its heaps")
+	if err := hugePagesOffFromStart(); err != nil {
+		l.WithError(err).Warn("transparent huge pages are not off for the daemon from its start; its resident memory may grow as the kernel fills huge pages in its heaps")
 	}
 	if !metadata.LimitCHeapArenas(cHeapArenas) {
 		l.WithField("arenas", cHeapArenas).Warn("the C allocator refused a bound on its arenas; SQLite's freed memory may stay scattered across many")
 	}
+}
+
+// hugePagesOffFromStart turns transparent huge pages off for the process
+// and then executes the binary again with the same arguments and
+// environment (same pid, so systemd and the lock see one daemon). Where
+// the kernel's mode is "always" (Debian's default), page faults and
+// khugepaged fill whole 2 MiB pages in any aligned range of an anonymous
+// mapping; Go's and glibc's heaps are reserved in large aligned ranges and
+// used sparsely, so resident memory climbs by megabytes with nothing more
+// allocated, and a heap of a few MiB gains nothing from huge pages. The
+// kernel keeps the setting across execve, and only a new image has it
+// from the first fault: the Go runtime and the packages' initialisers
+// have touched the heap before main runs. It returns nil once the setting
+// is in force in this image; on an error the process goes on as it is.
+func hugePagesOffFromStart() error {
+	off, err := unix.PrctlRetInt(unix.PR_GET_THP_DISABLE, 0, 0, 0, 0)
+	if err != nil {
+		return fmt.Errorf("read the process's huge-page setting (PR_GET_THP_DISABLE): %w", err)
+	}
+	if off == 1 {
+		return nil
+	}
+	if err := unix.Prctl(unix.PR_SET_THP_DISABLE, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("turn off transparent huge pages (PR_SET_THP_DISABLE): %w", err)
+	}
+	if err := unix.Exec("/proc/self/exe", os.Args, os.Environ()); err != nil {
+		return fmt.Errorf("execute the daemon again (/proc/self/exe) so that the setting covers its start; it covers only what the process maps from now: %w", err)
+	}
+	return nil
 }
