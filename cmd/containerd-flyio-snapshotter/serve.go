@@ -24,6 +24,12 @@ daemon.socket_group) for containerd's [proxy_plugins] entry. Snapshot keys are n
 request's containerd namespace: containerd already makes every key it sends
 unique across namespaces, and its garbage collector calls without one.
 
+It turns transparent huge pages off for itself (prctl PR_SET_THP_DISABLE,
+then it executes itself again, same pid, so that the setting holds from
+its first page fault) and bounds the C allocator (SQLite's) to two arenas:
+under the kernel's "always" huge-page mode a small daemon's resident memory
+otherwise climbs as huge pages fill its sparse heaps.
+
 Readiness is reported to systemd (Type=notify) once the socket accepts
 calls. SIGTERM or SIGINT stops it gracefully: no new calls are accepted,
 in-flight calls finish (at most 30s), then the database is closed.
