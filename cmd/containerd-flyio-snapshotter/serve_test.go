@@ -2,7 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -111,5 +113,31 @@ func TestServeLogFormat(t *testing.T) {
 	code, _, errOut := runCommand(t, nil, "serve", "--config", cfg, "--log-format", "xml")
 	if code != 2 || !strings.Contains(errOut, `daemon.log_format: must be "text" or "json", got "xml"`) {
 		t.Errorf("--log-format xml = %d, %q", code, errOut)
+	}
+}
+
+// TestHugePagesOffFromStart runs what serve runs first, in a child
+// process: the child executes itself again once, keeps its pid (systemd
+// and the daemon lock see one process), and the image that goes on has
+// transparent huge pages off (THP_enabled 0 in /proc/self/status).
+func TestHugePagesOffFromStart(t *testing.T) {
+	if os.Getenv("FLYIO_THP_HELPER") == "1" {
+		err := hugePagesOffFromStart()
+		status, _ := os.ReadFile("/proc/self/status")
+		thp := "missing from /proc/self/status"
+		if m := regexp.MustCompile(`(?m)^THP_enabled:\s*(\d+)$`).FindSubmatch(status); m != nil {
+			thp = string(m[1])
+		}
+		fmt.Printf("pid %d, error %v, THP_enabled %s\n", os.Getpid(), err, thp)
+		os.Exit(0)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHugePagesOffFromStart$")
+	cmd.Env = append(os.Environ(), "FLYIO_THP_HELPER=1")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("helper: %v\n%s", err, out)
+	}
+	if want := fmt.Sprintf("pid %d, error <nil>, THP_enabled 0\n", cmd.Process.Pid); string(out) != want {
+		t.Fatalf("helper printed %q, want %q (once: the first image executes the second before printing)", out, want)
 	}
 }
