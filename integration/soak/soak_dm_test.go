@@ -40,11 +40,19 @@ var (
 	cycles = flag.Int("flyio.soak-cycles", 1000, "measured Prepare/Commit/Remove cycles through containerd (the full soak: 10000)")
 	warmup = flag.Int("flyio.soak-warmup", 150, "cycles run before the measured ones, not sampled")
 	pulls  = flag.Int("flyio.soak-pulls", 20, "S3 pull and remove cycles, spread over all the snapshot cycles (full soak: 200)")
+	// The daemon's resident memory settles over its first few thousand
+	// cycles (SQLite's page caches fill to the database's working set, the
+	// C and Go heaps to their levels): the full soak's tenths of 1,000
+	// cycles see the level, the shortened soak's tenths of 100 see part of
+	// the settling, so make test's run (testdata/vm-test-args) checks
+	// memory against a wider limit.
+	rssLimit = flag.Float64("flyio.soak-rss-limit", growthLimit, "most the last tenth's median resident memory may be, as a multiple of the first tenth's")
 )
 
-// growthLimit is how much the last tenth's median resident memory and
-// goroutine floor (see steady) may exceed the first tenth's, and the
-// database's end size its size after the first tenth.
+// growthLimit is how much the last tenth's goroutine floor (see steady)
+// may exceed the first tenth's, and the database's end size its size
+// after the first tenth; by default (-flyio.soak-rss-limit) the same for
+// the resident memory's median.
 const growthLimit = 1.10
 
 // soakRetention compresses retention to the soak's time scale. Each pull
@@ -243,8 +251,8 @@ func TestSoak(t *testing.T) {
 		f.rss/(1<<20), l.rss/(1<<20), l.rss/f.rss, f.goroutines, l.goroutines, l.goroutines/f.goroutines, len(first), len(last))
 	t.Logf("soak: database and WAL files %d bytes after the first tenth, %d at the end (ratio %.3f)",
 		dbAfterFirst, dbEnd, float64(dbEnd)/float64(dbAfterFirst))
-	if l.rss > f.rss*growthLimit {
-		t.Errorf("daemon RSS (median) grew from %.1f MiB (first tenth) to %.1f MiB (last tenth): more than %.0f%%", f.rss/(1<<20), l.rss/(1<<20), (growthLimit-1)*100)
+	if l.rss > f.rss**rssLimit {
+		t.Errorf("daemon RSS (median) grew from %.1f MiB (first tenth) to %.1f MiB (last tenth): more than %.0f%%", f.rss/(1<<20), l.rss/(1<<20), (*rssLimit-1)*100)
 	}
 	if l.goroutines > f.goroutines*growthLimit {
 		t.Errorf("daemon goroutine floor grew from %.0f (first tenth) to %.0f (last tenth): more than %.0f%%", f.goroutines, l.goroutines, (growthLimit-1)*100)
