@@ -242,18 +242,37 @@ func (e *env) startContainerd(ctx context.Context) error {
 	return nil
 }
 
-// ctr runs ctr against the run's containerd in namespace ns.
+// ctr runs ctr against the run's containerd in namespace ns and returns
+// its combined output.
 func (e *env) ctr(ctx context.Context, ns string, args ...string) (string, error) {
-	argv := append([]string{filepath.Join(e.tools, "ctr"), "--address", e.socket, "--namespace", ns}, args...)
-	return stack.Run(ctx, e.ctrdEnv, argv...)
+	return stack.Run(ctx, e.ctrdEnv, e.ctrArgv(ns, args...)...)
 }
 
-// nerdctlRun runs nerdctl against the run's containerd in namespace ns with
-// flyio as its snapshotter and its state under the scratch folder.
+// ctrArgv is the ctr command line against the run's containerd in
+// namespace ns.
+func (e *env) ctrArgv(ns string, args ...string) []string {
+	return append([]string{filepath.Join(e.tools, "ctr"), "--address", e.socket, "--namespace", ns}, args...)
+}
+
+// nerdctlRun runs nerdctl against the run's containerd in namespace ns
+// (nerdctlArgv) and returns its combined output.
 func (e *env) nerdctlRun(ctx context.Context, ns string, args ...string) (string, error) {
-	argv := append([]string{e.nerdctl, "--address", e.socket, "--namespace", ns, "--snapshotter", "flyio",
+	return stack.Run(ctx, e.ctrdEnv, e.nerdctlArgv(ns, args...)...)
+}
+
+// nerdctlArgv is the nerdctl command line against the run's containerd in
+// namespace ns, with flyio as its snapshotter and its state under the
+// scratch folder.
+func (e *env) nerdctlArgv(ns string, args ...string) []string {
+	return append([]string{e.nerdctl, "--address", e.socket, "--namespace", ns, "--snapshotter", "flyio",
 		"--data-root", filepath.Join(e.scratch, "nerdctl"), "--cgroup-manager", "cgroupfs"}, args...)
-	return stack.Run(ctx, e.ctrdEnv, argv...)
+}
+
+// containerOutput runs a client's container command line (ctrArgv or
+// nerdctlArgv of "run ...") and returns what the container printed: the
+// client's standard output, without its own log lines.
+func (e *env) containerOutput(ctx context.Context, argv []string) (string, error) {
+	return stack.RunStdout(ctx, e.ctrdEnv, argv...)
 }
 
 // unpackedInFlyio checks what a run relies on: containerd holds ref in ns
@@ -375,7 +394,7 @@ func (e *env) testCtr(t *testing.T, ctx context.Context) {
 	}
 	var out string
 	e.timed(t, "ctr run --rm --snapshotter flyio", func() error {
-		out, err = e.ctr(ctx, ns, "run", "--rm", "--snapshotter", "flyio", e.imageRef, "ctr-hello", "/bin/cat", ociimage.MarkerPath)
+		out, err = e.containerOutput(ctx, e.ctrArgv(ns, "run", "--rm", "--snapshotter", "flyio", e.imageRef, "ctr-hello", "/bin/cat", ociimage.MarkerPath))
 		return err
 	})
 	if out != ociimage.MarkerContent {
@@ -401,7 +420,7 @@ func (e *env) testNerdctl(t *testing.T, ctx context.Context) {
 	var out string
 	e.timed(t, "nerdctl --snapshotter flyio run --rm --net none", func() error {
 		var err error
-		out, err = e.nerdctlRun(ctx, ns, "run", "--rm", "--net", "none", e.imageRef, "/bin/cat", ociimage.MarkerPath)
+		out, err = e.containerOutput(ctx, e.nerdctlArgv(ns, "run", "--rm", "--net", "none", e.imageRef, "/bin/cat", ociimage.MarkerPath))
 		return err
 	})
 	if out != ociimage.MarkerContent {

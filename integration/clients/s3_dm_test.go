@@ -277,7 +277,7 @@ func (e *env) testS3(t *testing.T, ctx context.Context) {
 	want := s3LayerContent + ociimage.MarkerContent
 	var out string
 	e.timed(t, "nerdctl --snapshotter flyio run of the S3 image (.tar.gz) by its default name", func() error {
-		out, err = e.nerdctlRun(ctx, s3NerdctlNS, "run", "--rm", "--net", "none", res[0].Ref, "/bin/cat", s3LayerPath, ociimage.MarkerPath)
+		out, err = e.containerOutput(ctx, e.nerdctlArgv(s3NerdctlNS, "run", "--rm", "--net", "none", res[0].Ref, "/bin/cat", s3LayerPath, ociimage.MarkerPath))
 		return err
 	})
 	if out != want {
@@ -285,7 +285,7 @@ func (e *env) testS3(t *testing.T, ctx context.Context) {
 	}
 	t.Logf("nerdctl run %s printed %q", res[0].Ref, out)
 	e.timed(t, "ctr run of the S3 image (.tar.zst)", func() error {
-		out, err = e.ctr(ctx, stack.Namespace, "run", "--rm", "--snapshotter", "flyio", res[1].Ref, "s3-zst", "/bin/cat", s3LayerPath, ociimage.MarkerPath)
+		out, err = e.containerOutput(ctx, e.ctrArgv(stack.Namespace, "run", "--rm", "--snapshotter", "flyio", res[1].Ref, "s3-zst", "/bin/cat", s3LayerPath, ociimage.MarkerPath))
 		return err
 	})
 	if out != want {

@@ -150,6 +150,24 @@ func Run(ctx context.Context, env []string, argv ...string) (string, error) {
 	return string(out), nil
 }
 
+// RunStdout runs a command to completion like Run but returns only its
+// standard output: a client that runs a container (ctr run, nerdctl run)
+// prints the container's output there and its own log lines on standard
+// error, at times even on success (nerdctl's signal forwarder logging the
+// task's closed connection as it exits). A failure's error quotes the
+// command and both.
+func RunStdout(ctx context.Context, env []string, argv ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = env
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out), fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, strings.TrimSpace(string(out)+stderr.String()))
+	}
+	return string(out), nil
+}
+
 // LoopbackUp brings the loopback interface up when it is down (the VM
 // harness's guest boots with -net none and lo down); the local S3 server
 // listens on 127.0.0.1.
