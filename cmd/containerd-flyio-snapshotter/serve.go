@@ -195,8 +195,7 @@ func hugePagesOffFromStart() error {
 	if err := unix.Prctl(unix.PR_SET_THP_DISABLE, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("turn off transparent huge pages (PR_SET_THP_DISABLE): %w", err)
 	}
-	if err := unix.Exec("/proc/self/exe", os.Args, os.Environ()); err != nil {
-		return fmt.Errorf("execute the daemon again (/proc/self/exe) so that the setting covers its start; it covers only what the process maps from now: %w", err)
-	}
-	return nil
+	// Exec returns only when it failed.
+	err = unix.Exec("/proc/self/exe", os.Args, os.Environ())
+	return fmt.Errorf("execute the daemon again (/proc/self/exe) so that the setting covers its start; it covers only what the process maps from now: %w", err)
 }

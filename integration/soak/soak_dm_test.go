@@ -180,8 +180,8 @@ func TestSoak(t *testing.T) {
 	// page fault: under the kernel's "always" mode (this guest's, Debian's
 	// default) its resident memory otherwise climbs as huge pages fill its
 	// sparse heaps.
-	if v := procValue(d.Proc.Pid(), "status", "THP_enabled"); v != "0" {
-		t.Errorf("the daemon's THP_enabled (/proc/PID/status) is %q, want 0: serve did not turn transparent huge pages off", v)
+	if v := procFields(d.Proc.Pid(), "status", "THP_enabled")[0]; v != "THP_enabled 0" {
+		t.Errorf("the daemon's /proc/PID/status has %q, want THP_enabled 0: serve did not turn transparent huge pages off", v)
 	}
 	n, warm := *cycles, *warmup
 	tenth := n / 10
@@ -233,8 +233,8 @@ func TestSoak(t *testing.T) {
 		}
 	}
 	elapsed := time.Since(t0)
-	if v := procValue(d.Proc.Pid(), "smaps_rollup", "AnonHugePages"); v != "0 kB" {
-		t.Errorf("the daemon holds %s of anonymous memory in transparent huge pages after the cycles, want 0 kB", v)
+	if v := procFields(d.Proc.Pid(), "smaps_rollup", "AnonHugePages")[0]; v != "AnonHugePages 0 kB" {
+		t.Errorf("the daemon's /proc/PID/smaps_rollup has %q after the cycles, want AnonHugePages 0 kB: it holds transparent huge pages", v)
 	}
 	// containerd's collector runs after a number of changes, so the last
 	// cycles' removals may wait for one: ending the lease with a
@@ -443,28 +443,33 @@ func steady(ss []sample) sample {
 // anonymous memory is in transparent huge pages, from
 // /proc/PID/smaps_rollup.
 func procStatus(pid int) string {
-	var out []string
-	for _, f := range []struct{ file, key string }{
-		{"status", "RssAnon"}, {"status", "RssFile"}, {"status", "RssShmem"}, {"status", "Threads"}, {"smaps_rollup", "AnonHugePages"},
-	} {
-		out = append(out, f.key+" "+procValue(pid, f.file, f.key))
-	}
-	return strings.Join(out, ", ")
+	return strings.Join(append(procFields(pid, "status", "RssAnon", "RssFile", "RssShmem", "Threads"),
+		procFields(pid, "smaps_rollup", "AnonHugePages")...), ", ")
 }
 
-// procValue is the value of key in /proc/PID/FILE ("key: value" lines),
-// its blanks folded, or what went wrong reading it.
-func procValue(pid int, file, key string) string {
+// procFields reads /proc/PID/FILE ("key: value" lines) once and gives
+// "key value" for each of keys, in their order, the value's blanks folded
+// (or what went wrong reading it).
+func procFields(pid int, file string, keys ...string) []string {
+	values := make(map[string]string)
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/%s", pid, file))
-	if err != nil {
-		return err.Error()
-	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if k, v, _ := strings.Cut(line, ":"); k == key {
-			return strings.Join(strings.Fields(v), " ")
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			values[k] = strings.Join(strings.Fields(v), " ")
 		}
 	}
-	return "no " + key + " in /proc/PID/" + file
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		v, ok := values[k]
+		switch {
+		case err != nil:
+			v = err.Error()
+		case !ok:
+			v = "missing from /proc/PID/" + file
+		}
+		out[i] = k + " " + v
+	}
+	return out
 }
 
 // dbSize is the size of the database file and its write-ahead log: until

@@ -141,13 +141,7 @@ func WaitDial(ctx context.Context, p *Proc, network, address string) error {
 // Run runs a command to completion and returns its combined output; a
 // failure's error quotes the command and its output.
 func Run(ctx context.Context, env []string, argv ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Env = env
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, strings.TrimSpace(string(out)))
-	}
-	return string(out), nil
+	return run(ctx, env, true, argv)
 }
 
 // RunStdout runs a command to completion like Run but returns only its
@@ -157,15 +151,22 @@ func Run(ctx context.Context, env []string, argv ...string) (string, error) {
 // task's closed connection as it exits). A failure's error quotes the
 // command and both.
 func RunStdout(ctx context.Context, env []string, argv ...string) (string, error) {
+	return run(ctx, env, false, argv)
+}
+
+// run is Run (combined) and RunStdout (not combined).
+func run(ctx context.Context, env []string, combined bool, argv []string) (string, error) {
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = env
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return string(out), fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, strings.TrimSpace(string(out)+stderr.String()))
+	var out, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	if combined {
+		cmd.Stderr = &out
 	}
-	return string(out), nil
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, strings.TrimSpace(out.String()+stderr.String()))
+	}
+	return out.String(), nil
 }
 
 // LoopbackUp brings the loopback interface up when it is down (the VM
