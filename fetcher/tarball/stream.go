@@ -4,7 +4,6 @@ import (
 	"archive/tar"
 	"bufio"
 	"bytes"
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -13,6 +12,7 @@ import (
 	"hash"
 	"io"
 
+	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
 )
 
@@ -166,6 +166,11 @@ func newStream(ctx context.Context, r io.Reader, limits Limits, hashed bool) *st
 	var tarBytes io.Reader = br
 	switch {
 	case bytes.HasPrefix(magic, gzipMagic):
+		// klauspost/compress's inflater, not the standard library's: the
+		// same format and checks (header, CRC-32 and size at the end,
+		// concatenated members), 1.7 times the throughput on image-like
+		// data (BenchmarkInflate), and inflating is one core's work that
+		// bounds a pull.
 		s.comp = Gzip
 		zr, err := gzip.NewReader(br)
 		if err != nil {
