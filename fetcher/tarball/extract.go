@@ -27,6 +27,15 @@ type ExtractOptions struct {
 	// archive has that layout); an entry outside rootfs/ is then rejected
 	// with ErrOutsideRootfs, and the archive root entry "./" is ignored.
 	StripRootfs bool
+	// DetectRootfs decides StripRootfs from the archive itself, for a
+	// stream extracted before Validate has seen it whole: the first entry
+	// other than the archive root tells (rootfs/ or under it: strip).
+	// Stats.StrippedRootfs says what was decided. An archive that later
+	// leaves rootfs/ is rejected with ErrOutsideRootfs, as with
+	// StripRootfs, so an extraction whose decision differs from
+	// Report.HasRootfs never completes; a caller that is told so extracts
+	// again with StripRootfs set from the report.
+	DetectRootfs bool
 	// MaxDataBytes, if positive, is the most file content Extract writes
 	// (runs of zeros are left as holes and not counted): the space the
 	// caller has for this archive. The entry that would write more is
@@ -71,6 +80,9 @@ type Stats struct {
 	// rejected), and not with NoChown (setting one needs the privilege
 	// chown does; it is then skipped).
 	Capabilities int
+	// StrippedRootfs reports that rootfs/ was extracted as the root
+	// (StripRootfs, or what DetectRootfs decided).
+	StrippedRootfs bool
 }
 
 // ExtractDir is Extract into the directory dir, opened as an os.Root.
@@ -105,14 +117,20 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 	x := &extractor{
 		root:    root,
 		opts:    opts,
-		chk:     newChecker(opts.Limits, opts.StripRootfs),
 		cur:     newCursor(root),
 		buf:     make([]byte, readBufferSize),
 		cleared: make(map[uint64]struct{}),
 	}
+	if !opts.DetectRootfs {
+		x.chk = newChecker(opts.Limits, opts.StripRootfs)
+		x.st.StrippedRootfs = opts.StripRootfs
+	}
 	defer x.cur.close()
 	s := newStream(ctx, r, opts.Limits, false)
 	defer s.close()
+	// held are the headers read before DetectRootfs could decide (the
+	// archive root, global headers): bodiless, admitted once it has.
+	var held []*tar.Header
 	for {
 		hdr, err := s.next()
 		if err == io.EOF {
@@ -122,18 +140,30 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 			return x.st, err
 		}
 		x.st.Entries++
-		e, err := x.chk.admit(hdr)
-		if err != nil {
+		if x.chk == nil {
+			if name, err := cleanName(hdr.Name); err == nil && hdr.Size == 0 && (name == "." || hdr.Typeflag == tar.TypeXGlobalHeader) {
+				held = append(held, hdr)
+				continue
+			}
+			x.decideRootfs(hdr)
+			for _, h := range held {
+				if err := x.admitApply(s, h); err != nil {
+					return x.st, err
+				}
+			}
+			held = nil
+		}
+		if err := x.admitApply(s, hdr); err != nil {
 			return x.st, err
 		}
-		if err := x.apply(s, e); err != nil {
-			return x.st, err
+	}
+	if x.chk == nil { // an archive of nothing but its root
+		x.decideRootfs(nil)
+		for _, h := range held {
+			if err := x.admitApply(s, h); err != nil {
+				return x.st, err
+			}
 		}
-		// Drain what the entry did not read (bodies of links, whiteouts).
-		if _, err := io.CopyBuffer(io.Discard, body{s}, x.buf); err != nil {
-			return x.st, err
-		}
-		x.progress(hdr.Name)
 	}
 	// A compressed stream's end (gzip's checksum) comes after the archive's.
 	if err := s.drain(); err != nil {
@@ -145,6 +175,37 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 	log.G(ctx).WithField("root", root.Name()).WithField("entries", x.st.Entries).
 		WithField("bytes", x.st.Bytes).Debug("tarball extracted")
 	return x.st, nil
+}
+
+// decideRootfs makes the checker DetectRootfs asked for: rootfs/ is the
+// root when the first entry other than the archive root is rootfs/ or
+// under it (first is nil for an archive of nothing else).
+func (x *extractor) decideRootfs(first *tar.Header) {
+	strip := false
+	if first != nil {
+		if name, err := cleanName(first.Name); err == nil {
+			_, strip = underRootfs(name)
+		}
+	}
+	x.chk = newChecker(x.opts.Limits, strip)
+	x.st.StrippedRootfs = strip
+}
+
+// admitApply checks hdr against the policy, applies it and drains what
+// the entry did not read of its body (links, whiteouts).
+func (x *extractor) admitApply(s *stream, hdr *tar.Header) error {
+	e, err := x.chk.admit(hdr)
+	if err != nil {
+		return err
+	}
+	if err := x.apply(s, e); err != nil {
+		return err
+	}
+	if _, err := io.CopyBuffer(io.Discard, body{s}, x.buf); err != nil {
+		return err
+	}
+	x.progress(hdr.Name)
+	return nil
 }
 
 type extractor struct {

@@ -1,0 +1,70 @@
+package tarball
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+)
+
+// TestDetectRootfs: extracting with DetectRootfs, as a stream is before
+// Validate has seen it whole, makes the tree that extracting with
+// StripRootfs set from Validate's report makes, for an archive kept under
+// rootfs/ (with and without its "./" root entry) and for one that is not;
+// an archive that starts under rootfs/ and then leaves it is refused, as
+// Validate's report (no rootfs layout) would not match the decision.
+func TestDetectRootfs(t *testing.T) {
+	tree := []ent{dir("etc/"), file("etc/hostname", "box\n"), dir("usr/"), dir("usr/bin/"), file("usr/bin/tool", "#!/bin/sh\n"), symlink("usr/bin/t", "tool"), hardlink("usr/bin/tool2", "usr/bin/tool")}
+	rootEntry := dir("./").mode(0o751)
+	for _, tc := range []struct {
+		name      string
+		ents      []ent
+		wantStrip bool
+		rootSet   bool // an entry gives the root's mode and times
+	}{
+		{"plain", tree, false, false},
+		{"plain with its root entry", append([]ent{rootEntry}, tree...), false, true},
+		{"rootfs", append([]ent{dir("rootfs/").mode(0o700)}, prefixed("rootfs/", tree)...), true, true},
+		{"rootfs with the archive root first", append([]ent{rootEntry, dir("rootfs/").mode(0o700)}, prefixed("rootfs/", tree)...), true, true},
+		{"rootfs without its own entry", prefixed("rootfs/", tree), true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			archive := build(t, tc.ents...)
+			rep, err := Validate(context.Background(), bytes.NewReader(archive), Limits{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.HasRootfs != tc.wantStrip {
+				t.Fatalf("Validate: HasRootfs %v, want %v", rep.HasRootfs, tc.wantStrip)
+			}
+			want, got := newSandbox(t), newSandbox(t)
+			if _, err := ExtractDir(context.Background(), bytes.NewReader(archive), want.target, ExtractOptions{StripRootfs: rep.HasRootfs, NoChown: true}); err != nil {
+				t.Fatal(err)
+			}
+			st, err := ExtractDir(context.Background(), bytes.NewReader(archive), got.target, ExtractOptions{DetectRootfs: true, NoChown: true})
+			if err != nil {
+				t.Fatalf("DetectRootfs: %v", err)
+			}
+			if st.StrippedRootfs != rep.HasRootfs {
+				t.Errorf("DetectRootfs decided strip=%v, Validate says HasRootfs=%v", st.StrippedRootfs, rep.HasRootfs)
+			}
+			g, w := describeTree(t, got.target), describeTree(t, want.target)
+			if !tc.rootSet { // the root's mtime is then when its children were made
+				delete(g, ".")
+				delete(w, ".")
+			}
+			diffTrees(t, "DetectRootfs against StripRootfs from the report", g, w)
+		})
+	}
+	t.Run("starts under rootfs then leaves it", func(t *testing.T) {
+		archive := build(t, append(prefixed("rootfs/", tree), file("outside", "x"))...)
+		rep, err := Validate(context.Background(), bytes.NewReader(archive), Limits{})
+		if err != nil || rep.HasRootfs {
+			t.Fatalf("Validate: %+v, %v; want a valid archive without the rootfs layout", rep, err)
+		}
+		_, err = ExtractDir(context.Background(), bytes.NewReader(archive), newSandbox(t).target, ExtractOptions{DetectRootfs: true, NoChown: true})
+		if !errors.Is(err, ErrOutsideRootfs) {
+			t.Fatalf("DetectRootfs on an archive that leaves rootfs/: %v, want ErrOutsideRootfs", err)
+		}
+	})
+}
