@@ -50,16 +50,16 @@ type RunInfo struct {
 
 // Predecessor is a completed run-after run and its final response.
 type Predecessor struct {
-	ID       string
-	FSM      string
-	Response json.RawMessage
+	ID            string
+	FSM           string
+	IdempotencyID string
+	Response      json.RawMessage
 }
 
-// PredecessorResponse decodes, as T, the final response of the one
-// run-after predecessor of info's run that belongs to FSM fsmName. It is how
-// a chained FSM reads its input (Unpack reads Download's response). Zero or
-// several such predecessors is an error naming the run.
-func PredecessorResponse[T any](info RunInfo, fsmName string) (*T, error) {
+// PredecessorRun is the one run-after predecessor of info's run that
+// belongs to FSM fsmName; zero or several such predecessors is an error
+// naming the run.
+func PredecessorRun(info RunInfo, fsmName string) (*Predecessor, error) {
 	var found *Predecessor
 	for i := range info.Predecessors {
 		if info.Predecessors[i].FSM != fsmName {
@@ -72,6 +72,18 @@ func PredecessorResponse[T any](info RunInfo, fsmName string) (*T, error) {
 	}
 	if found == nil {
 		return nil, fmt.Errorf("fsm: run %s has no run-after predecessor of %q", info.ID, fsmName)
+	}
+	return found, nil
+}
+
+// PredecessorResponse decodes, as T, the final response of the one
+// run-after predecessor of info's run that belongs to FSM fsmName. It is how
+// a chained FSM reads its input (Unpack reads Download's response). Zero or
+// several such predecessors is an error naming the run.
+func PredecessorResponse[T any](info RunInfo, fsmName string) (*T, error) {
+	found, err := PredecessorRun(info, fsmName)
+	if err != nil {
+		return nil, err
 	}
 	return decodeResponse[T](found.ID, found.Response)
 }

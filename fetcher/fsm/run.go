@@ -115,7 +115,7 @@ func (f *machine[R, W]) execute(ctx context.Context, rec RunRecord) {
 			f.finish(ctx, &rec, StateAborted, fmt.Sprintf("run-after run %s (%s) ended %s at %q: %s", p.ID, p.FSM, p.State, p.Transition, p.LastError))
 			return
 		}
-		info.Predecessors = append(info.Predecessors, Predecessor{ID: p.ID, FSM: p.FSM, Response: p.Response})
+		info.Predecessors = append(info.Predecessors, Predecessor{ID: p.ID, FSM: p.FSM, IdempotencyID: p.IdempotencyID, Response: p.Response})
 	}
 
 	if rec.Queue != "" {

@@ -235,6 +235,14 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 		}
 	}()
 	p.hook("download:started")
+	// An extraction on the layer's parent chain may follow the file as it
+	// is written (stream.go).
+	grow := newGrowingFile(tmp)
+	ended := p.downloading(req.Run.IdempotencyID, grow)
+	defer func() {
+		ended()
+		grow.finish(err)
+	}()
 	rd := src.NewReader(ctx, s3source.Object{Key: r.S3Key, Size: r.Size, ETag: r.ETag}, maxResumes)
 	defer rd.Close()
 	h := sha256.New()
@@ -253,7 +261,7 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 		}
 		vdone <- streamValidation{rep, verr}
 	}()
-	n, err := copyFanOut(io.LimitReader(rd, p.opts.MaxLayerSize+1), io.MultiWriter(f, pw), h, vw)
+	n, err := copyFanOut(io.LimitReader(rd, p.opts.MaxLayerSize+1), io.MultiWriter(f, grow, pw), h, vw)
 	vw.CloseWithError(err)
 	sv := <-vdone
 	// A rejection counts when the bytes were all there or the validator

@@ -71,8 +71,10 @@ func TestUnpackKilledTwiceCleansUp(t *testing.T) {
 			t.Fatal("the pull never started its activation run")
 		}
 	}
-	if x := e.sn.extractions(t); len(x) != 1 {
-		t.Fatalf("during the extraction: extraction snapshots %v, want one", x)
+	// The chain's extraction snapshot, and the one made while the layer
+	// downloaded, which no unpack adopted before the kill.
+	if x := e.sn.extractions(t); len(x) != 2 || !slices.ContainsFunc(x, func(k string) bool { return strings.HasPrefix(k, streamPrefix) }) {
+		t.Fatalf("during the extraction: extraction snapshots %v, want the chain's and the stream's", x)
 	}
 
 	e.reopen(stopAt("second"))
@@ -341,8 +343,8 @@ func TestContainerdViewRefusedRemoveKeepsActivation(t *testing.T) {
 }
 
 // TestPruneSparesAPullBetweenDownloadAndUnpack: containerd's collection
-// (Cleanup, which prunes) can come after a pull's downloads ended and
-// before its unpack runs started, when no run is live. The prune then keeps
+// (Cleanup, which prunes) can come after a layer's download ended and
+// before its unpack run started, when no run of that layer is live. The prune then keeps
 // the objects and layer files the pull is about to unpack, and the pull
 // succeeds; a prune once the pull is over deletes what nothing uses.
 func TestPruneSparesAPullBetweenDownloadAndUnpack(t *testing.T) {
@@ -351,7 +353,7 @@ func TestPruneSparesAPullBetweenDownloadAndUnpack(t *testing.T) {
 	e.srv.Put(t, "race/2.tar", layerTar(t, "r2", 3000))
 	ctx := context.Background()
 	var during metadata.PruneResult
-	e.p.hooks = map[string]func(){"downloads:done": func() {
+	e.p.hooks = map[string]func(){"download:awaited": func() {
 		var err error
 		if during, err = e.p.Prune(ctx); err != nil {
 			t.Errorf("prune during the pull: %v", err)

@@ -147,6 +147,13 @@ type Pipelines struct {
 	// run is live, and without it a prune would delete the files the
 	// unpack is about to read.
 	files sync.RWMutex
+	// streamsMu guards growing, the temp files of the transfers under
+	// way in this process (by download idempotency id), and streams, the
+	// stream extractions not yet adopted or dropped (by snapshot key):
+	// extraction while downloading (stream.go).
+	streamsMu sync.Mutex
+	growing   map[string]*growingFile
+	streams   map[string]*streamExtraction
 }
 
 // New builds the manager, the queues and the three machines over opts.DB.

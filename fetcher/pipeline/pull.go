@@ -229,32 +229,48 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 		dlRuns[i] = runID
 		watch(runID, i+1)
 	}
-	prev := ""
-	if len(known) > 0 {
-		prev = known[len(known)-1].ChainID
-	}
-	for i, runID := range dlRuns {
-		if i < len(known) {
-			continue
+	// Each layer, bottom up: once its parent chain is committed, a layer
+	// still downloading is extracted as its bytes arrive (stream.go); its
+	// unpack run, started once its download has recorded it (its chain ID
+	// is known then), adopts that extraction or extracts the file. The
+	// next layer's extraction waits for this unpack run to commit. The
+	// layers already unpacked as recorded get unpack runs too, which find
+	// their chains in place.
+	var streams []*streamExtraction
+	defer func() {
+		for _, s := range streams {
+			p.dropStream(ctx, s)
 		}
-		d, err := fsm.Await[DownloadResponse](ctx, p.m, runID)
-		if err != nil {
-			return nil, fmt.Errorf("pull %s: layer %d (%s): %w", source, i+1, layers[i].Key, err)
-		}
-		if d.Downloaded {
-			res.Downloaded++
-		}
-		layers[i].DiffID = d.diffID()
-		prev = ChainID(prev, layers[i].DiffID)
-		layers[i].ChainID = prev
-	}
-	p.hook("downloads:done")
-
+	}()
 	upRuns := make([]string, len(layers))
 	for i, l := range layers {
 		parentChain := ""
 		if i > 0 {
 			parentChain = layers[i-1].ChainID
+		}
+		if i >= len(known) {
+			if i > 0 {
+				if _, err := fsm.Await[UnpackResponse](ctx, p.m, upRuns[i-1]); err != nil {
+					if up := p.firstFailure(ctx, upRuns[:i]); up != nil {
+						err = up
+					}
+					return nil, fmt.Errorf("pull %s: layer %d (%s): %w", source, i, layers[i-1].Key, err)
+				}
+			}
+			dlID := objectRunID(&DownloadRequest{Bucket: req.Bucket, S3Key: l.Key, Size: l.Size, ETag: l.ETag})
+			if s := p.startStream(ctx, dlID, dlRuns[i], parentChain, S3URL(req.Bucket, l.Key)); s != nil {
+				streams = append(streams, s)
+			}
+			d, err := fsm.Await[DownloadResponse](ctx, p.m, dlRuns[i])
+			if err != nil {
+				return nil, fmt.Errorf("pull %s: layer %d (%s): %w", source, i+1, l.Key, err)
+			}
+			if d.Downloaded {
+				res.Downloaded++
+			}
+			layers[i].DiffID = d.diffID()
+			layers[i].ChainID = ChainID(parentChain, layers[i].DiffID)
+			p.hook("download:awaited")
 		}
 		var after []string
 		if dlRuns[i] != "" {
@@ -263,7 +279,8 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 		if i > 0 {
 			after = append(after, upRuns[i-1])
 		}
-		runID, err := p.startUnpack(ctx, l.ChainID, &UnpackRequest{ChainID: l.ChainID, ParentChainID: parentChain, DiffID: l.DiffID,
+		chain := layers[i].ChainID
+		runID, err := p.startUnpack(ctx, chain, &UnpackRequest{ChainID: chain, ParentChainID: parentChain, DiffID: layers[i].DiffID,
 			S3URL: S3URL(req.Bucket, l.Key)},
 			fsm.WithQueue(QueueUnpacking), fsm.WithRunAfter(after...), fsm.WithParent(parent))
 		if err != nil {

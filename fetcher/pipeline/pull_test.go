@@ -517,11 +517,15 @@ func TestPullAbortLeavesNothing(t *testing.T) {
 		e := newPullEnv(t, nil)
 		mounts := 0
 		e.sn.mountsErr = func(key string) error {
-			if strings.HasPrefix(key, extractPrefix) {
-				mounts++
-				return errors.New("injected: cannot activate the device")
+			if !strings.HasPrefix(key, extractPrefix) {
+				return nil
 			}
-			return nil
+			// The extraction while downloading fails alike, and is not
+			// an attempt of the unpack run.
+			if !strings.HasPrefix(key, streamPrefix) {
+				mounts++
+			}
+			return errors.New("injected: cannot activate the device")
 		}
 		e.srv.Put(t, "m/1.tar", layerTar(t, "m", 100))
 		if _, err := e.pull("m/", "m"); err == nil || !strings.Contains(err.Error(), "injected") {
@@ -541,7 +545,7 @@ func TestPullPrepareFailsLeavesNothing(t *testing.T) {
 	e := newPullEnv(t, nil)
 	prepares := 0
 	e.sn.prepareErr = func(key, _ string) error {
-		if strings.HasPrefix(key, extractPrefix) {
+		if strings.HasPrefix(key, extractPrefix) && !strings.HasPrefix(key, streamPrefix) {
 			prepares++
 			return errors.New("injected: pool busy")
 		}

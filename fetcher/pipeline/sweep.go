@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -19,12 +20,19 @@ import (
 // Those of live runs are theirs to use and are kept.
 func (p *Pipelines) sweep(ctx context.Context) error {
 	live := map[string]bool{} // FSM + " " + idempotency id
+	// adopted are the stream extractions live unpack runs took as theirs
+	// (stream.go); any other is its process's, and that process is gone.
+	adopted := map[string]bool{}
 	runs, err := p.db.UnfinishedRuns(ctx)
 	if err != nil {
 		return fmt.Errorf("sweep: %w", err)
 	}
 	for _, r := range runs {
 		live[r.FSM+" "+r.IdempotencyID] = true
+		var resp UnpackResponse
+		if r.FSM == FSMUnpack && json.Unmarshal(r.Response, &resp) == nil && strings.HasPrefix(resp.ExtractKey, streamPrefix) {
+			adopted[resp.ExtractKey] = true
+		}
 	}
 	var errs []error
 	if p.opts.Snapshots != nil {
@@ -33,18 +41,21 @@ func (p *Pipelines) sweep(ctx context.Context) error {
 			if info.Labels[LabelPrivate] != privateExtract || !strings.HasPrefix(info.Name, extractPrefix) {
 				return nil
 			}
-			chain := "sha256:" + strings.TrimPrefix(info.Name, extractPrefix)
-			if !live[FSMUnpack+" "+chain] {
-				stale = append(stale, chain)
+			if strings.HasPrefix(info.Name, streamPrefix) {
+				if !adopted[info.Name] {
+					stale = append(stale, info.Name)
+				}
+			} else if !live[FSMUnpack+" sha256:"+strings.TrimPrefix(info.Name, extractPrefix)] {
+				stale = append(stale, info.Name)
 			}
 			return nil
 		}, fmt.Sprintf(`labels.%q==%s`, LabelPrivate, privateExtract))
 		if err != nil {
 			errs = append(errs, fmt.Errorf("sweep: extraction snapshots: %w", err))
 		}
-		for _, chain := range stale {
-			log.G(ctx).WithField("chain", chain).Warn("sweep: removing the extraction snapshot of a run that is no longer live")
-			if err := p.discardExtract(ctx, chain); err != nil {
+		for _, key := range stale {
+			log.G(ctx).WithField("snapshot", key).Warn("sweep: removing the extraction snapshot of a run that is no longer live")
+			if err := p.discardKey(ctx, key); err != nil {
 				errs = append(errs, fmt.Errorf("sweep: %w", err))
 			}
 		}

@@ -59,6 +59,9 @@ type UnpackResponse struct {
 	FileCount       int    `json:"file_count"`
 	Unpacked        bool   `json:"unpacked"`
 	AlreadyUnpacked bool   `json:"already_unpacked"`
+	// Streamed says the layer was extracted while it downloaded, into
+	// ExtractKey, and adopted by extract-layers (see stream.go).
+	Streamed bool `json:"streamed,omitempty"`
 }
 
 type upReq = fsm.Request[UnpackRequest, UnpackResponse]
@@ -75,7 +78,7 @@ func (p *Pipelines) buildUnpack(ctx context.Context) (fsm.StartFunc[UnpackReques
 		To("verify-layout", p.verifyLayout, p.retry(fsm.FixedRetry(2, fixedDelay))).
 		To("update-db", p.updateDB, p.retry(fsm.ExponentialBackoff(5))).
 		End("complete").
-		OnFail(func(ctx context.Context, req *upReq) error { return p.discardExtract(ctx, req.Msg.ChainID) }).
+		OnFail(p.discardUnpack).
 		Build(ctx)
 	return start, err
 }
@@ -152,9 +155,14 @@ func (p *Pipelines) checkUnpacked(ctx context.Context, req *upReq) (*upResp, err
 // discardExtract removes the extraction snapshot of chain, if any (a
 // failed or interrupted attempt's half-made device).
 func (p *Pipelines) discardExtract(ctx context.Context, chain string) error {
+	return p.discardKey(ctx, extractKey(chain))
+}
+
+// discardKey removes extraction snapshot key (a chain's or a stream
+// extraction's) and its mount point, if any.
+func (p *Pipelines) discardKey(ctx context.Context, key string) error {
 	ctx = context.WithoutCancel(ctx)
-	key := extractKey(chain)
-	_ = unmountDir(p.mountDir(chain))
+	_ = unmountDir(p.mountDirOf(key))
 	if err := p.opts.Snapshots.Remove(ctx, key); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("remove extraction snapshot %s: %w", key, err)
 	}
@@ -164,14 +172,29 @@ func (p *Pipelines) discardExtract(ctx context.Context, chain string) error {
 	return nil
 }
 
-func (p *Pipelines) mountDir(chain string) string {
-	return filepath.Join(p.opts.MountDir, strings.TrimPrefix(chain, "sha256:")[:24])
+// discardUnpack removes what an unpack run may have made: its chain's
+// extraction snapshot and the stream extraction it adopted, if any.
+func (p *Pipelines) discardUnpack(ctx context.Context, req *upReq) error {
+	var errs []error
+	if k := req.Resp.ExtractKey; strings.HasPrefix(k, streamPrefix) {
+		errs = append(errs, p.discardKey(ctx, k))
+	}
+	errs = append(errs, p.discardExtract(ctx, req.Msg.ChainID))
+	return errors.Join(errs...)
+}
+
+// mountDir is where chain's extraction snapshot is mounted.
+func (p *Pipelines) mountDir(chain string) string { return p.mountDirOf(extractKey(chain)) }
+
+// mountDirOf is where extraction snapshot key is mounted.
+func (p *Pipelines) mountDirOf(key string) string {
+	return filepath.Join(p.opts.MountDir, strings.TrimPrefix(key, extractPrefix)[:24])
 }
 
 // failUnpack is every non-success exit of the unpack transitions after
 // create-device: remove what was made.
 func (p *Pipelines) failUnpack(ctx context.Context, req *upReq, cause error) error {
-	if derr := p.discardExtract(ctx, req.Msg.ChainID); derr != nil {
+	if derr := p.discardUnpack(ctx, req); derr != nil {
 		log.G(ctx).WithError(derr).Error("unpack: removing the half-made device")
 		if !fsm.IsAbort(cause) {
 			return errors.Join(cause, derr)
@@ -225,33 +248,44 @@ func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, e
 	if dl.diffID() != r.DiffID {
 		return nil, p.failUnpack(ctx, req, fsm.Abort(fmt.Errorf("unpack %s: download produced diff %s, the chain wants diff %s", r.ChainID, dl.diffID(), r.DiffID)))
 	}
+	p.hook("extract:started")
+	if req.Run.Attempt == 1 {
+		// The layer may have been extracted while it downloaded (this
+		// process only: an attempt after a crash or a failure starts on a
+		// fresh device).
+		if dlRec, err := fsm.PredecessorRun(req.Run, FSMDownload); err == nil {
+			s, err := p.adoptStream(ctx, dlRec.IdempotencyID, r.ParentChainID, dl)
+			if err != nil {
+				return nil, err
+			}
+			if s != nil {
+				return p.adoptExtraction(ctx, req, s)
+			}
+		}
+	}
 	// The file data written from a plain tar is at most its size (runs of
 	// zeros stay holes), so a tar within the budget cannot overrun it. A
 	// compressed layer's size says nothing of what it holds: extraction
 	// stops at the budget (tarball.ErrOverBudget), and its files are bound
 	// by the tarball limits, not by the download's size cap.
 	plain := dl.diffID() == dl.Checksum // a compressed file never hashes to its own content's digest
-	budget := p.opts.MaxLayerSize
+	limit := p.opts.MaxLayerSize
 	if !plain {
-		budget = 0
+		limit = 0
 	}
-	if p.opts.PoolFree != nil {
-		free, err := p.opts.PoolFree(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("unpack %s: free space of the pool: %w", r.ChainID, err)
-		}
-		if budget == 0 || free < budget {
-			budget = free
-		}
+	budget, err := p.extractBudget(ctx, limit)
+	if err != nil {
+		return nil, fmt.Errorf("unpack %s: %w", r.ChainID, err)
 	}
 	if plain && dl.SizeBytes > budget {
 		return nil, p.failUnpack(ctx, req, fsm.Abort(fmt.Errorf("unpack %s from %s: layer of %d bytes, more than the %d bytes the pool has free or pipeline.max_image_size allows", r.ChainID, r.S3URL, dl.SizeBytes, budget)))
 	}
-	if req.Run.Attempt > 1 {
+	if req.Run.Attempt > 1 || resp.ExtractKey != extractKey(r.ChainID) {
 		log.G(ctx).WithField("chain", r.ChainID).WithField("attempt", req.Run.Attempt).Info("unpack: discarding the partial extraction of an earlier attempt")
-		if err := p.discardExtract(ctx, r.ChainID); err != nil {
+		if err := p.discardUnpack(ctx, req); err != nil {
 			return nil, err
 		}
+		resp.Streamed = false
 		if err := p.prepareExtract(ctx, r, resp); err != nil {
 			return nil, err
 		}
@@ -275,7 +309,6 @@ func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, e
 		return nil, fmt.Errorf("unpack %s: open %s: %w", r.ChainID, dl.LocalPath, err)
 	}
 	defer f.Close()
-	p.hook("extract:started")
 	th := throttle{every: progressInterval}
 	st, err := tarball.ExtractDir(ctx, f, dir, tarball.ExtractOptions{
 		Limits: p.opts.Limits, StripRootfs: dl.HasRootfs, NoChown: p.opts.NoChown, MaxDataBytes: budget,
@@ -298,6 +331,43 @@ func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, e
 	}
 	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMUnpack, State: "extract-layers", Bytes: st.Bytes, Files: st.Files, Total: dl.SizeBytes})
 	resp.SizeBytes, resp.FileCount = st.Bytes, st.Files
+	return fsm.NewResponse(resp), nil
+}
+
+// extractBudget is the most file content one extraction may write: the
+// pool's free data space, and limit when it is positive.
+func (p *Pipelines) extractBudget(ctx context.Context, limit int64) (int64, error) {
+	budget := limit
+	if p.opts.PoolFree != nil {
+		free, err := p.opts.PoolFree(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("free space of the pool: %w", err)
+		}
+		if budget <= 0 || free < budget {
+			budget = free
+		}
+	}
+	return budget, nil
+}
+
+// adoptExtraction makes stream extraction s the unpack run's extraction:
+// the extraction snapshot prepared by create-device is removed, and s's
+// snapshot takes its place for verify-layout and update-db.
+func (p *Pipelines) adoptExtraction(ctx context.Context, req *upReq, s *streamExtraction) (*upResp, error) {
+	r, resp := req.Msg, req.Resp
+	if err := p.discardExtract(ctx, r.ChainID); err != nil {
+		_ = p.discardKey(ctx, s.key)
+		return nil, err
+	}
+	name, _, id, err := p.opts.Snapshots.DeviceOf(ctx, s.key)
+	if err != nil {
+		_ = p.discardKey(ctx, s.key)
+		return nil, fmt.Errorf("unpack %s: device of %s: %w", r.ChainID, s.key, err)
+	}
+	resp.ExtractKey, resp.DeviceName, resp.DeviceID, resp.Streamed = s.key, name, id, true
+	resp.SizeBytes, resp.FileCount = s.stats.Bytes, s.stats.Files
+	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMUnpack, State: "extract-layers", Bytes: s.stats.Bytes, Files: s.stats.Files})
+	log.G(ctx).WithField("chain", r.ChainID).WithField("snapshot", s.key).Debug("unpack: adopted the extraction made while downloading")
 	return fsm.NewResponse(resp), nil
 }
 
@@ -390,7 +460,7 @@ func (p *Pipelines) updateDB(ctx context.Context, req *upReq) (*upResp, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := &UnpackResponse{ChainID: r.ChainID, DeviceID: id, DeviceName: name, SizeBytes: resp.SizeBytes, FileCount: resp.FileCount, Unpacked: true}
+	out := &UnpackResponse{ChainID: r.ChainID, DeviceID: id, DeviceName: name, SizeBytes: resp.SizeBytes, FileCount: resp.FileCount, Unpacked: true, Streamed: resp.Streamed}
 	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMUnpack, State: "complete", Files: out.FileCount, Bytes: out.SizeBytes})
 	return fsm.NewResponse(out), nil
 }

@@ -1,0 +1,365 @@
+package pipeline
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
+)
+
+// Extraction while a layer downloads.
+//
+// A layer's chain ID names its unpack run, and it is known only once the
+// whole layer is hashed (its diff ID), so an extraction that starts before
+// the download ends cannot be the unpack run's own. It is the pull's: once
+// a layer's parent chain is committed and its download is still under way,
+// the pull extracts the bytes the download writes to its temp file, as they
+// land, into a private snapshot on the parent chain (a stream extraction).
+// The unpack run of the layer's chain, which starts only after the download
+// has recorded the layer, adopts that snapshot in extract-layers instead of
+// extracting the layer file again: when the extraction read exactly the
+// recorded file and decided the rootfs/ layout the validation found. Any
+// other outcome (a rejection, a failed download, a different decision) and
+// the snapshot is removed and the run extracts from the file, as it always
+// could. Nothing of a stream extraction is committed before the unpack
+// run's update-db, so a layer refused mid-stream leaves nothing behind.
+//
+// Stream extractions live in this process only: after a crash none is
+// adopted by a new attempt of extract-layers, and start-up's sweep removes
+// those no live unpack run has adopted.
+
+// streamPrefix starts the key of a stream extraction's snapshot: after
+// extractPrefix, a letter no chain ID's hex has.
+const streamPrefix = extractPrefix + "s"
+
+// streamKey is the snapshot key of the stream extraction of download run
+// dlID (its idempotency id) on parent chain parent.
+func streamKey(dlID, parent string) string {
+	sum := sha256.Sum256([]byte(dlID + "\x00" + parent))
+	return streamPrefix + hex.EncodeToString(sum[:16])
+}
+
+// growingFile is a download's temp file as it is written: the download
+// counts what it wrote (Write, called after the file's own write) and
+// says when it ended; followers read up to what was written.
+type growingFile struct {
+	path string
+	mu   sync.Mutex
+	cond *sync.Cond
+	n    int64
+	done bool
+	err  error
+}
+
+func newGrowingFile(path string) *growingFile {
+	g := &growingFile{path: path}
+	g.cond = sync.NewCond(&g.mu)
+	return g
+}
+
+// Write records that len(b) more bytes are in the file.
+func (g *growingFile) Write(b []byte) (int, error) {
+	g.mu.Lock()
+	g.n += int64(len(b))
+	g.mu.Unlock()
+	g.cond.Broadcast()
+	return len(b), nil
+}
+
+// finish records the end of the download attempt: err nil means the file
+// is whole.
+func (g *growingFile) finish(err error) {
+	g.mu.Lock()
+	g.done, g.err = true, err
+	g.mu.Unlock()
+	g.cond.Broadcast()
+}
+
+// errDownloadEnded: a follower was asked for after the download ended.
+var errDownloadEnded = errors.New("the download already ended")
+
+// follow opens the file for reading from its start while the download is
+// under way; the reader blocks at what was written until more is, and
+// ends with io.EOF once the download ended whole (with its error
+// otherwise). Close releases the file.
+func (g *growingFile) follow(ctx context.Context) (*follower, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.done {
+		return nil, errDownloadEnded
+	}
+	// The file is open for as long as the follower reads: the download's
+	// rename to the layer's path keeps the same inode.
+	f, err := os.Open(g.path)
+	if err != nil {
+		return nil, fmt.Errorf("follow %s: %w", g.path, err)
+	}
+	r := &follower{ctx: ctx, g: g, f: f}
+	r.stop = context.AfterFunc(ctx, func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		g.cond.Broadcast()
+	})
+	return r, nil
+}
+
+// follower reads a growingFile.
+type follower struct {
+	ctx  context.Context
+	g    *growingFile
+	f    *os.File
+	off  int64
+	stop func() bool
+}
+
+// Read implements io.Reader over the bytes the download wrote.
+func (r *follower) Read(p []byte) (int, error) {
+	g := r.g
+	g.mu.Lock()
+	for g.n == r.off && !g.done && r.ctx.Err() == nil {
+		g.cond.Wait()
+	}
+	avail, done, derr := g.n-r.off, g.done, g.err
+	g.mu.Unlock()
+	if err := r.ctx.Err(); err != nil {
+		return 0, err
+	}
+	if avail == 0 {
+		if done && derr != nil {
+			return 0, fmt.Errorf("the download of %s failed: %w", g.path, derr)
+		}
+		return 0, io.EOF
+	}
+	if int64(len(p)) > avail {
+		p = p[:avail]
+	}
+	n, err := r.f.ReadAt(p, r.off)
+	r.off += int64(n)
+	if err == io.EOF && n > 0 {
+		err = nil
+	}
+	return n, err
+}
+
+// Close releases the file.
+func (r *follower) Close() error {
+	r.stop()
+	return r.f.Close()
+}
+
+// streamExtraction is one layer extracted while it downloads.
+type streamExtraction struct {
+	key    string // snapshot key (streamKey)
+	dlID   string // idempotency id of the download run it follows
+	dlRun  string // that run's id, for progress events
+	parent string // the parent chain it is prepared on
+	url    string // the layer's object
+	ctx    context.Context
+	cancel context.CancelFunc
+	// started is set, under streamsMu, once a download attempt's file is
+	// being followed; done is closed once the fields below are set.
+	started bool
+	done    chan struct{}
+	stats   tarball.Stats
+	read    int64 // bytes of the layer file read, all of it on success
+	err     error
+}
+
+// startStream asks for the stream extraction of the layer that download
+// run dlID (idempotency id; its fsm run is dlRun, for progress) fetches
+// from url, on parent chain parent, which must be committed. It starts as
+// soon as the download's transfer does in this process (at once if it
+// already has); a download that ended first leaves it unstarted, and the
+// unpack run extracts the file. A stream extraction already asked for the
+// same download and parent is shared.
+func (p *Pipelines) startStream(ctx context.Context, dlID, dlRun, parent, url string) *streamExtraction {
+	key := streamKey(dlID, parent)
+	p.streamsMu.Lock()
+	defer p.streamsMu.Unlock()
+	if s := p.streams[key]; s != nil {
+		return s
+	}
+	// The extraction belongs to the daemon, not to the caller of Pull: a
+	// pull whose client went away leaves its runs going, and this with
+	// them until they adopt or drop it.
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s := &streamExtraction{key: key, dlID: dlID, dlRun: dlRun, parent: parent, url: url, ctx: sctx, cancel: cancel, done: make(chan struct{})}
+	if p.streams == nil {
+		p.streams = map[string]*streamExtraction{}
+	}
+	p.streams[key] = s
+	if g := p.growing[dlID]; g != nil {
+		p.follow(s, g)
+	}
+	return s
+}
+
+// downloading registers the temp file of download run dlID's transfer and
+// starts the stream extractions asked for it; the returned function
+// unregisters it (the transfer ended).
+func (p *Pipelines) downloading(dlID string, g *growingFile) (ended func()) {
+	p.streamsMu.Lock()
+	defer p.streamsMu.Unlock()
+	if p.growing == nil {
+		p.growing = map[string]*growingFile{}
+	}
+	p.growing[dlID] = g
+	for _, s := range p.streams {
+		if s.dlID == dlID && !s.started {
+			p.follow(s, g)
+		}
+	}
+	return func() {
+		p.streamsMu.Lock()
+		defer p.streamsMu.Unlock()
+		if p.growing[dlID] == g {
+			delete(p.growing, dlID)
+		}
+	}
+}
+
+// follow starts s on g's file; the caller holds streamsMu.
+func (p *Pipelines) follow(s *streamExtraction, g *growingFile) {
+	rd, err := g.follow(s.ctx)
+	if err != nil {
+		return // the transfer already ended: nothing to follow
+	}
+	s.started = true
+	go p.runStream(s.ctx, s, rd)
+}
+
+// runStream extracts rd into s's snapshot on its parent chain; on failure
+// the snapshot is removed.
+func (p *Pipelines) runStream(ctx context.Context, s *streamExtraction, rd *follower) {
+	defer close(s.done)
+	defer rd.Close()
+	lg := log.G(ctx).WithField("key", s.url).WithField("snapshot", s.key)
+	st, err := p.extractStream(ctx, s, rd)
+	s.stats, s.read = st, rd.off
+	if err != nil {
+		s.err = err
+		lg.WithError(err).Info("unpack: extraction while downloading stopped; the unpack will extract the layer file")
+		if derr := p.discardKey(ctx, s.key); derr != nil {
+			lg.WithError(derr).Warn("unpack: removing the snapshot of a stopped extraction")
+		}
+		return
+	}
+	lg.WithField("bytes", st.Bytes).WithField("files", st.Files).Debug("unpack: extracted while downloading")
+}
+
+func (p *Pipelines) extractStream(ctx context.Context, s *streamExtraction, rd io.Reader) (_ tarball.Stats, err error) {
+	if _, err := p.opts.Snapshots.Prepare(ctx, s.key, s.parent,
+		snapshots.WithLabels(map[string]string{LabelPrivate: privateExtract, LabelSource: s.url})); err != nil {
+		return tarball.Stats{}, fmt.Errorf("prepare %s on %q: %w", s.key, s.parent, err)
+	}
+	budget, err := p.extractBudget(ctx, 0)
+	if err != nil {
+		return tarball.Stats{}, err
+	}
+	ms, err := p.opts.Snapshots.Mounts(ctx, s.key)
+	if err != nil {
+		return tarball.Stats{}, fmt.Errorf("mounts of %s: %w", s.key, err)
+	}
+	dir := p.mountDirOf(s.key)
+	umount, err := mountAll(ms, dir)
+	if err != nil {
+		return tarball.Stats{}, err
+	}
+	defer func() {
+		if uerr := umount(); uerr != nil && err == nil {
+			err = fmt.Errorf("unmount %s: %w", dir, uerr)
+		}
+	}()
+	p.hook("stream-extract:started")
+	th := throttle{every: progressInterval}
+	st, err := tarball.ExtractDir(ctx, rd, dir, tarball.ExtractOptions{
+		Limits: p.opts.Limits, DetectRootfs: true, NoChown: p.opts.NoChown, MaxDataBytes: budget,
+		Progress: func(pr tarball.Progress) {
+			if th.ok(false) {
+				p.hub.emit(Event{Run: s.dlRun, FSM: FSMUnpack, State: "extract-layers", Bytes: pr.Bytes, Files: pr.Files})
+			}
+		},
+	})
+	if err != nil {
+		return st, err
+	}
+	return st, syncFS(dir)
+}
+
+// adoptStream returns the stream extraction of download run dlID on
+// parent for the unpack run of the layer dl describes, once it has ended,
+// if it extracted exactly dl's file with the rootfs/ layout dl's
+// validation found; it is then the caller's. Otherwise it returns nil, and
+// removes a stream extraction that cannot be used.
+func (p *Pipelines) adoptStream(ctx context.Context, dlID, parent string, dl *DownloadResponse) (*streamExtraction, error) {
+	key := streamKey(dlID, parent)
+	p.streamsMu.Lock()
+	s := p.streams[key]
+	if s != nil && !s.started {
+		// The download's transfer ended before the extraction could
+		// follow it.
+		delete(p.streams, key)
+		s = nil
+	}
+	p.streamsMu.Unlock()
+	if s == nil {
+		return nil, nil
+	}
+	select {
+	case <-s.done:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	p.streamsMu.Lock()
+	mine := p.streams[key] == s
+	if mine {
+		delete(p.streams, key)
+	}
+	p.streamsMu.Unlock()
+	if !mine {
+		return nil, nil // dropped by the pull that started it
+	}
+	if s.err == nil && s.read == dl.SizeBytes && s.stats.StrippedRootfs == dl.HasRootfs {
+		return s, nil
+	}
+	if s.err == nil {
+		log.G(ctx).WithField("snapshot", key).WithField("read", s.read).WithField("size", dl.SizeBytes).
+			WithField("stripped_rootfs", s.stats.StrippedRootfs).Info("unpack: the extraction while downloading does not match the layer file; extracting the file")
+		if err := p.discardKey(ctx, key); err != nil {
+			return nil, err
+		}
+	}
+	return nil, nil
+}
+
+// dropStream ends and removes s unless an unpack run adopted it: what a
+// pull does with the stream extractions it started when it ends.
+func (p *Pipelines) dropStream(ctx context.Context, s *streamExtraction) {
+	p.streamsMu.Lock()
+	mine := p.streams[s.key] == s
+	if mine {
+		delete(p.streams, s.key)
+	}
+	started := s.started
+	p.streamsMu.Unlock()
+	s.cancel()
+	if !mine || !started {
+		return
+	}
+	<-s.done
+	if s.err == nil {
+		if err := p.discardKey(ctx, s.key); err != nil && !errdefs.IsNotFound(err) {
+			log.G(ctx).WithError(err).WithField("snapshot", s.key).Warn("pull: removing an extraction no unpack adopted")
+		}
+	}
+}

@@ -1,0 +1,162 @@
+package pipeline
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+)
+
+// streamWatch records, from the "stream-extract:started" test point,
+// whether each stream extraction began while a download was still
+// transferring.
+type streamWatch struct {
+	mu      sync.Mutex
+	started int
+	overlap int // of those, the ones that began with a download in its transfer
+}
+
+func (e *env) watchStreams() *streamWatch {
+	w := &streamWatch{}
+	e.p.hooks = map[string]func(){"stream-extract:started": func() {
+		runs, err := e.db.ListRuns(context.Background(), metadata.RunFilter{FSM: FSMDownload, States: []string{metadata.RunRunning}})
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.started++
+		for _, r := range runs {
+			if err == nil && r.Transition == "download" {
+				w.overlap++
+				break
+			}
+		}
+	}}
+	return w
+}
+
+// unpackResponses are the responses of the unpack runs that completed, by
+// chain.
+func (e *env) unpackResponses() map[string]UnpackResponse {
+	e.t.Helper()
+	runs, err := e.db.ListRuns(context.Background(), metadata.RunFilter{FSM: FSMUnpack, States: []string{metadata.RunComplete}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := map[string]UnpackResponse{}
+	for _, r := range runs {
+		var u UnpackResponse
+		if err := json.Unmarshal(r.Response, &u); err != nil {
+			e.t.Fatal(err)
+		}
+		out[u.ChainID] = u
+	}
+	return out
+}
+
+func gzipBytes(t *testing.T, b []byte) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	if _, err := zw.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// TestPullExtractsWhileDownloading: each layer whose parent chain is
+// committed while it still downloads is extracted as its bytes arrive, and
+// its unpack run adopts that extraction instead of extracting the file:
+// the image is whole, and no extraction snapshot or mount is left. The
+// bottom layer is gzip-compressed, the top one plain.
+func TestPullExtractsWhileDownloading(t *testing.T) {
+	e := newPullEnv(t, nil)
+	e.srv.Put(t, "s/1.tar.gz", gzipBytes(t, layerTar(t, "s1", 200_000)))
+	e.srv.Put(t, "s/2.tar", layerTar(t, "s2", 300_000, tarFile{name: "usr/two", body: []byte("2")}))
+	// Both transfers are still under way when their parents are committed:
+	// the first at once (its parent is the empty chain), the second after
+	// the first layer's unpack.
+	e.srv.Faults.Delay(1, "s/1.tar.gz", 300*time.Millisecond)
+	e.srv.Faults.Delay(1, "s/2.tar", 1500*time.Millisecond)
+	w := e.watchStreams()
+	res := e.mustPull("s/", "s")
+	if got := e.sn.readFile(t, res.Snapshot.SnapshotName, "etc/marker"); got != "s2" {
+		t.Errorf("image shows marker %q, want s2", got)
+	}
+	if got := e.sn.readFile(t, res.Snapshot.SnapshotName, "usr/two"); got != "2" {
+		t.Errorf("image shows usr/two %q, want 2", got)
+	}
+	ups := e.unpackResponses()
+	for i, l := range res.Layers {
+		if u := ups[l.ChainID]; !u.Streamed || !u.Unpacked {
+			t.Errorf("layer %d: unpack response %+v, want it unpacked from the extraction made while downloading", i+1, u)
+		}
+	}
+	if w.started != 2 || w.overlap != 2 {
+		t.Errorf("stream extractions started %d, %d of them during a transfer; want 2 and 2", w.started, w.overlap)
+	}
+	e.assertNoExtraction()
+	if got := len(e.committedChains()); got != 2 {
+		t.Errorf("%d chains committed, want 2", got)
+	}
+}
+
+// TestPullRejectedWhileExtracting: a layer the policy refuses after its
+// extraction began (a device node at its end) fails the pull with the
+// rule, and nothing is left: no chain, no extraction snapshot, no mount
+// point, no temp file, no object record.
+func TestPullRejectedWhileExtracting(t *testing.T) {
+	e := newPullEnv(t, nil)
+	bad := layerTar(t, "b1", 400_000, tarFile{name: "dev/null", typ: tar.TypeChar})
+	e.srv.Put(t, "bad/1.tar", bad)
+	e.srv.Faults.Delay(1, "bad/1.tar", 300*time.Millisecond)
+	w := e.watchStreams()
+	_, err := e.pull("bad/", "bad")
+	if err == nil || !strings.Contains(err.Error(), "dev/null") {
+		t.Fatalf("pull of a layer with a device node: %v, want a rejection naming dev/null", err)
+	}
+	if w.started != 1 {
+		t.Fatalf("stream extractions started: %d, want 1 (the rejection must come after the extraction began)", w.started)
+	}
+	if c := e.committedChains(); len(c) != 0 {
+		t.Errorf("chains committed: %v", c)
+	}
+	e.assertNoExtraction()
+	e.assertNothingLeft("bad/1.tar")
+}
+
+// TestPullStreamLayoutMismatch: a layer that starts under rootfs/ and then
+// leaves it is extracted with rootfs/ stripped while it downloads (its
+// first entry says so), which its validation then contradicts: the unpack
+// extracts the file as validated instead, and the image has the layer as
+// it is.
+func TestPullStreamLayoutMismatch(t *testing.T) {
+	e := newPullEnv(t, nil)
+	layer := buildTar(t, []tarFile{
+		{name: "rootfs/", typ: tar.TypeDir}, {name: "rootfs/inside", body: []byte("in")},
+		{name: "etc/", typ: tar.TypeDir}, {name: "usr/", typ: tar.TypeDir}, {name: "var/", typ: tar.TypeDir},
+		{name: "etc/marker", body: []byte("m1")},
+	})
+	e.srv.Put(t, "mix/1.tar", layer)
+	e.srv.Faults.Delay(1, "mix/1.tar", 300*time.Millisecond)
+	w := e.watchStreams()
+	res := e.mustPull("mix/", "mix")
+	if w.started != 1 {
+		t.Errorf("stream extractions started: %d, want 1", w.started)
+	}
+	if u := e.unpackResponses()[res.TopChainID]; u.Streamed || !u.Unpacked {
+		t.Errorf("unpack response %+v, want the layer file extracted (not the stream)", u)
+	}
+	if got := e.sn.readFile(t, res.Snapshot.SnapshotName, "rootfs/inside"); got != "in" {
+		t.Errorf("image shows rootfs/inside %q, want in (the layer as it is)", got)
+	}
+	e.assertNoExtraction()
+}
