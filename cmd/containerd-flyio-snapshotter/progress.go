@@ -29,6 +29,11 @@ type layerProgress struct {
 	since       time.Time // when this state started
 	sinceBytes  int64     // bytes when this state started
 	lastPrinted time.Time // plain output: when the line was last written
+	// extracted and extractedFiles are the layer's extraction while it
+	// still downloads (a layer is extracted as its bytes arrive once the
+	// layer below it is in place).
+	extracted      int64
+	extractedFiles int
 }
 
 // progress renders a pull's events: on a terminal one line per layer,
@@ -56,6 +61,13 @@ func (p *progress) event(e pipeline.Event) {
 	defer p.mu.Unlock()
 	now := p.now()
 	l := p.byID[e.Layer]
+	if l != nil && l.fsm == pipeline.FSMDownload && l.state == "download" && e.FSM == pipeline.FSMUnpack && e.State == "extract-layers" {
+		// Both phases at once: the line stays the transfer's and shows
+		// the extraction beside it.
+		l.extracted, l.extractedFiles = e.Bytes, e.Files
+		p.advanced(e.Layer, l, now)
+		return
+	}
 	changed := l == nil || l.fsm != e.FSM || l.state != e.State
 	if l == nil {
 		l = &layerProgress{}
@@ -73,15 +85,34 @@ func (p *progress) event(e pipeline.Event) {
 	if e.Total > 0 {
 		l.total = e.Total
 	}
+	if changed {
+		p.show(e.Layer, l, now)
+		return
+	}
+	p.advanced(e.Layer, l, now)
+}
+
+// show writes layer id's line now: its step changed.
+func (p *progress) show(id int, l *layerProgress, now time.Time) {
 	if p.tty {
-		if changed || now.Sub(p.lastDraw) >= redrawInterval {
+		p.redraw(now)
+		return
+	}
+	l.lastPrinted = now
+	fmt.Fprintln(p.w, p.line(id, l, now))
+}
+
+// advanced writes layer id's line if it is due: its step only advanced.
+func (p *progress) advanced(id int, l *layerProgress, now time.Time) {
+	if p.tty {
+		if now.Sub(p.lastDraw) >= redrawInterval {
 			p.redraw(now)
 		}
 		return
 	}
-	if changed || now.Sub(l.lastPrinted) >= plainInterval {
+	if now.Sub(l.lastPrinted) >= plainInterval {
 		l.lastPrinted = now
-		fmt.Fprintln(p.w, p.line(e.Layer, l, now))
+		fmt.Fprintln(p.w, p.line(id, l, now))
 	}
 }
 
@@ -149,6 +180,9 @@ func (p *progress) line(id int, l *layerProgress, now time.Time) string {
 	}
 	if l.files > 0 {
 		fmt.Fprintf(&b, "  %d files", l.files)
+	}
+	if l.fsm == pipeline.FSMDownload && l.state == "download" && (l.extracted > 0 || l.extractedFiles > 0) {
+		fmt.Fprintf(&b, "  | extracted %s, %d files", mib(l.extracted), l.extractedFiles)
 	}
 	return strings.TrimRight(b.String(), " ")
 }

@@ -75,3 +75,30 @@ func TestProgressPlain(t *testing.T) {
 		t.Errorf("plain output:\n%s\nwant:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// TestProgressBothPhases: a layer extracted while it downloads shows both
+// on its line (bytes downloaded of the total, bytes and files extracted),
+// and the extraction's events do not count as a change of step.
+func TestProgressBothPhases(t *testing.T) {
+	var out bytes.Buffer
+	c := &clock{t: time.Unix(1700000000, 0)}
+	p := newProgress(&out, false)
+	p.now = c.now
+	p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "download", Layer: 1, Total: 8 << 20})
+	c.t = c.t.Add(time.Second)
+	p.event(pipeline.Event{FSM: pipeline.FSMUnpack, State: "extract-layers", Layer: 1, Bytes: 3 << 20, Files: 120})
+	c.t = c.t.Add(5 * time.Second)
+	p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "download", Layer: 1, Bytes: 6 << 20, Total: 8 << 20})
+	p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "validate", Layer: 1, Bytes: 8 << 20, Total: 8 << 20})
+	p.event(pipeline.Event{FSM: pipeline.FSMUnpack, State: "extract-layers", Layer: 1, Bytes: 20 << 20, Files: 700})
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	want := []string{
+		"layer 1   download          0.0 MiB / 8.0 MiB     0.0%",
+		"layer 1   download          6.0 MiB / 8.0 MiB    75.0%  1.0 MiB/s  ETA 2s  | extracted 3.0 MiB, 120 files",
+		"layer 1   validate          8.0 MiB / 8.0 MiB   100.0%",
+		"layer 1   extract-layers   20.0 MiB  700 files",
+	}
+	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
+		t.Errorf("plain output:\n%s\nwant:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
+	}
+}
