@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,6 +29,9 @@ import (
 // and its cleanup removes the half-made device.
 func TestKillAtEveryStep(t *testing.T) {
 	e := newPullEnv(t)
+	// A step whose point is in the extraction while downloading waits for
+	// the unpack run that would adopt it; its layer's transfer is slowed so
+	// that the extraction starts while it is under way.
 	steps := []struct{ fsm, transition, point string }{
 		{pipeline.FSMDownload, "check-exists", "check-exists:started"},
 		{pipeline.FSMDownload, "download", "download:started"},
@@ -36,6 +40,7 @@ func TestKillAtEveryStep(t *testing.T) {
 		{pipeline.FSMUnpack, "check-unpacked", "check-unpacked:started"},
 		{pipeline.FSMUnpack, "create-device", "create-device:started"},
 		{pipeline.FSMUnpack, "extract-layers", "extract:started"},
+		{pipeline.FSMUnpack, "extract-layers", "stream-extract:started"},
 		{pipeline.FSMUnpack, "verify-layout", "verify-layout:started"},
 		{pipeline.FSMUnpack, "update-db", "update-db:started"},
 		{pipeline.FSMActivate, "check-snapshot", "check-snapshot:started"},
@@ -50,10 +55,13 @@ func TestKillAtEveryStep(t *testing.T) {
 		os.Unsetenv(pipeline.FaultPauseEnv)
 	}
 	for i, s := range steps {
-		t.Run(s.fsm+"/"+s.transition, func(t *testing.T) {
+		t.Run(s.fsm+"/"+s.transition+"/"+s.point, func(t *testing.T) {
 			prefix := fmt.Sprintf("k%02d/", i)
 			e.srv.Put(t, prefix+"1.tar", genLayer(t, uint64(100+2*i), "k1", 8, 16<<10, true))
 			e.srv.Put(t, prefix+"2.tar", genLayer(t, uint64(101+2*i), "k2", 8, 16<<10, false))
+			if strings.HasPrefix(s.point, "stream-") {
+				e.srv.Faults.Delay(1, prefix+"1.tar", time.Second)
+			}
 			paused(s.point)
 			errc := make(chan error, 1)
 			go func() { _, err := e.pull(prefix, ""); errc <- err }()
