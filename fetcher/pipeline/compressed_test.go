@@ -130,6 +130,16 @@ func TestCompressedLayerValidatedAgain(t *testing.T) {
 	e.p.hooks = map[string]func(){
 		"validate:started": func() {
 			e.p.validated.Range(func(k, _ any) bool { e.p.validated.Delete(k); return true })
+			// Nor what an extraction while downloading found.
+			e.p.streamsMu.Lock()
+			var ss []*streamExtraction
+			for _, s := range e.p.streams {
+				ss = append(ss, s)
+			}
+			e.p.streamsMu.Unlock()
+			for _, s := range ss {
+				e.p.dropStream(context.Background(), s)
+			}
 		},
 		"validate:reading": func() { reads++ },
 	}

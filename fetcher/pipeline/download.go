@@ -238,7 +238,7 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 	// An extraction on the layer's parent chain may follow the file as it
 	// is written (stream.go).
 	grow := newGrowingFile(tmp)
-	ended := p.downloading(req.Run.IdempotencyID, grow)
+	ended, named := p.downloading(req.Run.IdempotencyID, grow)
 	defer func() {
 		ended()
 		grow.finish(err)
@@ -249,20 +249,33 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 	pw := &progressWriter{p: p, run: req.Run.ID, fsm: FSMDownload, state: "download", total: r.Size, th: throttle{every: progressInterval}}
 	// The tarball policy checks the bytes as they arrive (one read of the
 	// object, not two); the validate transition trusts that check only for
-	// the file this process wrote (see validatedFile).
-	vr, vw := io.Pipe()
+	// the file this process wrote (see validatedFile). When an extraction
+	// follows the transfer from its start, it names the layer instead
+	// (streamNames): the bytes are decompressed and parsed once.
+	writers := []io.Writer{h}
 	vdone := make(chan streamValidation, 1)
-	go func() {
-		rep, verr := tarball.Validate(ctx, vr, p.opts.Limits)
-		if verr != nil {
-			vr.CloseWithError(verr) // stops the download: no point fetching the rest
-		} else {
-			io.Copy(io.Discard, vr) // the padding after the end-of-archive blocks
-		}
-		vdone <- streamValidation{rep, verr}
-	}()
-	n, err := copyFanOut(io.LimitReader(rd, p.opts.MaxLayerSize+1), io.MultiWriter(f, grow, pw), h, vw)
-	vw.CloseWithError(err)
+	var vw *io.PipeWriter
+	if named {
+		vdone <- streamValidation{}
+	} else {
+		var vr *io.PipeReader
+		vr, vw = io.Pipe()
+		writers = append(writers, vw)
+		p.hook("download:validating")
+		go func() {
+			rep, verr := tarball.Validate(ctx, vr, p.opts.Limits)
+			if verr != nil {
+				vr.CloseWithError(verr) // stops the download: no point fetching the rest
+			} else {
+				io.Copy(io.Discard, vr) // the padding after the end-of-archive blocks
+			}
+			vdone <- streamValidation{report: rep, err: verr, done: true}
+		}()
+	}
+	n, err := copyFanOut(io.LimitReader(rd, p.opts.MaxLayerSize+1), append([]io.Writer{io.MultiWriter(f, grow, pw)}, writers...)...)
+	if vw != nil {
+		vw.CloseWithError(err)
+	}
 	sv := <-vdone
 	// A rejection counts when the bytes were all there or the validator
 	// itself stopped the copy; a transfer that failed on its own is retried.
@@ -300,7 +313,7 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 		return nil, err
 	}
 	pw.flush()
-	if sv.err == nil {
+	if sv.done && sv.err == nil {
 		if fi, err := os.Stat(final); err == nil {
 			p.validated.Store(final, validatedFile{stamp: stampOf(fi), digest: digest, report: sv.report})
 		}
@@ -310,10 +323,12 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 		SizeBytes: n, Downloaded: true, Resumes: rd.Resumes()}), nil
 }
 
-// streamValidation is what the tarball policy said of a download's bytes.
+// streamValidation is what the tarball policy said of a download's bytes
+// (done false: the download did not check them).
 type streamValidation struct {
 	report tarball.Report
 	err    error
+	done   bool
 }
 
 // fileID is a file's size, mtime and inode: what says it was not
@@ -376,6 +391,12 @@ func (p *Pipelines) validate(ctx context.Context, req *dlReq) (*dlResp, error) {
 	resp := req.Resp
 	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMDownload, State: "validate", Bytes: resp.SizeBytes, Total: resp.SizeBytes})
 	p.hook("validate:started")
+	if rep, ok, err := p.streamNames(ctx, req.Run.IdempotencyID, resp.SizeBytes); err != nil {
+		return nil, err
+	} else if ok {
+		resp.setReport(rep)
+		return fsm.NewResponse(resp), nil
+	}
 	if v, ok := p.validated.LoadAndDelete(resp.LocalPath); ok {
 		vf := v.(validatedFile)
 		if fi, err := os.Stat(resp.LocalPath); err == nil && stampOf(fi) == vf.stamp && vf.digest == resp.Checksum {

@@ -169,6 +169,10 @@ type streamExtraction struct {
 	// started is set, under streamsMu, once a download attempt's file is
 	// being followed; done is closed once the fields below are set.
 	started bool
+	// names says the extraction followed the transfer from its start and
+	// the download left it to name the layer (diff ID, rootfs/ layout):
+	// the layer's bytes are decompressed and parsed once.
+	names bool
 	done    chan struct{}
 	stats   tarball.Stats
 	read    int64 // bytes of the layer file read, all of it on success
@@ -204,10 +208,12 @@ func (p *Pipelines) startStream(ctx context.Context, dlID, dlRun, parent, url st
 	return s
 }
 
-// downloading registers the temp file of download run dlID's transfer and
-// starts the stream extractions asked for it; the returned function
-// unregisters it (the transfer ended).
-func (p *Pipelines) downloading(dlID string, g *growingFile) (ended func()) {
+// downloading registers the temp file of download run dlID's transfer,
+// before its first byte, and starts the stream extractions asked for it;
+// the returned function unregisters it (the transfer ended). named says
+// one of them will name the layer (streamNames), so the download need not
+// validate it in-stream itself.
+func (p *Pipelines) downloading(dlID string, g *growingFile) (ended func(), named bool) {
 	p.streamsMu.Lock()
 	defer p.streamsMu.Unlock()
 	if p.growing == nil {
@@ -215,8 +221,15 @@ func (p *Pipelines) downloading(dlID string, g *growingFile) (ended func()) {
 	}
 	p.growing[dlID] = g
 	for _, s := range p.streams {
-		if s.dlID == dlID && !s.started {
-			p.follow(s, g)
+		if s.dlID != dlID || s.started {
+			continue
+		}
+		// One of them names the layer; set before it starts reading.
+		s.names = !named
+		if p.follow(s, g) {
+			named = named || s.names
+		} else {
+			s.names = false
 		}
 	}
 	return func() {
@@ -225,17 +238,47 @@ func (p *Pipelines) downloading(dlID string, g *growingFile) (ended func()) {
 		if p.growing[dlID] == g {
 			delete(p.growing, dlID)
 		}
-	}
+	}, named
 }
 
-// follow starts s on g's file; the caller holds streamsMu.
-func (p *Pipelines) follow(s *streamExtraction, g *growingFile) {
+// follow starts s on g's file and reports whether it did; the caller
+// holds streamsMu.
+func (p *Pipelines) follow(s *streamExtraction, g *growingFile) bool {
 	rd, err := g.follow(s.ctx)
 	if err != nil {
-		return // the transfer already ended: nothing to follow
+		return false // the transfer already ended: nothing to follow
 	}
 	s.started = true
 	go p.runStream(s.ctx, s, rd)
+	return true
+}
+
+// streamNames waits for the stream extraction download run dlID left to
+// name its layer, if any, and returns what it found of the file of size
+// bytes when it extracted it whole; ok false means the layer file must be
+// validated by reading it (no such extraction, or it stopped: a rejection,
+// a failure of its own, or a rootfs/ layout it guessed wrong).
+func (p *Pipelines) streamNames(ctx context.Context, dlID string, size int64) (rep tarball.Report, ok bool, err error) {
+	p.streamsMu.Lock()
+	var s *streamExtraction
+	for _, c := range p.streams {
+		if c.dlID == dlID && c.names {
+			s = c
+		}
+	}
+	p.streamsMu.Unlock()
+	if s == nil {
+		return rep, false, nil
+	}
+	select {
+	case <-s.done:
+	case <-ctx.Done():
+		return rep, false, ctx.Err()
+	}
+	if s.err != nil || s.read != size || s.stats.DiffID == "" {
+		return rep, false, nil
+	}
+	return tarball.Report{Entries: s.stats.Entries, DiffID: s.stats.DiffID, HasRootfs: s.stats.StrippedRootfs}, true, nil
 }
 
 // runStream extracts rd into s's snapshot on its parent chain; on failure
@@ -283,7 +326,7 @@ func (p *Pipelines) extractStream(ctx context.Context, s *streamExtraction, rd i
 	p.hook("stream-extract:started")
 	th := throttle{every: progressInterval}
 	st, err := tarball.ExtractDir(ctx, rd, dir, tarball.ExtractOptions{
-		Limits: p.opts.Limits, DetectRootfs: true, NoChown: p.opts.NoChown, MaxDataBytes: budget,
+		Limits: p.opts.Limits, DetectRootfs: true, HashStream: s.names, NoChown: p.opts.NoChown, MaxDataBytes: budget,
 		Progress: func(pr tarball.Progress) {
 			if th.ok(false) {
 				p.hub.emit(Event{Run: s.dlRun, FSM: FSMUnpack, State: "extract-layers", Bytes: pr.Bytes, Files: pr.Files})

@@ -21,11 +21,21 @@ type streamWatch struct {
 	mu      sync.Mutex
 	started int
 	overlap int // of those, the ones that began with a download in its transfer
+	// validating counts downloads that checked their bytes in-stream
+	// themselves, reading the layer files once more after them.
+	validating, rereads int
 }
 
 func (e *env) watchStreams() *streamWatch {
 	w := &streamWatch{}
-	e.p.hooks = map[string]func(){"stream-extract:started": func() {
+	count := func(n *int) func() {
+		return func() {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			*n++
+		}
+	}
+	e.p.hooks = map[string]func(){"download:validating": count(&w.validating), "validate:reading": count(&w.rereads), "stream-extract:started": func() {
 		runs, err := e.db.ListRuns(context.Background(), metadata.RunFilter{FSM: FSMDownload, States: []string{metadata.RunRunning}})
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -76,7 +86,10 @@ func gzipBytes(t *testing.T, b []byte) []byte {
 // committed while it still downloads is extracted as its bytes arrive, and
 // its unpack run adopts that extraction instead of extracting the file:
 // the image is whole, and no extraction snapshot or mount is left. The
-// bottom layer is gzip-compressed, the top one plain.
+// bottom layer (gzip-compressed) is extracted from its first byte, and
+// that extraction also names it (diff ID): its bytes are decompressed once.
+// The top one (plain) starts its transfer before its parent is in place,
+// so its download checks it in-stream as before.
 func TestPullExtractsWhileDownloading(t *testing.T) {
 	e := newPullEnv(t, nil)
 	e.srv.Put(t, "s/1.tar.gz", gzipBytes(t, layerTar(t, "s1", 200_000)))
@@ -87,7 +100,25 @@ func TestPullExtractsWhileDownloading(t *testing.T) {
 	e.srv.Faults.Delay(1, "s/1.tar.gz", 300*time.Millisecond)
 	e.srv.Faults.Delay(1, "s/2.tar", 1500*time.Millisecond)
 	w := e.watchStreams()
+	// The bottom layer's transfer starts once its extraction is asked for
+	// (as it is when a pull starts, before the download run gets there).
+	e.p.hooks["download:started"] = func() {
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			e.p.streamsMu.Lock()
+			n := len(e.p.streams)
+			e.p.streamsMu.Unlock()
+			if n > 0 {
+				return
+			}
+		}
+	}
 	res := e.mustPull("s/", "s")
+	if want := sha(layerTar(t, "s1", 200_000)); res.Layers[0].DiffID != want {
+		t.Errorf("bottom layer's diff ID %s, want %s (its uncompressed tar's)", res.Layers[0].DiffID, want)
+	}
+	if w.validating != 1 || w.rereads != 0 {
+		t.Errorf("downloads validating in-stream: %d, layer files read again: %d; want 1 (the top layer) and 0", w.validating, w.rereads)
+	}
 	if got := e.sn.readFile(t, res.Snapshot.SnapshotName, "etc/marker"); got != "s2" {
 		t.Errorf("image shows marker %q, want s2", got)
 	}

@@ -9,7 +9,8 @@ import (
 
 // TestDetectRootfs: extracting with DetectRootfs, as a stream is before
 // Validate has seen it whole, makes the tree that extracting with
-// StripRootfs set from Validate's report makes, for an archive kept under
+// StripRootfs set from Validate's report makes, and with HashStream names
+// the layer (diff ID, entries) as Validate does, for an archive kept under
 // rootfs/ (with and without its "./" root entry) and for one that is not;
 // an archive that starts under rootfs/ and then leaves it is refused, as
 // Validate's report (no rootfs layout) would not match the decision.
@@ -41,9 +42,12 @@ func TestDetectRootfs(t *testing.T) {
 			if _, err := ExtractDir(context.Background(), bytes.NewReader(archive), want.target, ExtractOptions{StripRootfs: rep.HasRootfs, NoChown: true}); err != nil {
 				t.Fatal(err)
 			}
-			st, err := ExtractDir(context.Background(), bytes.NewReader(archive), got.target, ExtractOptions{DetectRootfs: true, NoChown: true})
+			st, err := ExtractDir(context.Background(), bytes.NewReader(gzipped(t, archive)), got.target, ExtractOptions{DetectRootfs: true, HashStream: true, NoChown: true})
 			if err != nil {
 				t.Fatalf("DetectRootfs: %v", err)
+			}
+			if st.DiffID != rep.DiffID || st.Entries != rep.Entries {
+				t.Errorf("extraction of the gzip-compressed archive names it %s with %d entries; Validate of the plain one: %s with %d", st.DiffID, st.Entries, rep.DiffID, rep.Entries)
 			}
 			if st.StrippedRootfs != rep.HasRootfs {
 				t.Errorf("DetectRootfs decided strip=%v, Validate says HasRootfs=%v", st.StrippedRootfs, rep.HasRootfs)

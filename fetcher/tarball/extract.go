@@ -36,6 +36,10 @@ type ExtractOptions struct {
 	// Report.HasRootfs never completes; a caller that is told so extracts
 	// again with StripRootfs set from the report.
 	DetectRootfs bool
+	// HashStream computes the tar stream's SHA-256 as it is read
+	// (Stats.DiffID), so that one read of a layer both extracts it and
+	// names it.
+	HashStream bool
 	// MaxDataBytes, if positive, is the most file content Extract writes
 	// (runs of zeros are left as holes and not counted): the space the
 	// caller has for this archive. The entry that would write more is
@@ -83,6 +87,9 @@ type Stats struct {
 	// StrippedRootfs reports that rootfs/ was extracted as the root
 	// (StripRootfs, or what DetectRootfs decided).
 	StrippedRootfs bool
+	// DiffID is "sha256:<hex>" of the whole tar stream, as Validate's
+	// Report has it: set with HashStream when Extract returns nil.
+	DiffID string
 }
 
 // ExtractDir is Extract into the directory dir, opened as an os.Root.
@@ -126,7 +133,7 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 		x.st.StrippedRootfs = opts.StripRootfs
 	}
 	defer x.cur.close()
-	s := newStream(ctx, r, opts.Limits, false)
+	s := newStream(ctx, r, opts.Limits, opts.HashStream)
 	defer s.close()
 	// held are the headers read before DetectRootfs could decide (the
 	// archive root, global headers): bodiless, admitted once it has.
@@ -172,6 +179,7 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 	if err := x.finish(); err != nil {
 		return x.st, err
 	}
+	x.st.DiffID = s.diffID()
 	log.G(ctx).WithField("root", root.Name()).WithField("entries", x.st.Entries).
 		WithField("bytes", x.st.Bytes).Debug("tarball extracted")
 	return x.st, nil
