@@ -173,10 +173,10 @@ type streamExtraction struct {
 	// the download left it to name the layer (diff ID, rootfs/ layout):
 	// the layer's bytes are decompressed and parsed once.
 	names bool
-	done    chan struct{}
-	stats   tarball.Stats
-	read    int64 // bytes of the layer file read, all of it on success
-	err     error
+	done  chan struct{}
+	stats tarball.Stats
+	read  int64 // bytes of the layer file read, all of it on success
+	err   error
 }
 
 // startStream asks for the stream extraction of the layer that download
