@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -265,4 +266,24 @@ func BenchmarkZeroTail(b *testing.B) {
 	}
 	b.Run("anchor-padding-accepted", func(b *testing.B) { run(b, MaxPadding, nil) })
 	b.Run("8GiB-tail-refused", func(b *testing.B) { run(b, 8<<30, ErrTrailingData) })
+}
+
+// TestHugeLimitsDoNotOverflow: limits at their type's maximum (given in
+// code, past what the config accepts) are taken as MaxLimitBytes and
+// MaxLimitCount, so the stream bound derived from them stays positive and
+// an ordinary layer passes.
+func TestHugeLimitsDoNotOverflow(t *testing.T) {
+	b := build(t, file("a", "x").pax("SCHILY.xattr.user.k", "v"), file("b", "y"))
+	for _, huge := range []Limits{
+		{MaxTotalSize: math.MaxInt64 - 1},
+		{MaxEntries: 1 << 40, MaxTotalSize: 1 << 62},
+		{MaxEntries: math.MaxInt, MaxFileSize: math.MaxInt64, MaxTotalSize: math.MaxInt64, MaxXattrs: math.MaxInt, MaxXattrBytes: math.MaxInt64},
+	} {
+		if _, err := Validate(context.Background(), bytes.NewReader(b), huge); err != nil {
+			t.Errorf("Validate with %+v: %v", huge, err)
+		}
+		if _, err := ExtractDir(context.Background(), bytes.NewReader(b), t.TempDir(), ExtractOptions{Limits: huge, NoChown: true}); err != nil {
+			t.Errorf("Extract with %+v: %v", huge, err)
+		}
+	}
 }

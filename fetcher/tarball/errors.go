@@ -123,7 +123,7 @@ func (e *PolicyError) Error() string {
 	if e.Detail == "" {
 		return fmt.Sprintf("entry %s: %v", quote(e.Entry), e.Rule)
 	}
-	return fmt.Sprintf("entry %s: %v: %s", quote(e.Entry), e.Rule, escapeText(e.Detail))
+	return fmt.Sprintf("entry %s: %v: %s", quote(e.Entry), e.Rule, Escape(e.Detail))
 }
 
 // Unwrap returns the rule broken.
@@ -147,7 +147,7 @@ func (e *FormatError) Error() string {
 	if e.Entry != "" {
 		where += fmt.Sprintf(" (entry %s)", quote(e.Entry))
 	}
-	return fmt.Sprintf("%v %s: %s", ErrMalformed, where, escapeText(e.Err.Error()))
+	return fmt.Sprintf("%v %s: %s", ErrMalformed, where, Escape(e.Err.Error()))
 }
 
 // Unwrap returns the underlying cause.

@@ -14,10 +14,13 @@ import (
 // forge a line of output.
 func quote(s string) string { return strconv.Quote(s) }
 
-// escapeText is s with the characters quote would escape escaped, and
-// unchanged when it has none: for messages made elsewhere (the file
-// system's errors, archive/tar's) that may carry an archive's names.
-func escapeText(s string) string {
+// Escape is s with the characters quote would escape (control and format
+// characters, invalid UTF-8) escaped as quote does, and unchanged when it
+// has none. The package applies it to messages made elsewhere (the file
+// system's errors, archive/tar's) that may carry an archive's names;
+// callers printing other untrusted text beside a rejection (a file's
+// name) use it too.
+func Escape(s string) string {
 	if printable(s) {
 		return s
 	}
@@ -38,9 +41,9 @@ func printable(s string) bool {
 }
 
 // escapedError is an error from outside the package whose message may
-// carry an archive's names: Error escapes it (escapeText), Unwrap keeps
+// carry an archive's names: Error escapes it (Escape), Unwrap keeps
 // the chain for errors.Is and errors.As.
 type escapedError struct{ err error }
 
-func (e *escapedError) Error() string { return escapeText(e.err.Error()) }
+func (e *escapedError) Error() string { return Escape(e.err.Error()) }
 func (e *escapedError) Unwrap() error { return e.err }

@@ -48,7 +48,7 @@ type LayoutError struct {
 
 // Error names the path and the layout rule it broke.
 func (e *LayoutError) Error() string {
-	return fmt.Sprintf("layout: %s: %v", escapeText(e.Path), e.Rule)
+	return fmt.Sprintf("layout: %s: %v", Escape(e.Path), e.Rule)
 }
 
 // Unwrap returns the rule broken.
