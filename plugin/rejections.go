@@ -3,7 +3,7 @@ package plugin
 import (
 	"errors"
 	"regexp"
-	"strconv"
+	"slices"
 	"strings"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
@@ -26,8 +26,7 @@ func layoutLabel(rule error) string { return "layout_" + ruleLabel(rule) }
 // chain holds one (*tarball.PolicyError, *tarball.LayoutError). A
 // rejection inside a state-machine run reaches the pull as the run's
 // recorded reason, a message without the error chain; then the rule is
-// found in the message as those errors write it, among every rule the
-// tarball package lists (tarball.Rules, tarball.LayoutRules).
+// read back from the message (tarball.RecordedRule).
 func rejectionRule(err error) string {
 	if err == nil {
 		return ""
@@ -43,43 +42,12 @@ func rejectionRule(err error) string {
 	if errors.As(err, &le) {
 		return layoutLabel(le.Rule)
 	}
-	msg := err.Error()
-	if r := recordedRule(msg); r != nil {
+	switch r := tarball.RecordedRule(err.Error()); {
+	case r == nil:
+		return ""
+	case slices.Contains(tarball.LayoutRules(), r):
+		return layoutLabel(r)
+	default:
 		return ruleLabel(r)
 	}
-	for _, r := range tarball.LayoutRules() {
-		if strings.Contains(msg, "layout: ") && strings.Contains(msg, ": "+r.Error()) {
-			return layoutLabel(r)
-		}
-	}
-	return ""
-}
-
-// recordedRule finds the rule in a *tarball.PolicyError's message inside a
-// longer one: `entry "NAME": RULE`, where NAME is Go-quoted (so a quote in
-// it is escaped and cannot end it early) and RULE is the longest of
-// tarball.Rules that follows. nil when there is none.
-func recordedRule(msg string) error {
-	const marker = "entry "
-	for i := strings.Index(msg, marker); i >= 0; {
-		rest := msg[i+len(marker):]
-		if q, err := strconv.QuotedPrefix(rest); err == nil {
-			after := rest[len(q):]
-			var found error
-			for _, r := range tarball.Rules() {
-				if strings.HasPrefix(after, ": "+r.Error()) && (found == nil || len(r.Error()) > len(found.Error())) {
-					found = r
-				}
-			}
-			if found != nil {
-				return found
-			}
-		}
-		j := strings.Index(rest, marker)
-		if j < 0 {
-			break
-		}
-		i += len(marker) + j
-	}
-	return nil
 }
