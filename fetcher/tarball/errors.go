@@ -100,6 +100,12 @@ var (
 	// (PAX SCHILY.xattr.*) than Limits.MaxXattrs. Each is a system call
 	// when extracted, and one PAX header holds tens of thousands.
 	ErrTooManyXattrs = newRule("too many extended attributes")
+	// ErrTooManyPAXRecords: a PAX extended header with more records than
+	// the entry's extended attributes and the standard keywords can need
+	// (twice Limits.MaxXattrs, as libarchive writes each attribute in two
+	// forms, plus 64). Every record costs parsing time whatever its key,
+	// and one header holds tens of thousands.
+	ErrTooManyPAXRecords = newRule("too many PAX records")
 	// ErrXattrsTooLarge: an entry whose extended attributes (names and
 	// values) add up to more than Limits.MaxXattrBytes.
 	ErrXattrsTooLarge = newRule("extended attributes too large")

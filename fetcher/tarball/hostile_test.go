@@ -177,6 +177,20 @@ func hostileCorpus() []hostile {
 		{name: "too-many-xattrs", ents: func(string) []ent {
 			return []ent{file("ok", "x").pax("SCHILY.xattr.user.a", "1"), withXattrs(file("many", "x"), DefaultMaxXattrs+1, 1)}
 		}, rule: ErrTooManyXattrs, entry: "many", absent: "many"},
+		{name: "too-many-pax-records", ents: func(string) []ent {
+			e := withXattrs(file("junk", "x"), 2, 1)
+			for i := range 2*DefaultMaxXattrs + 64 {
+				e = e.pax("junk."+strconv.Itoa(i), "v")
+			}
+			return []ent{e}
+		}, rule: ErrTooManyPAXRecords, entry: "junk", absent: "junk"},
+		{name: "pax-records-in-global-header", ents: func(string) []ent {
+			g := ent{hdr: tar.Header{Typeflag: tar.TypeXGlobalHeader, Name: "global", Format: tar.FormatPAX, PAXRecords: map[string]string{}}}
+			for i := range 2*DefaultMaxXattrs + 65 {
+				g.hdr.PAXRecords["junk."+strconv.Itoa(i)] = "v"
+			}
+			return []ent{g, file("after", "x")}
+		}, rule: ErrTooManyPAXRecords, entry: "global", absent: "after"},
 		{name: "xattrs-too-large", ents: func(string) []ent {
 			return []ent{dir("d/").pax("SCHILY.xattr.user.big", strings.Repeat("v", DefaultMaxXattrBytes))}
 		}, rule: ErrXattrsTooLarge, entry: "d/", absent: "d"},

@@ -41,7 +41,11 @@ const (
 	whiteoutOpaque  = ".wh..wh..opq"
 	rootfsDir       = "rootfs"
 	xattrPAXPrefix  = "SCHILY.xattr."
-	capabilityXattr = "security.capability"
+	// paxStandardRecords is the allowance of an entry's PAX header for
+	// records other than its extended attributes: POSIX defines about 15
+	// keywords, GNU sparse files and ACLs add a few.
+	paxStandardRecords = 64
+	capabilityXattr    = "security.capability"
 )
 
 // Limits bounds what an archive may hold. A zero (or negative) field means
@@ -268,7 +272,7 @@ func (c *checker) admit(hdr *tar.Header) (entry, error) {
 		return entry{}, reject(raw, ErrTooManyEntries, "more than %d", c.limits.MaxEntries)
 	}
 	if hdr.Typeflag == tar.TypeXGlobalHeader {
-		return entry{op: opSkip, hdr: hdr}, nil
+		return entry{op: opSkip, hdr: hdr}, c.paxRecords(raw, hdr)
 	}
 	name, err := cleanName(raw)
 	if err != nil {
@@ -363,7 +367,7 @@ func (c *checker) admit(hdr *tar.Header) (entry, error) {
 }
 
 // xattrs checks an entry's extended attribute records against the
-// per-entry limits and counts their bytes against MaxTotalSize (they take
+// per-entry limits (and its PAX records in number) and counts their bytes against MaxTotalSize (they take
 // space as file data does), returning those bytes. Every record counts,
 // whether or not extraction can apply it: Validate cannot know which the
 // target's file system accepts, and must agree with Extract.
@@ -378,16 +382,28 @@ func (c *checker) xattrs(raw string, hdr *tar.Header) (int64, error) {
 		n++
 		size += int64(len(name) + len(v))
 	}
-	if n == 0 {
-		return 0, nil
-	}
 	if n > c.limits.MaxXattrs {
 		return 0, reject(raw, ErrTooManyXattrs, "%d records, limit %d", n, c.limits.MaxXattrs)
+	}
+	if err := c.paxRecords(raw, hdr); err != nil {
+		return 0, err
+	}
+	if n == 0 {
+		return 0, nil
 	}
 	if size > c.limits.MaxXattrBytes {
 		return 0, reject(raw, ErrXattrsTooLarge, "%d bytes, limit %d", size, c.limits.MaxXattrBytes)
 	}
 	return size, c.add(raw, size)
+}
+
+// paxRecords checks the number of records of an entry's PAX header
+// (ErrTooManyPAXRecords), whatever their keys.
+func (c *checker) paxRecords(raw string, hdr *tar.Header) error {
+	if most := 2*c.limits.MaxXattrs + paxStandardRecords; len(hdr.PAXRecords) > most {
+		return reject(raw, ErrTooManyPAXRecords, "%d records, limit %d", len(hdr.PAXRecords), most)
+	}
+	return nil
 }
 
 // add counts n bytes of files or extended attributes against MaxTotalSize.
