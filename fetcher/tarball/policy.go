@@ -367,10 +367,11 @@ func (c *checker) admit(hdr *tar.Header) (entry, error) {
 }
 
 // xattrs checks an entry's extended attribute records against the
-// per-entry limits (and its PAX records in number) and counts their bytes against MaxTotalSize (they take
-// space as file data does), returning those bytes. Every record counts,
-// whether or not extraction can apply it: Validate cannot know which the
-// target's file system accepts, and must agree with Extract.
+// per-entry limits (and its PAX records in number), and counts their
+// bytes against MaxTotalSize (they take space as file data does),
+// returning those bytes. Every record counts, whether or not extraction
+// can apply it: Validate cannot know which the target's file system
+// accepts, and must agree with Extract.
 func (c *checker) xattrs(raw string, hdr *tar.Header) (int64, error) {
 	var n int
 	var size int64
