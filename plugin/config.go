@@ -206,8 +206,14 @@ type PipelineConfig struct {
 	MaxEntries int `toml:"max_entries"`
 	// MaxFileSize bounds one regular file of a layer.
 	MaxFileSize Size `toml:"max_file_size"`
-	// MaxTotalSize bounds the regular files of one layer together.
+	// MaxTotalSize bounds the regular files of one layer together, and
+	// their extended attributes.
 	MaxTotalSize Size `toml:"max_total_size"`
+	// MaxXattrsPerEntry bounds the extended attributes of one tar entry.
+	MaxXattrsPerEntry int `toml:"max_xattrs_per_entry"`
+	// MaxXattrBytesPerEntry bounds the names and values of one tar entry's
+	// extended attributes together.
+	MaxXattrBytesPerEntry Size `toml:"max_xattr_bytes_per_entry"`
 	// RequiredDirs must be real directories at the top of every pulled
 	// image's tree; an empty list requires none (images built FROM
 	// scratch).
@@ -306,15 +312,17 @@ func defaults() *Config {
 			IdleTimeout:           D(s3source.DefaultIdleTimeout),
 		},
 		Pipeline: PipelineConfig{
-			TarballCacheSize: DefaultTarballCacheSize,
-			MaxLayers:        s3source.DefaultMaxLayers,
-			MaxImageSize:     DefaultMaxImageSize,
-			DownloadTimeout:  D(DefaultDownloadTimeout),
-			ExtractTimeout:   D(DefaultExtractTimeout),
-			MaxEntries:       tarball.DefaultMaxEntries,
-			MaxFileSize:      Size(tarball.DefaultMaxFileSize),
-			MaxTotalSize:     Size(tarball.DefaultMaxTotalSize),
-			RequiredDirs:     slices.Clone(tarball.RequiredDirs),
+			TarballCacheSize:      DefaultTarballCacheSize,
+			MaxLayers:             s3source.DefaultMaxLayers,
+			MaxImageSize:          DefaultMaxImageSize,
+			DownloadTimeout:       D(DefaultDownloadTimeout),
+			ExtractTimeout:        D(DefaultExtractTimeout),
+			MaxEntries:            tarball.DefaultMaxEntries,
+			MaxFileSize:           Size(tarball.DefaultMaxFileSize),
+			MaxTotalSize:          Size(tarball.DefaultMaxTotalSize),
+			MaxXattrsPerEntry:     tarball.DefaultMaxXattrs,
+			MaxXattrBytesPerEntry: Size(tarball.DefaultMaxXattrBytes),
+			RequiredDirs:          slices.Clone(tarball.RequiredDirs),
 		},
 		Queues: QueuesConfig{
 			Downloads: DefaultDownloads,
@@ -681,8 +689,11 @@ func (c *Config) Validate() error {
 	}
 	if s.Endpoint != "" {
 		u, err := url.Parse(s.Endpoint)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			bad("s3.endpoint", "must be an http:// or https:// URL with a host, got %q", s.Endpoint)
+		switch {
+		case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
+			bad("s3.endpoint", "must be an http:// or https:// URL with a host, got %q", redactURL(s.Endpoint))
+		case u.User != nil:
+			bad("s3.endpoint", "must not carry user information (user:password@; S3 credentials come from the AWS credential chain), got %q", redactURL(s.Endpoint))
 		}
 	}
 	if strings.HasPrefix(s.Prefix, "/") {
@@ -694,23 +705,29 @@ func (c *Config) Validate() error {
 
 	pl := c.Pipeline
 	absPath("pipeline.download_dir", pl.DownloadDir, false)
-	if pl.TarballCacheSize < 0 {
-		bad("pipeline.tarball_cache_size", "must not be negative, got %s", pl.TarballCacheSize)
+	// Limits are added to and multiplied when the pipelines bound what they
+	// read: tarball's maxima keep those sums far from overflowing.
+	limitBytes := func(key string, v Size) {
+		if v <= 0 || v > tarball.MaxLimitBytes {
+			bad(key, "must be positive and at most %s (larger sizes overflow the byte counts derived from it), got %s", Size(tarball.MaxLimitBytes), v)
+		}
 	}
-	if pl.MaxImageSize <= 0 {
-		bad("pipeline.max_image_size", "must be positive, got %s", pl.MaxImageSize)
+	limitCount := func(key string, v int) {
+		if v <= 0 || v > tarball.MaxLimitCount {
+			bad(key, "must be positive and at most %d (larger counts overflow the byte counts derived from it), got %d", tarball.MaxLimitCount, v)
+		}
 	}
+	if pl.TarballCacheSize < 0 || pl.TarballCacheSize > tarball.MaxLimitBytes {
+		bad("pipeline.tarball_cache_size", "must be at least 0 and at most %s, got %s", Size(tarball.MaxLimitBytes), pl.TarballCacheSize)
+	}
+	limitBytes("pipeline.max_image_size", pl.MaxImageSize)
 	positiveDuration("pipeline.download_timeout", pl.DownloadTimeout)
 	positiveDuration("pipeline.extract_timeout", pl.ExtractTimeout)
-	if pl.MaxEntries <= 0 {
-		bad("pipeline.max_entries", "must be positive, got %d", pl.MaxEntries)
-	}
-	if pl.MaxFileSize <= 0 {
-		bad("pipeline.max_file_size", "must be positive, got %s", pl.MaxFileSize)
-	}
-	if pl.MaxTotalSize <= 0 {
-		bad("pipeline.max_total_size", "must be positive, got %s", pl.MaxTotalSize)
-	}
+	limitCount("pipeline.max_entries", pl.MaxEntries)
+	limitBytes("pipeline.max_file_size", pl.MaxFileSize)
+	limitBytes("pipeline.max_total_size", pl.MaxTotalSize)
+	limitCount("pipeline.max_xattrs_per_entry", pl.MaxXattrsPerEntry)
+	limitBytes("pipeline.max_xattr_bytes_per_entry", pl.MaxXattrBytesPerEntry)
 	for i, d := range pl.RequiredDirs {
 		if d == "" || d == "." || d == ".." || strings.ContainsRune(d, '/') {
 			bad(fmt.Sprintf("pipeline.required_dirs[%d]", i), "must be one top-level directory name such as \"etc\" (no '/', not \".\" or \"..\"), got %q", d)
@@ -768,4 +785,24 @@ func (c *Config) SocketGID() (int, error) {
 		return 0, fmt.Errorf("must be a group name or id: %w", err)
 	}
 	return strconv.Atoi(grp.Gid)
+}
+
+// redactURL is the URL s without its user information ("user:password@"),
+// for every message that prints a configured URL: the credentials it may
+// carry stay out of errors and logs. It works on the text itself, so a
+// value url.Parse refuses (or reads as something else, "user:pw@host:1"
+// parsing as scheme "user") is redacted too.
+func redactURL(s string) string {
+	prefix, rest := "", s
+	if i := strings.Index(s, "//"); i >= 0 && !strings.Contains(s[:i], "/") {
+		prefix, rest = s[:i+2], s[i+2:] // "scheme://" or "//"
+	}
+	authority := rest
+	if j := strings.IndexAny(rest, "/?#"); j >= 0 {
+		authority = rest[:j]
+	}
+	if k := strings.LastIndex(authority, "@"); k >= 0 {
+		return prefix + rest[k+1:]
+	}
+	return s
 }

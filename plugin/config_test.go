@@ -1,6 +1,10 @@
 package plugin
 
 import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -10,6 +14,8 @@ import (
 	"time"
 
 	toml "github.com/pelletier/go-toml/v2"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
 )
 
 func writeConfig(t *testing.T, body string) string {
@@ -172,6 +178,8 @@ allow_setid = true
 max_entries = 500
 max_file_size = "2MiB"
 max_total_size = "8MiB"
+max_xattrs_per_entry = 16
+max_xattr_bytes_per_entry = "8KiB"
 required_dirs = []
 max_layers = 64
 [queues]
@@ -210,7 +218,8 @@ failed_images_max_age = "24h"
 			ConnectTimeout: D(3 * time.Second), ResponseHeaderTimeout: D(7 * time.Second), IdleTimeout: D(20 * time.Second)},
 		Pipeline: PipelineConfig{DownloadDir: "/srv/dl", TarballCacheSize: 1 << 30, MaxImageSize: 2_000_000_000,
 			DownloadTimeout: D(90 * time.Second), ExtractTimeout: D(time.Hour), AllowSetID: true,
-			MaxEntries: 500, MaxFileSize: 2 << 20, MaxTotalSize: 8 << 20, RequiredDirs: []string{}, MaxLayers: 64},
+			MaxEntries: 500, MaxFileSize: 2 << 20, MaxTotalSize: 8 << 20, MaxXattrsPerEntry: 16, MaxXattrBytesPerEntry: 8 << 10,
+			RequiredDirs: []string{}, MaxLayers: 64},
 		Queues:     QueuesConfig{Downloads: 8, Unpacking: 3},
 		Containerd: ContainerdConfig{Address: "/run/k3s/containerd.sock", Namespace: "k8s.io", Snapshotter: "flyio-k3s"},
 		GC:         GCConfig{HighThreshold: 90, LowThreshold: 70.5, Interval: D(time.Minute), Pinned: []string{"base", "s3://b/base/"}},
@@ -355,13 +364,22 @@ func TestValidateRules(t *testing.T) {
 		{"endpoint", func(c *Config) { c.S3.Endpoint = "127.0.0.1:9000" }, `s3.endpoint: must be an http:// or https:// URL with a host, got "127.0.0.1:9000"`},
 		{"prefix", func(c *Config) { c.S3.Prefix = "/images" }, "s3.prefix: must not start with '/'"},
 		{"allowed bucket", func(c *Config) { c.S3.AllowedBuckets = []string{"ok-bucket", "Not_OK"} }, `s3.allowed_buckets[1]: must be an S3 bucket name (3-63 lower-case letters, digits, '.' and '-', starting and ending with a letter or digit), got "Not_OK"`},
-		{"max entries", func(c *Config) { c.Pipeline.MaxEntries = 0 }, "pipeline.max_entries: must be positive, got 0"},
-		{"max file size", func(c *Config) { c.Pipeline.MaxFileSize = -1 }, "pipeline.max_file_size: must be positive"},
+		{"max entries", func(c *Config) { c.Pipeline.MaxEntries = 0 }, "pipeline.max_entries: must be positive and at most 2147483647 (larger counts overflow the byte counts derived from it), got 0"},
+		{"max entries huge", func(c *Config) { c.Pipeline.MaxEntries = math.MaxInt }, "pipeline.max_entries: must be positive and at most 2147483647"},
+		{"max total size huge", func(c *Config) { c.Pipeline.MaxTotalSize = math.MaxInt64 }, "pipeline.max_total_size: must be positive and at most 1048576TiB (larger sizes overflow the byte counts derived from it), got 9223372036854775807"},
+		{"max file size huge", func(c *Config) { c.Pipeline.MaxFileSize = tarball.MaxLimitBytes + 1 }, "pipeline.max_file_size: must be positive and at most 1048576TiB"},
+		{"max image size huge", func(c *Config) { c.Pipeline.MaxImageSize = math.MaxInt64 }, "pipeline.max_image_size: must be positive and at most 1048576TiB"},
+		{"tarball cache huge", func(c *Config) { c.Pipeline.TarballCacheSize = math.MaxInt64 }, "pipeline.tarball_cache_size: must be at least 0 and at most 1048576TiB"},
+		{"max xattrs zero", func(c *Config) { c.Pipeline.MaxXattrsPerEntry = 0 }, "pipeline.max_xattrs_per_entry: must be positive and at most 2147483647"},
+		{"max xattrs huge", func(c *Config) { c.Pipeline.MaxXattrsPerEntry = math.MaxInt }, "pipeline.max_xattrs_per_entry: must be positive and at most 2147483647"},
+		{"max xattr bytes negative", func(c *Config) { c.Pipeline.MaxXattrBytesPerEntry = -1 }, "pipeline.max_xattr_bytes_per_entry: must be positive and at most 1048576TiB"},
+		{"max xattr bytes huge", func(c *Config) { c.Pipeline.MaxXattrBytesPerEntry = math.MaxInt64 }, "pipeline.max_xattr_bytes_per_entry: must be positive and at most 1048576TiB"},
+		{"max file size", func(c *Config) { c.Pipeline.MaxFileSize = -1 }, "pipeline.max_file_size: must be positive and at most"},
 		{"max total size", func(c *Config) { c.Pipeline.MaxTotalSize = 0 }, "pipeline.max_total_size: must be positive"},
 		{"required dir path", func(c *Config) { c.Pipeline.RequiredDirs = []string{"etc", "usr/bin"} }, `pipeline.required_dirs[1]: must be one top-level directory name such as "etc" (no '/', not "." or ".."), got "usr/bin"`},
 		{"required dir dotdot", func(c *Config) { c.Pipeline.RequiredDirs = []string{".."} }, `pipeline.required_dirs[0]: must be one top-level directory name`},
 		{"download dir", func(c *Config) { c.Pipeline.DownloadDir = "dl" }, "pipeline.download_dir: must be an absolute path"},
-		{"max image size", func(c *Config) { c.Pipeline.MaxImageSize = 0 }, "pipeline.max_image_size: must be positive, got 0"},
+		{"max image size", func(c *Config) { c.Pipeline.MaxImageSize = 0 }, "pipeline.max_image_size: must be positive and at most 1048576TiB (larger sizes overflow the byte counts derived from it), got 0"},
 		{"download timeout", func(c *Config) { c.Pipeline.DownloadTimeout = D(0) }, `pipeline.download_timeout: must be a positive duration such as "30m", got "0s"`},
 		{"extract timeout", func(c *Config) { c.Pipeline.ExtractTimeout = D(-time.Second) }, "pipeline.extract_timeout: must be a positive duration"},
 		{"socket group", func(c *Config) { c.Daemon.SocketGroup = "no-such-group-here" }, "daemon.socket_group: must be a group name or id"},
@@ -449,5 +467,62 @@ func TestParseSize(t *testing.T) {
 		if err != nil || back.Bytes() != n {
 			t.Errorf("ParseSize(Size(%d).String()=%q) = %d, %v", n, Size(n).String(), back, err)
 		}
+	}
+}
+
+// TestEndpointCredentialsNeverPrinted: an s3.endpoint carrying user
+// information is refused, and no message about it, valid URL or not,
+// prints the credentials.
+func TestEndpointCredentialsNeverPrinted(t *testing.T) {
+	for _, ep := range []string{
+		"http://AKIDEXAMPLE:s3cr3t@127.0.0.1:9000",
+		"https://AKIDEXAMPLE:s3cr3t@s3.example.com/base/path",
+		"http://AKIDEXAMPLE:s3cr3t@127.0.0.1:port",
+		"ftp://AKIDEXAMPLE:s3cr3t@host",
+		"AKIDEXAMPLE:s3cr3t@127.0.0.1:9000",
+		"http://AKIDEXAMPLE:s3cr3t@[::1",
+		"//AKIDEXAMPLE:s3cr3t@host",
+	} {
+		c := DefaultConfig()
+		c.S3.Endpoint = ep
+		err := c.Validate()
+		if err == nil || !strings.Contains(err.Error(), "s3.endpoint: must") {
+			t.Errorf("endpoint %s: %v, want an s3.endpoint error", ep, err)
+			continue
+		}
+		if strings.Contains(err.Error(), "s3cr3t") || strings.Contains(err.Error(), "AKIDEXAMPLE") {
+			t.Errorf("endpoint %s: the error prints the credentials: %v", ep, err)
+		}
+	}
+	if got := redactURL("https://s3.example.com/a@b"); got != "https://s3.example.com/a@b" {
+		t.Errorf("redactURL changed a URL without user information: %q", got)
+	}
+}
+
+// TestLargestLimitsStillAcceptLayers: the largest limits the config
+// accepts make no layer fail (the stream bound derived from them does not
+// overflow into a negative byte count).
+func TestLargestLimitsStillAcceptLayers(t *testing.T) {
+	c := DefaultConfig()
+	c.Pipeline.MaxEntries = tarball.MaxLimitCount
+	c.Pipeline.MaxFileSize = tarball.MaxLimitBytes
+	c.Pipeline.MaxTotalSize = tarball.MaxLimitBytes
+	c.Pipeline.MaxXattrsPerEntry = tarball.MaxLimitCount
+	c.Pipeline.MaxXattrBytesPerEntry = tarball.MaxLimitBytes
+	c.Pipeline.MaxImageSize = tarball.MaxLimitBytes
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "etc/hostname", Mode: 0o644, Size: 2}); err != nil {
+		t.Fatal(err)
+	}
+	tw.Write([]byte("h\n"))
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tarball.Validate(context.Background(), &buf, c.TarLimits()); err != nil {
+		t.Fatalf("a one-file layer under the largest limits: %v", err)
 	}
 }

@@ -44,10 +44,12 @@ func (s *Service) fetchMetrics() *metrics.Fetch {
 // one the daemon's validate step applies to every layer.
 func (c *Config) TarLimits() tarball.Limits {
 	return tarball.Limits{
-		MaxEntries:   c.Pipeline.MaxEntries,
-		MaxFileSize:  c.Pipeline.MaxFileSize.Bytes(),
-		MaxTotalSize: c.Pipeline.MaxTotalSize.Bytes(),
-		AllowSetID:   c.Pipeline.AllowSetID,
+		MaxEntries:    c.Pipeline.MaxEntries,
+		MaxFileSize:   c.Pipeline.MaxFileSize.Bytes(),
+		MaxTotalSize:  c.Pipeline.MaxTotalSize.Bytes(),
+		MaxXattrs:     c.Pipeline.MaxXattrsPerEntry,
+		MaxXattrBytes: c.Pipeline.MaxXattrBytesPerEntry.Bytes(),
+		AllowSetID:    c.Pipeline.AllowSetID,
 	}
 }
 

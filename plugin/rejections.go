@@ -3,24 +3,12 @@ package plugin
 import (
 	"errors"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
 )
-
-// entryRules are the extraction policy's rules; a rejection's message
-// names the entry, then the rule.
-var entryRules = []error{
-	tarball.ErrInvalidName, tarball.ErrAbsoluteName, tarball.ErrTraversal, tarball.ErrNameTooLong,
-	tarball.ErrSymlinkEscape, tarball.ErrThroughSymlink, tarball.ErrParentNotDir, tarball.ErrRootNotDir,
-	tarball.ErrHardlinkEscape, tarball.ErrHardlinkTarget, tarball.ErrSetID, tarball.ErrFileCapability,
-	tarball.ErrDeviceNode, tarball.ErrUnsupportedType, tarball.ErrBadOwner, tarball.ErrTooManyEntries,
-	tarball.ErrFileTooLarge, tarball.ErrTotalTooLarge, tarball.ErrWhiteoutEscape, tarball.ErrOutsideRootfs,
-}
-
-// layoutRules are the layout check's rules ("layout: PATH: RULE").
-var layoutRules = []error{tarball.ErrLayoutMissing, tarball.ErrLayoutNotDir, tarball.ErrLayoutWorldWritable}
 
 var nonWord = regexp.MustCompile(`[^a-z0-9]+`)
 
@@ -30,10 +18,15 @@ func ruleLabel(rule error) string {
 	return strings.Trim(nonWord.ReplaceAllString(strings.ToLower(rule.Error()), "_"), "_")
 }
 
+// layoutLabel is a layout rule's label: "layout_" and the rule's.
+func layoutLabel(rule error) string { return "layout_" + ruleLabel(rule) }
+
 // rejectionRule names the policy rule that refused a pull, or "" when err
-// is no rejection. A rejection inside a state-machine run reaches the pull
-// as the run's recorded reason, a message without the error chain, so
-// the rule is found in the message as the policy writes it.
+// is no rejection. The rule comes from the typed error when the error
+// chain holds one (*tarball.PolicyError, *tarball.LayoutError). A
+// rejection inside a state-machine run reaches the pull as the run's
+// recorded reason, a message without the error chain; then the rule is
+// read back from the message (tarball.RecordedRule).
 func rejectionRule(err error) string {
 	if err == nil {
 		return ""
@@ -41,16 +34,20 @@ func rejectionRule(err error) string {
 	if errors.Is(err, pipeline.ErrImageTooLarge) {
 		return ruleLabel(pipeline.ErrImageTooLarge)
 	}
-	msg := err.Error()
-	for _, r := range entryRules {
-		if errors.Is(err, r) || (strings.Contains(msg, "entry \"") && strings.Contains(msg, "\": "+r.Error())) {
-			return ruleLabel(r)
-		}
+	var pe *tarball.PolicyError
+	if errors.As(err, &pe) {
+		return ruleLabel(pe.Rule)
 	}
-	for _, r := range layoutRules {
-		if errors.Is(err, r) || (strings.Contains(msg, "layout: ") && strings.Contains(msg, ": "+r.Error())) {
-			return "layout_" + ruleLabel(r)
-		}
+	var le *tarball.LayoutError
+	if errors.As(err, &le) {
+		return layoutLabel(le.Rule)
 	}
-	return ""
+	switch r := tarball.RecordedRule(err.Error()); {
+	case r == nil:
+		return ""
+	case slices.Contains(tarball.LayoutRules(), r):
+		return layoutLabel(r)
+	default:
+		return ruleLabel(r)
+	}
 }

@@ -33,3 +33,44 @@ func TestRejectionRule(t *testing.T) {
 		}
 	}
 }
+
+// TestEveryRuleCounted walks every rule the tarball package can raise
+// (tarball.Rules, tarball.LayoutRules): each gets its own label, from the
+// typed error in-process and from the reason a state-machine run records
+// (the message alone), even when the entry's name is crafted to spell
+// another rule.
+func TestEveryRuleCounted(t *testing.T) {
+	labels := map[string]error{}
+	for _, r := range tarball.Rules() {
+		pe := &tarball.PolicyError{Entry: `usr/x": ` + tarball.ErrSetID.Error() + "\x1b", Rule: r, Detail: "detail"}
+		want := ruleLabel(r)
+		if prev, ok := labels[want]; ok || want == "" {
+			t.Errorf("rules %v and %v share the label %q", prev, r, want)
+		}
+		labels[want] = r
+		typed := fmt.Errorf("pull s3://b/x/: layer 1 (x/1.tar): %w", pe)
+		recorded := errors.New(`pull s3://b/x/: layer 1 (x/1.tar): run 1 (download-image) aborted at transition "download": transition "download": validate s3://b/x/1.tar: ` + pe.Error())
+		for what, err := range map[string]error{"typed": typed, "recorded": recorded} {
+			if got := rejectionRule(err); got != want {
+				t.Errorf("%s %v: rule %q, want %q", what, err, got, want)
+			}
+		}
+	}
+	for _, r := range tarball.LayoutRules() {
+		le := &tarball.LayoutError{Path: "etc", Rule: r}
+		want := "layout_" + ruleLabel(r)
+		if prev, ok := labels[want]; ok {
+			t.Errorf("rules %v and %v share the label %q", prev, r, want)
+		}
+		labels[want] = r
+		recorded := errors.New(`pull s3://b/x/: run 2 (unpack-image) aborted at transition "verify-layout": ` + le.Error())
+		for what, err := range map[string]error{"typed": fmt.Errorf("activate: %w", le), "recorded": recorded} {
+			if got := rejectionRule(err); got != want {
+				t.Errorf("%s %v: rule %q, want %q", what, err, got, want)
+			}
+		}
+	}
+	if len(labels) < len(tarball.Rules())+len(tarball.LayoutRules()) || len(tarball.Rules()) == 0 {
+		t.Fatalf("%d labels for %d rules", len(labels), len(tarball.Rules())+len(tarball.LayoutRules()))
+	}
+}

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"fmt"
@@ -15,6 +16,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sys/unix"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 )
@@ -208,6 +212,92 @@ func TestLayerOverPoolRefused(t *testing.T) {
 	}
 	if after := e.poolUsed(); after > before+1<<20 {
 		t.Errorf("pool grew from %d to %d KiB for a refused layer", before>>10, after>>10)
+	}
+	e.checkClean()
+}
+
+// xattrLayer is a zstd-compressed layer of an image tree (etc, usr, var)
+// with files var/x<i>, entries of them, each carrying perEntry user.*
+// extended attributes of valueLen bytes.
+func xattrLayer(t *testing.T, id string, entries, perEntry, valueLen int) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	write := func(h *tar.Header, body string) {
+		h.Size, h.Mode, h.ModTime = int64(len(body)), 0o644, time.Unix(1700000000, 0)
+		if h.Typeflag == tar.TypeDir {
+			h.Mode = 0o755
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write([]byte(body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range []string{"etc/", "usr/", "var/"} {
+		write(&tar.Header{Typeflag: tar.TypeDir, Name: d}, "")
+	}
+	write(&tar.Header{Typeflag: tar.TypeReg, Name: "etc/os-release"}, "ID="+id+"\n")
+	value := strings.Repeat("v", valueLen)
+	for i := range entries {
+		records := map[string]string{}
+		for j := range perEntry {
+			records[fmt.Sprintf("SCHILY.xattr.user.x%d", j)] = value
+		}
+		write(&tar.Header{Typeflag: tar.TypeReg, Name: fmt.Sprintf("var/x%d", i), Format: tar.FormatPAX, PAXRecords: records}, "x")
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	zw, err := zstd.NewWriter(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return zw.EncodeAll(buf.Bytes(), nil)
+}
+
+// TestXattrLayerStopsAtBudgetXFS: on an xfs pool, whose inodes take
+// extended attributes far past the one block ext4 gives them, with
+// pipeline.max_total_size at 1 MiB: a small compressed layer of 300 files
+// carrying 100 attributes of 600 bytes each (within the per-entry bounds,
+// 18 MB in all) is refused by the total its attributes add up to, and the
+// pool keeps nothing of it; a layer whose attributes fit the budget is
+// pulled with them in place.
+func TestXattrLayerStopsAtBudgetXFS(t *testing.T) {
+	e := newPullEnvTB(t, func(c *plugin.Config) {
+		c.Pool.FSType = "xfs"
+		c.Pipeline.MaxTotalSize = 1 << 20
+	})
+	e.srv.Put(t, "fits.tar.zst", xattrLayer(t, "fits", 5, 4, 100))
+	fits, err := e.pull("fits.tar.zst", "fits")
+	if err != nil {
+		t.Fatalf("pull of a layer with 2 KB of xattrs: %v", err)
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-o", "ro,norecovery", fits.Snapshot.DevicePath, dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount %s: %v: %s", fits.Snapshot.DevicePath, err, out)
+	}
+	val := make([]byte, 256)
+	n, err := unix.Getxattr(filepath.Join(dir, "var/x4"), "user.x3", val)
+	exec.Command("umount", dir).Run()
+	if err != nil || string(val[:n]) != strings.Repeat("v", 100) {
+		t.Errorf("var/x4's user.x3 on the xfs image: %q, %v; want 100 bytes of v", val[:max(n, 0)], err)
+	}
+
+	heavy := xattrLayer(t, "heavy", 300, 100, 600)
+	e.srv.Put(t, "heavy.tar.zst", heavy)
+	before := e.poolUsed()
+	t0 := time.Now()
+	_, err = e.pull("heavy.tar.zst", "heavy")
+	took := time.Since(t0)
+	if err == nil || !strings.Contains(err.Error(), "total size too large") || !strings.Contains(err.Error(), "extended attributes") {
+		t.Fatalf("pull of %d bytes carrying 18 MB of xattrs: %v; want the total size refused", len(heavy), err)
+	}
+	grew := e.poolUsed() - before
+	t.Logf("layer of %d bytes with 18 MB of xattrs refused in %v; the pool grew by %d KiB", len(heavy), took.Round(time.Millisecond), grew>>10)
+	if grew > 1<<20 {
+		t.Errorf("the pool grew by %d KiB for a refused layer", grew>>10)
 	}
 	e.checkClean()
 }

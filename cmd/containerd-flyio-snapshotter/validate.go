@@ -28,9 +28,10 @@ validate step does, without a daemon: the tar structure, and every rule of
 the extraction policy (no absolute names, no ".." climbing above the root,
 no relative symlink or hard link leaving the root, no setuid/setgid files
 unless the config's pipeline.allow_setid or --allow-setid admits them, no
-device nodes, at most 100,000 entries, 1 GiB per file, 10 GiB in total
-unless the config's [pipeline] limits say otherwise, OCI whiteouts well
-formed). Absolute symlinks are allowed. The policy is the one of --config
+device nodes, at most 100,000 entries, 1 GiB per file, 10 GiB in total,
+128 extended attributes of 64 KiB together per entry unless the config's
+[pipeline] limits say otherwise, no more than 4 MiB of zeros after the
+end-of-archive marker, OCI whiteouts well formed). Absolute symlinks are allowed. The policy is the one of --config
 (or of the default configuration file when it exists): the daemon reading
 the same file applies the same rules. Run it before uploading a tarball to
 S3.
@@ -38,8 +39,10 @@ S3.
 Exit status: 0 and a one-line summary on stdout if the tarball is accepted
 (it ends with how the tar is stored and its diff ID: the SHA-256 of the
 uncompressed tar, which names the layer whatever its storage);
-1 and "FILE: entry "NAME": RULE" on stderr if it is rejected; 2 if it
-could not be read or the arguments are wrong.
+1 and "FILE: entry "NAME": RULE" on stderr if it is rejected (the names,
+link targets and FILE itself with control characters escaped, as in a Go
+string: the archive's bytes never reach the terminal); 2 if it could not
+be read or the arguments are wrong.
 `
 
 // runValidate is the validate subcommand with its streams as parameters.
@@ -61,11 +64,12 @@ func runValidate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	limits := cfg.TarLimits()
 	limits.AllowSetID = limits.AllowSetID || *allowSetID
 	name := pos[0]
+	shown := tarball.Escape(name) // a file's name may come from a bucket too
 	in := stdin
 	if name != "-" {
 		f, err := os.Open(name)
 		if err != nil {
-			return &exitError{code: 2, msg: err.Error()}
+			return &exitError{code: 2, msg: tarball.Escape(err.Error())}
 		}
 		defer f.Close()
 		in = f
@@ -73,19 +77,19 @@ func runValidate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	rep, err := tarball.Validate(ctx, in, limits)
 	if err != nil {
 		if tarball.IsRejection(err) {
-			fmt.Fprintf(stderr, "%s: %v\n", name, err)
+			fmt.Fprintf(stderr, "%s: %v\n", shown, err)
 			return &exitError{code: 1}
 		}
 		if errors.Is(err, context.Canceled) {
 			return &exitError{code: 2, msg: "interrupted"}
 		}
-		return &exitError{code: 2, msg: fmt.Sprintf("%s: %v", name, err)}
+		return &exitError{code: 2, msg: fmt.Sprintf("%s: %v", shown, err)}
 	}
 	rootfs := "no rootfs/ folder"
 	if rep.HasRootfs {
 		rootfs = "rootfs/ folder (stripped at extraction)"
 	}
 	fmt.Fprintf(stdout, "%s: ok: %d entries (%d files, %d dirs, %d symlinks, %d hard links, %d whiteouts), %d bytes of files, %s; %s, diff ID %s\n",
-		name, rep.Entries, rep.Files, rep.Dirs, rep.Symlinks, rep.Hardlinks, rep.Whiteouts, rep.TotalBytes, rootfs, rep.Compression, rep.DiffID)
+		shown, rep.Entries, rep.Files, rep.Dirs, rep.Symlinks, rep.Hardlinks, rep.Whiteouts, rep.TotalBytes, rootfs, rep.Compression, rep.DiffID)
 	return nil
 }

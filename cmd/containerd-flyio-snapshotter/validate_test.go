@@ -164,3 +164,60 @@ func TestValidateCommand(t *testing.T) {
 		})
 	}
 }
+
+// TestValidateCommandEscapes: a crafted layer whose names and link targets
+// carry terminal controls (return to the line's start, erase it, print a
+// green "ok") gets its rejection printed as one line with no raw ESC or
+// CR, however the strings reach the message; so does a crafted file name.
+func TestValidateCommandEscapes(t *testing.T) {
+	const fake = "\r\x1b[2K\x1b[32mlayer.tar: ok: 1 entries\x1b[0m\n"
+	dir := t.TempDir()
+	cases := map[string][]*tar.Header{
+		"symlink-target":  {{Typeflag: tar.TypeSymlink, Name: "etc/x", Linkname: "../../" + fake, Mode: 0o777}},
+		"hardlink-target": {{Typeflag: tar.TypeLink, Name: "etc/x", Linkname: "etc/" + fake, Mode: 0o644}},
+		"parent-dir": {
+			{Typeflag: tar.TypeReg, Name: "d" + fake, Mode: 0o644, Size: 1},
+			{Typeflag: tar.TypeReg, Name: "d" + fake + "/f", Mode: 0o644, Size: 1},
+		},
+		"entry-name": {{Typeflag: tar.TypeReg, Name: "su" + fake, Mode: 0o4755, Size: 1}},
+	}
+	for name, hdrs := range cases {
+		t.Run(name, func(t *testing.T) {
+			for _, file := range []string{filepath.Join(dir, name+".tar"), filepath.Join(dir, name+fake+".tar")} {
+				writeTar(t, file, hdrs...)
+				code, stdout, stderr := runCommand(t, nil, "validate", file)
+				if code != 1 || stdout != "" {
+					t.Fatalf("exit %d, stdout %q, stderr %q; want a rejection", code, stdout, stderr)
+				}
+				if strings.ContainsAny(stderr, "\x1b\r") || strings.Count(stderr, "\n") != 1 {
+					t.Errorf("stderr %q carries raw controls or more than one line", stderr)
+				}
+				if !strings.Contains(stderr, `\x1b[32m`) {
+					t.Errorf("stderr %q does not show the escaped controls", stderr)
+				}
+			}
+		})
+	}
+}
+
+// TestValidateCommandXattrsAndPadding: the config's per-entry xattr bounds
+// and the padding bound after the end-of-archive marker reach validate.
+func TestValidateCommandXattrsAndPadding(t *testing.T) {
+	dir := t.TempDir()
+	xattrs := filepath.Join(dir, "xattrs.tar")
+	writeTar(t, xattrs, &tar.Header{Typeflag: tar.TypeReg, Name: "f", Mode: 0o644, Size: 1, Format: tar.FormatPAX,
+		PAXRecords: map[string]string{"SCHILY.xattr.user.a": "1", "SCHILY.xattr.user.b": "2"}})
+	cfg := filepath.Join(dir, "xattrs.toml")
+	os.WriteFile(cfg, []byte("[pipeline]\nmax_xattrs_per_entry = 1\n"), 0o644)
+	if code, _, stderr := runCommand(t, nil, "validate", "--config", cfg, xattrs); code != 1 || !strings.Contains(stderr, `entry "f": too many extended attributes: 2 records, limit 1`) {
+		t.Errorf("exit %d, stderr %q; want the xattr count refused", code, stderr)
+	}
+	if code, stdout, _ := runCommand(t, nil, "validate", xattrs); code != 0 || !strings.Contains(stdout, ": ok") {
+		t.Errorf("exit %d, stdout %q; want the default bounds to accept 2 xattrs", code, stdout)
+	}
+	padded, _ := os.ReadFile(xattrs)
+	padded = append(padded, make([]byte, 8192)...)
+	if code, stdout, stderr := runCommand(t, append(padded, 'x'), "validate", "-"); code != 1 || !strings.Contains(stderr, "data after the end-of-archive marker") {
+		t.Errorf("exit %d, stdout %q, stderr %q; want the trailing byte refused", code, stdout, stderr)
+	}
+}

@@ -264,11 +264,10 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 		p.hook("download:validating")
 		go func() {
 			rep, verr := tarball.Validate(ctx, vr, p.opts.Limits)
-			if verr != nil {
-				vr.CloseWithError(verr) // stops the download: no point fetching the rest
-			} else {
-				io.Copy(io.Discard, vr) // the padding after the end-of-archive blocks
-			}
+			// Validate read the stream to its end (the padding after the
+			// end-of-archive marker is bounded there) or refused it:
+			// nothing more is read, and a rejection stops the download.
+			vr.CloseWithError(verr)
 			vdone <- streamValidation{report: rep, err: verr, done: true}
 		}()
 	}

@@ -111,9 +111,9 @@ func (c *cursor) cd(raw, dir string, create bool) (*level, error) {
 		case err != nil:
 			return nil, err
 		case fi.Mode()&fs.ModeSymlink != 0:
-			return nil, reject(raw, ErrThroughSymlink, "%s is a symlink", name)
+			return nil, reject(raw, ErrThroughSymlink, "%s is a symlink", quote(name))
 		case !fi.IsDir():
-			return nil, reject(raw, ErrParentNotDir, "%s", name)
+			return nil, reject(raw, ErrParentNotDir, "%s", quote(name))
 		}
 		sub, err := t.r.OpenRoot(comp)
 		if err != nil {
@@ -155,9 +155,9 @@ func (c *cursor) reopen(raw string) error {
 		case err != nil:
 			return err
 		case fi.Mode()&fs.ModeSymlink != 0:
-			return reject(raw, ErrThroughSymlink, "%s is a symlink", l.name)
+			return reject(raw, ErrThroughSymlink, "%s is a symlink", quote(l.name))
 		case !fi.IsDir():
-			return reject(raw, ErrParentNotDir, "%s", l.name)
+			return reject(raw, ErrParentNotDir, "%s", quote(l.name))
 		}
 		if l.r, err = p.r.OpenRoot(l.comp); err != nil {
 			return err

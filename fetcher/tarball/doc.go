@@ -24,9 +24,16 @@
 //   - no character or block devices (ErrDeviceNode). Named pipes (FIFOs) are
 //     allowed: they give no access to any device or kernel object, and
 //     images occasionally carry them; they are created, never opened;
-//   - at most 100,000 entries, 1 GiB per file, 10 GiB of files in total,
-//     and at most 100,000 parent directories implied by names but not
-//     listed (ErrTooManyDirs) (Limits);
+//   - at most 100,000 entries, 1 GiB per file, 10 GiB of files and
+//     extended attributes in total, and at most 100,000 parent
+//     directories implied by names but not listed (ErrTooManyDirs)
+//     (Limits);
+//   - per entry, at most 128 extended attributes (ErrTooManyXattrs) of
+//     64 KiB together (ErrXattrsTooLarge), and a PAX header of no more
+//     records than those and the standard keywords need
+//     (ErrTooManyPAXRecords) (Limits): each record costs parsing, and each
+//     attribute a system call; extended attributes count against the
+//     space budget of extraction (ExtractOptions.MaxDataBytes) too;
 //   - OCI whiteouts: ".wh.<name>" removes <name> from the lower layers,
 //     ".wh..wh..opq" empties its directory of lower content; a whiteout
 //     must be a regular file and must not name "", "." or ".."
@@ -34,7 +41,13 @@
 //     ignored;
 //   - the stream must be a complete tar archive, end-of-archive marker
 //     included, and compressed data must decode to its end (a
-//     *FormatError, matching ErrMalformed, otherwise).
+//     *FormatError, matching ErrMalformed, otherwise); after the marker
+//     only zeros, at most MaxPadding of them (ErrTrailingData).
+//
+// Every string of the archive a message names (entries, link targets,
+// directories) is quoted with its control characters escaped, so printing
+// a rejection cannot act on a terminal. Rules lists every rule;
+// RecordedRule reads one back from a message whose error chain was lost.
 //
 // Validate checks all of it in one streaming pass; Extract applies it again
 // while writing, confined with os.Root, so it is safe on an archive never

@@ -3,78 +3,117 @@ package tarball
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
+
+// rules holds every rule of the extraction policy, in the order they are
+// declared; newRule adds one, so a rule cannot exist without being listed.
+var rules []error
+
+// newRule makes a rule of the extraction policy and lists it in rules.
+func newRule(msg string) error {
+	r := errors.New(msg)
+	rules = append(rules, r)
+	return r
+}
+
+// Rules returns every rule a *PolicyError of Validate or Extract can carry
+// (the Err* rule values below, once each). It is the list to count or
+// label rejections by: a rule added to the package is in it.
+func Rules() []error { return slices.Clone(rules) }
 
 // Rules of the extraction policy. Every rejection by Validate or Extract is a
 // *PolicyError whose Rule is one of these values, so callers match a rule
 // with errors.Is(err, tarball.ErrSetID) and so on.
 var (
 	// ErrInvalidName: an entry name (or symlink target) that is empty.
-	ErrInvalidName = errors.New("invalid name")
+	ErrInvalidName = newRule("invalid name")
 	// ErrAbsoluteName: an entry name that starts with "/".
-	ErrAbsoluteName = errors.New("absolute entry name")
+	ErrAbsoluteName = newRule("absolute entry name")
 	// ErrTraversal: an entry name whose ".." components climb above the root.
-	ErrTraversal = errors.New("path climbs above the root")
+	ErrTraversal = newRule("path climbs above the root")
 	// ErrNameTooLong: a name longer than 4095 bytes, a path component longer
 	// than 255 bytes, or a symlink target longer than 4095 bytes.
-	ErrNameTooLong = errors.New("name too long")
+	ErrNameTooLong = newRule("name too long")
 	// ErrSymlinkEscape: a relative symlink whose target climbs above the root
 	// (for a tarball with a rootfs/ folder: above rootfs/, which is stripped).
-	ErrSymlinkEscape = errors.New("relative symlink climbs above the root")
+	ErrSymlinkEscape = newRule("relative symlink climbs above the root")
 	// ErrThroughSymlink: an entry written, linked or whited out through a
 	// path component that is a symlink (from this archive or a lower layer).
 	// Extraction never follows symlinks.
-	ErrThroughSymlink = errors.New("path goes through a symlink")
+	ErrThroughSymlink = newRule("path goes through a symlink")
 	// ErrParentNotDir: an entry below a name that is not a directory.
-	ErrParentNotDir = errors.New("parent is not a directory")
+	ErrParentNotDir = newRule("parent is not a directory")
 	// ErrRootNotDir: the archive root ("." or, when stripped, "rootfs")
 	// given as something other than a directory.
-	ErrRootNotDir = errors.New("archive root is not a directory")
+	ErrRootNotDir = newRule("archive root is not a directory")
 	// ErrHardlinkEscape: a hard link whose target is absolute or climbs above
 	// the archive root (or lies outside rootfs/ when it is stripped).
-	ErrHardlinkEscape = errors.New("hard link target outside the archive root")
+	ErrHardlinkEscape = newRule("hard link target outside the archive root")
 	// ErrHardlinkTarget: a hard link whose target is not an earlier
 	// non-directory entry of the same archive (unknown, a directory, itself).
-	ErrHardlinkTarget = errors.New("hard link target is not an earlier non-directory entry of the archive")
+	ErrHardlinkTarget = newRule("hard link target is not an earlier non-directory entry of the archive")
 	// ErrSetID: a setuid bit on any entry, or a setgid bit on anything but a
 	// directory (setgid directories only make new files inherit the group).
-	ErrSetID = errors.New("setuid/setgid bit")
+	ErrSetID = newRule("setuid/setgid bit")
 	// ErrFileCapability: a security.capability extended attribute, which
 	// grants privileges the way a setuid bit does.
-	ErrFileCapability = errors.New("file capability xattr")
+	ErrFileCapability = newRule("file capability xattr")
 	// ErrDeviceNode: a character or block device entry.
-	ErrDeviceNode = errors.New("device node")
+	ErrDeviceNode = newRule("device node")
 	// ErrUnsupportedType: an entry type the extractor does not create
 	// (volume headers, multi-volume continuations, GNU dumpdirs, ...), or a
 	// whiteout that is not a regular file.
-	ErrUnsupportedType = errors.New("unsupported entry type")
+	ErrUnsupportedType = newRule("unsupported entry type")
 	// ErrBadOwner: a uid or gid outside 0..4294967294.
-	ErrBadOwner = errors.New("invalid owner")
+	ErrBadOwner = newRule("invalid owner")
 	// ErrTooManyEntries: more entries than Limits.MaxEntries.
-	ErrTooManyEntries = errors.New("too many entries")
+	ErrTooManyEntries = newRule("too many entries")
 	// ErrTooManyDirs: more parent directories implied by entry names (not
 	// listed as entries themselves) than Limits.MaxEntries. Without it, a
 	// small archive of deep unique paths would make millions of directories.
-	ErrTooManyDirs = errors.New("too many implicit parent directories")
+	ErrTooManyDirs = newRule("too many implicit parent directories")
 	// ErrFileTooLarge: a file larger than Limits.MaxFileSize.
-	ErrFileTooLarge = errors.New("file too large")
-	// ErrTotalTooLarge: files adding up to more than Limits.MaxTotalSize.
-	ErrTotalTooLarge = errors.New("total size too large")
+	ErrFileTooLarge = newRule("file too large")
+	// ErrTotalTooLarge: files and extended attributes adding up to more
+	// than Limits.MaxTotalSize.
+	ErrTotalTooLarge = newRule("total size too large")
 	// ErrStreamTooLong: a tar stream (decompressed, for a gzip or zstd
 	// layer) longer than the limits allow: Limits.MaxTotalSize of files
 	// plus 8 KiB of headers and padding per admitted entry. It bounds what a
 	// small compressed object can make us read.
-	ErrStreamTooLong = errors.New("tar stream too long")
-	// ErrOverBudget: an archive whose file data (runs of zeros aside) is
-	// more than ExtractOptions.MaxDataBytes, the space the caller has.
-	ErrOverBudget = errors.New("file data over the space budget")
+	ErrStreamTooLong = newRule("tar stream too long")
+	// ErrOverBudget: an archive whose file data (runs of zeros aside) and
+	// extended attributes are more than ExtractOptions.MaxDataBytes, the
+	// space the caller has.
+	ErrOverBudget = newRule("file data over the space budget")
 	// ErrWhiteoutEscape: a whiteout whose target is "", "." or "..", which
 	// would remove its own directory or climb above it.
-	ErrWhiteoutEscape = errors.New("whiteout escapes its directory")
+	ErrWhiteoutEscape = newRule("whiteout escapes its directory")
 	// ErrOutsideRootfs: with rootfs/ stripping on, an entry outside rootfs/.
-	ErrOutsideRootfs = errors.New("entry outside rootfs/")
+	ErrOutsideRootfs = newRule("entry outside rootfs/")
+	// ErrTooManyXattrs: an entry with more extended attribute records
+	// (PAX SCHILY.xattr.*) than Limits.MaxXattrs. Each is a system call
+	// when extracted, and one PAX header holds tens of thousands.
+	ErrTooManyXattrs = newRule("too many extended attributes")
+	// ErrTooManyPAXRecords: a PAX extended header with more records than
+	// the entry's extended attributes and the standard keywords can need
+	// (twice Limits.MaxXattrs, as libarchive writes each attribute in two
+	// forms, plus 64). Every record costs parsing time whatever its key,
+	// and one header holds tens of thousands.
+	ErrTooManyPAXRecords = newRule("too many PAX records")
+	// ErrXattrsTooLarge: an entry whose extended attributes (names and
+	// values) add up to more than Limits.MaxXattrBytes.
+	ErrXattrsTooLarge = newRule("extended attributes too large")
+	// ErrTrailingData: after the end-of-archive marker, a byte that is not
+	// zero, or more than MaxPadding bytes of zeros. Without the bound, a
+	// small compressed object of zeros would be read up to the whole
+	// stream limit.
+	ErrTrailingData = newRule("data after the end-of-archive marker")
 )
 
 // PolicyError is a rejection of one entry by the extraction policy. Its
@@ -86,12 +125,13 @@ type PolicyError struct {
 	Detail string // optional specifics (the link target, the size, ...)
 }
 
-// Error names the entry, the rule and any detail.
+// Error names the entry (quoted), the rule and any detail; no control
+// character of the archive's reaches the message unescaped.
 func (e *PolicyError) Error() string {
 	if e.Detail == "" {
-		return fmt.Sprintf("entry %q: %v", e.Entry, e.Rule)
+		return fmt.Sprintf("entry %s: %v", quote(e.Entry), e.Rule)
 	}
-	return fmt.Sprintf("entry %q: %v: %s", e.Entry, e.Rule, e.Detail)
+	return fmt.Sprintf("entry %s: %v: %s", quote(e.Entry), e.Rule, Escape(e.Detail))
 }
 
 // Unwrap returns the rule broken.
@@ -113,9 +153,9 @@ type FormatError struct {
 func (e *FormatError) Error() string {
 	where := fmt.Sprintf("at offset %d", e.Offset)
 	if e.Entry != "" {
-		where += fmt.Sprintf(" (entry %q)", e.Entry)
+		where += fmt.Sprintf(" (entry %s)", quote(e.Entry))
 	}
-	return fmt.Sprintf("%v %s: %v", ErrMalformed, where, e.Err)
+	return fmt.Sprintf("%v %s: %s", ErrMalformed, where, Escape(e.Err.Error()))
 }
 
 // Unwrap returns the underlying cause.
@@ -157,6 +197,45 @@ func exhausted(err error) error {
 // extracting (ErrExhausted).
 func IsPermanent(err error) bool {
 	return IsRejection(err) || errors.Is(err, ErrExhausted)
+}
+
+// RecordedRule reads back the rule of a rejection from its message alone,
+// where the error chain was lost (a state machine records a failure's
+// reason as text): a *PolicyError's "entry "NAME": RULE" inside msg, NAME
+// Go-quoted (a quote in it is escaped, so it cannot end the name early and
+// spell another rule) and RULE the longest of Rules that follows; or else
+// a *LayoutError's "layout: PATH: RULE" with one of LayoutRules. nil when
+// msg holds neither. Prefer errors.As on the error when it is at hand.
+func RecordedRule(msg string) error {
+	const marker = "entry "
+	for rest := msg; ; {
+		i := strings.Index(rest, marker)
+		if i < 0 {
+			break
+		}
+		rest = rest[i+len(marker):]
+		q, err := strconv.QuotedPrefix(rest)
+		if err != nil {
+			continue
+		}
+		var found error
+		for _, r := range rules {
+			if strings.HasPrefix(rest[len(q):], ": "+r.Error()) && (found == nil || len(r.Error()) > len(found.Error())) {
+				found = r
+			}
+		}
+		if found != nil {
+			return found
+		}
+	}
+	if i := strings.Index(msg, "layout: "); i >= 0 {
+		for _, r := range layoutRules {
+			if strings.Contains(msg[i:], ": "+r.Error()) {
+				return r
+			}
+		}
+	}
+	return nil
 }
 
 func reject(entry string, rule error, detail string, args ...any) *PolicyError {

@@ -40,10 +40,11 @@ type ExtractOptions struct {
 	// (Stats.DiffID), so that one read of a layer both extracts it and
 	// names it.
 	HashStream bool
-	// MaxDataBytes, if positive, is the most file content Extract writes
-	// (runs of zeros are left as holes and not counted): the space the
-	// caller has for this archive. The entry that would write more is
-	// refused (ErrOverBudget) before its excess is written, and removed.
+	// MaxDataBytes, if positive, is the most file content and extended
+	// attributes (names and values) Extract writes (runs of zeros are left
+	// as holes and not counted): the space the caller has for this
+	// archive. The entry that would write more is refused (ErrOverBudget)
+	// before its excess is written, and removed.
 	MaxDataBytes int64
 	// NoChown leaves every entry owned by the extracting user instead of the
 	// archive's uid/gid (for unprivileged tools and tests).
@@ -58,7 +59,7 @@ type Progress struct {
 	Entries int    // headers processed
 	Files   int    // regular files written
 	Bytes   int64  // file content written
-	Entry   string // the entry being extracted
+	Entry   string // the entry being extracted, as written in the archive (unescaped: quote it to print it)
 }
 
 // Stats describes a finished (or failed) extraction.
@@ -75,6 +76,11 @@ type Stats struct {
 	// Written is the file content actually written: Bytes less the runs
 	// of zeros (a sparse entry's holes) left as holes.
 	Written int64
+	// XattrBytes is the size (names and values) of the extended
+	// attributes of the files and directories extracted, every record
+	// whether applied or skipped: what counts with Written against
+	// ExtractOptions.MaxDataBytes.
+	XattrBytes int64
 	// XattrsSkipped counts extended attributes not applied: only user.*
 	// attributes are set, where the filesystem supports them, and file
 	// capabilities (see Capabilities).
@@ -269,7 +275,9 @@ func (x *extractor) apply(s *stream, e entry) error {
 	}
 	var pe *PolicyError
 	if err != nil && !errors.As(err, &pe) && !errors.Is(err, ErrMalformed) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-		err = exhausted(fmt.Errorf("extract entry %q: %w", raw, err))
+		// The file system's message names the paths, which come from
+		// the archive: escaped too.
+		err = exhausted(fmt.Errorf("extract entry %s: %w", quote(raw), &escapedError{err}))
 	}
 	return err
 }
@@ -366,7 +374,15 @@ func (x *extractor) chown(l *level, base string, h *tar.Header) error {
 // counted); a capability admitted but not applied would leave a binary
 // that fails at run time, so that is an error, and a value the kernel
 // finds invalid a rejection of the entry.
-func (x *extractor) xattrs(fd int, raw string, h *tar.Header) error {
+//
+// The attributes' bytes (e.xattrBytes, every record) count against
+// ExtractOptions.MaxDataBytes before any is set.
+func (x *extractor) xattrs(fd int, raw string, e entry) error {
+	if err := x.charge(raw, e.xattrBytes); err != nil {
+		return err
+	}
+	x.st.XattrBytes += e.xattrBytes
+	h := e.hdr
 	for k, v := range h.PAXRecords {
 		name, ok := strings.CutPrefix(k, xattrPAXPrefix)
 		if !ok {
@@ -378,7 +394,7 @@ func (x *extractor) xattrs(fd int, raw string, h *tar.Header) error {
 			case errors.Is(err, unix.EINVAL):
 				return reject(raw, ErrFileCapability, "the kernel refuses its value (%d bytes)", len(v))
 			case err != nil:
-				return fmt.Errorf("entry %q: set %s: %w", raw, name, err)
+				return fmt.Errorf("entry %s: set %s: %w", quote(raw), name, err)
 			}
 			x.st.Capabilities++
 			continue
@@ -431,7 +447,7 @@ func (x *extractor) dir(raw string, e entry) error {
 		if err != nil {
 			return err
 		}
-		err = x.xattrs(int(f.Fd()), raw, h)
+		err = x.xattrs(int(f.Fd()), raw, e)
 		f.Close()
 		if err != nil {
 			return err
@@ -492,7 +508,7 @@ func (x *extractor) file(s *stream, raw string, e entry) (err error) {
 		return err
 	}
 	if hasXattrs(h) {
-		if err := x.xattrs(int(f.Fd()), raw, h); err != nil {
+		if err := x.xattrs(int(f.Fd()), raw, e); err != nil {
 			return err
 		}
 	}
@@ -534,8 +550,8 @@ func (x *extractor) copySparse(f *os.File, src io.Reader, raw string) error {
 				}
 				k = next
 			}
-			if budget := x.opts.MaxDataBytes; budget > 0 && x.st.Written+k > budget {
-				return reject(raw, ErrOverBudget, "more than %d bytes of file data", budget)
+			if err := x.charge(raw, k); err != nil {
+				return err
 			}
 			if _, err := f.WriteAt(p[:k], off); err != nil {
 				return err
@@ -553,6 +569,15 @@ func (x *extractor) copySparse(f *os.File, src io.Reader, raw string) error {
 	}
 	if off > end {
 		return f.Truncate(off)
+	}
+	return nil
+}
+
+// charge refuses (ErrOverBudget) writing n more bytes of file data or
+// extended attributes when that would pass ExtractOptions.MaxDataBytes.
+func (x *extractor) charge(raw string, n int64) error {
+	if budget := x.opts.MaxDataBytes; budget > 0 && x.st.Written+x.st.XattrBytes+n > budget {
+		return reject(raw, ErrOverBudget, "more than %d bytes of file data and extended attributes", budget)
 	}
 	return nil
 }
@@ -584,7 +609,7 @@ func (x *extractor) hardlink(raw string, e entry) error {
 		ok = err == nil && !fi.IsDir()
 	}
 	if !ok {
-		return reject(raw, ErrHardlinkTarget, "-> %s is not in the tree", e.link)
+		return reject(raw, ErrHardlinkTarget, "-> %s is not in the tree", quote(e.link))
 	}
 	// Link from the two directories' descriptors: a walk of both names
 	// from the root would cost a system call per component.
@@ -716,7 +741,7 @@ func (x *extractor) finish() error {
 			err = l.r.Chtimes(".", cmpOr(d.atime, d.mtime), d.mtime)
 		}
 		if err != nil {
-			return fmt.Errorf("set times of %q: %w", d.name, err)
+			return fmt.Errorf("set times of %s: %w", quote(d.name), &escapedError{err})
 		}
 	}
 	return nil

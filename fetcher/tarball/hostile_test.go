@@ -174,7 +174,60 @@ func hostileCorpus() []hostile {
 			rule: ErrRootNotDir, entry: "./"},
 		{name: "unsupported-type", ents: func(string) []ent { return []ent{special("vol", 'V')} },
 			rule: ErrUnsupportedType, entry: "vol", absent: "vol"},
+		{name: "too-many-xattrs", ents: func(string) []ent {
+			return []ent{file("ok", "x").pax("SCHILY.xattr.user.a", "1"), withXattrs(file("many", "x"), DefaultMaxXattrs+1, 1)}
+		}, rule: ErrTooManyXattrs, entry: "many", absent: "many"},
+		{name: "too-many-pax-records", ents: func(string) []ent {
+			e := withXattrs(file("junk", "x"), 2, 1)
+			for i := range 2*DefaultMaxXattrs + 64 {
+				e = e.pax("junk."+strconv.Itoa(i), "v")
+			}
+			return []ent{e}
+		}, rule: ErrTooManyPAXRecords, entry: "junk", absent: "junk"},
+		{name: "pax-records-in-global-header", ents: func(string) []ent {
+			g := ent{hdr: tar.Header{Typeflag: tar.TypeXGlobalHeader, Name: "global", Format: tar.FormatPAX, PAXRecords: map[string]string{}}}
+			for i := range 2*DefaultMaxXattrs + 65 {
+				g.hdr.PAXRecords["junk."+strconv.Itoa(i)] = "v"
+			}
+			return []ent{g, file("after", "x")}
+		}, rule: ErrTooManyPAXRecords, entry: "global", absent: "after"},
+		{name: "xattrs-too-large", ents: func(string) []ent {
+			return []ent{dir("d/").pax("SCHILY.xattr.user.big", strings.Repeat("v", DefaultMaxXattrBytes))}
+		}, rule: ErrXattrsTooLarge, entry: "d/", absent: "d"},
+		{name: "xattrs-count-in-total", ents: func(string) []ent {
+			// 60 bytes of files and 30 of xattrs fit 100; 10 more bytes of
+			// xattrs on an empty file do not.
+			return []ent{file("a", strings.Repeat("a", 60)).pax("SCHILY.xattr.user.k", strings.Repeat("v", 24)),
+				file("b", "").pax("SCHILY.xattr.user.k", strings.Repeat("v", 5))}
+		}, limits: Limits{MaxTotalSize: 100}, rule: ErrTotalTooLarge, entry: "b", absent: "b"},
+		{name: "trailing-non-zero", raw: func(t testing.TB) []byte {
+			return append(append(build(t, file("a", "x")), make([]byte, 9216)...), 'x')
+		}, rule: ErrTrailingData, entry: "a"},
+		{name: "trailing-zeros-past-bound", raw: func(t testing.TB) []byte {
+			return append(build(t, file("a", "x")), make([]byte, MaxPadding+1)...)
+		}, rule: ErrTrailingData, entry: "a"},
+		{name: "trailing-non-zero-gzip", raw: func(t testing.TB) []byte {
+			return gzipped(t, append(build(t, file("a", "x")), "\x1b[32mok"...))
+		}, rule: ErrTrailingData, entry: "a"},
+		{name: "trailing-zeros-zstd", raw: func(t testing.TB) []byte {
+			return zstded(t, append(build(t, file("a", "x")), make([]byte, 64<<20)...))
+		}, rule: ErrTrailingData, entry: "a"},
+		{name: "data-after-zstd-frame", raw: func(t testing.TB) []byte {
+			return append(zstded(t, build(t, file("a", "x"))), make([]byte, 512)...)
+		}, rule: ErrMalformed, entry: "a"},
+		{name: "data-after-gzip-member", raw: func(t testing.TB) []byte {
+			return append(gzipped(t, build(t, file("a", "x"))), "garbage"...)
+		}, rule: ErrMalformed, entry: "a"},
 	}
+}
+
+// withXattrs gives e n user.* extended attributes of valueLen bytes each.
+func withXattrs(e ent, n, valueLen int) ent {
+	v := strings.Repeat("v", valueLen)
+	for i := range n {
+		e = e.pax("SCHILY.xattr.user.x"+strconv.Itoa(i), v)
+	}
+	return e
 }
 
 func (h hostile) archive(t testing.TB, s sandbox) []byte {

@@ -5,18 +5,32 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"slices"
 )
+
+// layoutRules holds every layout rule; newLayoutRule adds one.
+var layoutRules []error
+
+func newLayoutRule(msg string) error {
+	r := errors.New(msg)
+	layoutRules = append(layoutRules, r)
+	return r
+}
+
+// LayoutRules returns every rule a *LayoutError can carry (the ErrLayout*
+// values, once each).
+func LayoutRules() []error { return slices.Clone(layoutRules) }
 
 // Layout rules checked by VerifyLayout (applied to an image whole, through
 // its activation, after rootfs/ was stripped from its layers).
 var (
 	// ErrLayoutMissing: a required top-level directory is absent.
-	ErrLayoutMissing = errors.New("required directory missing")
+	ErrLayoutMissing = newLayoutRule("required directory missing")
 	// ErrLayoutNotDir: a required top-level name is not a real directory
 	// (a symlink or a file).
-	ErrLayoutNotDir = errors.New("not a directory")
+	ErrLayoutNotDir = newLayoutRule("not a directory")
 	// ErrLayoutWorldWritable: a critical directory is writable by everyone.
-	ErrLayoutWorldWritable = errors.New("world-writable")
+	ErrLayoutWorldWritable = newLayoutRule("world-writable")
 )
 
 // RequiredDirs must be real directories at the top of an image's tree,
@@ -33,7 +47,9 @@ type LayoutError struct {
 }
 
 // Error names the path and the layout rule it broke.
-func (e *LayoutError) Error() string { return fmt.Sprintf("layout: %s: %v", e.Path, e.Rule) }
+func (e *LayoutError) Error() string {
+	return fmt.Sprintf("layout: %s: %v", Escape(e.Path), e.Rule)
+}
 
 // Unwrap returns the rule broken.
 func (e *LayoutError) Unwrap() error { return e.Rule }

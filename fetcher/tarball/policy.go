@@ -13,6 +13,25 @@ const (
 	DefaultMaxEntries   = 100_000
 	DefaultMaxFileSize  = 1 << 30  // 1 GiB
 	DefaultMaxTotalSize = 10 << 30 // 10 GiB
+	// DefaultMaxXattrs bounds the extended attributes of one entry. Real
+	// images carry a handful (security.capability, a few user.* or
+	// trusted.* ones); 128 leaves ample room while bounding the system
+	// calls one header can ask for (a 1 MiB PAX header holds ~25,000
+	// records).
+	DefaultMaxXattrs = 128
+	// DefaultMaxXattrBytes bounds the names and values of one entry's
+	// extended attributes together: 64 KiB is Linux's largest single
+	// value (XATTR_SIZE_MAX) and its limit on the list of one file's
+	// names (XATTR_LIST_MAX), far above the few hundred bytes real
+	// entries carry.
+	DefaultMaxXattrBytes = 64 << 10
+
+	// MaxLimitBytes and MaxLimitCount are the largest values a byte limit
+	// and a count limit of Limits may take (larger ones are taken as
+	// these): the bound on the tar stream computed from them then stays
+	// far from overflowing an int64.
+	MaxLimitBytes = 1 << 60 // 1 EiB
+	MaxLimitCount = 1<<31 - 1
 
 	maxNameLen      = 4095 // PATH_MAX without its NUL
 	maxComponentLen = 255  // NAME_MAX
@@ -22,14 +41,30 @@ const (
 	whiteoutOpaque  = ".wh..wh..opq"
 	rootfsDir       = "rootfs"
 	xattrPAXPrefix  = "SCHILY.xattr."
-	capabilityXattr = "security.capability"
+	// paxStandardRecords is the allowance of an entry's PAX header for
+	// records other than its extended attributes: POSIX defines about 15
+	// keywords, GNU sparse files and ACLs add a few.
+	paxStandardRecords = 64
+	capabilityXattr    = "security.capability"
 )
 
-// Limits bounds what an archive may hold. A zero field means the default.
+// Limits bounds what an archive may hold. A zero (or negative) field means
+// the default; a count above MaxLimitCount or a size above MaxLimitBytes
+// means that maximum.
 type Limits struct {
-	MaxEntries   int   // headers of any kind, and separately the parent directories they imply; default 100,000
-	MaxFileSize  int64 // bytes of one regular file; default 1 GiB
-	MaxTotalSize int64 // bytes of all regular files together; default 10 GiB
+	MaxEntries  int   // headers of any kind, and separately the parent directories they imply; default 100,000
+	MaxFileSize int64 // bytes of one regular file; default 1 GiB
+	// MaxTotalSize bounds the bytes of all regular files together, and of
+	// all extended attributes (names and values), which take space too;
+	// default 10 GiB.
+	MaxTotalSize int64
+	// MaxXattrs bounds the extended attribute records (PAX SCHILY.xattr.*)
+	// of one entry (ErrTooManyXattrs); default DefaultMaxXattrs.
+	MaxXattrs int
+	// MaxXattrBytes bounds the names and values of one entry's extended
+	// attributes together (ErrXattrsTooLarge); default
+	// DefaultMaxXattrBytes.
+	MaxXattrBytes int64
 	// AllowSetID turns off the ErrSetID and ErrFileCapability rules. It is
 	// off by default: a hostile image could plant a setuid binary; real distribution images
 	// (su, passwd, mount) carry setuid files, so an operator who trusts the
@@ -38,16 +73,20 @@ type Limits struct {
 }
 
 func (l Limits) withDefaults() Limits {
-	if l.MaxEntries <= 0 {
-		l.MaxEntries = DefaultMaxEntries
-	}
-	if l.MaxFileSize <= 0 {
-		l.MaxFileSize = DefaultMaxFileSize
-	}
-	if l.MaxTotalSize <= 0 {
-		l.MaxTotalSize = DefaultMaxTotalSize
-	}
+	l.MaxEntries = limit(l.MaxEntries, DefaultMaxEntries, MaxLimitCount)
+	l.MaxFileSize = limit(l.MaxFileSize, DefaultMaxFileSize, MaxLimitBytes)
+	l.MaxTotalSize = limit(l.MaxTotalSize, DefaultMaxTotalSize, MaxLimitBytes)
+	l.MaxXattrs = limit(l.MaxXattrs, DefaultMaxXattrs, MaxLimitCount)
+	l.MaxXattrBytes = limit(l.MaxXattrBytes, DefaultMaxXattrBytes, MaxLimitBytes)
 	return l
+}
+
+// limit is v, or def when v is not positive, at most most.
+func limit[T int | int64](v, def, most T) T {
+	if v <= 0 {
+		return def
+	}
+	return min(v, most)
 }
 
 // op is what an admitted entry asks the extractor to do.
@@ -89,6 +128,9 @@ type entry struct {
 	clean string // the header's name cleaned, before stripping
 	link  string // opHardlink: normalised target; opSymlink: target as written
 	hdr   *tar.Header
+	// xattrBytes is the size of the entry's extended attributes (names
+	// and values of its SCHILY.xattr.* records).
+	xattrBytes int64
 }
 
 // checker applies the extraction policy to a stream of headers. It remembers
@@ -230,7 +272,7 @@ func (c *checker) admit(hdr *tar.Header) (entry, error) {
 		return entry{}, reject(raw, ErrTooManyEntries, "more than %d", c.limits.MaxEntries)
 	}
 	if hdr.Typeflag == tar.TypeXGlobalHeader {
-		return entry{op: opSkip, hdr: hdr}, nil
+		return entry{op: opSkip, hdr: hdr}, c.paxRecords(raw, hdr)
 	}
 	name, err := cleanName(raw)
 	if err != nil {
@@ -255,15 +297,19 @@ func (c *checker) admit(hdr *tar.Header) (entry, error) {
 			return entry{}, reject(raw, ErrFileCapability, "")
 		}
 	}
+	xattrBytes, err := c.xattrs(raw, hdr)
+	if err != nil {
+		return entry{}, err
+	}
 
 	base := path.Base(name)
 	if strings.HasPrefix(base, whiteoutPrefix) {
 		e, err := c.admitWhiteout(raw, name, base, hdr)
-		e.clean = clean
+		e.clean, e.xattrBytes = clean, xattrBytes
 		return e, err
 	}
 
-	e := entry{name: name, clean: clean, hdr: hdr}
+	e := entry{name: name, clean: clean, hdr: hdr, xattrBytes: xattrBytes}
 	var k kind
 	switch hdr.Typeflag {
 	case tar.TypeDir:
@@ -273,9 +319,8 @@ func (c *checker) admit(hdr *tar.Header) (entry, error) {
 		if hdr.Size > c.limits.MaxFileSize {
 			return entry{}, reject(raw, ErrFileTooLarge, "%d bytes, limit %d", hdr.Size, c.limits.MaxFileSize)
 		}
-		c.total += hdr.Size
-		if c.total > c.limits.MaxTotalSize {
-			return entry{}, reject(raw, ErrTotalTooLarge, "more than %d bytes of files", c.limits.MaxTotalSize)
+		if err := c.add(raw, hdr.Size); err != nil {
+			return entry{}, err
 		}
 	case tar.TypeSymlink:
 		e.op, k = opSymlink, kSymlink
@@ -286,7 +331,7 @@ func (c *checker) admit(hdr *tar.Header) (entry, error) {
 		case len(e.link) > maxNameLen:
 			return entry{}, reject(raw, ErrNameTooLong, "symlink target of %d bytes", len(e.link))
 		case !strings.HasPrefix(e.link, "/") && escapes(name, e.link):
-			return entry{}, reject(raw, ErrSymlinkEscape, "-> %s", e.link)
+			return entry{}, reject(raw, ErrSymlinkEscape, "-> %s", quote(e.link))
 		}
 	case tar.TypeLink:
 		e.op, k = opHardlink, kHardlink
@@ -321,6 +366,58 @@ func (c *checker) admit(hdr *tar.Header) (entry, error) {
 	return e, nil
 }
 
+// xattrs checks an entry's extended attribute records against the
+// per-entry limits (and its PAX records in number), and counts their
+// bytes against MaxTotalSize (they take space as file data does),
+// returning those bytes. Every record counts, whether or not extraction
+// can apply it: Validate cannot know which the target's file system
+// accepts, and must agree with Extract.
+func (c *checker) xattrs(raw string, hdr *tar.Header) (int64, error) {
+	var n int
+	var size int64
+	for k, v := range hdr.PAXRecords {
+		name, ok := strings.CutPrefix(k, xattrPAXPrefix)
+		if !ok {
+			continue
+		}
+		n++
+		size += int64(len(name) + len(v))
+	}
+	if n > c.limits.MaxXattrs {
+		return 0, reject(raw, ErrTooManyXattrs, "%d records, limit %d", n, c.limits.MaxXattrs)
+	}
+	if err := c.paxRecords(raw, hdr); err != nil {
+		return 0, err
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	if size > c.limits.MaxXattrBytes {
+		return 0, reject(raw, ErrXattrsTooLarge, "%d bytes, limit %d", size, c.limits.MaxXattrBytes)
+	}
+	return size, c.add(raw, size)
+}
+
+// paxRecords checks the number of records of an entry's PAX header
+// (ErrTooManyPAXRecords), whatever their keys.
+func (c *checker) paxRecords(raw string, hdr *tar.Header) error {
+	if most := 2*c.limits.MaxXattrs + paxStandardRecords; len(hdr.PAXRecords) > most {
+		return reject(raw, ErrTooManyPAXRecords, "%d records, limit %d", len(hdr.PAXRecords), most)
+	}
+	return nil
+}
+
+// add counts n bytes of files or extended attributes against MaxTotalSize.
+// n is at most MaxLimitBytes and so is the total before it, so the sum
+// cannot overflow.
+func (c *checker) add(raw string, n int64) error {
+	c.total += n
+	if c.total > c.limits.MaxTotalSize {
+		return reject(raw, ErrTotalTooLarge, "more than %d bytes of files and extended attributes", c.limits.MaxTotalSize)
+	}
+	return nil
+}
+
 func (c *checker) admitWhiteout(raw, name, base string, hdr *tar.Header) (entry, error) {
 	if hdr.Typeflag != tar.TypeReg && hdr.Typeflag != tar.TypeRegA {
 		return entry{}, reject(raw, ErrUnsupportedType, "whiteout of type %q, want a regular file", hdr.Typeflag)
@@ -334,9 +431,9 @@ func (c *checker) admitWhiteout(raw, name, base string, hdr *tar.Header) (entry,
 		if n, ok := c.nodes[c.key(dir)]; ok {
 			switch n.kind {
 			case kSymlink:
-				return entry{}, reject(raw, ErrThroughSymlink, "%s is a symlink", dir)
+				return entry{}, reject(raw, ErrThroughSymlink, "%s is a symlink", quote(dir))
 			case kReg, kHardlink, kFifo:
-				return entry{}, reject(raw, ErrParentNotDir, "%s", dir)
+				return entry{}, reject(raw, ErrParentNotDir, "%s", quote(dir))
 			}
 		}
 	}
@@ -348,7 +445,7 @@ func (c *checker) admitWhiteout(raw, name, base string, hdr *tar.Header) (entry,
 	}
 	target := strings.TrimPrefix(base, whiteoutPrefix)
 	if target == "" || target == "." || target == ".." {
-		return entry{}, reject(raw, ErrWhiteoutEscape, "target %q", target)
+		return entry{}, reject(raw, ErrWhiteoutEscape, "target %s", quote(target))
 	}
 	t := path.Join(dir, target)
 	c.serial++
@@ -389,9 +486,9 @@ func (c *checker) ancestors(raw, dir string, record bool) (uint32, error) {
 		n, ok := c.nodes[key]
 		switch {
 		case ok && n.kind == kSymlink:
-			return 0, reject(raw, ErrThroughSymlink, "%s is a symlink", dir[:end])
+			return 0, reject(raw, ErrThroughSymlink, "%s is a symlink", quote(dir[:end]))
 		case ok && (n.kind == kReg || n.kind == kHardlink || n.kind == kFifo):
-			return 0, reject(raw, ErrParentNotDir, "%s", dir[:end])
+			return 0, reject(raw, ErrParentNotDir, "%s", quote(dir[:end]))
 		case (!ok || n.kind == kRemoved) && record:
 			c.implicit++
 			if c.implicit > c.limits.MaxEntries {
@@ -465,23 +562,23 @@ func (c *checker) linkTarget(raw, name, linkname string) (string, error) {
 	t, err := cleanName(linkname)
 	if err != nil {
 		if err == ErrNameTooLong || err == ErrInvalidName {
-			return "", reject(raw, err, "hard link target %q", linkname)
+			return "", reject(raw, err, "hard link target %s", quote(linkname))
 		}
-		return "", reject(raw, ErrHardlinkEscape, "-> %s", linkname)
+		return "", reject(raw, ErrHardlinkEscape, "-> %s", quote(linkname))
 	}
 	if c.strip {
 		s, ok := underRootfs(t)
 		if !ok {
-			return "", reject(raw, ErrHardlinkEscape, "-> %s, outside rootfs/", t)
+			return "", reject(raw, ErrHardlinkEscape, "-> %s, outside rootfs/", quote(t))
 		}
 		t = s
 	}
 	if t == name || strings.HasPrefix(t, name+"/") {
-		return "", reject(raw, ErrHardlinkTarget, "-> %s replaces its own target", t)
+		return "", reject(raw, ErrHardlinkTarget, "-> %s replaces its own target", quote(t))
 	}
 	n, ok := c.nodes[c.key(t)]
 	if !ok || n.kind == kRemoved || n.kind == kDir || t == "." {
-		return "", reject(raw, ErrHardlinkTarget, "-> %s", t)
+		return "", reject(raw, ErrHardlinkTarget, "-> %s", quote(t))
 	}
 	newest, err := c.ancestors(raw, path.Dir(t), false)
 	if err != nil {
@@ -489,7 +586,7 @@ func (c *checker) linkTarget(raw, name, linkname string) (string, error) {
 	}
 	if newest > n.serial {
 		// A directory on the target's path was replaced after it was written.
-		return "", reject(raw, ErrHardlinkTarget, "-> %s no longer exists", t)
+		return "", reject(raw, ErrHardlinkTarget, "-> %s no longer exists", quote(t))
 	}
 	return t, nil
 }

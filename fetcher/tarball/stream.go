@@ -58,8 +58,17 @@ const zstdMaxWindow = 64 << 20
 // unbounded tar (zeros after the end marker, huge PAX records).
 const entryAllowance = 8 << 10
 
+// MaxPadding is the most bytes, all zeros, accepted after a tar archive's
+// end-of-archive marker (ErrTrailingData past it). tar writers pad the
+// archive to their record size: 10 KiB for GNU and BSD tar by default,
+// larger with a bigger blocking factor (-b 2048 is 1 MiB); 4 MiB admits
+// all of them.
+const MaxPadding = 4 << 20
+
 // maxStreamBytes is the most bytes of tar stream (decompressed, for a
-// compressed layer) an archive within l may need.
+// compressed layer) an archive within l may need. The limits are clamped
+// (MaxLimitBytes, MaxLimitCount), so the sum is far below the largest
+// int64.
 func maxStreamBytes(l Limits) int64 {
 	l = l.withDefaults()
 	return l.MaxTotalSize + int64(l.MaxEntries+1)*entryAllowance
@@ -151,9 +160,10 @@ type stream struct {
 	comp  Compression
 	other string // a compression we do not read, named in errors
 	zr    *zstd.Decoder
-	cur   string // entry being read ("" before the first header)
-	mark  int64  // offset when Next was last called
-	err   error  // opening the decompressor failed
+	raw   io.Reader // the source's bytes, before decompression
+	cur   string    // entry being read ("" before the first header)
+	mark  int64     // offset when Next was last called
+	err   error     // opening the decompressor failed
 }
 
 // newStream reads r, decompressed when its first bytes say it is gzip or
@@ -161,7 +171,7 @@ type stream struct {
 func newStream(ctx context.Context, r io.Reader, limits Limits, hashed bool) *stream {
 	src := &source{r: r}
 	br := bufio.NewReaderSize(src, readBufferSize)
-	s := &stream{ctx: ctx}
+	s := &stream{ctx: ctx, raw: br}
 	magic, _ := br.Peek(6)
 	var tarBytes io.Reader = br
 	switch {
@@ -214,23 +224,68 @@ func (s *stream) close() {
 	}
 }
 
-// drain reads what follows the end-of-archive marker (padding to the
-// writer's record size), so that the diff ID covers the whole stream and a
-// compressed stream's own end (gzip's checksum) is checked.
+// drain reads what follows the end-of-archive marker: padding to the
+// writer's record size, at most MaxPadding bytes of zeros (ErrTrailingData
+// otherwise), so that the diff ID covers the whole stream and a compressed
+// stream's own end (gzip's checksum) is checked. For a compressed layer it
+// then checks that nothing follows the compressed data either, so that a
+// nil error means r was read to its end.
 func (s *stream) drain() error {
 	buf := make([]byte, 32<<10)
+	end := s.cnt.n // the end of the marker
 	for {
 		if err := s.ctx.Err(); err != nil {
 			return err
 		}
-		_, err := s.cnt.Read(buf)
+		n, err := s.cnt.Read(buf)
+		if i := nonZero(buf[:n]); i >= 0 {
+			off := s.cnt.n - int64(n) + int64(i)
+			return reject(s.cur, ErrTrailingData, "a byte that is not zero at offset %d, %d bytes after the marker", off, off-end)
+		}
+		if s.cnt.n-end > MaxPadding {
+			return reject(s.cur, ErrTrailingData, "more than %d bytes of padding", MaxPadding)
+		}
 		if err == io.EOF {
-			return nil
+			return s.sourceEnded()
 		}
 		if err != nil {
 			return s.wrap(err)
 		}
 	}
+}
+
+// sourceEnded checks, for a compressed layer whose decompressed stream
+// ended, that the source has no bytes left (the decompressors read to the
+// source's end and refuse what they cannot decode, so this is a guard of
+// the promise that a nil error means the whole source was read).
+func (s *stream) sourceEnded() error {
+	if s.comp == Plain {
+		return nil
+	}
+	var b [1]byte
+	switch _, err := io.ReadFull(s.raw, b[:]); err {
+	case nil:
+		return s.formatErr(fmt.Errorf("data after the end of the %s stream", s.comp))
+	case io.EOF:
+		return nil
+	default:
+		return fmt.Errorf("read %s stream: %w", s.comp, err)
+	}
+}
+
+// nonZero is the index of the first byte of p that is not zero, or -1.
+// Whole blocks are compared at once; padding is mostly zeros.
+func nonZero(p []byte) int {
+	off := 0
+	for len(p)-off >= len(zeroBlock) && bytes.Equal(p[off:off+len(zeroBlock)], zeroBlock[:]) {
+		off += len(zeroBlock)
+	}
+	for ; off < len(p); off++ {
+		if p[off] != 0 {
+			return off
+		}
+	}
+	return -1
 }
 
 // diffID is "sha256:<hex>" of the tar stream read so far (hashed streams).

@@ -18,6 +18,7 @@ type Report struct {
 	Fifos        int   // named pipes
 	Whiteouts    int   // OCI whiteouts (.wh.<name> and .wh..wh..opq)
 	TotalBytes   int64 // sum of the regular files' sizes
+	XattrBytes   int64 // sum of the entries' extended attributes (names and values), counted with TotalBytes against Limits.MaxTotalSize
 	ArchiveBytes int64 // bytes of the tar stream, end marker and padding after it included (decompressed)
 
 	// Compression is how the bytes read were stored: plain, gzip or zstd.
@@ -43,7 +44,10 @@ type Report struct {
 // the extraction policy (see the package documentation). It returns nil only
 // if Extract of the same bytes into an empty directory applies no rejection;
 // a rejection is a *PolicyError or *FormatError naming the entry (see
-// IsRejection); other errors come from reading r or from ctx.
+// IsRejection); other errors come from reading r or from ctx. A nil error
+// means r was read to its end: the padding after the end-of-archive marker
+// is bounded (ErrTrailingData), and so is what a compressed layer may hold
+// after its compressed data (nothing).
 func Validate(ctx context.Context, r io.Reader, limits Limits) (Report, error) {
 	var rep Report
 	s := newStream(ctx, r, limits, true)
@@ -69,6 +73,7 @@ func Validate(ctx context.Context, r io.Reader, limits Limits) (Report, error) {
 		if err != nil {
 			return rep, err
 		}
+		rep.XattrBytes += e.xattrBytes
 		if hdr.Typeflag != tar.TypeXGlobalHeader {
 			switch n := e.clean; {
 			case n == ".":
