@@ -1,0 +1,202 @@
+//go:build !dm
+
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/log"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/control"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+)
+
+var (
+	startupCLI = flag.String("flyio.cli", "../../bin/containerd-flyio-snapshotter",
+		"BenchmarkCLIStartup: the binary to time (make build writes the default)")
+	startupBase = flag.String("flyio.cli-base", "",
+		"BenchmarkCLIStartup: a second binary timed in the same run (e.g. main's build), for a before/after")
+	startupRounds = flag.Int("flyio.startup-rounds", 100, "BenchmarkCLIStartup: runs of each command")
+	startupWrap   = flag.String("flyio.startup-wrap", "",
+		"BenchmarkCLIStartup: a command every timed program runs under, e.g. \"qemu-x86_64 -cpu max\" (user-mode TCG, a proxy for the VM's emulation)")
+)
+
+// stubPuller stands in for the daemon's pipelines behind the control
+// socket: it answers every pull at once with an unchanged two-layer image
+// (nothing downloaded or unpacked), as the daemon answers an idempotent
+// re-pull from its records. What the daemon's own work costs is timed in
+// the VM by BenchmarkPull; here only the CLI's side of the call is.
+type stubPuller struct{}
+
+func (stubPuller) Pull(_ context.Context, req pipeline.PullRequest, progress func(pipeline.Event)) (*pipeline.PullResult, error) {
+	id := "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	return &pipeline.PullResult{Ref: req.Ref, Source: "s3://" + req.Bucket + "/" + req.Key, ImageID: id,
+		Layers:     []pipeline.Layer{{Key: req.Key + "01.tar"}, {Key: req.Key + "02.tar"}},
+		TopChainID: "sha256:" + id,
+		Snapshot: pipeline.ActivateResponse{ImageID: id, SnapshotName: "snap-" + id, DeviceName: "flyio-pool-snap-7",
+			DevicePath: "/dev/mapper/flyio-pool-snap-7", OriginDevice: 6, Active: true, Registered: true, Ref: req.Ref}}, nil
+}
+
+func (stubPuller) Activate(context.Context, string) (*pipeline.ActivateResponse, error) {
+	return nil, errors.New("stubPuller: activate is not timed")
+}
+
+// helloWorld builds the anchor: the smallest static Go program that writes
+// a line, so that what remains of the CLI's time above it is what the CLI
+// itself links and does.
+func helloWorld(b *testing.B, dir string) string {
+	src := filepath.Join(dir, "hello")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	files := map[string]string{
+		"go.mod":  "module hello\n\ngo 1.25\n",
+		"main.go": "package main\n\nimport \"os\"\n\nfunc main() { os.Stdout.WriteString(\"hello\\n\") }\n",
+	}
+	for name, text := range files {
+		if err := os.WriteFile(filepath.Join(src, name), []byte(text), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	bin := filepath.Join(dir, "hello-world")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, ".")
+	cmd.Dir = src
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=", "GOWORK=off")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("building the hello-world anchor: %v: %s", err, out)
+	}
+	return bin
+}
+
+// timedCmd is one command line of the table and what its runs took.
+type timedCmd struct {
+	label string
+	args  []string
+	want  string // in its standard output, checked on every run
+	wall  []time.Duration
+	cpu   []time.Duration // user + system time of the process
+}
+
+func (c *timedCmd) run(b *testing.B, wrap []string) {
+	args := append(slices.Clone(wrap), c.args...)
+	cmd := exec.Command(args[0], args[1:]...)
+	var out, errOut strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	start := time.Now()
+	err := cmd.Run()
+	took := time.Since(start)
+	if err != nil || !strings.Contains(out.String(), c.want) {
+		b.Fatalf("%s: %v; stdout %q, stderr %q; want %q in stdout", strings.Join(args, " "), err, out.String(), errOut.String(), c.want)
+	}
+	c.wall = append(c.wall, took)
+	c.cpu = append(c.cpu, cmd.ProcessState.UserTime()+cmd.ProcessState.SystemTime())
+}
+
+func median(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// BenchmarkCLIStartup times the CLI's idempotent re-pull, whole process,
+// against a control socket served in this process, beside the CLI's
+// start-up alone (`version`) and two anchors: /bin/true and a static Go
+// hello-world. Every command runs -flyio.startup-rounds times, the
+// commands taking turns so that a load burst on the (shared) machine hits
+// them alike; the table gives medians of wall time and of CPU time and
+// their ratios to the hello-world. -flyio.cli-base adds the same rows for
+// a second binary (before/after in one run); -flyio.startup-wrap runs
+// every program under an emulator.
+//
+//	make build && go test -tags 'sqlite_omit_load_extension osusergo netgo' \
+//	  ./cmd/containerd-flyio-snapshotter -run '^$' -bench CLIStartup -benchtime 1x
+func BenchmarkCLIStartup(b *testing.B) {
+	// The server logs every pull at info; the table is the output.
+	if err := log.SetLevel("warn"); err != nil {
+		b.Fatal(err)
+	}
+	dir := b.TempDir()
+	sock := filepath.Join(dir, "control.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- control.Serve(ctx, lis, stubPuller{}) }()
+	defer func() {
+		cancel()
+		if err := <-served; err != nil {
+			b.Errorf("control.Serve: %v", err)
+		}
+	}()
+	cfg := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, "[daemon]\ncontrol_socket = %q\n", sock), 0o644); err != nil {
+		b.Fatal(err)
+	}
+
+	hello := helloWorld(b, dir)
+	cmds := []*timedCmd{
+		{label: "/bin/true", args: []string{"/bin/true"}},
+		{label: "Go hello-world, static (anchor)", args: []string{hello}, want: "hello"},
+	}
+	const image = "s3://bench/images/app/"
+	const result = "downloaded 0, unpacked 0"
+	addCLI := func(name, bin string) {
+		abs, err := filepath.Abs(bin)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := os.Stat(abs); err != nil {
+			b.Fatalf("the CLI binary %s (run make build first, or pass -flyio.cli): %v", abs, err)
+		}
+		cmds = append(cmds,
+			&timedCmd{label: name + " version", args: []string{abs, "version"}, want: "containerd-flyio-snapshotter "},
+			&timedCmd{label: name + " pull --socket (re-pull)", args: []string{abs, "pull", "--socket", sock, image, "--name", "app"}, want: result},
+			&timedCmd{label: name + " pull --config (re-pull)", args: []string{abs, "pull", "--config", cfg, image, "--name", "app"}, want: result})
+	}
+	if *startupBase != "" {
+		addCLI("base:", *startupBase)
+	}
+	addCLI("cli:", *startupCLI)
+
+	wrap := strings.Fields(*startupWrap)
+	for _, c := range cmds { // warm the page cache and the emulator's first run
+		c.run(b, wrap)
+		c.wall, c.cpu = nil, nil
+	}
+	for range *startupRounds {
+		for _, c := range cmds {
+			c.run(b, wrap)
+		}
+	}
+
+	anchor := cmds[1]
+	aw, ac := median(anchor.wall), median(anchor.cpu)
+	w := os.Stdout
+	fmt.Fprintf(w, "\nBenchmarkCLIStartup: %d runs of each command", *startupRounds)
+	if len(wrap) > 0 {
+		fmt.Fprintf(w, ", each under %q", *startupWrap)
+	}
+	fmt.Fprintf(w, "\n| command | wall (median) | ratio | CPU user+sys (median) | ratio |\n|---|---|---|---|---|\n")
+	for _, c := range cmds {
+		mw, mc := median(c.wall), median(c.cpu)
+		fmt.Fprintf(w, "| %s | %s | %.2f | %s | %.2f |\n", c.label, mw.Round(10*time.Microsecond), float64(mw)/float64(aw),
+			mc.Round(10*time.Microsecond), float64(mc)/float64(ac))
+	}
+	last := cmds[len(cmds)-3:]
+	b.ReportMetric(float64(median(last[0].wall))/float64(aw), "version/hello")
+	b.ReportMetric(float64(median(last[2].wall))/float64(aw), "repull/hello")
+	b.ReportMetric(float64(median(last[2].wall).Microseconds())/1000, "repull-ms")
+}
