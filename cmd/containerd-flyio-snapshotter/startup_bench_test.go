@@ -52,33 +52,6 @@ func (stubPuller) Activate(context.Context, string) (*pipeline.ActivateResponse,
 	return nil, errors.New("stubPuller: activate is not timed")
 }
 
-// helloWorld builds the anchor: the smallest static Go program that writes
-// a line, so that what remains of the CLI's time above it is what the CLI
-// itself links and does.
-func helloWorld(b *testing.B, dir string) string {
-	src := filepath.Join(dir, "hello")
-	if err := os.MkdirAll(src, 0o755); err != nil {
-		b.Fatal(err)
-	}
-	files := map[string]string{
-		"go.mod":  "module hello\n\ngo 1.25\n",
-		"main.go": "package main\n\nimport \"os\"\n\nfunc main() { os.Stdout.WriteString(\"hello\\n\") }\n",
-	}
-	for name, text := range files {
-		if err := os.WriteFile(filepath.Join(src, name), []byte(text), 0o644); err != nil {
-			b.Fatal(err)
-		}
-	}
-	bin := filepath.Join(dir, "hello-world")
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, ".")
-	cmd.Dir = src
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=", "GOWORK=off")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		b.Fatalf("building the hello-world anchor: %v: %s", err, out)
-	}
-	return bin
-}
-
 // timedCmd is one command line of the table and what its runs took.
 type timedCmd struct {
 	label string
@@ -146,7 +119,10 @@ func BenchmarkCLIStartup(b *testing.B) {
 		b.Fatal(err)
 	}
 
-	hello := helloWorld(b, dir)
+	hello, err := helloWorld(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
 	cmds := []*timedCmd{
 		{label: "/bin/true", args: []string{"/bin/true"}},
 		{label: "Go hello-world, static (anchor)", args: []string{hello}, want: "hello"},
