@@ -175,4 +175,89 @@ func BenchmarkCLIStartup(b *testing.B) {
 	b.ReportMetric(float64(median(last[0].wall))/float64(aw), "version/hello")
 	b.ReportMetric(float64(median(last[2].wall))/float64(aw), "repull/hello")
 	b.ReportMetric(float64(median(last[2].wall).Microseconds())/1000, "repull-ms")
+
+	inits := initCosts(b, wrap, last[0].args, 9)
+	fmt.Fprintf(w, "\nwhere `%s version` spends its package initialisers (GODEBUG=inittrace=1, median of 9 runs per package, grouped by module):\n", filepath.Base(last[0].args[0]))
+	fmt.Fprintf(w, "| module | init clock | share |\n|---|---|---|\n")
+	var total float64
+	for _, c := range inits {
+		total += c.ms
+	}
+	for i, c := range inits {
+		if i == 15 {
+			break
+		}
+		fmt.Fprintf(w, "| %s | %.2fms | %.0f%% |\n", c.module, c.ms, 100*c.ms/total)
+	}
+	fmt.Fprintf(w, "| all %d modules | %.2fms | 100%% |\n", len(inits), total)
+}
+
+// initCost is the start-up time the package initialisers of one module
+// take.
+type initCost struct {
+	module string
+	ms     float64
+}
+
+// initCosts runs args (a CLI command) runs times with GODEBUG=inittrace=1
+// and returns, per module, the sum over its packages of each package's
+// median init clock, most expensive first.
+func initCosts(b *testing.B, wrap, args []string, runs int) []initCost {
+	perPkg := map[string][]float64{}
+	for range runs {
+		all := append(slices.Clone(wrap), args...)
+		cmd := exec.Command(all[0], all[1:]...)
+		cmd.Env = append(os.Environ(), "GODEBUG=inittrace=1")
+		var trace strings.Builder
+		cmd.Stderr = &trace
+		if err := cmd.Run(); err != nil {
+			b.Fatalf("%s with GODEBUG=inittrace=1: %v: %s", strings.Join(all, " "), err, trace.String())
+		}
+		// init PKG @T ms, C ms clock, B bytes, A allocs
+		for _, line := range strings.Split(trace.String(), "\n") {
+			var pkg, at string
+			var clock float64
+			if n, _ := fmt.Sscanf(line, "init %s %s ms, %g ms clock", &pkg, &at, &clock); n == 3 {
+				perPkg[pkg] = append(perPkg[pkg], clock)
+			}
+		}
+	}
+	if len(perPkg) == 0 {
+		b.Fatalf("%s printed no init trace", strings.Join(args, " "))
+	}
+	perModule := map[string]float64{}
+	for pkg, clocks := range perPkg {
+		slices.Sort(clocks)
+		perModule[modulePrefix(pkg)] += clocks[len(clocks)/2]
+	}
+	var out []initCost
+	for m, ms := range perModule {
+		out = append(out, initCost{m, ms})
+	}
+	slices.SortFunc(out, func(x, y initCost) int {
+		if x.ms != y.ms {
+			if x.ms > y.ms {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(x.module, y.module)
+	})
+	return out
+}
+
+// modulePrefix names the module a package most likely belongs to from its
+// path alone: "std" for the standard library, the first two elements under
+// google.golang.org and go.opentelemetry.io, the first three elsewhere
+// (github.com/OWNER/REPO, golang.org/x/REPO).
+func modulePrefix(pkg string) string {
+	parts := strings.Split(pkg, "/")
+	if !strings.Contains(parts[0], ".") {
+		return "std"
+	}
+	n := 3
+	if parts[0] == "google.golang.org" || parts[0] == "go.opentelemetry.io" {
+		n = 2
+	}
+	return strings.Join(parts[:min(n, len(parts))], "/")
 }
