@@ -178,7 +178,10 @@ func (c *Client) post(ctx context.Context, path string, body any) (*http.Respons
 	resp, err := c.exchange(req, conn)
 	if err != nil {
 		cb.Close()
-		return nil, cb.cause(err)
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, fmt.Errorf("control socket %s: %w", c.socket, cerr)
+		}
+		return nil, err
 	}
 	cb.body = resp.Body
 	resp.Body = cb
@@ -205,21 +208,17 @@ type connBody struct {
 	body io.ReadCloser
 }
 
+// Read reads the answer; once the context has ended it reports the
+// context's error, not the "use of closed network connection" that the
+// context's end caused.
 func (b *connBody) Read(p []byte) (int, error) {
 	n, err := b.body.Read(p)
 	if err != nil && err != io.EOF {
-		err = b.cause(err)
+		if cerr := b.ctx.Err(); cerr != nil {
+			err = cerr
+		}
 	}
 	return n, err
-}
-
-// cause is err, or the context's error when the context's end closed the
-// connection under it.
-func (b *connBody) cause(err error) error {
-	if cerr := b.ctx.Err(); cerr != nil {
-		return fmt.Errorf("%w (%w)", cerr, err)
-	}
-	return err
 }
 
 func (b *connBody) Close() error {
