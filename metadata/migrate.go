@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/containerd/log"
 )
@@ -53,19 +54,24 @@ const ledgerBootstrap = `CREATE TABLE IF NOT EXISTS schema_migrations (
     description TEXT
 );`
 
-var embedded = mustLoadMigrations()
+// embedded returns the embedded migrations, read and hashed on first use:
+// only commands that open the database need them, and every process of the
+// binary (the CLI's client subcommands too) would otherwise pay for
+// reading and hashing them at start-up.
+var embedded = sync.OnceValue(mustLoadMigrations)
 
 // Migrations returns the embedded migrations in version order.
 func Migrations() []Migration {
-	return append([]Migration(nil), embedded...)
+	return append([]Migration(nil), embedded()...)
 }
 
 // LatestVersion is the highest embedded migration version.
 func LatestVersion() int {
-	if len(embedded) == 0 {
+	ms := embedded()
+	if len(ms) == 0 {
 		return 0
 	}
-	return embedded[len(embedded)-1].Version
+	return ms[len(ms)-1].Version
 }
 
 // reworded lists, per version, the SHA-256 of earlier texts of a migration
@@ -198,13 +204,13 @@ func checkLedger(rows []LedgerRow, allowNewer bool) error {
 		if r.Version != i+1 {
 			return fmt.Errorf("%w: schema_migrations has version %d at position %d: versions must be 1..N without gaps", ErrLedgerMismatch, r.Version, i+1)
 		}
-		if r.Version > len(embedded) {
+		if r.Version > len(embedded()) {
 			if allowNewer {
 				continue
 			}
-			return fmt.Errorf("%w: database records migration %d but this binary embeds only 1..%d: upgrade the binary", ErrSchemaTooNew, r.Version, len(embedded))
+			return fmt.Errorf("%w: database records migration %d but this binary embeds only 1..%d: upgrade the binary", ErrSchemaTooNew, r.Version, len(embedded()))
 		}
-		m := embedded[r.Version-1]
+		m := embedded()[r.Version-1]
 		if r.SHA256 == "" {
 			if hashed {
 				return fmt.Errorf("%w: migration %d (%s) has no recorded sql_sha256", ErrLedgerMismatch, r.Version, m.Name)
@@ -276,7 +282,7 @@ func (d *DB) hasUserTables(ctx context.Context) (bool, error) {
 // first one's work and skips it, and a process killed mid-migration leaves
 // the previous version intact for the next open to finish.
 func (d *DB) migrate(ctx context.Context, max int) (MigrateResult, error) {
-	target := len(embedded)
+	target := len(embedded())
 	if max > 0 && max < target {
 		target = max
 	}
@@ -302,7 +308,7 @@ func (d *DB) migrate(ctx context.Context, max int) (MigrateResult, error) {
 		}
 		res.Backup = b
 	}
-	for _, m := range embedded[:target] {
+	for _, m := range embedded()[:target] {
 		applied, err := d.applyMigration(ctx, m)
 		if err != nil {
 			return res, err
@@ -326,11 +332,11 @@ func (d *DB) recordCurrentHashes(ctx context.Context) error {
 	}
 	return d.WithTx(ctx, func(tx *sql.Tx) error {
 		for v, old := range reworded {
-			if v > len(embedded) {
+			if v > len(embedded()) {
 				continue
 			}
 			if _, err := tx.ExecContext(ctx, `UPDATE schema_migrations SET sql_sha256 = ? WHERE version = ? AND sql_sha256 = ?`,
-				embedded[v-1].SHA256, v, old); err != nil {
+				embedded()[v-1].SHA256, v, old); err != nil {
 				return fmt.Errorf("metadata: recording the hash of migration %d in %s: %w", v, d.path, err)
 			}
 		}

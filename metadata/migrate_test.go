@@ -72,9 +72,9 @@ func checkLedgerHashes(t *testing.T, d *DB, allowEarlier bool) {
 		t.Fatalf("ledger = %d rows, %v; want %d", len(rows), err, LatestVersion())
 	}
 	for i, r := range rows {
-		ok := r.SHA256 == embedded[i].SHA256 || allowEarlier && rewordedFrom(r.Version, r.SHA256)
+		ok := r.SHA256 == embedded()[i].SHA256 || allowEarlier && rewordedFrom(r.Version, r.SHA256)
 		if r.Version != i+1 || !ok || r.AppliedAt == "" {
-			t.Errorf("ledger row %d = %+v, want version %d hash %s", i, r, i+1, embedded[i].SHA256)
+			t.Errorf("ledger row %d = %+v, want version %d hash %s", i, r, i+1, embedded()[i].SHA256)
 		}
 	}
 }
@@ -254,7 +254,7 @@ func TestConcurrentMigration(t *testing.T) {
 
 func allVersions() []int {
 	var v []int
-	for _, m := range embedded {
+	for _, m := range embedded() {
 		v = append(v, m.Version)
 	}
 	return v

@@ -141,21 +141,23 @@ func Serve(ctx context.Context, lis net.Listener, p Puller) error {
 	}
 }
 
-// Client talks to a daemon's control socket.
+// Client talks to a daemon's control socket. Each call is one HTTP/1.1
+// exchange on a connection of its own, written and read in the caller's
+// goroutine: a CLI process makes one call, so an http.Transport's
+// connection pool and the goroutines it starts per connection are work
+// the call would pay for and never use.
 type Client struct {
 	socket string
-	hc     *http.Client
 }
 
 // NewClient returns a client of the control socket at path.
 func NewClient(path string) *Client {
-	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", path)
-	}}
-	return &Client{socket: path, hc: &http.Client{Transport: tr}}
+	return &Client{socket: path}
 }
 
+// post sends body as JSON to path on a new connection and returns the
+// answer, whose body reads from that connection and closes it. ctx cuts
+// the dial, the exchange and the reading of the body.
 func (c *Client) post(ctx context.Context, path string, body any) (*http.Response, error) {
 	raw, err := json.Marshal(body)
 	if err != nil {
@@ -166,11 +168,62 @@ func (c *Client) post(ctx context.Context, path string, body any) (*http.Respons
 		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.hc.Do(req)
+	req.Close = true // one exchange per connection
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", c.socket)
 	if err != nil {
 		return nil, fmt.Errorf("control socket %s: %w (is the daemon running?)", c.socket, err)
 	}
+	cb := &connBody{ctx: ctx, conn: conn, stop: context.AfterFunc(ctx, func() { conn.Close() })}
+	resp, err := c.exchange(req, conn)
+	if err != nil {
+		cb.Close()
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, fmt.Errorf("control socket %s: %w", c.socket, cerr)
+		}
+		return nil, err
+	}
+	cb.body = resp.Body
+	resp.Body = cb
 	return resp, nil
+}
+
+func (c *Client) exchange(req *http.Request, conn net.Conn) (*http.Response, error) {
+	if err := req.Write(conn); err != nil {
+		return nil, fmt.Errorf("control socket %s: sending %s: %w", c.socket, req.URL.Path, err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
+	if err != nil {
+		return nil, fmt.Errorf("control socket %s: reading the answer to %s: %w", c.socket, req.URL.Path, err)
+	}
+	return resp, nil
+}
+
+// connBody is an answer's body: closing it closes the connection, and a
+// read cut by the caller's context reports the context's error.
+type connBody struct {
+	ctx  context.Context
+	conn net.Conn
+	stop func() bool
+	body io.ReadCloser
+}
+
+// Read reads the answer; once the context has ended it reports the
+// context's error, not the "use of closed network connection" that the
+// context's end caused.
+func (b *connBody) Read(p []byte) (int, error) {
+	n, err := b.body.Read(p)
+	if err != nil && err != io.EOF {
+		if cerr := b.ctx.Err(); cerr != nil {
+			err = cerr
+		}
+	}
+	return n, err
+}
+
+func (b *connBody) Close() error {
+	b.stop()
+	return b.conn.Close()
 }
 
 // Pull asks the daemon to pull req and calls onEvent for each progress
