@@ -37,8 +37,8 @@ type DownloadResponse struct {
 	LocalPath string `json:"local_path"`
 	Checksum  string `json:"checksum"` // "sha256:<hex>" of the object's bytes: the layer file's digest
 	// DiffID is "sha256:<hex>" of the layer's uncompressed tar, set by
-	// validate: what names its chains. A response recorded before layers
-	// could be compressed has none (see diffID).
+	// validate for a compressed layer: what names its chains. A plain
+	// layer's is its digest, Checksum (hashed once, see diffID).
 	DiffID       string `json:"diff_id,omitempty"`
 	SizeBytes    int64  `json:"size_bytes"`
 	HasRootfs    bool   `json:"has_rootfs"`
@@ -48,8 +48,8 @@ type DownloadResponse struct {
 	Resumes      int    `json:"resumes"`       // Range resumes of the successful attempt
 }
 
-// diffID is the layer's diff ID: DiffID, or, for a response recorded
-// before layers could be compressed (all plain tars), the file's digest.
+// diffID is the layer's diff ID: DiffID, or, for a plain layer, the
+// file's digest.
 func (r *DownloadResponse) diffID() string {
 	if r.DiffID != "" {
 		return r.DiffID
@@ -263,7 +263,7 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 		writers = append(writers, vw)
 		p.hook("download:validating")
 		go func() {
-			rep, verr := tarball.Validate(ctx, vr, p.opts.Limits)
+			rep, verr := tarball.Validate(ctx, vr, p.opts.Limits, tarball.CallerHashesPlain())
 			// Validate read the stream to its end (the padding after the
 			// end-of-archive marker is bounded there) or refused it:
 			// nothing more is read, and a rejection stops the download.
@@ -412,7 +412,7 @@ func (p *Pipelines) validate(ctx context.Context, req *dlReq) (*dlResp, error) {
 	defer f.Close()
 	h := sha256.New()
 	tee := io.TeeReader(f, h)
-	rep, verr := tarball.Validate(ctx, tee, p.opts.Limits)
+	rep, verr := tarball.Validate(ctx, tee, p.opts.Limits, tarball.CallerHashesPlain())
 	if verr != nil && !tarball.IsRejection(verr) {
 		return nil, fmt.Errorf("validate %s: %w", resp.LocalPath, verr)
 	}

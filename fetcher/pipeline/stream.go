@@ -275,7 +275,7 @@ func (p *Pipelines) streamNames(ctx context.Context, dlID string, size int64) (r
 	case <-ctx.Done():
 		return rep, false, ctx.Err()
 	}
-	if s.err != nil || s.read != size || s.stats.DiffID == "" {
+	if s.err != nil || s.read != size || s.stats.DiffID == "" && s.stats.Compression != tarball.Plain {
 		return rep, false, nil
 	}
 	return tarball.Report{Entries: s.stats.Entries, DiffID: s.stats.DiffID, HasRootfs: s.stats.StrippedRootfs}, true, nil

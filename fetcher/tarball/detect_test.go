@@ -3,7 +3,9 @@ package tarball
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
+	"fmt"
 	"testing"
 )
 
@@ -71,4 +73,33 @@ func TestDetectRootfs(t *testing.T) {
 			t.Fatalf("DetectRootfs on an archive that leaves rootfs/: %v, want ErrOutsideRootfs", err)
 		}
 	})
+}
+
+// TestPlainHashedByCaller: with CallerHashesPlain (Validate) or HashStream
+// (Extract), a compressed layer is named by its decompressed stream's
+// SHA-256, and a plain layer is left to the caller, whose SHA-256 of the
+// bytes it reads is the same diff ID: those bytes are hashed once.
+func TestPlainHashedByCaller(t *testing.T) {
+	plain := build(t, dir("etc/"), file("etc/hostname", "box\n"))
+	full, err := Validate(context.Background(), bytes.NewReader(plain), Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		data     []byte
+		wantDiff string
+	}{{"plain", plain, ""}, {"gzip", gzipped(t, plain), full.DiffID}, {"zstd", zstded(t, plain), full.DiffID}} {
+		rep, err := Validate(context.Background(), bytes.NewReader(tc.data), Limits{}, CallerHashesPlain())
+		if err != nil || rep.DiffID != tc.wantDiff {
+			t.Errorf("%s: Validate with CallerHashesPlain: diff ID %q, %v; want %q", tc.name, rep.DiffID, err, tc.wantDiff)
+		}
+		st, err := ExtractDir(context.Background(), bytes.NewReader(tc.data), newSandbox(t).target, ExtractOptions{HashStream: true, NoChown: true})
+		if err != nil || st.DiffID != tc.wantDiff || (st.Compression == Plain) != (tc.name == "plain") {
+			t.Errorf("%s: Extract with HashStream: diff ID %q (%s), %v; want %q", tc.name, st.DiffID, st.Compression, err, tc.wantDiff)
+		}
+	}
+	if want := "sha256:" + fmt.Sprintf("%x", sha256.Sum256(plain)); full.DiffID != want {
+		t.Errorf("Validate of the plain layer: diff ID %s, want its SHA-256 %s", full.DiffID, want)
+	}
 }

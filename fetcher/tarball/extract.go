@@ -36,9 +36,11 @@ type ExtractOptions struct {
 	// Report.HasRootfs never completes; a caller that is told so extracts
 	// again with StripRootfs set from the report.
 	DetectRootfs bool
-	// HashStream computes the tar stream's SHA-256 as it is read
-	// (Stats.DiffID), so that one read of a layer both extracts it and
-	// names it.
+	// HashStream computes a compressed layer's diff ID, the SHA-256 of its
+	// decompressed tar stream, as it is read (Stats.DiffID), so that one
+	// read of a layer both extracts it and names it. A plain layer's diff
+	// ID is the SHA-256 of the bytes given, which the caller computes as it
+	// reads them: Stats.DiffID is left empty (Stats.Compression says which).
 	HashStream bool
 	// MaxDataBytes, if positive, is the most file content and extended
 	// attributes (names and values) Extract writes (runs of zeros are left
@@ -93,9 +95,12 @@ type Stats struct {
 	// StrippedRootfs reports that rootfs/ was extracted as the root
 	// (StripRootfs, or what DetectRootfs decided).
 	StrippedRootfs bool
-	// DiffID is "sha256:<hex>" of the whole tar stream, as Validate's
-	// Report has it: set with HashStream when Extract returns nil.
+	// DiffID is "sha256:<hex>" of the whole decompressed tar stream, as
+	// Validate's Report has it: set with HashStream for a compressed layer
+	// when Extract returns nil.
 	DiffID string
+	// Compression is how the bytes read were stored.
+	Compression Compression
 }
 
 // ExtractDir is Extract into the directory dir, opened as an os.Root.
@@ -139,7 +144,12 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 		x.st.StrippedRootfs = opts.StripRootfs
 	}
 	defer x.cur.close()
-	s := newStream(ctx, r, opts.Limits, opts.HashStream)
+	hash := hashNone
+	if opts.HashStream {
+		hash = hashCompressed
+	}
+	s := newStream(ctx, r, opts.Limits, hash)
+	x.st.Compression = s.comp
 	defer s.close()
 	// held are the headers read before DetectRootfs could decide (the
 	// archive root, global headers): bodiless, admitted once it has.

@@ -166,9 +166,23 @@ type stream struct {
 	err   error     // opening the decompressor failed
 }
 
+// hashing says which tar streams newStream hashes (diffID).
+type hashing int
+
+const (
+	hashNone hashing = iota
+	hashAll
+	// hashCompressed hashes a decompressed stream only: a plain stream's
+	// diff ID is the SHA-256 of the bytes given, which a caller that hashes
+	// them already has (and SHA-256 is, with decompression, the costliest
+	// work per byte of a pull: hashing the same bytes twice would double
+	// it for a plain layer).
+	hashCompressed
+)
+
 // newStream reads r, decompressed when its first bytes say it is gzip or
-// zstd; with hashed, the tar stream's SHA-256 is kept (diffID).
-func newStream(ctx context.Context, r io.Reader, limits Limits, hashed bool) *stream {
+// zstd; the tar stream's SHA-256 is kept (diffID) as hash says.
+func newStream(ctx context.Context, r io.Reader, limits Limits, hash hashing) *stream {
 	src := &source{r: r}
 	br := bufio.NewReaderSize(src, readBufferSize)
 	s := &stream{ctx: ctx, raw: br}
@@ -203,7 +217,7 @@ func newStream(ctx context.Context, r io.Reader, limits Limits, hashed bool) *st
 		s.other = "bzip2"
 	}
 	s.cnt = &counter{r: tarBytes, max: maxStreamBytes(limits)}
-	if hashed {
+	if hash == hashAll || hash == hashCompressed && s.comp != Plain {
 		s.cnt.h = sha256.New()
 	}
 	s.tr = tar.NewReader(s.cnt)

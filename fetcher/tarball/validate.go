@@ -26,7 +26,8 @@ type Report struct {
 	// DiffID is "sha256:<hex>" of the whole tar stream (decompressed, for
 	// a compressed layer): the layer's identity in containerd's sense, the
 	// same whether the layer is stored plain or compressed. Set only when
-	// Validate returns nil.
+	// Validate returns nil, and with CallerHashesPlain only for a
+	// compressed layer.
 	DiffID string
 
 	// HasRootfs is true when the archive keeps the image under a top-level
@@ -35,6 +36,18 @@ type Report struct {
 	// root itself ("." / "./"). A leading "./" is ignored throughout. Such an
 	// archive is extracted with ExtractOptions.StripRootfs.
 	HasRootfs bool
+}
+
+// ValidateOption tunes Validate.
+type ValidateOption func(*validateConfig)
+
+type validateConfig struct{ callerHashesPlain bool }
+
+// CallerHashesPlain tells Validate that the caller computes the SHA-256 of
+// the bytes it reads: a plain layer's Report.DiffID is then left empty
+// (it is the caller's digest), so those bytes are hashed once.
+func CallerHashesPlain() ValidateOption {
+	return func(c *validateConfig) { c.callerHashesPlain = true }
 }
 
 // Validate reads a whole tar stream once (decompressing a gzip or zstd
@@ -48,9 +61,17 @@ type Report struct {
 // means r was read to its end: the padding after the end-of-archive marker
 // is bounded (ErrTrailingData), and so is what a compressed layer may hold
 // after its compressed data (nothing).
-func Validate(ctx context.Context, r io.Reader, limits Limits) (Report, error) {
+func Validate(ctx context.Context, r io.Reader, limits Limits, opts ...ValidateOption) (Report, error) {
+	var cfg validateConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	hash := hashAll
+	if cfg.callerHashesPlain {
+		hash = hashCompressed
+	}
 	var rep Report
-	s := newStream(ctx, r, limits, true)
+	s := newStream(ctx, r, limits, hash)
 	defer s.close()
 	rep.Compression = s.comp
 	chk := newChecker(limits, false)
