@@ -30,8 +30,9 @@ import (
 func TestKillAtEveryStep(t *testing.T) {
 	e := newPullEnv(t)
 	// A step whose point is in the extraction while downloading waits for
-	// the unpack run that would adopt it; its layer's transfer is slowed so
-	// that the extraction starts while it is under way.
+	// the unpack run that would adopt it (in create-device); its layer's
+	// transfer is slowed so that the extraction starts while it is under
+	// way.
 	steps := []struct{ fsm, transition, point string }{
 		{pipeline.FSMDownload, "check-exists", "check-exists:started"},
 		{pipeline.FSMDownload, "download", "download:started"},
@@ -40,7 +41,7 @@ func TestKillAtEveryStep(t *testing.T) {
 		{pipeline.FSMUnpack, "check-unpacked", "check-unpacked:started"},
 		{pipeline.FSMUnpack, "create-device", "create-device:started"},
 		{pipeline.FSMUnpack, "extract-layers", "extract:started"},
-		{pipeline.FSMUnpack, "extract-layers", "stream-extract:started"},
+		{pipeline.FSMUnpack, "create-device", "stream-extract:started"},
 		{pipeline.FSMUnpack, "verify-layout", "verify-layout:started"},
 		{pipeline.FSMUnpack, "update-db", "update-db:started"},
 		{pipeline.FSMActivate, "check-snapshot", "check-snapshot:started"},

@@ -545,11 +545,15 @@ func TestPullPrepareFailsLeavesNothing(t *testing.T) {
 	e := newPullEnv(t, nil)
 	prepares := 0
 	e.sn.prepareErr = func(key, _ string) error {
-		if strings.HasPrefix(key, extractPrefix) && !strings.HasPrefix(key, streamPrefix) {
-			prepares++
-			return errors.New("injected: pool busy")
+		if !strings.HasPrefix(key, extractPrefix) {
+			return nil
 		}
-		return nil
+		// The extraction while downloading fails alike, and is not an
+		// attempt of create-device.
+		if !strings.HasPrefix(key, streamPrefix) {
+			prepares++
+		}
+		return errors.New("injected: pool busy")
 	}
 	e.srv.Put(t, "p/1.tar", layerTar(t, "p", 100))
 	if _, err := e.pull("p/", "p"); err == nil || !strings.Contains(err.Error(), "injected: pool busy") {

@@ -212,6 +212,22 @@ func (p *Pipelines) createDevice(ctx context.Context, req *upReq) (*upResp, erro
 	if err := p.discardExtract(ctx, r.ChainID); err != nil {
 		return nil, err
 	}
+	// The layer may have been extracted while it downloaded (in this
+	// process): that extraction's snapshot, on the same parent, is the
+	// device.
+	if dlRec, err := fsm.PredecessorRun(req.Run, FSMDownload); err == nil {
+		dl, err := fsm.PredecessorResponse[DownloadResponse](req.Run, FSMDownload)
+		if err != nil {
+			return nil, p.failUnpack(ctx, req, fsm.Abort(err))
+		}
+		s, err := p.adoptStream(ctx, dlRec.IdempotencyID, r.ParentChainID, dl)
+		if err != nil {
+			return nil, err
+		}
+		if s != nil {
+			return p.adoptExtraction(ctx, req, s)
+		}
+	}
 	if err := p.prepareExtract(ctx, r, resp); err != nil {
 		if errors.Is(err, thinpool.ErrPoolFull) || errdefs.IsNotFound(err) {
 			return nil, p.failUnpack(ctx, req, fsm.Abort(err))
@@ -249,19 +265,12 @@ func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, e
 		return nil, p.failUnpack(ctx, req, fsm.Abort(fmt.Errorf("unpack %s: download produced diff %s, the chain wants diff %s", r.ChainID, dl.diffID(), r.DiffID)))
 	}
 	p.hook("extract:started")
-	if req.Run.Attempt == 1 {
-		// The layer may have been extracted while it downloaded (this
-		// process only: an attempt after a crash or a failure starts on a
-		// fresh device).
-		if dlRec, err := fsm.PredecessorRun(req.Run, FSMDownload); err == nil {
-			s, err := p.adoptStream(ctx, dlRec.IdempotencyID, r.ParentChainID, dl)
-			if err != nil {
-				return nil, err
-			}
-			if s != nil {
-				return p.adoptExtraction(ctx, req, s)
-			}
-		}
+	if resp.Streamed && req.Run.Attempt == 1 {
+		// create-device adopted the extraction made while the layer
+		// downloaded; an attempt after a crash or a failure starts on a
+		// fresh device instead.
+		p.hub.emit(Event{Run: req.Run.ID, FSM: FSMUnpack, State: "extract-layers", Bytes: resp.SizeBytes, Files: resp.FileCount})
+		return fsm.NewResponse(resp), nil
 	}
 	// The file data written from a plain tar is at most its size (runs of
 	// zeros stay holes), so a tar within the budget cannot overrun it. A
@@ -350,15 +359,10 @@ func (p *Pipelines) extractBudget(ctx context.Context, limit int64) (int64, erro
 	return budget, nil
 }
 
-// adoptExtraction makes stream extraction s the unpack run's extraction:
-// the extraction snapshot prepared by create-device is removed, and s's
-// snapshot takes its place for verify-layout and update-db.
+// adoptExtraction makes stream extraction s the unpack run's extraction
+// snapshot, for extract-layers, verify-layout and update-db.
 func (p *Pipelines) adoptExtraction(ctx context.Context, req *upReq, s *streamExtraction) (*upResp, error) {
 	r, resp := req.Msg, req.Resp
-	if err := p.discardExtract(ctx, r.ChainID); err != nil {
-		_ = p.discardKey(ctx, s.key)
-		return nil, err
-	}
 	name, _, id, err := p.opts.Snapshots.DeviceOf(ctx, s.key)
 	if err != nil {
 		_ = p.discardKey(ctx, s.key)
@@ -366,7 +370,6 @@ func (p *Pipelines) adoptExtraction(ctx context.Context, req *upReq, s *streamEx
 	}
 	resp.ExtractKey, resp.DeviceName, resp.DeviceID, resp.Streamed = s.key, name, id, true
 	resp.SizeBytes, resp.FileCount = s.stats.Bytes, s.stats.Files
-	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMUnpack, State: "extract-layers", Bytes: s.stats.Bytes, Files: s.stats.Files})
 	log.G(ctx).WithField("chain", r.ChainID).WithField("snapshot", s.key).Debug("unpack: adopted the extraction made while downloading")
 	return fsm.NewResponse(resp), nil
 }
