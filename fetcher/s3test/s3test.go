@@ -1,8 +1,10 @@
 // Package s3test runs an in-process S3 server for tests: gofakes3 with its
 // in-memory backend, on 127.0.0.1, behind faultyS3, a fault injector at the
 // HTTP boundary that can answer errors, cut connections mid-body, send
-// truncated objects and be slow, and that counts every request so a test
-// can assert that no S3 request was made.
+// truncated objects and be slow (one request, or every request through a
+// shaped link), that enforces If-Match on GET and HEAD as S3 does, and
+// that counts and records every request so a test can assert that no S3
+// request was made, or what headers each one carried.
 package s3test
 
 import (
