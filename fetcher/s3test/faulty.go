@@ -61,7 +61,7 @@ type fault struct {
 	delay  time.Duration
 	body   func(i int) []byte
 	served int    // answers given so far (faultAnswer)
-	skip   int    // matching requests to let pass first (faultHook)
+	rng    string // the Range header it applies to (faultHook)
 	fn     func() // what to run (faultHook)
 }
 
@@ -119,11 +119,12 @@ func (f *faultyS3) StallAfter(n int, key string, after int64) {
 	f.add(&fault{kind: faultStall, key: key, method: http.MethodGet, times: n, after: after})
 }
 
-// BeforeGet runs fn when the nth GET of key from now on arrives (n from
-// 1), before it is answered: a test changes the object between two of a
-// reader's requests. Requests in flight meanwhile are not held.
-func (f *faultyS3) BeforeGet(nth int, key string, fn func()) {
-	f.add(&fault{kind: faultHook, key: key, method: http.MethodGet, times: 1, skip: nth - 1, fn: fn})
+// BeforeGet runs fn once, before answering the first GET of key whose
+// Range header is rng ("" for a GET of the whole object): a test changes
+// the object just before a reader's request for a given part. Requests
+// answered meanwhile are not held.
+func (f *faultyS3) BeforeGet(key, rng string, fn func()) {
+	f.add(&fault{kind: faultHook, key: key, method: http.MethodGet, times: 1, rng: rng, fn: fn})
 }
 
 // Shape makes every request wait latency before it is answered and every
@@ -207,8 +208,7 @@ func (f *faultyS3) take(r *http.Request, key string) plan {
 			continue
 		}
 		switch {
-		case fl.kind == faultHook && fl.skip > 0:
-			fl.skip--
+		case fl.kind == faultHook && fl.rng != r.Header.Get("Range"):
 		case fl.kind == faultHook:
 			due[fl] = true
 			p.hooks = append(p.hooks, fl.fn)

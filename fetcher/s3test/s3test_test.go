@@ -103,20 +103,21 @@ func TestIfMatchRangeAndRecord(t *testing.T) {
 	}
 }
 
-// TestBeforeGetAndShape: a hook runs before the nth GET only, and a shaped
+// TestBeforeGetAndShape: a hook runs once, before the first GET of its
+// range, and a shaped
 // link delays and paces answers.
 func TestBeforeGetAndShape(t *testing.T) {
 	srv := NewServer(t)
 	srv.Put(t, "o.tar", []byte("old"))
 	url := srv.URL + "/" + srv.Bucket + "/o.tar"
-	srv.Faults.BeforeGet(2, "o.tar", func() { srv.Put(t, "o.tar", []byte("new")) })
+	srv.Faults.BeforeGet("o.tar", "bytes=1-2", func() { srv.Put(t, "o.tar", []byte("new")) })
 	var got []string
-	for range 3 {
-		_, b := getWith(t, url, nil)
+	for _, rng := range []string{"", "bytes=0-1", "bytes=1-2", "bytes=0-1", "bytes=1-2"} {
+		_, b := getWith(t, url, map[string]string{"Range": rng})
 		got = append(got, string(b))
 	}
-	if strings.Join(got, " ") != "old new new" {
-		t.Errorf("bodies %v, want old new new (the object replaced before the second GET)", got)
+	if strings.Join(got, " ") != "old ol ew ne ew" {
+		t.Errorf("bodies %v, want old ol ew ne ew (the object replaced once, before the first GET of bytes 1-2)", got)
 	}
 
 	srv.Put(t, "big.tar", make([]byte, 100_000))
