@@ -17,7 +17,9 @@ var errReaderClosed = errors.New("s3 object reader is closed")
 // rangedReader reads an object as consecutive parts of the source's part
 // size, each fetched by its own GET ("Range: bytes=start-end") carrying
 // If-Match with the listed ETag, so every byte handed out belongs to the
-// version that was listed. Read hands the parts out strictly in order.
+// version that was listed. Read hands the parts out strictly in order, and
+// the part it is on as its bytes arrive, so the caller's work (hashing,
+// writing) overlaps the transfer.
 //
 // Worker w of n fetches parts w, w+n, w+2n... into one buffer of its own,
 // and starts the next only once Read has handed the previous one out in
@@ -39,19 +41,23 @@ type rangedReader struct {
 	wg      sync.WaitGroup
 	workers []*partWorker
 
-	next   int         // the part Read hands out next
-	cur    []byte      // what is left to hand out of part next
-	owner  *partWorker // whose buffer cur is in
-	offset int64       // bytes handed out so far
-	closed bool        // Close was called
-	err    error       // the read's end, once known
+	next     int   // the part Read hands out
+	pos      int64 // bytes of part next handed out
+	complete bool  // part next is all in its buffer (its worker said so)
+	offset   int64 // bytes handed out in all
+	closed   bool  // Close was called
+	err      error // the read's end, once known
 }
 
-// partWorker is one connection's buffer and its hand-off with Read.
+// partWorker is one connection's buffer and its hand-off with Read. Only
+// the worker writes the buffer, only below filled's new value before
+// storing it; Read reads below filled.
 type partWorker struct {
-	buf   *[]byte
-	ready chan error    // per part, in order: nil when buf holds it
-	free  chan struct{} // Read has handed out all of buf
+	buf      *[]byte
+	filled   atomic.Int64  // bytes of the current part in buf
+	progress chan struct{} // filled grew (a wake-up; may be stale)
+	ready    chan error    // per part, in order: nil once buf holds all of it
+	free     chan struct{} // Read has handed out all of buf
 }
 
 func (s *Source) newRangedReader(ctx context.Context, obj Object, maxResumes int) *rangedReader {
@@ -84,7 +90,7 @@ func (r *rangedReader) start() {
 	n := min(r.src.connections, r.parts)
 	r.workers = make([]*partWorker, n)
 	for i := range n {
-		w := &partWorker{buf: r.src.partBuf(), ready: make(chan error, 1), free: make(chan struct{}, 1)}
+		w := &partWorker{buf: r.src.partBuf(), progress: make(chan struct{}, 1), ready: make(chan error, 1), free: make(chan struct{}, 1)}
 		r.workers[i] = w
 		r.wg.Add(1)
 		go r.run(w, i)
@@ -104,7 +110,7 @@ func (r *rangedReader) run(w *partWorker, first int) {
 				return
 			}
 		}
-		err := r.fetch((*w.buf)[:r.partLen(part)], part)
+		err := r.fetch(w, part)
 		select {
 		case w.ready <- err:
 		case <-r.ctx.Done():
@@ -116,27 +122,48 @@ func (r *rangedReader) run(w *partWorker, first int) {
 	}
 }
 
-// fetch fills buf with part, reopening the range from the byte reached
-// while the resume budget lasts.
-func (r *rangedReader) fetch(buf []byte, part int) error {
+// openPart requests part from skip bytes into it to its end, with
+// If-Match on the listed ETag.
+func (r *rangedReader) openPart(part int, skip int64) (*Body, error) {
+	at := int64(part)*r.src.partSize + skip
+	b, err := r.src.open(r.ctx, r.obj.Key, at, r.partLen(part)-skip, IfMatch(r.obj.ETag))
+	if err != nil {
+		return nil, err
+	}
+	if b.Size != r.obj.Size {
+		b.Close()
+		return nil, fmt.Errorf("read s3://%s/%s part %d: size %d, listed as %d: %w", r.src.bucket, r.obj.Key, part, b.Size, r.obj.Size, ErrChanged)
+	}
+	return b, nil
+}
+
+// fetch fills w's buffer with part, publishing each read in w.filled,
+// and reopens the range from the byte reached while the resume budget
+// lasts.
+func (r *rangedReader) fetch(w *partWorker, part int) error {
+	buf := (*w.buf)[:r.partLen(part)]
 	start := int64(part) * r.src.partSize
 	filled := 0
 	for {
-		at := start + int64(filled)
-		b, err := r.src.open(r.ctx, r.obj.Key, at, int64(len(buf)-filled), IfMatch(r.obj.ETag))
-		if err == nil && b.Size != r.obj.Size {
-			b.Close()
-			return fmt.Errorf("read s3://%s/%s part %d: size %d, listed as %d: %w", r.src.bucket, r.obj.Key, part, b.Size, r.obj.Size, ErrChanged)
-		}
+		body, err := r.openPart(part, int64(filled))
 		if err == nil {
-			var n int
-			n, err = io.ReadFull(b, buf[filled:])
-			filled += n
-			b.Close()
-			if err == nil {
+			for err == nil && filled < len(buf) {
+				var n int
+				n, err = body.Read(buf[filled:])
+				if n > 0 {
+					filled += n
+					w.filled.Store(int64(filled))
+					select {
+					case w.progress <- struct{}{}:
+					default:
+					}
+				}
+			}
+			body.Close()
+			if filled == len(buf) {
 				return nil
 			}
-			if err == io.EOF || err == io.ErrUnexpectedEOF {
+			if err == nil || err == io.EOF {
 				err = fmt.Errorf("part body ended at byte %d of %d: %w", filled, len(buf), io.ErrUnexpectedEOF)
 			}
 		}
@@ -177,32 +204,46 @@ func (r *rangedReader) Read(p []byte) (int, error) {
 	if r.ctx == nil {
 		r.start()
 	}
-	for len(r.cur) == 0 {
-		if r.next >= r.parts {
-			return 0, io.EOF
-		}
+	for r.next < r.parts {
 		w := r.workers[r.next%len(r.workers)]
+		if filled := w.filled.Load(); r.pos < filled {
+			n := copy(p, (*w.buf)[r.pos:filled])
+			r.pos += int64(n)
+			r.offset += int64(n)
+			r.release(w)
+			return n, nil
+		}
+		if r.release(w) {
+			continue
+		}
 		select {
+		case <-w.progress:
 		case err := <-w.ready:
 			if err != nil {
 				return 0, r.fail(err)
 			}
-			r.cur, r.owner = (*w.buf)[:r.partLen(r.next)], w
+			r.complete = true
+			r.release(w)
 		case <-r.ctx.Done():
 			return 0, r.fail(fmt.Errorf("read s3://%s/%s at offset %d: %w", r.src.bucket, r.obj.Key, r.offset, r.ctx.Err()))
 		}
 	}
-	n := copy(p, r.cur)
-	r.cur = r.cur[n:]
-	r.offset += int64(n)
-	if len(r.cur) == 0 {
-		// The buffer is free for the worker's next part; free has room
-		// for this one signal even if the worker is gone.
-		r.owner.free <- struct{}{}
-		r.owner = nil
-		r.next++
+	return 0, io.EOF
+}
+
+// release moves Read on to the next part once the current one is complete
+// and handed out, giving w its buffer back for its next part (free has
+// room for this one signal even if the worker is gone), and says whether
+// it did.
+func (r *rangedReader) release(w *partWorker) bool {
+	if !r.complete || r.pos < r.partLen(r.next) {
+		return false
 	}
-	return n, nil
+	w.filled.Store(0)
+	w.free <- struct{}{}
+	r.next++
+	r.pos, r.complete = 0, false
+	return true
 }
 
 // fail ends the read with err and stops the requests still running.
@@ -224,7 +265,7 @@ func (r *rangedReader) Close() error {
 	for _, w := range r.workers {
 		r.src.parts.Put(w.buf)
 	}
-	r.workers, r.cur, r.owner = nil, nil, nil
+	r.workers = nil
 	if r.err == nil {
 		r.err = fmt.Errorf("read s3://%s/%s: %w", r.src.bucket, r.obj.Key, errReaderClosed)
 	}
