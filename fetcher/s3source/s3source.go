@@ -12,7 +12,15 @@
 // its transition (backoff, attempt count, timeout). Nesting the SDK's three
 // attempts inside the transition's five would multiply latency on a dead
 // server and hide how many requests were made. A body that fails half-way is
-// resumed by the caller with Open at the offset reached.
+// resumed by the caller with Open at the offset reached; NewReader does it
+// within a bounded number of resumes.
+//
+// NewReader reads an object larger than Config.PartSize as byte-range GETs
+// of one part each, Config.ConnectionsPerObject at a time, and hands the
+// parts out in order: S3 serves each connection at a capped rate, so
+// parallel parts reach several times one stream's throughput. Every part
+// carries If-Match with the listed ETag, so an object overwritten during
+// the read fails it (ErrChanged) instead of mixing two versions.
 package s3source
 
 import (
