@@ -345,3 +345,44 @@ func TestPartSettingsValidated(t *testing.T) {
 		}
 	}
 }
+
+// TestRangedReadersReuseConnections: the parts of several downloads at
+// once go over connections kept open between them, not a new connection
+// (and handshake) per part.
+func TestRangedReadersReuseConnections(t *testing.T) {
+	srv := s3test.NewServer(t)
+	src := partedSource(t, srv, part, 4)
+	const readers = 4 // 16 parts in flight: more than the SDK's 10 idle connections per host
+	objs := make([]s3source.Object, readers)
+	for i := range objs {
+		objs[i] = putAndStat(t, srv, src, fmt.Sprintf("conn/%d.tar", i), payload(4*part))
+	}
+	// Every request waits, so each round has all its parts in flight at
+	// once.
+	srv.Faults.Shape(100*time.Millisecond, 0)
+	round := func() {
+		errs := make(chan error, readers)
+		for _, obj := range objs {
+			go func() {
+				r := src.NewReader(context.Background(), obj, 0)
+				defer r.Close()
+				n, err := io.Copy(io.Discard, r)
+				if err == nil && n != obj.Size {
+					err = fmt.Errorf("read %d bytes of %d", n, obj.Size)
+				}
+				errs <- err
+			}()
+		}
+		for range readers {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	round()
+	first := srv.Connections()
+	round()
+	if n := srv.Connections(); n != first {
+		t.Errorf("the second round of %d parts opened %d new connections, want none (the first round's kept open)", 4*readers, n-first)
+	}
+}

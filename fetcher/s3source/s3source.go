@@ -200,6 +200,11 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 			WithTransportOptions(func(t *http.Transport) {
 				t.TLSHandshakeTimeout = connect
 				t.ResponseHeaderTimeout = header
+				// The client talks to one host (or one per bucket): the
+				// SDK's smaller per-host cap of idle connections would close
+				// connections that the parallel parts of several downloads
+				// go on to reuse, and pay a new handshake per part.
+				t.MaxIdleConnsPerHost = max(t.MaxIdleConnsPerHost, t.MaxIdleConns)
 			})))
 	}
 	attempts := cfg.MaxAttempts

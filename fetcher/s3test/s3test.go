@@ -10,9 +10,11 @@ package s3test
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/johannesboyne/gofakes3"
@@ -31,6 +33,7 @@ type Server struct {
 
 	backend *s3mem.Backend
 	ts      *httptest.Server
+	conns   atomic.Int64
 }
 
 // NewServer starts a fake S3 with DefaultBucket; it stops when t ends.
@@ -42,10 +45,21 @@ func NewServer(t testing.TB) *Server {
 		t.Fatalf("s3test: create bucket: %v", err)
 	}
 	f := newFaultyS3(faker.Server(), DefaultBucket)
-	ts := httptest.NewServer(f)
+	ts := httptest.NewUnstartedServer(f)
+	s := &Server{Bucket: DefaultBucket, Faults: f, HTTP: ts.Config, backend: backend, ts: ts}
+	ts.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			s.conns.Add(1)
+		}
+	}
+	ts.Start()
 	t.Cleanup(ts.Close)
-	return &Server{URL: ts.URL, Bucket: DefaultBucket, Faults: f, HTTP: ts.Config, backend: backend, ts: ts}
+	s.URL = ts.URL
+	return s
 }
+
+// Connections is how many TCP connections the server has accepted.
+func (s *Server) Connections() int { return int(s.conns.Load()) }
 
 // Put stores an object (straight into the backend: not counted, no faults).
 func (s *Server) Put(t testing.TB, key string, data []byte) {
