@@ -41,22 +41,22 @@ type rangedReader struct {
 	wg      sync.WaitGroup
 	workers []*partWorker
 
-	next     int   // the part Read hands out
-	pos      int64 // bytes of part next handed out
-	complete bool  // part next is all in its buffer (its worker said so)
-	offset   int64 // bytes handed out in all
-	closed   bool  // Close was called
-	err      error // the read's end, once known
+	next   int   // the part Read hands out
+	pos    int64 // bytes of part next handed out
+	offset int64 // bytes handed out in all
+	closed bool  // Close was called
+	err    error // the read's end, once known
 }
 
 // partWorker is one connection's buffer and its hand-off with Read. Only
 // the worker writes the buffer, only below filled's new value before
-// storing it; Read reads below filled.
+// storing it; Read reads below filled. A part is complete when filled is
+// its length.
 type partWorker struct {
 	buf      *[]byte
 	filled   atomic.Int64  // bytes of the current part in buf
 	progress chan struct{} // filled grew (a wake-up; may be stale)
-	ready    chan error    // per part, in order: nil once buf holds all of it
+	failed   chan error    // the worker's last word: its part failed
 	free     chan struct{} // Read has handed out all of buf
 }
 
@@ -90,7 +90,7 @@ func (r *rangedReader) start() {
 	n := min(r.src.connections, r.parts)
 	r.workers = make([]*partWorker, n)
 	for i := range n {
-		w := &partWorker{buf: r.src.partBuf(), progress: make(chan struct{}, 1), ready: make(chan error, 1), free: make(chan struct{}, 1)}
+		w := &partWorker{buf: r.src.partBuf(), progress: make(chan struct{}, 1), failed: make(chan error, 1), free: make(chan struct{}, 1)}
 		r.workers[i] = w
 		r.wg.Add(1)
 		go r.run(w, i)
@@ -110,13 +110,8 @@ func (r *rangedReader) run(w *partWorker, first int) {
 				return
 			}
 		}
-		err := r.fetch(w, part)
-		select {
-		case w.ready <- err:
-		case <-r.ctx.Done():
-			return
-		}
-		if err != nil {
+		if err := r.fetch(w, part); err != nil {
+			w.failed <- err // room for it: it is the only one
 			return
 		}
 	}
@@ -218,12 +213,8 @@ func (r *rangedReader) Read(p []byte) (int, error) {
 		}
 		select {
 		case <-w.progress:
-		case err := <-w.ready:
-			if err != nil {
-				return 0, r.fail(err)
-			}
-			r.complete = true
-			r.release(w)
+		case err := <-w.failed:
+			return 0, r.fail(err)
 		case <-r.ctx.Done():
 			return 0, r.fail(fmt.Errorf("read s3://%s/%s at offset %d: %w", r.src.bucket, r.obj.Key, r.offset, r.ctx.Err()))
 		}
@@ -231,18 +222,18 @@ func (r *rangedReader) Read(p []byte) (int, error) {
 	return 0, io.EOF
 }
 
-// release moves Read on to the next part once the current one is complete
-// and handed out, giving w its buffer back for its next part (free has
-// room for this one signal even if the worker is gone), and says whether
-// it did.
+// release moves Read on to the next part once the current one is handed
+// out in full, giving w its buffer back for its next part (free has room
+// for this one signal even if the worker is gone), and says whether it
+// did.
 func (r *rangedReader) release(w *partWorker) bool {
-	if !r.complete || r.pos < r.partLen(r.next) {
+	if r.pos < r.partLen(r.next) {
 		return false
 	}
 	w.filled.Store(0)
 	w.free <- struct{}{}
 	r.next++
-	r.pos, r.complete = 0, false
+	r.pos = 0
 	return true
 }
 

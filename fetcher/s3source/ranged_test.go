@@ -386,3 +386,41 @@ func TestRangedReadersReuseConnections(t *testing.T) {
 		t.Errorf("the second round of %d parts opened %d new connections, want none (the first round's kept open)", 4*readers, n-first)
 	}
 }
+
+// TestRangedReaderBuffersAtMostConnectionsParts: a caller that does not
+// read on leaves the reader with the parts its connections fetched and no
+// more; each part handed out in full lets one more be fetched.
+func TestRangedReaderBuffersAtMostConnectionsParts(t *testing.T) {
+	srv := s3test.NewServer(t)
+	src := partedSource(t, srv, part, 3)
+	data := payload(10 * part)
+	obj := putAndStat(t, srv, src, "held.tar", data)
+	r := src.NewReader(context.Background(), obj, 0)
+	defer r.Close()
+	// settled waits for want GETs, then long enough for a reader that
+	// fetched ahead to have asked for more.
+	settled := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for len(gets(srv, "held.tar")) < want && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if n := len(gets(srv, "held.tar")); n != want {
+			t.Fatalf("%d GETs, want %d", n, want)
+		}
+	}
+	got := make([]byte, 10)
+	if _, err := io.ReadFull(r, got); err != nil {
+		t.Fatal(err)
+	}
+	settled(3) // one part per connection, the first being read
+	rest := make([]byte, part-10)
+	if _, err := io.ReadFull(r, rest); err != nil {
+		t.Fatal(err)
+	}
+	settled(4) // part 0 handed out: its buffer takes part 3
+	if !bytes.Equal(append(got, rest...), data[:part]) {
+		t.Error("the first part differs from the object's")
+	}
+}
