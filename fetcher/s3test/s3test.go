@@ -33,7 +33,7 @@ type Server struct {
 
 	backend *s3mem.Backend
 	ts      *httptest.Server
-	conns   atomic.Int64
+	conns   *atomic.Int64 // shared by copies of the Server (a copy naming another bucket)
 }
 
 // NewServer starts a fake S3 with DefaultBucket; it stops when t ends.
@@ -46,7 +46,7 @@ func NewServer(t testing.TB) *Server {
 	}
 	f := newFaultyS3(faker.Server(), DefaultBucket)
 	ts := httptest.NewUnstartedServer(f)
-	s := &Server{Bucket: DefaultBucket, Faults: f, HTTP: ts.Config, backend: backend, ts: ts}
+	s := &Server{Bucket: DefaultBucket, Faults: f, HTTP: ts.Config, backend: backend, ts: ts, conns: new(atomic.Int64)}
 	ts.Config.ConnState = func(_ net.Conn, st http.ConnState) {
 		if st == http.StateNew {
 			s.conns.Add(1)
