@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,7 +50,7 @@ func (m *Metrics) Fetch() *Fetch {
 			}),
 			retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Namespace: Namespace, Name: "s3_retries_total",
-				Help: "S3 requests for the same operation, bucket and key as one that failed (the pipelines' retries and ranged resumes), by operation.",
+				Help: "S3 requests for the same operation, bucket, key (and end of range, for a part of a ranged read) as one that failed (the pipelines' retries and ranged resumes), by operation.",
 			}, []string{"operation"}),
 			pulls: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 				Namespace: Namespace, Name: "pull_duration_seconds",
@@ -142,7 +143,14 @@ func requestTarget(params any) string {
 	}
 	switch in := params.(type) {
 	case *s3.GetObjectInput:
-		return str(in.Bucket) + "/" + str(in.Key)
+		// A part of a ranged read is a request of its own: its resume (from
+		// the byte reached to the same end) repeats it, while the GETs of
+		// the object's other parts, in flight meanwhile, do not.
+		t := str(in.Bucket) + "/" + str(in.Key)
+		if _, end, ok := strings.Cut(str(in.Range), "-"); ok && end != "" {
+			t += " to " + end
+		}
+		return t
 	case *s3.HeadObjectInput:
 		return str(in.Bucket) + "/" + str(in.Key)
 	case *s3.ListObjectsV2Input:

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/smithy-go/middleware"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
@@ -125,5 +127,27 @@ func TestS3Counters(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("all series: %v", s)
+	}
+}
+
+// TestRetryOfAPart: the resume of a ranged part (from the byte reached to
+// the part's end) repeats that part's GET; a GET of another part of the
+// same object, or of the whole object, does not.
+func TestRetryOfAPart(t *testing.T) {
+	get := func(rng string) string {
+		in := &s3.GetObjectInput{Bucket: aws.String("b"), Key: aws.String("k.tar")}
+		if rng != "" {
+			in.Range = aws.String(rng)
+		}
+		return requestTarget(in)
+	}
+	if get("bytes=0-1048575") != get("bytes=5000-1048575") {
+		t.Error("a part's resume is not the same request as the part")
+	}
+	if get("bytes=0-1048575") == get("bytes=1048576-2097151") || get("bytes=0-1048575") == get("") {
+		t.Error("two parts, or a part and the whole object, are the same request")
+	}
+	if get("bytes=5000-") != get("") {
+		t.Error("a one-stream resume (to the object's end) is not the same request as the whole object")
 	}
 }

@@ -181,6 +181,13 @@ type S3Config struct {
 	ResponseHeaderTimeout Duration `toml:"response_header_timeout"`
 	// IdleTimeout bounds the wait for more of a response's body.
 	IdleTimeout Duration `toml:"idle_timeout"`
+	// PartSize is the size of the byte-range GETs an object larger than
+	// it is downloaded in, ConnectionsPerObject at a time; each part in
+	// flight is held in memory.
+	PartSize Size `toml:"part_size"`
+	// ConnectionsPerObject is how many ranged GETs of one object are in
+	// flight at once; 1 downloads every object as one stream.
+	ConnectionsPerObject int `toml:"connections_per_object"`
 }
 
 // PipelineConfig is the [pipeline] section: limits of the download, unpack
@@ -310,6 +317,8 @@ func defaults() *Config {
 			ConnectTimeout:        D(s3source.DefaultConnectTimeout),
 			ResponseHeaderTimeout: D(s3source.DefaultResponseHeaderTimeout),
 			IdleTimeout:           D(s3source.DefaultIdleTimeout),
+			PartSize:              Size(s3source.DefaultPartSize),
+			ConnectionsPerObject:  s3source.DefaultConnectionsPerObject,
 		},
 		Pipeline: PipelineConfig{
 			TarballCacheSize:      DefaultTarballCacheSize,
@@ -702,6 +711,12 @@ func (c *Config) Validate() error {
 	positiveDuration("s3.connect_timeout", s.ConnectTimeout)
 	positiveDuration("s3.response_header_timeout", s.ResponseHeaderTimeout)
 	positiveDuration("s3.idle_timeout", s.IdleTimeout)
+	if s.PartSize < s3source.MinPartSize || s.PartSize > s3source.MaxPartSize {
+		bad("s3.part_size", "must be between %s and %s, got %s", Size(s3source.MinPartSize), Size(s3source.MaxPartSize), s.PartSize)
+	}
+	if n := s.ConnectionsPerObject; n < 1 || n > s3source.MaxConnectionsPerObject {
+		bad("s3.connections_per_object", "must be between 1 and %d, got %d", s3source.MaxConnectionsPerObject, n)
+	}
 
 	pl := c.Pipeline
 	absPath("pipeline.download_dir", pl.DownloadDir, false)

@@ -168,6 +168,8 @@ allowed_buckets = ["b-two", "b-three"]
 connect_timeout = "3s"
 response_header_timeout = "7s"
 idle_timeout = "20s"
+part_size = "16MiB"
+connections_per_object = 8
 [pipeline]
 download_dir = "/srv/dl"
 tarball_cache_size = "1GiB"
@@ -215,7 +217,8 @@ failed_images_max_age = "24h"
 			AsyncRemove: false, DeleteUnknownDevices: true},
 		S3: S3Config{Bucket: "my-images", Region: "eu-west-1", Endpoint: "http://127.0.0.1:9000", PathStyle: true, Anonymous: true, Prefix: "images/",
 			AllowedBuckets: []string{"b-two", "b-three"},
-			ConnectTimeout: D(3 * time.Second), ResponseHeaderTimeout: D(7 * time.Second), IdleTimeout: D(20 * time.Second)},
+			ConnectTimeout: D(3 * time.Second), ResponseHeaderTimeout: D(7 * time.Second), IdleTimeout: D(20 * time.Second),
+			PartSize: 16 << 20, ConnectionsPerObject: 8},
 		Pipeline: PipelineConfig{DownloadDir: "/srv/dl", TarballCacheSize: 1 << 30, MaxImageSize: 2_000_000_000,
 			DownloadTimeout: D(90 * time.Second), ExtractTimeout: D(time.Hour), AllowSetID: true,
 			MaxEntries: 500, MaxFileSize: 2 << 20, MaxTotalSize: 8 << 20, MaxXattrsPerEntry: 16, MaxXattrBytesPerEntry: 8 << 10,
@@ -385,6 +388,10 @@ func TestValidateRules(t *testing.T) {
 		{"socket group", func(c *Config) { c.Daemon.SocketGroup = "no-such-group-here" }, "daemon.socket_group: must be a group name or id"},
 		{"max layers", func(c *Config) { c.Pipeline.MaxLayers = 0 }, "pipeline.max_layers: must be at least 1, got 0"},
 		{"s3 idle timeout", func(c *Config) { c.S3.IdleTimeout = D(0) }, "s3.idle_timeout: must be a positive duration"},
+		{"s3 part size small", func(c *Config) { c.S3.PartSize = 512 << 10 }, "s3.part_size: must be between 1MiB and 5GiB, got 512KiB"},
+		{"s3 part size big", func(c *Config) { c.S3.PartSize = 6 << 30 }, "s3.part_size: must be between 1MiB and 5GiB, got 6GiB"},
+		{"s3 connections zero", func(c *Config) { c.S3.ConnectionsPerObject = 0 }, "s3.connections_per_object: must be between 1 and 64, got 0"},
+		{"s3 connections big", func(c *Config) { c.S3.ConnectionsPerObject = 65 }, "s3.connections_per_object: must be between 1 and 64, got 65"},
 		{"downloads zero", func(c *Config) { c.Queues.Downloads = 0 }, "queues.downloads: must be between 1 and 64, got 0"},
 		{"unpacking big", func(c *Config) { c.Queues.Unpacking = 65 }, "queues.unpacking: must be between 1 and 64, got 65"},
 		{"containerd address", func(c *Config) { c.Containerd.Address = "containerd.sock" }, "containerd.address: must be an absolute path"},

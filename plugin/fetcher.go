@@ -23,12 +23,13 @@ import (
 )
 
 // S3SourceConfig returns the s3source.Config of bucket under the [s3]
-// section (endpoint, region, path style, anonymous access, timeouts) and
-// pipeline.max_layers.
+// section (endpoint, region, path style, anonymous access, timeouts, part
+// size and connections per object) and pipeline.max_layers.
 func (c *Config) S3SourceConfig(bucket string) s3source.Config {
 	return s3source.Config{Bucket: bucket, Region: c.S3.Region, Endpoint: c.S3.Endpoint, PathStyle: c.S3.PathStyle, Anonymous: c.S3.Anonymous,
 		ConnectTimeout: c.S3.ConnectTimeout.Duration, ResponseHeaderTimeout: c.S3.ResponseHeaderTimeout.Duration,
-		IdleTimeout: c.S3.IdleTimeout.Duration, MaxLayers: c.Pipeline.MaxLayers}
+		IdleTimeout: c.S3.IdleTimeout.Duration, MaxLayers: c.Pipeline.MaxLayers,
+		PartSize: c.S3.PartSize.Bytes(), ConnectionsPerObject: c.S3.ConnectionsPerObject}
 }
 
 // fetchMetrics returns the S3 pipelines' counters, or nil when

@@ -1,12 +1,17 @@
 package plugin
 
 import (
+	"bytes"
+	"context"
 	"errors"
+	"io"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
 )
 
@@ -96,5 +101,52 @@ func TestResolvePull(t *testing.T) {
 				t.Errorf("resolved to s3://%s/%s, want s3://%s/%s", got.Bucket, got.Key, c.wantBucket, c.wantKey)
 			}
 		})
+	}
+}
+
+// TestPartSettingsReachTheSource: s3.part_size and
+// s3.connections_per_object decide how the daemon's S3 source reads an
+// object: as ranged GETs of part_size, or, with one connection, as one
+// GET.
+func TestPartSettingsReachTheSource(t *testing.T) {
+	srv := s3test.NewServer(t)
+	data := bytes.Repeat([]byte("0123456789abcdef"), (5<<20+100)/16)
+	srv.Put(t, "l.tar", data)
+	for _, c := range []struct {
+		conf   string
+		ranges []string
+	}{
+		{"part_size = \"2MiB\"\nconnections_per_object = 2\n", []string{"bytes=0-2097151", "bytes=2097152-4194303", "bytes=4194304-5242975"}},
+		{"part_size = \"2MiB\"\nconnections_per_object = 1\n", []string{""}},
+	} {
+		cfg, err := ParseConfig("test", []byte("[s3]\nanonymous = true\npath_style = true\nendpoint = \""+srv.URL+"\"\n"+c.conf))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := cfg.S3SourceConfig(srv.Bucket)
+		sc.Region = "us-east-1"
+		src, err := s3source.New(context.Background(), sc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		obj, err := src.Stat(context.Background(), "l.tar")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv.Faults.Reset()
+		r := src.NewReader(context.Background(), obj, 0)
+		got, err := io.ReadAll(r)
+		r.Close()
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("%s: read %d bytes, %v", c.conf, len(got), err)
+		}
+		var ranges []string
+		for _, q := range srv.Faults.Recorded() {
+			ranges = append(ranges, q.Range)
+		}
+		slices.Sort(ranges)
+		if !slices.Equal(ranges, c.ranges) {
+			t.Errorf("%s: GETs of ranges %q, want %q", c.conf, ranges, c.ranges)
+		}
 	}
 }

@@ -26,9 +26,24 @@ type ResumingReader struct {
 	err     error
 }
 
-// NewReader returns a ResumingReader of obj (from List, Stat or
-// ResolveImage: its Size and ETag are what the read must match).
-func (s *Source) NewReader(ctx context.Context, obj Object, maxResumes int) *ResumingReader {
+// Reader reads one whole object, in order, as one io.Reader.
+type Reader interface {
+	io.ReadCloser
+	// Resumes is how many times a failed body was reopened (by range, at
+	// the offset it had reached).
+	Resumes() int
+}
+
+// NewReader returns a Reader of obj (from List, Stat or ResolveImage: its
+// Size and ETag are what the read must match) that resumes up to
+// maxResumes failed bodies in all. An object larger than Config.PartSize
+// that has an ETag is read as concurrent ranged GETs of one part each, when
+// Config.ConnectionsPerObject is above 1; any other as one stream (a
+// ResumingReader). Close stops every request of the reader.
+func (s *Source) NewReader(ctx context.Context, obj Object, maxResumes int) Reader {
+	if s.connections > 1 && obj.Size > s.partSize && obj.ETag != "" {
+		return s.newRangedReader(ctx, obj, maxResumes)
+	}
 	return &ResumingReader{ctx: ctx, src: s, obj: obj, maxResumes: maxResumes}
 }
 

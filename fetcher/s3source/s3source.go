@@ -12,7 +12,15 @@
 // its transition (backoff, attempt count, timeout). Nesting the SDK's three
 // attempts inside the transition's five would multiply latency on a dead
 // server and hide how many requests were made. A body that fails half-way is
-// resumed by the caller with Open at the offset reached.
+// resumed by the caller with Open at the offset reached; NewReader does it
+// within a bounded number of resumes.
+//
+// NewReader reads an object larger than Config.PartSize as byte-range GETs
+// of one part each, Config.ConnectionsPerObject at a time, and hands the
+// parts out in order: S3 serves each connection at a capped rate, so
+// parallel parts reach several times one stream's throughput. Every part
+// carries If-Match with the listed ETag, so an object overwritten during
+// the read fails it (ErrChanged) instead of mixing two versions.
 package s3source
 
 import (
@@ -24,6 +32,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -78,6 +87,17 @@ type Config struct {
 	// MaxLayers bounds the layers (layer objects) of one image; 0 means
 	// DefaultMaxLayers.
 	MaxLayers int
+
+	// PartSize is the size of each byte-range GET of an object read as
+	// concurrent parts (NewReader); 0 means DefaultPartSize. It must lie
+	// within MinPartSize and MaxPartSize. Each part is held in memory
+	// until the reader's caller has read it.
+	PartSize int64
+	// ConnectionsPerObject is how many part GETs of one object are in
+	// flight at once, and so how many parts are buffered; 0 means
+	// DefaultConnectionsPerObject, 1 reads every object as one stream.
+	// At most MaxConnectionsPerObject.
+	ConnectionsPerObject int
 }
 
 // Defaults of the deadlines and listing bounds of Config.
@@ -91,7 +111,27 @@ const (
 	DefaultMaxLayers    = 128
 )
 
-func orDefault[T time.Duration | int](v, def T) T {
+// Defaults and bounds of the part size and connections of a ranged read
+// (Config.PartSize, Config.ConnectionsPerObject).
+const (
+	// DefaultPartSize follows AWS's guidance for byte-range fetches of
+	// S3 objects (8 MiB or 16 MiB parts): the smaller one, because the
+	// parts of every download in flight are held in memory.
+	DefaultPartSize = 8 << 20
+	// DefaultConnectionsPerObject: four parts in flight reach several
+	// times one connection's throughput, which S3 caps per connection,
+	// while one object buffers at most 32 MiB.
+	DefaultConnectionsPerObject = 4
+	// MinPartSize keeps a part's request overhead small next to its
+	// transfer time.
+	MinPartSize = 1 << 20
+	// MaxPartSize is S3's own largest part (of a multipart upload).
+	MaxPartSize = 5 << 30
+	// MaxConnectionsPerObject bounds the requests of one object in flight.
+	MaxConnectionsPerObject = 64
+)
+
+func orDefault[T time.Duration | int | int64](v, def T) T {
 	if v <= 0 {
 		return def
 	}
@@ -115,6 +155,12 @@ type Source struct {
 	idleTimeout    time.Duration
 	maxPages       int
 	maxLayers      int
+
+	partSize    int64
+	connections int
+	// parts recycles the part buffers of ranged reads (all PartSize
+	// long), so a pull of many layers does not allocate each anew.
+	parts sync.Pool
 }
 
 // New makes a Source; it does not contact S3 (credentials are resolved on
@@ -125,6 +171,14 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	if i := strings.IndexFunc(cfg.Bucket, unprintable); i >= 0 || !utf8.ValidString(cfg.Bucket) {
 		return nil, fmt.Errorf("s3 source: bucket %q: %w", cfg.Bucket, ErrKeyControl)
+	}
+	partSize := orDefault(cfg.PartSize, DefaultPartSize)
+	if partSize < MinPartSize || partSize > MaxPartSize {
+		return nil, fmt.Errorf("s3 source: part size %d: must be between %d and %d bytes", partSize, MinPartSize, int64(MaxPartSize))
+	}
+	conns := orDefault(cfg.ConnectionsPerObject, DefaultConnectionsPerObject)
+	if conns > MaxConnectionsPerObject {
+		return nil, fmt.Errorf("s3 source: connections per object %d: must be between 1 and %d", conns, MaxConnectionsPerObject)
 	}
 	connect := orDefault(cfg.ConnectTimeout, DefaultConnectTimeout)
 	header := orDefault(cfg.ResponseHeaderTimeout, DefaultResponseHeaderTimeout)
@@ -146,6 +200,11 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 			WithTransportOptions(func(t *http.Transport) {
 				t.TLSHandshakeTimeout = connect
 				t.ResponseHeaderTimeout = header
+				// The client talks to one host (or one per bucket): the
+				// SDK's smaller per-host cap of idle connections would close
+				// connections that the parallel parts of several downloads
+				// go on to reuse, and pay a new handshake per part.
+				t.MaxIdleConnsPerHost = max(t.MaxIdleConnsPerHost, t.MaxIdleConns)
 			})))
 	}
 	attempts := cfg.MaxAttempts
@@ -173,7 +232,8 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 		o.ResponseChecksumValidation = aws.ResponseChecksumValidationWhenRequired
 	})
 	return &Source{client: client, bucket: cfg.Bucket, requestTimeout: header + idle, idleTimeout: idle,
-		maxPages: orDefault(cfg.MaxListPages, DefaultMaxListPages), maxLayers: orDefault(cfg.MaxLayers, DefaultMaxLayers)}, nil
+		maxPages: orDefault(cfg.MaxListPages, DefaultMaxListPages), maxLayers: orDefault(cfg.MaxLayers, DefaultMaxLayers),
+		partSize: partSize, connections: conns}, nil
 }
 
 // ErrTimeout is matched by the error of a request the server did not
@@ -482,6 +542,14 @@ var ErrChanged = errors.New("object changed since the download started")
 // stopped. The caller closes the body. If a server ignores the range and
 // sends the whole object, the first offset bytes are skipped here.
 func (s *Source) Open(ctx context.Context, key string, offset int64, opts ...OpenOption) (*Body, error) {
+	return s.open(ctx, key, offset, -1, opts...)
+}
+
+// open is Open of the length bytes at offset ("Range: bytes=offset-end"),
+// or of the rest of the object when length < 0. A server may send fewer
+// bytes than asked (the object's end) or, ignoring the range, more: the
+// caller reads what it needs.
+func (s *Source) open(ctx context.Context, key string, offset, length int64, opts ...OpenOption) (*Body, error) {
 	if err := ValidateKey(key); err != nil {
 		return nil, err
 	}
@@ -489,7 +557,10 @@ func (s *Source) Open(ctx context.Context, key string, offset int64, opts ...Ope
 		return nil, fmt.Errorf("open s3://%s/%s: negative offset %d", s.bucket, key, offset)
 	}
 	in := &s3.GetObjectInput{Bucket: aws.String(s.bucket), Key: aws.String(key)}
-	if offset > 0 {
+	switch {
+	case length > 0:
+		in.Range = aws.String(fmt.Sprintf("bytes=%d-%d", offset, offset+length-1))
+	case offset > 0:
 		in.Range = aws.String(fmt.Sprintf("bytes=%d-", offset))
 	}
 	for _, o := range opts {
@@ -501,6 +572,10 @@ func (s *Source) Open(ctx context.Context, key string, offset int64, opts ...Ope
 	out, err := s.client.GetObject(rctx, in)
 	if err != nil {
 		cancel()
+		if Classify(err) == KindChanged {
+			// S3's 412 on If-Match says the same as an ETag seen to differ.
+			err = fmt.Errorf("%w: %w", ErrChanged, err)
+		}
 		return nil, fmt.Errorf("get s3://%s/%s from offset %d: %w", s.bucket, key, offset, err)
 	}
 	if aws.ToInt64(out.ContentLength) < 0 {
@@ -514,8 +589,8 @@ func (s *Source) Open(ctx context.Context, key string, offset int64, opts ...Ope
 		out.Body.Close()
 		return nil, fmt.Errorf("get s3://%s/%s: ETag %q, want %q: %w", s.bucket, key, b.ETag, *in.IfMatch, ErrChanged)
 	}
-	length := aws.ToInt64(out.ContentLength)
-	if cr := aws.ToString(out.ContentRange); offset > 0 && cr != "" {
+	size := aws.ToInt64(out.ContentLength)
+	if cr := aws.ToString(out.ContentRange); in.Range != nil && cr != "" {
 		// "bytes start-end/total"
 		var start, end, total int64
 		if _, err := fmt.Sscanf(cr, "bytes %d-%d/%d", &start, &end, &total); err != nil || start != offset {
@@ -524,7 +599,7 @@ func (s *Source) Open(ctx context.Context, key string, offset int64, opts ...Ope
 		}
 		b.Size = total
 	} else {
-		b.Size = length
+		b.Size = size
 		if offset > 0 {
 			// The whole object came back: skip to the offset.
 			if _, err := io.CopyN(io.Discard, out.Body, offset); err != nil {
@@ -533,6 +608,6 @@ func (s *Source) Open(ctx context.Context, key string, offset int64, opts ...Ope
 			}
 		}
 	}
-	log.G(ctx).WithField("key", key).WithField("offset", offset).WithField("size", b.Size).Debug("s3 get")
+	log.G(ctx).WithField("key", key).WithField("offset", offset).WithField("length", length).WithField("size", b.Size).Debug("s3 get")
 	return b, nil
 }

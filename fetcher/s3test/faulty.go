@@ -10,16 +10,32 @@ import (
 // faultyS3 is the fault injector in front of the fake S3 (an http.Handler).
 // Each fault applies to the next requests matching its key ("" matches any
 // request), as many times as asked, then disarms. It also counts requests
-// per method and key.
+// per method and key, and records each one's conditional headers.
+//
+// It enforces If-Match on GET and HEAD as S3 does (412
+// PreconditionFailed when the object's ETag differs): gofakes3 checks
+// If-Match on PUT only. This is a test boundary: a client's own check of
+// the answer's ETag is not what a test of If-Match should rely on.
 type faultyS3 struct {
 	next   http.Handler
 	bucket string
 
-	mu     sync.Mutex
-	faults []*fault
-	counts map[string]int
-	all    int
-	signed int // requests carrying an Authorization header
+	mu      sync.Mutex
+	faults  []*fault
+	counts  map[string]int
+	all     int
+	signed  int // requests carrying an Authorization header
+	log     []Request
+	latency time.Duration // added before every answer (Shape)
+	rate    int64         // bytes per second of every answer's body; 0: no cap
+}
+
+// Request is what the server recorded of one request.
+type Request struct {
+	Method  string
+	Key     string // "" for the bucket itself
+	Range   string // the Range header, "" if none
+	IfMatch string // the If-Match header, "" if none
 }
 
 type faultKind int
@@ -31,6 +47,7 @@ const (
 	faultDelay                     // wait before answering
 	faultAnswer                    // answer a fixed body instead of the fake
 	faultStall                     // send some body bytes, then nothing until the client leaves
+	faultHook                      // run a function before answering
 )
 
 type fault struct {
@@ -43,7 +60,9 @@ type fault struct {
 	after  int64
 	delay  time.Duration
 	body   func(i int) []byte
-	served int // answers given so far (faultAnswer)
+	served int    // answers given so far (faultAnswer)
+	rng    string // the Range header it applies to (faultHook)
+	fn     func() // what to run (faultHook)
 }
 
 func newFaultyS3(next http.Handler, bucket string) *faultyS3 {
@@ -100,7 +119,33 @@ func (f *faultyS3) StallAfter(n int, key string, after int64) {
 	f.add(&fault{kind: faultStall, key: key, method: http.MethodGet, times: n, after: after})
 }
 
-// Reset disarms every fault and zeroes the counters.
+// BeforeGet runs fn once, before answering the first GET of key whose
+// Range header is rng ("" for a GET of the whole object): a test changes
+// the object just before a reader's request for a given part. Requests
+// answered meanwhile are not held.
+func (f *faultyS3) BeforeGet(key, rng string, fn func()) {
+	f.add(&fault{kind: faultHook, key: key, method: http.MethodGet, times: 1, rng: rng, fn: fn})
+}
+
+// Shape makes every request wait latency before it is answered and every
+// answer's body flow at most bytesPerSecond (0: no cap), as a link to a
+// distant S3 would, whose throughput is capped per connection. It lasts
+// until Reset.
+func (f *faultyS3) Shape(latency time.Duration, bytesPerSecond int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.latency, f.rate = latency, bytesPerSecond
+}
+
+// Recorded returns the requests received so far, in arrival order.
+func (f *faultyS3) Recorded() []Request {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]Request(nil), f.log...)
+}
+
+// Reset disarms every fault and the shaping, and zeroes the counters and
+// the record.
 func (f *faultyS3) Reset() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -108,6 +153,8 @@ func (f *faultyS3) Reset() {
 	f.counts = map[string]int{}
 	f.all = 0
 	f.signed = 0
+	f.log = nil
+	f.latency, f.rate = 0, 0
 }
 
 func (f *faultyS3) count(method, key string) int {
@@ -130,41 +177,59 @@ func (f *faultyS3) total() int {
 	return f.all
 }
 
-// take counts the request and returns the faults to apply to it: the first
-// matching delay, then either the first matching status fault or, if there
-// is none, the first matching cut (drop, truncate or stall), and the body of
-// an Answer fault. Only the faults applied are consumed.
-func (f *faultyS3) take(method, key string, signed bool) (delay, status, cut *fault, answer []byte) {
+// plan is what faultyS3 does to one request.
+type plan struct {
+	delay, status, cut *fault
+	answer             []byte   // body of an Answer fault
+	hooks              []func() // BeforeGet functions due
+	latency            time.Duration
+	rate               int64
+}
+
+// take counts and records the request and returns the faults to apply to
+// it: the first matching delay, then either the first matching status
+// fault or, if there is none, the first matching cut (drop, truncate or
+// stall), the body of an Answer fault, and the hooks due. Only the faults
+// applied are consumed.
+func (f *faultyS3) take(r *http.Request, key string) plan {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	method := r.Method
 	f.all++
-	if signed {
+	if r.Header.Get("Authorization") != "" {
 		f.signed++
 	}
 	f.counts[method+" "+key]++
+	f.log = append(f.log, Request{Method: method, Key: key, Range: r.Header.Get("Range"), IfMatch: r.Header.Get("If-Match")})
+	p := plan{latency: f.latency, rate: f.rate}
+	due := map[*fault]bool{}
 	for _, fl := range f.faults {
 		if (fl.key != "" && fl.key != key) || (fl.method != "" && fl.method != method) {
 			continue
 		}
 		switch {
-		case fl.kind == faultDelay && delay == nil:
-			delay = fl
-		case (fl.kind == faultStatus || fl.kind == faultAnswer) && status == nil:
-			status = fl
-		case (fl.kind == faultDrop || fl.kind == faultTruncate || fl.kind == faultStall) && cut == nil:
-			cut = fl
+		case fl.kind == faultHook && fl.rng != r.Header.Get("Range"):
+		case fl.kind == faultHook:
+			due[fl] = true
+			p.hooks = append(p.hooks, fl.fn)
+		case fl.kind == faultDelay && p.delay == nil:
+			p.delay = fl
+		case (fl.kind == faultStatus || fl.kind == faultAnswer) && p.status == nil:
+			p.status = fl
+		case (fl.kind == faultDrop || fl.kind == faultTruncate || fl.kind == faultStall) && p.cut == nil:
+			p.cut = fl
 		}
 	}
-	if status != nil {
-		cut = nil
+	if p.status != nil {
+		p.cut = nil
 	}
 	kept := f.faults[:0]
 	for _, fl := range f.faults {
-		if fl == delay || fl == status || fl == cut {
+		if fl == p.delay || fl == p.status || fl == p.cut || due[fl] {
 			fl.times--
 		}
-		if fl == status && fl.kind == faultAnswer {
-			answer = fl.body(fl.served)
+		if fl == p.status && fl.kind == faultAnswer {
+			p.answer = fl.body(fl.served)
 			fl.served++
 		}
 		if fl.times > 0 {
@@ -172,23 +237,36 @@ func (f *faultyS3) take(method, key string, signed bool) (delay, status, cut *fa
 		}
 	}
 	f.faults = kept
-	return delay, status, cut, answer
+	return p
 }
 
 func (f *faultyS3) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	key, _ := keyOf(f.bucket, r.URL.Path)
-	delay, status, cut, answer := f.take(r.Method, key, r.Header.Get("Authorization") != "")
-	if delay != nil {
+	p := f.take(r, key)
+	for _, fn := range p.hooks {
+		fn()
+	}
+	wait := p.latency
+	if p.delay != nil {
+		wait += p.delay.delay
+	}
+	if wait > 0 {
 		select {
-		case <-time.After(delay.delay):
+		case <-time.After(wait):
 		case <-r.Context().Done():
 			return
 		}
 	}
-	switch {
+	if im := r.Header.Get("If-Match"); im != "" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+		w = &ifMatchWriter{ResponseWriter: w, want: im}
+	}
+	if p.rate > 0 {
+		w = &paceWriter{ResponseWriter: w, rate: p.rate, start: time.Now()}
+	}
+	switch status, cut := p.status, p.cut; {
 	case status != nil && status.kind == faultAnswer:
 		w.Header().Set("Content-Type", "application/xml")
-		w.Write(answer)
+		w.Write(p.answer)
 	case status != nil:
 		s3Error(w, status.status, status.code)
 	case cut == nil:
@@ -201,6 +279,67 @@ func (f *faultyS3) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		f.next.ServeHTTP(cw, r)
 	}
 }
+
+// ifMatchWriter answers 412 PreconditionFailed, as S3 does, instead of an
+// object whose ETag (set by the fake before its status) is not the
+// request's If-Match; the fake's body is then dropped.
+type ifMatchWriter struct {
+	http.ResponseWriter
+	want    string
+	decided bool
+	failed  bool
+}
+
+func (w *ifMatchWriter) decide(status int) {
+	if w.decided {
+		return
+	}
+	w.decided = true
+	if etag := w.Header().Get("ETag"); status < 300 && etag != "" && w.want != "*" && etag != w.want {
+		w.failed = true
+		h := w.Header()
+		for k := range h {
+			delete(h, k)
+		}
+		s3Error(w.ResponseWriter, http.StatusPreconditionFailed, "PreconditionFailed")
+		return
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *ifMatchWriter) WriteHeader(status int) { w.decide(status) }
+
+func (w *ifMatchWriter) Write(b []byte) (int, error) {
+	w.decide(http.StatusOK)
+	if w.failed {
+		return len(b), nil
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection (Flush, Hijack).
+func (w *ifMatchWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// paceWriter holds a body to rate bytes per second from start.
+type paceWriter struct {
+	http.ResponseWriter
+	rate  int64
+	start time.Time
+	sent  int64
+}
+
+func (w *paceWriter) Write(b []byte) (int, error) {
+	n, err := w.ResponseWriter.Write(b)
+	w.sent += int64(n)
+	due := w.start.Add(time.Duration(float64(w.sent) / float64(w.rate) * float64(time.Second)))
+	if d := time.Until(due); d > 0 {
+		time.Sleep(d)
+	}
+	return n, err
+}
+
+// Unwrap lets http.ResponseController reach the connection (Flush, Hijack).
+func (w *paceWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // cutWriter passes headers through and stops the body after limit bytes:
 // dropping the connection (hijack and RST), stalling until the client

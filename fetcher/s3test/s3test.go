@@ -1,16 +1,20 @@
 // Package s3test runs an in-process S3 server for tests: gofakes3 with its
 // in-memory backend, on 127.0.0.1, behind faultyS3, a fault injector at the
 // HTTP boundary that can answer errors, cut connections mid-body, send
-// truncated objects and be slow, and that counts every request so a test
-// can assert that no S3 request was made.
+// truncated objects and be slow (one request, or every request through a
+// shaped link), that enforces If-Match on GET and HEAD as S3 does, and
+// that counts and records every request so a test can assert that no S3
+// request was made, or what headers each one carried.
 package s3test
 
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/johannesboyne/gofakes3"
@@ -29,6 +33,7 @@ type Server struct {
 
 	backend *s3mem.Backend
 	ts      *httptest.Server
+	conns   *atomic.Int64 // shared by copies of the Server (a copy naming another bucket)
 }
 
 // NewServer starts a fake S3 with DefaultBucket; it stops when t ends.
@@ -40,10 +45,21 @@ func NewServer(t testing.TB) *Server {
 		t.Fatalf("s3test: create bucket: %v", err)
 	}
 	f := newFaultyS3(faker.Server(), DefaultBucket)
-	ts := httptest.NewServer(f)
+	ts := httptest.NewUnstartedServer(f)
+	s := &Server{Bucket: DefaultBucket, Faults: f, HTTP: ts.Config, backend: backend, ts: ts, conns: new(atomic.Int64)}
+	ts.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			s.conns.Add(1)
+		}
+	}
+	ts.Start()
 	t.Cleanup(ts.Close)
-	return &Server{URL: ts.URL, Bucket: DefaultBucket, Faults: f, HTTP: ts.Config, backend: backend, ts: ts}
+	s.URL = ts.URL
+	return s
 }
+
+// Connections is how many TCP connections the server has accepted.
+func (s *Server) Connections() int { return int(s.conns.Load()) }
 
 // Put stores an object (straight into the backend: not counted, no faults).
 func (s *Server) Put(t testing.TB, key string, data []byte) {

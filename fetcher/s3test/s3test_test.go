@@ -1,9 +1,13 @@
 package s3test
 
 import (
+	"bytes"
 	"io"
 	"net/http"
+	"reflect"
+	"strings"
 	"testing"
+	"time"
 )
 
 func get(t *testing.T, url string) (int, []byte, error) {
@@ -46,5 +50,86 @@ func TestFaultsAndCounts(t *testing.T) {
 	srv.Faults.Reset()
 	if n := srv.TotalRequests(); n != 0 {
 		t.Errorf("after Reset: %d requests, want 0", n)
+	}
+}
+
+func getWith(t *testing.T, url string, header map[string]string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, b
+}
+
+// TestIfMatchRangeAndRecord: the server answers a range, refuses a stale
+// If-Match with S3's 412 (gofakes3 alone would send the object), and
+// records each request's Range and If-Match.
+func TestIfMatchRangeAndRecord(t *testing.T) {
+	srv := NewServer(t)
+	srv.Put(t, "o.tar", []byte("0123456789"))
+	url := srv.URL + "/" + srv.Bucket + "/o.tar"
+	resp, _ := getWith(t, url, nil)
+	etag := resp.Header.Get("ETag")
+
+	resp, b := getWith(t, url, map[string]string{"Range": "bytes=2-5", "If-Match": etag})
+	if resp.StatusCode != http.StatusPartialContent || string(b) != "2345" {
+		t.Errorf("ranged GET with the right ETag: %d %q, want 206 \"2345\"", resp.StatusCode, b)
+	}
+	srv.Put(t, "o.tar", []byte("abcdefghij"))
+	resp, b = getWith(t, url, map[string]string{"Range": "bytes=2-5", "If-Match": etag})
+	if resp.StatusCode != http.StatusPreconditionFailed || !bytes.Contains(b, []byte("<Code>PreconditionFailed</Code>")) || bytes.Contains(b, []byte("cdef")) {
+		t.Errorf("GET with a stale ETag: %d %q, want 412 PreconditionFailed and none of the object", resp.StatusCode, b)
+	}
+	resp, b = getWith(t, url, map[string]string{"If-Match": "*"})
+	if resp.StatusCode != http.StatusOK || string(b) != "abcdefghij" {
+		t.Errorf("GET with If-Match *: %d %q", resp.StatusCode, b)
+	}
+	want := []Request{{"GET", "o.tar", "", ""}, {"GET", "o.tar", "bytes=2-5", etag}, {"GET", "o.tar", "bytes=2-5", etag}, {"GET", "o.tar", "", "*"}}
+	if got := srv.Faults.Recorded(); !reflect.DeepEqual(got, want) {
+		t.Errorf("recorded %+v, want %+v", got, want)
+	}
+}
+
+// TestBeforeGetAndShape: a hook runs once, before the first GET of its
+// range, and a shaped
+// link delays and paces answers.
+func TestBeforeGetAndShape(t *testing.T) {
+	srv := NewServer(t)
+	srv.Put(t, "o.tar", []byte("old"))
+	url := srv.URL + "/" + srv.Bucket + "/o.tar"
+	srv.Faults.BeforeGet("o.tar", "bytes=1-2", func() { srv.Put(t, "o.tar", []byte("new")) })
+	var got []string
+	for _, rng := range []string{"", "bytes=0-1", "bytes=1-2", "bytes=0-1", "bytes=1-2"} {
+		_, b := getWith(t, url, map[string]string{"Range": rng})
+		got = append(got, string(b))
+	}
+	if strings.Join(got, " ") != "old ol ew ne ew" {
+		t.Errorf("bodies %v, want old ol ew ne ew (the object replaced once, before the first GET of bytes 1-2)", got)
+	}
+
+	srv.Put(t, "big.tar", make([]byte, 100_000))
+	srv.Faults.Shape(50*time.Millisecond, 1_000_000)
+	t0 := time.Now()
+	getWith(t, srv.URL+"/"+srv.Bucket+"/big.tar", nil)
+	// 50ms of latency and 100kB at 1MB/s (100ms).
+	if took := time.Since(t0); took < 140*time.Millisecond {
+		t.Errorf("shaped GET took %v, want at least 150ms", took)
+	}
+	srv.Faults.Reset()
+	if srv.Faults.latency != 0 || srv.Faults.rate != 0 {
+		t.Errorf("after Reset: latency %v, rate %d; want no shaping", srv.Faults.latency, srv.Faults.rate)
 	}
 }
