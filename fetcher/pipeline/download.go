@@ -353,10 +353,14 @@ type validatedFile struct {
 }
 
 // s3Err turns what S3 said into the machines' error kinds: access denied,
-// no such key and invalid requests abort; the rest retries.
+// no such key, invalid requests and an object changed since it was listed
+// abort; the rest retries.
 func s3Err(err error) error {
 	switch s3source.Classify(err) {
-	case s3source.KindAccessDenied, s3source.KindNotFound, s3source.KindInvalid:
+	case s3source.KindAccessDenied, s3source.KindNotFound, s3source.KindInvalid,
+		// The object is no longer the one listed: another attempt with the
+		// same listing cannot succeed (Pull lists it again).
+		s3source.KindChanged:
 		return fsm.Abort(err)
 	}
 	return diskErr(err)

@@ -155,6 +155,18 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 	}
 	res, err := p.runPipelines(ctx, req, source, imageID, ref, layers, progress)
 	if err != nil {
+		// An object overwritten in S3 during the pull ends its download
+		// (every request carries the listed ETag): pull the image once
+		// more as S3 lists it now, never mixing the two versions.
+		if now, lerr := p.listLayers(ctx, req, source); lerr == nil && !sameObjects(now, layers) {
+			lg.WithError(err).Warn("the image changed in S3 during the pull; pulling it as it is now")
+			layers = now
+			if err = p.makeRoom(ctx, req.Bucket, source, layers); err == nil {
+				res, err = p.runPipelines(ctx, req, source, imageID, ref, layers, progress)
+			}
+		}
+	}
+	if err != nil {
 		p.markFailed(ctx, imageID, source, err)
 		return nil, err
 	}
@@ -331,6 +343,12 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 	}
 	res.Snapshot.Registered = p.opts.Registrar != nil
 	return res, nil
+}
+
+// sameObjects reports whether two listings of an image name the same
+// objects (keys, ETags, sizes, in order).
+func sameObjects(a, b []Layer) bool {
+	return slices.EqualFunc(a, b, func(x, y Layer) bool { return x.Key == y.Key && x.ETag == y.ETag && x.Size == y.Size })
 }
 
 // listLayers asks S3 what the image is now: its objects in key order.

@@ -1,0 +1,90 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+)
+
+// newRangedEnv is a pull environment whose S3 source reads objects larger
+// than s3source.MinPartSize as concurrent ranged parts.
+func newRangedEnv(t *testing.T) *env {
+	e := newPullEnv(t, nil)
+	opts := e.options()
+	opts.Sources = func(ctx context.Context, bucket string) (*s3source.Source, error) {
+		return s3source.New(ctx, s3source.Config{Bucket: bucket, Region: "us-east-1", Endpoint: e.srv.URL, PathStyle: true, Anonymous: true,
+			PartSize: s3source.MinPartSize, ConnectionsPerObject: 2})
+	}
+	opts.Snapshots, opts.ThinExists = e.sn, e.sn.ThinExists
+	p, err := New(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close(context.Background()) })
+	p.deviceLive = e.sn.deviceLive
+	e.p = p
+	return e
+}
+
+// partRange is the Range header of part i of an object read in parts of
+// s3source.MinPartSize.
+func partRange(i int) string {
+	return fmt.Sprintf("bytes=%d-%d", int64(i)*s3source.MinPartSize, int64(i+1)*s3source.MinPartSize-1)
+}
+
+// TestPullResetMidPart: a connection cut in the middle of a ranged part is
+// resumed from the byte reached, and the image is whole.
+func TestPullResetMidPart(t *testing.T) {
+	e := newRangedEnv(t)
+	data := layerTar(t, "reset", 3*s3source.MinPartSize)
+	e.srv.Put(t, "reset/1.tar", data)
+	e.srv.Faults.DropAfter(1, "reset/1.tar", s3source.MinPartSize/2)
+	res := e.mustPull("reset/", "reset")
+	if got := e.sn.readFile(t, res.Snapshot.SnapshotName, "etc/marker"); got != "reset" {
+		t.Errorf("image shows marker %q, want reset", got)
+	}
+	if res.Layers[0].DiffID != sha(data) {
+		t.Errorf("layer's diff ID %s, want %s", res.Layers[0].DiffID, sha(data))
+	}
+	ranged := 0
+	for _, r := range e.srv.Faults.Recorded() {
+		if r.Method == "GET" && strings.HasPrefix(r.Range, "bytes=") && r.Key == "reset/1.tar" {
+			ranged++
+		}
+	}
+	if ranged < 5 {
+		t.Errorf("%d ranged GETs of the object, want its 4 parts and a resume", ranged)
+	}
+	e.assertNoExtraction()
+}
+
+// TestPullOverwrittenBetweenParts: an object overwritten in S3 between two
+// of its ranged parts ends that download (the part carries the listed
+// ETag), and the pull pulls the image as S3 lists it now: the image is the
+// new version, whole, and nothing of the old one is recorded.
+func TestPullOverwrittenBetweenParts(t *testing.T) {
+	e := newRangedEnv(t)
+	v1 := layerTar(t, "v1", 3*s3source.MinPartSize)
+	v2 := layerTar(t, "v2", 3*s3source.MinPartSize+4096)
+	e.srv.Put(t, "ow/1.tar", v1)
+	e.srv.Faults.BeforeGet("ow/1.tar", partRange(2), func() { e.srv.Put(t, "ow/1.tar", v2) })
+	res := e.mustPull("ow/", "ow")
+	if got := e.sn.readFile(t, res.Snapshot.SnapshotName, "etc/marker"); got != "v2" {
+		t.Errorf("image shows marker %q, want v2 (the object as it is now)", got)
+	}
+	if res.Layers[0].DiffID != sha(v2) {
+		t.Errorf("layer's diff ID %s, want the new version's %s", res.Layers[0].DiffID, sha(v2))
+	}
+	if o, err := e.db.ObjectRecord(context.Background(), e.srv.Bucket, "ow/1.tar"); err != nil || o == nil || o.Digest != sha(v2) {
+		t.Errorf("object record %+v, %v; want the new version's", o, err)
+	}
+	runs, err := e.db.ListRuns(context.Background(), metadata.RunFilter{FSM: FSMDownload, States: []string{metadata.RunAborted}})
+	if err != nil || len(runs) != 1 || runs[0].Attempts != 1 || !strings.Contains(runs[0].LastError, s3source.ErrChanged.Error()) {
+		t.Errorf("aborted download runs %+v, %v; want the first version's, ended at its first attempt on the change", runs, err)
+	}
+	e.assertNoExtraction()
+}
