@@ -230,17 +230,59 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 		}
 	}
 	copy(layers, known)
+	// Downloads start at once, but for the layers read as ranged parts
+	// (larger than one part): those fill the link alone, one after another
+	// in layer order, so that the lower layers arrive first and the
+	// extraction of each, which must wait for the one below it, can follow
+	// its transfer instead of starting once every layer is in.
 	dlRuns := make([]string, len(layers))
-	for i, l := range layers[len(known):] {
-		i += len(known)
+	dlStarted := make([]chan struct{}, len(layers)) // closed once dlRuns[i] or dlErrs[i] is set
+	dlErrs := make([]error, len(layers))
+	startDownload := func(i int) {
+		defer close(dlStarted[i])
+		l := layers[i]
 		dr := &DownloadRequest{Bucket: req.Bucket, S3Key: l.Key, Size: l.Size, ETag: l.ETag}
 		runID, err := p.startDownload(ctx, objectRunID(dr), dr, fsm.WithQueue(QueueDownloads), fsm.WithParent(parent))
 		if err != nil {
-			return nil, fmt.Errorf("pull %s: start download of layer %d: %w", source, i+1, err)
+			dlErrs[i] = fmt.Errorf("pull %s: start download of layer %d: %w", source, i+1, err)
+			return
 		}
 		dlRuns[i] = runID
 		watch(runID, i+1)
 	}
+	src, err := p.opts.Sources(ctx, req.Bucket)
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: %w", source, err)
+	}
+	var ranged []int
+	for i := len(known); i < len(layers); i++ {
+		dlStarted[i] = make(chan struct{})
+		if src.Ranged(s3source.Object{Key: layers[i].Key, Size: layers[i].Size, ETag: layers[i].ETag}) {
+			ranged = append(ranged, i)
+			continue
+		}
+		startDownload(i)
+	}
+	seqCtx, stopSeq := context.WithCancel(ctx)
+	defer stopSeq()
+	go func() {
+		for n, i := range ranged {
+			if n > 0 {
+				prev := ranged[n-1]
+				if dlRuns[prev] != "" {
+					_, _ = fsm.Await[DownloadResponse](seqCtx, p.m, dlRuns[prev])
+				}
+				if err := seqCtx.Err(); err != nil {
+					for _, j := range ranged[n:] {
+						dlErrs[j] = err
+						close(dlStarted[j])
+					}
+					return
+				}
+			}
+			startDownload(i)
+		}
+	}()
 	// Each layer, bottom up: once its parent chain is committed, a layer
 	// still downloading is extracted as its bytes arrive (stream.go); its
 	// unpack run, started once its download has recorded it (its chain ID
@@ -268,6 +310,14 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 					}
 					return nil, fmt.Errorf("pull %s: layer %d (%s): %w", source, i, layers[i-1].Key, err)
 				}
+			}
+			select {
+			case <-dlStarted[i]:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			if dlErrs[i] != nil {
+				return nil, dlErrs[i]
 			}
 			dlID := objectRunID(&DownloadRequest{Bucket: req.Bucket, S3Key: l.Key, Size: l.Size, ETag: l.ETag})
 			if s := p.startStream(ctx, dlID, dlRuns[i], parentChain, S3URL(req.Bucket, l.Key)); s != nil {

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -87,4 +88,41 @@ func TestPullOverwrittenBetweenParts(t *testing.T) {
 		t.Errorf("aborted download runs %+v, %v; want the first version's, ended at its first attempt on the change", runs, err)
 	}
 	e.assertNoExtraction()
+}
+
+// TestPullRangedLayersInOrder: layers read as ranged parts download one
+// after another in layer order, each filling the link alone, so that each
+// arrives while the one below it is already in place: on a link slower
+// than extraction, every layer is extracted while it downloads.
+func TestPullRangedLayersInOrder(t *testing.T) {
+	e := newRangedEnv(t)
+	e.srv.Put(t, "seq/1.tar", layerTar(t, "q1", 3*s3source.MinPartSize))
+	e.srv.Put(t, "seq/2.tar", layerTar(t, "q2", 3*s3source.MinPartSize, tarFile{name: "usr/two", body: []byte("2")}))
+	e.srv.Put(t, "seq/3.tar", layerTar(t, "q3", 3*s3source.MinPartSize, tarFile{name: "usr/three", body: []byte("3")}))
+	e.srv.Faults.Shape(0, 8<<20) // 8 MiB/s per answer: each layer takes a while
+	w := e.watchStreams()
+	res := e.mustPull("seq/", "seq")
+	e.srv.Faults.Reset()
+	if got := e.sn.readFile(t, res.Snapshot.SnapshotName, "usr/two") + e.sn.readFile(t, res.Snapshot.SnapshotName, "usr/three"); got != "23" {
+		t.Errorf("image's usr/two and usr/three: %q, want 2 and 3", got)
+	}
+	runs, err := e.db.ListRuns(context.Background(), metadata.RunFilter{FSM: FSMDownload})
+	if err != nil || len(runs) != 3 {
+		t.Fatalf("download runs %d, %v; want 3", len(runs), err)
+	}
+	slices.SortFunc(runs, func(a, b metadata.Run) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	for i := 1; i < len(runs); i++ {
+		if runs[i].CreatedAt.Before(runs[i-1].FinishedAt) {
+			t.Errorf("download %d started at %s, before download %d ended at %s", i+1, runs[i].CreatedAt, i, runs[i-1].FinishedAt)
+		}
+	}
+	ups := e.unpackResponses()
+	for i, l := range res.Layers {
+		if !ups[l.ChainID].Streamed {
+			t.Errorf("layer %d was not extracted while it downloaded", i+1)
+		}
+	}
+	if w.started != 3 {
+		t.Errorf("stream extractions started: %d, want 3", w.started)
+	}
 }

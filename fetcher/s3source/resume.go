@@ -34,14 +34,20 @@ type Reader interface {
 	Resumes() int
 }
 
+// Ranged reports whether NewReader reads obj as concurrent ranged GETs:
+// an object larger than Config.PartSize that has an ETag, when
+// Config.ConnectionsPerObject is above 1.
+func (s *Source) Ranged(obj Object) bool {
+	return s.connections > 1 && obj.Size > s.partSize && obj.ETag != ""
+}
+
 // NewReader returns a Reader of obj (from List, Stat or ResolveImage: its
 // Size and ETag are what the read must match) that resumes up to
-// maxResumes failed bodies in all. An object larger than Config.PartSize
-// that has an ETag is read as concurrent ranged GETs of one part each, when
-// Config.ConnectionsPerObject is above 1; any other as one stream (a
-// ResumingReader). Close stops every request of the reader.
+// maxResumes failed bodies in all. An object for which Ranged holds is
+// read as concurrent ranged GETs of one part each; any other as one stream
+// (a ResumingReader). Close stops every request of the reader.
 func (s *Source) NewReader(ctx context.Context, obj Object, maxResumes int) Reader {
-	if s.connections > 1 && obj.Size > s.partSize && obj.ETag != "" {
+	if s.Ranged(obj) {
 		return s.newRangedReader(ctx, obj, maxResumes)
 	}
 	return &ResumingReader{ctx: ctx, src: s, obj: obj, maxResumes: maxResumes}
