@@ -410,16 +410,25 @@ func TestPullRecovery(t *testing.T) {
 	t.Run("3 kill during extraction", func(t *testing.T) {
 		errc := make(chan error, 1)
 		go func() { _, err := e.pull("c.tar", "c"); errc <- err }()
+		// The extraction runs while the layer downloads (or, if the
+		// download won, in the unpack run): the kill lands once it has
+		// written files, wherever it runs.
 		mnt := filepath.Join(e.cfg.Pipeline.DownloadDir, "mnt")
-		e.waitRun(pipeline.FSMUnpack, "extract-layers", func() bool {
+		for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(2 * time.Millisecond) {
 			ents, _ := os.ReadDir(mnt)
+			extracting := false
 			for _, d := range ents {
 				if files, _ := os.ReadDir(filepath.Join(mnt, d.Name(), "c")); len(files) > 20 {
-					return true
+					extracting = true
 				}
 			}
-			return false
-		})
+			if extracting {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("no extraction of c.tar wrote 20 files")
+			}
+		}
 		e.d.kill()
 		<-errc
 		e.restart()
