@@ -189,7 +189,9 @@ func TestContainerdViewOverSocket(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(runs) > 0 && runs[0].Transition == "extract-layers" {
+		// Extracting: in extract-layers, or in create-device while it waits
+		// for the extraction that follows the layer's download.
+		if len(runs) > 0 && (runs[0].Transition == "extract-layers" || runs[0].Transition == "create-device") {
 			break
 		}
 		if time.Now().After(deadline) {
