@@ -17,7 +17,7 @@ func pruneWorld(t *testing.T) *world {
 	w := newWorld(t)
 	w.pull("s3-a", "s3://bkt/a/", "a:latest", twoLayers("a/", "a")...)
 	w.pull("s3-b", "s3://bkt/b/", "b:latest", twoLayers("b/", "b")...)
-	w.must(w.db.AddImageName(w.ctx, "b:v1", "s3-b"))
+	w.must(w.db.AddImageName(w.ctx, "b:v1", "s3-b", false))
 	res, err := w.db.PruneOrphans(w.ctx, true)
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,10 @@ import (
 // ErrNotFound is wrapped by lookups that require a row when there is none.
 var ErrNotFound = errors.New("metadata: not found")
 
+// ErrNameTaken is wrapped by the refusal to give an image a name another
+// image has: a name moves only when asked to (replace).
+var ErrNameTaken = errors.New("metadata: name taken by another image")
+
 // ErrInvalidArgument is wrapped when an argument breaks a rule the schema
 // would enforce, before the database is asked.
 var ErrInvalidArgument = errors.New("metadata: invalid argument")
@@ -262,7 +266,8 @@ func (d *DB) MarkImageFailed(ctx context.Context, imageID, source, reason string
 // RecordPulledImage records, in one transaction, that image imageID was
 // pulled from source as layers (bottom first; they replace what was
 // recorded), clears its failure, and records name (when not empty) as one of
-// its names.
+// its names (refused, with nothing recorded, when it names another image:
+// ErrNameTaken).
 func (d *DB) RecordPulledImage(ctx context.Context, imageID, source string, layers []ImageLayer, name string) error {
 	if imageID == "" || source == "" || len(layers) == 0 {
 		return fmt.Errorf("metadata: record pulled image %q (source %q, %d layers): id, source and layers must be set: %w",
@@ -285,15 +290,30 @@ func (d *DB) RecordPulledImage(ctx context.Context, imageID, source string, laye
 			}
 		}
 		if name != "" {
-			return addName(ctx, tx, name, imageID, now)
+			return addName(ctx, tx, name, imageID, false, now)
 		}
 		return nil
 	})
 }
 
-func addName(ctx context.Context, tx *sql.Tx, name, imageID string, now int64) error {
+// addName records name as a name of imageID. A name another image has is
+// refused, naming that image and its source, unless replace, which moves
+// it.
+func addName(ctx context.Context, tx *sql.Tx, name, imageID string, replace bool, now int64) error {
+	if !replace {
+		var holder, source string
+		err := tx.QueryRowContext(ctx, `SELECT n.image_id, i.source FROM image_names n JOIN s3_images i ON i.image_id = n.image_id
+			WHERE n.name = ? AND n.image_id <> ?`, name, imageID).Scan(&holder, &source)
+		if err == nil {
+			return fmt.Errorf("metadata: name %q is the name of image %s (%s): %w", name, holder, source, ErrNameTaken)
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("metadata: record name %q of image %s: %w", name, imageID, err)
+		}
+	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO image_names (name, image_id, registered_ns) VALUES (?, ?, ?)
-		ON CONFLICT(name) DO UPDATE SET image_id = excluded.image_id, registered_ns = excluded.registered_ns`,
+		ON CONFLICT(name) DO UPDATE SET image_id = excluded.image_id, registered_ns = excluded.registered_ns
+		WHERE image_names.image_id <> excluded.image_id`,
 		name, imageID, now); err != nil {
 		return fmt.Errorf("metadata: record name %q of image %s: %w", name, imageID, err)
 	}
@@ -309,10 +329,20 @@ func (d *DB) ClearImageFailure(ctx context.Context, imageID string) error {
 	return nil
 }
 
-// AddImageName records name as a name of image imageID (moving it from the
-// image it named before, if any).
-func (d *DB) AddImageName(ctx context.Context, name, imageID string) error {
-	return d.WithTx(ctx, func(tx *sql.Tx) error { return addName(ctx, tx, name, imageID, time.Now().UnixNano()) })
+// AddImageName records name as a name of image imageID. A name another
+// image has is refused (ErrNameTaken, naming that image) unless replace,
+// which moves it to imageID.
+func (d *DB) AddImageName(ctx context.Context, name, imageID string, replace bool) error {
+	return d.WithTx(ctx, func(tx *sql.Tx) error { return addName(ctx, tx, name, imageID, replace, time.Now().UnixNano()) })
+}
+
+// DropImageName forgets name as a name of image imageID; a name of
+// another image, or no such name, is left as it is.
+func (d *DB) DropImageName(ctx context.Context, name, imageID string) error {
+	if _, err := d.db.ExecContext(ctx, `DELETE FROM image_names WHERE name = ? AND image_id = ?`, name, imageID); err != nil {
+		return fmt.Errorf("metadata: forget name %q of image %s: %w", name, imageID, err)
+	}
+	return nil
 }
 
 // ImageNames lists the names of image imageID, oldest first.

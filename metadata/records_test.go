@@ -224,19 +224,35 @@ func TestRecordPulledImage(t *testing.T) {
 	}
 }
 
-// TestAddImageNameMoves: a name names one image; adding it to another moves
-// it.
+// TestAddImageNameMoves: a name names one image; giving it to another is
+// refused, naming the image that has it, and moves it only when asked to
+// (replace); dropping it from an image that does not have it leaves it.
 func TestAddImageNameMoves(t *testing.T) {
 	w := newWorld(t)
 	ctx, db := w.ctx, w.db
 	one := []ImageLayer{{Key: "a.tar", SizeBytes: 1, ChainID: "sha256:a"}}
 	w.must(db.RecordPulledImage(ctx, "s3-a", "s3://bkt/a.tar", one, "s3://bkt/a.tar"))
 	w.must(db.RecordPulledImage(ctx, "s3-b", "s3://bkt/b.tar", one, "s3://bkt/b.tar"))
-	w.must(db.AddImageName(ctx, "app:latest", "s3-a"))
+	w.must(db.AddImageName(ctx, "app:latest", "s3-a", false))
+	w.must(db.AddImageName(ctx, "app:latest", "s3-a", false)) // again: nothing to move
 	if id, _ := db.ImageIDByName(ctx, "app:latest"); id != "s3-a" {
 		t.Fatalf("app:latest names %q, want s3-a", id)
 	}
-	w.must(db.AddImageName(ctx, "app:latest", "s3-b"))
+	err := db.AddImageName(ctx, "app:latest", "s3-b", false)
+	if !errors.Is(err, ErrNameTaken) || !strings.Contains(err.Error(), `"app:latest" is the name of image s3-a (s3://bkt/a.tar)`) {
+		t.Fatalf("giving s3-a's name to s3-b: %v; want ErrNameTaken naming s3-a and its source", err)
+	}
+	if err := db.RecordPulledImage(ctx, "s3-b", "s3://bkt/b.tar", one, "app:latest"); !errors.Is(err, ErrNameTaken) {
+		t.Fatalf("recording s3-b under s3-a's name: %v; want ErrNameTaken", err)
+	}
+	if id, _ := db.ImageIDByName(ctx, "app:latest"); id != "s3-a" {
+		t.Fatalf("app:latest names %q after the refusals, want s3-a", id)
+	}
+	w.must(db.DropImageName(ctx, "app:latest", "s3-b"))
+	if id, _ := db.ImageIDByName(ctx, "app:latest"); id != "s3-a" {
+		t.Fatalf("app:latest names %q after s3-b dropped it, want s3-a", id)
+	}
+	w.must(db.AddImageName(ctx, "app:latest", "s3-b", true))
 	if id, _ := db.ImageIDByName(ctx, "app:latest"); id != "s3-b" {
 		t.Errorf("app:latest names %q after the move, want s3-b", id)
 	}
@@ -249,7 +265,7 @@ func TestAddImageNameMoves(t *testing.T) {
 	if id, err := db.ImageIDByName(ctx, "nobody"); id != "" || err != nil {
 		t.Errorf("ImageIDByName of an unknown name = %q, %v", id, err)
 	}
-	if err := db.AddImageName(ctx, "ghost:latest", "s3-none"); err == nil {
+	if err := db.AddImageName(ctx, "ghost:latest", "s3-none", false); err == nil {
 		t.Errorf("AddImageName on an unknown image succeeded")
 	}
 	// Deleting an image forgets its layers and names, not its chains'
@@ -274,7 +290,7 @@ func TestPulledImageState(t *testing.T) {
 	w := newWorld(t)
 	ctx, db := w.ctx, w.db
 	actDev := w.pull("s3-full", "s3://bkt/full/", "full:latest", twoLayers("full/", "full")...)
-	w.must(db.AddImageName(ctx, "full:stable", "s3-full"))
+	w.must(db.AddImageName(ctx, "full:stable", "s3-full", false))
 	st, err := db.PulledImageState(ctx, "s3-full")
 	if err != nil || st == nil {
 		t.Fatalf("PulledImageState of a fully pulled image = %v, %v", st, err)

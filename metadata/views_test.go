@@ -16,7 +16,7 @@ import (
 func viewsWorld(t *testing.T) (*world, time.Time) {
 	w := newWorld(t)
 	w.pull("s3-a", "s3://bkt/a/", "a:latest", twoLayers("a/", "a")...) // thin ids 1 (d1), 2 (c-a), 3 (activation)
-	w.must(w.db.AddImageName(w.ctx, "a:v1", "s3-a"))
+	w.must(w.db.AddImageName(w.ctx, "a:v1", "s3-a", false))
 	w.pullNoActivation("s3-b", "s3://bkt/b/", "b:latest", twoLayers("b/", "b")...) // thin id 4 (c-b)
 	w.must(w.db.MarkImageFailed(w.ctx, "s3-c", "s3://bkt/c.tar", `validate s3://bkt/c.tar: entry "../x" climbs above the root`))
 	t0 := time.Unix(1_800_000_000, 0).UTC()

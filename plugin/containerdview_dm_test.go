@@ -149,7 +149,7 @@ func TestContainerdViewOverSocket(t *testing.T) {
 	ctl := control.NewClient(cfg.Daemon.ControlSocket)
 	pull := func(prefix string) *pipeline.PullResult {
 		t.Helper()
-		res, err := ctl.Pull(ctx, pipeline.PullRequest{Bucket: srv.Bucket, Key: prefix, Ref: "test/" + prefix}, nil)
+		res, err := ctl.Pull(ctx, pipeline.PullRequest{Bucket: srv.Bucket, Key: prefix, Ref: "test/" + strings.TrimSuffix(prefix, "/")}, nil)
 		if err != nil {
 			t.Fatalf("pull %s: %v", prefix, err)
 		}

@@ -284,7 +284,7 @@ func populate(t *testing.T, path string, now time.Time) {
 		{Key: "images/active/1.tar", ETag: `"images/active/1.tar"`, SizeBytes: 1000, ChainID: chainA},
 		{Key: "images/active/2.tar", ETag: `"images/active/2.tar"`, SizeBytes: 2000, ChainID: chainAB},
 	}, "registry.example/active:1"))
-	must(d.AddImageName(ctx, "s3://bkt/images/active/", "img-active"))
+	must(d.AddImageName(ctx, "s3://bkt/images/active/", "img-active", false))
 	must(activate(ctx, d, "img-active", chainAB, devActivation))
 	must(d.RecordPulledImage(ctx, "img-unpacked", "s3://bkt/images/unpacked.tar", []metadata.ImageLayer{
 		{Key: "images/unpacked.tar", ETag: `"images/unpacked.tar"`, SizeBytes: 1000, ChainID: chainA},

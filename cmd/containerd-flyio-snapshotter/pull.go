@@ -34,6 +34,17 @@ config's containerd.namespace; "--namespace k8s.io" for the CRI, which
 Kubernetes uses). Everything is idempotent and survives a daemon
 crash: pulling again resumes what was cut.
 
+--name must be an image reference ([DOMAIN/]PATH[:TAG], lowercase path, no
+digest). Without it the name is s3.local/BUCKET/PREFIX:latest for a prefix
+already spelled as a reference path, and otherwise (a layer key, or a path
+with capitals, spaces or doubled separators) the path lowercased, with what
+a reference may not hold replaced by '-', tagged with the image id (a hash
+of the exact source), so two sources never share a default name. A name
+that another pulled image has, or that containerd has for an image this
+daemon did not create (a registry image, an import), is refused before any
+work, naming who has it; --replace moves it to this image and repoints
+containerd's image, keeping its labels (a CRI pin stays).
+
 Like a registry pull, every pull first asks S3 what the image is now (one
 LIST for a prefix, one HEAD for a key). An image pulled before from the same
 objects (same keys, ETags and sizes) is answered from the records, with no
@@ -102,13 +113,15 @@ func isTerminal(f *os.File) bool {
 }
 
 func runPull(ctx context.Context, args []string) error {
-	fs := newFlagSet("pull", "pull s3://BUCKET/KEY-or-PREFIX|PATH [--name REF] [--namespace NS]... [--refresh|--cached] [--format text|json] [--config FILE] [--socket PATH]", pullDescription)
+	fs := newFlagSet("pull", "pull s3://BUCKET/KEY-or-PREFIX|PATH [--name REF [--replace]] [--namespace NS]... [--refresh|--cached] [--format text|json] [--config FILE] [--socket PATH]", pullDescription)
 	addConfigFlags(fs)
 	var socket, name, format string
 	var refresh, cached bool
 	fs.StringVar(&format, "format", "text", "output `FORMAT`: text (progress on stderr, the result on stdout) or json (the daemon's events and result as JSON lines on stdout)")
 	addSocketFlag(fs, &socket)
-	fs.StringVar(&name, "name", "", "image `REF` to register the result under (default: s3.local/BUCKET/KEY-or-PREFIX:latest, lowercased, what a reference may not hold replaced by -)")
+	fs.StringVar(&name, "name", "", "image `REF` to register the result under, an image reference (default: s3.local/BUCKET/KEY-or-PREFIX, tagged latest or, when the path is not already a reference path, with the image id)")
+	var replace bool
+	fs.BoolVar(&replace, "replace", false, "take the name over when another pulled image has it, or containerd has it for an image this daemon did not create (its labels kept)")
 	fs.BoolVar(&refresh, "refresh", false, "run the pipelines even if the image is pulled and unchanged in S3 (they check every layer's device and rebuild what is missing)")
 	var nss namespaceList
 	fs.Var(&nss, "namespace", "containerd `NAMESPACE` to register the image in; repeat it for several (default: the daemon's containerd.namespace)")
@@ -129,6 +142,11 @@ func runPull(ctx context.Context, args []string) error {
 	if _, err := pipeline.CheckNamespaces(nss); err != nil {
 		return usageError(fs, "--namespace: "+err.Error())
 	}
+	if name != "" {
+		if err := pipeline.CheckName(name); err != nil {
+			return usageError(fs, "--name: "+err.Error())
+		}
+	}
 	bucket, key, err := parseImageArg(pos[0])
 	if err != nil {
 		return &exitError{code: 2, msg: err.Error()}
@@ -137,7 +155,7 @@ func runPull(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	req := pipeline.PullRequest{Bucket: bucket, Key: key, Ref: name, Refresh: refresh, Cached: cached, Namespaces: nss}
+	req := pipeline.PullRequest{Bucket: bucket, Key: key, Ref: name, Replace: replace, Refresh: refresh, Cached: cached, Namespaces: nss}
 	if format == "json" {
 		return pullJSON(ctx, c, req, os.Stdout)
 	}

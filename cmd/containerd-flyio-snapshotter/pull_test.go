@@ -11,7 +11,7 @@ func TestPullHelp(t *testing.T) {
 	if code != 0 || !strings.HasPrefix(out, "Usage: containerd-flyio-snapshotter pull") {
 		t.Fatalf("pull --help = %d, %q", code, out)
 	}
-	for _, want := range []string{"[--refresh|--cached]", "[--namespace NS]...", "-namespace", "-cached", "-refresh", "-name", "-socket", "-config", "without asking S3"} {
+	for _, want := range []string{"[--refresh|--cached]", "[--namespace NS]...", "-namespace", "-cached", "-refresh", "-name", "-replace", "-socket", "-config", "without asking S3"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("pull --help does not mention %q:\n%s", want, out)
 		}
@@ -34,6 +34,9 @@ func TestPullUsageErrors(t *testing.T) {
 		{[]string{"--frobnicate", "s3://bkt/a.tar"}, "unknown flag --frobnicate"},
 		{[]string{"--namespace", "k8s.io", "--namespace", "bad/ns", "s3://bkt/a.tar"}, `--namespace: containerd namespace "bad/ns": must be letters`},
 		{[]string{"--namespace", "", "s3://bkt/a.tar"}, "empty namespace"},
+		{[]string{"--name", "App", "s3://bkt/a.tar"}, `--name: image name "App": invalid reference format: repository name (library/App) must be lowercase`},
+		{[]string{"--name", "app@sha256:" + strings.Repeat("0", 64), "s3://bkt/a.tar"}, "must not carry a digest"},
+		{[]string{"s3://bkt/a.tar", "--name", "s3://bkt/a.tar"}, `--name: image name "s3://bkt/a.tar": invalid reference format`},
 	}
 	for _, tc := range cases {
 		args := append([]string{"pull", "--socket", socket}, tc.args...)
@@ -44,7 +47,7 @@ func TestPullUsageErrors(t *testing.T) {
 	}
 	// Either flag alone, and valid namespaces, pass the usage checks and
 	// reach the socket.
-	for _, flag := range []string{"--refresh", "--cached", "--namespace=k8s.io"} {
+	for _, flag := range []string{"--refresh", "--cached", "--namespace=k8s.io", "--name=registry.example/app:v1", "--replace"} {
 		code, _, errOut := runCommand(t, nil, "pull", "--socket", socket, flag, "s3://bkt/images/app.tar")
 		if code != 1 || !strings.Contains(errOut, socket) {
 			t.Errorf("pull %s with no daemon = %d, %q; want 1 naming the socket", flag, code, errOut)

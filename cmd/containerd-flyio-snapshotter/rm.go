@@ -9,7 +9,9 @@ import (
 const rmDescription = `
 Asks the running daemon (over daemon.control_socket) to remove pulled
 images, the way garbage collection does: each image's names are removed
-from containerd, then its activation, the chains no other image uses,
+from containerd where this daemon created them (an image of that name
+another tool made, or one a pull was refused, stays as it is), then its
+activation, the chains no other image uses,
 their devices, and its records and layer files. An image in use (a
 container snapshot on it, a pull of it under way, or pinned by [gc] pinned
 or containerd's io.cri-containerd.pinned label) is refused with the

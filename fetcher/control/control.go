@@ -75,6 +75,12 @@ func servePull(p Puller, w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, Line{Error: "pull: key is required"})
 		return
 	}
+	if req.Ref != "" {
+		if err := pipeline.CheckName(req.Ref); err != nil {
+			writeJSON(w, http.StatusBadRequest, Line{Error: "pull: " + err.Error()})
+			return
+		}
+	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	var mu sync.Mutex
@@ -87,7 +93,7 @@ func servePull(p Puller, w http.ResponseWriter, r *http.Request) {
 			_ = rc.Flush()
 		}
 	}
-	lg := log.G(r.Context()).WithField("bucket", req.Bucket).WithField("key", req.Key).WithField("ref", req.Ref)
+	lg := log.G(r.Context()).WithField("bucket", req.Bucket).WithField("key", req.Key).WithField("ref", req.Ref).WithField("replace", req.Replace)
 	lg.Info("control: pull")
 	res, err := p.Pull(r.Context(), req, func(e pipeline.Event) { send(Line{Event: &e}) })
 	if err != nil {

@@ -63,6 +63,10 @@ func TestSocketCarriesErrors(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "no snapshotter") {
 		t.Errorf("pull without a snapshotter: err %v, want the daemon's reason", err)
 	}
+	_, err = c.Pull(ctx, pipeline.PullRequest{Bucket: "b", Key: "img/", Ref: "Bad Name", Replace: true}, nil)
+	if err == nil || !strings.Contains(err.Error(), `image name "Bad Name": invalid reference format`) {
+		t.Errorf("pull under a name that is no reference: err %v, want the name and the rule", err)
+	}
 	_, err = c.Activate(ctx, "never-pulled")
 	if err == nil || !strings.Contains(err.Error(), "never-pulled") {
 		t.Errorf("activate of an unknown ref: err %v, want a reason naming it", err)

@@ -149,9 +149,12 @@ type Snapshots interface {
 // Names is where images are registered under their names
 // (*pipeline.ContainerdRegistrar).
 type Names interface {
-	// Unregister removes name; an absent name is not an error.
+	// Unregister removes name where it names an image this daemon
+	// created (an image of that name someone else made stays as it is);
+	// an absent name is not an error.
 	Unregister(ctx context.Context, name string) error
-	// Pinned reports whether name is pinned there.
+	// Pinned reports whether name, as an image this daemon created, is
+	// pinned there.
 	Pinned(ctx context.Context, name string) (bool, error)
 }
 

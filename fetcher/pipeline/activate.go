@@ -38,6 +38,9 @@ type ActivateRequest struct {
 	// Namespaces are the containerd namespaces to register Ref in; none
 	// means the registrar's own.
 	Namespaces []string `json:"namespaces,omitempty"`
+	// Replace lets Ref move from another image of ours and repoint a
+	// containerd image this daemon did not create (PullRequest.Replace).
+	Replace bool `json:"replace,omitempty"`
 }
 
 func (r *ActivateRequest) topChain() string { return r.Layers[len(r.Layers)-1].ChainID }
@@ -62,8 +65,14 @@ type ActivateResponse struct {
 // containerd registrar works in the namespace ctx names
 // (namespaces.WithNamespace), or in its own when ctx names none.
 type Registrar interface {
-	// Register makes ref an image whose rootfs is the layers' diff IDs.
-	Register(ctx context.Context, ref string, diffIDs []string) error
+	// Check is nil when ref can be registered: no image has that name
+	// there, or one this daemon created, or replace. Otherwise its error
+	// wraps ErrForeignImage and names the image and its owner.
+	Check(ctx context.Context, ref string, replace bool) error
+	// Register makes ref an image whose rootfs is the layers' diff IDs,
+	// refused as Check refuses, keeping the labels of an image it
+	// repoints.
+	Register(ctx context.Context, ref string, diffIDs []string, replace bool) error
 	// Registered reports whether ref is registered with topChain as its
 	// unpacked chain (true when there is nowhere to register).
 	Registered(ctx context.Context, ref, topChain string) (bool, error)
@@ -213,8 +222,12 @@ func (p *Pipelines) verifyImageLayout(ctx context.Context, r *ActivateRequest, k
 	return verr
 }
 
-// register: the image's records (its layers as pulled, its name) in one
-// transaction, then the name in containerd when configured.
+// register: the image's records (its layers as pulled), then its name:
+// refused, and the run aborted, when it belongs to someone else (another
+// image in the records, an image in containerd this daemon did not
+// create) unless r.Replace; else recorded, then registered in containerd
+// when configured. Pull checks the name before any work
+// (Pipelines.checkName); this checks it again for a name taken since.
 func (p *Pipelines) register(ctx context.Context, req *acReq) (*acResp, error) {
 	p.hook("register:started")
 	r, resp := req.Msg, req.Resp
@@ -223,20 +236,82 @@ func (p *Pipelines) register(ctx context.Context, req *acReq) (*acResp, error) {
 	for i, l := range r.Layers {
 		layers[i] = metadata.ImageLayer{Key: l.Key, ETag: l.ETag, SizeBytes: l.Size, ChainID: l.ChainID}
 	}
-	if err := p.db.RecordPulledImage(ctx, r.ImageID, r.Source, layers, r.Ref); err != nil {
+	if err := p.db.RecordPulledImage(ctx, r.ImageID, r.Source, layers, ""); err != nil {
 		return nil, err
 	}
-	if err := p.registerName(ctx, r.Ref, r.Namespaces, r.Layers); err != nil {
+	if err := p.nameImage(ctx, r.ImageID, r.Ref, r.Namespaces, r.Layers, r.Replace); err != nil {
+		if errors.Is(err, metadata.ErrNameTaken) || errors.Is(err, ErrForeignImage) {
+			return nil, fsm.Abort(err)
+		}
 		return nil, err
 	}
 	resp.Registered, resp.Ref, resp.Namespaces = p.opts.Registrar != nil, r.Ref, r.Namespaces
 	return fsm.NewResponse(resp), nil
 }
 
+// checkName is nil when name can name image imageID in each containerd
+// namespace of nss: no other image of ours has it in the records and
+// containerd has no image of that name this daemon did not create, or
+// replace. Otherwise the error (wrapping metadata.ErrNameTaken or
+// ErrForeignImage) names who has it. It writes nothing.
+func (p *Pipelines) checkName(ctx context.Context, imageID, name string, nss []string, replace bool) error {
+	if name == "" || replace {
+		return nil
+	}
+	holder, err := p.db.ImageIDByName(ctx, name)
+	if err != nil {
+		return err
+	}
+	if holder != "" && holder != imageID {
+		img, err := p.db.GetImage(ctx, holder)
+		if err != nil {
+			return err
+		}
+		source := ""
+		if img != nil {
+			source = img.Source
+		}
+		return fmt.Errorf("name %q is the name of image %s (%s): %w (pull with --replace to move it, or choose another --name)", name, holder, source, metadata.ErrNameTaken)
+	}
+	if p.opts.Registrar == nil {
+		return nil
+	}
+	return inNamespaces(ctx, nss, func(ctx context.Context, _ string) error {
+		return p.opts.Registrar.Check(ctx, name, false)
+	})
+}
+
+// nameImage gives image imageID the name name: checked (checkName),
+// recorded, then registered in containerd as the image of layers in each
+// namespace of nss. A registration refused (ErrForeignImage) takes back
+// the record this call added.
+func (p *Pipelines) nameImage(ctx context.Context, imageID, name string, nss []string, layers []Layer, replace bool) error {
+	if name == "" {
+		return nil
+	}
+	if err := p.checkName(ctx, imageID, name, nss, replace); err != nil {
+		return err
+	}
+	had, err := p.db.ImageIDByName(ctx, name)
+	if err != nil {
+		return err
+	}
+	if err := p.db.AddImageName(ctx, name, imageID, replace); err != nil {
+		return err
+	}
+	err = p.registerName(ctx, name, nss, layers, replace)
+	if errors.Is(err, ErrForeignImage) && had != imageID {
+		if derr := p.db.DropImageName(context.WithoutCancel(ctx), name, imageID); derr != nil {
+			log.G(ctx).WithError(derr).WithField("name", name).Error("register: taking back a refused name")
+		}
+	}
+	return err
+}
+
 // registerName registers name in containerd (when there is a registrar)
 // as the image of layers, in each of nss (none: the registrar's own
 // namespace).
-func (p *Pipelines) registerName(ctx context.Context, name string, nss []string, layers []Layer) error {
+func (p *Pipelines) registerName(ctx context.Context, name string, nss []string, layers []Layer, replace bool) error {
 	if p.opts.Registrar == nil || name == "" {
 		return nil
 	}
@@ -245,7 +320,7 @@ func (p *Pipelines) registerName(ctx context.Context, name string, nss []string,
 		diffs[i] = l.DiffID
 	}
 	return inNamespaces(ctx, nss, func(ctx context.Context, ns string) error {
-		if err := p.opts.Registrar.Register(ctx, name, diffs); err != nil {
+		if err := p.opts.Registrar.Register(ctx, name, diffs, replace); err != nil {
 			if ns != "" {
 				return fmt.Errorf("register %s in containerd namespace %s: %w", name, ns, err)
 			}

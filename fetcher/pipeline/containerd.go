@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/core/content"
-	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
@@ -68,8 +67,11 @@ func (c *ContainerdRegistrar) snapshotter() string {
 
 // Register implements Registrar, in the context's containerd namespace (or
 // c.Namespace). A containerd socket that does not exist is not an error
-// (no containerd on this host): it is logged and skipped.
-func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs []string) error {
+// (no containerd on this host): it is logged and skipped. An image of that
+// name this daemon did not create is refused before anything is written
+// (ErrForeignImage) unless replace; an image is repointed with every label
+// it has kept.
+func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs []string, replace bool) error {
 	if len(diffIDs) == 0 {
 		return fmt.Errorf("register %s: an image needs at least one layer: %w", ref, errdefs.ErrInvalidArgument)
 	}
@@ -84,6 +86,10 @@ func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs 
 	defer cl.Close()
 	ns := c.namespace(ctx)
 	ctx = namespaces.WithNamespace(ctx, ns)
+	is := cl.ImageService()
+	if err := checkOwner(ctx, is, ns, ref, replace); err != nil {
+		return err
+	}
 	// The lease keeps what is written here from containerd's garbage
 	// collector until the image refers to all of it.
 	ctx, done, err := cl.WithLease(ctx, leases.WithExpiration(time.Hour))
@@ -140,15 +146,8 @@ func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs 
 	if err := content.WriteBlob(ctx, cs, "flyio-manifest-"+manDesc.Digest.Encoded(), bytes.NewReader(manRaw), manDesc, content.WithLabels(gcLabels)); err != nil {
 		return fmt.Errorf("register %s: write manifest: %w", ref, err)
 	}
-	is := cl.ImageService()
-	img := images.Image{Name: ref, Target: manDesc, Labels: map[string]string{LabelSource: "pipeline"}}
-	if _, err := is.Create(ctx, img); err != nil {
-		if !errdefs.IsAlreadyExists(err) {
-			return fmt.Errorf("register %s: create image: %w", ref, err)
-		}
-		if _, err := is.Update(ctx, img, "target", "labels"); err != nil {
-			return fmt.Errorf("register %s: update image: %w", ref, err)
-		}
+	if err := putImage(ctx, is, ns, ref, manDesc, replace); err != nil {
+		return err
 	}
 	if err := adopt(ctx, cl.SnapshotService(c.snapshotter()), chain); err != nil {
 		return fmt.Errorf("register %s: %w", ref, err)
@@ -157,10 +156,24 @@ func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs 
 	return nil
 }
 
+// Check implements Registrar: nil when ref can be registered in the
+// context's namespace (or c.Namespace): containerd has no image of that
+// name, or one this daemon created, or replace. No containerd socket: nil.
+func (c *ContainerdRegistrar) Check(ctx context.Context, ref string, replace bool) error {
+	cl, err := c.client(ctx, ref)
+	if err != nil || cl == nil {
+		return err
+	}
+	defer cl.Close()
+	ns := c.namespace(ctx)
+	return checkOwner(namespaces.WithNamespace(ctx, ns), cl.ImageService(), ns, ref, replace)
+}
+
 // Registered implements Registrar: ref exists in containerd (in the
-// context's namespace, or c.Namespace) and containerd knows its top chain
-// in our snapshotter. A containerd socket
-// that does not exist counts as registered (nothing to register in).
+// context's namespace, or c.Namespace), is an image this daemon created,
+// and containerd knows its top chain in our snapshotter. A containerd
+// socket that does not exist counts as registered (nothing to register
+// in).
 func (c *ContainerdRegistrar) Registered(ctx context.Context, ref, topChain string) (bool, error) {
 	cl, err := c.client(ctx, ref)
 	if err != nil {
@@ -171,10 +184,12 @@ func (c *ContainerdRegistrar) Registered(ctx context.Context, ref, topChain stri
 	}
 	defer cl.Close()
 	ctx = namespaces.WithNamespace(ctx, c.namespace(ctx))
-	if _, err := cl.ImageService().Get(ctx, ref); errdefs.IsNotFound(err) {
+	if img, err := cl.ImageService().Get(ctx, ref); errdefs.IsNotFound(err) {
 		return false, nil
 	} else if err != nil {
 		return false, fmt.Errorf("image %s in containerd: %w", ref, err)
+	} else if !ownImage(img) {
+		return false, nil
 	}
 	if _, err := cl.SnapshotService(c.snapshotter()).Stat(ctx, topChain); errdefs.IsNotFound(err) {
 		return false, nil

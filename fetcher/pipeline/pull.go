@@ -24,9 +24,14 @@ import (
 type PullRequest struct {
 	Bucket string `json:"bucket"`
 	Key    string `json:"key"`
-	// Ref names the image (the containerd image name); empty means
-	// DefaultRef of the bucket and key.
+	// Ref names the image (the containerd image name, CheckName); empty
+	// means DefaultRef of the bucket and key.
 	Ref string `json:"ref,omitempty"`
+	// Replace lets Ref move from another pulled image, and repoint an
+	// image containerd has under that name that this daemon did not
+	// create (its labels kept); without it either is refused, naming who
+	// has the name.
+	Replace bool `json:"replace,omitempty"`
 	// Refresh runs the pipelines even when the image is pulled and
 	// unchanged, so that every layer's device is checked in the pool.
 	Refresh bool `json:"refresh,omitempty"`
@@ -121,6 +126,11 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 		if ref, err = DefaultRef(req.Bucket, req.Key); err != nil {
 			return nil, err
 		}
+	} else if err := CheckName(ref); err != nil {
+		return nil, fmt.Errorf("pull %s: %w", source, err)
+	}
+	if err := p.checkName(ctx, imageID, ref, req.Namespaces, req.Replace); err != nil {
+		return nil, fmt.Errorf("pull %s: %w", source, err)
 	}
 	lg := log.G(ctx).WithField("source", source).WithField("ref", ref)
 	defer p.beginPull(imageID)()
@@ -129,7 +139,7 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 	unlock := func() { release.Do(p.files.RUnlock) }
 	defer unlock()
 	if req.Cached {
-		res, why := p.repull(ctx, source, imageID, ref, req.Namespaces, nil)
+		res, why := p.repull(ctx, source, imageID, ref, req.Namespaces, req.Replace, nil)
 		if res == nil {
 			return nil, fmt.Errorf("pull %s --cached: %s: %w", source, why, metadata.ErrNotFound)
 		}
@@ -143,7 +153,7 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 		return nil, err
 	}
 	if !req.Refresh {
-		if res, _ := p.repull(ctx, source, imageID, ref, req.Namespaces, layers); res != nil {
+		if res, _ := p.repull(ctx, source, imageID, ref, req.Namespaces, req.Replace, layers); res != nil {
 			lg.WithField("snapshot", res.Snapshot.SnapshotName).Info("already pulled, unchanged in S3")
 			p.used(ctx, imageID, false)
 			return res, nil
@@ -353,7 +363,7 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 	}
 	top := layers[len(layers)-1].ChainID
 	res.Layers, res.TopChainID = layers, top
-	acRun, err := p.startActivate(ctx, imageID, &ActivateRequest{ImageID: imageID, Source: source, Ref: ref, Layers: layers, Namespaces: req.Namespaces},
+	acRun, err := p.startActivate(ctx, imageID, &ActivateRequest{ImageID: imageID, Source: source, Ref: ref, Layers: layers, Namespaces: req.Namespaces, Replace: req.Replace},
 		fsm.WithRunAfter(upRuns[len(upRuns)-1]), fsm.WithParent(parent))
 	if err != nil {
 		return nil, fmt.Errorf("pull %s: start activate: %w", source, err)
@@ -375,20 +385,11 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 	res.Snapshot = *ac
 	// A concurrent pull of the same image under another name or in other
 	// namespaces shares the activation run, which registered that name
-	// there: register this one too, with the layers this pull made
-	// (registering is idempotent).
+	// there: name it this way too, with the layers this pull made
+	// (naming is idempotent).
 	if ac.Ref != ref || !slices.Equal(ac.Namespaces, req.Namespaces) {
-		if err := p.registerName(ctx, ref, req.Namespaces, layers); err != nil {
+		if err := p.nameImage(ctx, imageID, ref, req.Namespaces, layers, req.Replace); err != nil {
 			return nil, fmt.Errorf("pull %s: %w", source, err)
-		}
-	}
-	names, err := p.db.ImageNames(ctx, imageID)
-	if err != nil {
-		return nil, err
-	}
-	if !slices.Contains(names, ref) {
-		if err := p.db.AddImageName(ctx, ref, imageID); err != nil {
-			return nil, err
 		}
 	}
 	res.Snapshot.Registered = p.opts.Registrar != nil

@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -23,11 +25,15 @@ import (
 // fakeRegistrar is a fake of the containerd side of Registrar: it records
 // the names registered and can forget one (`ctr image rm`). A name
 // registered in a namespace the context names is keyed "NS|ref"; in the
-// registrar's own namespace, "ref".
+// registrar's own namespace, "ref". foreign holds images someone else made
+// (key → labels): Check and Register refuse their names unless replace,
+// which makes them ours with their labels kept (labels).
 type fakeRegistrar struct {
 	mu        sync.Mutex
-	names     map[string][]string // ref → diff IDs
-	registers map[string]int      // ref → Register calls
+	names     map[string][]string          // ref → diff IDs
+	registers map[string]int               // ref → Register calls
+	foreign   map[string]map[string]string // ref → labels of an image not ours
+	labels    map[string]map[string]string // ref → labels of an image taken over
 }
 
 func fakeKey(ctx context.Context, ref string) string {
@@ -38,16 +44,39 @@ func fakeKey(ctx context.Context, ref string) string {
 }
 
 func newFakeRegistrar() *fakeRegistrar {
-	return &fakeRegistrar{names: map[string][]string{}, registers: map[string]int{}}
+	return &fakeRegistrar{names: map[string][]string{}, registers: map[string]int{},
+		foreign: map[string]map[string]string{}, labels: map[string]map[string]string{}}
 }
 
-func (r *fakeRegistrar) Register(ctx context.Context, ref string, diffIDs []string) error {
+func (r *fakeRegistrar) Check(ctx context.Context, ref string, replace bool) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.check(fakeKey(ctx, ref), replace)
+}
+
+func (r *fakeRegistrar) check(key string, replace bool) error {
+	if l, ok := r.foreign[key]; ok && !replace {
+		return fmt.Errorf("register %s: image with labels %v: %w", key, l, ErrForeignImage)
+	}
+	return nil
+}
+
+func (r *fakeRegistrar) Register(ctx context.Context, ref string, diffIDs []string, replace bool) error {
 	if len(diffIDs) == 0 {
 		return errors.New("register " + ref + ": no layers")
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ref = fakeKey(ctx, ref)
+	if err := r.check(ref, replace); err != nil {
+		return err
+	}
+	if l, ok := r.foreign[ref]; ok {
+		l = maps.Clone(l)
+		l[LabelSource] = "pipeline"
+		r.labels[ref] = l
+		delete(r.foreign, ref)
+	}
 	r.names[ref] = slices.Clone(diffIDs)
 	r.registers[ref]++
 	return nil
@@ -58,7 +87,7 @@ func (r *fakeRegistrar) Registered(ctx context.Context, ref, topChain string) (b
 	defer r.mu.Unlock()
 	ref = fakeKey(ctx, ref)
 	diffs, ok := r.names[ref]
-	if !ok {
+	if _, foreign := r.foreign[ref]; !ok || foreign {
 		return false, nil
 	}
 	chain := ""
@@ -441,38 +470,38 @@ func TestPullNames(t *testing.T) {
 	e := newPullEnv(t, reg)
 	ctx := context.Background()
 	e.srv.Put(t, "n/1.tar", layerTar(t, "names", 1000))
-	a := e.mustPull("n/", "A")
-	if reg.registeredTop("A") != a.TopChainID || !a.Snapshot.Registered {
-		t.Fatalf("A: registered with %q, result %+v", reg.registeredTop("A"), a.Snapshot)
+	a := e.mustPull("n/", "a")
+	if reg.registeredTop("a") != a.TopChainID || !a.Snapshot.Registered {
+		t.Fatalf("A: registered with %q, result %+v", reg.registeredTop("a"), a.Snapshot)
 	}
 	runs := e.runCount()
-	b := e.mustPull("n/", "B")
-	if reg.registeredTop("B") != a.TopChainID || b.TopChainID != a.TopChainID {
-		t.Errorf("a second name: B registered with %q, want %s", reg.registeredTop("B"), a.TopChainID)
+	b := e.mustPull("n/", "b")
+	if reg.registeredTop("b") != a.TopChainID || b.TopChainID != a.TopChainID {
+		t.Errorf("a second name: B registered with %q, want %s", reg.registeredTop("b"), a.TopChainID)
 	}
 	if n := e.runCount() - runs; n != 0 {
 		t.Errorf("a second name of an unchanged image started %d runs", n)
 	}
 	names, err := e.db.ImageNames(ctx, a.ImageID)
-	if err != nil || !slices.Contains(names, "A") || !slices.Contains(names, "B") {
+	if err != nil || !slices.Contains(names, "a") || !slices.Contains(names, "b") {
 		t.Errorf("names of the image: %v, %v; want A and B", names, err)
 	}
 
-	reg.unregister("B")
-	e.mustPull("n/", "B")
-	if reg.registeredTop("B") != a.TopChainID || reg.calls("B") != 2 {
+	reg.unregister("b")
+	e.mustPull("n/", "b")
+	if reg.registeredTop("b") != a.TopChainID || reg.calls("b") != 2 {
 		t.Errorf("B pulled again after it was removed from containerd: registered %q, %d Register calls; want it registered again",
-			reg.registeredTop("B"), reg.calls("B"))
+			reg.registeredTop("b"), reg.calls("b"))
 	}
-	if reg.calls("A") != 1 {
-		t.Errorf("A registered %d times, want once", reg.calls("A"))
+	if reg.calls("a") != 1 {
+		t.Errorf("A registered %d times, want once", reg.calls("a"))
 	}
 
 	e.srv.Put(t, "c/1.tar", layerTar(t, "concurrent", 1000))
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
 	res := make([]*PullResult, 2)
-	for i, ref := range []string{"C1", "C2"} {
+	for i, ref := range []string{"c1", "c2"} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -480,7 +509,7 @@ func TestPullNames(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	for i, ref := range []string{"C1", "C2"} {
+	for i, ref := range []string{"c1", "c2"} {
 		if errs[i] != nil {
 			t.Fatalf("concurrent pull as %s: %v", ref, errs[i])
 		}
@@ -489,7 +518,7 @@ func TestPullNames(t *testing.T) {
 		}
 	}
 	names, err = e.db.ImageNames(ctx, res[0].ImageID)
-	if err != nil || !slices.Contains(names, "C1") || !slices.Contains(names, "C2") {
+	if err != nil || !slices.Contains(names, "c1") || !slices.Contains(names, "c2") {
 		t.Errorf("names after concurrent pulls: %v, %v; want C1 and C2", names, err)
 	}
 }
@@ -592,8 +621,8 @@ func TestPullNamesFollowAnOverwrite(t *testing.T) {
 	e := newPullEnv(t, reg)
 	ctx := context.Background()
 	e.srv.Put(t, "o/1.tar", layerTar(t, "o1", 1000))
-	first := e.mustPull("o/", "A")
-	e.mustPull("o/", "B")
+	first := e.mustPull("o/", "a")
+	e.mustPull("o/", "b")
 	v2 := layerTar(t, "o2", 1000)
 	e.srv.Put(t, "o/1.tar", v2)
 
@@ -609,7 +638,7 @@ func TestPullNamesFollowAnOverwrite(t *testing.T) {
 			_, errs[i] = e.pull("o/", ref)
 		}()
 	}
-	pull(0, "A")
+	pull(0, "a")
 	<-reached
 	downloads := func() int {
 		runs, err := e.db.ListRuns(ctx, metadata.RunFilter{FSM: FSMDownload, States: []string{metadata.RunComplete}})
@@ -619,7 +648,7 @@ func TestPullNamesFollowAnOverwrite(t *testing.T) {
 		return len(runs)
 	}
 	before := downloads()
-	pull(1, "B")
+	pull(1, "b")
 	for deadline := time.Now().Add(30 * time.Second); downloads() == before; {
 		if time.Now().After(deadline) {
 			t.Fatal("B's download run never completed")
@@ -631,7 +660,7 @@ func TestPullNamesFollowAnOverwrite(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	close(release)
 	wg.Wait()
-	for i, ref := range []string{"A", "B"} {
+	for i, ref := range []string{"a", "b"} {
 		if errs[i] != nil {
 			t.Fatalf("pull as %s after the overwrite: %v", ref, errs[i])
 		}

@@ -25,7 +25,7 @@ import (
 // device-mapper call; it writes only when ref is a new name of the image or
 // a failure recorded by an earlier pull is over. ref is checked, and
 // registered when missing, in each containerd namespace of nss (none: the
-// registrar's own).
+// registrar's own); replace as PullRequest.Replace.
 // It returns nil and why when anything is missing or differs: the caller
 // then runs the pipelines, which heal it.
 //
@@ -35,7 +35,7 @@ import (
 // /sys/block, and only a device-mapper call could tell. That probe stays on
 // the slow path: `pull --refresh` runs the pipelines, whose check-unpacked
 // asks the pool for each chain's device and rebuilds a missing one.
-func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string, nss []string, listed []Layer) (*PullResult, string) {
+func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string, nss []string, replace bool, listed []Layer) (*PullResult, string) {
 	st, err := p.db.PulledImageState(ctx, imageID)
 	switch {
 	case err != nil:
@@ -74,7 +74,7 @@ func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string, nss
 			if err != nil || ok {
 				return err
 			}
-			return p.registerName(ctx, ref, nil, layers)
+			return p.registerName(ctx, ref, nil, layers, replace)
 		})
 		if err != nil {
 			return nil, err.Error()
@@ -82,7 +82,7 @@ func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string, nss
 		registered = true
 	}
 	if !slices.Contains(st.Names, ref) {
-		if err := p.db.AddImageName(ctx, ref, imageID); err != nil {
+		if err := p.db.AddImageName(ctx, ref, imageID, replace); err != nil {
 			return nil, err.Error()
 		}
 	}

@@ -1,0 +1,144 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"strings"
+	"testing"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+)
+
+// TestPullDefaultNamesApart: a layer key, the prefix its name reads like,
+// and the same prefix spelled with capitals are three images under three
+// names, each registered with its own layers; none moved another's name.
+func TestPullDefaultNamesApart(t *testing.T) {
+	reg := newFakeRegistrar()
+	e := newPullEnv(t, reg)
+	ctx := context.Background()
+	e.srv.Put(t, "app.tar", layerTar(t, "k", 500))
+	e.srv.Put(t, "app/1.tar", layerTar(t, "p", 500))
+	e.srv.Put(t, "App/1.tar", layerTar(t, "c", 500))
+	seen := map[string]*PullResult{}
+	for _, key := range []string{"app.tar", "app/", "App/"} {
+		res := e.mustPull(key, "")
+		if other, ok := seen[res.Ref]; ok {
+			t.Errorf("%s and %s both named %s", other.Source, res.Source, res.Ref)
+		}
+		seen[res.Ref] = res
+	}
+	for name, res := range seen {
+		if got := reg.registeredTop(name); got != res.TopChainID {
+			t.Errorf("%s (%s) registered with %q, want %s", name, res.Source, got, res.TopChainID)
+		}
+		if id, _ := e.db.ImageIDByName(ctx, name); id != res.ImageID {
+			t.Errorf("%s names image %q in the records, want %s (%s)", name, id, res.ImageID, res.Source)
+		}
+	}
+}
+
+// TestPullNameOfAnotherImage: a name another pulled image has is refused,
+// naming that image and its source, before any work (no S3 request, no
+// run, no record); --replace moves it.
+func TestPullNameOfAnotherImage(t *testing.T) {
+	reg := newFakeRegistrar()
+	e := newPullEnv(t, reg)
+	ctx := context.Background()
+	e.srv.Put(t, "a/1.tar", layerTar(t, "a", 500))
+	e.srv.Put(t, "b/1.tar", layerTar(t, "b", 500))
+	a := e.mustPull("a/", "app")
+	runs, reqs := e.runCount(), e.srv.TotalRequests()
+	_, err := e.pull("b/", "app")
+	if !errors.Is(err, metadata.ErrNameTaken) || !strings.Contains(err.Error(), `"app" is the name of image `+a.ImageID+" ("+a.Source+")") {
+		t.Fatalf("pull of b/ as a's name: %v; want ErrNameTaken naming %s and %s", err, a.ImageID, a.Source)
+	}
+	if n := e.runCount() - runs; n != 0 || e.srv.TotalRequests() != reqs {
+		t.Errorf("the refused pull started %d runs and sent S3 %d requests", n, e.srv.TotalRequests()-reqs)
+	}
+	_, bID := imageSource(e.srv.Bucket, "b/")
+	if img, _ := e.db.GetImage(ctx, bID); img != nil {
+		t.Errorf("the refused pull recorded its image: %+v", img)
+	}
+	if id, _ := e.db.ImageIDByName(ctx, "app"); id != a.ImageID || reg.registeredTop("app") != a.TopChainID {
+		t.Errorf("after the refusal app names %q (registered %q), want %s", id, reg.registeredTop("app"), a.ImageID)
+	}
+	b, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "b/", Ref: "app", Replace: true})
+	if err != nil {
+		t.Fatalf("pull of b/ as app with replace: %v", err)
+	}
+	if id, _ := e.db.ImageIDByName(ctx, "app"); id != b.ImageID || reg.registeredTop("app") != b.TopChainID {
+		t.Errorf("after replace app names %q (registered %q), want %s", id, reg.registeredTop("app"), b.ImageID)
+	}
+	// a, pulled again under its old name, is refused the same way.
+	if _, err := e.pull("a/", "app"); !errors.Is(err, metadata.ErrNameTaken) {
+		t.Errorf("a/ pulled again as app, now b's: %v; want ErrNameTaken", err)
+	}
+}
+
+// TestPullForeignContainerdName: a name containerd has for an image this
+// daemon did not create (in the namespace pulled into) is refused before
+// any work, the image untouched; --replace takes it over, its labels
+// kept.
+func TestPullForeignContainerdName(t *testing.T) {
+	reg := newFakeRegistrar()
+	e := newPullEnv(t, reg)
+	ctx := context.Background()
+	const name = "registry.example/app:1"
+	pinned := map[string]string{LabelPinned: "pinned"}
+	reg.foreign["k8s.io|"+name] = maps.Clone(pinned)
+	e.srv.Put(t, "x/1.tar", layerTar(t, "x", 500))
+	_, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "x/", Ref: name, Namespaces: []string{"default", "k8s.io"}})
+	if !errors.Is(err, ErrForeignImage) || !strings.Contains(err.Error(), name) {
+		t.Fatalf("pull under a registry image's name: %v; want ErrForeignImage naming it", err)
+	}
+	if n := e.runCount(); n != 0 {
+		t.Errorf("the refused pull started %d runs", n)
+	}
+	if reg.calls("default|"+name) != 0 || !maps.Equal(reg.foreign["k8s.io|"+name], pinned) {
+		t.Errorf("the refused pull registered %d times; the registry image is %v", reg.calls("default|"+name), reg.foreign["k8s.io|"+name])
+	}
+	if id, _ := e.db.ImageIDByName(ctx, name); id != "" {
+		t.Errorf("the refused name is recorded for %s", id)
+	}
+	// Another namespace has no such image: the name is free there.
+	e.mustPull("x/", "")
+	res, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "x/", Ref: name, Namespaces: []string{"k8s.io"}, Replace: true})
+	if err != nil {
+		t.Fatalf("pull with replace: %v", err)
+	}
+	want := map[string]string{LabelPinned: "pinned", LabelSource: "pipeline"}
+	if reg.registeredTop("k8s.io|"+name) != res.TopChainID || !maps.Equal(reg.labels["k8s.io|"+name], want) {
+		t.Errorf("after replace: registered %q, labels %v; want %s and %v", reg.registeredTop("k8s.io|"+name), reg.labels["k8s.io|"+name], res.TopChainID, want)
+	}
+}
+
+// TestRegisterStepRefusesForeignName: a name containerd gives to an image
+// of someone else after the pull checked it is refused by the register
+// step, which aborts (no retry) and takes back the name it recorded.
+func TestRegisterStepRefusesForeignName(t *testing.T) {
+	reg := newFakeRegistrar()
+	e := newPullEnv(t, reg)
+	ctx := context.Background()
+	const name = "late/app"
+	e.p.hooks = map[string]func(){"register:started": func() {
+		reg.mu.Lock()
+		reg.foreign[name] = map[string]string{"owner": "someone"}
+		reg.mu.Unlock()
+	}}
+	e.srv.Put(t, "y/1.tar", layerTar(t, "y", 500))
+	_, err := e.pull("y/", name)
+	if !errors.Is(err, ErrForeignImage) && !strings.Contains(err.Error(), ErrForeignImage.Error()) {
+		t.Fatalf("pull whose name was taken meanwhile: %v; want the foreign image refused", err)
+	}
+	if id, _ := e.db.ImageIDByName(ctx, name); id != "" {
+		t.Errorf("the refused name stayed recorded for %s", id)
+	}
+	runs, err := e.db.ListRuns(ctx, metadata.RunFilter{FSM: FSMActivate})
+	if err != nil || len(runs) != 1 || runs[0].State != metadata.RunAborted {
+		t.Fatalf("activate runs %+v, %v; want one, aborted", runs, err)
+	}
+	if reg.calls(name) != 0 {
+		t.Errorf("Register reached containerd %d times", reg.calls(name))
+	}
+}
