@@ -2,8 +2,6 @@ package pipeline
 
 import (
 	"archive/tar"
-	"bytes"
-	"compress/gzip"
 	"context"
 	"encoding/json"
 	"strings"
@@ -69,19 +67,6 @@ func (e *env) unpackResponses() map[string]UnpackResponse {
 	return out
 }
 
-func gzipBytes(t *testing.T, b []byte) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	zw := gzip.NewWriter(&buf)
-	if _, err := zw.Write(b); err != nil {
-		t.Fatal(err)
-	}
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
-}
-
 // TestPullExtractsWhileDownloading: each layer whose parent chain is
 // committed while it still downloads is extracted as its bytes arrive, and
 // its unpack run adopts that extraction instead of extracting the file:
@@ -92,7 +77,7 @@ func gzipBytes(t *testing.T, b []byte) []byte {
 // so its download checks it in-stream as before.
 func TestPullExtractsWhileDownloading(t *testing.T) {
 	e := newPullEnv(t, nil)
-	e.srv.Put(t, "s/1.tar.gz", gzipBytes(t, layerTar(t, "s1", 200_000)))
+	e.srv.Put(t, "s/1.tar.gz", gzipLayer(t, layerTar(t, "s1", 200_000)))
 	e.srv.Put(t, "s/2.tar", layerTar(t, "s2", 300_000, tarFile{name: "usr/two", body: []byte("2")}))
 	// Both transfers are still under way when their parents are committed:
 	// the first at once (its parent is the empty chain), the second after
