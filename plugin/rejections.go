@@ -3,7 +3,6 @@ package plugin
 import (
 	"errors"
 	"regexp"
-	"slices"
 	"strings"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
@@ -22,11 +21,10 @@ func ruleLabel(rule error) string {
 func layoutLabel(rule error) string { return "layout_" + ruleLabel(rule) }
 
 // rejectionRule names the policy rule that refused a pull, or "" when err
-// is no rejection. The rule comes from the typed error when the error
-// chain holds one (*tarball.PolicyError, *tarball.LayoutError). A
-// rejection inside a state-machine run reaches the pull as the run's
-// recorded reason, a message without the error chain; then the rule is
-// read back from the message (tarball.RecordedRule).
+// is no rejection. The rule comes from the typed error in the error chain
+// (*tarball.PolicyError, *tarball.LayoutError): a rejection inside a
+// state-machine run reaches the pull wrapped in the run's error
+// (fsm.RunError.Unwrap).
 func rejectionRule(err error) string {
 	if err == nil {
 		return ""
@@ -42,12 +40,5 @@ func rejectionRule(err error) string {
 	if errors.As(err, &le) {
 		return layoutLabel(le.Rule)
 	}
-	switch r := tarball.RecordedRule(err.Error()); {
-	case r == nil:
-		return ""
-	case slices.Contains(tarball.LayoutRules(), r):
-		return layoutLabel(r)
-	default:
-		return ruleLabel(r)
-	}
+	return ""
 }

@@ -85,14 +85,22 @@ var ErrClosed = errors.New("fsm: manager closed")
 
 // RunError is how Wait reports a run that ended aborted or failed: which
 // run, at which transition, and the recorded reason. errors.Is matches
-// ErrAborted or ErrFailed by state.
+// ErrAborted or ErrFailed by state. When the run ended in this process, the
+// error its transition returned is wrapped too (Unwrap), so errors.As finds
+// a typed cause; a run that ended in an earlier process has only its
+// recorded reason.
 type RunError struct {
 	RunID      string
 	FSM        string
 	State      State
 	Transition string
 	Reason     string
+	cause      error
 }
+
+// Unwrap returns the error the run's transition ended it with, when the
+// run ended in this process (nil otherwise).
+func (e *RunError) Unwrap() error { return e.cause }
 
 // Error names the run, its FSM, the transition it stopped at and why.
 func (e *RunError) Error() string {
@@ -105,6 +113,6 @@ func (e *RunError) Is(target error) bool {
 }
 
 // runError builds the RunError of a terminal, not complete, record.
-func runError(r RunRecord) error {
+func runError(r RunRecord) *RunError {
 	return &RunError{RunID: r.ID, FSM: r.FSM, State: r.State, Transition: r.Transition, Reason: r.LastError}
 }

@@ -33,6 +33,38 @@ type Manager struct {
 	waiters map[string]chan struct{} // closed when the run ends or stalls
 	stalled map[string]error         // runs stopped in memory by a checkpoint failure
 	queues  map[string]*queue
+	// causes are the errors the transitions of this process's last runs to
+	// end aborted or failed returned (RunError.Unwrap), the newest
+	// maxCauses of them in causeOrder.
+	causes     map[string]error
+	causeOrder []string
+}
+
+// maxCauses bounds the run errors kept in memory for Wait: enough for the
+// runs a pull waits on, little beside a daemon's months of runs.
+const maxCauses = 256
+
+// keepCause remembers why run runID ended (see RunError.Unwrap).
+func (m *Manager) keepCause(runID string, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.causes == nil {
+		m.causes = map[string]error{}
+	}
+	if _, ok := m.causes[runID]; !ok {
+		m.causeOrder = append(m.causeOrder, runID)
+	}
+	m.causes[runID] = err
+	for len(m.causeOrder) > maxCauses {
+		delete(m.causes, m.causeOrder[0])
+		m.causeOrder = m.causeOrder[1:]
+	}
+}
+
+func (m *Manager) causeOf(runID string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.causes[runID]
 }
 
 // runner is the type-erased side of a registered FSM.
@@ -259,7 +291,9 @@ func (m *Manager) Wait(ctx context.Context, runID string) (State, json.RawMessag
 		return rec.State, nil, fmt.Errorf("fsm: waiting for run %s: %w", runID, err)
 	}
 	if rec.State != StateComplete {
-		return rec.State, rec.Response, runError(rec)
+		re := runError(rec)
+		re.cause = m.causeOf(rec.ID)
+		return rec.State, rec.Response, re
 	}
 	return rec.State, rec.Response, nil
 }

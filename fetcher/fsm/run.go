@@ -205,16 +205,19 @@ func (f *machine[R, W]) runFrom(ctx context.Context, rec *RunRecord, idx int, in
 			}
 		case IsAbort(err):
 			lg.WithError(err).Warn("fsm: transition aborted the run")
+			f.m.keepCause(rec.ID, err)
 			f.finish(ctx, rec, StateAborted, fmt.Sprintf("transition %q: %v", t.name, err))
 			return
 		case IsUnrecoverable(err):
 			lg.WithError(err).Error("fsm: transition failed unrecoverably")
+			f.m.keepCause(rec.ID, err)
 			f.finish(ctx, rec, StateFailed, fmt.Sprintf("transition %q: %v", t.name, err))
 			return
 		default:
 			rec.LastError = fmt.Sprintf("transition %q attempt %d: %v", t.name, attempt, err)
 			if attempt >= t.cfg.retry.attempts() {
 				lg.WithError(err).Error("fsm: transition out of attempts")
+				f.m.keepCause(rec.ID, err)
 				f.finish(ctx, rec, StateFailed, fmt.Sprintf("transition %q failed after %d attempts: %v", t.name, attempt, err))
 				return
 			}

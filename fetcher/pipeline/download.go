@@ -283,9 +283,9 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 		f.Close()
 		f = nil
 		os.Remove(tmp)
-		reason := fmt.Sprintf("validate %s: %v", url, sv.err)
-		log.G(ctx).WithField("key", url).WithField("reason", reason).Warn("security: tarball rejected")
-		return nil, fsm.Abort(errors.New(reason))
+		rejected := fmt.Errorf("validate %s: %w", url, sv.err)
+		log.G(ctx).WithField("key", url).WithField("reason", rejected.Error()).Warn("security: tarball rejected")
+		return nil, fsm.Abort(rejected)
 	}
 	if err != nil {
 		return nil, s3Err(fmt.Errorf("download %s: %w", url, err))
@@ -429,12 +429,12 @@ func (p *Pipelines) validate(ctx context.Context, req *dlReq) (*dlResp, error) {
 		}
 	}
 	if verr != nil {
-		reason := fmt.Sprintf("validate %s: %v", resp.S3URL, verr)
+		rejected := fmt.Errorf("validate %s: %w", resp.S3URL, verr)
 		if err := p.rejectLayer(ctx, resp); err != nil {
 			return nil, err
 		}
-		log.G(ctx).WithField("key", resp.S3URL).WithField("reason", reason).Warn("security: tarball rejected")
-		return nil, fsm.Abort(errors.New(reason))
+		log.G(ctx).WithField("key", resp.S3URL).WithField("reason", rejected.Error()).Warn("security: tarball rejected")
+		return nil, fsm.Abort(rejected)
 	}
 	resp.setReport(rep)
 	return fsm.NewResponse(resp), nil

@@ -431,7 +431,8 @@ func (p *Pipelines) firstFailure(ctx context.Context, runIDs []string) error {
 	for _, id := range runIDs {
 		rec, err := p.m.Run(ctx, id)
 		if err == nil && rec.State.Terminal() && rec.State != fsm.StateComplete {
-			return &fsm.RunError{RunID: rec.ID, FSM: rec.FSM, State: rec.State, Transition: rec.Transition, Reason: rec.LastError}
+			_, _, werr := p.m.Wait(ctx, id) // the run's error, with its cause
+			return werr
 		}
 	}
 	return nil

@@ -3,12 +3,14 @@ package pipeline
 import (
 	"archive/tar"
 	"context"
+	"errors"
 	"encoding/json"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
@@ -138,6 +140,11 @@ func TestPullRejectedWhileExtracting(t *testing.T) {
 	_, err := e.pull("bad/", "bad")
 	if err == nil || !strings.Contains(err.Error(), "dev/null") {
 		t.Fatalf("pull of a layer with a device node: %v, want a rejection naming dev/null", err)
+	}
+	// The rejection crosses the state machine typed (the metrics' rule
+	// label comes from it).
+	if pe := (*tarball.PolicyError)(nil); !errors.As(err, &pe) || pe.Rule != tarball.ErrDeviceNode {
+		t.Errorf("pull error %v: want a *tarball.PolicyError of rule %v in its chain", err, tarball.ErrDeviceNode)
 	}
 	if w.started != 1 {
 		t.Fatalf("stream extractions started: %d, want 1 (the rejection must come after the extraction began)", w.started)

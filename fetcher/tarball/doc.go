@@ -46,8 +46,7 @@
 //
 // Every string of the archive a message names (entries, link targets,
 // directories) is quoted with its control characters escaped, so printing
-// a rejection cannot act on a terminal. Rules lists every rule;
-// RecordedRule reads one back from a message whose error chain was lost.
+// a rejection cannot act on a terminal. Rules lists every rule.
 //
 // Validate checks all of it in one streaming pass; Extract applies it again
 // while writing, confined with os.Root, so it is safe on an archive never

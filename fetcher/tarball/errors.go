@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -197,45 +195,6 @@ func exhausted(err error) error {
 // extracting (ErrExhausted).
 func IsPermanent(err error) bool {
 	return IsRejection(err) || errors.Is(err, ErrExhausted)
-}
-
-// RecordedRule reads back the rule of a rejection from its message alone,
-// where the error chain was lost (a state machine records a failure's
-// reason as text): a *PolicyError's "entry "NAME": RULE" inside msg, NAME
-// Go-quoted (a quote in it is escaped, so it cannot end the name early and
-// spell another rule) and RULE the longest of Rules that follows; or else
-// a *LayoutError's "layout: PATH: RULE" with one of LayoutRules. nil when
-// msg holds neither. Prefer errors.As on the error when it is at hand.
-func RecordedRule(msg string) error {
-	const marker = "entry "
-	for rest := msg; ; {
-		i := strings.Index(rest, marker)
-		if i < 0 {
-			break
-		}
-		rest = rest[i+len(marker):]
-		q, err := strconv.QuotedPrefix(rest)
-		if err != nil {
-			continue
-		}
-		var found error
-		for _, r := range rules {
-			if strings.HasPrefix(rest[len(q):], ": "+r.Error()) && (found == nil || len(r.Error()) > len(found.Error())) {
-				found = r
-			}
-		}
-		if found != nil {
-			return found
-		}
-	}
-	if i := strings.Index(msg, "layout: "); i >= 0 {
-		for _, r := range layoutRules {
-			if strings.Contains(msg[i:], ": "+r.Error()) {
-				return r
-			}
-		}
-	}
-	return nil
 }
 
 func reject(entry string, rule error, detail string, args ...any) *PolicyError {

@@ -85,27 +85,3 @@ func TestEveryRuleListed(t *testing.T) {
 		t.Fatalf("no rule found in the source (%v): the walk proves nothing", made)
 	}
 }
-
-// TestRecordedRule: each rule is read back from its rejection's message
-// inside a longer reason, even with an entry name crafted to spell another
-// rule, and a message with no rejection gives none.
-func TestRecordedRule(t *testing.T) {
-	crafted := `a": ` + ErrSetID.Error() + `: entry "b": ` + ErrDeviceNode.Error()
-	for _, r := range Rules() {
-		msg := `validate s3://b/entry "k".tar: ` + reject(crafted, r, "detail").Error()
-		if got := RecordedRule(msg); got != r {
-			t.Errorf("RecordedRule(%q) = %v, want %v", msg, got, r)
-		}
-	}
-	for _, r := range LayoutRules() {
-		msg := "activate: " + (&LayoutError{Path: "usr", Rule: r}).Error()
-		if got := RecordedRule(msg); got != r {
-			t.Errorf("RecordedRule(%q) = %v, want %v", msg, got, r)
-		}
-	}
-	for _, msg := range []string{"", "dial tcp: connection refused", `extract entry "x": openat x: no such file or directory`} {
-		if got := RecordedRule(msg); got != nil {
-			t.Errorf("RecordedRule(%q) = %v, want nil", msg, got)
-		}
-	}
-}
