@@ -3,8 +3,8 @@ package pipeline
 import (
 	"archive/tar"
 	"context"
-	"errors"
 	"encoding/json"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
