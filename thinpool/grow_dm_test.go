@@ -185,8 +185,9 @@ func TestMetadataThresholdKeepsDeletes(t *testing.T) {
 	}
 }
 
-// TestFullPoolSparesOtherDevices: a device that fills the pool gets ENOSPC
-// while another device keeps reading and rewriting the blocks it already
+// TestFullPoolSparesOtherDevices: a device that fills the pool has its
+// write wait for the no-space timeout (the status says writes are queued),
+// then gets ENOSPC, while another device keeps reading and rewriting the blocks it already
 // has; once the first is deleted the pool is rw again and takes new
 // devices.
 func TestFullPoolSparesOtherDevices(t *testing.T) {
@@ -211,14 +212,36 @@ func TestFullPoolSparesOtherDevices(t *testing.T) {
 	}
 	a := openDirect(t, pathA)
 	var werr error
+	var last time.Duration
+	// Watch the pool while the writer fills it: the write that finds it
+	// full waits, and the status says so meanwhile.
+	queued := make(chan bool, 1)
+	go func() {
+		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if st, err := p.Status(ctx); err == nil && st.WritesQueued() {
+				queued <- true
+				return
+			}
+		}
+		queued <- false
+	}()
 	for off := int64(0); off < 64*mib && werr == nil; off += mib {
+		start := time.Now()
 		werr = a.write(off, pattern(1, mib))
+		last = time.Since(start)
 	}
 	if !errors.Is(werr, unix.ENOSPC) {
 		t.Fatalf("writer filling the pool got %v, want ENOSPC", werr)
 	}
-	if st, err := p.Status(ctx); err != nil || st.Mode != ModeOutOfDataSpace {
-		t.Fatalf("status: %+v, %v; want out_of_data_space", st, err)
+	t.Logf("the write that found the pool full failed after %v (no-space timeout %v)", last.Round(time.Millisecond), testNoSpaceTimeout)
+	if last < testNoSpaceTimeout-100*time.Millisecond {
+		t.Fatalf("the write that found the pool full failed after %v, before the %v no-space timeout: it was not queued", last, testNoSpaceTimeout)
+	}
+	if !<-queued {
+		t.Fatal("the status never said writes were queued while the write waited")
+	}
+	if st, err := p.Status(ctx); err != nil || st.Mode != ModeOutOfDataSpace || !st.WritesFailing() {
+		t.Fatalf("status: %+v, %v; want out_of_data_space, failing writes once the timeout expired", st, err)
 	}
 	for off := int64(0); off < 4*mib; off += mib {
 		want := pattern(off+100, mib)
@@ -232,8 +255,8 @@ func TestFullPoolSparesOtherDevices(t *testing.T) {
 	if err := p.Delete(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	if st, err := p.Status(ctx); err != nil || st.Mode != ModeReadWrite {
-		t.Fatalf("status after deleting the filler: %+v, %v; want rw", st, err)
+	if st, err := p.Status(ctx); err != nil || st.Mode != ModeReadWrite || !st.QueueIfNoSpace {
+		t.Fatalf("status after deleting the filler: %+v, %v; want rw, queueing again", st, err)
 	}
 	if err := p.CreateThin(ctx, 3); err != nil {
 		t.Fatalf("create_thin after freeing: %v", err)
