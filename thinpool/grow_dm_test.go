@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -288,5 +289,68 @@ func TestAdjustReloadsLowWater(t *testing.T) {
 	}
 	if st, err := q.Status(ctx); err != nil || st.Mode != ModeReadWrite || st.TotalDataBlocks != 512 {
 		t.Fatalf("status after Adjust: %+v, %v", st, err)
+	}
+}
+
+// TestReserveRefusesNewDevices: once a device's writes bring the free data
+// under the reserve, new devices are refused with ErrBelowReserve (naming
+// the setting), the kernel raises its low-water event there, and the
+// device keeps writing into the reserve; deleting it lets new devices in.
+func TestReserveRefusesNewDevices(t *testing.T) {
+	ctx := context.Background()
+	scratch := os.Getenv("VM_SCRATCH")
+	cfg := Config{PoolName: "tp-reserve", RootDir: filepath.Join(scratch, "tp-reserve"),
+		DataSize: 32 * mib, MetadataSize: 16 << 20, MinFreePercent: 25, ReserveSetting: "pool.min_free_space"}
+	p, err := Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { destroyPool(t, cfg) })
+	if lw, err := p.LowWaterBlocks(ctx); err != nil || lw != 128 {
+		t.Fatalf("low-water mark = %d, %v; want 128 blocks, the reserve's edge (25%% of 512)", lw, err)
+	}
+	events := make(chan Event, 16)
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go p.Watch(wctx, func(_ context.Context, ev Event) { events <- ev })
+	if err := p.CreateThin(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	path, err := p.Activate(ctx, p.name+"-w", 1, 64*mib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := openDirect(t, path)
+	for off := int64(0); off < 25*mib; off += mib { // 7 MiB left: under the 8 MiB reserve
+		w.mustWrite(off, pattern(off, mib))
+	}
+	err = p.CreateThin(ctx, 2)
+	wantErr(t, "create_thin under the reserve", err, ErrBelowReserve)
+	wantErr(t, "create_thin under the reserve", err, ErrPoolFull)
+	t.Logf("refused: %v", err)
+	if !strings.Contains(err.Error(), "pool.min_free_space") || !strings.Contains(err.Error(), "25% reserve") {
+		t.Fatalf("refusal %q names neither the reserve nor its setting", err)
+	}
+	wantErr(t, "create_snap under the reserve", p.CreateSnap(ctx, 3, 1), ErrBelowReserve)
+	select {
+	case ev := <-events:
+		if !ev.LowWater {
+			t.Fatalf("event under the reserve: %+v; want the low-water mark crossed", ev)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no low-water event under the reserve")
+	}
+	for off := int64(25 * mib); off < 30*mib; off += mib { // the reserve serves the device already there
+		w.mustWrite(off, pattern(off, mib))
+	}
+	w.f.Close()
+	if err := p.Deactivate(ctx, p.name+"-w"); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Delete(ctx, 1); err != nil {
+		t.Fatalf("delete under the reserve: %v", err)
+	}
+	if err := p.CreateThin(ctx, 2); err != nil {
+		t.Fatalf("create_thin once the reserve is free again: %v", err)
 	}
 }
