@@ -101,6 +101,11 @@ type Pool struct {
 	closed     atomic.Bool
 }
 
+// MinFreePercent returns the pool's reserve (Config.MinFreePercent): the
+// percent of its data and of its metadata under which it refuses new
+// devices.
+func (p *Pool) MinFreePercent() float64 { return p.cfg.MinFreePercent }
+
 // ActiveDevice is a device-mapper device whose table is a thin target on
 // this pool.
 type ActiveDevice struct {
