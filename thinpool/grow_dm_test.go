@@ -5,6 +5,7 @@ package thinpool
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -266,7 +267,8 @@ func TestFullPoolSparesOtherDevices(t *testing.T) {
 
 // TestAdjustReloadsLowWater: a new pool gets the default low-water mark
 // (10% of its blocks); Open of the active pool under another mark keeps
-// the live table, and Adjust reloads it with the configured mark.
+// the live table, and Adjust reloads it with the configured mark, and a
+// table loaded with error_if_no_space with queue_if_no_space.
 func TestAdjustReloadsLowWater(t *testing.T) {
 	ctx := context.Background()
 	p, cfg := testPool(t, 32*mib) // 512 blocks
@@ -289,6 +291,25 @@ func TestAdjustReloadsLowWater(t *testing.T) {
 	}
 	if st, err := q.Status(ctx); err != nil || st.Mode != ModeReadWrite || st.TotalDataBlocks != 512 {
 		t.Fatalf("status after Adjust: %+v, %v", st, err)
+	}
+	// A table an earlier version loaded with error_if_no_space (writes on
+	// a full pool failing at once) is reloaded to queue them.
+	tbl, sectors, err := q.liveTable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := fmt.Sprintf("%s %s %d %d 2 skip_block_zeroing error_if_no_space", tbl.MetaDev, tbl.DataDev, tbl.BlockSize, tbl.LowWater)
+	if err := q.reload([]dmTarget{{Start: 0, Length: sectors, Type: "thin-pool", Params: old}}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := q.Status(ctx); err != nil || !st.ErrorIfNoSpace {
+		t.Fatalf("status with the old table: %+v, %v; want error_if_no_space", st, err)
+	}
+	if err := q.Adjust(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := q.Status(ctx); err != nil || !st.QueueIfNoSpace || st.ErrorIfNoSpace {
+		t.Fatalf("status after Adjust of the old table: %+v, %v; want queue_if_no_space", st, err)
 	}
 }
 
