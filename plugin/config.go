@@ -128,7 +128,8 @@ type PoolConfig struct {
 	BlockSize Size `toml:"block_size"`
 	// LowWaterMark is the free data block count under which the kernel
 	// raises a dm event, which starts garbage collection and growth; 0
-	// means thinpool.DefaultLowWaterPercent of the data blocks.
+	// means the edge of MinFreeSpace (thinpool.DefaultLowWaterPercent of
+	// the data blocks when there is no reserve).
 	LowWaterMark uint64 `toml:"low_water_mark"`
 	// MaxDataSize, when set, lets a loop-file pool's data grow up to this
 	// size at low-water events; 0 keeps data_size.
