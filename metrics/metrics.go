@@ -111,32 +111,48 @@ func (m *Metrics) observe(method string, start time.Time, err error) {
 type PoolStatuser interface {
 	Name() string
 	Status(ctx context.Context) (thinpool.PoolStatus, error)
+	MinFreePercent() float64
 }
 
 // metadataBlockBytes is the size of a thin-pool metadata block.
 const metadataBlockBytes = 4096
 
 // AddPool exports the pool's data and metadata usage, read from the kernel
-// on each scrape: flyio_snapshotter_pool_{data,metadata}_{used,total}_bytes
-// and flyio_snapshotter_pool_mode (1 for the current mode), all labelled
+// on each scrape: flyio_snapshotter_pool_{data,metadata}_{used,total}_bytes,
+// flyio_snapshotter_pool_mode (1 for the current mode), the reserve
+// (_pool_reserve_{data,metadata}_bytes, and _pool_under_reserve, 1 while
+// new devices are refused for it) and what a write that needs a new block
+// meets now (_pool_writes_queued, 1 while such writes wait on a pool out
+// of data space; _pool_writes_failing, 1 while they fail), all labelled
 // with the pool name.
 func (m *Metrics) AddPool(p PoolStatuser) {
 	m.reg.MustRegister(&poolCollector{pool: p})
 }
 
 var (
-	dataUsedDesc  = prometheus.NewDesc(Namespace+"_pool_data_used_bytes", "Bytes of the thin pool's data device in use.", []string{"pool"}, nil)
-	dataTotalDesc = prometheus.NewDesc(Namespace+"_pool_data_total_bytes", "Size of the thin pool's data device in bytes.", []string{"pool"}, nil)
-	metaUsedDesc  = prometheus.NewDesc(Namespace+"_pool_metadata_used_bytes", "Bytes of the thin pool's metadata device in use.", []string{"pool"}, nil)
-	metaTotalDesc = prometheus.NewDesc(Namespace+"_pool_metadata_total_bytes", "Size of the thin pool's metadata device in bytes.", []string{"pool"}, nil)
-	modeDesc      = prometheus.NewDesc(Namespace+"_pool_mode", "1 for the thin pool's current mode (rw, ro, out_of_data_space, Fail, Error).", []string{"pool", "mode"}, nil)
-	devicesDesc   = prometheus.NewDesc(Namespace+"_devices", "Thin devices of the snapshotter by state.", []string{"state"}, nil)
+	dataUsedDesc    = prometheus.NewDesc(Namespace+"_pool_data_used_bytes", "Bytes of the thin pool's data device in use.", []string{"pool"}, nil)
+	dataTotalDesc   = prometheus.NewDesc(Namespace+"_pool_data_total_bytes", "Size of the thin pool's data device in bytes.", []string{"pool"}, nil)
+	metaUsedDesc    = prometheus.NewDesc(Namespace+"_pool_metadata_used_bytes", "Bytes of the thin pool's metadata device in use.", []string{"pool"}, nil)
+	metaTotalDesc   = prometheus.NewDesc(Namespace+"_pool_metadata_total_bytes", "Size of the thin pool's metadata device in bytes.", []string{"pool"}, nil)
+	modeDesc        = prometheus.NewDesc(Namespace+"_pool_mode", "1 for the thin pool's current mode (rw, ro, out_of_data_space, Fail, Error).", []string{"pool", "mode"}, nil)
+	reserveDataDesc = prometheus.NewDesc(Namespace+"_pool_reserve_data_bytes",
+		"Free data the pool keeps for the writes of running containers: new devices are refused under it (pool.min_free_space).", []string{"pool"}, nil)
+	reserveMetaDesc = prometheus.NewDesc(Namespace+"_pool_reserve_metadata_bytes",
+		"Free metadata the pool keeps: new devices are refused under it (pool.min_free_space).", []string{"pool"}, nil)
+	underReserveDesc = prometheus.NewDesc(Namespace+"_pool_under_reserve",
+		"1 while the pool's free data or metadata is under its reserve and new devices are refused.", []string{"pool"}, nil)
+	writesQueuedDesc = prometheus.NewDesc(Namespace+"_pool_writes_queued",
+		"1 while the pool is out of data space and the writes needing a new block wait (until pool.no_space_timeout).", []string{"pool"}, nil)
+	writesFailingDesc = prometheus.NewDesc(Namespace+"_pool_writes_failing",
+		"1 while the pool is out of data space and the writes needing a new block fail.", []string{"pool"}, nil)
+	devicesDesc = prometheus.NewDesc(Namespace+"_devices", "Thin devices of the snapshotter by state.", []string{"state"}, nil)
 )
 
 type poolCollector struct{ pool PoolStatuser }
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{dataUsedDesc, dataTotalDesc, metaUsedDesc, metaTotalDesc, modeDesc} {
+	for _, d := range []*prometheus.Desc{dataUsedDesc, dataTotalDesc, metaUsedDesc, metaTotalDesc, modeDesc,
+		reserveDataDesc, reserveMetaDesc, underReserveDesc, writesQueuedDesc, writesFailingDesc} {
 		ch <- d
 	}
 }
@@ -159,6 +175,20 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(metaUsedDesc, float64(st.UsedMetadataBlocks)*metadataBlockBytes, name)
 	gauge(metaTotalDesc, float64(st.TotalMetadataBlocks)*metadataBlockBytes, name)
 	gauge(modeDesc, 1, name, string(st.Mode))
+	pct := c.pool.MinFreePercent()
+	gauge(reserveDataDesc, float64(thinpool.ReserveBlocks(st.TotalDataBlocks, pct))*block, name)
+	gauge(reserveMetaDesc, float64(thinpool.ReserveBlocks(st.TotalMetadataBlocks, pct))*metadataBlockBytes, name)
+	gauge(underReserveDesc, flag(st.ReserveError(pct, "") != nil), name)
+	gauge(writesQueuedDesc, flag(st.WritesQueued()), name)
+	gauge(writesFailingDesc, flag(st.WritesFailing()), name)
+}
+
+// flag is a boolean as a gauge's value.
+func flag(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // DeviceCounter is what AddDevices reads: *snapshotter.Snapshotter.

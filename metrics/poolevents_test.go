@@ -1,6 +1,13 @@
 package metrics
 
-import "testing"
+import (
+	"context"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
+)
 
 // TestPoolEventsCount: low-water events and growths are counted with the
 // bytes added; a "growth" that added nothing counts nothing.
@@ -20,5 +27,52 @@ func TestPoolEventsCount(t *testing.T) {
 	}
 	if got := counters(t, m, Namespace+"_pool_grown_bytes_total"); got["pool=p1"] != 8<<20 {
 		t.Errorf("grown bytes = %v", got)
+	}
+}
+
+// fakePoolStatus stands in for the kernel's answer at the status boundary:
+// a status line the test chooses, and a reserve.
+type fakePoolStatus struct {
+	st      thinpool.PoolStatus
+	reserve float64
+}
+
+func (f *fakePoolStatus) Name() string { return "p1" }
+func (f *fakePoolStatus) Status(context.Context) (thinpool.PoolStatus, error) {
+	return f.st, nil
+}
+func (f *fakePoolStatus) MinFreePercent() float64 { return f.reserve }
+
+// TestPoolReserveAndQueuedWrites: the reserve is exported in bytes, and
+// whether the pool is under it, queueing writes or failing them follows
+// its status.
+func TestPoolReserveAndQueuedWrites(t *testing.T) {
+	m := New()
+	f := &fakePoolStatus{reserve: 10, st: thinpool.PoolStatus{UsedMetadataBlocks: 10, TotalMetadataBlocks: 1000,
+		UsedDataBlocks: 100, TotalDataBlocks: 1000, BlockSizeSectors: 128, Mode: thinpool.ModeReadWrite, QueueIfNoSpace: true}}
+	m.AddPool(f)
+	gauges := func(name string) float64 {
+		return samples(t, m, Namespace+name, func(mt *dto.Metric) float64 { return mt.GetGauge().GetValue() })["pool=p1"]
+	}
+	if d, md := gauges("_pool_reserve_data_bytes"), gauges("_pool_reserve_metadata_bytes"); d != 100*64<<10 || md != 100*4096 {
+		t.Errorf("reserve: data %v, metadata %v bytes; want %v, %v", d, md, 100*64<<10, 100*4096)
+	}
+	for _, c := range []struct {
+		used                   uint64
+		mode                   thinpool.PoolMode
+		queue                  bool
+		under, queued, failing float64
+	}{
+		{100, thinpool.ModeReadWrite, true, 0, 0, 0},
+		{950, thinpool.ModeReadWrite, true, 1, 0, 0},
+		{1000, thinpool.ModeOutOfDataSpace, true, 1, 1, 0},
+		{1000, thinpool.ModeOutOfDataSpace, false, 1, 0, 1},
+	} {
+		f.st.UsedDataBlocks, f.st.Mode, f.st.QueueIfNoSpace, f.st.ErrorIfNoSpace = c.used, c.mode, c.queue, !c.queue
+		u, q, fl := gauges("_pool_under_reserve"), gauges("_pool_writes_queued"), gauges("_pool_writes_failing")
+		if u != c.under || q != c.queued || fl != c.failing {
+			t.Errorf("%d/1000 used, %s, queue %v: under reserve %v, queued %v, failing %v; want %v, %v, %v",
+				c.used, c.mode, c.queue, u, q, fl, c.under, c.queued, c.failing)
+		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/containerd/containerd/v2/pkg/identifiers"
 	"github.com/containerd/log"
@@ -127,7 +128,8 @@ type PoolConfig struct {
 	BlockSize Size `toml:"block_size"`
 	// LowWaterMark is the free data block count under which the kernel
 	// raises a dm event, which starts garbage collection and growth; 0
-	// means thinpool.DefaultLowWaterPercent of the data blocks.
+	// means the edge of MinFreeSpace (thinpool.DefaultLowWaterPercent of
+	// the data blocks when there is no reserve).
 	LowWaterMark uint64 `toml:"low_water_mark"`
 	// MaxDataSize, when set, lets a loop-file pool's data grow up to this
 	// size at low-water events; 0 keeps data_size.
@@ -138,6 +140,15 @@ type PoolConfig struct {
 	// MetadataThreshold is the metadata usage, in percent, from which new
 	// devices are refused, keeping the rest for deletes.
 	MetadataThreshold float64 `toml:"metadata_threshold"`
+	// MinFreeSpace is the reserve: while less than this share of the
+	// pool's data or of its metadata is free, every new device (a pull's,
+	// a container's) is refused, and what is left serves the writes of
+	// the running containers.
+	MinFreeSpace Percent `toml:"min_free_space"`
+	// NoSpaceTimeout is how long writes that find the pool out of data
+	// space wait for space to be freed or added before they fail (the
+	// kernel's dm_thin_pool no_space_timeout, one value for the host).
+	NoSpaceTimeout Duration `toml:"no_space_timeout"`
 	// BaseImageSize is the virtual size of every snapshot device.
 	BaseImageSize Size `toml:"base_image_size"`
 	// FSType is the filesystem of the base device: ext4 or xfs.
@@ -309,6 +320,8 @@ func defaults() *Config {
 			BlockSize:         DefaultBlockSize,
 			GrowthReserve:     DefaultGrowthReserve,
 			MetadataThreshold: thinpool.DefaultMetadataThreshold,
+			MinFreeSpace:      Pct(thinpool.DefaultMinFreePercent),
+			NoSpaceTimeout:    D(thinpool.DefaultNoSpaceTimeout),
 			BaseImageSize:     DefaultBaseImageSize,
 			FSType:            DefaultFSType,
 			AsyncRemove:       true,
@@ -499,13 +512,14 @@ func decodeErrors(source string, data []byte, err error) error {
 }
 
 // misTypedKey returns the dotted key of the first Size that holds neither a
-// string nor an integer, or Duration that holds no string, in the document.
+// string nor an integer, or Duration or Percent that holds no string, in
+// the document.
 func misTypedKey(data []byte) string {
 	var doc map[string]any
 	if toml.Unmarshal(data, &doc) != nil {
 		return ""
 	}
-	sizeT, durT := reflect.TypeOf(Size(0)), reflect.TypeOf(Duration{})
+	sizeT, durT, pctT := reflect.TypeOf(Size(0)), reflect.TypeOf(Duration{}), reflect.TypeOf(Percent{})
 	rt := reflect.TypeOf(Config{})
 	for i := 0; i < rt.NumField(); i++ {
 		sec := rt.Field(i).Tag.Get("toml")
@@ -519,7 +533,7 @@ func misTypedKey(data []byte) string {
 			}
 			_, isString := v.(string)
 			_, isInt := v.(int64)
-			if (f.Type == sizeT && !isString && !isInt) || (f.Type == durT && !isString) {
+			if (f.Type == sizeT && !isString && !isInt) || ((f.Type == durT || f.Type == pctT) && !isString) {
 				return sec + "." + f.Tag.Get("toml")
 			}
 		}
@@ -552,7 +566,17 @@ const (
 	maxSocketPath = 107
 	// DM_NAME_LEN is 128 including the NUL; leave room for device suffixes.
 	maxPoolName = 96
+	// A reserve over half the pool would leave images less room than the
+	// containers' writes.
+	maxMinFreeSpace = 50
+	// The kernel queues a full pool's writes at most this long here: a
+	// writer hung longer than an hour is an outage, not a wait.
+	maxNoSpaceTimeout = time.Hour
 )
+
+// KeyMinFreeSpace is the key of the reserve, which refusals name so the
+// operator knows what to change.
+const KeyMinFreeSpace = "pool.min_free_space"
 
 var (
 	poolNameRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]*$`)
@@ -668,6 +692,13 @@ func (c *Config) Validate() error {
 	if !(p.MetadataThreshold > 0 && p.MetadataThreshold <= 100) {
 		bad("pool.metadata_threshold", "must be a percent above 0 and at most 100, got %v", p.MetadataThreshold)
 	}
+	if v := p.MinFreeSpace.Value(); v < 0 || v > maxMinFreeSpace {
+		bad(KeyMinFreeSpace, "must be between 0%% (no reserve) and %s, got %s", Pct(maxMinFreeSpace), p.MinFreeSpace)
+	}
+	if t := p.NoSpaceTimeout.Duration; t < time.Second || t > maxNoSpaceTimeout || t%time.Second != 0 {
+		bad("pool.no_space_timeout", "must be whole seconds between 1s and %s (the kernel counts seconds; 0, waiting forever, would hang every writer of a full pool), got %q",
+			maxNoSpaceTimeout, p.NoSpaceTimeout.String())
+	}
 	if p.BaseImageSize < minBaseImageSize || p.BaseImageSize%512 != 0 {
 		bad("pool.base_image_size", "must be a multiple of 512 bytes and at least 16MiB, got %s", p.BaseImageSize)
 	}
@@ -769,6 +800,9 @@ func (c *Config) Validate() error {
 
 	if err := gc.ValidateThresholds(c.GC.HighThreshold, c.GC.LowThreshold); err != nil {
 		bad("gc.high_threshold", "%v", err)
+	} else if edge := 100 - p.MinFreeSpace.Value(); c.GC.Enabled && c.GC.HighThreshold > edge {
+		bad("gc.high_threshold", "must be at most %v%% (100%% less %s %s): collection starts at the low-water event of the reserve, and must find the pool past this threshold there, got %v%%",
+			edge, KeyMinFreeSpace, p.MinFreeSpace, c.GC.HighThreshold)
 	}
 	positiveDuration("gc.interval", c.GC.Interval)
 	positiveDuration("retention.interval", c.Retention.Interval)

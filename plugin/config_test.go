@@ -152,6 +152,8 @@ block_size = "256KiB"
 low_water_mark = 1024
 growth_reserve = "2GiB"
 metadata_threshold = 90
+min_free_space = "2.5%"
+no_space_timeout = "5s"
 base_image_size = "1.5GiB"
 fs_type = "xfs"
 mkfs_options = ["-K", "-m", "crc=1"]
@@ -213,7 +215,7 @@ failed_images_max_age = "24h"
 		Metadata: MetadataConfig{Path: "/srv/db/meta.db", Synchronous: "normal"},
 		Pool: PoolConfig{Name: "pool-2", RootDir: "/srv/pool", DataDevice: "/dev/vdb", MetadataDevice: "/dev/vdc",
 			DataSize: 1 << 30, MetadataSize: 64 << 20, BlockSize: 256 << 10, LowWaterMark: 1024,
-			GrowthReserve: 2 << 30, MetadataThreshold: 90, BaseImageSize: 3 << 29, FSType: "xfs", MkfsOptions: []string{"-K", "-m", "crc=1"},
+			GrowthReserve: 2 << 30, MetadataThreshold: 90, MinFreeSpace: Pct(2.5), NoSpaceTimeout: D(5 * time.Second), BaseImageSize: 3 << 29, FSType: "xfs", MkfsOptions: []string{"-K", "-m", "crc=1"},
 			AsyncRemove: false, DeleteUnknownDevices: true},
 		S3: S3Config{Bucket: "my-images", Region: "eu-west-1", Endpoint: "http://127.0.0.1:9000", PathStyle: true, Anonymous: true, Prefix: "images/",
 			AllowedBuckets: []string{"b-two", "b-three"},
@@ -286,6 +288,10 @@ func TestTypeErrorsNameKeyAndLine(t *testing.T) {
 		{"[pool]\nbase_image_size = 1.5\n", "pool.base_image_size: size \"1.5\""},
 		{"[pool]\nmetadata_size = -1\n", ": pool.metadata_size: must be a multiple of 4KiB between 2MiB and 16GiB (the kernel uses at most 15.9GiB), got -1"},
 		{"[pool]\nmetadata_size = \"-1MiB\"\n", "pool.metadata_size: size \"-1MiB\": must not be negative"},
+		{"[pool]\nmin_free_space = 10\n", "pool.min_free_space: percent \"10\": write a number followed by %"},
+		{"[pool]\nmin_free_space = \"ten%\"\n", ":2:18: pool.min_free_space: percent \"ten%\""},
+		{"[pool]\nmin_free_space = \"0.1\"\n", "pool.min_free_space: percent \"0.1\""},
+		{"[pool]\nno_space_timeout = 60\n", "pool.no_space_timeout: duration \"60\""},
 	}
 	for _, tc := range cases {
 		p := writeConfig(t, tc.body)
@@ -349,6 +355,12 @@ func TestValidateRules(t *testing.T) {
 			c.Pool.DataDevice, c.Pool.MetadataDevice, c.Pool.MaxDataSize = "/dev/vdb", "/dev/vdc", 1<<40
 		}, "pool.max_data_size: must be 0 when pool.data_device is set"},
 		{"negative growth reserve", func(c *Config) { c.Pool.GrowthReserve = -1 }, "pool.growth_reserve: must not be negative"},
+		{"reserve above half", func(c *Config) { c.Pool.MinFreeSpace = Pct(60) }, "pool.min_free_space: must be between 0% (no reserve) and 50%, got 60%"},
+		{"reserve negative", func(c *Config) { c.Pool.MinFreeSpace = Pct(-1) }, "pool.min_free_space: must be between 0% (no reserve) and 50%, got -1%"},
+		{"gc high inside the reserve", func(c *Config) { c.Pool.MinFreeSpace = Pct(20) }, "gc.high_threshold: must be at most 80% (100% less pool.min_free_space 20%)"},
+		{"no space timeout zero", func(c *Config) { c.Pool.NoSpaceTimeout = D(0) }, `pool.no_space_timeout: must be whole seconds between 1s and 1h0m0s (the kernel counts seconds; 0, waiting forever, would hang every writer of a full pool), got "0s"`},
+		{"no space timeout fraction", func(c *Config) { c.Pool.NoSpaceTimeout = D(1500 * time.Millisecond) }, `pool.no_space_timeout: must be whole seconds between 1s and 1h0m0s`},
+		{"no space timeout long", func(c *Config) { c.Pool.NoSpaceTimeout = D(2 * time.Hour) }, `got "2h0m0s"`},
 		{"metadata threshold above 100", func(c *Config) { c.Pool.MetadataThreshold = 101 }, "pool.metadata_threshold: must be a percent above 0 and at most 100, got 101"},
 		{"base size small", func(c *Config) { c.Pool.BaseImageSize = 1 << 20 }, "pool.base_image_size: must be a multiple of 512 bytes and at least 16MiB, got 1MiB"},
 		{"base size unaligned", func(c *Config) { c.Pool.BaseImageSize = 20<<20 + 3 }, "pool.base_image_size: must be a multiple of 512 bytes"},
@@ -415,6 +427,8 @@ func TestValidateRules(t *testing.T) {
 
 func TestValidateAcceptsVariants(t *testing.T) {
 	c := DefaultConfig()
+	c.Pool.MinFreeSpace = Pct(0) // no reserve: any gc.high_threshold
+	c.GC.HighThreshold = 99
 	c.Daemon.ControlSocket = ""
 	c.Daemon.MetricsAddress = ":9123"
 	c.Pool.DataDevice, c.Pool.MetadataDevice = "/dev/vdb", "/dev/vdc"
@@ -450,6 +464,24 @@ func TestLoadConfigValidates(t *testing.T) {
 	want := "config " + p + ": pool.block_size: must be a multiple of 128 sectors (64 KiB) between 64 KiB and 1 GiB, got 100"
 	if err == nil || err.Error() != want {
 		t.Fatalf("err = %v\nwant %s", err, want)
+	}
+}
+
+func TestParsePercent(t *testing.T) {
+	good := map[string]float64{"0%": 0, "10%": 10, "2.5%": 2.5, " 50 %": 50, "100%": 100}
+	for in, want := range good {
+		got, err := ParsePercent(in)
+		if err != nil || got.Value() != want {
+			t.Errorf("ParsePercent(%q) = %v, %v; want %v", in, got, err, want)
+		}
+		if back, err := ParsePercent(got.String()); err != nil || back != got {
+			t.Errorf("ParsePercent(%q) = %v, %v; want %v back", got.String(), back, err, got)
+		}
+	}
+	for _, in := range []string{"", "%", "10", "0.1", "-5%", "1e1%", "ten%", "10%%", "1_0%"} {
+		if got, err := ParsePercent(in); err == nil {
+			t.Errorf("ParsePercent(%q) = %v, want an error", in, got)
+		}
 	}
 }
 

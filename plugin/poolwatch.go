@@ -12,10 +12,14 @@ import (
 )
 
 // watchPool handles the pool's device-mapper events until ctx is done. At
-// the low-water mark it grows a loop-file pool when pool.max_data_size
-// allows (first: containers writing now need the room at once), then, with gc.enabled,
-// runs a garbage collection, which removes unused images only when the pool is
-// still past gc.high_threshold. Other events (mode changes) are logged.
+// the low-water mark (by default the edge of pool.min_free_space, where
+// new devices start being refused; and again when the pool runs out of
+// data space while writes wait for pool.no_space_timeout) it grows a
+// loop-file pool when pool.max_data_size allows (first: containers writing
+// now need the room at once), then, with gc.enabled, runs a garbage
+// collection, which removes unused images only when the pool is still past
+// gc.high_threshold (at most 100% less the reserve, so it is). Other
+// events (mode changes) are logged.
 func (s *Service) watchPool(ctx context.Context, col *gc.Collector, ev *metrics.PoolEvents) {
 	lg := log.G(ctx).WithField("pool", s.Pool.Name())
 	err := s.Pool.Watch(ctx, func(ctx context.Context, e thinpool.Event) {

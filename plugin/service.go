@@ -30,6 +30,9 @@ func (c *Config) ThinpoolConfig() thinpool.Config {
 		MaxDataSize:        c.Pool.MaxDataSize.Bytes(),
 		GrowthReserve:      c.Pool.GrowthReserve.Bytes(),
 		MetadataThreshold:  c.Pool.MetadataThreshold,
+		MinFreePercent:     c.Pool.MinFreeSpace.Value(),
+		ReserveSetting:     KeyMinFreeSpace,
+		NoSpaceTimeout:     c.Pool.NoSpaceTimeout.Duration,
 	}
 }
 

@@ -129,3 +129,50 @@ func (d *Duration) UnmarshalText(b []byte) error {
 
 // MarshalText implements encoding.TextMarshaler with time.Duration's form.
 func (d Duration) MarshalText() ([]byte, error) { return []byte(d.Duration.String()), nil }
+
+// Percent is a share of something, in percent. In TOML it is written as a
+// string ending in '%' ("10%", "2.5%"), so that a bare number, whose unit
+// (a fraction? a percent? blocks?) would be a guess, is refused (it is a
+// struct so that go-toml cannot store a TOML number in it directly).
+type Percent struct{ v float64 }
+
+// Pct returns v percent as a Percent.
+func Pct(v float64) Percent { return Percent{v} }
+
+// Value returns the percent as a number (10 for "10%").
+func (p Percent) Value() float64 { return p.v }
+
+// ParsePercent parses a percent written as described on Percent: a
+// non-negative decimal number followed by '%'.
+func ParsePercent(s string) (Percent, error) {
+	t := strings.TrimSpace(s)
+	num, ok := strings.CutSuffix(t, "%")
+	num = strings.TrimSpace(num)
+	if !ok || !decimalRE.MatchString(num) || strings.Contains(num, "_") {
+		return Percent{}, fmt.Errorf("percent %q: write a number followed by %%, such as \"10%%\" or \"2.5%%\"", s)
+	}
+	v, err := strconv.ParseFloat(num, 64)
+	if err != nil {
+		return Percent{}, fmt.Errorf("percent %q: %w", s, err)
+	}
+	return Percent{v}, nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (p *Percent) UnmarshalText(b []byte) error {
+	v, err := ParsePercent(string(b))
+	if err != nil {
+		return err
+	}
+	*p = v
+	return nil
+}
+
+// MarshalText implements encoding.TextMarshaler with String's form, which
+// ParsePercent reads back to the same value.
+func (p Percent) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
+
+// String writes the percent as ParsePercent reads it ("10%").
+func (p Percent) String() string {
+	return strconv.FormatFloat(p.v, 'f', -1, 64) + "%"
+}

@@ -75,7 +75,7 @@ func (s *Snapshotter) ensureBase(ctx context.Context) (*metadata.ThinDevice, err
 		} else {
 			s.rollbackCreate(fctx, plan, false, err)
 		}
-		return nil, fmt.Errorf("base device of pool %s: create_thin %d: %w", s.pool.Name(), id, err)
+		return nil, exhausted(fmt.Errorf("base device of pool %s: create_thin %d: %w", s.pool.Name(), id, err))
 	}
 	// mkfs follows the caller's cancellation (it is the long part); the
 	// rollback of what it leaves does not.

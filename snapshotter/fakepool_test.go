@@ -23,6 +23,30 @@ type fakePool struct {
 	thins  map[uint32]uint32 // thin id -> origin (0: none)
 	active map[string]uint32 // dm name -> thin id
 	mapped map[uint32]uint64 // thin id -> mapped sectors
+	// space, when set, is the pool's status line: creates are refused
+	// by the rules of the real pool (thinpool's FullError and
+	// ReserveError at reserve percent) before anything is made.
+	space   *thinpool.PoolStatus
+	reserve float64
+}
+
+// setSpace gives the pool a status line and a reserve its creates obey.
+func (p *fakePool) setSpace(st thinpool.PoolStatus, reserve float64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.space, p.reserve = &st, reserve
+}
+
+// creatable refuses a create as the real pool would with p.space; p.mu
+// is held.
+func (p *fakePool) creatable() error {
+	if p.space == nil {
+		return nil
+	}
+	if err := p.space.FullError(); err != nil {
+		return err
+	}
+	return p.space.ReserveError(p.reserve, "pool.min_free_space")
 }
 
 var _ devicePool = (*fakePool)(nil)
@@ -39,6 +63,9 @@ func (p *fakePool) CreateThin(ctx context.Context, id uint32) error {
 	if _, ok := p.thins[id]; ok {
 		return fmt.Errorf("fake pool: create_thin %d: %w", id, thinpool.ErrExists)
 	}
+	if err := p.creatable(); err != nil {
+		return fmt.Errorf("fake pool: create_thin %d: %w", id, err)
+	}
 	p.thins[id] = 0
 	return nil
 }
@@ -51,6 +78,9 @@ func (p *fakePool) CreateSnap(ctx context.Context, id, originID uint32) error {
 	}
 	if _, ok := p.thins[id]; ok {
 		return fmt.Errorf("fake pool: create_snap %d: %w", id, thinpool.ErrExists)
+	}
+	if err := p.creatable(); err != nil {
+		return fmt.Errorf("fake pool: create_snap %d of %d: %w", id, originID, err)
 	}
 	p.thins[id] = originID
 	p.mapped[id] = p.mapped[originID]

@@ -329,7 +329,10 @@ func appendMissing(opts []string, add ...string) []string {
 // filesystem) and returns its mounts. When the label
 // containerd.io/snapshot.ref names a committed snapshot that already exists
 // on the same parent, nothing is created and the error is AlreadyExists, as
-// containerd's unpacker expects.
+// containerd's unpacker expects. While the pool is full or under its
+// reserve nothing is created and the error is ResourceExhausted (and
+// matches thinpool.ErrPoolFull), naming the pool's free space and the
+// reserve.
 func (s *Snapshotter) Prepare(ctx context.Context, key, parent string, opts ...snapshots.Opt) ([]mount.Mount, error) {
 	return s.create(ctx, metadata.SnapKindActive, key, parent, opts)
 }
@@ -409,7 +412,7 @@ func (s *Snapshotter) create(ctx context.Context, kind, key, parent string, opts
 			continue
 		}
 		s.rollbackCreate(fctx, plan, false, err)
-		return nil, fmt.Errorf("create snapshot %q: create_snap %d of %d: %w", key, plan.id, plan.origin, err)
+		return nil, exhausted(fmt.Errorf("create snapshot %q: create_snap %d of %d: %w", key, plan.id, plan.origin, err))
 	}
 	if err := s.step("create:device"); err != nil {
 		return nil, err
@@ -452,6 +455,19 @@ func (s *Snapshotter) create(ctx context.Context, kind, key, parent string, opts
 	}
 	logger.WithFields(log.Fields{"thin_id": plan.id, "device": plan.name}).Debug("snapshot created")
 	return s.mounts(plan.fsType, path, kind == metadata.SnapKindView), nil
+}
+
+// exhausted puts err, when the pool refused a device for want of space
+// (full, or under its reserve: thinpool.ErrPoolFull), in containerd's
+// error space as ResourceExhausted, so that it crosses the proxy's gRPC
+// with its class and containerd's clients (`ctr run`, the CRI) print it
+// as what it is; the message, which names the pool's free space and what
+// to change, is kept whole. Other errors are returned as they are.
+func exhausted(err error) error {
+	if errors.Is(err, thinpool.ErrPoolFull) && !errdefs.IsResourceExhausted(err) {
+		return fmt.Errorf("%w: %w", err, errdefs.ErrResourceExhausted)
+	}
+	return err
 }
 
 // planCreate checks the request and records the create intent, in one write

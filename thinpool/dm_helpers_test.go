@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -20,6 +21,9 @@ import (
 
 // Tests in files tagged dm need real device-mapper and root: they run inside
 // the VM harness (integration/vm/suite.sh), never on a plain host.
+
+// testNoSpaceTimeout is the no-space timeout the test pools set.
+const testNoSpaceTimeout = 2 * time.Second
 
 // testPool opens a fresh loop-file pool under $VM_SCRATCH and removes it,
 // its devices and files when the test ends.
@@ -38,10 +42,16 @@ func testPool(t testing.TB, dataSize int64) (*Pool, Config) {
 		RootDir:      filepath.Join(scratch, name),
 		DataSize:     dataSize,
 		MetadataSize: 16 << 20,
+		// Writes on a full pool wait this long before they fail: short,
+		// so the tests that fill a pool do not wait the kernel's minute.
+		NoSpaceTimeout: testNoSpaceTimeout,
 	}
 	p, err := Open(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("Open(%+v): %v", cfg, err)
+	}
+	if err := p.Adjust(context.Background()); err != nil {
+		t.Fatalf("Adjust: %v", err)
 	}
 	t.Cleanup(func() { destroyPool(t, cfg) })
 	return p, cfg

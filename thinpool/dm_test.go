@@ -29,8 +29,8 @@ func TestDeviceLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Mode != ModeReadWrite || st.TotalDataBlocks != 256*mib/(64<<10) || st.UsedDataBlocks != 0 || !st.ErrorIfNoSpace {
-		t.Fatalf("fresh pool status %+v: want rw, %d data blocks, none used, error_if_no_space", st, 256*mib/(64<<10))
+	if st.Mode != ModeReadWrite || st.TotalDataBlocks != 256*mib/(64<<10) || st.UsedDataBlocks != 0 || !st.QueueIfNoSpace || st.ErrorIfNoSpace {
+		t.Fatalf("fresh pool status %+v: want rw, %d data blocks, none used, queue_if_no_space", st, 256*mib/(64<<10))
 	}
 
 	if err := p.CreateThin(ctx, 1); err != nil {

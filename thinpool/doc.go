@@ -15,9 +15,12 @@
 // package never chooses names or ids: that is the caller's bookkeeping.
 //
 // Choices worth knowing:
-//   - The pool table carries skip_block_zeroing and error_if_no_space (see
-//     poolFeatures): first writes cost one write, and a full pool fails IO
-//     at once with ENOSPC instead of queueing it for a minute.
+//   - The pool table carries skip_block_zeroing and not error_if_no_space
+//     (see poolFeatures): first writes cost one write, and on a full pool
+//     the writes that need a new block wait for Config.NoSpaceTimeout (the
+//     kernel's no_space_timeout, which Adjust sets) for space to be freed
+//     or added before they fail with ENOSPC. PoolStatus.WritesQueued says
+//     when they wait.
 //   - Loop devices are attached with LO_FLAGS_AUTOCLEAR: removing the pool
 //     detaches them, as a reboot would.
 //   - Activate gives each device the dm uuid "thinpool-<pool>-<id>-<name>"
@@ -40,9 +43,16 @@
 //   - CreateThin and CreateSnap refuse new devices once the metadata is
 //     Config.MetadataThreshold used (ErrMetadataReserve), keeping the rest
 //     for deletes so the pool never turns read-only for lack of it.
+//     They also refuse them while the free data or metadata is under
+//     Config.MinFreePercent (ErrBelowReserve): the reserve is left for the
+//     writes of the devices already made, and the default low-water mark
+//     is the reserve's edge, so the owner hears of it when refusals begin.
+//     The check reads the status line the create reads anyway: it costs no
+//     extra ioctl.
 //
 // Errors callers can act on are matched with errors.Is: ErrPoolFull (wrapped
-// by ErrDataFull and ErrMetadataFull, itself wrapped by ErrMetadataReserve),
+// by ErrDataFull, ErrBelowReserve and ErrMetadataFull, itself wrapped by
+// ErrMetadataReserve),
 // ErrNotFound, ErrExists and ErrBusy.
 // Every message names the pool and the device or thin id involved.
 package thinpool

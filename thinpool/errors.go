@@ -21,6 +21,11 @@ var (
 	// metadata is at or past Config.MetadataThreshold; deletes still work.
 	// It matches ErrMetadataFull and ErrPoolFull.
 	ErrMetadataReserve = fmt.Errorf("down to the reserve kept for deletes: %w", ErrMetadataFull)
+	// ErrBelowReserve means a new device was refused because the pool's
+	// free data or metadata is under Config.MinFreePercent: the rest is
+	// kept for the writes of the devices already made. It matches
+	// ErrPoolFull.
+	ErrBelowReserve = fmt.Errorf("new devices refused under the reserve: %w", ErrPoolFull)
 	// ErrNotFound means the thin id is not in the pool's metadata, or the
 	// named device-mapper device does not exist.
 	ErrNotFound = errors.New("not found")

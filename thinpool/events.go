@@ -15,11 +15,16 @@ import (
 const DefaultLowWaterPercent = 10
 
 // lowWaterBlocks is the low-water mark loaded with a data device of
-// totalBlocks blocks: the configured count, or DefaultLowWaterPercent of
-// the blocks (at least one).
+// totalBlocks blocks: the configured count; else the reserve's blocks, so
+// that the event comes when new devices start being refused and the
+// owner collects and grows before the running devices eat the reserve;
+// else DefaultLowWaterPercent of the blocks (at least one).
 func (p *Pool) lowWaterBlocks(totalBlocks uint64) uint64 {
 	if p.cfg.LowWaterMarkBlocks != 0 {
 		return p.cfg.LowWaterMarkBlocks
+	}
+	if r := ReserveBlocks(totalBlocks, p.cfg.MinFreePercent); r > 0 {
+		return r
 	}
 	return max(1, totalBlocks*DefaultLowWaterPercent/100)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
@@ -227,23 +228,26 @@ func setLoopCapacity(node string) error {
 }
 
 // Adjust is what the process owning the pool runs once after Open (a
-// reader such as a status command does not): it reloads the table when the
-// live low-water mark is not the one Config asks for (the pool was
-// activated under another configuration), so that events come where the
-// owner expects them, and warns when the loop files could outgrow the
-// filesystem holding them.
+// reader such as a status command does not): it reloads the table when
+// the live one is not what Config asks for (another low-water mark, or
+// error_if_no_space from an earlier version: the pool was activated
+// under another configuration), so that events come where the owner
+// expects them and writes on a full pool wait; it sets the kernel's
+// no-space timeout (Config.NoSpaceTimeout); and it warns when the loop
+// files could outgrow the filesystem holding them.
 func (p *Pool) Adjust(ctx context.Context) error {
 	if err := p.usable(); err != nil {
 		return err
 	}
 	p.warnOvercommit(ctx)
-	if err := p.syncLowWater(ctx); err != nil {
+	p.syncNoSpaceTimeout(ctx)
+	if err := p.syncTable(ctx); err != nil {
 		return p.errf(nil, err, "adjust")
 	}
 	return nil
 }
 
-func (p *Pool) syncLowWater(ctx context.Context) error {
+func (p *Pool) syncTable(ctx context.Context) error {
 	p.growMu.Lock()
 	defer p.growMu.Unlock()
 	t, sectors, err := p.liveTable()
@@ -251,15 +255,16 @@ func (p *Pool) syncLowWater(ctx context.Context) error {
 		return err
 	}
 	want := p.lowWaterBlocks(sectors / uint64(t.BlockSize))
-	if t.LowWater == want {
+	if t.LowWater == want && !slices.Contains(t.Features, unwantedFeature) {
 		return nil
 	}
 	table := []dmTarget{{Start: 0, Length: sectors, Type: "thin-pool",
 		Params: poolTableParams(t.MetaDev, t.DataDev, t.BlockSize, want)}}
 	if err := p.reload(table); err != nil {
-		return fmt.Errorf("reload the table with low-water mark %d blocks: %w", want, err)
+		return fmt.Errorf("reload the table with low-water mark %d blocks and features %v: %w", want, poolFeatures, err)
 	}
-	log.G(ctx).WithField("pool", p.name).WithField("from_blocks", t.LowWater).WithField("to_blocks", want).Info("thinpool: low-water mark reloaded")
+	log.G(ctx).WithField("pool", p.name).WithField("from_blocks", t.LowWater).WithField("to_blocks", want).
+		WithField("from_features", t.Features).WithField("to_features", poolFeatures).Info("thinpool: pool table reloaded")
 	return nil
 }
 

@@ -5,8 +5,10 @@ package thinpool
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -185,8 +187,9 @@ func TestMetadataThresholdKeepsDeletes(t *testing.T) {
 	}
 }
 
-// TestFullPoolSparesOtherDevices: a device that fills the pool gets ENOSPC
-// while another device keeps reading and rewriting the blocks it already
+// TestFullPoolSparesOtherDevices: a device that fills the pool has its
+// write wait for the no-space timeout (the status says writes are queued),
+// then gets ENOSPC, while another device keeps reading and rewriting the blocks it already
 // has; once the first is deleted the pool is rw again and takes new
 // devices.
 func TestFullPoolSparesOtherDevices(t *testing.T) {
@@ -211,14 +214,36 @@ func TestFullPoolSparesOtherDevices(t *testing.T) {
 	}
 	a := openDirect(t, pathA)
 	var werr error
+	var last time.Duration
+	// Watch the pool while the writer fills it: the write that finds it
+	// full waits, and the status says so meanwhile.
+	queued := make(chan bool, 1)
+	go func() {
+		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if st, err := p.Status(ctx); err == nil && st.WritesQueued() {
+				queued <- true
+				return
+			}
+		}
+		queued <- false
+	}()
 	for off := int64(0); off < 64*mib && werr == nil; off += mib {
+		start := time.Now()
 		werr = a.write(off, pattern(1, mib))
+		last = time.Since(start)
 	}
 	if !errors.Is(werr, unix.ENOSPC) {
 		t.Fatalf("writer filling the pool got %v, want ENOSPC", werr)
 	}
-	if st, err := p.Status(ctx); err != nil || st.Mode != ModeOutOfDataSpace {
-		t.Fatalf("status: %+v, %v; want out_of_data_space", st, err)
+	t.Logf("the write that found the pool full failed after %v (no-space timeout %v)", last.Round(time.Millisecond), testNoSpaceTimeout)
+	if last < testNoSpaceTimeout-100*time.Millisecond {
+		t.Fatalf("the write that found the pool full failed after %v, before the %v no-space timeout: it was not queued", last, testNoSpaceTimeout)
+	}
+	if !<-queued {
+		t.Fatal("the status never said writes were queued while the write waited")
+	}
+	if st, err := p.Status(ctx); err != nil || st.Mode != ModeOutOfDataSpace || !st.WritesFailing() {
+		t.Fatalf("status: %+v, %v; want out_of_data_space, failing writes once the timeout expired", st, err)
 	}
 	for off := int64(0); off < 4*mib; off += mib {
 		want := pattern(off+100, mib)
@@ -232,8 +257,8 @@ func TestFullPoolSparesOtherDevices(t *testing.T) {
 	if err := p.Delete(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	if st, err := p.Status(ctx); err != nil || st.Mode != ModeReadWrite {
-		t.Fatalf("status after deleting the filler: %+v, %v; want rw", st, err)
+	if st, err := p.Status(ctx); err != nil || st.Mode != ModeReadWrite || !st.QueueIfNoSpace {
+		t.Fatalf("status after deleting the filler: %+v, %v; want rw, queueing again", st, err)
 	}
 	if err := p.CreateThin(ctx, 3); err != nil {
 		t.Fatalf("create_thin after freeing: %v", err)
@@ -242,7 +267,8 @@ func TestFullPoolSparesOtherDevices(t *testing.T) {
 
 // TestAdjustReloadsLowWater: a new pool gets the default low-water mark
 // (10% of its blocks); Open of the active pool under another mark keeps
-// the live table, and Adjust reloads it with the configured mark.
+// the live table, and Adjust reloads it with the configured mark, and a
+// table loaded with error_if_no_space with queue_if_no_space.
 func TestAdjustReloadsLowWater(t *testing.T) {
 	ctx := context.Background()
 	p, cfg := testPool(t, 32*mib) // 512 blocks
@@ -265,5 +291,87 @@ func TestAdjustReloadsLowWater(t *testing.T) {
 	}
 	if st, err := q.Status(ctx); err != nil || st.Mode != ModeReadWrite || st.TotalDataBlocks != 512 {
 		t.Fatalf("status after Adjust: %+v, %v", st, err)
+	}
+	// A table an earlier version loaded with error_if_no_space (writes on
+	// a full pool failing at once) is reloaded to queue them.
+	tbl, sectors, err := q.liveTable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := fmt.Sprintf("%s %s %d %d 2 skip_block_zeroing error_if_no_space", tbl.MetaDev, tbl.DataDev, tbl.BlockSize, tbl.LowWater)
+	if err := q.reload([]dmTarget{{Start: 0, Length: sectors, Type: "thin-pool", Params: old}}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := q.Status(ctx); err != nil || !st.ErrorIfNoSpace {
+		t.Fatalf("status with the old table: %+v, %v; want error_if_no_space", st, err)
+	}
+	if err := q.Adjust(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := q.Status(ctx); err != nil || !st.QueueIfNoSpace || st.ErrorIfNoSpace {
+		t.Fatalf("status after Adjust of the old table: %+v, %v; want queue_if_no_space", st, err)
+	}
+}
+
+// TestReserveRefusesNewDevices: once a device's writes bring the free data
+// under the reserve, new devices are refused with ErrBelowReserve (naming
+// the setting), the kernel raises its low-water event there, and the
+// device keeps writing into the reserve; deleting it lets new devices in.
+func TestReserveRefusesNewDevices(t *testing.T) {
+	ctx := context.Background()
+	scratch := os.Getenv("VM_SCRATCH")
+	cfg := Config{PoolName: "tp-reserve", RootDir: filepath.Join(scratch, "tp-reserve"),
+		DataSize: 32 * mib, MetadataSize: 16 << 20, MinFreePercent: 25, ReserveSetting: "pool.min_free_space"}
+	p, err := Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { destroyPool(t, cfg) })
+	if lw, err := p.LowWaterBlocks(ctx); err != nil || lw != 128 {
+		t.Fatalf("low-water mark = %d, %v; want 128 blocks, the reserve's edge (25%% of 512)", lw, err)
+	}
+	events := make(chan Event, 16)
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go p.Watch(wctx, func(_ context.Context, ev Event) { events <- ev })
+	if err := p.CreateThin(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	path, err := p.Activate(ctx, p.name+"-w", 1, 64*mib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := openDirect(t, path)
+	for off := int64(0); off < 25*mib; off += mib { // 7 MiB left: under the 8 MiB reserve
+		w.mustWrite(off, pattern(off, mib))
+	}
+	err = p.CreateThin(ctx, 2)
+	wantErr(t, "create_thin under the reserve", err, ErrBelowReserve)
+	wantErr(t, "create_thin under the reserve", err, ErrPoolFull)
+	t.Logf("refused: %v", err)
+	if !strings.Contains(err.Error(), "pool.min_free_space") || !strings.Contains(err.Error(), "25% reserve") {
+		t.Fatalf("refusal %q names neither the reserve nor its setting", err)
+	}
+	wantErr(t, "create_snap under the reserve", p.CreateSnap(ctx, 3, 1), ErrBelowReserve)
+	select {
+	case ev := <-events:
+		if !ev.LowWater {
+			t.Fatalf("event under the reserve: %+v; want the low-water mark crossed", ev)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no low-water event under the reserve")
+	}
+	for off := int64(25 * mib); off < 30*mib; off += mib { // the reserve serves the device already there
+		w.mustWrite(off, pattern(off, mib))
+	}
+	w.f.Close()
+	if err := p.Deactivate(ctx, p.name+"-w"); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Delete(ctx, 1); err != nil {
+		t.Fatalf("delete under the reserve: %v", err)
+	}
+	if err := p.CreateThin(ctx, 2); err != nil {
+		t.Fatalf("create_thin once the reserve is free again: %v", err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 	"unsafe"
 
 	"github.com/containerd/log"
@@ -75,6 +76,12 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.MaxDataSize < 0 || cfg.GrowthReserve < 0 || !(cfg.MetadataThreshold > 0 && cfg.MetadataThreshold <= 100) {
 		return cfg, fmt.Errorf("pool %q: MaxDataSize %d and GrowthReserve %d must not be negative, MetadataThreshold %v must be in (0, 100]: %w",
 			cfg.PoolName, cfg.MaxDataSize, cfg.GrowthReserve, cfg.MetadataThreshold, ErrInvalid)
+	}
+	if !(cfg.MinFreePercent >= 0 && cfg.MinFreePercent < 100) {
+		return cfg, fmt.Errorf("pool %q: MinFreePercent %v must be in [0, 100): %w", cfg.PoolName, cfg.MinFreePercent, ErrInvalid)
+	}
+	if cfg.NoSpaceTimeout < 0 || cfg.NoSpaceTimeout%time.Second != 0 {
+		return cfg, fmt.Errorf("pool %q: NoSpaceTimeout %v must be whole seconds, not negative: %w", cfg.PoolName, cfg.NoSpaceTimeout, ErrInvalid)
 	}
 	if bs := cfg.BlockSizeSectors; bs%128 != 0 || bs < 128 || bs > 2097152 {
 		return cfg, fmt.Errorf("pool %q: BlockSizeSectors %d must be a multiple of 128 between 128 and 2097152: %w", cfg.PoolName, bs, ErrInvalid)

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -22,10 +23,10 @@ func TestParsePoolStatus(t *testing.T) {
 		{"7 300/4096 163840/163840 1234 out_of_data_space discard_passdown queue_if_no_space needs_check 1024",
 			PoolStatus{TransactionID: 7, UsedMetadataBlocks: 300, TotalMetadataBlocks: 4096, UsedDataBlocks: 163840,
 				TotalDataBlocks: 163840, HeldMetadataRoot: 1234, HasHeldRoot: true, Mode: ModeOutOfDataSpace,
-				DiscardPassdown: true, NeedsCheck: true, MetadataLowWatermark: 1024}},
+				DiscardPassdown: true, QueueIfNoSpace: true, NeedsCheck: true, MetadataLowWatermark: 1024}},
 		{"1 5/10 1/2 - ro ignore_discard queue_if_no_space -",
 			PoolStatus{TransactionID: 1, UsedMetadataBlocks: 5, TotalMetadataBlocks: 10, UsedDataBlocks: 1,
-				TotalDataBlocks: 2, Mode: ModeReadOnly, DiscardIgnored: true}},
+				TotalDataBlocks: 2, Mode: ModeReadOnly, DiscardIgnored: true, QueueIfNoSpace: true}},
 		{"Fail", PoolStatus{Mode: ModeFail}},
 		{"Error", PoolStatus{Mode: ModeError}},
 	}
@@ -289,6 +290,10 @@ func TestConfigDefaults(t *testing.T) {
 		{PoolName: "", RootDir: "/x"},
 		{PoolName: "p", RootDir: "/x", BlockSizeSectors: 100},
 		{PoolName: "p", DataDevice: "/dev/sda"},
+		{PoolName: "p", RootDir: "/x", MinFreePercent: -1},
+		{PoolName: "p", RootDir: "/x", MinFreePercent: 100},
+		{PoolName: "p", RootDir: "/x", NoSpaceTimeout: 1500 * time.Millisecond},
+		{PoolName: "p", RootDir: "/x", NoSpaceTimeout: -time.Second},
 	} {
 		if _, err := bad.withDefaults(); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%+v: got %v, want ErrInvalid", bad, err)

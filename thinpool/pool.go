@@ -3,6 +3,7 @@ package thinpool
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // MaxThinID is the largest thin device id a pool accepts: the kernel's thin
@@ -21,6 +22,14 @@ const (
 	// DefaultMetadataThreshold is Config.MetadataThreshold's default: new
 	// devices are refused once 95% of the metadata is used.
 	DefaultMetadataThreshold = 95.0
+	// DefaultMinFreePercent is the reserve the daemon keeps unless told
+	// otherwise (Config.MinFreePercent): 10% of the data and of the
+	// metadata, Docker's devicemapper dm.min_free_space default.
+	DefaultMinFreePercent = 10.0
+	// DefaultNoSpaceTimeout is how long the kernel queues writes on a pool
+	// out of data space before failing them, when nothing sets it: the
+	// dm_thin_pool module's own default.
+	DefaultNoSpaceTimeout = 60 * time.Second
 	// DefaultMetadataSize is the sparse metadata file size used when
 	// Config.MetadataSize is zero and no MetadataDevice is given (1 GiB).
 	DefaultMetadataSize = 1 << 30
@@ -44,8 +53,9 @@ type Config struct {
 	// 2097152).
 	BlockSizeSectors uint32
 	// LowWaterMarkBlocks is the free data block count under which the
-	// kernel raises a dm event (Watch reports it); 0 means
-	// DefaultLowWaterPercent of the data blocks.
+	// kernel raises a dm event (Watch reports it); 0 means the reserve's
+	// data blocks (ReserveBlocks of MinFreePercent), or
+	// DefaultLowWaterPercent of the data blocks when there is no reserve.
 	LowWaterMarkBlocks uint64
 	// MaxDataSize, when positive, lets Grow extend a loop-file pool's data
 	// up to this many bytes; 0 leaves the size fixed.
@@ -57,6 +67,21 @@ type Config struct {
 	// CreateThin and CreateSnap refuse new devices (0 means
 	// DefaultMetadataThreshold).
 	MetadataThreshold float64
+	// MinFreePercent is the reserve: CreateThin and CreateSnap refuse new
+	// devices (ErrBelowReserve) while the free data blocks or the free
+	// metadata blocks are fewer than this percent of the pool's (see
+	// ReserveBlocks), so that what is left serves the writes of the
+	// devices already made. 0 keeps no reserve.
+	MinFreePercent float64
+	// ReserveSetting names, in a refusal, where the operator changes
+	// MinFreePercent (the daemon gives its configuration key). Empty: the
+	// refusal names none.
+	ReserveSetting string
+	// NoSpaceTimeout is how long the kernel queues the writes that find
+	// the pool out of data space before failing them (the dm_thin_pool
+	// module's no_space_timeout, whole seconds, shared by every pool of
+	// the host); Adjust sets it. 0 leaves the kernel's value.
+	NoSpaceTimeout time.Duration
 }
 
 // Pool is an open thin pool. Its methods are safe for concurrent use.
@@ -75,6 +100,11 @@ type Pool struct {
 	probeSeq   atomic.Uint64
 	closed     atomic.Bool
 }
+
+// MinFreePercent returns the pool's reserve (Config.MinFreePercent): the
+// percent of its data and of its metadata under which it refuses new
+// devices.
+func (p *Pool) MinFreePercent() float64 { return p.cfg.MinFreePercent }
 
 // ActiveDevice is a device-mapper device whose table is a thin target on
 // this pool.
@@ -124,8 +154,12 @@ type PoolStatus struct {
 	// device; DiscardIgnored when the pool ignores discards.
 	DiscardPassdown, DiscardIgnored bool
 	// ErrorIfNoSpace is true when IO fails at once when the data space is
-	// exhausted instead of being queued.
-	ErrorIfNoSpace bool
+	// exhausted; QueueIfNoSpace when such IO waits (for the kernel's
+	// no_space_timeout) for space to be freed or added. The kernel turns
+	// a queueing pool to ErrorIfNoSpace when that timeout expires, until
+	// the pool has space again. Kernels that print neither leave both
+	// false.
+	ErrorIfNoSpace, QueueIfNoSpace bool
 	// NeedsCheck is true when the kernel flagged the metadata for
 	// thin_check.
 	NeedsCheck bool
@@ -133,6 +167,15 @@ type PoolStatus struct {
 	// the kernel reports it (0 otherwise).
 	MetadataLowWatermark uint64
 }
+
+// WritesQueued reports whether writes that need a new block are waiting
+// now: the pool is out of data space and queues them.
+func (s PoolStatus) WritesQueued() bool { return s.Mode == ModeOutOfDataSpace && s.QueueIfNoSpace }
+
+// WritesFailing reports whether writes that need a new block fail now:
+// the pool is out of data space and fails them (loaded that way, or its
+// no-space timeout expired).
+func (s PoolStatus) WritesFailing() bool { return s.Mode == ModeOutOfDataSpace && s.ErrorIfNoSpace }
 
 // ThinStatus is the parsed status of an active thin device.
 type ThinStatus struct {

@@ -56,6 +56,7 @@ func parsePoolStatus(line string) (PoolStatus, error) {
 		case "error_if_no_space":
 			s.ErrorIfNoSpace = true
 		case "queue_if_no_space":
+			s.QueueIfNoSpace = true
 		case "needs_check":
 			s.NeedsCheck = true
 		case "-":
@@ -169,10 +170,19 @@ func parsePoolTable(params string) (poolTable, error) {
 //     of a first write; the price is that a partially written new block can
 //     expose stale data of a deleted device to the raw block device, which
 //     only root can read here.
-//   - error_if_no_space: when the data space is exhausted, IO fails at once
-//     (ENOSPC) instead of being queued for the kernel's no_space_timeout
-//     (60 s by default), so callers see ErrDataFull instead of a hang.
-var poolFeatures = []string{"skip_block_zeroing", "error_if_no_space"}
+//
+// error_if_no_space is left out on purpose: when the data space is
+// exhausted, writes that need a new block wait (queue_if_no_space) for
+// the kernel's no_space_timeout (Config.NoSpaceTimeout) while the pool's
+// owner frees or adds space, and fail with ENOSPC only when that timeout
+// expires. A write that fails makes ext4 abort its journal, so a
+// container briefly short of space would otherwise lose its file system
+// even when a collection or a growth was seconds away.
+var poolFeatures = []string{"skip_block_zeroing"}
+
+// unwantedFeature is the feature a table loaded by an earlier version may
+// carry that poolFeatures leaves out; Adjust reloads such a table.
+const unwantedFeature = "error_if_no_space"
 
 func poolTableParams(metaDev, dataDev string, blockSize uint32, lowWater uint64) string {
 	return fmt.Sprintf("%s %s %d %d %d %s", metaDev, dataDev, blockSize, lowWater, len(poolFeatures), strings.Join(poolFeatures, " "))

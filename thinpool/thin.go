@@ -67,10 +67,14 @@ func (p *Pool) fullError() error {
 	return st.FullError()
 }
 
-// creatable returns fullError's answer, or ErrMetadataReserve when the
+// creatable returns fullError's answer; or ErrMetadataReserve when the
 // metadata is at or past Config.MetadataThreshold: the rest is kept for
 // deletes, which need metadata blocks too, so that a pool short of
-// metadata can still be emptied instead of turning read-only.
+// metadata can still be emptied instead of turning read-only; or
+// ErrBelowReserve when the free data or metadata is under
+// Config.MinFreePercent, kept for the writes of the devices already made.
+// It reads the pool's status once (one DM_TABLE_STATUS, without flushing
+// the metadata): the price of every create.
 func (p *Pool) creatable() error {
 	st, err := p.status(true)
 	if err != nil {
@@ -79,15 +83,14 @@ func (p *Pool) creatable() error {
 	if err := st.FullError(); err != nil {
 		return err
 	}
-	if st.TotalMetadataBlocks == 0 {
-		return nil
+	if st.TotalMetadataBlocks > 0 {
+		limit := p.cfg.MetadataThreshold
+		if used := 100 * float64(st.UsedMetadataBlocks) / float64(st.TotalMetadataBlocks); used >= limit {
+			return fmt.Errorf("metadata %.1f%% used (%d of %d blocks), at or past the %v%% threshold for new devices: %w",
+				used, st.UsedMetadataBlocks, st.TotalMetadataBlocks, limit, ErrMetadataReserve)
+		}
 	}
-	limit := p.cfg.MetadataThreshold
-	if used := 100 * float64(st.UsedMetadataBlocks) / float64(st.TotalMetadataBlocks); used >= limit {
-		return fmt.Errorf("metadata %.1f%% used (%d of %d blocks), at or past the %v%% threshold for new devices: %w",
-			used, st.UsedMetadataBlocks, st.TotalMetadataBlocks, limit, ErrMetadataReserve)
-	}
-	return nil
+	return st.ReserveError(p.cfg.MinFreePercent, p.cfg.ReserveSetting)
 }
 
 // FullError classifies a status for callers that saw IO fail: it returns
@@ -138,7 +141,8 @@ func (p *Pool) poolMessage(msg string) error {
 // CreateThin creates a new empty thin device with the given id in the pool
 // metadata. It returns ErrExists when the id is taken and ErrDataFull or
 // ErrMetadataFull when the pool cannot allocate, ErrMetadataReserve when
-// its metadata is past Config.MetadataThreshold (nothing is created then).
+// its metadata is past Config.MetadataThreshold, ErrBelowReserve when its
+// free space is under Config.MinFreePercent (nothing is created then).
 func (p *Pool) CreateThin(ctx context.Context, id uint32) error {
 	if err := p.usable(); err != nil {
 		return err
@@ -157,7 +161,7 @@ func (p *Pool) CreateThin(ctx context.Context, id uint32) error {
 // frozen) around the message and always resumed, even on error. It returns
 // ErrNotFound when the origin does not exist, ErrExists when id is taken and
 // ErrDataFull/ErrMetadataFull when the pool cannot allocate (and
-// ErrMetadataReserve, as CreateThin).
+// ErrMetadataReserve and ErrBelowReserve, as CreateThin).
 func (p *Pool) CreateSnap(ctx context.Context, id, originID uint32) (err error) {
 	if err := p.usable(); err != nil {
 		return err

@@ -4,16 +4,23 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
 )
 
 // scrapeSum sums the samples of every metric whose name starts with prefix.
@@ -120,4 +127,64 @@ func TestPullGrowsPoolAtLowWater(t *testing.T) {
 		t.Fatalf("big/marker in the activation after the growth = %q, want \"big\"", got)
 	}
 	e.checkClean()
+}
+
+// TestContainerWritesThroughGrowth: with pool.max_data_size set, a
+// container writing steadily past the pool's size never sees an error: at
+// the low-water event (the reserve's edge) the daemon grows the pool, and
+// a write that finds the pool full meanwhile waits instead of failing.
+// The growths are logged with the time the writer took.
+func TestContainerWritesThroughGrowth(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := lis.Addr().String()
+	lis.Close()
+	const dataSize = 256 << 20
+	e := newPullEnvTB(t, func(c *plugin.Config) {
+		c.Pool.DataSize = dataSize
+		c.Pool.MaxDataSize = 1 << 30
+		c.Pool.GrowthReserve = 64 << 20
+		c.Daemon.MetricsAddress = metricsAddr
+	})
+	r := rand.New(rand.NewPCG(15, 18))
+	body := make([]byte, 2<<20)
+	for i := range body {
+		body[i] = byte(r.Uint32())
+	}
+	e.srv.Put(t, "w.tar", bulkLayer(t, "w", body, 2))
+	res, err := e.pull("w.tar", "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn := dmtest.DialProxy(t, e.cfg.Daemon.Socket)
+	nctx := namespaces.WithNamespace(context.Background(), "default")
+	ms, err := sn.Prepare(nctx, "writer", res.TopChainID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "w")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := mount.All(ms, dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mount.UnmountAll(dir, 0) })
+	start := time.Now()
+	// 320 MiB: more than the pool's first size, less than the file system.
+	if out, err := shellRun(t, "dd if=/dev/zero of="+dir+"/big bs=1M count=320 conv=fsync"); err != nil {
+		t.Fatalf("container writing past the pool's first size: %v: %s", err, out)
+	}
+	took := time.Since(start)
+	v := poolStatusJSON(t, e.cfgPath)
+	growths := scrapeSum(t, metricsAddr, "flyio_snapshotter_pool_growths_total")
+	t.Logf("wrote 320 MiB in %v; the pool grew %v times to %d bytes, mode %s, %d used", took.Round(time.Millisecond), growths, v.DataTotalBytes, v.Mode, v.DataUsedBytes)
+	if v.DataTotalBytes <= dataSize || v.Mode != "rw" || growths < 1 || v.WritesFailing {
+		t.Fatalf("pool status after the write: %+v, %v growths; want grown, rw", v, growths)
+	}
+	if out, err := shellRun(t, "grep ' "+dir+" ' /proc/mounts"); err != nil || !strings.Contains(out, " rw,") {
+		t.Fatalf("the writer's file system after the growth: %q, %v; want mounted rw", out, err)
+	}
 }

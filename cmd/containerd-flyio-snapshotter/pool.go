@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
@@ -126,16 +127,49 @@ type poolStatusView struct {
 	MetadataTotalBytes uint64 `json:"metadata_total_bytes"`
 	TransactionID      uint64 `json:"transaction_id"`
 	NeedsCheck         bool   `json:"needs_check"`
-	ErrorIfNoSpace     bool   `json:"error_if_no_space"`
 	LowWaterBlocks     uint64 `json:"low_water_blocks"`
+	// The reserve (pool.min_free_space): new devices are refused while
+	// the free data or metadata is under it (UnderReserve).
+	ReservePercent       float64 `json:"reserve_percent"`
+	ReserveDataBytes     uint64  `json:"reserve_data_bytes"`
+	ReserveMetadataBytes uint64  `json:"reserve_metadata_bytes"`
+	UnderReserve         bool    `json:"under_reserve"`
+	// What a write needing a new block does when the pool is out of data
+	// space: waits (QueueIfNoSpace) or fails (ErrorIfNoSpace; also once
+	// the no-space timeout has expired); and what it does now.
+	QueueIfNoSpace bool `json:"queue_if_no_space"`
+	ErrorIfNoSpace bool `json:"error_if_no_space"`
+	WritesQueued   bool `json:"writes_queued"`
+	WritesFailing  bool `json:"writes_failing"`
+	// NoSpaceTimeoutSeconds is the kernel's no_space_timeout, when it
+	// could be read.
+	NoSpaceTimeoutSeconds *int64 `json:"no_space_timeout_seconds,omitempty"`
 	// The filesystem under a loop-file pool (absent for block devices).
 	BackingFSFreeBytes    uint64 `json:"backing_fs_free_bytes,omitempty"`
 	LoopFilesVirtualBytes uint64 `json:"loop_files_virtual_bytes,omitempty"`
 }
 
+// newPoolStatusView is the view of pool status st with a reserve of
+// reserve percent.
+func newPoolStatusView(name string, st thinpool.PoolStatus, reserve float64) poolStatusView {
+	block := uint64(st.BlockSizeSectors) * 512
+	return poolStatusView{
+		Pool: name, Mode: string(st.Mode), BlockSizeBytes: block,
+		DataUsedBytes: st.UsedDataBlocks * block, DataTotalBytes: st.TotalDataBlocks * block,
+		MetadataUsedBytes: st.UsedMetadataBlocks * 4096, MetadataTotalBytes: st.TotalMetadataBlocks * 4096,
+		TransactionID: st.TransactionID, NeedsCheck: st.NeedsCheck,
+		ReservePercent:       reserve,
+		ReserveDataBytes:     thinpool.ReserveBlocks(st.TotalDataBlocks, reserve) * block,
+		ReserveMetadataBytes: thinpool.ReserveBlocks(st.TotalMetadataBlocks, reserve) * 4096,
+		UnderReserve:         st.ReserveError(reserve, "") != nil,
+		QueueIfNoSpace:       st.QueueIfNoSpace, ErrorIfNoSpace: st.ErrorIfNoSpace,
+		WritesQueued: st.WritesQueued(), WritesFailing: st.WritesFailing(),
+	}
+}
+
 func runPoolStatus(ctx context.Context, args []string) error {
 	fs := newFlagSet("pool status", "pool status [--config FILE] [--format table|json]",
-		"Prints the thin pool's mode (ro when the metadata is full or needs_check is set), block size, data and metadata space used and total, as the kernel reports them, its low-water mark, and for loop files the free space of their filesystem.")
+		"Prints the thin pool's mode (ro when the metadata is full or needs_check is set), block size, data and metadata space used and total, as the kernel reports them, its low-water mark, its reserve (pool.min_free_space) and whether new devices are refused for it, what writes do on a full pool (wait for the no-space timeout, or fail) and what they do now, and for loop files the free space of their filesystem.")
 	addConfigFlags(fs)
 	format := formatFlag("table")
 	fs.Var(&format, "format", "output `FORMAT`: table or json")
@@ -155,15 +189,13 @@ func runPoolStatus(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	block := uint64(st.BlockSizeSectors) * 512
-	v := poolStatusView{
-		Pool: pool.Name(), Mode: string(st.Mode), BlockSizeBytes: block,
-		DataUsedBytes: st.UsedDataBlocks * block, DataTotalBytes: st.TotalDataBlocks * block,
-		MetadataUsedBytes: st.UsedMetadataBlocks * 4096, MetadataTotalBytes: st.TotalMetadataBlocks * 4096,
-		TransactionID: st.TransactionID, NeedsCheck: st.NeedsCheck, ErrorIfNoSpace: st.ErrorIfNoSpace,
-	}
+	v := newPoolStatusView(pool.Name(), st, pool.MinFreePercent())
 	if v.LowWaterBlocks, err = pool.LowWaterBlocks(ctx); err != nil {
 		return err
+	}
+	if t, err := thinpool.NoSpaceTimeout(); err == nil {
+		secs := int64(t / time.Second)
+		v.NoSpaceTimeoutSeconds = &secs
 	}
 	b, err := pool.Backing(ctx)
 	if err != nil {
@@ -173,7 +205,13 @@ func runPoolStatus(ctx context.Context, args []string) error {
 	if format == "json" {
 		return writeJSON(os.Stdout, v)
 	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	return writePoolStatusTable(os.Stdout, v, b.Loop)
+}
+
+// writePoolStatusTable writes v as `pool status` does without --format
+// json; loop says whether the pool is on loop files.
+func writePoolStatusTable(w io.Writer, v poolStatusView, loop bool) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "pool\t%s\n", v.Pool)
 	fmt.Fprintf(tw, "mode\t%s\n", v.Mode)
 	fmt.Fprintf(tw, "block size\t%s\n", plugin.Size(v.BlockSizeBytes))
@@ -182,10 +220,47 @@ func runPoolStatus(ctx context.Context, args []string) error {
 	fmt.Fprintf(tw, "transaction id\t%d\n", v.TransactionID)
 	fmt.Fprintf(tw, "needs check\t%v\n", v.NeedsCheck)
 	fmt.Fprintf(tw, "low-water mark\t%d blocks\n", v.LowWaterBlocks)
-	if b.Loop {
+	refused := "no"
+	if v.UnderReserve {
+		refused = "yes, new devices are refused"
+	}
+	fmt.Fprintf(tw, "reserve\t%v%%: %s of data, %s of metadata; under it: %s\n",
+		v.ReservePercent, humanBytes(v.ReserveDataBytes), humanBytes(v.ReserveMetadataBytes), refused)
+	fmt.Fprintf(tw, "writes on a full pool\t%s\n", noSpacePolicy(v))
+	fmt.Fprintf(tw, "writes now\t%s\n", writesNow(v))
+	if loop {
 		fmt.Fprintf(tw, "loop files\t%s virtual, %s free on their filesystem\n", humanBytes(v.LoopFilesVirtualBytes), humanBytes(v.BackingFSFreeBytes))
 	}
 	return tw.Flush()
+}
+
+// noSpacePolicy says what a write needing a new block does on a pool out
+// of data space.
+func noSpacePolicy(v poolStatusView) string {
+	timeout := "the kernel's no-space timeout"
+	if v.NoSpaceTimeoutSeconds != nil {
+		timeout = fmt.Sprintf("%ds (the kernel's no_space_timeout)", *v.NoSpaceTimeoutSeconds)
+	}
+	switch {
+	case v.QueueIfNoSpace:
+		return "wait up to " + timeout + " for space, then fail (queue_if_no_space)"
+	case v.ErrorIfNoSpace && !v.WritesFailing:
+		return "fail at once (error_if_no_space)"
+	case v.ErrorIfNoSpace:
+		return "fail (error_if_no_space, or the no-space timeout expired)"
+	}
+	return "unknown (the kernel does not say)"
+}
+
+// writesNow says what a write needing a new block meets now.
+func writesNow(v poolStatusView) string {
+	switch {
+	case v.WritesQueued:
+		return "QUEUED: the pool is out of data space; writes needing a new block wait for space"
+	case v.WritesFailing:
+		return "FAILING: the pool is out of data space; writes needing a new block fail"
+	}
+	return "served"
 }
 
 // spaceUsage formats used/total with a percentage.

@@ -65,11 +65,12 @@ version = 3
   name = "ctr-pool"
   base_image_size = "1GiB"
   async_remove = false
+  min_free_space = "5%"
 `)
 	if err := plugin.ResolveBuiltin(cfg, "/var/lib/containerd/io.containerd.snapshotter.v1.flyio"); err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Pool.Name != "ctr-pool" || cfg.Pool.BaseImageSize != 1<<30 || cfg.Pool.AsyncRemove {
+	if cfg.Pool.Name != "ctr-pool" || cfg.Pool.BaseImageSize != 1<<30 || cfg.Pool.AsyncRemove || cfg.Pool.MinFreeSpace != plugin.Pct(5) {
 		t.Errorf("pool section not applied: %+v", cfg.Pool)
 	}
 	if cfg.Metadata.Path != "/var/lib/containerd/io.containerd.snapshotter.v1.flyio/metadata.db" {
