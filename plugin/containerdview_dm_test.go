@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -113,6 +114,8 @@ func TestContainerdViewOverSocket(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cfg := dmtest.Config(t)
+	// The VM harness boots with its network off: the fake S3 needs lo.
+	exec.Command("ip", "link", "set", "lo", "up").Run()
 	srv := s3test.NewServer(t)
 	cfg.S3.Region, cfg.S3.Endpoint, cfg.S3.PathStyle, cfg.S3.Anonymous = "us-east-1", srv.URL, true, true
 	cfg.Daemon.ControlSocket = filepath.Join(cfg.Daemon.RootDir, "run", "control.sock")
