@@ -161,7 +161,10 @@ type queryer interface {
 }
 
 // readLedger returns the ledger rows in version order; no table means no
-// rows.
+// rows. The rows are read with one statement, so they come from one
+// snapshot of the database: read in two (whether migration 3's column
+// exists, then the rows) they could straddle another process's commit of
+// migration 3 and show its row without the hashes it back-filled.
 func readLedger(ctx context.Context, q queryer) ([]LedgerRow, error) {
 	var n int
 	if err := q.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'`).Scan(&n); err != nil {
@@ -170,19 +173,46 @@ func readLedger(ctx context.Context, q queryer) ([]LedgerRow, error) {
 	if n == 0 {
 		return nil, nil
 	}
-	hasHash, err := hasColumn(ctx, q, "schema_migrations", "sql_sha256")
+	rows, err := q.QueryContext(ctx, `SELECT *, CAST(applied_at AS TEXT) AS applied_at_text FROM schema_migrations ORDER BY version`)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("metadata: reading schema_migrations: %w", err)
 	}
-	hashCol := "''"
-	if hasHash {
-		hashCol = "COALESCE(sql_sha256, '')"
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		return nil, fmt.Errorf("metadata: reading schema_migrations: %w", err)
 	}
-	return queryAll(ctx, q, "reading schema_migrations", func(s rowScanner) (LedgerRow, error) {
+	var out []LedgerRow
+	for rows.Next() {
+		vals := make([]sql.NullString, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			return nil, fmt.Errorf("metadata: reading schema_migrations: %w", err)
+		}
 		var r LedgerRow
-		err := s.Scan(&r.Version, &r.AppliedAt, &r.Description, &r.SHA256)
-		return r, err
-	}, `SELECT version, CAST(applied_at AS TEXT), COALESCE(description, ''), `+hashCol+` FROM schema_migrations ORDER BY version`)
+		for i, c := range cols {
+			switch v := vals[i].String; c {
+			case "version":
+				if r.Version, err = strconv.Atoi(v); err != nil {
+					return nil, fmt.Errorf("metadata: reading schema_migrations: version %q: %w", v, err)
+				}
+			case "applied_at_text":
+				r.AppliedAt = v
+			case "description":
+				r.Description = v
+			case "sql_sha256":
+				r.SHA256 = v
+			}
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("metadata: reading schema_migrations: %w", err)
+	}
+	return out, nil
 }
 
 func hasColumn(ctx context.Context, q queryer, table, column string) (bool, error) {
