@@ -221,10 +221,10 @@ func TestContainerdViewOverSocket(t *testing.T) {
 	if err := client.(snapshots.Cleaner).Cleanup(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if id, err := svc.DB.ImageIDByName(ctx, "test/a/"); err != nil || id != "" {
+	if id, err := svc.DB.ImageIDByName(ctx, "test/a"); err != nil || id != "" {
 		t.Errorf("a's image record after GC: %q, %v; want none", id, err)
 	}
-	if id, err := svc.DB.ImageIDByName(ctx, "test/b/"); err != nil || id == "" {
+	if id, err := svc.DB.ImageIDByName(ctx, "test/b"); err != nil || id == "" {
 		t.Errorf("b's image record after a's GC: %v; want it kept", err)
 	}
 	unpacked, err := svc.DB.ChainViews(ctx)
@@ -241,7 +241,7 @@ func TestContainerdViewOverSocket(t *testing.T) {
 	if len(blobs) != 2 {
 		t.Errorf("blob files after a's GC: %d, want 2 (a's own layer deleted)", len(blobs))
 	}
-	if _, err := ctl.Activate(ctx, "test/b/"); err != nil {
+	if _, err := ctl.Activate(ctx, "test/b"); err != nil {
 		t.Errorf("activate b after a's GC: %v", err)
 	}
 }
