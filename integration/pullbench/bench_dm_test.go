@@ -148,10 +148,12 @@ func BenchmarkPull(b *testing.B) {
 					b.Fatal(err)
 				}
 				last := r == *flagRounds-1
+				t := time.Now()
 				if err := e.measure(ctx, img, w, res[i], i == 0, last); err != nil {
 					b.Fatalf("round %d, image %s, %s: %v\ncontainerd log tail:\n%s\nour daemon's log tail:\n%s",
 						r+1, img.spec.name, w, err, e.ctrd.LogTail(20), e.daemon.Proc.LogTail(20))
 				}
+				b.Logf("round %d, image %s, %s: measured, checked and removed in %s", r+1, img.spec.name, w, time.Since(t).Round(time.Millisecond))
 			}
 		}
 		b.Logf("round %d done after %s", r+1, time.Since(start).Round(time.Second))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
@@ -271,8 +272,9 @@ func nsCtx(ctx context.Context) context.Context {
 
 // runContainer runs /bin/cat markerPath in a container on ref with
 // snapshotter sn and checks that it prints the image's marker: busybox
-// from the lowest layer runs and reads the top layer's file.
-func (e *env) runContainer(ctx context.Context, img *benchImage, ref, sn string) error {
+// from the lowest layer runs and reads the top layer's file. The container
+// and its snapshot are gone from the snapshotter when it returns.
+func (e *env) runContainer(ctx context.Context, img *benchImage, ref, sn string) (err error) {
 	ctx = nsCtx(ctx)
 	image, err := e.client.GetImage(ctx, ref)
 	if err != nil {
@@ -284,32 +286,51 @@ func (e *env) runContainer(ctx context.Context, img *benchImage, ref, sn string)
 	if err != nil {
 		return fmt.Errorf("container on %s (%s): %w", ref, sn, err)
 	}
-	defer ctr.Delete(context.WithoutCancel(ctx), client.WithSnapshotCleanup)
+	defer func() {
+		// containerd removes the snapshot from its records at once and
+		// from the snapshotter at its next garbage collection: run one.
+		err = errors.Join(err, ctr.Delete(context.WithoutCancel(ctx), client.WithSnapshotCleanup), e.collectGarbage(context.WithoutCancel(ctx)))
+	}()
 	var stdout, stderr bytes.Buffer
 	task, err := ctr.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, &stdout, &stderr), cio.WithFIFODir(filepath.Join(e.scratch, "fifo"))))
 	if err != nil {
 		return fmt.Errorf("task on %s (%s): %w", ref, sn, err)
 	}
-	defer task.Delete(context.WithoutCancel(ctx))
 	exitC, err := task.Wait(ctx)
-	if err != nil {
-		return err
+	if err == nil {
+		err = task.Start(ctx)
 	}
-	if err := task.Start(ctx); err != nil {
+	if err != nil {
+		_, _ = task.Delete(context.WithoutCancel(ctx), client.WithProcessKill)
 		return fmt.Errorf("start task on %s (%s): %w", ref, sn, err)
 	}
-	st := <-exitC
-	code, _, err := st.Result()
+	code, _, err := (<-exitC).Result()
+	// The task's output is all copied once Delete returns.
+	if _, derr := task.Delete(ctx); err == nil && derr != nil {
+		err = fmt.Errorf("delete task on %s (%s): %w", ref, sn, derr)
+	}
 	if err != nil {
 		return err
-	}
-	// The task's output is copied after its exit: Delete waits for it.
-	if _, err := task.Delete(ctx); err != nil {
-		return fmt.Errorf("delete task on %s (%s): %w", ref, sn, err)
 	}
 	want := markerContent(img.spec.name, len(img.layers))
 	if code != 0 || stdout.String() != want {
 		return fmt.Errorf("container on %s (%s): exit %d, printed %q (stderr %q), want exit 0 and %q", ref, sn, code, stdout.String(), stderr.String(), want)
+	}
+	return nil
+}
+
+// collectGarbage runs containerd's garbage collection to completion:
+// deleting a lease synchronously waits for a full collection, which
+// removes from the snapshotters what nothing references any more.
+func (e *env) collectGarbage(ctx context.Context) error {
+	ctx = nsCtx(ctx)
+	ls := e.client.LeasesService()
+	l, err := ls.Create(ctx, leases.WithRandomID())
+	if err != nil {
+		return fmt.Errorf("create lease: %w", err)
+	}
+	if err := ls.Delete(ctx, l, leases.SynchronousDelete); err != nil {
+		return fmt.Errorf("delete lease %s synchronously (garbage collection): %w", l.ID, err)
 	}
 	return nil
 }

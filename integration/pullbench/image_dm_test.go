@@ -160,8 +160,10 @@ func (c *hashCount) Write(p []byte) (int, error) {
 func writeLayer(img imageSpec, n int, mb int, base, top bool, dir, s3dir string, c corpus) (layerFile, error) {
 	lf := layerFile{tarPath: filepath.Join(dir, fmt.Sprintf("%s-%d.tar", img.name, n+1))}
 	lf.gzPath = filepath.Join(s3dir, "images", img.name, fmt.Sprintf("%d.tar.gz", n+1))
-	if err := os.MkdirAll(filepath.Dir(lf.gzPath), 0o755); err != nil {
-		return lf, err
+	for _, d := range []string{dir, filepath.Dir(lf.gzPath)} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return lf, err
+		}
 	}
 	tf, err := os.Create(lf.tarPath)
 	if err != nil {

@@ -125,23 +125,35 @@ type step struct {
 func breakdown(img *benchImage, p *s3PullRun, runs []metadata.Run) string {
 	var b strings.Builder
 	rel := func(t time.Time) time.Duration { return t.Sub(p.start) }
+	// A run's layer is the one whose object key its request names; a run
+	// naming several (Activate's) is the whole image's.
 	layerOf := func(r metadata.Run) int {
+		layer := 0
 		for n := range img.layers {
 			if strings.Contains(string(r.Request), img.s3Key(n)) {
-				return n + 1
+				if layer != 0 {
+					return 0
+				}
+				layer = n + 1
 			}
 		}
-		return 0
+		return layer
 	}
 	fmt.Fprintf(&b, "where the time goes, last round's S3 pull of image %s: %s from the CLI's start to its exit; first event at %s, last at %s\n\n",
 		strings.ToUpper(img.spec.name), secs(p.took), firstAt(p.events), lastAt(p.events))
 	fmt.Fprintf(&b, "| layer | machine | run queued | started | finished | run took | state |\n|---|---|---|---|---|---|---|\n")
+	// finished is when each machine's run for a layer finished, and
+	// finishedFSM when a machine's only run did: the events of a
+	// one-layer image may name layer 1 where the run names the image.
 	finished := map[[2]string]time.Duration{}
+	finishedFSM := map[string][]time.Duration{}
 	for _, r := range runs {
 		l := layerOf(r)
-		key := [2]string{r.FSM, fmt.Sprint(l)}
-		if _, ok := finished[key]; !ok && !r.FinishedAt.IsZero() {
-			finished[key] = rel(r.FinishedAt)
+		if !r.FinishedAt.IsZero() {
+			if key := [2]string{r.FSM, fmt.Sprint(l)}; finished[key] == 0 {
+				finished[key] = rel(r.FinishedAt)
+			}
+			finishedFSM[r.FSM] = append(finishedFSM[r.FSM], rel(r.FinishedAt))
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n", layerName(l), r.FSM, secs(rel(r.CreatedAt)), secs(rel(r.StartedAt)),
 			secs(rel(r.FinishedAt)), secs(r.FinishedAt.Sub(r.StartedAt)), r.State)
@@ -165,6 +177,9 @@ func breakdown(img *benchImage, p *s3PullRun, runs []metadata.Run) string {
 	fmt.Fprintf(&b, "\n| layer | machine | step | from | took | bytes |\n|---|---|---|---|---|---|\n")
 	for _, g := range groups {
 		end, ok := finished[[2]string{g.fsm, fmt.Sprint(g.layer)}]
+		if f := finishedFSM[g.fsm]; !ok && len(f) == 1 {
+			end, ok = f[0], true
+		}
 		if !ok || end < g.last {
 			end = g.last
 		}
