@@ -88,7 +88,8 @@ func writeTable(out *strings.Builder, img *benchImage, s *samples) {
 		for _, x := range all {
 			each = append(each, secs(x))
 		}
-		fmt.Fprintf(out, "| %s | %s | %s | %.2f | %.2f | %s |\n", wayTitle[w], secs(d), strings.Join(each, " "), ratio(d, dm), ratio(d, floor), wayTarget[w])
+		rdm, rfloor := ratio(d, dm), ratio(d, floor)
+		fmt.Fprintf(out, "| %s | %s | %s | %.2f | %.2f | %s |\n", wayTitle[w], secs(d), strings.Join(each, " "), rdm, rfloor, wayTarget[w].describe(rdm, rfloor))
 	}
 	p := medianParts(s.floors)
 	fmt.Fprintf(out, "\nfloor parts (medians): (a) GET of all %d objects at once, bytes discarded: %s; (b) inflating the largest layer on one core, klauspost/compress gzip: %s (standard library, for reference: %s); (c) `tar -x` of the %d uncompressed layers onto a fresh ext4 thin device, then sync: %s\n",
