@@ -4,8 +4,8 @@ package pullbench
 
 import (
 	"bufio"
-	stdgzip "compress/gzip"
 	"bytes"
+	stdgzip "compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -28,7 +28,6 @@ import (
 	"github.com/containerd/platforms"
 	kgzip "github.com/klauspost/compress/gzip"
 	"golang.org/x/sys/unix"
-
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
