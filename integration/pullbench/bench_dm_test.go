@@ -177,6 +177,9 @@ func BenchmarkPull(b *testing.B) {
 				last := r == *flagRounds-1
 				t := time.Now()
 				if err := e.measure(ctx, img, w, res[i], i == 0, last); err != nil {
+					// What the rounds before measured is still worth
+					// reading.
+					fmt.Print(report(fmt.Sprintf("%d rounds of %d, the last cut short", r, *flagRounds), setupTime, e.images, res))
 					b.Fatalf("round %d, image %s, %s: %v\ncontainerd log tail:\n%s\nour daemon's log tail:\n%s",
 						r+1, img.spec.name, w, err, e.ctrd.LogTail(20), e.daemon.Proc.LogTail(20))
 				}
@@ -187,13 +190,7 @@ func BenchmarkPull(b *testing.B) {
 	}
 	b.StopTimer()
 
-	var out strings.Builder
-	fmt.Fprintf(&out, "\nBenchmarkPull: %d rounds, ways alternating; set-up (images, registry, versitygw, daemon, containerd) %s; TCG VM\n",
-		*flagRounds, setupTime.Round(time.Second))
-	for i, img := range e.images {
-		writeTable(&out, img, res[i])
-	}
-	fmt.Print(out.String())
+	fmt.Print(report(fmt.Sprintf("%d rounds", *flagRounds), setupTime, e.images, res))
 	a := res[0]
 	dm := median(a.pulls[wayDevmapper])
 	b.ReportMetric(ratio(median(a.pulls[wayS3]), dm), "A-s3/devmapper")

@@ -61,6 +61,18 @@ func secs(d time.Duration) string { return fmt.Sprintf("%.2fs", d.Seconds()) }
 
 func mb(n int64) string { return fmt.Sprintf("%.1f MB", float64(n)/1e6) }
 
+// report is the benchmark's output: a heading naming the rounds run, then
+// each image's table.
+func report(rounds string, setup time.Duration, imgs []*benchImage, res []*samples) string {
+	var out strings.Builder
+	fmt.Fprintf(&out, "\nBenchmarkPull: %s, ways alternating; set-up (images, registry, versitygw, daemon, containerd) %s; TCG VM\n",
+		rounds, setup.Round(time.Second))
+	for i, img := range imgs {
+		writeTable(&out, img, res[i])
+	}
+	return out.String()
+}
+
 // writeTable writes one image's table, its floor's parts, where the time
 // of its last S3 pull went, and the daemon's peak RSS.
 func writeTable(out *strings.Builder, img *benchImage, s *samples) {
