@@ -18,7 +18,7 @@ BUILDTAGS := sqlite_omit_load_extension osusergo netgo grpcnotrace
 LDFLAGS   := -s -w -linkmode external -extldflags "-static" \
   -X main.version=$(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test unit vmtest e2e powerloss soak demo lint tidy-check install install-unit clean
+.PHONY: all build test unit vmtest e2e powerloss soak bench-pull demo lint tidy-check install install-unit clean
 
 all: build
 
@@ -66,6 +66,20 @@ soak: build
 	CGO_ENABLED=1 $(GO) test -c -tags 'dm $(BUILDTAGS)' -o .cache/vmbin/integration_soak_full.test ./integration/soak
 	cd integration/soak && ../vm/run.sh --mem 3072 --timeout 21600 -- ../../.cache/vmbin/integration_soak_full.test \
 	  -test.v -test.timeout 6h -flyio.soak-cycles 10000 -flyio.soak-pulls 200
+
+# The pull benchmark at full size (docs/benchmarks.md): image A of four
+# layers, about 115 MB unpacked, and image B of one 100 MB layer, pulled
+# four ways in 3 alternating rounds against the floor; make vmtest runs it
+# scaled down (integration/pullbench/testdata/vm-bench-args). 8 GiB: the
+# pools' loop files sit on the guest's tmpfs and grow with every device
+# written (the thin pool moves on through free blocks before it reuses
+# freed ones), to about 3.5 GiB in the three rounds.
+bench-pull: build
+	./integration/tools/build.sh >/dev/null
+	./scripts/install-versitygw.sh >/dev/null
+	CGO_ENABLED=1 $(GO) test -c -tags 'dm $(BUILDTAGS)' -o .cache/vmbin/integration_pullbench_full.test ./integration/pullbench
+	cd integration/pullbench && ../vm/run.sh --mem 8192 --timeout 7200 -- ../../.cache/vmbin/integration_pullbench_full.test \
+	  -test.v -test.run '^$$' -test.bench BenchmarkPull -test.benchtime 1x -test.timeout 2h
 
 # Only the end-to-end test (integration/e2e's TestEndToEnd, also part of
 # vmtest).

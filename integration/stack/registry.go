@@ -1,0 +1,145 @@
+package stack
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Registry is distribution's registry serving on 127.0.0.1 from a folder,
+// over plain HTTP.
+type Registry struct {
+	Host string // 127.0.0.1:PORT, the registry part of image references
+	Proc *Proc
+}
+
+// StartRegistry writes the registry's config (filesystem storage under
+// dir, deletes allowed, a free loopback port, a drain timeout so that
+// SIGTERM stops it cleanly), starts bin (integration/tools' registry) with
+// it and returns once GET /v2/, the API check every client makes first,
+// answers 200.
+func StartRegistry(ctx context.Context, bin, dir string) (*Registry, error) {
+	if err := LoopbackUp(ctx); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "storage"), 0o755); err != nil {
+		return nil, fmt.Errorf("registry folder: %w", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("free port for the registry: %w", err)
+	}
+	host := l.Addr().String()
+	l.Close()
+	cfg := fmt.Sprintf("version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\nhttp:\n  addr: %s\n  draintimeout: 2s\n",
+		filepath.Join(dir, "storage"), host)
+	cfgPath := filepath.Join(dir, "config.yml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		return nil, fmt.Errorf("registry config: %w", err)
+	}
+	p, err := StartProc("registry", filepath.Join(dir, "registry.log"), []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, bin, "serve", cfgPath)
+	if err != nil {
+		return nil, err
+	}
+	r := &Registry{Host: host, Proc: p}
+	if err := waitDial(ctx, p, "tcp", host); err != nil {
+		p.Kill()
+		return nil, err
+	}
+	resp, err := r.do(ctx, http.MethodGet, "/v2/", "", nil, 0)
+	if err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("registry at %s: GET /v2/ answered %s; log %s:\n%s", host, resp.Status, p.LogPath, p.LogTail(20))
+		}
+	}
+	if err != nil {
+		p.Kill()
+		return nil, err
+	}
+	return r, nil
+}
+
+// Stop ends the registry with SIGTERM.
+func (r *Registry) Stop() error { return r.Proc.Stop(10 * time.Second) }
+
+// do sends one request; path is absolute ("/v2/...") or a Location the
+// registry returned. body may be nil (size 0).
+func (r *Registry) do(ctx context.Context, method, path, contentType string, body io.Reader, size int64) (*http.Response, error) {
+	base, _ := url.Parse("http://" + r.Host)
+	u, err := base.Parse(path)
+	if err != nil {
+		return nil, fmt.Errorf("registry URL %q: %w", path, err)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
+	if err != nil {
+		return nil, err
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	req.ContentLength = size
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("registry %s %s: %w", method, u, err)
+	}
+	return resp, nil
+}
+
+// PushBlob uploads the file at path, whose digest is dgst ("sha256:..."),
+// to repo with the distribution API's monolithic upload (POST, then PUT
+// ?digest=), streaming it from the file.
+func (r *Registry) PushBlob(ctx context.Context, repo, dgst, path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("push blob %s: %w", dgst, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("push blob %s: %w", dgst, err)
+	}
+	resp, err := r.do(ctx, http.MethodPost, "/v2/"+repo+"/blobs/uploads/", "", nil, 0)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	loc := resp.Header.Get("Location")
+	if resp.StatusCode != http.StatusAccepted || loc == "" {
+		return fmt.Errorf("start upload of %s to %s/%s: %s (Location %q)", dgst, r.Host, repo, resp.Status, loc)
+	}
+	sep := "?"
+	if strings.Contains(loc, "?") {
+		sep = "&"
+	}
+	resp, err = r.do(ctx, http.MethodPut, loc+sep+"digest="+url.QueryEscape(dgst), "application/octet-stream", f, st.Size())
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		return fmt.Errorf("upload %s (%s, %d bytes) to %s/%s: %s", dgst, path, st.Size(), r.Host, repo, resp.Status)
+	}
+	return nil
+}
+
+// PushManifest puts a manifest (its blobs pushed before) as repo:tag.
+func (r *Registry) PushManifest(ctx context.Context, repo, tag, mediaType string, manifest []byte) error {
+	resp, err := r.do(ctx, http.MethodPut, "/v2/"+repo+"/manifests/"+tag, mediaType, strings.NewReader(string(manifest)), int64(len(manifest)))
+	if err != nil {
+		return err
+	}
+	msg, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		return fmt.Errorf("put manifest %s:%s to %s: %s: %s", repo, tag, r.Host, resp.Status, strings.TrimSpace(string(msg)))
+	}
+	return nil
+}
