@@ -29,10 +29,10 @@ import (
 // and its cleanup removes the half-made device.
 func TestKillAtEveryStep(t *testing.T) {
 	e := newPullEnv(t)
-	// A step whose point is in the extraction while downloading waits for
-	// the unpack run that would adopt it (in create-device); its layer's
-	// transfer is slowed so that the extraction starts while it is under
-	// way.
+	// A step whose point is in the extraction while downloading: the
+	// layer's transfer is slowed so that the extraction follows it from its
+	// first byte, and so names the layer: the download's validate waits
+	// for it, and the kill lands there.
 	steps := []struct{ fsm, transition, point string }{
 		{pipeline.FSMDownload, "check-exists", "check-exists:started"},
 		{pipeline.FSMDownload, "download", "download:started"},
@@ -41,7 +41,7 @@ func TestKillAtEveryStep(t *testing.T) {
 		{pipeline.FSMUnpack, "check-unpacked", "check-unpacked:started"},
 		{pipeline.FSMUnpack, "create-device", "create-device:started"},
 		{pipeline.FSMUnpack, "extract-layers", "extract:started"},
-		{pipeline.FSMUnpack, "create-device", "stream-extract:started"},
+		{pipeline.FSMDownload, "validate", "stream-extract:started"},
 		{pipeline.FSMUnpack, "verify-layout", "verify-layout:started"},
 		{pipeline.FSMUnpack, "update-db", "update-db:started"},
 		{pipeline.FSMActivate, "check-snapshot", "check-snapshot:started"},
