@@ -186,6 +186,18 @@ func TestPullUsesChainContainerdUnpacked(t *testing.T) {
 		t.Errorf("the image shows etc/marker %q", got)
 	}
 
+	// The records of the chain and of the image stay: containerd's
+	// snapshot is the chain's.
+	if _, err := e.p.Prune(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := e.db.GetChain(context.Background(), sha(base)); err != nil || c == nil {
+		t.Errorf("after a prune the base chain's record is %v (%v); want it kept", c, err)
+	}
+	if again := e.mustPull("a/", "whole"); again.Unpacked != 0 || again.Downloaded != 0 {
+		t.Errorf("re-pull after a prune: downloaded %d, unpacked %d; want nothing", again.Downloaded, again.Unpacked)
+	}
+
 	for _, ns := range []string{"default", "other"} {
 		ctx := namespaces.WithNamespace(context.Background(), ns)
 		if err := register(ctx, st, DefaultSnapshotter, ns, "s3.local/b/whole", []string{sha(base), sha(top)}, false); err != nil {
