@@ -83,7 +83,9 @@ func (c *ContainerdRegistrar) snapshotter() string {
 // (no containerd on this host): it is logged and skipped. An image of that
 // name this daemon did not create is refused before anything is written
 // (ErrForeignImage) unless replace; an image is repointed with every label
-// it has kept.
+// it has kept. The name is created or repointed only once containerd has
+// adopted every chain of the image: a registration that fails leaves no
+// name, and leaves a name that was there as it was.
 func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs []string, replace bool) error {
 	if len(diffIDs) == 0 {
 		return fmt.Errorf("register %s: an image needs at least one layer: %w", ref, errdefs.ErrInvalidArgument)
