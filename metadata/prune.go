@@ -51,9 +51,14 @@ func (d *DB) PruneOrphans(ctx context.Context, files bool) (PruneResult, error) 
 func (d *DB) pruneOrphans(ctx context.Context, batch int, files bool) (PruneResult, error) {
 	var res PruneResult
 	// A chain row is written after its snapshot is committed, so a row
-	// without a committed snapshot was removed behind it.
+	// without a committed snapshot was removed behind it. That snapshot is
+	// keyed by the chain ID, or is one containerd's unpacker committed
+	// ("<namespace>/<n>/<chain ID>", labelled containerd.io/snapshot.ref =
+	// the chain ID), which the pipelines use as they found it.
 	chains := `DELETE FROM chains WHERE chain_id IN (SELECT chain_id FROM chains WHERE NOT EXISTS
 		(SELECT 1 FROM cd_snapshots c WHERE c.key = chains.chain_id AND c.kind = 'committed')
+		AND NOT EXISTS (SELECT 1 FROM cd_snapshots c WHERE json_extract(c.labels, '$."containerd.io/snapshot.ref"') = chains.chain_id
+			AND c.kind = 'committed' AND substr(c.key, -length(chains.chain_id) - 1) = '/' || chains.chain_id)
 		AND NOT ` + fmt.Sprintf(liveRunOn, "chains.chain_id") + ` LIMIT ?)`
 	if err := d.pruneBatches(ctx, batch, &res.Chains, false, &res, func(tx *sql.Tx) (int, error) {
 		return execCount(ctx, tx, chains, batch)

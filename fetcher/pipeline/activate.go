@@ -103,7 +103,10 @@ func (p *Pipelines) checkSnapshot(ctx context.Context, req *acReq) (*acResp, err
 	if len(r.Layers) == 0 {
 		return nil, fsm.Abort(fmt.Errorf("activate %s: no layers", r.Source))
 	}
-	top := r.topChain()
+	top, err := p.parentKey(ctx, r.topChain())
+	if err != nil {
+		return nil, err
+	}
 	alive, origin, err := p.deviceAlive(ctx, top)
 	if err != nil {
 		return nil, err
@@ -161,7 +164,11 @@ func (p *Pipelines) createSnapshot(ctx context.Context, req *acReq) (*acResp, er
 		return nil, nil
 	}
 	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMActivate, State: "create-snapshot"})
-	_, err := p.opts.Snapshots.Prepare(ctx, resp.SnapshotName, r.topChain(),
+	top, err := p.parentKey(ctx, r.topChain())
+	if err != nil {
+		return nil, err
+	}
+	_, err = p.opts.Snapshots.Prepare(ctx, resp.SnapshotName, top,
 		snapshots.WithLabels(map[string]string{LabelPrivate: privateActivation, LabelSource: r.Source}))
 	switch {
 	case err == nil:
@@ -171,8 +178,8 @@ func (p *Pipelines) createSnapshot(ctx context.Context, req *acReq) (*acResp, er
 		if serr != nil {
 			return nil, serr
 		}
-		if info.Parent != r.topChain() {
-			return nil, fsm.Abort(fmt.Errorf("activate %s: snapshot %s exists on %q, not on %s", r.Source, resp.SnapshotName, info.Parent, r.topChain()))
+		if info.Parent != top {
+			return nil, fsm.Abort(fmt.Errorf("activate %s: snapshot %s exists on %q, not on %s", r.Source, resp.SnapshotName, info.Parent, top))
 		}
 	case errors.Is(err, thinpool.ErrPoolFull) || errdefs.IsNotFound(err):
 		return nil, fsm.Abort(fmt.Errorf("activate %s: %w", r.Source, err))

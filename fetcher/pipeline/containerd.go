@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
@@ -28,9 +29,21 @@ import (
 // snapshot under the chain ID in its namespace (the "remote snapshot" path
 // of core/metadata) instead of making a new one. Register does this for
 // every chain ID of the image, under a lease, after labelling the image's
-// config blob containerd.io/gc.ref.snapshot.flyio = the top chain ID: from
-// then on the image keeps its chain alive, and `ctr image rm` followed by
-// containerd's garbage collection removes it through our proxy plugin.
+// config blob containerd.io/gc.ref.snapshot.flyio = the top chain ID, and
+// names the image only then: from then on the image keeps its chain alive,
+// and `ctr image rm` followed by containerd's garbage collection removes it
+// through our proxy plugin.
+//
+// The parent of that Prepare is what the namespace knows the parent chain
+// as, which may be a snapshot containerd's unpacker committed for a
+// registry image ("<ns>/<n>/<chainID>" on our side): the pipeline builds
+// on such a snapshot rather than extracting the chain again (chainKey), so
+// that the committed snapshot is found on that very parent. Conversely a
+// chain the pipeline committed carries snapshot.ref = its chain ID, so
+// containerd's unpacker, in any namespace that does not know the chain yet,
+// gets AlreadyExists from us and records our snapshot instead of unpacking
+// the layer: with this snapshotter containerd unpacks a chain once per
+// pool, not once per namespace.
 
 // ContainerdRegistrar writes an image's OCI config and manifest into
 // containerd's content store, creates or updates the image record and
@@ -70,7 +83,9 @@ func (c *ContainerdRegistrar) snapshotter() string {
 // (no containerd on this host): it is logged and skipped. An image of that
 // name this daemon did not create is refused before anything is written
 // (ErrForeignImage) unless replace; an image is repointed with every label
-// it has kept.
+// it has kept. The name is created or repointed only once containerd has
+// adopted every chain of the image: a registration that fails leaves no
+// name, and leaves a name that was there as it was.
 func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs []string, replace bool) error {
 	if len(diffIDs) == 0 {
 		return fmt.Errorf("register %s: an image needs at least one layer: %w", ref, errdefs.ErrInvalidArgument)
@@ -102,6 +117,26 @@ func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs 
 		}
 	}()
 
+	st := containerdStores{images: is, content: cl.ContentStore(), snapshots: cl.SnapshotService(c.snapshotter())}
+	return register(ctx, st, c.snapshotter(), ns, ref, diffIDs, replace)
+}
+
+// containerdStores is what a registration writes to in one containerd
+// namespace: its image store, content store and the snapshot service of our
+// snapshotter (containerd's metadata store over our proxy plugin).
+type containerdStores struct {
+	images    images.Store
+	content   content.Store
+	snapshots snapshots.Snapshotter
+}
+
+// register writes ref's config and manifest, makes containerd adopt every
+// chain under it, and only then names it: the name is created or repointed
+// last, so a registration that fails anywhere leaves no name behind (and
+// an image of that name that was there stays as it was). What was written
+// before the failure is held only by the caller's lease, and containerd's
+// garbage collector removes it once the lease ends.
+func register(ctx context.Context, st containerdStores, snapshotter, ns, ref string, diffIDs []string, replace bool) error {
 	diffs := make([]digest.Digest, len(diffIDs))
 	layers := make([]ocispec.Descriptor, len(diffIDs))
 	for i, d := range diffIDs {
@@ -132,8 +167,8 @@ func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs 
 	manDesc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: digest.FromBytes(manRaw), Size: int64(len(manRaw))}
 	chain := identity.ChainIDs(diffs)
 	top := chain[len(chain)-1].String()
-	cs := cl.ContentStore()
-	gcRef := gcRefSnapshot(c.snapshotter())
+	cs := st.content
+	gcRef := gcRefSnapshot(snapshotter)
 	cfgLabels := map[string]string{gcRef: top}
 	if err := content.WriteBlob(ctx, cs, "flyio-config-"+cfgDesc.Digest.Encoded(), bytes.NewReader(cfgRaw), cfgDesc, content.WithLabels(cfgLabels)); err != nil {
 		return fmt.Errorf("register %s: write config: %w", ref, err)
@@ -146,13 +181,13 @@ func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs 
 	if err := content.WriteBlob(ctx, cs, "flyio-manifest-"+manDesc.Digest.Encoded(), bytes.NewReader(manRaw), manDesc, content.WithLabels(gcLabels)); err != nil {
 		return fmt.Errorf("register %s: write manifest: %w", ref, err)
 	}
-	if err := putImage(ctx, is, ns, ref, manDesc, replace); err != nil {
+	if err := adopt(ctx, st.snapshots, chain); err != nil {
+		return fmt.Errorf("register %s in containerd namespace %s: %w (no image of that name was made or changed)", ref, ns, err)
+	}
+	if err := putImage(ctx, st.images, ns, ref, manDesc, replace); err != nil {
 		return err
 	}
-	if err := adopt(ctx, cl.SnapshotService(c.snapshotter()), chain); err != nil {
-		return fmt.Errorf("register %s: %w", ref, err)
-	}
-	log.G(ctx).WithField("ref", ref).WithField("namespace", ns).WithField("snapshotter", c.snapshotter()).WithField("manifest", manDesc.Digest).WithField("top_chain", top).Info("image registered in containerd")
+	log.G(ctx).WithField("ref", ref).WithField("namespace", ns).WithField("snapshotter", snapshotter).WithField("manifest", manDesc.Digest).WithField("top_chain", top).Info("image registered in containerd")
 	return nil
 }
 

@@ -4,18 +4,14 @@ import (
 	"context"
 	"errors"
 	"maps"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/containerd/containerd/v2/core/images"
-	"github.com/containerd/containerd/v2/core/metadata"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
-	"github.com/containerd/containerd/v2/plugins/content/local"
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	bolt "go.etcd.io/bbolt"
 )
 
 // containerdImages is containerd's own image store (its metadata package
@@ -23,21 +19,8 @@ import (
 // containerd runs.
 func containerdImages(t *testing.T) images.Store {
 	t.Helper()
-	dir := t.TempDir()
-	bdb, err := bolt.Open(filepath.Join(dir, "meta.db"), 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { bdb.Close() })
-	cs, err := local.NewStore(filepath.Join(dir, "content"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := metadata.NewDB(bdb, cs, nil)
-	if err := db.Init(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	return metadata.NewImageStore(db)
+	st := containerdOver(t, nil)
+	return st.images
 }
 
 func manifestDesc(s string) ocispec.Descriptor {

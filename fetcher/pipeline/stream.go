@@ -301,9 +301,13 @@ func (p *Pipelines) runStream(ctx context.Context, s *streamExtraction, rd *foll
 }
 
 func (p *Pipelines) extractStream(ctx context.Context, s *streamExtraction, rd io.Reader) (_ tarball.Stats, err error) {
-	if _, err := p.opts.Snapshots.Prepare(ctx, s.key, s.parent,
+	parent, err := p.parentKey(ctx, s.parent)
+	if err != nil {
+		return tarball.Stats{}, err
+	}
+	if _, err := p.opts.Snapshots.Prepare(ctx, s.key, parent,
 		snapshots.WithLabels(map[string]string{LabelPrivate: privateExtract, LabelSource: s.url})); err != nil {
-		return tarball.Stats{}, fmt.Errorf("prepare %s on %q: %w", s.key, s.parent, err)
+		return tarball.Stats{}, fmt.Errorf("prepare %s on %q: %w", s.key, parent, err)
 	}
 	budget, err := p.extractBudget(ctx, 0)
 	if err != nil {

@@ -105,11 +105,66 @@ func (p *Pipelines) deviceAlive(ctx context.Context, key string) (bool, uint32, 
 	return alive, id, err
 }
 
+// chainKey is the key of chain chainID's committed snapshot in our pool,
+// "" when there is none. It is chainID itself when the pipeline committed
+// the chain. Otherwise it is a snapshot containerd's unpacker committed
+// (a registry image pulled with our snapshotter): containerd's metadata
+// store hands its proxy snapshotters keys of the form
+// "<namespace>/<n>/<key>", so a chain it commits reaches us as
+// "<namespace>/<n>/<chainID>", labelled containerd.io/snapshot.ref =
+// chainID (the label its unpacker prepares and commits with, which the
+// metadata store passes on). Such a snapshot holds the chain's content:
+// a chain ID names the whole stack of diffs under it. Of several, the
+// oldest is taken, the one containerd's metadata store also finds first
+// through our snapshotter's ref lookup, so that what the pipeline builds
+// on it is what containerd adopts.
+func (p *Pipelines) chainKey(ctx context.Context, chainID string) (string, error) {
+	if chainID == "" {
+		return "", nil
+	}
+	info, err := p.opts.Snapshots.Stat(ctx, chainID)
+	switch {
+	case err == nil && info.Kind == snapshots.KindCommitted:
+		return chainID, nil
+	case err == nil:
+		return "", nil // our key, not committed: nothing to build on
+	case !errdefs.IsNotFound(err):
+		return "", fmt.Errorf("chain %s: %w", chainID, err)
+	}
+	key := ""
+	filter := fmt.Sprintf(`kind==committed,labels.%q==%q`, snapshots.LabelSnapshotRef, chainID)
+	err = p.opts.Snapshots.Walk(ctx, func(_ context.Context, i snapshots.Info) error {
+		if key == "" && i.Kind == snapshots.KindCommitted && strings.HasSuffix(i.Name, "/"+chainID) &&
+			i.Labels[snapshots.LabelSnapshotRef] == chainID {
+			key = i.Name
+		}
+		return nil
+	}, filter)
+	if err != nil {
+		return "", fmt.Errorf("chain %s: look for the snapshot containerd committed: %w", chainID, err)
+	}
+	return key, nil
+}
+
+// parentKey is chainKey of parent, a chain that must be committed; "" for
+// no parent. A parent committed nowhere is returned as it is, for the
+// Prepare on it to fail with NotFound naming it.
+func (p *Pipelines) parentKey(ctx context.Context, parent string) (string, error) {
+	key, err := p.chainKey(ctx, parent)
+	if err != nil || key == "" {
+		return parent, err
+	}
+	return key, nil
+}
+
 // checkUnpacked: a chain whose committed snapshot and device exist hands
 // off (recorded first if a crash came between its commit and its record).
-// A chain whose device vanished from the pool is rebuilt: extracted again
-// and put in place of the lost device (Recommit), so that nothing above it
-// (later layers, containers) is touched.
+// That snapshot may be one containerd's unpacker committed (chainKey): it
+// is used as it is, never extracted a second time, since containerd's
+// metadata store adopts the chains built on it. A chain whose device
+// vanished from the pool is rebuilt: extracted again and put in place of
+// the lost device (Recommit), so that nothing above it (later layers,
+// containers) is touched.
 func (p *Pipelines) checkUnpacked(ctx context.Context, req *upReq) (*upResp, error) {
 	p.hook("check-unpacked:started")
 	r := req.Msg
@@ -122,28 +177,41 @@ func (p *Pipelines) checkUnpacked(ctx context.Context, req *upReq) (*upResp, err
 	if err != nil {
 		return nil, err
 	}
-	alive, id, err := p.deviceAlive(ctx, r.ChainID)
-	if err != nil {
-		return nil, err
+	key := r.ChainID
+	if !exists {
+		if key, err = p.chainKey(ctx, r.ChainID); err != nil {
+			return nil, err
+		}
 	}
-	if exists && alive {
-		name, _, _, err := p.opts.Snapshots.DeviceOf(ctx, r.ChainID)
+	alive := false
+	var id uint32
+	if key != "" {
+		if alive, id, err = p.deviceAlive(ctx, key); err != nil {
+			return nil, err
+		}
+	}
+	if key != "" && alive {
+		name, _, _, err := p.opts.Snapshots.DeviceOf(ctx, key)
 		if err != nil {
 			return nil, err
 		}
 		if ch == nil {
-			// Committed but not recorded (a crash inside update-db).
+			// Committed but not recorded (a crash inside update-db, or a
+			// chain containerd unpacked).
 			if err := p.db.StoreChain(ctx, metadata.Chain{ChainID: r.ChainID, ParentChainID: r.ParentChainID, DiffID: r.DiffID}); err != nil {
 				return nil, err
 			}
 			ch = &metadata.Chain{}
+		}
+		if key != r.ChainID {
+			log.G(ctx).WithField("chain", r.ChainID).WithField("snapshot", key).Info("unpack: the chain is in the pool already, unpacked by containerd; using it")
 		}
 		return nil, fsm.Handoff(&UnpackResponse{ChainID: r.ChainID, DeviceID: id, DeviceName: name,
 			SizeBytes: ch.SizeBytes, FileCount: int(ch.FileCount), AlreadyUnpacked: true})
 	}
 	if exists {
 		log.G(ctx).WithField("chain", r.ChainID).Warn("unpack: the chain's thin device is gone from the pool; extracting it again to put in its place")
-	} else if ch != nil {
+	} else if ch != nil && key == "" {
 		// The record outlived its snapshot (removed behind it): forget it.
 		if err := p.db.DeleteChain(ctx, r.ChainID); err != nil {
 			return nil, err
@@ -239,9 +307,13 @@ func (p *Pipelines) createDevice(ctx context.Context, req *upReq) (*upResp, erro
 
 func (p *Pipelines) prepareExtract(ctx context.Context, r *UnpackRequest, resp *UnpackResponse) error {
 	key := extractKey(r.ChainID)
-	if _, err := p.opts.Snapshots.Prepare(ctx, key, r.ParentChainID,
+	parent, err := p.parentKey(ctx, r.ParentChainID)
+	if err != nil {
+		return err
+	}
+	if _, err := p.opts.Snapshots.Prepare(ctx, key, parent,
 		snapshots.WithLabels(map[string]string{LabelPrivate: privateExtract, LabelSource: r.S3URL})); err != nil {
-		return fmt.Errorf("unpack %s: prepare %s on %q: %w", r.ChainID, key, r.ParentChainID, err)
+		return fmt.Errorf("unpack %s: prepare %s on %q: %w", r.ChainID, key, parent, err)
 	}
 	name, _, id, err := p.opts.Snapshots.DeviceOf(ctx, key)
 	if err != nil {

@@ -1,0 +1,219 @@
+package pipeline
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	cdmeta "github.com/containerd/containerd/v2/core/metadata"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/plugins/content/local"
+	"github.com/containerd/errdefs"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+)
+
+// containerdOver is containerd's metadata store (its bolt file and content
+// store, as the daemon keeps them) with sn as the proxy snapshotter called
+// DefaultSnapshotter (none when sn is nil): what containerd's clients and
+// unpacker go through, on the host, where no containerd runs.
+func containerdOver(t *testing.T, sn snapshots.Snapshotter) containerdStores {
+	t.Helper()
+	dir := t.TempDir()
+	bdb, err := bolt.Open(filepath.Join(dir, "meta.db"), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bdb.Close() })
+	cs, err := local.NewStore(filepath.Join(dir, "content"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sns map[string]snapshots.Snapshotter
+	if sn != nil {
+		sns = map[string]snapshots.Snapshotter{DefaultSnapshotter: sn}
+	}
+	db := cdmeta.NewDB(bdb, cs, sns)
+	if err := db.Init(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	st := containerdStores{images: cdmeta.NewImageStore(db), content: db.ContentStore()}
+	if sn != nil {
+		st.snapshots = db.Snapshotter(DefaultSnapshotter)
+	}
+	return st
+}
+
+// containerdUnpack does, through st's snapshot service in ns, what
+// containerd's unpacker does for a layer: Prepare an extraction key with the
+// chain's snapshot.ref label (AlreadyExists: the chain is there, nothing is
+// made), write the layer's files (files: path → content), Commit it as the
+// chain ID with the same labels. It returns whether it unpacked.
+func containerdUnpack(t *testing.T, sn *fakeSnapshots, st containerdStores, ns, parent, diffID string, files map[string]string) bool {
+	t.Helper()
+	ctx := namespaces.WithNamespace(context.Background(), ns)
+	chain := ChainID(parent, diffID)
+	lbls := map[string]string{snapshots.LabelSnapshotRef: chain, snapshots.LabelSnapshotDiffID: diffID}
+	key := "extract-1 " + chain
+	_, err := st.snapshots.Prepare(ctx, key, parent, snapshots.WithLabels(lbls))
+	if errdefs.IsAlreadyExists(err) {
+		if _, err := st.snapshots.Stat(ctx, chain); err != nil {
+			t.Fatalf("containerd in %s: prepare of %s said AlreadyExists, then stat: %v", ns, chain, err)
+		}
+		return false
+	}
+	if err != nil {
+		t.Fatalf("containerd in %s: prepare %s: %v", ns, chain, err)
+	}
+	backend := ""
+	for k := range sn.list(t) {
+		if strings.HasSuffix(k, "/"+key) {
+			backend = k
+		}
+	}
+	for p, data := range files {
+		sn.writeFile(t, backend, p, data)
+	}
+	if err := st.snapshots.Commit(ctx, chain, key, snapshots.WithLabels(lbls)); err != nil {
+		t.Fatalf("containerd in %s: commit %s: %v", ns, chain, err)
+	}
+	return true
+}
+
+// backendKeyOf is the key our snapshotter has for chain, which containerd
+// knows in ns.
+func backendKeyOf(t *testing.T, sn *fakeSnapshots, ns, chain string) string {
+	t.Helper()
+	for k, r := range sn.list(t) {
+		if r.Kind == metadata.SnapKindCommitted && (k == chain || strings.HasPrefix(k, ns+"/") && strings.HasSuffix(k, "/"+chain)) {
+			return k
+		}
+	}
+	t.Fatalf("no committed snapshot of chain %s", chain)
+	return ""
+}
+
+// TestRegisterAllOrNothing, on containerd's metadata store over the
+// snapshotter: an image one of whose chains is not committed in the pool is
+// refused naming the chain, and leaves no image record (nor an active
+// snapshot in containerd);
+// an image of that name already there keeps its target. With every chain
+// committed the image is named and containerd knows its top chain.
+func TestRegisterAllOrNothing(t *testing.T) {
+	e := newPullEnv(t, newFakeRegistrar())
+	base, top := layerTar(t, "base", 1000), layerTar(t, "top", 1000)
+	e.srv.Put(t, "a/1.tar", base)
+	e.srv.Put(t, "a/2.tar", top)
+	e.mustPull("a/", "whole")
+	st := containerdOver(t, e.p.ContainerdView(e.sn))
+	ctx := namespaces.WithNamespace(context.Background(), "default")
+
+	missing := sha([]byte("a layer never unpacked"))
+	err := register(ctx, st, DefaultSnapshotter, "default", "s3.local/b/bad:1", []string{sha(base), missing}, false)
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), ChainID(sha(base), missing)) {
+		t.Fatalf("register with an uncommitted chain: %v; want FailedPrecondition naming the chain", err)
+	}
+	if img, err := st.images.Get(ctx, "s3.local/b/bad:1"); !errdefs.IsNotFound(err) {
+		t.Errorf("after a failed registration containerd has image %+v (%v); want no image", img, err)
+	}
+	// A Prepare the adoption made is removed from containerd's records (its
+	// garbage collector then removes it from the pool).
+	if err := st.snapshots.Walk(ctx, func(_ context.Context, i snapshots.Info) error {
+		if i.Kind != snapshots.KindCommitted {
+			t.Errorf("a failed registration left snapshot %s (%v) in containerd", i.Name, i.Kind)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := register(ctx, st, DefaultSnapshotter, "default", "s3.local/b/app:1", []string{sha(base), sha(top)}, false); err != nil {
+		t.Fatalf("register with every chain committed: %v", err)
+	}
+	good, err := st.images.Get(ctx, "s3.local/b/app:1")
+	if err != nil {
+		t.Fatalf("registered image: %v", err)
+	}
+	if _, err := st.snapshots.Stat(ctx, ChainID(sha(base), sha(top))); err != nil {
+		t.Errorf("containerd does not know the registered image's top chain: %v", err)
+	}
+	// Repointing the name at an image that cannot be adopted leaves it be.
+	err = register(ctx, st, DefaultSnapshotter, "default", "s3.local/b/app:1", []string{missing}, true)
+	if !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("repoint at an uncommitted chain: %v; want FailedPrecondition", err)
+	}
+	if img, err := st.images.Get(ctx, "s3.local/b/app:1"); err != nil || img.Target.Digest != good.Target.Digest {
+		t.Errorf("after a failed repoint the image is %+v (%v); want it on %s still", img.Target, err, good.Target.Digest)
+	}
+}
+
+// TestPullUsesChainContainerdUnpacked: a base layer containerd's unpacker
+// committed in the pool (a registry image, namespace "default": our
+// snapshotter sees it as "default/<n>/<chain>") is not extracted again by
+// an S3 pull of an image on that base; the pull's own layer is built on
+// containerd's snapshot and shows its files, and the image registers in
+// that namespace and in another. Then containerd's unpacker, in a third
+// namespace, finds both chains in the pool and unpacks nothing.
+func TestPullUsesChainContainerdUnpacked(t *testing.T) {
+	e := newPullEnv(t, newFakeRegistrar())
+	base, top := layerTar(t, "base", 1000), layerTar(t, "top", 1000)
+	e.srv.Put(t, "a/1.tar", base)
+	e.srv.Put(t, "a/2.tar", top)
+	st := containerdOver(t, e.p.ContainerdView(e.sn))
+	if !containerdUnpack(t, e.sn, st, "default", "", sha(base), map[string]string{"registry.txt": "from the registry"}) {
+		t.Fatal("containerd did not unpack the base")
+	}
+	cdBase := backendKeyOf(t, e.sn, "default", sha(base))
+
+	res := e.mustPull("a/", "whole")
+	if res.Unpacked != 1 {
+		t.Errorf("pull unpacked %d layers; want 1 (the base is in the pool as %s)", res.Unpacked, cdBase)
+	}
+	topChain := ChainID(sha(base), sha(top))
+	if chains := e.committedChains(); len(chains) != 1 || chains[0] != topChain {
+		t.Errorf("chains the pull committed: %v; want only %s", chains, topChain)
+	}
+	if p := e.sn.list(t)[topChain].ParentKey; p != cdBase {
+		t.Errorf("the pull's top chain is on %q; want containerd's %q", p, cdBase)
+	}
+	if got := e.sn.readFile(t, res.Snapshot.SnapshotName, "registry.txt"); got != "from the registry" {
+		t.Errorf("the image shows etc/registry %q", got)
+	}
+	if got := e.sn.readFile(t, res.Snapshot.SnapshotName, "etc/marker"); got != "top" {
+		t.Errorf("the image shows etc/marker %q", got)
+	}
+
+	// The records of the chain and of the image stay: containerd's
+	// snapshot is the chain's.
+	if _, err := e.p.Prune(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := e.db.GetChain(context.Background(), sha(base)); err != nil || c == nil {
+		t.Errorf("after a prune the base chain's record is %v (%v); want it kept", c, err)
+	}
+	if again := e.mustPull("a/", "whole"); again.Unpacked != 0 || again.Downloaded != 0 {
+		t.Errorf("re-pull after a prune: downloaded %d, unpacked %d; want nothing", again.Downloaded, again.Unpacked)
+	}
+
+	for _, ns := range []string{"default", "other"} {
+		ctx := namespaces.WithNamespace(context.Background(), ns)
+		if err := register(ctx, st, DefaultSnapshotter, ns, "s3.local/b/whole", []string{sha(base), sha(top)}, false); err != nil {
+			t.Fatalf("register in %s: %v", ns, err)
+		}
+		if _, err := st.images.Get(ctx, "s3.local/b/whole"); err != nil {
+			t.Errorf("image in %s: %v", ns, err)
+		}
+	}
+
+	n := len(e.sn.list(t))
+	if containerdUnpack(t, e.sn, st, "k8s.io", "", sha(base), nil) ||
+		containerdUnpack(t, e.sn, st, "k8s.io", sha(base), sha(top), nil) {
+		t.Error("containerd's unpacker in another namespace unpacked a chain that is in the pool")
+	}
+	if m := len(e.sn.list(t)); m != n {
+		t.Errorf("containerd's unpack of chains in the pool made %d snapshots", m-n)
+	}
+}
