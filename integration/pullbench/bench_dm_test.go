@@ -115,6 +115,23 @@ type samples struct {
 	peakRSS int64
 }
 
+// warmSpec is the image warmUp pulls: one small layer.
+var warmSpec = imageSpec{name: "warm", layersMB: []int{1}}
+
+// warmUp runs every way once on e.warm, unmeasured: what the first use of
+// a snapshotter, of containerd's transfer service or of the runtime costs
+// once (our daemon formats its base device on first use; containerd
+// starts its first shim) must not land on the first round's first ways.
+func (e *env) warmUp(ctx context.Context) error {
+	s := &samples{pulls: map[string][]time.Duration{}}
+	for _, w := range ways {
+		if err := e.measure(ctx, e.warm, w, s, false, false); err != nil {
+			return fmt.Errorf("warm-up, %s: %w", w, err)
+		}
+	}
+	return nil
+}
+
 func parseSpecs() ([]imageSpec, error) {
 	var a []int
 	for _, f := range strings.Split(*flagImageA, ",") {
@@ -160,6 +177,9 @@ func BenchmarkPull(b *testing.B) {
 			b.Errorf("teardown: %v", err)
 		}
 	}()
+	if err := e.warmUp(ctx); err != nil {
+		b.Fatal(err)
+	}
 	setupTime := time.Since(start)
 
 	res := make([]*samples, len(e.images))

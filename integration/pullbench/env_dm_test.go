@@ -63,6 +63,7 @@ type env struct {
 	client        *client.Client
 	floor         *thinpool.Pool
 	images        []*benchImage
+	warm          *benchImage // warmUp's image, never measured
 	cleanups      []func() error
 }
 
@@ -135,13 +136,15 @@ func setup(ctx context.Context, specs []imageSpec, logf func(string, ...any)) (_
 	t := time.Now()
 	c := newCorpus(1)
 	s3src := filepath.Join(e.scratch, "s3src")
-	for _, s := range specs {
+	var all []*benchImage
+	for _, s := range append(specs, warmSpec) {
 		img, err := writeImage(s, filepath.Join(e.scratch, "tars"), s3src, c)
 		if err != nil {
 			return nil, err
 		}
-		e.images = append(e.images, img)
+		all = append(all, img)
 	}
+	e.images, e.warm = all[:len(specs)], all[len(specs)]
 	logf("images generated in %s", time.Since(t).Round(time.Millisecond))
 
 	t = time.Now()
@@ -149,7 +152,7 @@ func setup(ctx context.Context, specs []imageSpec, logf func(string, ...any)) (_
 		return nil, err
 	}
 	e.atEnd(e.reg.Stop)
-	for _, img := range e.images {
+	for _, img := range all {
 		repo := "pullbench/" + img.spec.name
 		for _, l := range img.layers {
 			if err := e.reg.PushBlob(ctx, repo, l.digest.String(), l.gzPath); err != nil {

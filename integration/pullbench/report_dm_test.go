@@ -65,7 +65,7 @@ func mb(n int64) string { return fmt.Sprintf("%.1f MB", float64(n)/1e6) }
 // each image's table.
 func report(rounds string, setup time.Duration, imgs []*benchImage, res []*samples) string {
 	var out strings.Builder
-	fmt.Fprintf(&out, "\nBenchmarkPull: %s, ways alternating; set-up (images, registry, versitygw, daemon, containerd) %s; TCG VM\n",
+	fmt.Fprintf(&out, "\nBenchmarkPull: %s, ways alternating; set-up (images, registry, versitygw, daemon, containerd, a warm-up pull each way) %s; TCG VM\n",
 		rounds, setup.Round(time.Second))
 	for i, img := range imgs {
 		writeTable(&out, img, res[i])
