@@ -168,11 +168,13 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 		// An object overwritten in S3 during the pull ends its download
 		// (every request carries the listed ETag): pull the image once
 		// more as S3 lists it now, never mixing the two versions.
-		if now, lerr := p.listLayers(ctx, req, source); lerr == nil && !sameObjects(now, layers) {
-			lg.WithError(err).Warn("the image changed in S3 during the pull; pulling it as it is now")
-			layers = now
-			if err = p.makeRoom(ctx, req.Bucket, source, layers); err == nil {
-				res, err = p.runPipelines(ctx, req, source, imageID, ref, layers, progress)
+		if errors.Is(err, s3source.ErrChanged) {
+			if now, lerr := p.listLayers(ctx, req, source); lerr == nil && !sameObjects(now, layers) {
+				lg.WithError(err).Warn("the image changed in S3 during the pull; pulling it as it is now")
+				layers = now
+				if err = p.makeRoom(ctx, req.Bucket, source, layers); err == nil {
+					res, err = p.runPipelines(ctx, req, source, imageID, ref, layers, progress)
+				}
 			}
 		}
 	}

@@ -81,7 +81,9 @@ func setup(t *testing.T, ctx context.Context) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{repo: repo, scratch: filepath.Join(scratch, "clients")}
+	// A folder per test: each starts its own registry, containerd and
+	// versitygw, whose stores must not hold what an earlier test made.
+	e := &env{repo: repo, scratch: filepath.Join(scratch, "clients", strings.ReplaceAll(t.Name(), "/", "_"))}
 	if e.tools, err = stack.ToolsDir(repo); err != nil {
 		t.Fatal(err)
 	}
