@@ -248,13 +248,15 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 	// extraction of each, which must wait for the one below it, can follow
 	// its transfer instead of starting once every layer is in.
 	dlRuns := make([]string, len(layers))
+	dlIDs := make([]string, len(layers))            // the download runs' idempotency ids
 	dlStarted := make([]chan struct{}, len(layers)) // closed once dlRuns[i] or dlErrs[i] is set
 	dlErrs := make([]error, len(layers))
 	startDownload := func(i int) {
 		defer close(dlStarted[i])
 		l := layers[i]
 		dr := &DownloadRequest{Bucket: req.Bucket, S3Key: l.Key, Size: l.Size, ETag: l.ETag}
-		runID, err := p.startDownload(ctx, objectRunID(dr), dr, fsm.WithQueue(QueueDownloads), fsm.WithParent(parent))
+		dlIDs[i] = objectRunID(dr)
+		runID, err := p.startDownload(ctx, dlIDs[i], dr, fsm.WithQueue(QueueDownloads), fsm.WithParent(parent))
 		if err != nil {
 			dlErrs[i] = fmt.Errorf("pull %s: start download of layer %d: %w", source, i+1, err)
 			return
@@ -331,8 +333,7 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 			if dlErrs[i] != nil {
 				return nil, dlErrs[i]
 			}
-			dlID := objectRunID(&DownloadRequest{Bucket: req.Bucket, S3Key: l.Key, Size: l.Size, ETag: l.ETag})
-			if s := p.startStream(ctx, dlID, dlRuns[i], parentChain, S3URL(req.Bucket, l.Key)); s != nil {
+			if s := p.startStream(ctx, dlIDs[i], dlRuns[i], parentChain, S3URL(req.Bucket, l.Key)); s != nil {
 				streams = append(streams, s)
 			}
 			d, err := fsm.Await[DownloadResponse](ctx, p.m, dlRuns[i])
