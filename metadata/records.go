@@ -25,9 +25,13 @@ var ErrInvalidArgument = errors.New("metadata: invalid argument")
 
 type rowScanner interface{ Scan(dest ...any) error }
 
+// activationPrefix starts every activation's key; the views of migration
+// 0008 spell the same prefix in SQL, which a migration cannot take from Go.
+const activationPrefix = "snap-"
+
 // ActivationKey is the key of image imageID's activation (its active
 // snapshot): derived from the image id, never stored.
-func ActivationKey(imageID string) string { return "snap-" + imageID }
+func ActivationKey(imageID string) string { return activationPrefix + imageID }
 
 // LayerFile is a layer's tarball as downloaded and validated (table
 // layers).
