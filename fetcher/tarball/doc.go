@@ -1,5 +1,6 @@
 // Package tarball validates and extracts the tar archives that S3 images are
-// made of, under the extraction policy (docs/architecture.md). An archive
+// made of, under the extraction policy listed below (for operators:
+// docs/images.md, "The extraction policy"). An archive
 // may be stored plain or compressed with gzip or zstd: the stream's first
 // bytes say which, and a compressed one is decompressed on the way (its
 // checksum, for gzip, checked at its end). Every rule and limit applies to
