@@ -484,10 +484,7 @@ func TestConcurrentCreateDelete(t *testing.T) {
 // instead of its own loop files, through a restart and a reboot.
 func TestExistingDevices(t *testing.T) {
 	ctx := context.Background()
-	dir := filepath.Join(os.Getenv("VM_SCRATCH"), "tp-existing")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	dir := scratch.Dir(t, "tp-existing-")
 	var devs []string
 	for _, f := range []struct {
 		name string
