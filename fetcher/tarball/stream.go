@@ -160,10 +160,12 @@ type stream struct {
 	comp  Compression
 	other string // a compression we do not read, named in errors
 	zr    *zstd.Decoder
-	raw   io.Reader // the source's bytes, before decompression
-	cur   string    // entry being read ("" before the first header)
-	mark  int64     // offset when Next was last called
-	err   error     // opening the decompressor failed
+	h     hash.Hash  // the tar stream's SHA-256 (diffID), nil when not hashed
+	ra    *readahead // the stages reading (and hashing) the tar stream, when on
+	raw   io.Reader  // the source's bytes, before decompression
+	cur   string     // entry being read ("" before the first header)
+	mark  int64      // offset when Next was last called
+	err   error      // opening the decompressor failed
 }
 
 // hashing says which tar streams newStream hashes (diffID).
@@ -218,7 +220,19 @@ func newStream(ctx context.Context, r io.Reader, limits Limits, hash hashing) *s
 	}
 	s.cnt = &counter{r: tarBytes, max: maxStreamBytes(limits)}
 	if hash == hashAll || hash == hashCompressed && s.comp != Plain {
-		s.cnt.h = sha256.New()
+		s.h = sha256.New()
+	}
+	if readaheadEnabled && s.err == nil && (s.comp != Plain || s.h != nil) {
+		// Decompressing and hashing run on goroutines of their own; the
+		// decompressor is closed by the stage that reads it.
+		var done func()
+		if s.zr != nil {
+			done = s.zr.Close
+		}
+		s.ra = newReadahead(tarBytes, s.h, done)
+		s.cnt.r = s.ra
+	} else {
+		s.cnt.h = s.h
 	}
 	s.tr = tar.NewReader(s.cnt)
 	return s
@@ -231,9 +245,12 @@ func (s *stream) openErr(src *source, err error) error {
 	return &FormatError{Err: &corruptError{comp: s.comp, err: err}}
 }
 
-// close releases the decompressor.
+// close releases the decompressor, or stops the stages that own it.
 func (s *stream) close() {
-	if s.zr != nil {
+	switch {
+	case s.ra != nil:
+		s.ra.close()
+	case s.zr != nil:
 		s.zr.Close()
 	}
 }
@@ -304,10 +321,10 @@ func nonZero(p []byte) int {
 
 // diffID is "sha256:<hex>" of the tar stream read so far (hashed streams).
 func (s *stream) diffID() string {
-	if s.cnt.h == nil {
+	if s.h == nil {
 		return ""
 	}
-	return "sha256:" + hex.EncodeToString(s.cnt.h.Sum(nil))
+	return "sha256:" + hex.EncodeToString(s.h.Sum(nil))
 }
 
 // next returns the next header, or io.EOF after a complete archive.
