@@ -136,14 +136,15 @@ func TestForeignContainerdImageKept(t *testing.T) {
 	// A name of ours that a registry pull took over in containerd: rm of
 	// the S3 image removes our records, not the registry's image.
 	const taken = "flyio.test/taken:1"
-	takenOver("y", taken, 2)
+	yName := takenOver("y", taken, 2)
 	// activate --format json: the daemon's answer, naming the image's
-	// activation.
-	code, out, errOut = cli("activate", taken, "--format", "json")
+	// activation (through its default name: the one taken over is the
+	// registry's now, which activate would not register over).
+	code, out, errOut = cli("activate", yName, "--format", "json")
 	var act pipeline.ActivateResponse
-	if err := json.Unmarshal([]byte(out), &act); code != 0 || err != nil || act.ImageID != named(taken) ||
+	if err := json.Unmarshal([]byte(out), &act); code != 0 || err != nil || act.ImageID != named(yName) ||
 		act.SnapshotName != metadata.ActivationKey(act.ImageID) || !act.Active || !strings.HasPrefix(act.DevicePath, "/dev/") {
-		t.Errorf("activate %s --format json = %d, %q, %q (%v)", taken, code, out, errOut, err)
+		t.Errorf("activate %s --format json = %d, %q, %q (%v)", yName, code, out, errOut, err)
 	}
 	if code, out, errOut := cli("rm", taken); code != 0 || !strings.Contains(out, "removed ") {
 		t.Fatalf("rm %s = %d, %q, %q", taken, code, out, errOut)
