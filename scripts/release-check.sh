@@ -4,7 +4,7 @@
 #
 # For each ARCH (Go's name: amd64, arm64), dist/containerd-flyio-snapshotter-linux-ARCH
 # must be statically linked (it runs on any glibc, or none), match SHA256SUMS,
-# and run: natively when ARCH is the host's, otherwise under qemu-user
+# carry no fault-injection hook, and run: natively when ARCH is the host's, otherwise under qemu-user
 # (qemu-aarch64, qemu-x86_64). --version must name VERSION, COMMIT and
 # linux/ARCH; validate must accept a small gzip layer with the diff ID
 # sha256sum computes, and reject a tar with an absolute name (exit 1).
@@ -44,6 +44,8 @@ for arch in "$@"; do
     *"statically linked"*) ;;
     *) fail "$exe is not statically linked: $info" ;;
   esac
+  # Fault injection lives only in the dm test binaries (see make binary-check).
+  if grep -aq FLYIO_FAULT "$exe"; then fail "$exe carries a fault-injection variable (FLYIO_FAULT_*)"; fi
   run=("$exe")
   if [ "$machine" != "$host" ]; then
     command -v "qemu-$machine" >/dev/null || fail "qemu-$machine not found: install qemu-user (scripts/install-deps.sh)"
