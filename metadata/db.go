@@ -86,6 +86,15 @@ const stmtCacheSize = 64
 // has no DSN parameter for, on every connection the pool opens.
 const driverName = "sqlite3_flyio_snapshotter"
 
+// SQLiteVersion is the version of the SQLite library linked into this
+// binary (go-sqlite3 compiles its own copy in), e.g. "3.50.4": what
+// `version` reports, since it decides the file format features and the
+// fixes a database gets.
+func SQLiteVersion() string {
+	v, _, _ := sqlite3.Version()
+	return v
+}
+
 // connectPragmas are applied by the connect hook to every pooled connection
 // (read-write and read-only); the other pragmas travel in the DSN
 // (see dsn).

@@ -6,6 +6,9 @@ pkgs=(qemu-system-x86 linux-image-amd64 busybox-static e2fsprogs xfsprogs cpio k
       runc libseccomp2 thin-provisioning-tools dmsetup gcc make
       debootstrap
       xz-utils mount util-linux)  # VM harness: PVH kernel unpacking, losetup/blockdev/mountpoint
+# make release / release-check: the arm64 cross gcc and libc for the static
+# cgo build, qemu-user to run the arm64 binary, file to check it is static.
+pkgs+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user file)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -10,8 +10,9 @@ const activateDescription = `
 Asks the running daemon (over daemon.control_socket) to activate a pulled
 image again: its active snapshot "snap-<image id>" on the top of its
 unpacked chain is checked and, if it or its device is gone, re-created and
-registered. Prints the snapshot and its device. Exit status 0 on success, 1
-with the reason on failure, 2 on a usage error.
+registered. Prints the snapshot and its device (with --format json, the
+daemon's answer as one JSON object). Exit status 0 on success, 1 with the
+reason on failure, 2 on a usage error.
 `
 
 func init() {
@@ -19,10 +20,11 @@ func init() {
 }
 
 func runActivate(ctx context.Context, args []string) error {
-	fs := newFlagSet("activate", "activate REF [--config FILE] [--socket PATH]", activateDescription)
+	fs := newFlagSet("activate", "activate REF [--format table|json] [--config FILE] [--control-socket PATH]", activateDescription)
 	addConfigFlags(fs)
 	var socket string
-	addSocketFlag(fs, &socket)
+	addControlSocketFlag(fs, &socket)
+	format := addFormatFlag(fs, defaultFormatUsage)
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
@@ -37,6 +39,9 @@ func runActivate(ctx context.Context, args []string) error {
 	res, err := c.Activate(ctx, pos[0])
 	if err != nil {
 		return err
+	}
+	if format.json() {
+		return writeJSON(os.Stdout, res)
 	}
 	fmt.Fprintf(os.Stdout, "active %s: snapshot %s on device %s, origin device %d\n",
 		pos[0], res.SnapshotName, res.DevicePath, res.OriginDevice)

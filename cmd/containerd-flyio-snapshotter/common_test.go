@@ -1,11 +1,15 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 )
 
@@ -95,34 +99,59 @@ func TestConfigFlags(t *testing.T) {
 	})
 }
 
-// TestUsageErrorsGoToStderr checks what a script piping the output (to jq,
-// say) relies on: a usage error leaves stdout empty and puts the message,
-// then the usage with flags spelled --name, on stderr; --help puts the
-// usage on stdout.
-func TestUsageErrorsGoToStderr(t *testing.T) {
-	for _, args := range [][]string{
-		{"ls", "images", "--frobnicate"},
-		{"pull"},
-		{"pool", "status", "--format"},
-		{"db"},
-		{"validate"},
-		{},
+// TestUsageErrorIsOneLine checks what a person and a script piping the
+// output (to jq, say) see of a usage error: exit status 2, stdout empty,
+// and on stderr one line naming the command and the problem, then one
+// pointing to that command's --help (not its whole description). Flags are
+// spelled --name.
+func TestUsageErrorIsOneLine(t *testing.T) {
+	for _, c := range []struct {
+		args    []string
+		command string // the words the message and --help name
+		problem string
+	}{
+		{[]string{"ls", "images", "--frobnicate"}, "ls", "unknown flag --frobnicate"},
+		{[]string{"ls", "images", "-q", "--format", "json"}, "ls", "-q and --format json contradict each other"},
+		{[]string{"ls", "volumes"}, "ls", `unknown kind "volumes"`},
+		{[]string{"pull"}, "pull", "pull takes exactly one"},
+		{[]string{"pool", "status", "--format"}, "pool status", "flag needs an argument: --format"},
+		{[]string{"pool", "quarantine", "delete", "abc"}, "pool quarantine delete", `thin id "abc": must be a number`},
+		{[]string{"db"}, "db", "name a subcommand"},
+		{[]string{"db", "migrate", "--to", "9999"}, "db migrate", "--to 9999: want a schema version"},
+		{[]string{"db", "backup"}, "db backup", "want one argument DEST"},
+		{[]string{"validate"}, "validate", "expected exactly one FILE.tar"},
+		{[]string{"rm"}, "rm", "rm takes at least one REF"},
+		{[]string{"activate", "a", "b"}, "activate", "activate takes exactly one REF"},
+		{[]string{"version", "extra"}, "version", `unexpected argument "extra"`},
+		{[]string{"serve", "extra"}, "serve", `unexpected argument "extra"`},
+		{[]string{"frobnicate"}, "", `unknown command "frobnicate"`},
 	} {
-		code, out, errOut := runCommand(t, nil, args...)
-		if code != 2 || out != "" || !strings.Contains(errOut, "Usage: containerd-flyio-snapshotter") {
-			t.Errorf("%v = exit %d, stdout %q, stderr %q; want 2, nothing on stdout, the usage on stderr", args, code, out, errOut)
+		code, out, errOut := runCommand(t, nil, c.args...)
+		prefix := "containerd-flyio-snapshotter: "
+		see := "See 'containerd-flyio-snapshotter --help'."
+		if c.command != "" {
+			prefix = "containerd-flyio-snapshotter " + c.command + ": "
+			see = "See 'containerd-flyio-snapshotter " + c.command + " --help'."
 		}
-		if strings.Contains(errOut, "  -config") || strings.Contains(errOut, " -frobnicate") {
-			t.Errorf("%v: a flag spelled with one dash: %q", args, errOut)
+		lines := strings.Split(strings.TrimSuffix(errOut, "\n"), "\n")
+		if code != 2 || out != "" || len(lines) != 2 || !strings.HasPrefix(lines[0], prefix) ||
+			!strings.Contains(lines[0], c.problem) || lines[1] != see {
+			t.Errorf("%v = exit %d, stdout %q, stderr %q; want 2, nothing on stdout, and on stderr %q...%q then %q",
+				c.args, code, out, errOut, prefix, c.problem, see)
+		}
+		if strings.Contains(errOut, " -frobnicate") {
+			t.Errorf("%v: a flag spelled with one dash: %q", c.args, errOut)
 		}
 	}
+	// --help is not an error: the whole usage, on stdout.
 	code, out, errOut := runCommand(t, nil, "ls", "--help")
-	if code != 0 || errOut != "" || !strings.Contains(out, "\n  --config FILE\n") || !strings.Contains(out, "\n  --db PATH\n") {
+	if code != 0 || errOut != "" || !strings.Contains(out, "\n  --config FILE\n") || !strings.Contains(out, "\n  --db PATH\n") || !strings.Contains(out, "\n  -q\n") {
 		t.Errorf("ls --help = %d, stdout %q, stderr %q", code, out, errOut)
 	}
-	code, _, errOut = runCommand(t, nil, "ls", "images", "--frobnicate")
-	if !strings.HasPrefix(errOut, "containerd-flyio-snapshotter ls: unknown flag --frobnicate\n") {
-		t.Errorf("unknown flag message: %q", errOut)
+	// No command at all lists the commands (on stderr: it is still exit 2).
+	code, out, errOut = runCommand(t, nil)
+	if code != 2 || out != "" || !strings.Contains(errOut, "Commands:") {
+		t.Errorf("no command = %d, stdout %q, stderr %q; want 2 and the list of commands on stderr", code, out, errOut)
 	}
 }
 
@@ -141,12 +170,21 @@ func TestFlagsOnlyWhereUsed(t *testing.T) {
 	}
 }
 
-// TestVersionFlag checks that --version is the version subcommand.
+// TestVersionFlag checks that --version is the version subcommand, and
+// that it names the version, the commit, Go, SQLite and the platform.
 func TestVersionFlag(t *testing.T) {
 	code, out, errOut := runCommand(t, nil, "--version")
 	_, want, _ := runCommand(t, nil, "version")
-	if code != 0 || out != want || !strings.HasPrefix(out, "containerd-flyio-snapshotter ") || errOut != "" {
+	if code != 0 || out != want || errOut != "" {
 		t.Errorf("--version = %d, %q, %q; want %q", code, out, errOut, want)
+	}
+	line := fmt.Sprintf("containerd-flyio-snapshotter %s (commit %s, %s, SQLite %s, %s/%s)\n",
+		version, commit, runtime.Version(), metadata.SQLiteVersion(), runtime.GOOS, runtime.GOARCH)
+	if out != line {
+		t.Errorf("--version = %q, want %q", out, line)
+	}
+	if !regexp.MustCompile(`^3\.\d+\.\d+$`).MatchString(metadata.SQLiteVersion()) {
+		t.Errorf("SQLite version %q is not 3.x.y", metadata.SQLiteVersion())
 	}
 }
 

@@ -27,7 +27,8 @@ Subcommands:
   backup DEST          write a consistent copy of the database to DEST while
                        the daemon keeps writing
 
-Every subcommand takes --config FILE and --db PATH; run
+Every subcommand takes --config FILE, --db PATH and --format table|json
+(json: one JSON object on stdout, for scripts); run
 'containerd-flyio-snapshotter db SUBCOMMAND --help' for its flags.`
 
 func init() {
@@ -51,23 +52,25 @@ func runDB(ctx context.Context, args []string) error {
 	case "backup":
 		return runDBBackup(ctx, args[1:])
 	}
-	return &exitError{code: 2, msg: fmt.Sprintf("unknown db subcommand %q (want migrate, check or backup)", args[0])}
+	return usageError(fs, fmt.Sprintf("unknown db subcommand %q (want migrate, check or backup)", args[0]))
 }
 
-// parseDBFlags parses a db subcommand's flags (which include --config and
-// --db) and requires exactly nargs positional arguments.
-func parseDBFlags(fs *flag.FlagSet, args []string, nargs int, what string) error {
+// parseDBFlags parses a db subcommand's flags (which include --config,
+// --db and --format, returned) and requires exactly nargs positional
+// arguments.
+func parseDBFlags(fs *flag.FlagSet, args []string, nargs int, what string) (*formatFlag, error) {
 	addDBFlags(fs)
+	format := addFormatFlag(fs, defaultFormatUsage)
 	if err := parseFlags(fs, args); err != nil {
-		return err
+		return nil, err
 	}
 	if fs.NArg() != nargs {
 		if nargs == 0 {
-			return &exitError{code: 2, msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
+			return nil, usageError(fs, fmt.Sprintf("unexpected argument %q", fs.Arg(0)))
 		}
-		return &exitError{code: 2, msg: fmt.Sprintf("want %s, got %d arguments", what, fs.NArg())}
+		return nil, usageError(fs, fmt.Sprintf("want %s, got %d arguments", what, fs.NArg()))
 	}
-	return nil
+	return format, nil
 }
 
 // dbPath is the database the flags and the config name.
@@ -95,7 +98,7 @@ func openDBTo(ctx context.Context, readOnly bool, migrateTo int) (*metadata.DB, 
 }
 
 func runDBMigrate(ctx context.Context, args []string) error {
-	fs := newFlagSet("db migrate", "db migrate [--to N] [--create] [--config FILE] [--db PATH]", `
+	fs := newFlagSet("db migrate", "db migrate [--to N] [--create] [--format table|json] [--config FILE] [--db PATH]", `
 Apply the embedded schema migrations the database lacks, each in its own
 BEGIN IMMEDIATE transaction with its ledger row (so a concurrent daemon or a
 second 'db migrate' waits, then finds the work done). Before migrating a
@@ -108,11 +111,12 @@ version N (a staged upgrade); without it the schema goes to the latest
 version this binary embeds.`)
 	to := fs.Int("to", 0, "stop after schema `VERSION` (0: the latest, "+strconv.Itoa(metadata.LatestVersion())+")")
 	create := fs.Bool("create", false, "create the database's directory (mode 0700) when it does not exist")
-	if err := parseDBFlags(fs, args, 0, ""); err != nil {
+	format, err := parseDBFlags(fs, args, 0, "")
+	if err != nil {
 		return err
 	}
 	if *to < 0 || *to > metadata.LatestVersion() {
-		return &exitError{code: 2, msg: fmt.Sprintf("--to %d: want a schema version from 1 to %d", *to, metadata.LatestVersion())}
+		return usageError(fs, fmt.Sprintf("--to %d: want a schema version from 1 to %d", *to, metadata.LatestVersion()))
 	}
 	if !*create {
 		path, err := dbPath()
@@ -130,6 +134,13 @@ version this binary embeds.`)
 	}
 	defer d.Close()
 	res := d.Migrated()
+	if format.json() {
+		applied := res.Applied
+		if applied == nil {
+			applied = []int{} // a list in JSON, even when empty
+		}
+		return writeJSON(os.Stdout, migrateJSON{DB: d.Path(), From: res.From, To: res.To, Applied: applied, Backup: res.Backup})
+	}
 	if len(res.Applied) == 0 {
 		fmt.Printf("%s: schema at version %d; nothing to do\n", d.Path(), res.To)
 		return nil
@@ -146,19 +157,27 @@ version this binary embeds.`)
 }
 
 func runDBCheck(ctx context.Context, args []string) error {
-	fs := newFlagSet("db check", "db check [--config FILE] [--db PATH]", `
+	fs := newFlagSet("db check", "db check [--format table|json] [--config FILE] [--db PATH]", `
 Check the database read-only (safe while the daemon runs): SQLite's
 integrity_check, foreign_key_check, and the migration ledger (every applied
 migration's recorded SHA-256 equal to the embedded migration's, versions
 without gaps, schema at this binary's latest version). Prints each problem
-and exits 1 if there is any; exits 0 and prints one "ok" line otherwise.`)
-	if err := parseDBFlags(fs, args, 0, ""); err != nil {
+and exits 1 if there is any; exits 0 and prints one "ok" line otherwise.
+With --format json it prints one object instead: the database, "ok",
+the schema version and the problems (a list, empty when ok); the exit
+status is the same, with nothing on stderr.`)
+	format, err := parseDBFlags(fs, args, 0, "")
+	if err != nil {
 		return err
 	}
 	d, err := openDB(ctx, true)
 	if err != nil {
 		// A ledger the open refuses is a check result, not a usage error.
 		if errors.Is(err, metadata.ErrLedgerMismatch) {
+			if format.json() {
+				path, _ := dbPath() // openDB read it
+				return writeCheckJSON(checkJSON{DB: path, Problems: []string{"ledger: " + err.Error()}})
+			}
 			fmt.Printf("PROBLEM ledger: %v\n", err)
 			return &exitError{code: 1, msg: "1 problem found"}
 		}
@@ -168,6 +187,10 @@ and exits 1 if there is any; exits 0 and prints one "ok" line otherwise.`)
 	rep, err := d.Check(ctx)
 	if err != nil {
 		return err
+	}
+	if format.json() {
+		problems := append([]string{}, rep.Problems...) // a list in JSON, even when empty
+		return writeCheckJSON(checkJSON{DB: d.Path(), OK: rep.OK(), SchemaVersion: rep.SchemaVersion, Problems: problems})
 	}
 	for _, p := range rep.Problems {
 		fmt.Printf("PROBLEM %s\n", p)
@@ -180,13 +203,14 @@ and exits 1 if there is any; exits 0 and prints one "ok" line otherwise.`)
 }
 
 func runDBBackup(ctx context.Context, args []string) error {
-	fs := newFlagSet("db backup", "db backup [--config FILE] [--db PATH] [--force] DEST", `
+	fs := newFlagSet("db backup", "db backup [--config FILE] [--db PATH] [--force] [--format table|json] DEST", `
 Write a consistent copy of the database to DEST (SQLite VACUUM INTO from one
 read transaction: safe while the daemon writes). The copy is written to a
 temporary file beside DEST and renamed, so DEST is never half written.
 DEST must not exist unless --force is given.`)
 	force := fs.Bool("force", false, "replace DEST if it exists")
-	if err := parseDBFlags(fs, args, 1, "one argument DEST"); err != nil {
+	format, err := parseDBFlags(fs, args, 1, "one argument DEST")
+	if err != nil {
 		return err
 	}
 	dest := fs.Arg(0)
@@ -205,6 +229,47 @@ DEST must not exist unless --force is given.`)
 	if err != nil {
 		return fmt.Errorf("backup written but not found: %w", err)
 	}
+	if format.json() {
+		return writeJSON(os.Stdout, backupJSON{DB: d.Path(), Dest: dest, Bytes: st.Size()})
+	}
 	fmt.Printf("backed up %s to %s (%d bytes)\n", d.Path(), dest, st.Size())
 	return nil
+}
+
+// migrateJSON is what `db migrate --format json` prints.
+type migrateJSON struct {
+	DB   string `json:"db"`
+	From int    `json:"from_version"`
+	To   int    `json:"to_version"`
+	// Applied lists the versions this run applied (empty: nothing to do).
+	Applied []int `json:"applied"`
+	// Backup is the copy written before migrating, if any.
+	Backup string `json:"backup,omitempty"`
+}
+
+// checkJSON is what `db check --format json` prints.
+type checkJSON struct {
+	DB            string   `json:"db"`
+	OK            bool     `json:"ok"`
+	SchemaVersion int      `json:"schema_version,omitempty"`
+	Problems      []string `json:"problems"`
+}
+
+// writeCheckJSON prints c and, when it has problems, makes the exit status
+// 1 without a message: the problems are in the JSON.
+func writeCheckJSON(c checkJSON) error {
+	if err := writeJSON(os.Stdout, c); err != nil {
+		return err
+	}
+	if !c.OK {
+		return &exitError{code: 1}
+	}
+	return nil
+}
+
+// backupJSON is what `db backup --format json` prints.
+type backupJSON struct {
+	DB    string `json:"db"`
+	Dest  string `json:"dest"`
+	Bytes int64  `json:"bytes"`
 }

@@ -6,6 +6,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -313,7 +314,7 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 	}
 
 	// rm refuses the images in use, with the reason.
-	code, _, errOut := runCommand(t, nil, "rm", "--socket", e.cfg.Daemon.ControlSocket, "pinned", "container")
+	code, _, errOut := runCommand(t, nil, "rm", "--control-socket", e.cfg.Daemon.ControlSocket, "pinned", "container")
 	if code != 1 || !strings.Contains(errOut, "pinned") || !strings.Contains(errOut, `/container-1" (a container's)`) {
 		t.Errorf("rm pinned container = %d, %q", code, errOut)
 	}
@@ -325,9 +326,15 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 			unused = append(unused, n)
 		}
 	}
-	code, out, errOut := runCommand(t, nil, append([]string{"rm", "--socket", e.cfg.Daemon.ControlSocket}, unused...)...)
-	if code != 0 || strings.Count(out, "removed ") != len(unused) {
-		t.Fatalf("rm %v = %d, %q, %q", unused, code, out, errOut)
+	code, out, errOut := runCommand(t, nil, append([]string{"rm", "--control-socket", e.cfg.Daemon.ControlSocket, "--format", "json"}, unused...)...)
+	var rmOut rmJSON
+	if err := json.Unmarshal([]byte(out), &rmOut); code != 0 || err != nil || len(rmOut.Removed) != len(unused) || rmOut.Error != "" {
+		t.Fatalf("rm --format json %v = %d, %q, %q (%v); want every image in removed", unused, code, out, errOut, err)
+	}
+	for _, r := range rmOut.Removed {
+		if r.ImageID == "" || !strings.HasPrefix(r.Source, "s3://") || r.Names == nil {
+			t.Errorf("rm --format json: removed %+v; want its image id, source and names", r)
+		}
 	}
 	inCtr := ctrListed()
 	for _, n := range unused {

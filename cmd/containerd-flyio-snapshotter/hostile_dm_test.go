@@ -163,7 +163,7 @@ func TestHostileCallers(t *testing.T) {
 		}
 	}
 	code, out := asNobody(t, []string{"FLYIO_VALIDATE_HELPER=1"}, "-test.run=^TestValidateCommandHelperProcess$", "--",
-		"pull", "--socket", e.cfg.Daemon.ControlSocket, "s3://"+e.srv.Bucket+"/bomb.tar")
+		"pull", "--control-socket", e.cfg.Daemon.ControlSocket, "s3://"+e.srv.Bucket+"/bomb.tar")
 	if code == 0 || !strings.Contains(out, "permission denied") {
 		t.Errorf("pull as uid 65534: exit %d, %q; want a permission error", code, out)
 	}

@@ -30,20 +30,23 @@ layer on top of its parent chain, shared by every image with the same
 layers below it); its activation is its active snapshot; a lock is what a
 running state-machine run holds.
 
-Kinds and their --filter keys:
+Kinds, their --filter keys, and the id -q prints:
   images     image_id, s3_key, name, state, download_status,
-             activation_status, device_name, locked (true|false)
+             activation_status, device_name, locked (true|false);
+             -q: the source (s3://...), a REF for rm and activate
   unpacked   image_id, device_id, device_name, verified (true|false),
-             referenced (true|false)
-  chains     chain_id, parent_chain_id, diff_id, device_id, used (true|false)
+             referenced (true|false); -q: the device name
+  chains     chain_id, parent_chain_id, diff_id, device_id, used (true|false);
+             -q: the full chain id
   snapshots  image_id, snapshot_id, snapshot_name, origin_device_id,
-             active (true|false)
-  locks      image_id, locked_by
+             active (true|false); -q: the snapshot name
+  locks      image_id, locked_by; -q: the image id
   ` + lsRunsUsage + `
 
 --filter KEY=VALUE may be repeated; a row is listed when it matches all of
 them (exact match). For runs, filters may also be given as words after the
-kind.`
+kind. -q prints each row's id, one a line with no header, for scripts
+(ls images -q | xargs containerd-flyio-snapshotter rm).`
 
 func init() {
 	register(&command{name: "ls", summary: "list images, unpacked devices, snapshots, locks or runs (read-only)", run: runLs})
@@ -75,12 +78,18 @@ type lsColumn[T any] struct {
 	match func(T, string) bool
 }
 
-// lsKind is one listable kind.
+// lsKind is one listable kind. id is what -q prints of a row: what names
+// it to the other commands.
 type lsKind[T any] struct {
 	name    string
 	list    func(context.Context, *metadata.DB, time.Time) ([]T, error)
+	id      func(T) string
 	columns []lsColumn[T]
 }
+
+// formatIDs is the output of ls -q: each row's id, one a line. -q sets it;
+// --format does not accept it.
+const formatIDs = "ids"
 
 var boolValues = []string{"true", "false"}
 
@@ -91,6 +100,9 @@ var lsImages = lsKind[metadata.ImageView]{
 	list: func(ctx context.Context, d *metadata.DB, _ time.Time) ([]metadata.ImageView, error) {
 		return d.ImageViews(ctx)
 	},
+	// The source, not the image id: it is a REF that rm and activate
+	// take, and every image has exactly one (names may be none or many).
+	id: func(v metadata.ImageView) string { return v.S3Key },
 	columns: []lsColumn[metadata.ImageView]{
 		{header: "IMAGE ID", key: "image_id", cell: func(v metadata.ImageView, _ time.Time) string { return v.ImageID }},
 		{header: "S3 KEY", key: "s3_key", cell: func(v metadata.ImageView, _ time.Time) string { return v.S3Key }},
@@ -118,6 +130,7 @@ var lsUnpacked = lsKind[metadata.UnpackedView]{
 	list: func(ctx context.Context, d *metadata.DB, _ time.Time) ([]metadata.UnpackedView, error) {
 		return d.UnpackedViews(ctx)
 	},
+	id: func(v metadata.UnpackedView) string { return v.DeviceName },
 	columns: []lsColumn[metadata.UnpackedView]{
 		{header: "IMAGE ID", key: "image_id", cell: func(v metadata.UnpackedView, _ time.Time) string { return v.ImageID }},
 		{header: "DEVICE ID", key: "device_id", cell: func(v metadata.UnpackedView, _ time.Time) string { return v.DeviceID }},
@@ -137,6 +150,7 @@ var lsChains = lsKind[metadata.ChainView]{
 	list: func(ctx context.Context, d *metadata.DB, _ time.Time) ([]metadata.ChainView, error) {
 		return d.ChainViews(ctx)
 	},
+	id: func(v metadata.ChainView) string { return v.ChainID },
 	columns: []lsColumn[metadata.ChainView]{
 		{header: "CHAIN ID", key: "chain_id", cell: func(v metadata.ChainView, _ time.Time) string { return shortDigest(v.ChainID) },
 			value: func(v metadata.ChainView) string { return v.ChainID }},
@@ -168,6 +182,7 @@ var lsSnapshots = lsKind[metadata.SnapshotView]{
 	list: func(ctx context.Context, d *metadata.DB, _ time.Time) ([]metadata.SnapshotView, error) {
 		return d.SnapshotViews(ctx)
 	},
+	id: func(v metadata.SnapshotView) string { return v.SnapshotName },
 	columns: []lsColumn[metadata.SnapshotView]{
 		{header: "SNAPSHOT ID", key: "snapshot_id", cell: func(v metadata.SnapshotView, _ time.Time) string { return v.SnapshotID }},
 		{header: "NAME", key: "snapshot_name", cell: func(v metadata.SnapshotView, _ time.Time) string { return v.SnapshotName }},
@@ -189,6 +204,7 @@ var lsLocks = lsKind[metadata.LockView]{
 	list: func(ctx context.Context, d *metadata.DB, now time.Time) ([]metadata.LockView, error) {
 		return d.LockViews(ctx, now)
 	},
+	id: func(v metadata.LockView) string { return v.ImageID },
 	columns: []lsColumn[metadata.LockView]{
 		{header: "IMAGE ID", key: "image_id", cell: func(v metadata.LockView, _ time.Time) string { return v.ImageID }},
 		{header: "LOCKED BY", key: "locked_by", cell: func(v metadata.LockView, _ time.Time) string { return v.LockedBy }},
@@ -276,8 +292,16 @@ func runLsKind[T any](ctx context.Context, w io.Writer, d *metadata.DB, k lsKind
 			kept = append(kept, r)
 		}
 	}
-	if format == "json" {
+	switch format {
+	case formatJSON:
 		return writeJSON(w, kept)
+	case formatIDs:
+		for _, r := range kept {
+			if _, err := fmt.Fprintln(w, k.id(r)); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	hdr := make([]string, len(k.columns))
@@ -339,11 +363,11 @@ func lsKinds() map[string]lsEntry {
 }
 
 func runLs(ctx context.Context, args []string) error {
-	fs := newFlagSet("ls", "ls images|unpacked|chains|snapshots|locks|runs [--filter KEY=VALUE]... [--format table|json] [--config FILE] [--db PATH]", lsDescription)
+	fs := newFlagSet("ls", "ls images|unpacked|chains|snapshots|locks|runs [--filter KEY=VALUE]... [--format table|json | -q] [--config FILE] [--db PATH]", lsDescription)
 	var filters filterFlag
-	format := formatFlag("table")
 	fs.Var(&filters, "filter", "keep rows whose `KEY=VALUE` matches (repeatable; keys per kind above)")
-	fs.Var(&format, "format", "output `FORMAT`: table or json")
+	format := addFormatFlag(fs, defaultFormatUsage)
+	quiet := fs.Bool("q", false, "print only each row's id, one a line, without a header (ids per kind above)")
 	addDBFlags(fs)
 	// Flags may come before or after the kind: parse, take a positional
 	// word, parse the rest again.
@@ -366,18 +390,25 @@ func runLs(ctx context.Context, args []string) error {
 	kind := words[0]
 	k, ok := kinds[kind]
 	if !ok {
-		return &exitError{code: 2, msg: fmt.Sprintf("unknown kind %q (want images, unpacked, chains, snapshots, locks or runs)", kind)}
+		return usageError(fs, fmt.Sprintf("unknown kind %q (want images, unpacked, chains, snapshots, locks or runs)", kind))
 	}
 	all := append([]string(nil), filters...)
 	if len(words) > 1 {
 		if kind != "runs" {
-			return &exitError{code: 2, msg: fmt.Sprintf("unexpected argument %q (filters go in --filter KEY=VALUE)", words[1])}
+			return usageError(fs, fmt.Sprintf("unexpected argument %q (filters go in --filter KEY=VALUE)", words[1]))
 		}
 		all = append(all, words[1:]...)
 	}
+	out := format.value
+	if *quiet {
+		if format.json() {
+			return usageError(fs, "-q and --format json contradict each other: choose one")
+		}
+		out = formatIDs
+	}
 	if k.validate != nil {
 		if err := k.validate(all); err != nil {
-			return &exitError{code: 2, msg: err.Error()}
+			return usageError(fs, err.Error())
 		}
 	}
 	cfg, err := loadConfig()
@@ -395,5 +426,5 @@ func runLs(ctx context.Context, args []string) error {
 		return fmt.Errorf("ls: database %s is at schema version %d; this binary lists version %d: run `containerd-flyio-snapshotter db migrate` (or start the daemon, which migrates)",
 			cfg.Metadata.Path, v, metadata.LatestVersion())
 	}
-	return k.run(ctx, os.Stdout, d, string(format), all)
+	return k.run(ctx, os.Stdout, d, out, all)
 }

@@ -19,17 +19,19 @@ import (
 // lsRunsUsage describes the filters of `ls runs` for ls.go's help text.
 const lsRunsUsage = `runs [state=STATE[,STATE...]] [fsm=NAME] [limit=N]
     state-machine runs, newest first: state (pending, running, complete,
-    aborted, failed), current transition, attempts, age and last error`
+    aborted, failed), current transition, attempts, age and last error;
+             -q: the run id`
 
 // lsRuns writes the runs selected by filters (KEY=VALUE words: state=, fsm=,
-// limit=) from db to w, as an aligned table (format "table" or "") or a JSON
-// array (format "json"). A bad filter or format is an error naming it.
+// limit=) from db to w, as an aligned table (format "table" or ""), a JSON
+// array (format "json") or the run ids one a line (formatIDs, ls -q). A
+// bad filter or format is an error naming it.
 func lsRuns(ctx context.Context, db *metadata.DB, w io.Writer, format string, filters []string) error {
 	f, err := parseRunFilters(filters)
 	if err != nil {
 		return err
 	}
-	if format != "" && format != "table" && format != "json" {
+	if format != "" && format != formatTable && format != formatJSON && format != formatIDs {
 		return fmt.Errorf("ls runs: format %q: want table or json", format)
 	}
 	runs, err := db.ListRuns(ctx, f)
@@ -102,7 +104,7 @@ type runJSON struct {
 
 // writeRuns renders runs; ages are taken at now.
 func writeRuns(w io.Writer, runs []metadata.Run, format string, now time.Time) error {
-	if format == "json" {
+	if format == formatJSON {
 		out := make([]runJSON, 0, len(runs))
 		for _, r := range runs {
 			j := runJSON{
@@ -120,9 +122,15 @@ func writeRuns(w io.Writer, runs []metadata.Run, format string, now time.Time) e
 			}
 			out = append(out, j)
 		}
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(out)
+		return writeJSON(w, out)
+	}
+	if format == formatIDs {
+		for _, r := range runs {
+			if _, err := fmt.Fprintln(w, r.ID); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "RUN\tFSM\tID\tSTATE\tTRANSITION\tATTEMPTS\tQUEUE\tAGE\tLAST ERROR")

@@ -17,8 +17,13 @@ import (
 	"syscall"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version and commit are set at build time with -ldflags "-X
+// main.version=... -X main.commit=..." (the Makefile's build and release
+// targets); a plain `go build` leaves these values.
+var (
+	version = "dev"
+	commit  = "unknown"
+)
 
 // command is one subcommand. run receives the arguments after the
 // subcommand's name and returns an error to print; exitError carries a
@@ -39,20 +44,23 @@ func register(c *command) {
 	commands[c.name] = c
 }
 
-// exitError makes main exit with code after printing msg (if any) and,
-// for a usage error, the subcommand's usage, both on stderr.
+// exitError makes main exit with code after printing msg (if any) on
+// stderr. A usage error names the subcommand whose --help to read (usage,
+// e.g. "db migrate"); main then adds one line pointing there instead of
+// the whole description, so that the problem stays the line a person
+// reads.
 type exitError struct {
 	code  int
 	msg   string
-	usage *flag.FlagSet
+	usage string
 }
 
 func (e *exitError) Error() string { return e.msg }
 
 // newFlagSet returns a flag set for a subcommand whose usage (the synopsis
 // line, the description and the flags, each spelled --name) goes to stdout
-// when asked for with -h/--help and to stderr after a usage error, so that
-// stdout stays the command's output.
+// when asked for with -h/--help; a usage error prints only its message and
+// where to find this usage (see run).
 func newFlagSet(name, synopsis, description string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(os.Stderr)
@@ -69,11 +77,14 @@ func newFlagSet(name, synopsis, description string) *flag.FlagSet {
 }
 
 // printFlags lists fs's flags the way the synopsis spells them (--name
-// VALUE), each with its usage and its default when it has one.
+// VALUE, a one-letter flag -x), each with its usage and its default when it has one.
 func printFlags(w io.Writer, fs *flag.FlagSet) {
 	fs.VisitAll(func(f *flag.Flag) {
 		arg, text := flag.UnquoteUsage(f)
 		line := "  --" + f.Name
+		if len(f.Name) == 1 {
+			line = "  -" + f.Name // -q, as ctr spells it
+		}
 		if arg != "" {
 			line += " " + arg
 		}
@@ -88,8 +99,8 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 }
 
 // parseFlags parses args: -h/--help prints the usage to stdout and becomes
-// a clean exit 0; a bad flag becomes exit 2 with the parser's message and
-// the usage on stderr.
+// a clean exit 0; a bad flag becomes a usage error (exit 2) with the
+// parser's message.
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	usage, out := fs.Usage, fs.Output()
 	fs.Usage = func() {}
@@ -104,7 +115,7 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 			fs.SetOutput(out)
 			return &exitError{code: 0}
 		}
-		return &exitError{code: 2, msg: flagMessage(err), usage: fs}
+		return &exitError{code: 2, msg: flagMessage(err), usage: fs.Name()}
 	}
 	return nil
 }
@@ -124,9 +135,19 @@ func flagMessage(err error) string {
 	return msg
 }
 
-// usageError is exit status 2 with msg and fs's usage on stderr.
+// usageError is exit status 2 with msg on stderr and a pointer to the
+// --help of fs's subcommand.
 func usageError(fs *flag.FlagSet, msg string) error {
-	return &exitError{code: 2, msg: msg, usage: fs}
+	return &exitError{code: 2, msg: msg, usage: fs.Name()}
+}
+
+// seeHelp is the line after a usage error: where the rules it broke are.
+func seeHelp(w io.Writer, subcommand string) {
+	cmd := "containerd-flyio-snapshotter"
+	if subcommand != "" {
+		cmd += " " + subcommand
+	}
+	fmt.Fprintf(w, "See '%s --help'.\n", cmd)
 }
 
 func usage(w io.Writer) {
@@ -163,8 +184,8 @@ func run(args []string) int {
 	}
 	c, ok := commands[args[0]]
 	if !ok {
-		fmt.Fprintf(os.Stderr, "containerd-flyio-snapshotter: unknown command %q\n\n", args[0])
-		usage(os.Stderr)
+		fmt.Fprintf(os.Stderr, "containerd-flyio-snapshotter: unknown command %q\n", args[0])
+		seeHelp(os.Stderr, "")
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -175,13 +196,15 @@ func run(args []string) int {
 	}
 	var ee *exitError
 	if errors.As(err, &ee) {
-		if ee.msg != "" {
-			fmt.Fprintf(os.Stderr, "containerd-flyio-snapshotter %s: %s\n", c.name, ee.msg)
+		name := c.name
+		if ee.usage != "" {
+			name = ee.usage // "pool status", not "pool"
 		}
-		if ee.usage != nil {
-			fmt.Fprintln(os.Stderr)
-			ee.usage.SetOutput(os.Stderr)
-			ee.usage.Usage()
+		if ee.msg != "" {
+			fmt.Fprintf(os.Stderr, "containerd-flyio-snapshotter %s: %s\n", name, ee.msg)
+		}
+		if ee.usage != "" {
+			seeHelp(os.Stderr, ee.usage)
 		}
 		return ee.code
 	}

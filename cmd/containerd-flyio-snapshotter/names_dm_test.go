@@ -5,6 +5,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"maps"
 	"strings"
 	"testing"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 )
 
@@ -70,7 +72,7 @@ func TestForeignContainerdImageKept(t *testing.T) {
 	sock := e.cfg.Daemon.ControlSocket
 	cli := func(args ...string) (int, string, string) {
 		t.Helper()
-		return runCommand(t, nil, append(args[:1:1], append([]string{"--socket", sock}, args[1:]...)...)...)
+		return runCommand(t, nil, append(args[:1:1], append([]string{"--control-socket", sock}, args[1:]...)...)...)
 	}
 	url := func(prefix string) string { return "s3://" + e.srv.Bucket + "/" + prefix }
 	named := func(name string) string {
@@ -103,6 +105,13 @@ func TestForeignContainerdImageKept(t *testing.T) {
 		t.Errorf("rm %s = %d, %q; want 1, no image pulled under that name", reg, code, errOut)
 	}
 	kept("after rm", reg)
+	// The same as one JSON object: nothing removed, and why.
+	code, out, errOut := cli("rm", reg, "--format", "json")
+	var rmOut rmJSON
+	if err := json.Unmarshal([]byte(out), &rmOut); code != 1 || err != nil || errOut != "" || len(rmOut.Removed) != 0 ||
+		!strings.Contains(rmOut.Error, "no image pulled under that name") {
+		t.Errorf("rm %s --format json = %d, %q, %q (%v); want 1 and the reason in the JSON only", reg, code, out, errOut, err)
+	}
 
 	// takenOver pulls dir/ under its default name and as name, then a
 	// registry pull takes name over in containerd (replacing its target
@@ -127,7 +136,16 @@ func TestForeignContainerdImageKept(t *testing.T) {
 	// A name of ours that a registry pull took over in containerd: rm of
 	// the S3 image removes our records, not the registry's image.
 	const taken = "flyio.test/taken:1"
-	takenOver("y", taken, 2)
+	yName := takenOver("y", taken, 2)
+	// activate --format json: the daemon's answer, naming the image's
+	// activation (through its default name: the one taken over is the
+	// registry's now, which activate would not register over).
+	code, out, errOut = cli("activate", yName, "--format", "json")
+	var act pipeline.ActivateResponse
+	if err := json.Unmarshal([]byte(out), &act); code != 0 || err != nil || act.ImageID != named(yName) ||
+		act.SnapshotName != metadata.ActivationKey(act.ImageID) || !act.Active || !strings.HasPrefix(act.DevicePath, "/dev/") {
+		t.Errorf("activate %s --format json = %d, %q, %q (%v)", yName, code, out, errOut, err)
+	}
 	if code, out, errOut := cli("rm", taken); code != 0 || !strings.Contains(out, "removed ") {
 		t.Fatalf("rm %s = %d, %q, %q", taken, code, out, errOut)
 	}

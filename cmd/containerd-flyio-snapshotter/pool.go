@@ -36,12 +36,12 @@ func init() {
 }
 
 func runPool(ctx context.Context, args []string) error {
+	fs := newFlagSet("pool", "pool status|ls|quarantine [flags]", poolDescription)
 	if len(args) == 0 {
-		return usageError(newFlagSet("pool", "pool status|ls|quarantine [flags]", poolDescription), "name a subcommand: status, ls or quarantine")
+		return usageError(fs, "name a subcommand: status, ls or quarantine")
 	}
 	switch args[0] {
 	case "-h", "--help", "-help", "help":
-		fs := newFlagSet("pool", "pool status|ls|quarantine [flags]", poolDescription)
 		fs.SetOutput(os.Stdout)
 		fs.Usage()
 		return nil
@@ -52,21 +52,8 @@ func runPool(ctx context.Context, args []string) error {
 	case "quarantine":
 		return runPoolQuarantine(ctx, args[1:])
 	default:
-		return &exitError{code: 2, msg: fmt.Sprintf("unknown pool subcommand %q (want status, ls or quarantine)", args[0])}
+		return usageError(fs, fmt.Sprintf("unknown pool subcommand %q (want status, ls or quarantine)", args[0]))
 	}
-}
-
-// formatFlag is a --format flag accepting table or json.
-type formatFlag string
-
-func (f *formatFlag) String() string { return string(*f) }
-
-func (f *formatFlag) Set(v string) error {
-	if v != "table" && v != "json" {
-		return fmt.Errorf("must be table or json, got %q", v)
-	}
-	*f = formatFlag(v)
-	return nil
 }
 
 // parsePoolFlags parses a pool subcommand's flags, which take no
@@ -76,7 +63,7 @@ func parsePoolFlags(fs *flag.FlagSet, args []string) error {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return &exitError{code: 2, msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
+		return usageError(fs, fmt.Sprintf("unexpected argument %q", fs.Arg(0)))
 	}
 	return nil
 }
@@ -171,8 +158,7 @@ func runPoolStatus(ctx context.Context, args []string) error {
 	fs := newFlagSet("pool status", "pool status [--config FILE] [--format table|json]",
 		"Prints the thin pool's mode (ro when the metadata is full or needs_check is set), block size, data and metadata space used and total, as the kernel reports them, its low-water mark, its reserve (pool.min_free_space) and whether new devices are refused for it, what writes do on a full pool (wait for the no-space timeout, or fail) and what they do now, and for loop files the free space of their filesystem.")
 	addConfigFlags(fs)
-	format := formatFlag("table")
-	fs.Var(&format, "format", "output `FORMAT`: table or json")
+	format := addFormatFlag(fs, defaultFormatUsage)
 	if err := parsePoolFlags(fs, args); err != nil {
 		return err
 	}
@@ -202,7 +188,7 @@ func runPoolStatus(ctx context.Context, args []string) error {
 		return err
 	}
 	v.BackingFSFreeBytes, v.LoopFilesVirtualBytes = b.FSFree, b.Virtual
-	if format == "json" {
+	if format.json() {
 		return writeJSON(os.Stdout, v)
 	}
 	return writePoolStatusTable(os.Stdout, v, b.Loop)
@@ -319,8 +305,7 @@ device-mapper device mapping it, and flags each disagreement: an id in the
 pool that the database does not explain, or a device record whose id is not
 in the pool. The database is opened read-only.`)
 	addDBFlags(fs)
-	format := formatFlag("table")
-	fs.Var(&format, "format", "output `FORMAT`: table or json")
+	format := addFormatFlag(fs, defaultFormatUsage)
 	check := fs.Bool("check", false, "exit with status 1 when pool and database disagree")
 	if err := parsePoolFlags(fs, args); err != nil {
 		return err
@@ -343,7 +328,7 @@ in the pool. The database is opened read-only.`)
 	if err != nil {
 		return err
 	}
-	if format == "json" {
+	if format.json() {
 		if err := writeJSON(os.Stdout, rows); err != nil {
 			return err
 		}

@@ -59,7 +59,8 @@ that every layer's device is checked in the pool (and rebuilt if lost).
 Progress goes to stderr: on a terminal one line per layer (its step, bytes
 of its tarball, percentage, rate and time left), redrawn in place;
 otherwise a line per layer when its step changes and every 5s while it
-advances. The result is one line on stdout. With --format json, stdout
+advances. The result is one line on stdout (--format table, the default;
+"text" is its former, deprecated name). With --format json, stdout
 instead carries the daemon's stream as it comes, one JSON object a line:
 {"event":{...}} per progress event (fsm, state, layer, bytes, total,
 files), then {"result":{...}} or {"error":"..."}. Exit status 0 on success,
@@ -68,12 +69,6 @@ files), then {"result":{...}} or {"error":"..."}. Exit status 0 on success,
 
 func init() {
 	register(&command{name: "pull", summary: "pull an S3 image into the thin pool (via the daemon)", run: runPull})
-}
-
-// addSocketFlag registers --socket, the control socket overriding the
-// config's daemon.control_socket.
-func addSocketFlag(fs *flag.FlagSet, dst *string) {
-	fs.StringVar(dst, "socket", "", "control socket `PATH` of the daemon, overriding daemon.control_socket")
 }
 
 // controlClient returns the client of the daemon's control socket.
@@ -86,7 +81,7 @@ func controlClient(socket string) (*control.Client, error) {
 		socket = cfg.Daemon.ControlSocket
 	}
 	if socket == "" {
-		return nil, &exitError{code: 2, msg: "no control socket: set daemon.control_socket or pass --socket"}
+		return nil, &exitError{code: 2, msg: "no control socket: set daemon.control_socket or pass --control-socket"}
 	}
 	return control.NewClient(socket), nil
 }
@@ -113,12 +108,13 @@ func isTerminal(f *os.File) bool {
 }
 
 func runPull(ctx context.Context, args []string) error {
-	fs := newFlagSet("pull", "pull s3://BUCKET/KEY-or-PREFIX|PATH [--name REF [--replace]] [--namespace NS]... [--refresh|--cached] [--format text|json] [--config FILE] [--socket PATH]", pullDescription)
+	fs := newFlagSet("pull", "pull s3://BUCKET/KEY-or-PREFIX|PATH [--name REF [--replace]] [--namespace NS]... [--refresh|--cached] [--format table|json] [--config FILE] [--control-socket PATH]", pullDescription)
 	addConfigFlags(fs)
-	var socket, name, format string
+	var socket, name string
 	var refresh, cached bool
-	fs.StringVar(&format, "format", "text", "output `FORMAT`: text (progress on stderr, the result on stdout) or json (the daemon's events and result as JSON lines on stdout)")
-	addSocketFlag(fs, &socket)
+	format := addFormatFlag(fs, "output `FORMAT`: table (progress on stderr, the result on stdout) or json (the daemon's events and result as JSON lines on stdout); text, the former name of table, is deprecated and will be removed in the next release")
+	format.textAlias = true
+	addControlSocketFlag(fs, &socket)
 	fs.StringVar(&name, "name", "", "image `REF` to register the result under, an image reference (default: s3.local/BUCKET/KEY-or-PREFIX, tagged latest or, when the path is not already a reference path, with the image id)")
 	var replace bool
 	fs.BoolVar(&replace, "replace", false, "take the name over when another pulled image has it, or containerd has it for an image this daemon did not create (its labels kept)")
@@ -133,9 +129,6 @@ func runPull(ctx context.Context, args []string) error {
 	if len(pos) != 1 {
 		return usageError(fs, "pull takes exactly one s3://BUCKET/KEY-or-PREFIX or PATH argument")
 	}
-	if format != "text" && format != "json" {
-		return usageError(fs, fmt.Sprintf("--format %q: must be text or json", format))
-	}
 	if refresh && cached {
 		return usageError(fs, "--refresh and --cached contradict each other: choose one")
 	}
@@ -149,14 +142,14 @@ func runPull(ctx context.Context, args []string) error {
 	}
 	bucket, key, err := parseImageArg(pos[0])
 	if err != nil {
-		return &exitError{code: 2, msg: err.Error()}
+		return usageError(fs, err.Error())
 	}
 	c, err := controlClient(socket)
 	if err != nil {
 		return err
 	}
 	req := pipeline.PullRequest{Bucket: bucket, Key: key, Ref: name, Replace: replace, Refresh: refresh, Cached: cached, Namespaces: nss}
-	if format == "json" {
+	if format.json() {
 		return pullJSON(ctx, c, req, os.Stdout)
 	}
 	start := time.Now()

@@ -11,7 +11,7 @@ func TestPullHelp(t *testing.T) {
 	if code != 0 || !strings.HasPrefix(out, "Usage: containerd-flyio-snapshotter pull") {
 		t.Fatalf("pull --help = %d, %q", code, out)
 	}
-	for _, want := range []string{"[--refresh|--cached]", "[--namespace NS]...", "-namespace", "-cached", "-refresh", "-name", "-replace", "-socket", "-config", "without asking S3"} {
+	for _, want := range []string{"[--refresh|--cached]", "[--namespace NS]...", "-namespace", "-cached", "-refresh", "-name", "-replace", "--control-socket PATH", "-config", "--format FORMAT", "without asking S3"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("pull --help does not mention %q:\n%s", want, out)
 		}
@@ -39,7 +39,7 @@ func TestPullUsageErrors(t *testing.T) {
 		{[]string{"s3://bkt/a.tar", "--name", "s3://bkt/a.tar"}, `--name: image name "s3://bkt/a.tar": invalid reference format`},
 	}
 	for _, tc := range cases {
-		args := append([]string{"pull", "--socket", socket}, tc.args...)
+		args := append([]string{"pull", "--control-socket", socket}, tc.args...)
 		code, out, errOut := runCommand(t, nil, args...)
 		if code != 2 || !strings.Contains(errOut, tc.inStderr) || strings.Contains(errOut, socket) {
 			t.Errorf("%v = %d, %q, %q; want 2 and %q", tc.args, code, out, errOut, tc.inStderr)
@@ -48,7 +48,7 @@ func TestPullUsageErrors(t *testing.T) {
 	// Either flag alone, and valid namespaces, pass the usage checks and
 	// reach the socket.
 	for _, flag := range []string{"--refresh", "--cached", "--namespace=k8s.io", "--name=registry.example/app:v1", "--replace"} {
-		code, _, errOut := runCommand(t, nil, "pull", "--socket", socket, flag, "s3://bkt/images/app.tar")
+		code, _, errOut := runCommand(t, nil, "pull", "--control-socket", socket, flag, "s3://bkt/images/app.tar")
 		if code != 1 || !strings.Contains(errOut, socket) {
 			t.Errorf("pull %s with no daemon = %d, %q; want 1 naming the socket", flag, code, errOut)
 		}

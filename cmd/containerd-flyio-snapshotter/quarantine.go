@@ -33,12 +33,12 @@ delete and release need the pool active (the daemon activates it).
 
 func runPoolQuarantine(ctx context.Context, args []string) error {
 	const synopsis = "pool quarantine ls|delete|release [flags] [ID...]"
+	fs := newFlagSet("pool quarantine", synopsis, quarantineDescription)
 	if len(args) == 0 {
-		return usageError(newFlagSet("pool quarantine", synopsis, quarantineDescription), "name a subcommand: ls, delete or release")
+		return usageError(fs, "name a subcommand: ls, delete or release")
 	}
 	switch args[0] {
 	case "-h", "--help", "-help", "help":
-		fs := newFlagSet("pool quarantine", synopsis, quarantineDescription)
 		fs.SetOutput(os.Stdout)
 		fs.Usage()
 		return nil
@@ -49,7 +49,7 @@ func runPoolQuarantine(ctx context.Context, args []string) error {
 	case "release":
 		return runQuarantineChange(ctx, "release", args[1:], snapshotter.ReleaseQuarantined)
 	default:
-		return &exitError{code: 2, msg: fmt.Sprintf("unknown pool quarantine subcommand %q (want ls, delete or release)", args[0])}
+		return usageError(fs, fmt.Sprintf("unknown pool quarantine subcommand %q (want ls, delete or release)", args[0]))
 	}
 }
 
@@ -69,8 +69,7 @@ Lists every quarantined thin id with whether the pool still holds it
 ("unknown" when the pool is not active), whether its device was deleted,
 since when it is quarantined and why. The database is opened read-only.`)
 	addDBFlags(fs)
-	format := formatFlag("table")
-	fs.Var(&format, "format", "output `FORMAT`: table or json")
+	format := addFormatFlag(fs, defaultFormatUsage)
 	if err := parsePoolFlags(fs, args); err != nil {
 		return err
 	}
@@ -102,7 +101,7 @@ since when it is quarantined and why. The database is opened read-only.`)
 		}
 		rows = append(rows, quarantineView{ThinID: q.DeviceID, InPool: in, Deleted: q.Deleted, Since: time.Unix(0, q.QuarantinedNs).UTC(), Reason: q.Reason})
 	}
-	if format == "json" {
+	if format.json() {
 		return writeJSON(os.Stdout, rows)
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
@@ -118,7 +117,7 @@ since when it is quarantined and why. The database is opened read-only.`)
 // read-write; it goes on past an id it cannot change and fails at the end.
 func runQuarantineChange(ctx context.Context, verb string, args []string,
 	change func(context.Context, *metadata.DB, *thinpool.Pool, uint32) error) error {
-	fs := newFlagSet("pool quarantine "+verb, "pool quarantine "+verb+" [--config FILE] [--db PATH] ID...", map[string]string{
+	fs := newFlagSet("pool quarantine "+verb, "pool quarantine "+verb+" [--config FILE] [--db PATH] [--format table|json] ID...", map[string]string{
 		"delete": `
 Deletes the device of each quarantined thin id from the pool, after
 removing any device-mapper device mapping it; the id stays quarantined,
@@ -126,8 +125,14 @@ recorded as deleted, until released.`,
 		"release": `
 Forgets the quarantine of each thin id, so that a new device may use it.
 An id the pool still holds is refused: delete it first.`,
-	}[verb])
+	}[verb]+`
+
+Prints a line per id changed, and the reason for each id not changed on
+stderr; with --format json, a JSON list with an object per id: thin_id,
+ok, and the error when not ok (nothing on stderr). Exit status 1 when an
+id was not changed.`)
 	addDBFlags(fs)
+	format := addFormatFlag(fs, defaultFormatUsage)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -138,7 +143,7 @@ An id the pool still holds is refused: delete it first.`,
 	for _, a := range fs.Args() {
 		id, err := strconv.ParseUint(a, 10, 32)
 		if err != nil || id == 0 || id > thinpool.MaxThinID {
-			return &exitError{code: 2, msg: fmt.Sprintf("thin id %q: must be a number from 1 to %d", a, thinpool.MaxThinID)}
+			return usageError(fs, fmt.Sprintf("thin id %q: must be a number from 1 to %d", a, thinpool.MaxThinID))
 		}
 		ids = append(ids, uint32(id))
 	}
@@ -157,16 +162,41 @@ An id the pool still holds is refused: delete it first.`,
 	}
 	defer db.Close()
 	failed := 0
+	results := make([]quarantineChangeJSON, 0, len(ids))
 	for _, id := range ids {
-		if err := change(ctx, db, pool, id); err != nil {
-			fmt.Fprintf(os.Stderr, "%s: %v\n", verb, err)
+		err := change(ctx, db, pool, id)
+		results = append(results, quarantineChangeJSON{ThinID: id, OK: err == nil})
+		if err != nil {
 			failed++
+			results[len(results)-1].Error = err.Error()
+			if !format.json() {
+				fmt.Fprintf(os.Stderr, "%s: %v\n", verb, err)
+			}
 			continue
 		}
-		fmt.Printf("%s %d\n", map[string]string{"delete": "deleted", "release": "released"}[verb], id)
+		if !format.json() {
+			fmt.Printf("%s %d\n", map[string]string{"delete": "deleted", "release": "released"}[verb], id)
+		}
+	}
+	if format.json() {
+		if err := writeJSON(os.Stdout, results); err != nil {
+			return err
+		}
+		if failed > 0 {
+			return &exitError{code: 1}
+		}
+		return nil
 	}
 	if failed > 0 {
 		return &exitError{code: 1, msg: fmt.Sprintf("pool quarantine %s: %d of %d ids not changed", verb, failed, len(ids))}
 	}
 	return nil
+}
+
+// quarantineChangeJSON is one id of `pool quarantine delete|release
+// --format json`.
+type quarantineChangeJSON struct {
+	ThinID uint32 `json:"thin_id"`
+	OK     bool   `json:"ok"`
+	Error  string `json:"error,omitempty"`
 }

@@ -15,9 +15,11 @@ activation, the chains no other image uses,
 their devices, and its records and layer files. An image in use (a
 container snapshot on it, a pull of it under way, or pinned by [gc] pinned
 or containerd's io.cri-containerd.pinned label) is refused with the
-reason. REF is a name given to pull, or the image's s3:// source. Prints
-one line per image removed. Exit status 0 when every REF was removed, 1
-with the reasons otherwise, 2 on a usage error.
+reason. REF is a name given to pull, or the image's s3:// source (what
+'ls images -q' prints). Prints one line per image removed; with --format
+json, one JSON object: {"removed":[...]} with each image removed, and
+"error" with the reasons when some REF was not removed. Exit status 0 when
+every REF was removed, 1 with the reasons otherwise, 2 on a usage error.
 `
 
 func init() {
@@ -25,20 +27,21 @@ func init() {
 }
 
 func runRm(ctx context.Context, args []string) error {
-	fs := newFlagSet("rm", "rm REF... [--config FILE] [--socket PATH]", rmDescription)
+	fs := newFlagSet("rm", "rm REF... [--format table|json] [--config FILE] [--control-socket PATH]", rmDescription)
 	addConfigFlags(fs)
 	var socket string
-	addSocketFlag(fs, &socket)
+	addControlSocketFlag(fs, &socket)
+	format := addFormatFlag(fs, defaultFormatUsage)
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) == 0 {
-		return &exitError{code: 2, msg: "rm takes at least one REF argument (a name given to pull, or its s3:// source)"}
+		return usageError(fs, "rm takes at least one REF argument (a name given to pull, or its s3:// source)")
 	}
 	for _, ref := range pos {
 		if ref == "" {
-			return &exitError{code: 2, msg: "rm: a REF must not be empty"}
+			return usageError(fs, "a REF must not be empty")
 		}
 	}
 	c, err := controlClient(socket)
@@ -46,8 +49,45 @@ func runRm(ctx context.Context, args []string) error {
 		return err
 	}
 	removed, err := c.Remove(ctx, pos)
+	if format.json() {
+		out := rmJSON{Removed: make([]removedJSON, 0, len(removed))}
+		for _, r := range removed {
+			names := r.Names
+			if names == nil {
+				names = []string{} // a list in JSON, even when empty
+			}
+			out.Removed = append(out.Removed, removedJSON{ImageID: r.ImageID, Source: r.Source, Names: names, FreedBytes: r.Freed})
+		}
+		if err != nil {
+			out.Error = err.Error()
+		}
+		if werr := writeJSON(os.Stdout, out); werr != nil {
+			return werr
+		}
+		if err != nil {
+			// The reasons are in the JSON: stderr stays quiet, as for
+			// pull --format json.
+			return &exitError{code: 1}
+		}
+		return nil
+	}
 	for _, r := range removed {
 		fmt.Fprintf(os.Stdout, "removed %s (%s, names %v): %d bytes of pool data freed\n", r.ImageID, r.Source, r.Names, r.Freed)
 	}
 	return err
+}
+
+// rmJSON is what `rm --format json` prints: the images removed, and why
+// the others were not.
+type rmJSON struct {
+	Removed []removedJSON `json:"removed"`
+	Error   string        `json:"error,omitempty"`
+}
+
+// removedJSON is one image rm removed.
+type removedJSON struct {
+	ImageID    string   `json:"image_id"`
+	Source     string   `json:"source"`
+	Names      []string `json:"names"`
+	FreedBytes int64    `json:"freed_bytes"`
 }

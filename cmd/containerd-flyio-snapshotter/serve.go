@@ -53,14 +53,15 @@ func init() {
 // serveFlags are serve's flags beyond --config and --db; each overrides
 // the config key it names when given.
 type serveFlags struct {
-	socket, metrics, logLevel, logFormat string
+	socket, controlSocket, metrics, logLevel, logFormat string
 }
 
 func newServeFlagSet() (*serveFlags, func(args []string) error) {
 	fs := newFlagSet("serve", "serve [--config FILE] [flags]", serveDescription)
 	addDBFlags(fs)
 	f := &serveFlags{}
-	fs.StringVar(&f.socket, "socket", "", "unix socket `PATH` to serve on, overriding daemon.socket")
+	fs.StringVar(&f.socket, "socket", "", "unix socket `PATH` of the snapshots gRPC API containerd's proxy plugin calls, overriding daemon.socket (the control socket is --control-socket)")
+	fs.StringVar(&f.controlSocket, "control-socket", "", "unix socket `PATH` of the control API (pull, rm, activate), overriding daemon.control_socket")
 	fs.StringVar(&f.metrics, "metrics-address", "", "`HOST:PORT` of the metrics endpoint, overriding daemon.metrics_address")
 	fs.StringVar(&f.logLevel, "log-level", "", "log `LEVEL` (trace, debug, info, warn, error), overriding daemon.log_level")
 	fs.StringVar(&f.logFormat, "log-format", "", "log `FORMAT` (text or json), overriding daemon.log_format")
@@ -69,7 +70,7 @@ func newServeFlagSet() (*serveFlags, func(args []string) error) {
 			return err
 		}
 		if fs.NArg() > 0 {
-			return &exitError{code: 2, msg: fmt.Sprintf("unexpected argument %q (serve takes only flags)", fs.Arg(0))}
+			return usageError(fs, fmt.Sprintf("unexpected argument %q (serve takes only flags)", fs.Arg(0)))
 		}
 		return nil
 	}
@@ -83,6 +84,9 @@ func (f *serveFlags) serveConfig() (*plugin.Config, error) {
 	}
 	if f.socket != "" {
 		cfg.Daemon.Socket = f.socket
+	}
+	if f.controlSocket != "" {
+		cfg.Daemon.ControlSocket = f.controlSocket
 	}
 	if f.metrics != "" {
 		cfg.Daemon.MetricsAddress = f.metrics

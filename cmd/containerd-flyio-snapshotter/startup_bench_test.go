@@ -139,7 +139,7 @@ func BenchmarkCLIStartup(b *testing.B) {
 		}
 		cmds = append(cmds,
 			&timedCmd{label: name + " version", args: []string{abs, "version"}, want: "containerd-flyio-snapshotter "},
-			&timedCmd{label: name + " pull --socket (re-pull)", args: []string{abs, "pull", "--socket", sock, image, "--name", "app"}, want: result},
+			&timedCmd{label: name + " pull --control-socket (re-pull)", args: []string{abs, "pull", "--control-socket", sock, image, "--name", "app"}, want: result},
 			&timedCmd{label: name + " pull --config (re-pull)", args: []string{abs, "pull", "--config", cfg, image, "--name", "app"}, want: result})
 	}
 	if *startupBase != "" {

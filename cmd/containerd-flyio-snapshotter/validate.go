@@ -43,12 +43,18 @@ uncompressed tar, which names the layer whatever its storage);
 link targets and FILE itself with control characters escaped, as in a Go
 string: the archive's bytes never reach the terminal); 2 if it could not
 be read or the arguments are wrong.
+
+With --format json, stdout carries one JSON object whether the tarball is
+accepted or rejected: "accepted" (true or false), the counts, the
+compression and the diff ID of an accepted one, the "rejection" of a
+rejected one (nothing on stderr then); the exit status is the same.
 `
 
 // runValidate is the validate subcommand with its streams as parameters.
 func runValidate(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-	fs := newFlagSet("validate", "validate [--config FILE] [--allow-setid] FILE.tar[.gz|.zst]|-", validateHelp)
+	fs := newFlagSet("validate", "validate [--config FILE] [--allow-setid] [--format table|json] FILE.tar[.gz|.zst]|-", validateHelp)
 	addConfigFlags(fs)
+	format := addFormatFlag(fs, defaultFormatUsage)
 	allowSetID := fs.Bool("allow-setid", false, "accept setuid/setgid files and file capabilities even when the config's pipeline.allow_setid does not")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
@@ -77,13 +83,26 @@ func runValidate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	rep, err := tarball.Validate(ctx, in, limits)
 	if err != nil {
 		if tarball.IsRejection(err) {
-			fmt.Fprintf(stderr, "%s: %v\n", shown, err)
+			if format.json() {
+				if werr := writeJSON(stdout, validateJSON{File: name, Rejection: err.Error()}); werr != nil {
+					return werr
+				}
+			} else {
+				fmt.Fprintf(stderr, "%s: %v\n", shown, err)
+			}
 			return &exitError{code: 1}
 		}
 		if errors.Is(err, context.Canceled) {
 			return &exitError{code: 2, msg: "interrupted"}
 		}
 		return &exitError{code: 2, msg: fmt.Sprintf("%s: %v", shown, err)}
+	}
+	if format.json() {
+		return writeJSON(stdout, validateJSON{File: name, Accepted: true, ValidateReport: &ValidateReport{
+			Entries: rep.Entries, Files: rep.Files, Dirs: rep.Dirs,
+			Symlinks: rep.Symlinks, Hardlinks: rep.Hardlinks, Whiteouts: rep.Whiteouts, FileBytes: rep.TotalBytes,
+			HasRootfs: rep.HasRootfs, Compression: rep.Compression.String(), DiffID: rep.DiffID,
+		}})
 	}
 	rootfs := "no rootfs/ folder"
 	if rep.HasRootfs {
@@ -92,4 +111,32 @@ func runValidate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	fmt.Fprintf(stdout, "%s: ok: %d entries (%d files, %d dirs, %d symlinks, %d hard links, %d whiteouts), %d bytes of files, %s; %s, diff ID %s\n",
 		shown, rep.Entries, rep.Files, rep.Dirs, rep.Symlinks, rep.Hardlinks, rep.Whiteouts, rep.TotalBytes, rootfs, rep.Compression, rep.DiffID)
 	return nil
+}
+
+// validateJSON is what `validate --format json` prints. The file's name is
+// as given: JSON escapes its control characters.
+type validateJSON struct {
+	File      string `json:"file"`
+	Accepted  bool   `json:"accepted"`
+	Rejection string `json:"rejection,omitempty"`
+	// The report of an accepted tarball; none for a rejected one, whose
+	// reading stopped at the rejection.
+	*ValidateReport
+}
+
+// ValidateReport is what validate found in an accepted tarball (exported
+// only so that encoding/json can fill it in validateJSON).
+type ValidateReport struct {
+	Entries   int   `json:"entries"`
+	Files     int   `json:"files"`
+	Dirs      int   `json:"dirs"`
+	Symlinks  int   `json:"symlinks"`
+	Hardlinks int   `json:"hardlinks"`
+	Whiteouts int   `json:"whiteouts"`
+	FileBytes int64 `json:"file_bytes"`
+	// HasRootfs: the image is under a rootfs/ folder, stripped at
+	// extraction.
+	HasRootfs   bool   `json:"has_rootfs"`
+	Compression string `json:"compression"`
+	DiffID      string `json:"diff_id"`
 }
