@@ -18,14 +18,19 @@ BUILDTAGS := sqlite_omit_load_extension osusergo netgo grpcnotrace
 LDFLAGS   := -s -w -linkmode external -extldflags "-static" \
   -X main.version=$(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: all build test unit vmtest e2e powerloss soak bench-pull demo lint tidy-check install install-unit clean
+.PHONY: all build test binary-check unit vmtest e2e powerloss soak bench-pull demo lint tidy-check install install-unit clean
 
 all: build
 
 build:
 	CGO_ENABLED=1 $(GO) build -tags '$(BUILDTAGS)' -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/containerd-flyio-snapshotter
 
-test: lint unit vmtest
+test: lint unit binary-check vmtest
+
+# Fault injection lives only in the device-mapper test binaries (build tag
+# dm): the shipped binary must not carry its environment variable.
+binary-check: build
+	@if grep -aq FLYIO_FAULT $(BIN); then echo "$(BIN) carries a fault-injection variable (FLYIO_FAULT_*)"; exit 1; fi
 
 lint: tidy-check
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

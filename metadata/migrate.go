@@ -238,7 +238,7 @@ func checkLedger(rows []LedgerRow, allowNewer bool) error {
 			if allowNewer {
 				continue
 			}
-			return fmt.Errorf("%w: database records migration %d but this binary embeds only 1..%d: upgrade the binary", ErrSchemaTooNew, r.Version, len(embedded()))
+			return fmt.Errorf("%w: database records migration %d but this binary embeds only 1..%d: run a binary that knows it", ErrSchemaTooNew, r.Version, len(embedded()))
 		}
 		m := embedded()[r.Version-1]
 		if r.SHA256 == "" {
@@ -261,6 +261,11 @@ func (d *DB) verifyLedger(ctx context.Context, allowNewer bool) (int, error) {
 		return 0, fmt.Errorf("metadata: %s: %w", d.path, err)
 	}
 	if err := checkLedger(rows, allowNewer); err != nil {
+		if errors.Is(err, ErrSchemaTooNew) {
+			// The way back from an upgrade is the copy the newer binary
+			// took before it migrated past what this one embeds.
+			return 0, fmt.Errorf("metadata: refusing database %s: %w; to go back to this binary, stop the daemon and restore %s.pre-v%d (the copy taken before the upgrade migrated it)", d.path, err, d.path, len(embedded())+1)
+		}
 		return 0, fmt.Errorf("metadata: refusing database %s: %w", d.path, err)
 	}
 	if len(rows) == 0 {

@@ -119,6 +119,8 @@ func TestLedgerRefusesNewerSchema(t *testing.T) {
 	d.Close()
 	if _, err := Open(ctx, Options{Path: path}); !errors.Is(err, ErrSchemaTooNew) || !strings.Contains(err.Error(), strconv.Itoa(next)) {
 		t.Errorf("read-write Open of a newer schema: err = %v, want ErrSchemaTooNew naming %d", err, next)
+	} else if want := fmt.Sprintf("restore %s.pre-v%d", path, next); !strings.Contains(err.Error(), want) {
+		t.Errorf("refusal of a newer schema does not name the way back (%q): %v", want, err)
 	}
 	r, err := Open(ctx, Options{Path: path, ReadOnly: true})
 	if err != nil {

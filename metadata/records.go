@@ -10,24 +10,23 @@ import (
 	"errors"
 	"fmt"
 	"time"
-)
 
-// ErrNotFound is wrapped by lookups that require a row when there is none.
-var ErrNotFound = errors.New("metadata: not found")
+	"github.com/containerd/errdefs"
+)
 
 // ErrNameTaken is wrapped by the refusal to give an image a name another
 // image has: a name moves only when asked to (replace).
 var ErrNameTaken = errors.New("metadata: name taken by another image")
 
-// ErrInvalidArgument is wrapped when an argument breaks a rule the schema
-// would enforce, before the database is asked.
-var ErrInvalidArgument = errors.New("metadata: invalid argument")
-
 type rowScanner interface{ Scan(dest ...any) error }
+
+// activationPrefix starts every activation's key; the views of migration
+// 0008 spell the same prefix in SQL, which a migration cannot take from Go.
+const activationPrefix = "snap-"
 
 // ActivationKey is the key of image imageID's activation (its active
 // snapshot): derived from the image id, never stored.
-func ActivationKey(imageID string) string { return "snap-" + imageID }
+func ActivationKey(imageID string) string { return activationPrefix + imageID }
 
 // LayerFile is a layer's tarball as downloaded and validated (table
 // layers).
@@ -67,7 +66,7 @@ type Object struct {
 func (d *DB) StoreDownload(ctx context.Context, o Object, f LayerFile) error {
 	if o.Bucket == "" || o.Key == "" || o.Digest == "" || o.Digest != f.Digest || f.Path == "" || f.SizeBytes < 0 {
 		return fmt.Errorf("metadata: store download of s3://%s/%s as %q at %q: bucket, key, digest and path must be set and the digests equal: %w",
-			o.Bucket, o.Key, o.Digest, f.Path, ErrInvalidArgument)
+			o.Bucket, o.Key, o.Digest, f.Path, errdefs.ErrInvalidArgument)
 	}
 	if f.DiffID == "" {
 		f.DiffID = f.Digest
@@ -184,7 +183,7 @@ type Chain struct {
 // StoreChain records chain c (or refreshes its sizes).
 func (d *DB) StoreChain(ctx context.Context, c Chain) error {
 	if c.ChainID == "" || c.DiffID == "" || c.SizeBytes < 0 || c.FileCount < 0 {
-		return fmt.Errorf("metadata: store chain %q (diff %q): ids must be set, sizes not negative: %w", c.ChainID, c.DiffID, ErrInvalidArgument)
+		return fmt.Errorf("metadata: store chain %q (diff %q): ids must be set, sizes not negative: %w", c.ChainID, c.DiffID, errdefs.ErrInvalidArgument)
 	}
 	if _, err := d.db.ExecContext(ctx, `INSERT INTO chains (chain_id, parent_chain_id, diff_id, size_bytes, file_count, unpacked_ns)
 		VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(chain_id) DO UPDATE SET size_bytes = excluded.size_bytes, file_count = excluded.file_count`,
@@ -253,7 +252,7 @@ type ImageLayer struct {
 // clears it.
 func (d *DB) MarkImageFailed(ctx context.Context, imageID, source, reason string) error {
 	if imageID == "" || source == "" || reason == "" {
-		return fmt.Errorf("metadata: mark image %q (source %q) failed: id, source and reason must be set: %w", imageID, source, ErrInvalidArgument)
+		return fmt.Errorf("metadata: mark image %q (source %q) failed: id, source and reason must be set: %w", imageID, source, errdefs.ErrInvalidArgument)
 	}
 	if _, err := d.db.ExecContext(ctx, `INSERT INTO s3_images (image_id, source, failure_reason, created_ns) VALUES (?, ?, ?, ?)
 		ON CONFLICT(image_id) DO UPDATE SET failure_reason = excluded.failure_reason`,
@@ -271,7 +270,7 @@ func (d *DB) MarkImageFailed(ctx context.Context, imageID, source, reason string
 func (d *DB) RecordPulledImage(ctx context.Context, imageID, source string, layers []ImageLayer, name string) error {
 	if imageID == "" || source == "" || len(layers) == 0 {
 		return fmt.Errorf("metadata: record pulled image %q (source %q, %d layers): id, source and layers must be set: %w",
-			imageID, source, len(layers), ErrInvalidArgument)
+			imageID, source, len(layers), errdefs.ErrInvalidArgument)
 	}
 	now := time.Now().UnixNano()
 	return d.WithTx(ctx, func(tx *sql.Tx) error {

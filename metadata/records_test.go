@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/containerd/errdefs"
 )
 
 // TestCompressedLayerFile: a compressed layer's file is kept by the digest
@@ -78,7 +80,7 @@ func TestStoreDownloadAndForgetLayer(t *testing.T) {
 
 	// Bad input is refused, naming the object, and leaves nothing behind.
 	err = db.StoreDownload(ctx, Object{Bucket: "bkt", Key: "x.tar", Digest: "sha256:x1"}, LayerFile{Digest: "sha256:x2", Path: "/p"})
-	if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "s3://bkt/x.tar") {
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "s3://bkt/x.tar") {
 		t.Errorf("StoreDownload with two digests: err = %v, want ErrInvalidArgument naming s3://bkt/x.tar", err)
 	}
 	if o, _ := db.ObjectRecord(ctx, "bkt", "x.tar"); o != nil {
@@ -131,7 +133,7 @@ func TestStoreChainGetChain(t *testing.T) {
 		t.Errorf("GetChain of an unknown chain = %+v, %v", c, err)
 	}
 	for _, bad := range []Chain{{DiffID: "sha256:d"}, {ChainID: "sha256:c"}, {ChainID: "sha256:c", DiffID: "sha256:d", SizeBytes: -1}} {
-		if err := db.StoreChain(ctx, bad); !errors.Is(err, ErrInvalidArgument) {
+		if err := db.StoreChain(ctx, bad); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("StoreChain(%+v): err = %v, want ErrInvalidArgument", bad, err)
 		}
 	}
@@ -208,11 +210,11 @@ func TestRecordPulledImage(t *testing.T) {
 		id, src string
 		layers  []ImageLayer
 	}{{"", src, layers}, {id, "", layers}, {id, src, nil}} {
-		if err := db.RecordPulledImage(ctx, c.id, c.src, c.layers, "x"); !errors.Is(err, ErrInvalidArgument) {
+		if err := db.RecordPulledImage(ctx, c.id, c.src, c.layers, "x"); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("RecordPulledImage(%q, %q, %d layers): err = %v, want ErrInvalidArgument", c.id, c.src, len(c.layers), err)
 		}
 	}
-	if err := db.MarkImageFailed(ctx, "", src, "r"); !errors.Is(err, ErrInvalidArgument) {
+	if err := db.MarkImageFailed(ctx, "", src, "r"); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("MarkImageFailed without an id: err = %v, want ErrInvalidArgument", err)
 	}
 	if id2, _ := db.ImageIDByName(ctx, "x"); id2 != "" {

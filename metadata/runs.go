@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/containerd/errdefs"
 )
 
 // Run states stored in fsm_runs.state.
@@ -23,8 +25,8 @@ const (
 )
 
 // ErrRunNotFound is wrapped by run queries given an unknown run id; it
-// wraps ErrNotFound.
-var ErrRunNotFound = fmt.Errorf("metadata: run: %w", ErrNotFound)
+// wraps errdefs.ErrNotFound.
+var ErrRunNotFound = fmt.Errorf("metadata: run: %w", errdefs.ErrNotFound)
 
 // ErrRunFinished is wrapped by CheckpointRun for a run already in a terminal
 // state: terminal rows never change.

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/containerd/errdefs"
 )
 
 func newRun(id, fsm, idem string, created time.Time) Run {
@@ -113,7 +115,7 @@ func TestCheckpointRun(t *testing.T) {
 	if got.State != RunAborted || !got.FinishedAt.Equal(t0.Add(4*time.Second)) || got.LastError != "access denied" {
 		t.Fatalf("finished run changed or finished_at wrong: %+v", got)
 	}
-	if err := d.CheckpointRun(ctx, RunCheckpoint{RunID: "nope", State: RunRunning, At: t0}); !errors.Is(err, ErrRunNotFound) || !errors.Is(err, ErrNotFound) {
+	if err := d.CheckpointRun(ctx, RunCheckpoint{RunID: "nope", State: RunRunning, At: t0}); !errors.Is(err, ErrRunNotFound) || !errdefs.IsNotFound(err) {
 		t.Fatalf("checkpoint of an unknown run: %v", err)
 	}
 	if err := d.CheckpointRun(ctx, RunCheckpoint{RunID: "r1", State: "paused", At: t0}); err == nil {

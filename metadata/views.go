@@ -161,8 +161,8 @@ func (d *DB) UnpackedViews(ctx context.Context) ([]UnpackedView, error) {
 	}, `SELECT u.image_id, u.device_id, u.device_name, u.device_path, u.size_bytes,
 		u.file_count, u.layout_verified, u.unpacked_at,
 		(SELECT count(*) FROM cd_snapshots a JOIN cd_snapshots o ON o.id = a.parent_id
-			WHERE o.device_id = CAST(u.device_id AS INTEGER) AND a.kind = 'active' AND a.key LIKE 'snap-%')
-		FROM unpacked_images u ORDER BY u.id`)
+			WHERE o.device_id = CAST(u.device_id AS INTEGER) AND a.kind = 'active' AND a.key LIKE ? || '%')
+		FROM unpacked_images u ORDER BY u.id`, activationPrefix)
 }
 
 // ChainView is an unpacked chain: one layer on its parent chain, and its

@@ -2,13 +2,13 @@ package metrics
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 )
 
 // gauges gathers every gauge named name as "label=value,..." -> value.
@@ -48,11 +48,7 @@ func samples(t *testing.T, m *Metrics, name string, value func(*dto.Metric) floa
 // database holds at scrape time.
 func TestPipelineMetricsFromDatabase(t *testing.T) {
 	ctx := context.Background()
-	db, err := metadata.Open(ctx, metadata.Options{Path: filepath.Join(t.TempDir(), "meta.db")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := metadatatest.Open(t)
 	m := New()
 	m.AddPipeline(db)
 

@@ -1,7 +1,10 @@
 // Package plugin holds the daemon's TOML configuration (defaults and
 // validation), the wiring that builds the whole service from a Config, and
 // the containerd plugin registration that links the snapshotter into a
-// custom containerd build. It holds no business logic.
+// custom containerd build. Its own rules are the ones no single package
+// can judge: the rules that join sections (the GC threshold against the
+// pool's reserve, paths derived from the root directory) and which S3
+// buckets the daemon may pull from.
 package plugin
 
 import (

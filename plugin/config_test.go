@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -104,6 +106,20 @@ func TestExampleFileEqualsDefaults(t *testing.T) {
 	}
 }
 
+// configKeys lists every key of Config as "section.key", in field order.
+func configKeys() []string {
+	var keys []string
+	rt := reflect.TypeOf(Config{})
+	for i := 0; i < rt.NumField(); i++ {
+		sec := rt.Field(i).Tag.Get("toml")
+		st := rt.Field(i).Type
+		for j := 0; j < st.NumField(); j++ {
+			keys = append(keys, sec+"."+st.Field(j).Tag.Get("toml"))
+		}
+	}
+	return keys
+}
+
 // TestExampleDocumentsEveryKey checks that every key of Config appears,
 // uncommented, in config.toml.example, so a new key cannot go undocumented.
 func TestExampleDocumentsEveryKey(t *testing.T) {
@@ -115,15 +131,62 @@ func TestExampleDocumentsEveryKey(t *testing.T) {
 	if err := toml.Unmarshal(data, &doc); err != nil {
 		t.Fatal(err)
 	}
-	rt := reflect.TypeOf(Config{})
-	for i := 0; i < rt.NumField(); i++ {
-		sec := rt.Field(i).Tag.Get("toml")
-		st := rt.Field(i).Type
-		for j := 0; j < st.NumField(); j++ {
-			key := st.Field(j).Tag.Get("toml")
-			if _, ok := doc[sec][key]; !ok {
-				t.Errorf("config.toml.example does not set %s.%s", sec, key)
-			}
+	for _, k := range configKeys() {
+		sec, key, _ := strings.Cut(k, ".")
+		if _, ok := doc[sec][key]; !ok {
+			t.Errorf("config.toml.example does not set %s", k)
+		}
+	}
+}
+
+// configKeyPattern is how a configuration key is spelled in the docs.
+var configKeyPattern = regexp.MustCompile(`^[a-z0-9_]+\.[a-z0-9_]+$`)
+
+// TestOperatingGuideListsEveryKey checks that the configuration reference
+// in docs/operating.md has a row for every key of Config, with the default
+// written as config.toml.example writes it (which TestExampleFileEqualsDefaults
+// ties to the code), and no row for a key the code does not have.
+func TestOperatingGuideListsEveryKey(t *testing.T) {
+	example, err := os.ReadFile("../config.toml.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	literal := map[string]string{} // "section.key" -> value as written
+	sec := ""
+	for _, line := range strings.Split(string(example), "\n") {
+		if strings.HasPrefix(line, "[") && strings.HasSuffix(line, "]") {
+			sec = strings.Trim(line, "[]")
+			continue
+		}
+		if k, v, ok := strings.Cut(line, " = "); ok && !strings.HasPrefix(line, "#") {
+			literal[sec+"."+k] = v
+		}
+	}
+	guide, err := os.ReadFile("../docs/operating.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]string{} // "section.key" -> default column
+	for _, line := range strings.Split(string(guide), "\n") {
+		cells := strings.Split(line, " | ")
+		if len(cells) < 3 || !strings.HasPrefix(cells[0], "| `") {
+			continue
+		}
+		rows[strings.Trim(cells[0], "| `")] = strings.Trim(cells[1], "`")
+	}
+	keys := configKeys()
+	for _, k := range keys {
+		got, ok := rows[k]
+		switch {
+		case !ok:
+			t.Errorf("docs/operating.md: the configuration reference has no row for %s", k)
+		case got != literal[k]:
+			t.Errorf("docs/operating.md: %s default is %s, config.toml.example says %s", k, got, literal[k])
+		}
+	}
+	for k := range rows {
+		if configKeyPattern.MatchString(k) && !slices.Contains(keys, k) {
+			t.Errorf("docs/operating.md: the configuration reference lists %s, which is not a key", k)
 		}
 	}
 }

@@ -16,6 +16,8 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/vm/scratch"
 )
 
 // testBaseSize keeps mkfs and the pool small under emulation.
@@ -27,15 +29,7 @@ var poolSeq atomic.Int64
 // integration/vm/run.sh), never 9p.
 func scratchDir(t testing.TB) string {
 	t.Helper()
-	root := os.Getenv("VM_SCRATCH")
-	if root == "" {
-		t.Fatal("VM_SCRATCH is not set: run dm tests through integration/vm/run.sh or suite.sh")
-	}
-	dir, err := os.MkdirTemp(root, "snapshotter-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	return scratch.Dir(t, "snapshotter-")
 }
 
 // testEnv is one pool and one database in a scratch directory.

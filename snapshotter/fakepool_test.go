@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
@@ -179,11 +180,7 @@ func newFakeSnapshotter(t testing.TB, dir string, pool *fakePool, cfg Config) *S
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	db, err := metadata.Open(ctx, metadata.Options{Path: filepath.Join(dir, "meta.db")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := metadatatest.OpenPath(t, filepath.Join(dir, "meta.db"))
 	if cfg.BaseImageSize == 0 {
 		cfg.BaseImageSize = DefaultBaseImageSize
 	}

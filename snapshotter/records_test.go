@@ -3,7 +3,6 @@ package snapshotter
 import (
 	"context"
 	"database/sql"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -13,6 +12,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 )
 
 // recordsOnly is a Snapshotter on a real database and an empty fakePool,
@@ -28,11 +28,7 @@ type recordsOnly struct {
 func newRecordsOnly(t *testing.T) *recordsOnly {
 	t.Helper()
 	ctx := context.Background()
-	db, err := metadata.Open(ctx, metadata.Options{Path: filepath.Join(t.TempDir(), "meta.db")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := metadatatest.Open(t)
 	r := &recordsOnly{Snapshotter: &Snapshotter{db: db, pool: newFakePool(), cfg: Config{FSType: "ext4", BaseImageSize: DefaultBaseImageSize, AsyncRemove: true}}, t: t, next: 100}
 	r.tx(func(q metadata.SnapshotterQueries) error {
 		return q.InsertThinDevice(ctx, metadata.ThinDevice{ID: 1, Name: "p-base-1", Role: metadata.ThinRoleBase,

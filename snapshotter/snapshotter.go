@@ -149,7 +149,7 @@ func (s *Snapshotter) get(ctx context.Context, ns, key string) (metadata.CDSnaps
 	return r, nil
 }
 
-// Stat returns the info of the snapshot key in the context's namespace.
+// Stat returns the info of the snapshot key (one keyspace, see keyspace).
 func (s *Snapshotter) Stat(ctx context.Context, key string) (snapshots.Info, error) {
 	ns, err := s.open(ctx)
 	if err != nil {
@@ -853,7 +853,7 @@ func (s *Snapshotter) Cleanup(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// Walk calls fn for every snapshot of the context's namespace that matches
+// Walk calls fn for every snapshot (of the one keyspace) that matches
 // any of filters (containerd's filter syntax over kind, name, parent and
 // labels.<key>). fn may call the snapshotter. A single filter's equality
 // selectors are answered by the database (containerd's lookup of a layer by
@@ -898,7 +898,7 @@ func (s *Snapshotter) Close() error {
 }
 
 // DeviceOf returns the dm name, device path and thin id of snapshot key in
-// the context's namespace (NotFound if there is none). The path exists only
+// the keyspace (NotFound if there is none). The path exists only
 // while the device is active (active and view snapshots).
 func (s *Snapshotter) DeviceOf(ctx context.Context, key string) (name, path string, id uint32, err error) {
 	ns, err := s.open(ctx)
@@ -912,7 +912,7 @@ func (s *Snapshotter) DeviceOf(ctx context.Context, key string) (name, path stri
 	return r.DeviceName, thinpool.DevicePath(r.DeviceName), r.DeviceID, nil
 }
 
-// Exists reports whether snapshot key exists in the context's namespace.
+// Exists reports whether snapshot key exists (in the one keyspace).
 func (s *Snapshotter) Exists(ctx context.Context, key string) (bool, error) {
 	ns, err := s.open(ctx)
 	if err != nil {

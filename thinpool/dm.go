@@ -26,7 +26,7 @@ import (
 //   - Replies that do not fit set DM_BUFFER_FULL_FLAG: retry bigger.
 
 const (
-	dmControlPath  = "/dev/mapper/control"
+	dmControlPath  = MapperDir + "/control"
 	dmInitialBuf   = 16 << 10
 	dmMaxBuf       = 64 << 20
 	dmHeaderSize   = unix.SizeofDmIoctl

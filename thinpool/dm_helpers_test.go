@@ -17,6 +17,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/vm/scratch"
 )
 
 // Tests in files tagged dm need real device-mapper and root: they run inside
@@ -29,17 +31,13 @@ const testNoSpaceTimeout = 2 * time.Second
 // its devices and files when the test ends.
 func testPool(t testing.TB, dataSize int64) (*Pool, Config) {
 	t.Helper()
-	scratch := os.Getenv("VM_SCRATCH")
-	if scratch == "" {
-		t.Fatal("VM_SCRATCH is not set: run the dm tests through integration/vm/run.sh or suite.sh")
-	}
 	name := "tp-" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))
 	if len(name) > 40 {
 		name = name[:40]
 	}
 	cfg := Config{
 		PoolName:     name,
-		RootDir:      filepath.Join(scratch, name),
+		RootDir:      scratch.Dir(t, name+"-"),
 		DataSize:     dataSize,
 		MetadataSize: 16 << 20,
 		// Writes on a full pool wait this long before they fail: short,

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/vm/scratch"
 )
 
 const mib = 1 << 20
@@ -283,8 +285,7 @@ func TestPoolFull(t *testing.T) {
 // pool refuses: ErrMetadataFull, no half-made device, ids still listed.
 func TestMetadataFull(t *testing.T) {
 	ctx := context.Background()
-	scratch := os.Getenv("VM_SCRATCH")
-	cfg := Config{PoolName: "tp-metafull", RootDir: filepath.Join(scratch, "tp-metafull"),
+	cfg := Config{PoolName: "tp-metafull", RootDir: scratch.Dir(t, "tp-metafull-"),
 		DataSize: 64 * mib, MetadataSize: 512 << 10, // 128 metadata blocks
 		MetadataThreshold: 100} // the kernel's own limit, not ours
 	p, err := Open(ctx, cfg)
@@ -483,10 +484,7 @@ func TestConcurrentCreateDelete(t *testing.T) {
 // instead of its own loop files, through a restart and a reboot.
 func TestExistingDevices(t *testing.T) {
 	ctx := context.Background()
-	dir := filepath.Join(os.Getenv("VM_SCRATCH"), "tp-existing")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	dir := scratch.Dir(t, "tp-existing-")
 	var devs []string
 	for _, f := range []struct {
 		name string

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/vm/scratch"
 )
 
 // TestLowWaterEventGrowsPool: writes crossing the low-water mark raise a
@@ -22,8 +24,7 @@ import (
 func TestLowWaterEventGrowsPool(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	scratch := os.Getenv("VM_SCRATCH")
-	cfg := Config{PoolName: "tp-lowwater", RootDir: filepath.Join(scratch, "tp-lowwater"),
+	cfg := Config{PoolName: "tp-lowwater", RootDir: scratch.Dir(t, "tp-lowwater-"),
 		DataSize: 32 * mib, MetadataSize: 16 << 20, MaxDataSize: 48 * mib, GrowthReserve: mib,
 		LowWaterMarkBlocks: 256} // half of the 512 blocks
 	p, err := Open(ctx, cfg)
@@ -117,13 +118,13 @@ func TestLowWaterEventGrowsPool(t *testing.T) {
 // claim.
 func TestGrowthKeepsFilesystemReserve(t *testing.T) {
 	ctx := context.Background()
-	scratch := os.Getenv("VM_SCRATCH")
+	dir := scratch.Dir(t, "tp-reserve-")
 	var fs unix.Statfs_t
-	if err := unix.Statfs(scratch, &fs); err != nil {
+	if err := unix.Statfs(dir, &fs); err != nil {
 		t.Fatal(err)
 	}
 	free := int64(fs.Bavail) * int64(fs.Bsize)
-	cfg := Config{PoolName: "tp-reserve", RootDir: filepath.Join(scratch, "tp-reserve"),
+	cfg := Config{PoolName: "tp-reserve", RootDir: dir,
 		DataSize: 32 * mib, MetadataSize: 16 << 20, MaxDataSize: 1 << 40,
 		GrowthReserve: free - 48*mib - 4*mib} // room for the files' 48 MiB and 4 MiB more
 	p, err := Open(ctx, cfg)
@@ -150,8 +151,7 @@ func TestGrowthKeepsFilesystemReserve(t *testing.T) {
 // work, which frees the metadata for new devices again.
 func TestMetadataThresholdKeepsDeletes(t *testing.T) {
 	ctx := context.Background()
-	scratch := os.Getenv("VM_SCRATCH")
-	cfg := Config{PoolName: "tp-metathreshold", RootDir: filepath.Join(scratch, "tp-metathreshold"),
+	cfg := Config{PoolName: "tp-metathreshold", RootDir: scratch.Dir(t, "tp-metathreshold-"),
 		DataSize: 64 * mib, MetadataSize: 512 << 10, MetadataThreshold: 60}
 	p, err := Open(ctx, cfg)
 	if err != nil {
@@ -319,8 +319,7 @@ func TestAdjustReloadsLowWater(t *testing.T) {
 // device keeps writing into the reserve; deleting it lets new devices in.
 func TestReserveRefusesNewDevices(t *testing.T) {
 	ctx := context.Background()
-	scratch := os.Getenv("VM_SCRATCH")
-	cfg := Config{PoolName: "tp-reserve", RootDir: filepath.Join(scratch, "tp-reserve"),
+	cfg := Config{PoolName: "tp-reserve", RootDir: scratch.Dir(t, "tp-reserve-"),
 		DataSize: 32 * mib, MetadataSize: 16 << 20, MinFreePercent: 25, ReserveSetting: "pool.min_free_space"}
 	p, err := Open(ctx, cfg)
 	if err != nil {

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/vm/scratch"
 )
 
 // damageMetadata does to a stopped pool's metadata file what a metadata
@@ -70,8 +72,7 @@ func sh(t *testing.T, line string) (string, bool) {
 // the thin device holds what was written before the damage.
 func TestRepairRunbook(t *testing.T) {
 	ctx := context.Background()
-	scratch := os.Getenv("VM_SCRATCH")
-	cfg := Config{PoolName: "tp-repair", RootDir: filepath.Join(scratch, "tp-repair"), DataSize: 64 * mib, MetadataSize: 16 << 20}
+	cfg := Config{PoolName: "tp-repair", RootDir: scratch.Dir(t, "tp-repair-"), DataSize: 64 * mib, MetadataSize: 16 << 20}
 	p, err := Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/gc"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 )
 
 // TestSocketCarriesErrors serves real pipelines that have no snapshotter
@@ -22,11 +22,7 @@ func TestSocketCarriesErrors(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	dir := t.TempDir()
-	db, err := metadata.Open(ctx, metadata.Options{Path: filepath.Join(dir, "m.db")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := metadatatest.OpenPath(t, filepath.Join(dir, "m.db"))
 	p, err := pipeline.New(ctx, pipeline.Options{DB: db, DownloadDir: filepath.Join(dir, "dl"),
 		Sources: func(ctx context.Context, b string) (*s3source.Source, error) {
 			return s3source.New(ctx, s3source.Config{Bucket: b})

@@ -13,6 +13,7 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 )
 
 // waitLimit bounds every wait in these tests so that a bug shows as a
@@ -36,12 +37,7 @@ func openDB(t testing.TB) *metadata.DB {
 
 func openDBAt(t testing.TB, path string) *metadata.DB {
 	t.Helper()
-	db, err := metadata.Open(context.Background(), metadata.Options{Path: path})
-	if err != nil {
-		t.Fatalf("opening database %s: %v", path, err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
-	return db
+	return metadatatest.OpenPath(t, path)
 }
 
 func newManager(t testing.TB, db *metadata.DB, opts ...fsm.ManagerOption) *fsm.Manager {

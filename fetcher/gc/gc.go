@@ -541,7 +541,7 @@ func (c *Collector) remove(ctx context.Context, im *metadata.GCImage, cause, rea
 
 // Remove removes the pulled images named refs (a name or an s3:// source),
 // the way a collection does, refusing one in use with the reason (ErrInUse)
-// and one never pulled (metadata.ErrNotFound). It goes on past a refusal
+// and one never pulled (errdefs.ErrNotFound). It goes on past a refusal
 // and returns every image removed with the errors joined.
 func (c *Collector) Remove(ctx context.Context, refs []string) ([]Removed, error) {
 	c.mu.Lock()
@@ -568,7 +568,7 @@ func (c *Collector) Remove(ctx context.Context, refs []string) ([]Removed, error
 			}
 		}
 		if im == nil {
-			errs = append(errs, fmt.Errorf("rm %s: no image pulled under that name: %w", ref, metadata.ErrNotFound))
+			errs = append(errs, fmt.Errorf("rm %s: no image pulled under that name: %w", ref, errdefs.ErrNotFound))
 			continue
 		}
 		why, err := c.inUse(ctx, im, children)

@@ -464,7 +464,7 @@ func TestRemove(t *testing.T) {
 	if !errors.Is(err, ErrInUse) || !strings.Contains(err.Error(), `rm two: image img2 is in use (snapshot "container" (a container's) is on layer 1)`) {
 		t.Errorf("rm of an image with a container: %v", err)
 	}
-	if !errors.Is(err, metadata.ErrNotFound) || !strings.Contains(err.Error(), "rm three: no image pulled under that name") {
+	if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "rm three: no image pulled under that name") {
 		t.Errorf("rm of a name never pulled: %v", err)
 	}
 	h.gone("img1", "one", []string{"c1"}, files)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"strings"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
@@ -209,7 +208,7 @@ func (p *Pipelines) verifyImageLayout(ctx context.Context, r *ActivateRequest, k
 	for i := range ms {
 		ms[i].Options = append(ms[i].Options, "ro")
 	}
-	dir := filepath.Join(p.opts.MountDir, strings.TrimPrefix(key, "snap-"))
+	dir := filepath.Join(p.opts.MountDir, r.ImageID)
 	umount, err := mountAll(ms, dir)
 	if err != nil {
 		return fmt.Errorf("activate %s: %w", r.Source, err)

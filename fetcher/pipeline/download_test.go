@@ -18,6 +18,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 )
 
 // tarFile is one entry of a test archive.
@@ -106,11 +107,7 @@ func newEnvWith(t *testing.T, configure func(*env, *Options)) *env {
 	ctx := context.Background()
 	srv := s3test.NewServer(t)
 	dir := t.TempDir()
-	db, err := metadata.Open(ctx, metadata.Options{Path: filepath.Join(dir, "meta.db")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := metadatatest.OpenPath(t, filepath.Join(dir, "meta.db"))
 	e := &env{t: t, srv: srv, db: db, dir: dir}
 	opts := e.options()
 	if configure != nil {

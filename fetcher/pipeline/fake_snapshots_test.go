@@ -22,6 +22,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 )
 
@@ -638,11 +639,7 @@ func copyTree(src, dst string) error {
 // where the pipeline relies on it.
 func TestFakeSnapshotsSemantics(t *testing.T) {
 	ctx := context.Background()
-	db, err := metadata.Open(ctx, metadata.Options{Path: filepath.Join(t.TempDir(), "meta.db")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := metadatatest.Open(t)
 	f := newFakeSnapshots(t, db)
 	if _, err := f.Prepare(ctx, "a", "missing"); !errdefs.IsNotFound(err) {
 		t.Errorf("prepare on a missing parent: %v", err)

@@ -11,7 +11,6 @@ import (
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
-	"github.com/containerd/log"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
@@ -112,13 +111,6 @@ type Options struct {
 	PoolFree func(ctx context.Context) (int64, error)
 }
 
-// FaultPauseEnv names an environment variable for crash tests: when set
-// to a test point ("<transition>:started" for every transition of the three
-// machines, "extract:started", "validate:reading"), every run that reaches
-// that point blocks there until the process is killed, so that a test can
-// SIGKILL the daemon at exactly that step. Never set it in production.
-const FaultPauseEnv = "FLYIO_FAULT_PAUSE_AT"
-
 // Pipelines runs the three state machines of one daemon.
 type Pipelines struct {
 	opts Options
@@ -189,10 +181,7 @@ func New(ctx context.Context, opts Options) (*Pipelines, error) {
 		}
 	}
 	p := &Pipelines{opts: opts, db: opts.DB, deviceLive: mappedDeviceLive}
-	if at := os.Getenv(FaultPauseEnv); at != "" {
-		log.G(ctx).WithField("point", at).Warn("fault injection: runs will stop at this point until the process is killed")
-		p.hooks = map[string]func(){at: func() { select {} }}
-	}
+	p.hooks = faultHooks(ctx)
 	p.m = fsm.NewManager(fsm.NewSQLiteStore(opts.DB),
 		fsm.WithQueueLimit(QueueDownloads, opts.Downloads), fsm.WithQueueLimit(QueueUnpacking, opts.Unpacking),
 		fsm.WithRetryObserver(opts.OnRetry))

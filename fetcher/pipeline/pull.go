@@ -12,11 +12,11 @@ import (
 	"sync"
 
 	"github.com/containerd/containerd/v2/pkg/identifiers"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
 // PullRequest names an S3 image: one layer key (".tar", ".tar.gz",
@@ -141,7 +141,7 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 	if req.Cached {
 		res, why := p.repull(ctx, source, imageID, ref, req.Namespaces, req.Replace, nil)
 		if res == nil {
-			return nil, fmt.Errorf("pull %s --cached: %s: %w", source, why, metadata.ErrNotFound)
+			return nil, fmt.Errorf("pull %s --cached: %s: %w", source, why, errdefs.ErrNotFound)
 		}
 		lg.WithField("snapshot", res.Snapshot.SnapshotName).Info("already pulled (records only)")
 		p.used(ctx, imageID, false)
@@ -450,7 +450,7 @@ func (p *Pipelines) Activate(ctx context.Context, ref string) (*ActivateResponse
 		return nil, err
 	}
 	if imageID == "" {
-		return nil, fmt.Errorf("activate %q: no image pulled under that name: %w", ref, metadata.ErrNotFound)
+		return nil, fmt.Errorf("activate %q: no image pulled under that name: %w", ref, errdefs.ErrNotFound)
 	}
 	img, err := p.db.GetImage(ctx, imageID)
 	if err != nil {
@@ -461,7 +461,7 @@ func (p *Pipelines) Activate(ctx context.Context, ref string) (*ActivateResponse
 		return nil, err
 	}
 	if img == nil || len(recorded) == 0 {
-		return nil, fmt.Errorf("activate %q: image %s has no layers recorded: pull it again: %w", ref, imageID, metadata.ErrNotFound)
+		return nil, fmt.Errorf("activate %q: image %s has no layers recorded: pull it again: %w", ref, imageID, errdefs.ErrNotFound)
 	}
 	layers := make([]Layer, len(recorded))
 	for i, l := range recorded {
@@ -470,7 +470,7 @@ func (p *Pipelines) Activate(ctx context.Context, ref string) (*ActivateResponse
 			return nil, err
 		}
 		if c == nil {
-			return nil, fmt.Errorf("activate %q: layer %d (chain %s) is no longer unpacked: pull it again: %w", ref, i+1, l.ChainID, metadata.ErrNotFound)
+			return nil, fmt.Errorf("activate %q: layer %d (chain %s) is no longer unpacked: pull it again: %w", ref, i+1, l.ChainID, errdefs.ErrNotFound)
 		}
 		layers[i] = Layer{Key: l.Key, Size: l.SizeBytes, ETag: l.ETag, DiffID: c.DiffID, ChainID: l.ChainID}
 	}

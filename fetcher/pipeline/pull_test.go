@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
@@ -250,7 +251,7 @@ func TestPullOverwrittenObject(t *testing.T) {
 	if err != nil || cached.TopChainID != r1.TopChainID {
 		t.Fatalf("cached pull: %+v, %v", cached, err)
 	}
-	if _, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "never/", Cached: true}); !errors.Is(err, metadata.ErrNotFound) {
+	if _, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "never/", Cached: true}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("cached pull of an image never pulled: %v, want not found", err)
 	}
 	if n := e.srv.TotalRequests(); n != 0 {

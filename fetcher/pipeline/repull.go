@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
 // repull answers a pull of an image that is pulled, unpacked and active
@@ -56,7 +57,7 @@ func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string, nss
 			}
 		}
 	}
-	path := "/dev/mapper/" + st.ActivationDevice
+	path := thinpool.DevicePath(st.ActivationDevice)
 	if err := p.deviceLive(path); err != nil {
 		return nil, err.Error()
 	}

@@ -2,8 +2,6 @@ package pipeline
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -11,8 +9,11 @@ import (
 	"strings"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/labels"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	"github.com/opencontainers/go-digest"
+	"github.com/opencontainers/image-spec/identity"
 	"golang.org/x/sys/unix"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
@@ -22,22 +23,19 @@ import (
 )
 
 // ChainID is the OCI chain ID of a layer whose parent chain is parent (""
-// for the first layer) and whose diff ID is diffID.
+// for the first layer) and whose diff ID is diffID: image-spec's ChainID of
+// the pair, since a chain ID folds every layer below into its parent's.
 func ChainID(parent, diffID string) string {
-	if parent == "" {
-		return diffID
+	ds := []digest.Digest{digest.Digest(diffID)}
+	if parent != "" {
+		ds = []digest.Digest{digest.Digest(parent), digest.Digest(diffID)}
 	}
-	sum := sha256.Sum256([]byte(parent + " " + diffID))
-	return "sha256:" + hex.EncodeToString(sum[:])
+	return identity.ChainID(ds).String()
 }
 
-// Labels the pipeline puts on the committed chain snapshots.
-const (
-	// LabelUncompressed is containerd's label naming a layer's diff ID.
-	LabelUncompressed = "containerd.io/uncompressed"
-	// LabelSource names the S3 object the layer came from.
-	LabelSource = "flyio.io/s3-source"
-)
+// LabelSource is the label naming the S3 object a committed chain
+// snapshot's layer came from.
+const LabelSource = "flyio.io/s3-source"
 
 // UnpackRequest is one "unpack-image" run: the layer at one chain
 // position, keyed by chain ID. The layer's file comes from the run-after
@@ -519,8 +517,8 @@ func (p *Pipelines) updateDB(ctx context.Context, req *upReq) (*upResp, error) {
 	case !exists:
 		// snapshot.ref = the chain ID lets containerd's unpacker adopt this
 		// snapshot (see containerd.go).
-		labels := map[string]string{LabelUncompressed: r.DiffID, LabelSource: r.S3URL, snapshots.LabelSnapshotRef: r.ChainID}
-		if err := p.opts.Snapshots.Commit(ctx, r.ChainID, resp.ExtractKey, snapshots.WithLabels(labels)); err != nil {
+		chainLabels := map[string]string{labels.LabelUncompressed: r.DiffID, LabelSource: r.S3URL, snapshots.LabelSnapshotRef: r.ChainID}
+		if err := p.opts.Snapshots.Commit(ctx, r.ChainID, resp.ExtractKey, snapshots.WithLabels(chainLabels)); err != nil {
 			if errdefs.IsNotFound(err) {
 				return nil, p.failUnpack(ctx, req, fsm.Abort(fmt.Errorf("unpack %s: commit: %w", r.ChainID, err)))
 			}

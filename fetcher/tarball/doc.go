@@ -1,5 +1,6 @@
 // Package tarball validates and extracts the tar archives that S3 images are
-// made of, under the extraction policy (docs/architecture.md). An archive
+// made of, under the extraction policy listed below (for operators:
+// docs/images.md, "The extraction policy"). An archive
 // may be stored plain or compressed with gzip or zstd: the stream's first
 // bytes say which, and a compressed one is decompressed on the way (its
 // checksum, for gzip, checked at its end). Every rule and limit applies to
@@ -24,12 +25,13 @@
 //   - no character or block devices (ErrDeviceNode). Named pipes (FIFOs) are
 //     allowed: they give no access to any device or kernel object, and
 //     images occasionally carry them; they are created, never opened;
-//   - at most 100,000 entries, 1 GiB per file, 10 GiB of files and
-//     extended attributes in total, and at most 100,000 parent
-//     directories implied by names but not listed (ErrTooManyDirs)
-//     (Limits);
-//   - per entry, at most 128 extended attributes (ErrTooManyXattrs) of
-//     64 KiB together (ErrXattrsTooLarge), and a PAX header of no more
+//   - at most Limits.MaxEntries entries, Limits.MaxFileSize per file,
+//     Limits.MaxTotalSize of files and extended attributes in total, and
+//     at most MaxEntries parent directories implied by names but not
+//     listed (ErrTooManyDirs); the defaults are the Default* constants;
+//   - per entry, at most Limits.MaxXattrs extended attributes
+//     (ErrTooManyXattrs) of Limits.MaxXattrBytes together
+//     (ErrXattrsTooLarge), and a PAX header of no more
 //     records than those and the standard keywords need
 //     (ErrTooManyPAXRecords) (Limits): each record costs parsing, and each
 //     attribute a system call; extended attributes count against the

@@ -52,11 +52,11 @@ const (
 // the default; a count above MaxLimitCount or a size above MaxLimitBytes
 // means that maximum.
 type Limits struct {
-	MaxEntries  int   // headers of any kind, and separately the parent directories they imply; default 100,000
-	MaxFileSize int64 // bytes of one regular file; default 1 GiB
+	MaxEntries  int   // headers of any kind, and separately the parent directories they imply; default DefaultMaxEntries
+	MaxFileSize int64 // bytes of one regular file; default DefaultMaxFileSize
 	// MaxTotalSize bounds the bytes of all regular files together, and of
 	// all extended attributes (names and values), which take space too;
-	// default 10 GiB.
+	// default DefaultMaxTotalSize.
 	MaxTotalSize int64
 	// MaxXattrs bounds the extended attribute records (PAX SCHILY.xattr.*)
 	// of one entry (ErrTooManyXattrs); default DefaultMaxXattrs.

@@ -17,6 +17,8 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/containerd/ociimage"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
+
+	vmscratch "github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/vm/scratch"
 )
 
 const (
@@ -100,9 +102,8 @@ func TestMain(m *testing.M) {
 
 // baseEnv finds the repository, the scratch folder and the tools.
 func baseEnv() (repo, scratch, tools string, err error) {
-	scratch = os.Getenv("VM_SCRATCH")
-	if scratch == "" {
-		return "", "", "", fmt.Errorf("VM_SCRATCH is not set: run these tests through integration/vm/run.sh or suite.sh")
+	if scratch, err = vmscratch.Root(); err != nil {
+		return "", "", "", err
 	}
 	if repo, err = stack.RepoRoot(); err != nil {
 		return "", "", "", err

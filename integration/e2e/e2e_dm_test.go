@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
+
+	vmscratch "github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/vm/scratch"
 )
 
 // chainRow is what this test reads of `ls chains --format json`.
@@ -83,9 +85,9 @@ func layerDigests(t *testing.T, images string) map[string][]string {
 // whiteouts of their top layers, and after the images are removed and
 // containerd's garbage collection ran, no device or row of ours left.
 func TestEndToEnd(t *testing.T) {
-	scratch := os.Getenv("VM_SCRATCH")
-	if scratch == "" {
-		t.Fatal("VM_SCRATCH is not set: run through integration/vm/suite.sh or run.sh")
+	scratch, err := vmscratch.Root()
+	if err != nil {
+		t.Fatal(err)
 	}
 	repo, err := stack.RepoRoot()
 	if err != nil {

@@ -25,6 +25,8 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
+
+	vmscratch "github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/vm/scratch"
 )
 
 const (
@@ -91,9 +93,9 @@ func versitygwBin(ctx context.Context, repo string) (string, error) {
 
 // setup starts everything and generates and publishes the images.
 func setup(ctx context.Context, specs []imageSpec, logf func(string, ...any)) (_ *env, err error) {
-	scratch := os.Getenv("VM_SCRATCH")
-	if scratch == "" {
-		return nil, errors.New("VM_SCRATCH is not set: run this benchmark through integration/vm/run.sh or suite.sh")
+	scratch, err := vmscratch.Root()
+	if err != nil {
+		return nil, err
 	}
 	e := &env{scratch: filepath.Join(scratch, "pullbench")}
 	defer func() {

@@ -29,6 +29,8 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
+
+	vmscratch "github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/vm/scratch"
 )
 
 var (
@@ -102,9 +104,9 @@ func TestSoak(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Hour)
 	defer cancel()
-	scratch := os.Getenv("VM_SCRATCH")
-	if scratch == "" {
-		t.Fatal("VM_SCRATCH is not set: run through integration/vm/run.sh or suite.sh")
+	scratch, err := vmscratch.Root()
+	if err != nil {
+		t.Fatal(err)
 	}
 	repo, err := stack.RepoRoot()
 	if err != nil {

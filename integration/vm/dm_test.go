@@ -17,6 +17,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/vm/scratch"
 )
 
 // Sizes of the pool every test here builds; the expected block counts are
@@ -34,15 +36,7 @@ const (
 // dm tests are never skipped.
 func scratchDir(t *testing.T) string {
 	t.Helper()
-	root := os.Getenv("VM_SCRATCH")
-	if root == "" {
-		t.Fatal("VM_SCRATCH is not set: run dm tests through integration/vm/run.sh or suite.sh")
-	}
-	dir, err := os.MkdirTemp(root, "vmtest-")
-	if err != nil {
-		t.Fatalf("scratch folder under %s: %v", root, err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	dir := scratch.Dir(t, "vmtest-")
 	return dir
 }
 

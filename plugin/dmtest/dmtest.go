@@ -23,6 +23,8 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/vm/scratch"
 )
 
 var seq atomic.Int64
@@ -33,14 +35,7 @@ var seq atomic.Int64
 // off. The pool is removed with its devices when the test ends.
 func Config(t testing.TB) *plugin.Config {
 	t.Helper()
-	scratch := os.Getenv("VM_SCRATCH")
-	if scratch == "" {
-		t.Fatal("VM_SCRATCH is not set: run dm tests through integration/vm/run.sh or suite.sh")
-	}
-	dir, err := os.MkdirTemp(scratch, "plugin-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := scratch.Dir(t, "plugin-")
 	cfg := plugin.DefaultConfig()
 	cfg.Daemon.RootDir = dir
 	cfg.Daemon.Socket = filepath.Join(dir, "run", "snap.sock")
