@@ -22,6 +22,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
@@ -59,11 +60,7 @@ func (d deviceCounts) DeviceCounts(ctx context.Context) (map[string]int, error) 
 func everything(t *testing.T) *Metrics {
 	t.Helper()
 	ctx := namespaces.WithNamespace(context.Background(), "test")
-	db, err := metadata.Open(ctx, metadata.Options{Path: filepath.Join(t.TempDir(), "metadata.db")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := metadatatest.Open(t)
 	// An image and a run in the records, for the pipeline's labelled
 	// gauges.
 	if err := db.MarkImageFailed(ctx, "img-1", "s3://b/1.tar", "bad"); err != nil {

@@ -14,7 +14,7 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metrics"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
@@ -39,18 +39,6 @@ func (p *fakePool) set(st thinpool.PoolStatus) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.st = st
-}
-
-// openDB opens a fresh database (migrated, as the daemon opens it), closed
-// when the test ends.
-func openDB(t *testing.T) *metadata.DB {
-	t.Helper()
-	db, err := metadata.Open(context.Background(), metadata.Options{Path: filepath.Join(t.TempDir(), "metadata.db")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
 }
 
 // getHealth asks the debug endpoint at addr for /healthz.
@@ -81,7 +69,7 @@ func getHealth(t *testing.T, addr string) (int, Health) {
 // part fails and recovers: 200 only while all three hold.
 func TestHealthz(t *testing.T) {
 	ctx := context.Background()
-	db := openDB(t)
+	db := metadatatest.Open(t)
 	pool := &fakePool{st: thinpool.PoolStatus{Mode: thinpool.ModeReadWrite, TotalDataBlocks: 100}}
 
 	srv := s3test.NewServer(t)
@@ -150,7 +138,7 @@ func TestHealthz(t *testing.T) {
 // TestDebugEndpointServesPprof: the profiler's index and a named profile
 // answer on the debug endpoint; /healthz refuses a POST.
 func TestDebugEndpointServesPprof(t *testing.T) {
-	db := openDB(t)
+	db := metadatatest.Open(t)
 	lis := LoopbackListener(t)
 	addr := lis.Addr().String()
 	startServe(t, newNative(t), ServeOptions{Socket: filepath.Join(t.TempDir(), "s.sock"), DebugListener: lis,
