@@ -48,7 +48,8 @@ type S3Request struct {
 }
 
 // Failed reports whether S3 could not be reached or refused or failed the
-// request. A missing object (not_found) is an answer, not a failure.
+// request. A missing object (not_found) or one that changed (changed) is
+// an answer, not a failure.
 func (r S3Request) Failed() bool {
 	switch r.Outcome {
 	case s3ClientError, s3ServerError, s3NetworkError:
@@ -79,6 +80,7 @@ func (f *Fetch) observe(op, outcome string) {
 const (
 	s3OK           = "ok"
 	s3NotFound     = "not_found"
+	s3Changed      = "changed"
 	s3ClientError  = "client_error"
 	s3ServerError  = "server_error"
 	s3NetworkError = "network_error"
@@ -105,7 +107,7 @@ func (m *Metrics) Fetch() *Fetch {
 		f := &Fetch{
 			requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Namespace: Namespace, Name: "s3_requests_total",
-				Help: "S3 requests by operation (GetObject, HeadObject, ListObjectsV2) and outcome (ok, not_found, client_error, server_error, network_error, canceled); a GetObject whose body then breaks counts once more, as network_error.",
+				Help: "S3 requests by operation (GetObject, HeadObject, ListObjectsV2) and outcome (ok, not_found, changed: the object changed under a read that named its ETag, client_error, server_error, network_error, canceled); a GetObject whose body then breaks counts once more, as network_error.",
 			}, []string{"operation", "outcome"}),
 			bytes: prometheus.NewCounter(prometheus.CounterOpts{
 				Namespace: Namespace, Name: "s3_downloaded_bytes_total",
@@ -136,7 +138,7 @@ func (m *Metrics) Fetch() *Fetch {
 		// earlier sample, so increase() and rate() would miss that
 		// failure.
 		for _, op := range s3Operations {
-			for _, o := range []string{s3OK, s3NotFound, s3ClientError, s3ServerError, s3NetworkError, s3Canceled} {
+			for _, o := range []string{s3OK, s3NotFound, s3Changed, s3ClientError, s3ServerError, s3NetworkError, s3Canceled} {
 				f.requests.WithLabelValues(op, o)
 			}
 			f.retries.WithLabelValues(op)
@@ -184,7 +186,7 @@ func (f *Fetch) S3Middleware(stack *middleware.Stack) error {
 			out, md, err := next.HandleInitialize(ctx, in)
 			outcome := s3Outcome(ctx, err)
 			f.observe(op, outcome)
-			f.remember(id, outcome != s3OK && outcome != s3NotFound)
+			f.remember(id, outcome != s3OK && outcome != s3NotFound && outcome != s3Changed)
 			if g, ok := out.Result.(*s3.GetObjectOutput); ok && err == nil && g.Body != nil {
 				g.Body = &countingBody{ReadCloser: g.Body, f: f, op: op, id: id}
 			}
@@ -247,6 +249,10 @@ func s3Outcome(ctx context.Context, err error) string {
 		switch code := re.HTTPStatusCode(); {
 		case code == 404:
 			return s3NotFound
+		case code == 412:
+			// If-Match failed: S3 answered that the object is no longer
+			// the version being read, which the pipeline handles.
+			return s3Changed
 		case code >= 500:
 			return s3ServerError
 		case code >= 400:
