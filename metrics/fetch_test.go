@@ -44,21 +44,29 @@ func series(t *testing.T, m *Metrics, prefix string) map[string]float64 {
 	return out
 }
 
+// countedS3 is a real S3 client (package s3source) with f's middleware
+// installed, over the in-process S3 server holding img/1.tar.
+func countedS3(t *testing.T, f *Fetch, layer string) (*s3test.Server, *s3source.Source) {
+	t.Helper()
+	srv := s3test.NewServer(t)
+	srv.Put(t, "img/1.tar", []byte(layer))
+	src, err := s3source.New(context.Background(), s3source.Config{Bucket: srv.Bucket, Region: "us-east-1", Endpoint: srv.URL, PathStyle: true, Anonymous: true,
+		APIOptions: []func(*middleware.Stack) error{f.S3Middleware}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, src
+}
+
 // TestS3Counters drives a real S3 client (package s3source over the
 // in-process S3 server, its faults injected at the HTTP boundary) with the
 // middleware installed and checks what the counters say.
 func TestS3Counters(t *testing.T) {
 	ctx := context.Background()
-	srv := s3test.NewServer(t)
 	payload := strings.Repeat("layer bytes ", 1000)
-	srv.Put(t, "img/1.tar", []byte(payload))
 	m := New()
 	f := m.Fetch()
-	src, err := s3source.New(ctx, s3source.Config{Bucket: srv.Bucket, Region: "us-east-1", Endpoint: srv.URL, PathStyle: true, Anonymous: true,
-		APIOptions: []func(*middleware.Stack) error{f.S3Middleware}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, src := countedS3(t, f, payload)
 	if _, err := src.ResolveImage(ctx, "img/"); err != nil {
 		t.Fatal(err)
 	}
@@ -157,15 +165,9 @@ func TestRetryOfAPart(t *testing.T) {
 // counted apart from client errors and not a failure; a 503 is one.
 func TestLastS3Request(t *testing.T) {
 	ctx := context.Background()
-	srv := s3test.NewServer(t)
-	srv.Put(t, "img/1.tar", []byte("layer"))
 	m := New()
 	f := m.Fetch()
-	src, err := s3source.New(ctx, s3source.Config{Bucket: srv.Bucket, Region: "us-east-1", Endpoint: srv.URL, PathStyle: true, Anonymous: true,
-		APIOptions: []func(*middleware.Stack) error{f.S3Middleware}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, src := countedS3(t, f, "layer")
 	if _, ok := f.LastS3Request(); ok {
 		t.Fatal("a last request before any")
 	}
