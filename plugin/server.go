@@ -183,7 +183,7 @@ func Serve(ctx context.Context, sn snapshots.Snapshotter, opts ServeOptions) (er
 		}
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 		if err := e.srv.Shutdown(sctx); err != nil {
-			l.WithError(err).Warn(e.name + " endpoint did not shut down cleanly")
+			l.WithError(err).WithField("endpoint", e.name).Warn("HTTP endpoint did not shut down cleanly")
 		}
 		cancel()
 	}
