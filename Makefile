@@ -40,6 +40,16 @@ lint: tidy-check
 	$(GO) vet -tags '$(BUILDTAGS)' ./...
 	$(GO) vet -tags 'dm $(BUILDTAGS)' ./...
 
+# The alert rules (contrib/prometheus): promtool, built from the Prometheus
+# module pinned under integration/tools/prometheus (cached in .cache/tools),
+# checks them and runs their unit tests, in which every rule fires.
+.PHONY: prometheus-rules
+lint: prometheus-rules
+prometheus-rules:
+	@dir=$$(./integration/tools/build.sh promtool) && \
+	  $$dir/promtool check rules contrib/prometheus/alerts.yml && \
+	  cd contrib/prometheus && $$dir/promtool test rules alerts_test.yml
+
 # go.mod and go.sum must be what `go mod tidy` makes of the imports: no
 # unused requirement, none mislabelled "// indirect".
 tidy-check:

@@ -30,7 +30,72 @@ type Fetch struct {
 
 	mu     sync.Mutex
 	failed map[string]bool // operation + bucket + key of requests whose last attempt failed
+
+	// last is the outcome of the latest S3 request that was not canceled.
+	last atomic.Pointer[S3Request]
 }
+
+// S3Request is the outcome of one S3 request, as the health endpoint
+// reports the latest.
+type S3Request struct {
+	// Operation is the S3 operation (GetObject, HeadObject, ListObjectsV2).
+	Operation string
+	// Outcome is the outcome label s3_requests_total counted it under.
+	Outcome string
+	// At is when the request ended (for a GetObject whose body broke, when
+	// it broke).
+	At time.Time
+}
+
+// Failed reports whether S3 could not be reached or refused or failed the
+// request. A missing object (not_found) or one that changed (changed) is
+// an answer, not a failure.
+func (r S3Request) Failed() bool {
+	switch r.Outcome {
+	case s3ClientError, s3ServerError, s3NetworkError:
+		return true
+	}
+	return false
+}
+
+// LastS3Request returns the outcome of the latest S3 request that was not
+// canceled by its caller, and false when there was none yet.
+func (f *Fetch) LastS3Request() (S3Request, bool) {
+	if r := f.last.Load(); r != nil {
+		return *r, true
+	}
+	return S3Request{}, false
+}
+
+// observe counts one request of op with outcome and, unless the caller
+// canceled it, makes it the latest.
+func (f *Fetch) observe(op, outcome string) {
+	f.requests.WithLabelValues(op, outcome).Inc()
+	if outcome != s3Canceled {
+		f.last.Store(&S3Request{Operation: op, Outcome: outcome, At: time.Now()})
+	}
+}
+
+// S3 request outcomes (the outcome label of s3_requests_total).
+const (
+	s3OK           = "ok"
+	s3NotFound     = "not_found"
+	s3Changed      = "changed"
+	s3ClientError  = "client_error"
+	s3ServerError  = "server_error"
+	s3NetworkError = "network_error"
+	s3Canceled     = "canceled"
+)
+
+// Pull outcomes (the outcome label of pull_duration_seconds).
+const (
+	pullOK       = "ok"
+	pullRejected = "rejected"
+	pullError    = "error"
+)
+
+// s3Operations are the S3 operations the pipelines send.
+var s3Operations = []string{"GetObject", "HeadObject", "ListObjectsV2"}
 
 // maxFailed bounds the failed requests remembered for retry counting; past
 // it the oldest are forgotten (a retry of those is then not counted).
@@ -42,7 +107,7 @@ func (m *Metrics) Fetch() *Fetch {
 		f := &Fetch{
 			requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Namespace: Namespace, Name: "s3_requests_total",
-				Help: "S3 requests by operation (GetObject, HeadObject, ListObjectsV2) and outcome (ok, not_found, client_error, server_error, network_error, canceled); a GetObject whose body then breaks counts once more, as network_error.",
+				Help: "S3 requests by operation (GetObject, HeadObject, ListObjectsV2) and outcome (ok, not_found, changed: the object changed under a read that named its ETag, client_error, server_error, network_error, canceled); a GetObject whose body then breaks counts once more, as network_error.",
 			}, []string{"operation", "outcome"}),
 			bytes: prometheus.NewCounter(prometheus.CounterOpts{
 				Namespace: Namespace, Name: "s3_downloaded_bytes_total",
@@ -68,7 +133,20 @@ func (m *Metrics) Fetch() *Fetch {
 			}, []string{"fsm", "step"}),
 			failed: map[string]bool{},
 		}
-		m.reg.MustRegister(f.requests, f.bytes, f.retries, f.pulls, f.rejected, f.steps)
+		// Every outcome a rule alerts on is exported at zero from the
+		// start: a series that appears with its first failure has no
+		// earlier sample, so increase() and rate() would miss that
+		// failure.
+		for _, op := range s3Operations {
+			for _, o := range []string{s3OK, s3NotFound, s3Changed, s3ClientError, s3ServerError, s3NetworkError, s3Canceled} {
+				f.requests.WithLabelValues(op, o)
+			}
+			f.retries.WithLabelValues(op)
+		}
+		for _, o := range []string{pullOK, pullRejected, pullError} {
+			f.pulls.WithLabelValues(o)
+		}
+		m.register(f.requests, f.bytes, f.retries, f.pulls, f.rejected, f.steps)
 		m.fetch = f
 	})
 	return m.fetch
@@ -81,14 +159,14 @@ func (f *Fetch) StepRetried(fsm, step string) { f.steps.WithLabelValues(fsm, ste
 // ObservePull records one pull that took d: outcome "ok" when err is nil,
 // "rejected" (and the rule counted) when rule is not empty, else "error".
 func (f *Fetch) ObservePull(d time.Duration, rule string, err error) {
-	outcome := "ok"
+	outcome := pullOK
 	switch {
 	case err == nil:
 	case rule != "":
-		outcome = "rejected"
+		outcome = pullRejected
 		f.rejected.WithLabelValues(rule).Inc()
 	default:
-		outcome = "error"
+		outcome = pullError
 	}
 	f.pulls.WithLabelValues(outcome).Observe(d.Seconds())
 }
@@ -107,8 +185,8 @@ func (f *Fetch) S3Middleware(stack *middleware.Stack) error {
 			f.mu.Unlock()
 			out, md, err := next.HandleInitialize(ctx, in)
 			outcome := s3Outcome(ctx, err)
-			f.requests.WithLabelValues(op, outcome).Inc()
-			f.remember(id, outcome != "ok" && outcome != "not_found")
+			f.observe(op, outcome)
+			f.remember(id, outcome != s3OK && outcome != s3NotFound && outcome != s3Changed)
 			if g, ok := out.Result.(*s3.GetObjectOutput); ok && err == nil && g.Body != nil {
 				g.Body = &countingBody{ReadCloser: g.Body, f: f, op: op, id: id}
 			}
@@ -164,20 +242,24 @@ func s3Outcome(ctx context.Context, err error) string {
 	var re *smithyhttp.ResponseError
 	switch {
 	case err == nil:
-		return "ok"
+		return s3OK
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil:
-		return "canceled"
+		return s3Canceled
 	case errors.As(err, &re) && re.Response != nil:
 		switch code := re.HTTPStatusCode(); {
 		case code == 404:
-			return "not_found"
+			return s3NotFound
+		case code == 412:
+			// If-Match failed: S3 answered that the object is no longer
+			// the version being read, which the pipeline handles.
+			return s3Changed
 		case code >= 500:
-			return "server_error"
+			return s3ServerError
 		case code >= 400:
-			return "client_error"
+			return s3ClientError
 		}
 	}
-	return "network_error"
+	return s3NetworkError
 }
 
 // countingBody counts the bytes of a GetObject body; a read error other
@@ -197,7 +279,7 @@ func (b *countingBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	b.f.bytes.Add(float64(n))
 	if err != nil && err != io.EOF && b.done.CompareAndSwap(false, true) {
-		b.f.requests.WithLabelValues(b.op, "network_error").Inc()
+		b.f.observe(b.op, s3NetworkError)
 		b.f.remember(b.id, true)
 	}
 	return n, err

@@ -44,21 +44,29 @@ func series(t *testing.T, m *Metrics, prefix string) map[string]float64 {
 	return out
 }
 
+// countedS3 is a real S3 client (package s3source) with f's middleware
+// installed, over the in-process S3 server holding img/1.tar.
+func countedS3(t *testing.T, f *Fetch, layer string) (*s3test.Server, *s3source.Source) {
+	t.Helper()
+	srv := s3test.NewServer(t)
+	srv.Put(t, "img/1.tar", []byte(layer))
+	src, err := s3source.New(context.Background(), s3source.Config{Bucket: srv.Bucket, Region: "us-east-1", Endpoint: srv.URL, PathStyle: true, Anonymous: true,
+		APIOptions: []func(*middleware.Stack) error{f.S3Middleware}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, src
+}
+
 // TestS3Counters drives a real S3 client (package s3source over the
 // in-process S3 server, its faults injected at the HTTP boundary) with the
 // middleware installed and checks what the counters say.
 func TestS3Counters(t *testing.T) {
 	ctx := context.Background()
-	srv := s3test.NewServer(t)
 	payload := strings.Repeat("layer bytes ", 1000)
-	srv.Put(t, "img/1.tar", []byte(payload))
 	m := New()
 	f := m.Fetch()
-	src, err := s3source.New(ctx, s3source.Config{Bucket: srv.Bucket, Region: "us-east-1", Endpoint: srv.URL, PathStyle: true, Anonymous: true,
-		APIOptions: []func(*middleware.Stack) error{f.S3Middleware}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, src := countedS3(t, f, payload)
 	if _, err := src.ResolveImage(ctx, "img/"); err != nil {
 		t.Fatal(err)
 	}
@@ -149,5 +157,41 @@ func TestRetryOfAPart(t *testing.T) {
 	}
 	if get("bytes=5000-") != get("") {
 		t.Error("a one-stream resume (to the object's end) is not the same request as the whole object")
+	}
+}
+
+// TestLastS3Request: the latest request's outcome is kept for /healthz; a
+// 412 (the object changed under a read naming its ETag) is S3 answering,
+// counted apart from client errors and not a failure; a 503 is one.
+func TestLastS3Request(t *testing.T) {
+	ctx := context.Background()
+	m := New()
+	f := m.Fetch()
+	srv, src := countedS3(t, f, "layer")
+	if _, ok := f.LastS3Request(); ok {
+		t.Fatal("a last request before any")
+	}
+	for _, c := range []struct {
+		fail    int
+		outcome string
+		failed  bool
+	}{
+		{412, "changed", false},
+		{503, "server_error", true},
+		{403, "client_error", true},
+		{0, "ok", false},
+	} {
+		if c.fail != 0 {
+			srv.Faults.FailNext(1, "img/1.tar", c.fail, "Injected")
+		}
+		start := time.Now()
+		src.Stat(ctx, "img/1.tar")
+		r, ok := f.LastS3Request()
+		if !ok || r.Operation != "HeadObject" || r.Outcome != c.outcome || r.Failed() != c.failed || r.At.Before(start) {
+			t.Errorf("after a HEAD answered %d: last request %+v, %v; want outcome %s, failed %v", c.fail, r, ok, c.outcome, c.failed)
+		}
+	}
+	if n := series(t, m, Namespace+"_s3_requests_total")[`flyio_snapshotter_s3_requests_total{operation=HeadObject,outcome=changed}`]; n != 1 {
+		t.Errorf("HeadObject changed = %v, want 1", n)
 	}
 }

@@ -9,12 +9,14 @@ import (
 // GC counts image garbage collection (package fetcher/gc's Observer):
 // flyio_snapshotter_gc_runs_total{trigger}, _gc_duration_seconds{trigger},
 // _gc_removed_images_total{cause} and _gc_removed_bytes_total{cause} (pool
-// data freed). Create it with NewGC, register it with AddGC.
+// data freed), and, once SetThresholds is called, _gc_threshold_ratio{bound}.
+// Create it with NewGC, register it with AddGC.
 type GC struct {
-	runs    *prometheus.CounterVec
-	dur     *prometheus.HistogramVec
-	removed *prometheus.CounterVec
-	bytes   *prometheus.CounterVec
+	runs       *prometheus.CounterVec
+	dur        *prometheus.HistogramVec
+	removed    *prometheus.CounterVec
+	bytes      *prometheus.CounterVec
+	thresholds *prometheus.GaugeVec
 }
 
 // NewGC returns the garbage-collection counters, all at zero.
@@ -29,7 +31,17 @@ func NewGC() *GC {
 			Help: "Pulled images removed, by cause (usage: the pool was past the high threshold; rm: an operator asked)."}, []string{"cause"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "gc_removed_bytes_total",
 			Help: "Pool data bytes freed by removing pulled images, by cause."}, []string{"cause"}),
+		thresholds: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "gc_threshold_ratio",
+			Help: "Share of the pool's data or metadata at which garbage collection starts (bound high) and down to which it removes images (bound low); absent while collection is off."}, []string{"bound"}),
 	}
+}
+
+// SetThresholds exports the high and low thresholds, in percent, that
+// collection works to (gc.high_threshold, gc.low_threshold): an alert
+// compares pool usage with them.
+func (g *GC) SetThresholds(highPercent, lowPercent float64) {
+	g.thresholds.WithLabelValues("high").Set(highPercent / 100)
+	g.thresholds.WithLabelValues("low").Set(lowPercent / 100)
 }
 
 // Ran counts one collection triggered by trigger that took d.
@@ -50,5 +62,5 @@ func (g *GC) Removed(cause string, freed int64) {
 
 // AddGC exports g's counters.
 func (m *Metrics) AddGC(g *GC) {
-	m.reg.MustRegister(g.runs, g.dur, g.removed, g.bytes)
+	m.register(g.runs, g.dur, g.removed, g.bytes, g.thresholds)
 }

@@ -36,6 +36,10 @@ const scrapeTimeout = 10 * time.Second
 type Metrics struct {
 	reg *prometheus.Registry
 	ops *prometheus.HistogramVec
+	// collectors is everything registered on reg, in order: what the
+	// registry can be asked to describe (Describe), where a gather shows
+	// only the labelled families that have a sample yet.
+	collectors []prometheus.Collector
 
 	fetchOnce sync.Once
 	fetch     *Fetch
@@ -63,8 +67,23 @@ func New() *Metrics {
 		used, _ := metadata.SQLiteMemory()
 		return float64(used)
 	})
-	m.reg.MustRegister(m.ops, sqliteMemory, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.register(m.ops, sqliteMemory, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// register registers cs on the registry (panicking on a clash, a
+// programming error) and remembers them for Describe.
+func (m *Metrics) register(cs ...prometheus.Collector) {
+	m.reg.MustRegister(cs...)
+	m.collectors = append(m.collectors, cs...)
+}
+
+// Describe sends the description of every metric registered so far, those
+// that have no sample yet included.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range m.collectors {
+		c.Describe(ch)
+	}
 }
 
 // Registry returns the underlying registry (to gather in tests or to add
@@ -119,22 +138,26 @@ const metadataBlockBytes = 4096
 
 // AddPool exports the pool's data and metadata usage, read from the kernel
 // on each scrape: flyio_snapshotter_pool_{data,metadata}_{used,total}_bytes,
-// flyio_snapshotter_pool_mode (1 for the current mode), the reserve
+// flyio_snapshotter_pool_mode (1 for the current mode, lowercase),
+// _pool_needs_check (1 while the kernel flags the metadata for a check),
+// the reserve
 // (_pool_reserve_{data,metadata}_bytes, and _pool_under_reserve, 1 while
 // new devices are refused for it) and what a write that needs a new block
 // meets now (_pool_writes_queued, 1 while such writes wait on a pool out
 // of data space; _pool_writes_failing, 1 while they fail), all labelled
 // with the pool name.
 func (m *Metrics) AddPool(p PoolStatuser) {
-	m.reg.MustRegister(&poolCollector{pool: p})
+	m.register(&poolCollector{pool: p})
 }
 
 var (
-	dataUsedDesc    = prometheus.NewDesc(Namespace+"_pool_data_used_bytes", "Bytes of the thin pool's data device in use.", []string{"pool"}, nil)
-	dataTotalDesc   = prometheus.NewDesc(Namespace+"_pool_data_total_bytes", "Size of the thin pool's data device in bytes.", []string{"pool"}, nil)
-	metaUsedDesc    = prometheus.NewDesc(Namespace+"_pool_metadata_used_bytes", "Bytes of the thin pool's metadata device in use.", []string{"pool"}, nil)
-	metaTotalDesc   = prometheus.NewDesc(Namespace+"_pool_metadata_total_bytes", "Size of the thin pool's metadata device in bytes.", []string{"pool"}, nil)
-	modeDesc        = prometheus.NewDesc(Namespace+"_pool_mode", "1 for the thin pool's current mode (rw, ro, out_of_data_space, Fail, Error).", []string{"pool", "mode"}, nil)
+	dataUsedDesc   = prometheus.NewDesc(Namespace+"_pool_data_used_bytes", "Bytes of the thin pool's data device in use.", []string{"pool"}, nil)
+	dataTotalDesc  = prometheus.NewDesc(Namespace+"_pool_data_total_bytes", "Size of the thin pool's data device in bytes.", []string{"pool"}, nil)
+	metaUsedDesc   = prometheus.NewDesc(Namespace+"_pool_metadata_used_bytes", "Bytes of the thin pool's metadata device in use.", []string{"pool"}, nil)
+	metaTotalDesc  = prometheus.NewDesc(Namespace+"_pool_metadata_total_bytes", "Size of the thin pool's metadata device in bytes.", []string{"pool"}, nil)
+	modeDesc       = prometheus.NewDesc(Namespace+"_pool_mode", "1 for the thin pool's current mode (rw, ro, out_of_data_space, fail, error).", []string{"pool", "mode"}, nil)
+	needsCheckDesc = prometheus.NewDesc(Namespace+"_pool_needs_check",
+		"1 while the kernel flags the thin pool's metadata as needing thin_check (the pool stays read-only until it is repaired).", []string{"pool"}, nil)
 	reserveDataDesc = prometheus.NewDesc(Namespace+"_pool_reserve_data_bytes",
 		"Free data the pool keeps for the writes of running containers: new devices are refused under it (pool.min_free_space).", []string{"pool"}, nil)
 	reserveMetaDesc = prometheus.NewDesc(Namespace+"_pool_reserve_metadata_bytes",
@@ -151,7 +174,7 @@ var (
 type poolCollector struct{ pool PoolStatuser }
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{dataUsedDesc, dataTotalDesc, metaUsedDesc, metaTotalDesc, modeDesc,
+	for _, d := range []*prometheus.Desc{dataUsedDesc, dataTotalDesc, metaUsedDesc, metaTotalDesc, modeDesc, needsCheckDesc,
 		reserveDataDesc, reserveMetaDesc, underReserveDesc, writesQueuedDesc, writesFailingDesc} {
 		ch <- d
 	}
@@ -175,6 +198,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(metaUsedDesc, float64(st.UsedMetadataBlocks)*metadataBlockBytes, name)
 	gauge(metaTotalDesc, float64(st.TotalMetadataBlocks)*metadataBlockBytes, name)
 	gauge(modeDesc, 1, name, string(st.Mode))
+	gauge(needsCheckDesc, flag(st.NeedsCheck), name)
 	pct := c.pool.MinFreePercent()
 	gauge(reserveDataDesc, float64(thinpool.ReserveBlocks(st.TotalDataBlocks, pct))*block, name)
 	gauge(reserveMetaDesc, float64(thinpool.ReserveBlocks(st.TotalMetadataBlocks, pct))*metadataBlockBytes, name)
@@ -199,7 +223,7 @@ type DeviceCounter interface {
 // AddDevices exports flyio_snapshotter_devices{state}, the device counts by
 // state read from the database on each scrape.
 func (m *Metrics) AddDevices(d DeviceCounter) {
-	m.reg.MustRegister(&deviceCollector{src: d})
+	m.register(&deviceCollector{src: d})
 }
 
 type deviceCollector struct{ src DeviceCounter }

@@ -20,7 +20,7 @@ type PipelineStatser interface {
 // _pipeline_unpacked_bytes (unpacked layer devices) and
 // _pipeline_activations (active snapshots of pulled images).
 func (m *Metrics) AddPipeline(src PipelineStatser) {
-	m.reg.MustRegister(&pipelineCollector{src: src})
+	m.register(&pipelineCollector{src: src})
 }
 
 var (

@@ -47,7 +47,7 @@ func (e *PoolEvents) Grew(from, to int64) {
 
 // AddPoolEvents exports e's counters.
 func (m *Metrics) AddPoolEvents(e *PoolEvents) {
-	m.reg.MustRegister(e.lowWater, e.growths, e.grown)
+	m.register(e.lowWater, e.growths, e.grown)
 }
 
 // PoolBacking is what AddPoolBacking reads: *thinpool.Pool.
@@ -69,7 +69,7 @@ var (
 // filesystem holding its files and their virtual and allocated sizes, read
 // on each scrape. A pool on block devices exports nothing.
 func (m *Metrics) AddPoolBacking(p PoolBacking) {
-	m.reg.MustRegister(&backingCollector{pool: p})
+	m.register(&backingCollector{pool: p})
 }
 
 type backingCollector struct{ pool PoolBacking }

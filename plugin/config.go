@@ -97,6 +97,10 @@ type DaemonConfig struct {
 	// MetricsAddress is the host:port of the Prometheus /metrics endpoint;
 	// empty disables it.
 	MetricsAddress string `toml:"metrics_address"`
+	// DebugAddress is the host:port of the debug endpoint: Go's profiler
+	// under /debug/pprof/ and the health check /healthz; empty disables
+	// it.
+	DebugAddress string `toml:"debug_address"`
 	// SocketGroup is the group (a name or a number) given both sockets:
 	// its members, and root, may use them.
 	SocketGroup string `toml:"socket_group"`
@@ -636,6 +640,13 @@ func (c *Config) Validate() error {
 	if d.MetricsAddress != "" {
 		if _, port, err := net.SplitHostPort(d.MetricsAddress); err != nil || port == "" {
 			bad("daemon.metrics_address", "must be host:port (e.g. \"127.0.0.1:9123\") or empty to disable, got %q", d.MetricsAddress)
+		}
+	}
+	if d.DebugAddress != "" {
+		if _, port, err := net.SplitHostPort(d.DebugAddress); err != nil || port == "" {
+			bad("daemon.debug_address", "must be host:port (e.g. \"127.0.0.1:9124\") or empty to disable, got %q", d.DebugAddress)
+		} else if d.DebugAddress == d.MetricsAddress {
+			bad("daemon.debug_address", "must differ from daemon.metrics_address, both are %q", d.DebugAddress)
 		}
 	}
 

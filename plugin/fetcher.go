@@ -32,8 +32,8 @@ func (c *Config) S3SourceConfig(bucket string) s3source.Config {
 		PartSize: c.S3.PartSize.Bytes(), ConnectionsPerObject: c.S3.ConnectionsPerObject}
 }
 
-// fetchMetrics returns the S3 pipelines' counters, or nil when
-// daemon.metrics_address is empty.
+// fetchMetrics returns the S3 pipelines' counters, or nil when neither
+// daemon.metrics_address nor daemon.debug_address is set.
 func (s *Service) fetchMetrics() *metrics.Fetch {
 	if m := s.metricsRegistry(); m != nil {
 		return m.Fetch()

@@ -23,6 +23,9 @@ func (s *Service) newCollector(p *pipeline.Pipelines) (*gc.Collector, error) {
 	s.gcMetrics = metrics.NewGC()
 	s.poolEvents = metrics.NewPoolEvents(s.Pool.Name())
 	c := s.Config.GC
+	if c.Enabled {
+		s.gcMetrics.SetThresholds(c.HighThreshold, c.LowThreshold)
+	}
 	return gc.New(gc.Options{
 		DB:        s.DB,
 		Snapshots: s.Snapshotter,

@@ -52,44 +52,88 @@ type ServeOptions struct {
 	// Metrics is the registry served on the metrics endpoint; required when
 	// MetricsAddress or MetricsListener is set.
 	Metrics *metrics.Metrics
+	// DebugAddress is the host:port of the debug endpoint (pprof and
+	// /healthz); empty serves none.
+	DebugAddress string
+	// DebugListener, when set, is used for the debug endpoint instead of
+	// listening on DebugAddress (Serve closes it).
+	DebugListener net.Listener
+	// Debug is what the debug endpoint serves (DebugHandler); required
+	// when DebugAddress or DebugListener is set.
+	Debug http.Handler
 	// ShutdownTimeout bounds the graceful stop; 0 means
 	// DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
-	// Ready, when set, is called once both listeners accept connections.
+	// Ready, when set, is called once every listener accepts connections.
 	Ready func()
 	// Stopping, when set, is called when the graceful stop begins.
 	Stopping func()
 }
 
+// httpEndpoint is one of Serve's optional HTTP listeners.
+type httpEndpoint struct {
+	name    string // for logs and errors: "metrics", "debug"
+	addr    string
+	lis     net.Listener
+	handler http.Handler
+	srv     *http.Server
+}
+
+// listen opens e's listener on its address unless one was given; an
+// endpoint with neither is not served.
+func (e *httpEndpoint) listen() error {
+	if e.lis == nil && e.addr != "" {
+		lis, err := net.Listen("tcp", e.addr)
+		if err != nil {
+			return fmt.Errorf("serve: %s endpoint %s: %w", e.name, e.addr, err)
+		}
+		e.lis = lis
+	}
+	if e.lis != nil {
+		e.srv = &http.Server{Handler: e.handler, ReadHeaderTimeout: 10 * time.Second}
+	}
+	return nil
+}
+
 // Serve serves sn as containerd's snapshots gRPC service on opts.Socket
 // (created with SocketMode, its directory created, a stale socket left by
 // a dead process replaced; a socket another live process serves is an
-// error) and, when configured, the metrics endpoint. Namespaces come from
-// each request's gRPC metadata, as containerd's proxy sends them. When ctx
-// is done Serve stops accepting calls, lets in-flight calls finish for at
-// most opts.ShutdownTimeout, cancels the rest, removes the socket and
-// returns nil. It returns an error if a listener cannot be set up or fails.
-// Serve does not close sn.
+// error) and, when configured, the metrics and debug endpoints. Namespaces
+// come from each request's gRPC metadata, as containerd's proxy sends them.
+// When ctx is done Serve stops accepting calls, lets in-flight calls finish
+// for at most opts.ShutdownTimeout, cancels the rest, removes the socket
+// and returns nil. It returns an error if a listener cannot be set up or
+// fails. Serve does not close sn.
 func Serve(ctx context.Context, sn snapshots.Snapshotter, opts ServeOptions) (err error) {
 	l := log.G(ctx).WithField("socket", opts.Socket)
-	mlis := opts.MetricsListener
-	if (opts.MetricsAddress != "" || mlis != nil) && opts.Metrics == nil {
-		if mlis != nil {
-			mlis.Close()
+	eps := []*httpEndpoint{{name: "metrics", addr: opts.MetricsAddress, lis: opts.MetricsListener},
+		{name: "debug", addr: opts.DebugAddress, lis: opts.DebugListener, handler: opts.Debug}}
+	defer func() {
+		for _, e := range eps {
+			if e.lis != nil {
+				e.lis.Close()
+			}
 		}
+	}()
+	if (opts.MetricsAddress != "" || opts.MetricsListener != nil) && opts.Metrics == nil {
 		return errors.New("serve: a metrics endpoint needs a metrics registry")
+	}
+	if (opts.DebugAddress != "" || opts.DebugListener != nil) && opts.Debug == nil {
+		return errors.New("serve: a debug endpoint needs a handler")
+	}
+	if opts.Metrics != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", opts.Metrics.Handler())
+		eps[0].handler = mux
 	}
 	timeout := opts.ShutdownTimeout
 	if timeout <= 0 {
 		timeout = DefaultShutdownTimeout
 	}
-	if mlis == nil && opts.MetricsAddress != "" {
-		if mlis, err = net.Listen("tcp", opts.MetricsAddress); err != nil {
-			return fmt.Errorf("serve: metrics endpoint %s: %w", opts.MetricsAddress, err)
+	for _, e := range eps {
+		if err := e.listen(); err != nil {
+			return err
 		}
-	}
-	if mlis != nil {
-		defer mlis.Close()
 	}
 	lis, err := ListenUnix(ctx, opts.Socket, SocketMode, opts.SocketGID)
 	if err != nil {
@@ -97,29 +141,25 @@ func Serve(ctx context.Context, sn snapshots.Snapshotter, opts ServeOptions) (er
 	}
 	defer lis.Close()
 
-	var httpSrv *http.Server
-	if mlis != nil {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", opts.Metrics.Handler())
-		httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	}
-
 	srv := grpc.NewServer()
 	snapshotsapi.RegisterSnapshotsServer(srv, snapshotservice.FromSnapshotter(sn))
 
-	errc := make(chan error, 2)
+	errc := make(chan error, 1+len(eps))
 	go func() {
 		if err := srv.Serve(lis); err != nil {
 			errc <- fmt.Errorf("grpc on %s: %w", opts.Socket, err)
 		}
 	}()
-	if httpSrv != nil {
+	for _, e := range eps {
+		if e.srv == nil {
+			continue
+		}
 		go func() {
-			if err := httpSrv.Serve(mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				errc <- fmt.Errorf("metrics endpoint %s: %w", mlis.Addr(), err)
+			if err := e.srv.Serve(e.lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("%s endpoint %s: %w", e.name, e.lis.Addr(), err)
 			}
 		}()
-		l = l.WithField("metrics", mlis.Addr().String())
+		l = l.WithField(e.name, e.lis.Addr().String())
 	}
 	l.Info("serving snapshots API")
 	if opts.Ready != nil {
@@ -137,10 +177,13 @@ func Serve(ctx context.Context, sn snapshots.Snapshotter, opts ServeOptions) (er
 		opts.Stopping()
 	}
 	stopGracefully(ctx, srv, timeout)
-	if httpSrv != nil {
+	for _, e := range eps {
+		if e.srv == nil {
+			continue
+		}
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-		if err := httpSrv.Shutdown(sctx); err != nil {
-			l.WithError(err).Warn("metrics endpoint did not shut down cleanly")
+		if err := e.srv.Shutdown(sctx); err != nil {
+			l.WithError(err).WithField("endpoint", e.name).Warn("HTTP endpoint did not shut down cleanly")
 		}
 		cancel()
 	}
@@ -350,8 +393,9 @@ func refuse(c net.Conn, msg string) {
 
 // Serve serves the service's snapshotter with Serve, on the configured
 // socket; when daemon.metrics_address is set, every call is timed and the
-// pool usage and device counts are exported there. ready and stopping are
-// ServeOptions.Ready and Stopping.
+// pool usage and device counts are exported there; when
+// daemon.debug_address is set, pprof and /healthz are served there. ready
+// and stopping are ServeOptions.Ready and Stopping.
 func (s *Service) Serve(ctx context.Context, ready, stopping func()) error {
 	var sn snapshots.Snapshotter = s.Snapshotter
 	if s.served != nil {
@@ -362,8 +406,12 @@ func (s *Service) Serve(ctx context.Context, ready, stopping func()) error {
 		return err
 	}
 	opts := ServeOptions{Socket: s.Config.Daemon.Socket, SocketGID: gid, Ready: ready, Stopping: stopping}
+	if addr := s.Config.Daemon.DebugAddress; addr != "" {
+		opts.DebugAddress, opts.Debug = addr, DebugHandler(s.healthSources())
+	}
 	if addr := s.Config.Daemon.MetricsAddress; addr != "" {
 		m := s.metricsRegistry()
+		m.AddBuildInfo(s.Build)
 		m.AddPool(s.Pool)
 		m.AddPoolBacking(s.Pool)
 		m.AddDevices(s.Snapshotter)

@@ -77,12 +77,17 @@ type Service struct {
 	// poolEvents counts low-water events and growth once StartFetcher has
 	// run.
 	poolEvents *metrics.PoolEvents
+
+	// Build names the running binary in the build_info metric; set it
+	// before Serve.
+	Build metrics.BuildInfo
 }
 
 // metricsRegistry returns the service's metrics registry, or nil when
-// daemon.metrics_address is empty.
+// neither daemon.metrics_address nor daemon.debug_address is set (the
+// debug endpoint's /healthz reads the last S3 request from it).
 func (s *Service) metricsRegistry() *metrics.Metrics {
-	if s.Config.Daemon.MetricsAddress == "" {
+	if s.Config.Daemon.MetricsAddress == "" && s.Config.Daemon.DebugAddress == "" {
 		return nil
 	}
 	s.metricsOnce.Do(func() { s.metrics = metrics.New() })

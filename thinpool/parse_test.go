@@ -309,3 +309,21 @@ func TestMountOptions(t *testing.T) {
 		t.Errorf("ext4 rw: %v", got)
 	}
 }
+
+// TestPoolModeOneCase: the kernel capitalises its failed states ("Fail",
+// "Error") but not the others; the parsed mode is lowercase for all, so
+// one spelling matches it in logs, metric labels and JSON.
+func TestPoolModeOneCase(t *testing.T) {
+	for line, want := range map[string]PoolMode{
+		"Fail":  "fail",
+		"Error": "error",
+		"0 10/4096 0/163840 - rw no_discard_passdown queue_if_no_space - 1024":                "rw",
+		"0 10/4096 0/163840 - ro no_discard_passdown queue_if_no_space needs_check 1024":      "ro",
+		"0 10/4096 163840/163840 - out_of_data_space discard_passdown queue_if_no_space - 16": "out_of_data_space",
+	} {
+		st, err := parsePoolStatus(line)
+		if err != nil || st.Mode != want {
+			t.Errorf("parsePoolStatus(%q) mode = %q, %v; want %q", line, st.Mode, err, want)
+		}
+	}
+}

@@ -121,16 +121,20 @@ type ActiveDevice struct {
 	Suspended bool
 }
 
-// PoolMode is the allocation mode the kernel reports for a pool.
+// PoolMode is the allocation mode the kernel reports for a pool, in
+// lowercase: the kernel prints the healthy modes in lowercase and the two
+// failed states capitalised ("Fail", "Error"); one case lets a log line,
+// a metric label or a JSON field be matched with one spelling.
 type PoolMode string
 
-// Pool modes, as printed in the kernel's thin-pool status line.
+// Pool modes. The first three are the kernel's own words; ModeFail and
+// ModeError are its "Fail" and "Error" status lines.
 const (
 	ModeReadWrite      PoolMode = "rw"
 	ModeReadOnly       PoolMode = "ro"
 	ModeOutOfDataSpace PoolMode = "out_of_data_space"
-	ModeFail           PoolMode = "Fail"
-	ModeError          PoolMode = "Error"
+	ModeFail           PoolMode = "fail"
+	ModeError          PoolMode = "error"
 )
 
 // PoolStatus is the parsed thin-pool status line.
@@ -148,7 +152,7 @@ type PoolStatus struct {
 	// when HasHeldRoot.
 	HeldMetadataRoot uint64
 	HasHeldRoot      bool
-	// Mode is rw, ro, out_of_data_space, Fail or Error.
+	// Mode is rw, ro, out_of_data_space, fail or error.
 	Mode PoolMode
 	// DiscardPassdown is true when discards are passed down to the data
 	// device; DiscardIgnored when the pool ignores discards.

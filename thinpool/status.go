@@ -13,11 +13,16 @@ import (
 //	discard_passdown|no_discard_passdown|ignore_discard
 //	error_if_no_space|queue_if_no_space needs_check|- [<metadata low watermark>]
 //
-// or the single words "Fail" / "Error".
+// or the single words "Fail" / "Error" (ModeFail, ModeError).
 func parsePoolStatus(line string) (PoolStatus, error) {
 	f := strings.Fields(line)
-	if len(f) == 1 && (f[0] == string(ModeFail) || f[0] == string(ModeError)) {
-		return PoolStatus{Mode: PoolMode(f[0])}, nil
+	if len(f) == 1 {
+		switch f[0] {
+		case "Fail":
+			return PoolStatus{Mode: ModeFail}, nil
+		case "Error":
+			return PoolStatus{Mode: ModeError}, nil
+		}
 	}
 	if len(f) < 5 {
 		return PoolStatus{}, fmt.Errorf("thin-pool status %q: %d fields, want at least 5", line, len(f))

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metrics"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 )
 
@@ -126,6 +127,7 @@ func runServe(ctx context.Context, args []string) (err error) {
 	if err != nil {
 		return err
 	}
+	svc.Build = metrics.BuildInfo{Version: version}
 	defer func() {
 		if cerr := svc.Close(); cerr != nil {
 			l.WithError(cerr).Error("closing the service")

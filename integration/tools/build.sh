@@ -6,6 +6,8 @@
 #   integration/tools           containerd, containerd-shim-runc-v2, ctr
 #   integration/tools/nerdctl   nerdctl
 #   integration/tools/registry  registry (distribution's OCI registry)
+#   integration/tools/prometheus promtool (checks and unit-tests
+#                               contrib/prometheus's alert rules)
 # nerdctl and the registry are modules of their own so that their
 # dependencies never move the containerd the daemon is tested against.
 # A binary that already exists for its version is not rebuilt.
@@ -13,6 +15,8 @@
 # demo needs only containerd, `make vmtest` all).
 # Prints the directory holding containerd's binaries as its only line of
 # stdout.
+# Usage: build.sh promtool (`make lint`): builds promtool alone and prints
+# its directory.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -38,11 +42,16 @@ build() {
 }
 
 [ $# -gt 0 ] || set -- containerd nerdctl registry
+if [ "$*" = promtool ]; then
+	build "$here/prometheus" github.com/prometheus/prometheus promtool cmd promtool
+	echo "$out"
+	exit 0
+fi
 for tool in "$@"; do
 	case $tool in
 	containerd | nerdctl | registry) ;;
 	*)
-		echo "build.sh: unknown tool \"$tool\" (want containerd, nerdctl or registry)" >&2
+		echo "build.sh: unknown tool \"$tool\" (want containerd, nerdctl or registry; or promtool alone)" >&2
 		exit 2
 		;;
 	esac

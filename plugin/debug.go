@@ -1,0 +1,175 @@
+package plugin
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/pprof"
+	"time"
+
+	"github.com/containerd/log"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metrics"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
+)
+
+// healthCheckTimeout bounds each check of one /healthz request, so a
+// wedged pool or database answers "unhealthy" instead of hanging the
+// prober.
+const healthCheckTimeout = 5 * time.Second
+
+// HealthSources are what /healthz reads. Pool and DB are required; S3 is
+// nil when no S3 request can be observed.
+type HealthSources struct {
+	// Pool reads the thin pool's status (*thinpool.Pool).
+	Pool interface {
+		Name() string
+		Status(ctx context.Context) (thinpool.PoolStatus, error)
+	}
+	// DB pings the metadata database (*metadata.DB).
+	DB interface {
+		Path() string
+		Ping(ctx context.Context) error
+	}
+	// S3 returns the latest S3 request's outcome, false before the first
+	// (metrics.Fetch.LastS3Request).
+	S3 func() (metrics.S3Request, bool)
+}
+
+// Health is the /healthz answer.
+type Health struct {
+	// Healthy is true when the pool is read-write, the database answers
+	// and the latest S3 request, if any, did not fail.
+	Healthy  bool           `json:"healthy"`
+	Pool     PoolHealth     `json:"pool"`
+	Database DatabaseHealth `json:"database"`
+	S3       S3Health       `json:"s3"`
+}
+
+// PoolHealth is the thin pool's part of Health.
+type PoolHealth struct {
+	Name string `json:"name"`
+	// Mode is the pool's mode (rw, ro, out_of_data_space, fail, error);
+	// empty when its status could not be read.
+	Mode string `json:"mode"`
+	// ReadWrite is true in mode rw only: out of data space, writes that
+	// need a new block wait or fail.
+	ReadWrite  bool   `json:"read_write"`
+	NeedsCheck bool   `json:"needs_check"`
+	Error      string `json:"error,omitempty"`
+}
+
+// DatabaseHealth is the metadata database's part of Health.
+type DatabaseHealth struct {
+	Path string `json:"path"`
+	// Open is true when a read of the schema answered.
+	Open  bool   `json:"open"`
+	Error string `json:"error,omitempty"`
+}
+
+// S3Health is S3's part of Health.
+type S3Health struct {
+	// LastRequest is the latest S3 request that its caller did not
+	// cancel; null before the first.
+	LastRequest *S3RequestHealth `json:"last_request"`
+}
+
+// S3RequestHealth is one S3 request's outcome.
+type S3RequestHealth struct {
+	Operation string `json:"operation"`
+	// Outcome is its s3_requests_total outcome label.
+	Outcome string    `json:"outcome"`
+	At      time.Time `json:"at"`
+	// OK is false when S3 was unreachable, refused the request or failed
+	// it (a missing object is an answer: OK).
+	OK bool `json:"ok"`
+}
+
+// CheckHealth runs every check of src, each bounded by its own timeout.
+func CheckHealth(ctx context.Context, src HealthSources) Health {
+	var h Health
+
+	h.Pool.Name = src.Pool.Name()
+	pctx, cancel := context.WithTimeout(ctx, healthCheckTimeout)
+	st, err := src.Pool.Status(pctx)
+	cancel()
+	if err != nil {
+		h.Pool.Error = err.Error()
+	} else {
+		h.Pool.Mode, h.Pool.NeedsCheck = string(st.Mode), st.NeedsCheck
+		h.Pool.ReadWrite = st.Mode == thinpool.ModeReadWrite
+	}
+
+	h.Database.Path = src.DB.Path()
+	dctx, cancel := context.WithTimeout(ctx, healthCheckTimeout)
+	err = src.DB.Ping(dctx)
+	cancel()
+	if err != nil {
+		h.Database.Error = err.Error()
+	} else {
+		h.Database.Open = true
+	}
+
+	s3ok := true
+	if src.S3 != nil {
+		if r, ok := src.S3(); ok {
+			h.S3.LastRequest = &S3RequestHealth{Operation: r.Operation, Outcome: r.Outcome, At: r.At.UTC(), OK: !r.Failed()}
+			s3ok = !r.Failed()
+		}
+	}
+	h.Healthy = h.Pool.ReadWrite && h.Database.Open && s3ok
+	return h
+}
+
+// healthHandler answers GET /healthz with CheckHealth as JSON: 200 when
+// healthy, 503 otherwise, so a prober needs only the status code.
+func healthHandler(src HealthSources) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, "method not allowed: use GET", http.StatusMethodNotAllowed)
+			return
+		}
+		h := CheckHealth(r.Context(), src)
+		code := http.StatusOK
+		if !h.Healthy {
+			code = http.StatusServiceUnavailable
+		}
+		body, err := json.MarshalIndent(h, "", "  ")
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(code)
+		if _, err := w.Write(append(body, '\n')); err != nil {
+			log.G(r.Context()).WithError(err).Debug("healthz: writing the answer")
+		}
+	})
+}
+
+// DebugHandler serves /healthz (CheckHealth over src) and Go's profiler
+// under /debug/pprof/ (index, cmdline, profile, symbol, trace and the
+// named profiles: heap, goroutine, allocs, block, mutex, threadcreate).
+// It is its own mux: nothing registered on http.DefaultServeMux leaks in.
+func DebugHandler(src HealthSources) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/healthz", healthHandler(src))
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
+}
+
+// healthSources are the service's pool and database, and the S3 requests
+// of its pipelines when StartFetcher installed the counters.
+func (s *Service) healthSources() HealthSources {
+	src := HealthSources{Pool: s.Pool, DB: s.DB}
+	if m := s.metricsRegistry(); m != nil {
+		src.S3 = m.Fetch().LastS3Request
+	}
+	return src
+}
