@@ -127,7 +127,7 @@ func runServe(ctx context.Context, args []string) (err error) {
 	if err != nil {
 		return err
 	}
-	svc.Build = metrics.BuildInfo{Version: version}
+	svc.Build = metrics.BuildInfo{Version: version, Commit: commit}
 	defer func() {
 		if cerr := svc.Close(); cerr != nil {
 			l.WithError(cerr).Error("closing the service")
