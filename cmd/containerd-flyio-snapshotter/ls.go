@@ -49,7 +49,7 @@ kind. -q prints each row's id, one a line with no header, for scripts
 (ls images -q | xargs containerd-flyio-snapshotter rm).`
 
 func init() {
-	register(&command{name: "ls", summary: "list images, unpacked devices, snapshots, locks or runs (read-only)", run: runLs})
+	register(&command{name: "ls", summary: "list images, unpacked devices, chains, snapshots, locks or runs (read-only)", run: runLs})
 }
 
 // filterFlag collects repeated --filter KEY=VALUE.
