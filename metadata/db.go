@@ -120,26 +120,27 @@ var ErrReadOnly = errors.New("metadata: database opened read-only")
 // file exists (a read-only open never creates one).
 var ErrNoDatabase = errors.New("metadata: no database file")
 
-// Options say which database to open and how.
+// Options say which database to open and how. Path and Synchronous are
+// the daemon's [metadata] section (the toml tags are its keys).
 type Options struct {
 	// Path of the database file; empty means DefaultPath. The directory is
 	// created (0700) by a read-write open.
-	Path string
+	Path string `toml:"path"`
 	// ReadOnly opens the file read-only (SQLite mode=ro, query_only): the
 	// open never creates, migrates or writes anything, and works while the
 	// daemon writes (WAL readers never block the writer). For CLI readers.
-	ReadOnly bool
+	ReadOnly bool `toml:"-"`
 	// BusyTimeout overrides DefaultBusyTimeout when positive.
-	BusyTimeout time.Duration
+	BusyTimeout time.Duration `toml:"-"`
 	// Synchronous is how durable each commit is; empty means
 	// DefaultSynchronous. Open refuses any other value than the
 	// Synchronous constants.
-	Synchronous Synchronous
+	Synchronous Synchronous `toml:"synchronous"`
 
 	// MigrateTo, when positive, stops a read-write open's migration after
 	// that version (staged upgrades: `db migrate --to N`). Zero migrates to
 	// the latest embedded version. A database already past it is left as is.
-	MigrateTo int
+	MigrateTo int `toml:"-"`
 }
 
 // DB is an open metadata database: a pool of SQLite connections with the

@@ -17,7 +17,12 @@ import (
 
 	toml "github.com/pelletier/go-toml/v2"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/gc"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
 func writeConfig(t *testing.T, body string) string {
@@ -109,13 +114,8 @@ func TestExampleFileEqualsDefaults(t *testing.T) {
 // configKeys lists every key of Config as "section.key", in field order.
 func configKeys() []string {
 	var keys []string
-	rt := reflect.TypeOf(Config{})
-	for i := 0; i < rt.NumField(); i++ {
-		sec := rt.Field(i).Tag.Get("toml")
-		st := rt.Field(i).Type
-		for j := 0; j < st.NumField(); j++ {
-			keys = append(keys, sec+"."+st.Field(j).Tag.Get("toml"))
-		}
+	for _, f := range configFields() {
+		keys = append(keys, f.Section+"."+f.Key)
 	}
 	return keys
 }
@@ -275,23 +275,27 @@ failed_images_max_age = "24h"
 	}
 	want := &Config{
 		Daemon:   DaemonConfig{Socket: "/run/x/snap.sock", RootDir: "/srv/x", LogLevel: "debug", LogFormat: "json", MetricsAddress: "127.0.0.1:9123", SocketGroup: "1000"},
-		Metadata: MetadataConfig{Path: "/srv/db/meta.db", Synchronous: "normal"},
-		Pool: PoolConfig{Name: "pool-2", RootDir: "/srv/pool", DataDevice: "/dev/vdb", MetadataDevice: "/dev/vdc",
-			DataSize: 1 << 30, MetadataSize: 64 << 20, BlockSize: 256 << 10, LowWaterMark: 1024,
-			GrowthReserve: 2 << 30, MetadataThreshold: 90, MinFreeSpace: Pct(2.5), NoSpaceTimeout: D(5 * time.Second), BaseImageSize: 3 << 29, FSType: "xfs", MkfsOptions: []string{"-K", "-m", "crc=1"},
-			AsyncRemove: false, DeleteUnknownDevices: true},
-		S3: S3Config{Bucket: "my-images", Region: "eu-west-1", Endpoint: "http://127.0.0.1:9000", PathStyle: true, Anonymous: true, Prefix: "images/",
-			AllowedBuckets: []string{"b-two", "b-three"},
-			ConnectTimeout: D(3 * time.Second), ResponseHeaderTimeout: D(7 * time.Second), IdleTimeout: D(20 * time.Second),
-			PartSize: 16 << 20, ConnectionsPerObject: 8},
-		Pipeline: PipelineConfig{DownloadDir: "/srv/dl", TarballCacheSize: 1 << 30, MaxImageSize: 2_000_000_000,
-			DownloadTimeout: D(90 * time.Second), ExtractTimeout: D(time.Hour), AllowSetID: true,
-			MaxEntries: 500, MaxFileSize: 2 << 20, MaxTotalSize: 8 << 20, MaxXattrsPerEntry: 16, MaxXattrBytesPerEntry: 8 << 10,
-			RequiredDirs: []string{}, MaxLayers: 64},
-		Queues:     QueuesConfig{Downloads: 8, Unpacking: 3},
-		Containerd: ContainerdConfig{Address: "/run/k3s/containerd.sock", Namespace: "k8s.io", Snapshotter: "flyio-k3s"},
-		GC:         GCConfig{HighThreshold: 90, LowThreshold: 70.5, Interval: D(time.Minute), Pinned: []string{"base", "s3://b/base/"}},
-		Retention:  RetentionConfig{Interval: D(10 * time.Minute), RunsMaxAge: D(48 * time.Hour), RunsMaxCount: 500, FailedImagesMaxAge: D(24 * time.Hour)},
+		Metadata: metadata.Options{Path: "/srv/db/meta.db", Synchronous: "normal"},
+		Pool: PoolConfig{
+			thinpool.Config{Name: "pool-2", RootDir: "/srv/pool", DataDevice: "/dev/vdb", MetadataDevice: "/dev/vdc",
+				DataSize: 1 << 30, MetadataSize: 64 << 20, BlockSize: 256 << 10, LowWaterMark: 1024,
+				GrowthReserve: 2 << 30, MetadataThreshold: 90, MinFreeSpace: Pct(2.5), NoSpaceTimeout: D(5 * time.Second)},
+			DevicesConfig{BaseImageSize: 3 << 29, FSType: "xfs", MkfsOptions: []string{"-K", "-m", "crc=1"},
+				AsyncRemove: false, DeleteUnknownDevices: true}},
+		S3: S3Config{Bucket: "my-images", Prefix: "images/", AllowedBuckets: []string{"b-two", "b-three"},
+			Config: s3source.Config{Region: "eu-west-1", Endpoint: "http://127.0.0.1:9000", PathStyle: true, Anonymous: true,
+				ConnectTimeout: D(3 * time.Second), ResponseHeaderTimeout: D(7 * time.Second), IdleTimeout: D(20 * time.Second),
+				PartSize: 16 << 20, ConnectionsPerObject: 8}},
+		Pipeline: PipelineConfig{
+			pipeline.Config{DownloadDir: "/srv/dl", MaxImageSize: 2_000_000_000,
+				DownloadTimeout: D(90 * time.Second), ExtractTimeout: D(time.Hour), MaxLayers: 64},
+			gc.TarballCacheConfig{TarballCacheSize: 1 << 30},
+			tarball.PolicyConfig{AllowSetID: true, MaxEntries: 500, MaxFileSize: 2 << 20, MaxTotalSize: 8 << 20,
+				MaxXattrsPerEntry: 16, MaxXattrBytesPerEntry: 8 << 10, RequiredDirs: []string{}}},
+		Queues:     pipeline.QueuesConfig{Downloads: 8, Unpacking: 3},
+		Containerd: pipeline.ContainerdConfig{Address: "/run/k3s/containerd.sock", Namespace: "k8s.io", Snapshotter: "flyio-k3s"},
+		GC:         gc.Config{HighThreshold: 90, LowThreshold: 70.5, Interval: D(time.Minute), Pinned: []string{"base", "s3://b/base/"}},
+		Retention:  metadata.RetentionConfig{Interval: D(10 * time.Minute), RunsMaxAge: D(48 * time.Hour), RunsMaxCount: 500, FailedImagesMaxAge: D(24 * time.Hour)},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("loaded\n %+v\nwant\n %+v", c, want)
@@ -533,48 +537,6 @@ func TestLoadConfigValidates(t *testing.T) {
 	}
 }
 
-func TestParsePercent(t *testing.T) {
-	good := map[string]float64{"0%": 0, "10%": 10, "2.5%": 2.5, " 50 %": 50, "100%": 100}
-	for in, want := range good {
-		got, err := ParsePercent(in)
-		if err != nil || got.Value() != want {
-			t.Errorf("ParsePercent(%q) = %v, %v; want %v", in, got, err, want)
-		}
-		if back, err := ParsePercent(got.String()); err != nil || back != got {
-			t.Errorf("ParsePercent(%q) = %v, %v; want %v back", got.String(), back, err, got)
-		}
-	}
-	for _, in := range []string{"", "%", "10", "0.1", "-5%", "1e1%", "ten%", "10%%", "1_0%"} {
-		if got, err := ParsePercent(in); err == nil {
-			t.Errorf("ParsePercent(%q) = %v, want an error", in, got)
-		}
-	}
-}
-
-func TestParseSize(t *testing.T) {
-	good := map[string]int64{
-		"0": 0, "512": 512, "1_024": 1024, "0x10": 16, "64KiB": 64 << 10, "64 kib": 64 << 10,
-		"10GiB": 10 << 30, "1.5GiB": 3 << 29, "2GB": 2e9, "3MB": 3e6, "1TiB": 1 << 40, "7B": 7, "4KB": 4000,
-	}
-	for in, want := range good {
-		got, err := ParseSize(in)
-		if err != nil || got.Bytes() != want {
-			t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
-		}
-	}
-	for _, in := range []string{"", "GiB", "-1", "-1KiB", "1.5", "0.3KiB", "10 parsecs", "1e3", "99999999TiB"} {
-		if got, err := ParseSize(in); err == nil {
-			t.Errorf("ParseSize(%q) = %d, want an error", in, got)
-		}
-	}
-	for _, n := range []int64{0, 100, 64 << 10, 10 << 30, 3 << 29, 2e9} {
-		back, err := ParseSize(Size(n).String())
-		if err != nil || back.Bytes() != n {
-			t.Errorf("ParseSize(Size(%d).String()=%q) = %d, %v", n, Size(n).String(), back, err)
-		}
-	}
-}
-
 // TestEndpointCredentialsNeverPrinted: an s3.endpoint carrying user
 // information is refused, and no message about it, valid URL or not,
 // prints the credentials.
@@ -598,9 +560,6 @@ func TestEndpointCredentialsNeverPrinted(t *testing.T) {
 		if strings.Contains(err.Error(), "s3cr3t") || strings.Contains(err.Error(), "AKIDEXAMPLE") {
 			t.Errorf("endpoint %s: the error prints the credentials: %v", ep, err)
 		}
-	}
-	if got := redactURL("https://s3.example.com/a@b"); got != "https://s3.example.com/a@b" {
-		t.Errorf("redactURL changed a URL without user information: %q", got)
 	}
 }
 

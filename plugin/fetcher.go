@@ -22,14 +22,12 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metrics"
 )
 
-// S3SourceConfig returns the s3source.Config of bucket under the [s3]
-// section (endpoint, region, path style, anonymous access, timeouts, part
-// size and connections per object) and pipeline.max_layers.
+// S3SourceConfig returns the s3source.Config of bucket: the client keys
+// of the [s3] section and pipeline.max_layers.
 func (c *Config) S3SourceConfig(bucket string) s3source.Config {
-	return s3source.Config{Bucket: bucket, Region: c.S3.Region, Endpoint: c.S3.Endpoint, PathStyle: c.S3.PathStyle, Anonymous: c.S3.Anonymous,
-		ConnectTimeout: c.S3.ConnectTimeout.Duration, ResponseHeaderTimeout: c.S3.ResponseHeaderTimeout.Duration,
-		IdleTimeout: c.S3.IdleTimeout.Duration, MaxLayers: c.Pipeline.MaxLayers,
-		PartSize: c.S3.PartSize.Bytes(), ConnectionsPerObject: c.S3.ConnectionsPerObject}
+	sc := c.S3.Config
+	sc.Bucket, sc.MaxLayers = bucket, c.Pipeline.MaxLayers
+	return sc
 }
 
 // fetchMetrics returns the S3 pipelines' counters, or nil when neither
@@ -43,16 +41,7 @@ func (s *Service) fetchMetrics() *metrics.Fetch {
 
 // TarLimits returns the extraction policy of the [pipeline] section, the
 // one the daemon's validate step applies to every layer.
-func (c *Config) TarLimits() tarball.Limits {
-	return tarball.Limits{
-		MaxEntries:    c.Pipeline.MaxEntries,
-		MaxFileSize:   c.Pipeline.MaxFileSize.Bytes(),
-		MaxTotalSize:  c.Pipeline.MaxTotalSize.Bytes(),
-		MaxXattrs:     c.Pipeline.MaxXattrsPerEntry,
-		MaxXattrBytes: c.Pipeline.MaxXattrBytesPerEntry.Bytes(),
-		AllowSetID:    c.Pipeline.AllowSetID,
-	}
-}
+func (c *Config) TarLimits() tarball.Limits { return c.Pipeline.Limits() }
 
 // ErrBucketNotAllowed: a pull named a bucket that the [s3] section does not
 // admit.
@@ -141,43 +130,34 @@ func (s *Service) PipelineOptions() pipeline.Options {
 		sources = map[string]*s3source.Source{}
 		fm      = s.fetchMetrics()
 	)
-	return pipeline.Options{
-		DB:          s.DB,
-		DownloadDir: c.Pipeline.DownloadDir,
-		Sources: func(ctx context.Context, bucket string) (*s3source.Source, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			if src := sources[bucket]; src != nil {
-				return src, nil
-			}
-			if err := c.BucketAllowed(bucket); err != nil {
-				return nil, err
-			}
-			sc := c.S3SourceConfig(bucket)
-			if fm != nil {
-				sc.APIOptions = append(sc.APIOptions, fm.S3Middleware)
-			}
-			src, err := s3source.New(ctx, sc)
-			if err != nil {
-				return nil, err
-			}
-			sources[bucket] = src
+	o := c.Pipeline.Options(c.Queues, c.Pipeline.PolicyConfig)
+	o.DB = s.DB
+	o.Sources = func(ctx context.Context, bucket string) (*s3source.Source, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if src := sources[bucket]; src != nil {
 			return src, nil
-		},
-		Snapshots:       s.Snapshotter,
-		ThinExists:      s.Pool.ThinExists,
-		MaxLayerSize:    c.Pipeline.MaxImageSize.Bytes(),
-		MaxImageSize:    c.Pipeline.MaxImageSize.Bytes(),
-		RequiredDirs:    c.Pipeline.RequiredDirs,
-		Limits:          c.TarLimits(),
-		DownloadTimeout: c.Pipeline.DownloadTimeout.Duration,
-		ExtractTimeout:  c.Pipeline.ExtractTimeout.Duration,
-		Downloads:       c.Queues.Downloads,
-		Unpacking:       c.Queues.Unpacking,
-		Registrar:       registrar(c),
-		OnRetry:         onRetry(fm),
-		PoolFree:        s.poolFree,
+		}
+		if err := c.BucketAllowed(bucket); err != nil {
+			return nil, err
+		}
+		sc := c.S3SourceConfig(bucket)
+		if fm != nil {
+			sc.APIOptions = append(sc.APIOptions, fm.S3Middleware)
+		}
+		src, err := s3source.New(ctx, sc)
+		if err != nil {
+			return nil, err
+		}
+		sources[bucket] = src
+		return src, nil
 	}
+	o.Snapshots = s.Snapshotter
+	o.ThinExists = s.Pool.ThinExists
+	o.Registrar = registrar(c)
+	o.OnRetry = onRetry(fm)
+	o.PoolFree = s.poolFree
+	return o
 }
 
 // onRetry counts the pipelines' step retries in fm (nil: not counted).
@@ -200,10 +180,10 @@ func (s *Service) poolFree(ctx context.Context) (int64, error) {
 // registrar is the containerd registrar of [containerd], or nil when no
 // address is configured.
 func registrar(c *Config) pipeline.Registrar {
-	if c.Containerd.Address == "" {
-		return nil
+	if r := c.Containerd.Registrar(); r != nil {
+		return r
 	}
-	return &pipeline.ContainerdRegistrar{Address: c.Containerd.Address, Namespace: c.Containerd.Namespace, Snapshotter: c.Containerd.Snapshotter}
+	return nil
 }
 
 // StartFetcher builds the S3 pipelines, resumes the runs a previous process
@@ -250,7 +230,7 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 	loops.Add(1)
 	go func() {
 		defer loops.Done()
-		s.DB.RetainEvery(sctx, s.Config.Retention.Interval.Duration, s.Config.RetentionPolicy())
+		s.DB.RetainEvery(sctx, s.Config.Retention.Interval.Duration, s.Config.Retention.Policy())
 	}()
 	done := make(chan struct{})
 	if sock := s.Config.Daemon.ControlSocket; sock != "" {

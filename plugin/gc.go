@@ -22,41 +22,31 @@ func (s *Service) newCollector(p *pipeline.Pipelines) (*gc.Collector, error) {
 	}
 	s.gcMetrics = metrics.NewGC()
 	s.poolEvents = metrics.NewPoolEvents(s.Pool.Name())
-	c := s.Config.GC
-	if c.Enabled {
+	if c := s.Config.GC; c.Enabled {
 		s.gcMetrics.SetThresholds(c.HighThreshold, c.LowThreshold)
 	}
-	return gc.New(gc.Options{
-		DB:        s.DB,
-		Snapshots: s.Snapshotter,
-		Usage: func(ctx context.Context) (gc.Usage, error) {
-			st, err := s.Pool.Status(ctx)
-			if err != nil {
-				return gc.Usage{}, err
-			}
-			u := gc.UsageOf(st)
-			paths := []string{s.Config.Pipeline.DownloadDir}
-			if s.Config.Pool.DataDevice == "" {
-				paths = append(paths, s.Config.Pool.RootDir)
-			}
-			u.HostUsed, u.HostTotal, err = gc.HostUsage(paths...)
-			return u, err
-		},
-		Guard: pipeline.GuardChain,
-		Prune: func(ctx context.Context) error {
-			_, err := p.Prune(ctx)
-			return err
-		},
-		Names:         names,
-		Observer:      s.gcMetrics,
-		HighThreshold: c.HighThreshold,
-		LowThreshold:  c.LowThreshold,
-		Pinned:        c.Pinned,
-		Interval:      c.Interval.Duration,
-		Disabled:      !c.Enabled,
-		TarballCache:  s.Config.Pipeline.TarballCacheSize.Bytes(),
-		Grow:          s.growPool,
-	})
+	o := s.Config.GC.Options(s.Config.Pipeline.TarballCacheConfig)
+	o.DB, o.Snapshots = s.DB, s.Snapshotter
+	o.Usage = func(ctx context.Context) (gc.Usage, error) {
+		st, err := s.Pool.Status(ctx)
+		if err != nil {
+			return gc.Usage{}, err
+		}
+		u := gc.UsageOf(st)
+		paths := []string{s.Config.Pipeline.DownloadDir}
+		if s.Config.Pool.DataDevice == "" {
+			paths = append(paths, s.Config.Pool.RootDir)
+		}
+		u.HostUsed, u.HostTotal, err = gc.HostUsage(paths...)
+		return u, err
+	}
+	o.Guard = pipeline.GuardChain
+	o.Prune = func(ctx context.Context) error {
+		_, err := p.Prune(ctx)
+		return err
+	}
+	o.Names, o.Observer, o.Grow = names, s.gcMetrics, s.growPool
+	return gc.New(o)
 }
 
 // fetcherAPI is what the control socket serves: pulls and activations by

@@ -16,42 +16,23 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
-// ThinpoolConfig returns the thinpool.Config the [pool] section describes.
+// ThinpoolConfig returns the pool's part of the [pool] section, whose
+// refusals name the reserve's key.
 func (c *Config) ThinpoolConfig() thinpool.Config {
-	return thinpool.Config{
-		PoolName:           c.Pool.Name,
-		RootDir:            c.Pool.RootDir,
-		DataDevice:         c.Pool.DataDevice,
-		MetadataDevice:     c.Pool.MetadataDevice,
-		DataSize:           c.Pool.DataSize.Bytes(),
-		MetadataSize:       c.Pool.MetadataSize.Bytes(),
-		BlockSizeSectors:   uint32(c.Pool.BlockSize / 512),
-		LowWaterMarkBlocks: c.Pool.LowWaterMark,
-		MaxDataSize:        c.Pool.MaxDataSize.Bytes(),
-		GrowthReserve:      c.Pool.GrowthReserve.Bytes(),
-		MetadataThreshold:  c.Pool.MetadataThreshold,
-		MinFreePercent:     c.Pool.MinFreeSpace.Value(),
-		ReserveSetting:     KeyMinFreeSpace,
-		NoSpaceTimeout:     c.Pool.NoSpaceTimeout.Duration,
-	}
+	p := c.Pool.Config
+	p.ReserveSetting = thinpool.KeyMinFreeSpace
+	return p
 }
 
-// SnapshotterConfig returns the snapshotter.Config the [pool] section
-// describes.
-func (c *Config) SnapshotterConfig() snapshotter.Config {
-	return snapshotter.Config{
-		FSType:               c.Pool.FSType,
-		MkfsOptions:          c.Pool.MkfsOptions,
-		BaseImageSize:        c.Pool.BaseImageSize.Bytes(),
-		AsyncRemove:          c.Pool.AsyncRemove,
-		DeleteUnknownDevices: c.Pool.DeleteUnknownDevices,
-	}
-}
+// SnapshotterConfig returns the devices' part of the [pool] section.
+func (c *Config) SnapshotterConfig() snapshotter.Config { return c.Pool.DevicesConfig }
 
 // MetadataOptions returns the options opening the [metadata] database,
 // read-write for the daemon or read-only for CLI readers.
 func (c *Config) MetadataOptions(readOnly bool) metadata.Options {
-	return metadata.Options{Path: c.Metadata.Path, ReadOnly: readOnly, Synchronous: metadata.Synchronous(c.Metadata.Synchronous)}
+	o := c.Metadata
+	o.ReadOnly = readOnly
+	return o
 }
 
 // Service is the daemon's state built from a Config: the metadata

@@ -88,7 +88,7 @@ func (s *Snapshotter) ensureBase(ctx context.Context) (*metadata.ThinDevice, err
 	}
 	now := nowNs()
 	d := metadata.ThinDevice{ID: id, Name: name, Role: metadata.ThinRoleBase, State: metadata.ThinStateInactive,
-		SizeBytes: s.cfg.BaseImageSize, FSType: s.cfg.FSType, CreatedNs: now, UpdatedNs: now}
+		SizeBytes: s.cfg.BaseImageSize.Bytes(), FSType: s.cfg.FSType, CreatedNs: now, UpdatedNs: now}
 	err = s.withTx(fctx, func(q metadata.SnapshotterQueries) error {
 		if err := q.InsertThinDevice(fctx, d); err != nil {
 			return err
@@ -105,7 +105,7 @@ func (s *Snapshotter) ensureBase(ctx context.Context) (*metadata.ThinDevice, err
 }
 
 func (s *Snapshotter) formatBase(ctx context.Context, name string, id uint32) (err error) {
-	path, err := s.pool.Activate(ctx, name, id, s.cfg.BaseImageSize)
+	path, err := s.pool.Activate(ctx, name, id, s.cfg.BaseImageSize.Bytes())
 	if err != nil {
 		return fmt.Errorf("activate %s: %w", name, err)
 	}

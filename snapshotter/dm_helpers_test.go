@@ -41,7 +41,7 @@ type testEnv struct {
 }
 
 func poolConfig(dir, name string) thinpool.Config {
-	return thinpool.Config{PoolName: name, RootDir: filepath.Join(dir, "pool"), DataSize: 4 << 30, MetadataSize: 64 << 20}
+	return thinpool.Config{Name: name, RootDir: filepath.Join(dir, "pool"), DataSize: 4 << 30, MetadataSize: 64 << 20}
 }
 
 // newTestEnv makes a fresh pool named after the test and opens a database;

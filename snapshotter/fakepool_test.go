@@ -192,7 +192,7 @@ func newFakeSnapshotter(t testing.TB, dir string, pool *fakePool, cfg Config) *S
 		}
 		err := db.WithTx(ctx, func(tx *sql.Tx) error {
 			return metadata.SnapshotterTx(tx).InsertThinDevice(ctx, metadata.ThinDevice{ID: fakeBaseID, Name: baseDeviceName(pool.Name(), fakeBaseID),
-				Role: metadata.ThinRoleBase, State: metadata.ThinStateInactive, SizeBytes: cfg.BaseImageSize, FSType: "ext4", CreatedNs: 1, UpdatedNs: 1})
+				Role: metadata.ThinRoleBase, State: metadata.ThinStateInactive, SizeBytes: cfg.BaseImageSize.Bytes(), FSType: "ext4", CreatedNs: 1, UpdatedNs: 1})
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/conf"
 )
 
 // Latency of our ioctl path against dmsetup (one fork+exec of the
@@ -159,7 +161,7 @@ func BenchmarkVsDmsetup(b *testing.B) {
 //	thinpool.test -test.run '^$' -test.bench ReserveCheck -test.benchtime 200x -test.v
 func BenchmarkReserveCheck(b *testing.B) {
 	p, _ := testPool(b, 256<<20)
-	p.cfg.MinFreePercent = DefaultMinFreePercent
+	p.cfg.MinFreeSpace = conf.Pct(DefaultMinFreePercent)
 	ctx := context.Background()
 	if err := p.CreateThin(ctx, 1); err != nil {
 		b.Fatal(err)

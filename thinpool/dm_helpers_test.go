@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/vm/scratch"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/conf"
 )
 
 // Tests in files tagged dm need real device-mapper and root: they run inside
@@ -36,13 +37,13 @@ func testPool(t testing.TB, dataSize int64) (*Pool, Config) {
 		name = name[:40]
 	}
 	cfg := Config{
-		PoolName:     name,
+		Name:         name,
 		RootDir:      scratch.Dir(t, name+"-"),
-		DataSize:     dataSize,
+		DataSize:     conf.Size(dataSize),
 		MetadataSize: 16 << 20,
 		// Writes on a full pool wait this long before they fail: short,
 		// so the tests that fill a pool do not wait the kernel's minute.
-		NoSpaceTimeout: testNoSpaceTimeout,
+		NoSpaceTimeout: conf.D(testNoSpaceTimeout),
 	}
 	p, err := Open(context.Background(), cfg)
 	if err != nil {
@@ -61,7 +62,7 @@ func destroyPool(t testing.TB, cfg Config) {
 	ctx := context.Background()
 	p, err := Open(ctx, cfg)
 	if err != nil {
-		t.Errorf("cleanup: reopen %q: %v", cfg.PoolName, err)
+		t.Errorf("cleanup: reopen %q: %v", cfg.Name, err)
 		return
 	}
 	devs, err := p.ActiveDevices(ctx)

@@ -285,8 +285,8 @@ func TestPoolFull(t *testing.T) {
 // pool refuses: ErrMetadataFull, no half-made device, ids still listed.
 func TestMetadataFull(t *testing.T) {
 	ctx := context.Background()
-	cfg := Config{PoolName: "tp-metafull", RootDir: scratch.Dir(t, "tp-metafull-"),
-		DataSize: 64 * mib, MetadataSize: 512 << 10, // 128 metadata blocks
+	cfg := Config{Name: "tp-metafull", RootDir: scratch.Dir(t, "tp-metafull-"),
+		DataSize: 64 * mib, MetadataSize: 2 << 20, // 512 metadata blocks, the smallest Validate admits
 		MetadataThreshold: 100} // the kernel's own limit, not ours
 	p, err := Open(ctx, cfg)
 	if err != nil {
@@ -301,7 +301,7 @@ func TestMetadataFull(t *testing.T) {
 		}
 		created = append(created, id)
 		if id > 10000 {
-			t.Fatal("10000 thin devices fit in 512 KiB of metadata")
+			t.Fatal("10000 thin devices fit in 2 MiB of metadata")
 		}
 	}
 	t.Logf("metadata full after %d thin devices: %v", len(created), err)
@@ -362,7 +362,7 @@ func TestReopenAfterRestart(t *testing.T) {
 
 	// Reboot: devices and pool table gone, loop devices detached.
 	simulateReboot(t, p)
-	if _, err := p.ctl.info(cfg.PoolName); !errors.Is(err, unix.ENXIO) {
+	if _, err := p.ctl.info(cfg.Name); !errors.Is(err, unix.ENXIO) {
 		t.Fatalf("pool still present after the simulated reboot: %v", err)
 	}
 	p, err = Open(ctx, cfg)
@@ -501,16 +501,16 @@ func TestExistingDevices(t *testing.T) {
 		t.Cleanup(func() { lf.Close() }) // autoclear detaches it after the pool is gone
 		devs = append(devs, lf.Name())
 	}
-	cfg := Config{PoolName: "tp-existing", MetadataDevice: devs[0], DataDevice: devs[1]}
+	cfg := Config{Name: "tp-existing", MetadataDevice: devs[0], DataDevice: devs[1]}
 	p, err := Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := p.ctl.remove(cfg.PoolName); err != nil && !errors.Is(err, unix.ENXIO) {
+		if err := p.ctl.remove(cfg.Name); err != nil && !errors.Is(err, unix.ENXIO) {
 			t.Errorf("cleanup: %v", err)
 		}
-		removeNode(cfg.PoolName)
+		removeNode(cfg.Name)
 		os.RemoveAll(dir)
 	})
 	if st, err := p.Status(ctx); err != nil || st.TotalDataBlocks != 64*mib/(64<<10) {

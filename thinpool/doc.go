@@ -44,7 +44,7 @@
 //     Config.MetadataThreshold used (ErrMetadataReserve), keeping the rest
 //     for deletes so the pool never turns read-only for lack of it.
 //     They also refuse them while the free data or metadata is under
-//     Config.MinFreePercent (ErrBelowReserve): the reserve is left for the
+//     Config.MinFreeSpace (ErrBelowReserve): the reserve is left for the
 //     writes of the devices already made, and the default low-water mark
 //     is the reserve's edge, so the owner hears of it when refusals begin.
 //     The check reads the status line the create reads anyway: it costs no

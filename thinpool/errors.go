@@ -22,7 +22,7 @@ var (
 	// It matches ErrMetadataFull and ErrPoolFull.
 	ErrMetadataReserve = fmt.Errorf("down to the reserve kept for deletes: %w", ErrMetadataFull)
 	// ErrBelowReserve means a new device was refused because the pool's
-	// free data or metadata is under Config.MinFreePercent: the rest is
+	// free data or metadata is under Config.MinFreeSpace: the rest is
 	// kept for the writes of the devices already made. It matches
 	// ErrPoolFull.
 	ErrBelowReserve = fmt.Errorf("new devices refused under the reserve: %w", ErrPoolFull)

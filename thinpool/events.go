@@ -9,7 +9,7 @@ import (
 )
 
 // DefaultLowWaterPercent sizes the low-water mark when
-// Config.LowWaterMarkBlocks is zero: the kernel raises its event once the
+// Config.LowWaterMark is zero: the kernel raises its event once the
 // free data blocks fall to this percent of the pool's data blocks, early
 // enough for a collection or a growth to finish before writes run out.
 const DefaultLowWaterPercent = 10
@@ -20,10 +20,10 @@ const DefaultLowWaterPercent = 10
 // owner collects and grows before the running devices eat the reserve;
 // else DefaultLowWaterPercent of the blocks (at least one).
 func (p *Pool) lowWaterBlocks(totalBlocks uint64) uint64 {
-	if p.cfg.LowWaterMarkBlocks != 0 {
-		return p.cfg.LowWaterMarkBlocks
+	if p.cfg.LowWaterMark != 0 {
+		return p.cfg.LowWaterMark
 	}
-	if r := ReserveBlocks(totalBlocks, p.cfg.MinFreePercent); r > 0 {
+	if r := ReserveBlocks(totalBlocks, p.cfg.MinFreeSpace.Value()); r > 0 {
 		return r
 	}
 	return max(1, totalBlocks*DefaultLowWaterPercent/100)

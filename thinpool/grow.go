@@ -12,11 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// DefaultGrowthReserve is the free space growth leaves on the filesystem
-// holding the loop files when Config.GrowthReserve is zero (1 GiB): the
-// host keeps room for its logs and the daemon's database and downloads.
-const DefaultGrowthReserve = 1 << 30
-
 // growthStepDivisor sizes one growth: a quarter of the data size, so a few
 // events take a small pool to its maximum without reserving far ahead of
 // what is written.
@@ -143,24 +138,25 @@ func (p *Pool) Grow(ctx context.Context) (Growth, error) {
 	block := int64(p.blockSize) * 512
 	g := Growth{From: int64(sectors) * 512}
 	g.To = g.From
+	maxData := p.cfg.MaxDataSize.Bytes()
 	switch {
 	case p.cfg.DataDevice != "":
 		g.Reason = "the pool is on block devices, not loop files"
 		return g, nil
-	case p.cfg.MaxDataSize <= 0:
+	case maxData <= 0:
 		g.Reason = "growth is off (no maximum data size)"
 		return g, nil
-	case g.From+block > p.cfg.MaxDataSize:
-		g.Reason = fmt.Sprintf("the data size %d is at the maximum %d", g.From, p.cfg.MaxDataSize)
+	case g.From+block > maxData:
+		g.Reason = fmt.Sprintf("the data size %d is at the maximum %d", g.From, maxData)
 		return g, nil
 	}
 	b, err := p.Backing(ctx)
 	if err != nil {
 		return g, err
 	}
-	reserve := p.cfg.GrowthReserve
+	reserve := p.cfg.GrowthReserve.Bytes()
 	room := int64(b.FSFree) - int64(b.Unbacked()) - reserve
-	to := min(g.From+max(g.From/growthStepDivisor, block), p.cfg.MaxDataSize, g.From+room)
+	to := min(g.From+max(g.From/growthStepDivisor, block), maxData, g.From+room)
 	to = to / block * block
 	if to <= g.From {
 		g.Reason = fmt.Sprintf("the filesystem of %s has %d bytes free, the loop files may still claim %d and %d are kept in reserve",

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/vm/scratch"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/conf"
 )
 
 // TestLowWaterEventGrowsPool: writes crossing the low-water mark raise a
@@ -24,9 +25,9 @@ import (
 func TestLowWaterEventGrowsPool(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	cfg := Config{PoolName: "tp-lowwater", RootDir: scratch.Dir(t, "tp-lowwater-"),
+	cfg := Config{Name: "tp-lowwater", RootDir: scratch.Dir(t, "tp-lowwater-"),
 		DataSize: 32 * mib, MetadataSize: 16 << 20, MaxDataSize: 48 * mib, GrowthReserve: mib,
-		LowWaterMarkBlocks: 256} // half of the 512 blocks
+		LowWaterMark: 256} // half of the 512 blocks
 	p, err := Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -124,9 +125,9 @@ func TestGrowthKeepsFilesystemReserve(t *testing.T) {
 		t.Fatal(err)
 	}
 	free := int64(fs.Bavail) * int64(fs.Bsize)
-	cfg := Config{PoolName: "tp-reserve", RootDir: dir,
+	cfg := Config{Name: "tp-reserve", RootDir: dir,
 		DataSize: 32 * mib, MetadataSize: 16 << 20, MaxDataSize: 1 << 40,
-		GrowthReserve: free - 48*mib - 4*mib} // room for the files' 48 MiB and 4 MiB more
+		GrowthReserve: conf.Size(free - 48*mib - 4*mib)} // room for the files' 48 MiB and 4 MiB more
 	p, err := Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -151,8 +152,8 @@ func TestGrowthKeepsFilesystemReserve(t *testing.T) {
 // work, which frees the metadata for new devices again.
 func TestMetadataThresholdKeepsDeletes(t *testing.T) {
 	ctx := context.Background()
-	cfg := Config{PoolName: "tp-metathreshold", RootDir: scratch.Dir(t, "tp-metathreshold-"),
-		DataSize: 64 * mib, MetadataSize: 512 << 10, MetadataThreshold: 60}
+	cfg := Config{Name: "tp-metathreshold", RootDir: scratch.Dir(t, "tp-metathreshold-"),
+		DataSize: 64 * mib, MetadataSize: 2 << 20, MetadataThreshold: 60}
 	p, err := Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -164,7 +165,7 @@ func TestMetadataThresholdKeepsDeletes(t *testing.T) {
 			break
 		}
 		if id > 10000 {
-			t.Fatal("10000 thin devices fit in 512 KiB of metadata")
+			t.Fatal("10000 thin devices fit in 2 MiB of metadata")
 		}
 	}
 	t.Logf("refused after %d devices: %v", id-1, err)
@@ -275,7 +276,7 @@ func TestAdjustReloadsLowWater(t *testing.T) {
 	if lw, err := p.LowWaterBlocks(ctx); err != nil || lw != 51 {
 		t.Fatalf("default low-water mark = %d, %v; want 51 (10%% of 512)", lw, err)
 	}
-	cfg.LowWaterMarkBlocks = 100
+	cfg.LowWaterMark = 100
 	q, err := Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -319,8 +320,8 @@ func TestAdjustReloadsLowWater(t *testing.T) {
 // device keeps writing into the reserve; deleting it lets new devices in.
 func TestReserveRefusesNewDevices(t *testing.T) {
 	ctx := context.Background()
-	cfg := Config{PoolName: "tp-reserve", RootDir: scratch.Dir(t, "tp-reserve-"),
-		DataSize: 32 * mib, MetadataSize: 16 << 20, MinFreePercent: 25, ReserveSetting: "pool.min_free_space"}
+	cfg := Config{Name: "tp-reserve", RootDir: scratch.Dir(t, "tp-reserve-"),
+		DataSize: 32 * mib, MetadataSize: 16 << 20, MinFreeSpace: conf.Pct(25), ReserveSetting: KeyMinFreeSpace}
 	p, err := Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)

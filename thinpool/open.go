@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 	"unsafe"
 
 	"github.com/containerd/log"
@@ -35,60 +34,6 @@ func checkName(what, name string) error {
 	return nil
 }
 
-// withDefaults fills zero fields and checks the rules Open relies on.
-func (cfg Config) withDefaults() (Config, error) {
-	if err := checkName("pool", cfg.PoolName); err != nil {
-		return cfg, err
-	}
-	if (cfg.DataDevice == "") != (cfg.MetadataDevice == "") {
-		return cfg, fmt.Errorf("pool %q: DataDevice %q and MetadataDevice %q must be both set or both empty: %w",
-			cfg.PoolName, cfg.DataDevice, cfg.MetadataDevice, ErrInvalid)
-	}
-	if cfg.DataDevice == "" {
-		if cfg.RootDir == "" {
-			return cfg, fmt.Errorf("pool %q: RootDir is required for the loop-file pool: %w", cfg.PoolName, ErrInvalid)
-		}
-		abs, err := filepath.Abs(cfg.RootDir)
-		if err != nil {
-			return cfg, fmt.Errorf("pool %q: RootDir %q: %w", cfg.PoolName, cfg.RootDir, err)
-		}
-		cfg.RootDir = abs
-		if cfg.DataSize == 0 {
-			cfg.DataSize = DefaultDataSize
-		}
-		if cfg.MetadataSize == 0 {
-			cfg.MetadataSize = DefaultMetadataSize
-		}
-		if cfg.DataSize < 0 || cfg.MetadataSize < 2*metaBlockSize {
-			return cfg, fmt.Errorf("pool %q: DataSize %d / MetadataSize %d must be positive (metadata at least 8 KiB): %w",
-				cfg.PoolName, cfg.DataSize, cfg.MetadataSize, ErrInvalid)
-		}
-	}
-	if cfg.BlockSizeSectors == 0 {
-		cfg.BlockSizeSectors = DefaultBlockSizeSectors
-	}
-	if cfg.GrowthReserve == 0 {
-		cfg.GrowthReserve = DefaultGrowthReserve
-	}
-	if cfg.MetadataThreshold == 0 {
-		cfg.MetadataThreshold = DefaultMetadataThreshold
-	}
-	if cfg.MaxDataSize < 0 || cfg.GrowthReserve < 0 || !(cfg.MetadataThreshold > 0 && cfg.MetadataThreshold <= 100) {
-		return cfg, fmt.Errorf("pool %q: MaxDataSize %d and GrowthReserve %d must not be negative, MetadataThreshold %v must be in (0, 100]: %w",
-			cfg.PoolName, cfg.MaxDataSize, cfg.GrowthReserve, cfg.MetadataThreshold, ErrInvalid)
-	}
-	if !(cfg.MinFreePercent >= 0 && cfg.MinFreePercent < 100) {
-		return cfg, fmt.Errorf("pool %q: MinFreePercent %v must be in [0, 100): %w", cfg.PoolName, cfg.MinFreePercent, ErrInvalid)
-	}
-	if cfg.NoSpaceTimeout < 0 || cfg.NoSpaceTimeout%time.Second != 0 {
-		return cfg, fmt.Errorf("pool %q: NoSpaceTimeout %v must be whole seconds, not negative: %w", cfg.PoolName, cfg.NoSpaceTimeout, ErrInvalid)
-	}
-	if bs := cfg.BlockSizeSectors; bs%128 != 0 || bs < 128 || bs > 2097152 {
-		return cfg, fmt.Errorf("pool %q: BlockSizeSectors %d must be a multiple of 128 between 128 and 2097152: %w", cfg.PoolName, bs, ErrInvalid)
-	}
-	return cfg, nil
-}
-
 // Open creates the pool described by cfg when it is absent and reuses it
 // when it is present: an active pool of that name is reused as is (daemon
 // restart); when the pool is gone but its files are present (reboot), the
@@ -97,15 +42,15 @@ func (cfg Config) withDefaults() (Config, error) {
 // Existing DataDevice/MetadataDevice are used as given (a fresh metadata
 // device must have been zeroed by the caller).
 func Open(ctx context.Context, cfg Config) (*Pool, error) {
-	cfg, err := cfg.withDefaults()
-	if err != nil {
-		return nil, fmt.Errorf("thinpool: open: %w", err)
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("thinpool: open: invalid config: %w: %w", ErrInvalid, err)
 	}
 	ctl, err := control()
 	if err != nil {
-		return nil, fmt.Errorf("thinpool: open pool %q: %w", cfg.PoolName, err)
+		return nil, fmt.Errorf("thinpool: open pool %q: %w", cfg.Name, err)
 	}
-	p := &Pool{cfg: cfg, name: cfg.PoolName, ctl: ctl, blockSize: cfg.BlockSizeSectors}
+	p := &Pool{cfg: cfg, name: cfg.Name, ctl: ctl, blockSize: cfg.blockSizeSectors()}
 	lg := log.G(ctx).WithField("pool", p.name)
 
 	info, err := ctl.info(p.name)
@@ -261,10 +206,10 @@ func (p *Pool) ensureFiles(ctx context.Context) (metaFile, dataFile string, err 
 	}
 	metaFile = filepath.Join(p.cfg.RootDir, MetadataFileName)
 	dataFile = filepath.Join(p.cfg.RootDir, DataFileName)
-	if err := makeSparse(dataFile, p.cfg.DataSize, false); err != nil {
+	if err := makeSparse(dataFile, p.cfg.DataSize.Bytes(), false); err != nil {
 		return "", "", err
 	}
-	if err := makeSparse(metaFile, p.cfg.MetadataSize, true); err != nil {
+	if err := makeSparse(metaFile, p.cfg.MetadataSize.Bytes(), true); err != nil {
 		return "", "", err
 	}
 	return metaFile, dataFile, nil

@@ -1,6 +1,7 @@
 package thinpool
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"reflect"
@@ -10,6 +11,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/conf"
 )
 
 func TestParsePoolStatus(t *testing.T) {
@@ -278,26 +281,37 @@ func TestCheckIDAndName(t *testing.T) {
 }
 
 func TestConfigDefaults(t *testing.T) {
-	cfg, err := Config{PoolName: "p", RootDir: "/tmp/x"}.withDefaults()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg.BlockSizeSectors != 128 || cfg.DataSize != DefaultDataSize || cfg.MetadataSize != DefaultMetadataSize {
+	cfg := Config{Name: "p", RootDir: "/tmp/x"}.withDefaults()
+	if cfg.blockSizeSectors() != 128 || cfg.DataSize != DefaultDataSize || cfg.MetadataSize != DefaultMetadataSize {
 		t.Errorf("defaults not applied: %+v", cfg)
 	}
-	for _, bad := range []Config{
-		{PoolName: "p"},
-		{PoolName: "", RootDir: "/x"},
-		{PoolName: "p", RootDir: "/x", BlockSizeSectors: 100},
-		{PoolName: "p", DataDevice: "/dev/sda"},
-		{PoolName: "p", RootDir: "/x", MinFreePercent: -1},
-		{PoolName: "p", RootDir: "/x", MinFreePercent: 100},
-		{PoolName: "p", RootDir: "/x", NoSpaceTimeout: 1500 * time.Millisecond},
-		{PoolName: "p", RootDir: "/x", NoSpaceTimeout: -time.Second},
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("a pool named by its name and directory: %v", err)
+	}
+	if err := DefaultConfig().Validate(); err == nil || !strings.Contains(err.Error(), "pool.root_dir: must be an absolute path") {
+		t.Errorf("DefaultConfig without a root directory: %v, want pool.root_dir named", err)
+	}
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Name: "p"}, "pool.root_dir: must be an absolute path, got an empty value"},
+		{Config{Name: "", RootDir: "/x"}, "pool.name: must not be empty"},
+		{Config{Name: "p", RootDir: "/x", BlockSize: 100}, "pool.block_size: must be a multiple of 128 sectors"},
+		{Config{Name: "p", DataDevice: "/dev/sda"}, "pool.metadata_device: must be set when pool.data_device is set"},
+		{Config{Name: "p", RootDir: "/x", MetadataSize: 8 << 10}, "pool.metadata_size: must be a multiple of 4KiB between 2MiB and 16GiB"},
+		{Config{Name: "p", RootDir: "/x", MinFreeSpace: conf.Pct(-1)}, "pool.min_free_space: must be between 0% (no reserve) and 50%, got -1%"},
+		{Config{Name: "p", RootDir: "/x", MinFreeSpace: conf.Pct(100)}, "pool.min_free_space: must be between"},
+		{Config{Name: "p", RootDir: "/x", NoSpaceTimeout: conf.D(1500 * time.Millisecond)}, "pool.no_space_timeout: must be whole seconds"},
+		{Config{Name: "p", RootDir: "/x", NoSpaceTimeout: conf.D(-time.Second)}, "pool.no_space_timeout: must be whole seconds"},
 	} {
-		if _, err := bad.withDefaults(); !errors.Is(err, ErrInvalid) {
-			t.Errorf("%+v: got %v, want ErrInvalid", bad, err)
+		if err := c.cfg.withDefaults().Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: got %v, want %q", c.cfg, err, c.want)
 		}
+	}
+	// Open refuses the same configurations before any device-mapper call.
+	if _, err := Open(context.Background(), Config{Name: "p", RootDir: "/x", BlockSize: 100}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "pool.block_size") {
+		t.Errorf("Open with a bad block size: %v, want ErrInvalid naming pool.block_size", err)
 	}
 }
 

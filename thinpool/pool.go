@@ -3,86 +3,12 @@ package thinpool
 import (
 	"sync"
 	"sync/atomic"
-	"time"
 )
 
 // MaxThinID is the largest thin device id a pool accepts: the kernel's thin
 // ids are 24-bit numbers. Every operation taking an id rejects a larger one
 // with ErrInvalid before calling the kernel.
 const MaxThinID = 0xffffff
-
-// Defaults applied by Open to zero Config fields.
-const (
-	// DefaultBlockSizeSectors is the pool data block size used when
-	// Config.BlockSizeSectors is zero: 128 sectors = 64 KiB.
-	DefaultBlockSizeSectors = 128
-	// DefaultDataSize is the sparse data file size used when
-	// Config.DataSize is zero and no DataDevice is given (100 GiB).
-	DefaultDataSize = 100 << 30
-	// DefaultMetadataThreshold is Config.MetadataThreshold's default: new
-	// devices are refused once 95% of the metadata is used.
-	DefaultMetadataThreshold = 95.0
-	// DefaultMinFreePercent is the reserve the daemon keeps unless told
-	// otherwise (Config.MinFreePercent): 10% of the data and of the
-	// metadata, Docker's devicemapper dm.min_free_space default.
-	DefaultMinFreePercent = 10.0
-	// DefaultNoSpaceTimeout is how long the kernel queues writes on a pool
-	// out of data space before failing them, when nothing sets it: the
-	// dm_thin_pool module's own default.
-	DefaultNoSpaceTimeout = 60 * time.Second
-	// DefaultMetadataSize is the sparse metadata file size used when
-	// Config.MetadataSize is zero and no MetadataDevice is given (1 GiB).
-	DefaultMetadataSize = 1 << 30
-)
-
-// Config describes the pool Open creates or reopens.
-type Config struct {
-	// PoolName is the device-mapper name of the pool, e.g. "flyio-pool".
-	PoolName string
-	// RootDir holds the loop-backed files "data" and "metadata" of the
-	// embedded default pool. Unused when both devices are given.
-	RootDir string
-	// DataDevice and MetadataDevice name existing block devices to use
-	// instead of loop files. Both or neither must be set.
-	DataDevice, MetadataDevice string
-	// DataSize and MetadataSize are the sizes in bytes of the sparse loop
-	// files created on first Open (ignored for existing files/devices).
-	DataSize, MetadataSize int64
-	// BlockSizeSectors is the pool data block size in 512-byte sectors
-	// (default 128 = 64 KiB; must be a multiple of 128 between 128 and
-	// 2097152).
-	BlockSizeSectors uint32
-	// LowWaterMarkBlocks is the free data block count under which the
-	// kernel raises a dm event (Watch reports it); 0 means the reserve's
-	// data blocks (ReserveBlocks of MinFreePercent), or
-	// DefaultLowWaterPercent of the data blocks when there is no reserve.
-	LowWaterMarkBlocks uint64
-	// MaxDataSize, when positive, lets Grow extend a loop-file pool's data
-	// up to this many bytes; 0 leaves the size fixed.
-	MaxDataSize int64
-	// GrowthReserve is the free space, in bytes, Grow leaves on the
-	// filesystem holding the loop files (0 means DefaultGrowthReserve).
-	GrowthReserve int64
-	// MetadataThreshold is the metadata usage, in percent, from which
-	// CreateThin and CreateSnap refuse new devices (0 means
-	// DefaultMetadataThreshold).
-	MetadataThreshold float64
-	// MinFreePercent is the reserve: CreateThin and CreateSnap refuse new
-	// devices (ErrBelowReserve) while the free data blocks or the free
-	// metadata blocks are fewer than this percent of the pool's (see
-	// ReserveBlocks), so that what is left serves the writes of the
-	// devices already made. 0 keeps no reserve.
-	MinFreePercent float64
-	// ReserveSetting names, in a refusal, where the operator changes
-	// MinFreePercent (the daemon gives its configuration key). Empty: the
-	// refusal names none.
-	ReserveSetting string
-	// NoSpaceTimeout is how long the kernel queues the writes that find
-	// the pool out of data space before failing them (the dm_thin_pool
-	// module's no_space_timeout, whole seconds, shared by every pool of
-	// the host); Adjust sets it. 0 leaves the kernel's value.
-	NoSpaceTimeout time.Duration
-}
 
 // Pool is an open thin pool. Its methods are safe for concurrent use.
 type Pool struct {
@@ -101,10 +27,10 @@ type Pool struct {
 	closed     atomic.Bool
 }
 
-// MinFreePercent returns the pool's reserve (Config.MinFreePercent): the
+// MinFreePercent returns the pool's reserve (Config.MinFreeSpace): the
 // percent of its data and of its metadata under which it refuses new
 // devices.
-func (p *Pool) MinFreePercent() float64 { return p.cfg.MinFreePercent }
+func (p *Pool) MinFreePercent() float64 { return p.cfg.MinFreeSpace.Value() }
 
 // ActiveDevice is a device-mapper device whose table is a thin target on
 // this pool.

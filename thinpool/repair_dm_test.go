@@ -72,7 +72,7 @@ func sh(t *testing.T, line string) (string, bool) {
 // the thin device holds what was written before the damage.
 func TestRepairRunbook(t *testing.T) {
 	ctx := context.Background()
-	cfg := Config{PoolName: "tp-repair", RootDir: scratch.Dir(t, "tp-repair-"), DataSize: 64 * mib, MetadataSize: 16 << 20}
+	cfg := Config{Name: "tp-repair", RootDir: scratch.Dir(t, "tp-repair-"), DataSize: 64 * mib, MetadataSize: 16 << 20}
 	p, err := Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -92,11 +92,11 @@ func TestRepairRunbook(t *testing.T) {
 	if err := p.Deactivate(ctx, "tp-repair-1"); err != nil {
 		t.Fatal(err)
 	}
-	stop := "dmsetup remove " + cfg.PoolName // the daemon stopped, its thin devices removed
+	stop := "dmsetup remove " + cfg.Name // the daemon stopped, its thin devices removed
 	if _, ok := sh(t, stop); !ok {
 		t.Fatal("removing the pool failed")
 	}
-	removeNode(cfg.PoolName)
+	removeNode(cfg.Name)
 	meta := filepath.Join(cfg.RootDir, MetadataFileName)
 	damageMetadata(t, meta)
 
@@ -120,7 +120,7 @@ func TestRepairRunbook(t *testing.T) {
 	if _, ok := sh(t, stop); !ok {
 		t.Fatal("stop: removing the pool failed")
 	}
-	removeNode(cfg.PoolName)
+	removeNode(cfg.Name)
 	// The tools open with O_DIRECT, which a file on tmpfs refuses: they
 	// are given the files through loop devices, which work everywhere.
 	out, ok := sh(t, "losetup --find --show "+meta)

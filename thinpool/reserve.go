@@ -90,7 +90,7 @@ func NoSpaceTimeout() (time.Duration, error) {
 // /sys) is logged, not fatal: the pool works with the kernel's value, and
 // `pool status` shows which.
 func (p *Pool) syncNoSpaceTimeout(ctx context.Context) {
-	want := p.cfg.NoSpaceTimeout
+	want := p.cfg.NoSpaceTimeout.Duration
 	if want <= 0 {
 		return
 	}

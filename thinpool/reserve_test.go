@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/conf"
 )
 
 // TestWritesQueuedFromStatus: whether a pool out of data space is queueing
@@ -92,9 +94,9 @@ func TestLowWaterAtReserve(t *testing.T) {
 		cfg  Config
 		want uint64
 	}{
-		{Config{MinFreePercent: 10}, 410},
-		{Config{MinFreePercent: 25}, 1024},
-		{Config{MinFreePercent: 25, LowWaterMarkBlocks: 7}, 7},
+		{Config{MinFreeSpace: conf.Pct(10)}, 410},
+		{Config{MinFreeSpace: conf.Pct(25)}, 1024},
+		{Config{MinFreeSpace: conf.Pct(25), LowWaterMark: 7}, 7},
 		{Config{}, 409}, // DefaultLowWaterPercent
 	} {
 		p := &Pool{cfg: c.cfg}

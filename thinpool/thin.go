@@ -72,7 +72,7 @@ func (p *Pool) fullError() error {
 // deletes, which need metadata blocks too, so that a pool short of
 // metadata can still be emptied instead of turning read-only; or
 // ErrBelowReserve when the free data or metadata is under
-// Config.MinFreePercent, kept for the writes of the devices already made.
+// Config.MinFreeSpace, kept for the writes of the devices already made.
 // It reads the pool's status once (one DM_TABLE_STATUS, without flushing
 // the metadata): the price of every create.
 func (p *Pool) creatable() error {
@@ -90,7 +90,7 @@ func (p *Pool) creatable() error {
 				used, st.UsedMetadataBlocks, st.TotalMetadataBlocks, limit, ErrMetadataReserve)
 		}
 	}
-	return st.ReserveError(p.cfg.MinFreePercent, p.cfg.ReserveSetting)
+	return st.ReserveError(p.cfg.MinFreeSpace.Value(), p.cfg.ReserveSetting)
 }
 
 // FullError classifies a status for callers that saw IO fail: it returns
@@ -142,7 +142,7 @@ func (p *Pool) poolMessage(msg string) error {
 // metadata. It returns ErrExists when the id is taken and ErrDataFull or
 // ErrMetadataFull when the pool cannot allocate, ErrMetadataReserve when
 // its metadata is past Config.MetadataThreshold, ErrBelowReserve when its
-// free space is under Config.MinFreePercent (nothing is created then).
+// free space is under Config.MinFreeSpace (nothing is created then).
 func (p *Pool) CreateThin(ctx context.Context, id uint32) error {
 	if err := p.usable(); err != nil {
 		return err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/conf"
 )
 
 // hostileSource is a source on srv with short deadlines, as a test can
@@ -143,7 +144,7 @@ func TestHeadersNeverAnswered(t *testing.T) {
 	srv.Put(t, "img/01.tar", []byte("layer"))
 	srv.Faults.Delay(100, "", time.Hour)
 	srv.Faults.Delay(100, "img/01.tar", time.Hour)
-	src := hostileSource(t, srv, s3source.Config{ResponseHeaderTimeout: 300 * time.Millisecond, IdleTimeout: 300 * time.Millisecond})
+	src := hostileSource(t, srv, s3source.Config{ResponseHeaderTimeout: conf.D(300 * time.Millisecond), IdleTimeout: conf.D(300 * time.Millisecond)})
 	for _, what := range []string{"img/", "img/01.tar"} {
 		objs, err := within(t, 3*time.Second, func() ([]s3source.Object, error) { return src.ResolveImage(context.Background(), what) })
 		if err == nil || objs != nil || !s3source.IsRetryable(err) || !strings.Contains(err.Error(), "timeout") {
@@ -163,7 +164,7 @@ func TestStallMidBody(t *testing.T) {
 	data := payload(1 << 20)
 	srv.Put(t, "img/01.tar", data)
 	srv.Faults.StallAfter(1, "img/01.tar", 64<<10)
-	src := hostileSource(t, srv, s3source.Config{IdleTimeout: 300 * time.Millisecond})
+	src := hostileSource(t, srv, s3source.Config{IdleTimeout: conf.D(300 * time.Millisecond)})
 	b, err := src.Open(context.Background(), "img/01.tar", 0)
 	if err != nil {
 		t.Fatal(err)

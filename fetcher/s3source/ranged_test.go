@@ -15,6 +15,7 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/conf"
 )
 
 // part is the part size of the ranged tests: the smallest allowed, so
@@ -26,7 +27,7 @@ const part = s3source.MinPartSize
 func partedSource(t testing.TB, srv *s3test.Server, partSize int64, conns int) *s3source.Source {
 	t.Helper()
 	src, err := s3source.New(context.Background(), s3source.Config{Bucket: srv.Bucket, Region: "us-east-1", Endpoint: srv.URL,
-		PathStyle: true, Anonymous: true, PartSize: partSize, ConnectionsPerObject: conns})
+		PathStyle: true, Anonymous: true, PartSize: conf.Size(partSize), ConnectionsPerObject: conns})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,9 +336,9 @@ func TestPartSettingsValidated(t *testing.T) {
 		cfg  s3source.Config
 		want string
 	}{
-		{s3source.Config{PartSize: s3source.MinPartSize - 1}, "part size"},
-		{s3source.Config{PartSize: s3source.MaxPartSize + 1}, "part size"},
-		{s3source.Config{ConnectionsPerObject: s3source.MaxConnectionsPerObject + 1}, "connections per object"},
+		{s3source.Config{PartSize: s3source.MinPartSize - 1}, "s3.part_size: must be between 1MiB and 5GiB"},
+		{s3source.Config{PartSize: s3source.MaxPartSize + 1}, "s3.part_size"},
+		{s3source.Config{ConnectionsPerObject: s3source.MaxConnectionsPerObject + 1}, "s3.connections_per_object: must be between 1 and 64, got 65"},
 	} {
 		c.cfg.Bucket = "b"
 		if _, err := s3source.New(context.Background(), c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {

@@ -43,61 +43,65 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/smithy-go/middleware"
 	"github.com/containerd/log"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/conf"
 )
 
 // Config says where the images are and how to authenticate.
 type Config struct {
-	Bucket string
+	// Bucket is the bucket the source reads. (The daemon's s3.bucket is
+	// its default bucket for pulls, a key of the pull policy, not this.)
+	Bucket string `toml:"-"`
 	// Region of the bucket; empty means the SDK's default chain (AWS_REGION,
 	// shared config), and "us-east-1" if that names none.
-	Region string
+	Region string `toml:"region"`
 	// Endpoint overrides the S3 endpoint (an S3-compatible server such as
 	// MinIO: "http://127.0.0.1:9000"); empty means AWS.
-	Endpoint string
+	Endpoint string `toml:"endpoint"`
 	// PathStyle addresses buckets as endpoint/bucket/key instead of
 	// bucket.endpoint/key; most S3-compatible servers need it.
-	PathStyle bool
+	PathStyle bool `toml:"path_style"`
 	// Anonymous sends unsigned requests (public buckets); otherwise
 	// credentials come from the SDK's default chain (environment, shared
 	// files, SSO, web identity, ECS/EC2 roles).
-	Anonymous bool
+	Anonymous bool `toml:"anonymous"`
 	// MaxAttempts is the SDK's attempts per request; 0 means 1 (the caller
 	// retries; see the package documentation).
-	MaxAttempts int
+	MaxAttempts int `toml:"-"`
 	// HTTPClient, if set, is used for every request (tests, proxies); the
 	// connect and response-header timeouts are then its own business.
-	HTTPClient *http.Client
+	HTTPClient *http.Client `toml:"-"`
 	// APIOptions are added to the S3 client's middleware stack (the
 	// daemon's request counters).
-	APIOptions []func(*middleware.Stack) error
+	APIOptions []func(*middleware.Stack) error `toml:"-"`
 
 	// ConnectTimeout bounds connecting to the server (TCP and TLS);
 	// 0 means DefaultConnectTimeout.
-	ConnectTimeout time.Duration
+	ConnectTimeout conf.Duration `toml:"connect_timeout"`
 	// ResponseHeaderTimeout bounds the wait for a response's headers once
 	// the request is sent; 0 means DefaultResponseHeaderTimeout.
-	ResponseHeaderTimeout time.Duration
+	ResponseHeaderTimeout conf.Duration `toml:"response_header_timeout"`
 	// IdleTimeout bounds the wait for more of an object's body; 0 means
 	// DefaultIdleTimeout. A listing page or a HEAD must be answered in full
 	// within ResponseHeaderTimeout plus IdleTimeout.
-	IdleTimeout time.Duration
+	IdleTimeout conf.Duration `toml:"idle_timeout"`
 	// MaxListPages bounds the pages of one listing; 0 means
 	// DefaultMaxListPages.
-	MaxListPages int
+	MaxListPages int `toml:"-"`
 	// MaxLayers bounds the layers (layer objects) of one image; 0 means
-	// DefaultMaxLayers.
-	MaxLayers int
+	// DefaultMaxLayers. (The daemon takes it from pipeline.max_layers.)
+	MaxLayers int `toml:"-"`
 
 	// PartSize is the size of each byte-range GET of an object read as
 	// concurrent parts (NewReader); 0 means DefaultPartSize. It must lie
 	// within MinPartSize and MaxPartSize. Each part is held in memory
 	// until the reader's caller has read it.
-	PartSize int64
+	PartSize conf.Size `toml:"part_size"`
 	// ConnectionsPerObject is how many part GETs of one object are in
 	// flight at once, and so how many parts are buffered; 0 means
 	// DefaultConnectionsPerObject, 1 reads every object as one stream.
 	// At most MaxConnectionsPerObject.
-	ConnectionsPerObject int
+	ConnectionsPerObject int `toml:"connections_per_object"`
 }
 
 // Defaults of the deadlines and listing bounds of Config.
@@ -131,7 +135,7 @@ const (
 	MaxConnectionsPerObject = 64
 )
 
-func orDefault[T time.Duration | int | int64](v, def T) T {
+func orDefault(v, def int) int {
 	if v <= 0 {
 		return def
 	}
@@ -172,17 +176,12 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 	if i := strings.IndexFunc(cfg.Bucket, unprintable); i >= 0 || !utf8.ValidString(cfg.Bucket) {
 		return nil, fmt.Errorf("s3 source: bucket %q: %w", cfg.Bucket, ErrKeyControl)
 	}
-	partSize := orDefault(cfg.PartSize, DefaultPartSize)
-	if partSize < MinPartSize || partSize > MaxPartSize {
-		return nil, fmt.Errorf("s3 source: part size %d: must be between %d and %d bytes", partSize, MinPartSize, int64(MaxPartSize))
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("s3 source for bucket %q: invalid config: %w", cfg.Bucket, err)
 	}
-	conns := orDefault(cfg.ConnectionsPerObject, DefaultConnectionsPerObject)
-	if conns > MaxConnectionsPerObject {
-		return nil, fmt.Errorf("s3 source: connections per object %d: must be between 1 and %d", conns, MaxConnectionsPerObject)
-	}
-	connect := orDefault(cfg.ConnectTimeout, DefaultConnectTimeout)
-	header := orDefault(cfg.ResponseHeaderTimeout, DefaultResponseHeaderTimeout)
-	idle := orDefault(cfg.IdleTimeout, DefaultIdleTimeout)
+	partSize, conns := cfg.PartSize.Bytes(), cfg.ConnectionsPerObject
+	connect, header, idle := cfg.ConnectTimeout.Duration, cfg.ResponseHeaderTimeout.Duration, cfg.IdleTimeout.Duration
 	opts := []func(*config.LoadOptions) error{}
 	if cfg.Region != "" {
 		opts = append(opts, config.WithRegion(cfg.Region))

@@ -106,7 +106,7 @@ func (d *ourDaemon) stopAndLog() {
 // pool's metadata through our thinpool package (the daemon keeps running;
 // call it while the daemon is idle).
 func (d *ourDaemon) thinIDs(ctx context.Context) ([]uint32, error) {
-	p, err := thinpool.Open(ctx, thinpool.Config{PoolName: d.pool, RootDir: filepath.Join(d.dir, "pool")})
+	p, err := thinpool.Open(ctx, thinpool.Config{Name: d.pool, RootDir: filepath.Join(d.dir, "pool")})
 	if err != nil {
 		return nil, fmt.Errorf("open our pool %s to list its devices: %w", d.pool, err)
 	}

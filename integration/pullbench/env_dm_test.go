@@ -23,6 +23,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/conf"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 
@@ -205,7 +206,7 @@ func setup(ctx context.Context, specs []imageSpec, logf func(string, ...any)) (_
 	}
 	for _, name := range []string{anchorPool, floorPool} {
 		dir := filepath.Join(e.scratch, name)
-		p, err := thinpool.Open(ctx, thinpool.Config{PoolName: name, RootDir: dir, DataSize: int64(dataSize), MetadataSize: poolMetaSize})
+		p, err := thinpool.Open(ctx, thinpool.Config{Name: name, RootDir: dir, DataSize: conf.Size(dataSize), MetadataSize: poolMetaSize})
 		if err != nil {
 			return nil, fmt.Errorf("pool %s: %w", name, err)
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/plugin/registry"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
 // registration returns the flyio snapshot plugin's registration as
@@ -79,7 +80,7 @@ version = 3
 	if cfg.Pool.RootDir != "/var/lib/containerd/io.containerd.snapshotter.v1.flyio/pool" {
 		t.Errorf("pool.root_dir = %q", cfg.Pool.RootDir)
 	}
-	if cfg.Pool.BlockSize != plugin.DefaultBlockSize {
+	if cfg.Pool.BlockSize != thinpool.DefaultBlockSize {
 		t.Errorf("unset key lost its default: block_size = %s", cfg.Pool.BlockSize)
 	}
 }

@@ -156,7 +156,7 @@ func run(round int, logPath, syncMode string, crashAfter time.Duration) error {
 	cfg.Daemon.Socket = "/run/powerloss/snap.sock"
 	cfg.Daemon.ControlSocket = "/run/powerloss/control.sock"
 	cfg.Metadata.Path = filepath.Join(root, "metadata.db")
-	cfg.Metadata.Synchronous = syncMode
+	cfg.Metadata.Synchronous = metadata.Synchronous(syncMode)
 	cfg.Pool.RootDir = filepath.Join(root, "pool")
 	cfg.Pipeline.DownloadDir = filepath.Join(root, "images")
 	cfg.Pool.Name = "powerloss"
