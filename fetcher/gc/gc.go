@@ -33,6 +33,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/conf"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
@@ -237,8 +238,8 @@ func New(opts Options) (*Collector, error) {
 	if opts.Interval <= 0 {
 		opts.Interval = DefaultInterval
 	}
-	if opts.TarballCache < 0 {
-		return nil, fmt.Errorf("gc: tarball cache of %d bytes: must not be negative", opts.TarballCache)
+	if err := (TarballCacheConfig{TarballCacheSize: conf.Size(opts.TarballCache)}).Validate(); err != nil {
+		return nil, fmt.Errorf("gc: %w", err)
 	}
 	if err := ValidateThresholds(opts.HighThreshold, opts.LowThreshold); err != nil {
 		return nil, fmt.Errorf("gc: %w", err)
