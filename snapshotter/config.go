@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/containerd/errdefs"
-
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/conf"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
@@ -69,8 +67,9 @@ func (c Config) Validate() error {
 }
 
 // withDefaults fills the zero fields that have no meaning of their own
-// (the filesystem, the size) from DefaultConfig and validates the result.
-func (c Config) withDefaults() (Config, error) {
+// (the filesystem, the size) from DefaultConfig, so that a caller may give
+// only what it changes.
+func (c Config) withDefaults() Config {
 	d := DefaultConfig()
 	if c.FSType == "" {
 		c.FSType = d.FSType
@@ -78,8 +77,5 @@ func (c Config) withDefaults() (Config, error) {
 	if c.BaseImageSize == 0 {
 		c.BaseImageSize = d.BaseImageSize
 	}
-	if err := c.Validate(); err != nil {
-		return c, fmt.Errorf("invalid config: %w: %w", errdefs.ErrInvalidArgument, err)
-	}
-	return c, nil
+	return c
 }

@@ -61,9 +61,9 @@ func New(ctx context.Context, db *metadata.DB, pool *thinpool.Pool, cfg Config) 
 
 // newOn is New over any devicePool.
 func newOn(ctx context.Context, db *metadata.DB, pool devicePool, cfg Config) (*Snapshotter, error) {
-	cfg, err := cfg.withDefaults()
-	if err != nil {
-		return nil, fmt.Errorf("new snapshotter: %w", err)
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("new snapshotter: invalid config: %w: %w", errdefs.ErrInvalidArgument, err)
 	}
 	s := &Snapshotter{db: db, pool: pool, cfg: cfg}
 	if err := s.reconcile(ctx); err != nil {
