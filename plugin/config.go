@@ -1,11 +1,11 @@
-// Package plugin holds the daemon's TOML configuration (composed of the
-// sections each package owns, with the rules between them), the wiring
-// that builds the whole service from a Config, and
-// the containerd plugin registration that links the snapshotter into a
-// custom containerd build. Its own rules are the ones no single package
-// can judge: the rules that join sections (the GC threshold against the
-// pool's reserve, paths derived from the root directory) and which S3
-// buckets the daemon may pull from.
+// Package plugin holds the daemon's TOML configuration, composed of the
+// sections each package owns with their defaults and rules, the wiring
+// that builds the whole service from a Config, and the containerd plugin
+// registration that links the snapshotter into a custom containerd build.
+// Its own rules are the ones no single package can judge: the rules that
+// join sections (the GC threshold against the pool's reserve, paths
+// derived from the root directory) and which S3 buckets the daemon may
+// pull from.
 package plugin
 
 import (
