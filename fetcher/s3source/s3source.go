@@ -47,7 +47,9 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/conf"
 )
 
-// Config says where the images are and how to authenticate.
+// Config says where the images are, how to authenticate and how long to
+// wait. The fields with toml tags are the S3 client's keys of the
+// daemon's [s3] section; the others are set in code.
 type Config struct {
 	// Bucket is the bucket the source reads. (The daemon's s3.bucket is
 	// its default bucket for pulls, a key of the pull policy, not this.)
