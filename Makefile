@@ -66,6 +66,7 @@ unit:
 vmtest: build
 	./integration/tools/build.sh >/dev/null
 	./integration/e2e/prepare.sh >/dev/null
+	./integration/upgrade/prepare.sh >/dev/null
 	./integration/vm/suite.sh
 	./integration/powerloss/run.sh --rounds 3
 

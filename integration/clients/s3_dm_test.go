@@ -59,25 +59,6 @@ func (i s3Image) defaultRef() string {
 	return "s3.local/" + s3Bucket + "/images/" + i.prefix + ":latest"
 }
 
-// versitygwBin is the versitygw that integration/e2e/prepare.sh installed
-// on the host (the VM sees the host's files read-only).
-func versitygwBin(repo string) (string, error) {
-	path := filepath.Join(repo, ".cache/e2e/inputs")
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("versitygw: run integration/e2e/prepare.sh on the host first: %w", err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "versitygw="); ok {
-			if _, err := os.Stat(v); err != nil {
-				return "", fmt.Errorf("versitygw of %s: %w", path, err)
-			}
-			return v, nil
-		}
-	}
-	return "", fmt.Errorf("%s names no versitygw", path)
-}
-
 // plainLayers returns the uncompressed layer tarballs of an OCI archive as
 // ociimage.Write makes it, lowest first.
 func plainLayers(archive []byte) ([][]byte, error) {
@@ -185,7 +166,7 @@ func writeS3Images(root string, archive []byte) (diffIDs []string, err error) {
 // startS3 starts versitygw with the bucket of the S3 images; our daemon
 // reads it anonymously (public-read policy).
 func (e *env) startS3(ctx context.Context, archive []byte) error {
-	vgw, err := versitygwBin(e.repo)
+	vgw, err := stack.Versitygw(e.repo)
 	if err != nil {
 		return err
 	}

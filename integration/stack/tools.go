@@ -30,3 +30,23 @@ func Tool(repo, modDir, module, name, bin string) (string, error) {
 	}
 	return "", fmt.Errorf("%s does not require %s", gomod, module)
 }
+
+// Versitygw returns the versitygw that integration/e2e/prepare.sh
+// installed on the host and recorded in .cache/e2e/inputs under repo (the
+// VM sees the host's files read-only), or an error saying how to make it.
+func Versitygw(repo string) (string, error) {
+	path := filepath.Join(repo, ".cache/e2e/inputs")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("versitygw: run integration/e2e/prepare.sh on the host first: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "versitygw="); ok {
+			if _, err := os.Stat(v); err != nil {
+				return "", fmt.Errorf("versitygw of %s: %w", path, err)
+			}
+			return v, nil
+		}
+	}
+	return "", fmt.Errorf("%s names no versitygw", path)
+}
