@@ -291,6 +291,19 @@ func (d *DB) ReadOnly() bool { return d.readOnly }
 // for a read-only DB).
 func (d *DB) Migrated() MigrateResult { return d.migrated }
 
+// Querier runs single statements: what a subsystem's own queries on its
+// own tables use outside a transaction.
+type Querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// Statements returns the connection pool for single statements. Each
+// statement is its own transaction; on a DB opened read-only SQLite
+// refuses writes.
+func (d *DB) Statements() Querier { return d.db }
+
 // WithTx runs fn in one write transaction (BEGIN IMMEDIATE: the write lock is
 // taken at the start, so fn never fails half-way on a lock upgrade). The
 // transaction commits if fn returns nil and rolls back otherwise (also when

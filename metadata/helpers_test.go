@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 // testNamespace is the containerd namespace of the snapshots the helpers
@@ -219,4 +220,40 @@ func writeImage(ctx context.Context, db *DB, i int) error {
 		return err
 	}
 	return activate(ctx, db, id, diff, uint32(2*i+2))
+}
+
+// testRun is an fsm_runs row as the tests of this package write it: the
+// table's queries belong to the runner (fetcher/fsm), which imports this
+// package, so the rows the upkeep here reads are written in SQL.
+type testRun struct {
+	ID, FSM, IdempotencyID, Parent string
+	RunAfter                       []string
+	Request                        string // JSON; "{}" when empty
+	State                          string // pending, running, complete, aborted or failed
+	Created                        time.Time
+	Started                        time.Time // zero: never started
+}
+
+// insertRun writes r as a new row.
+func insertRun(ctx context.Context, d *DB, r testRun) error {
+	if r.Request == "" {
+		r.Request = "{}"
+	}
+	var started any
+	if !r.Started.IsZero() {
+		started = r.Started.UnixNano()
+	}
+	_, err := d.db.ExecContext(ctx, `INSERT INTO fsm_runs
+		(run_id, fsm, idempotency_id, parent_id, run_after, request, transition, state, created_at, updated_at, started_at)
+		VALUES (?, ?, ?, ?, ?, ?, 'start', ?, ?, ?, ?)`,
+		r.ID, r.FSM, r.IdempotencyID, r.Parent, strings.Join(r.RunAfter, " "), r.Request, r.State,
+		r.Created.UnixNano(), r.Created.UnixNano(), started)
+	return err
+}
+
+// finishRun moves run id to the terminal state at time at.
+func finishRun(ctx context.Context, d *DB, id, state string, at time.Time) error {
+	_, err := d.db.ExecContext(ctx, `UPDATE fsm_runs SET state = ?, updated_at = ?, finished_at = ? WHERE run_id = ?`,
+		state, at.UnixNano(), at.UnixNano(), id)
+	return err
 }

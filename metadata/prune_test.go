@@ -106,18 +106,17 @@ func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0)
 	live := func(id, fsm, idem, state string) {
 		t.Helper()
-		if _, created, err := db.CreateRun(ctx, Run{ID: id, FSM: fsm, IdempotencyID: idem, Request: []byte(`{}`), Transition: "start",
-			State: state, CreatedAt: t0, UpdatedAt: t0}); err != nil || !created {
-			t.Fatalf("CreateRun %s: %v %v", id, created, err)
+		if err := insertRun(ctx, db, testRun{ID: id, FSM: fsm, IdempotencyID: idem, State: state, Created: t0}); err != nil {
+			t.Fatalf("insert run %s: %v", id, err)
 		}
 	}
 	finish := func(id string) {
 		t.Helper()
-		w.must(db.CheckpointRun(ctx, RunCheckpoint{RunID: id, State: RunComplete, Transition: "done", At: t0.Add(time.Second)}))
+		w.must(finishRun(ctx, db, id, "complete", t0.Add(time.Second)))
 	}
 
 	// An unpack of c-b is under way: nothing of s3-b goes.
-	live("unpack", "unpack-layer", "sha256:c-b", RunRunning)
+	live("unpack", "unpack-layer", "sha256:c-b", "running")
 	res, err := db.PruneOrphans(ctx, true)
 	if err != nil {
 		t.Fatal(err)
@@ -131,7 +130,7 @@ func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
 	finish("unpack")
 
 	// A pull of s3-b is pending: the chain goes, the image stays.
-	live("pull", "pull-image", "s3-b", RunPending)
+	live("pull", "pull-image", "s3-b", "pending")
 	res, err = db.PruneOrphans(ctx, true)
 	if err != nil {
 		t.Fatal(err)
@@ -146,7 +145,7 @@ func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
 
 	// Another download is running: the image goes, its objects and layer
 	// file wait.
-	live("dl", "download-layer", "s3://bkt/z.tar", RunRunning)
+	live("dl", "download-layer", "s3://bkt/z.tar", "running")
 	res, err = db.PruneOrphans(ctx, true)
 	if err != nil {
 		t.Fatal(err)
@@ -181,18 +180,17 @@ func TestLiveRunsUsing(t *testing.T) {
 	ctx, db := w.ctx, w.db
 	t0 := time.Unix(1_800_000_000, 0)
 	for _, r := range []struct{ id, fsm, state, req string }{
-		{"u1", "unpack-layer", RunRunning, `{"chain_id":"sha256:c3","parent":"sha256:c1"}`},
-		{"u2", "unpack-layer", RunPending, `{"chain_id":"sha256:c1"}`},
-		{"a1", "activate-image", RunPending, `{"layers":[{"key":"1.tar","chain_id":"sha256:c1"},{"key":"3.tar","chain_id":"sha256:c3"}]}`},
-		{"old", "activate-image", RunRunning, `{"layers":[{"chain_id":"sha256:c3"}]}`},
-		{"x", "other", RunRunning, `{"chain_id":"sha256:c3"}`},
+		{"u1", "unpack-layer", "running", `{"chain_id":"sha256:c3","parent":"sha256:c1"}`},
+		{"u2", "unpack-layer", "pending", `{"chain_id":"sha256:c1"}`},
+		{"a1", "activate-image", "pending", `{"layers":[{"key":"1.tar","chain_id":"sha256:c1"},{"key":"3.tar","chain_id":"sha256:c3"}]}`},
+		{"old", "activate-image", "running", `{"layers":[{"chain_id":"sha256:c3"}]}`},
+		{"x", "other", "running", `{"chain_id":"sha256:c3"}`},
 	} {
-		if _, _, err := db.CreateRun(ctx, Run{ID: r.id, FSM: r.fsm, IdempotencyID: r.id, Request: []byte(r.req), Transition: "start",
-			State: r.state, CreatedAt: t0, UpdatedAt: t0}); err != nil {
+		if err := insertRun(ctx, db, testRun{ID: r.id, FSM: r.fsm, IdempotencyID: r.id, Request: r.req, State: r.state, Created: t0}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	w.must(db.CheckpointRun(ctx, RunCheckpoint{RunID: "old", State: RunFailed, Transition: "done", At: t0}))
+	w.must(finishRun(ctx, db, "old", "failed", t0))
 	fields := map[string][]string{"unpack-layer": {"$.chain_id"}, "activate-image": {"$.layers[]"}}
 	for chain, want := range map[string]int{"sha256:c3": 2, "sha256:c1": 2, "sha256:c2": 0} {
 		var n int

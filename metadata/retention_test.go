@@ -20,31 +20,30 @@ func TestRetention(t *testing.T) {
 	run := func(id, state string, finishedAgo time.Duration, parent string, after ...string) {
 		t.Helper()
 		live := state
-		if state != RunPending {
-			live = RunRunning
+		if state != "pending" {
+			live = "running"
 		}
-		r := Run{ID: id, FSM: "m", IdempotencyID: id, ParentID: parent, RunAfter: after, Request: []byte(`{}`), Transition: "t",
-			State: live, CreatedAt: now.Add(-finishedAgo - time.Minute), UpdatedAt: now.Add(-finishedAgo - time.Minute)}
-		if _, created, err := db.CreateRun(ctx, r); err != nil || !created {
-			t.Fatalf("CreateRun %s: %v %v", id, created, err)
+		r := testRun{ID: id, FSM: "m", IdempotencyID: id, Parent: parent, RunAfter: after, State: live, Created: now.Add(-finishedAgo - time.Minute)}
+		if err := insertRun(ctx, db, r); err != nil {
+			t.Fatalf("insert run %s: %v", id, err)
 		}
 		if state != live {
-			if err := db.CheckpointRun(ctx, RunCheckpoint{RunID: id, State: state, Transition: "t", At: now.Add(-finishedAgo)}); err != nil {
+			if err := finishRun(ctx, db, id, state, now.Add(-finishedAgo)); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	// Seven old finished runs, two of them still needed by live runs.
 	for i := range 7 {
-		run(fmt.Sprintf("old-%d", i), []string{RunComplete, RunFailed, RunAborted}[i%3], 10*day+time.Duration(i)*time.Hour, "")
+		run(fmt.Sprintf("old-%d", i), []string{"complete", "failed", "aborted"}[i%3], 10*day+time.Duration(i)*time.Hour, "")
 	}
-	run("old-parent", RunComplete, 20*day, "")
-	run("live-child", RunRunning, 0, "old-parent")
-	run("old-before", RunComplete, 20*day, "")
-	run("live-waiter", RunPending, 0, "", "x", "old-before")
+	run("old-parent", "complete", 20*day, "")
+	run("live-child", "running", 0, "old-parent")
+	run("old-before", "complete", 20*day, "")
+	run("live-waiter", "pending", 0, "", "x", "old-before")
 	// Recent finished runs, newest last.
 	for i := range 5 {
-		run(fmt.Sprintf("new-%d", i), RunComplete, time.Duration(5-i)*time.Hour, "")
+		run(fmt.Sprintf("new-%d", i), "complete", time.Duration(5-i)*time.Hour, "")
 	}
 
 	if err := db.MarkImageFailed(ctx, "s3-failed", "s3://b/failed.tar", "no such key"); err != nil {
@@ -62,15 +61,12 @@ func TestRetention(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runs, err := db.ListRuns(ctx, RunFilter{})
+	ids, err := queryAll(ctx, db.db, "list run ids", func(s rowScanner) (id string, err error) {
+		return id, s.Scan(&id)
+	}, `SELECT run_id FROM fsm_runs ORDER BY run_id`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var ids []string
-	for _, r := range runs {
-		ids = append(ids, r.ID)
-	}
-	slices.Sort(ids)
 	want := []string{"live-child", "live-waiter", "new-2", "new-3", "new-4", "old-before", "old-parent"}
 	if !slices.Equal(ids, want) {
 		t.Errorf("runs kept %v, want %v", ids, want)

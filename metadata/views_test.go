@@ -20,13 +20,13 @@ func viewsWorld(t *testing.T) (*world, time.Time) {
 	w.pullNoActivation("s3-b", "s3://bkt/b/", "b:latest", twoLayers("b/", "b")...) // thin id 4 (c-b)
 	w.must(w.db.MarkImageFailed(w.ctx, "s3-c", "s3://bkt/c.tar", `validate s3://bkt/c.tar: entry "../x" climbs above the root`))
 	t0 := time.Unix(1_800_000_000, 0).UTC()
-	for _, r := range []Run{
-		{ID: "r-a", FSM: "activate-image", IdempotencyID: "s3-a", State: RunRunning, StartedAt: t0},
-		{ID: "r-p", FSM: "download-image", IdempotencyID: "sha256:zz", State: RunPending},
+	for _, r := range []testRun{
+		{ID: "r-a", FSM: "activate-image", IdempotencyID: "s3-a", State: "running", Started: t0},
+		{ID: "r-p", FSM: "download-image", IdempotencyID: "sha256:zz", State: "pending"},
 	} {
-		r.Request, r.Transition, r.CreatedAt, r.UpdatedAt = []byte(`{}`), "start", t0.Add(-time.Second), t0
-		if _, created, err := w.db.CreateRun(w.ctx, r); err != nil || !created {
-			t.Fatalf("CreateRun %s: created=%v, %v", r.ID, created, err)
+		r.Created = t0.Add(-time.Second)
+		if err := insertRun(w.ctx, w.db, r); err != nil {
+			t.Fatalf("insert run %s: %v", r.ID, err)
 		}
 	}
 	return w, t0
@@ -101,7 +101,7 @@ func TestViewsOfTheFirstSchema(t *testing.T) {
 	}
 
 	// The run finishing releases its lock.
-	w.must(w.db.CheckpointRun(w.ctx, RunCheckpoint{RunID: "r-a", State: RunComplete, Transition: "done", At: time.Unix(1_800_000_100, 0)}))
+	w.must(finishRun(w.ctx, w.db, "r-a", "complete", time.Unix(1_800_000_100, 0)))
 	check(`SELECT image_id FROM image_locks`)
 }
 

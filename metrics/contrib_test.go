@@ -21,6 +21,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
@@ -67,8 +68,8 @@ func everything(t *testing.T) *Metrics {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	if _, _, err := db.CreateRun(ctx, metadata.Run{ID: "run-a", FSM: "download-image", IdempotencyID: "a", Request: []byte("{}"),
-		Transition: "download", State: metadata.RunPending, CreatedAt: now, UpdatedAt: now}); err != nil {
+	if _, _, err := fsm.NewSQLiteStore(db).CreateRun(ctx, fsm.RunRecord{ID: "run-a", FSM: "download-image", IdempotencyID: "a", Request: []byte("{}"),
+		Transition: "download", State: fsm.StatePending, CreatedAt: now, UpdatedAt: now}); err != nil {
 		t.Fatal(err)
 	}
 	inner, err := native.NewSnapshotter(filepath.Join(t.TempDir(), "native"))

@@ -7,6 +7,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 )
@@ -66,13 +67,13 @@ func TestPipelineMetricsFromDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	for i, state := range []string{metadata.RunRunning, metadata.RunComplete, metadata.RunComplete} {
-		r := metadata.Run{ID: "run-" + string(rune('a'+i)), FSM: "download-image", IdempotencyID: string(rune('a' + i)),
-			Request: []byte("{}"), Transition: "download", State: metadata.RunPending, CreatedAt: now, UpdatedAt: now}
-		if _, _, err := db.CreateRun(ctx, r); err != nil {
+	for i, state := range []fsm.State{fsm.StateRunning, fsm.StateComplete, fsm.StateComplete} {
+		r := fsm.RunRecord{ID: "run-" + string(rune('a'+i)), FSM: "download-image", IdempotencyID: string(rune('a' + i)),
+			Request: []byte("{}"), Transition: "download", State: fsm.StatePending, CreatedAt: now, UpdatedAt: now}
+		if _, _, err := fsm.NewSQLiteStore(db).CreateRun(ctx, r); err != nil {
 			t.Fatal(err)
 		}
-		if err := db.CheckpointRun(ctx, metadata.RunCheckpoint{RunID: r.ID, State: state, Transition: "download", At: now}); err != nil {
+		if err := fsm.NewSQLiteStore(db).Checkpoint(ctx, fsm.Checkpoint{RunID: r.ID, State: state, Transition: "download", At: now}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -20,10 +20,10 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/control"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
 )
@@ -188,7 +188,7 @@ func TestContainerdViewOverSocket(t *testing.T) {
 	go func() { bDone <- pull("b/") }()
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
-		runs, err := svc.DB.ListRuns(ctx, metadata.RunFilter{FSM: pipeline.FSMUnpack, States: []string{metadata.RunRunning}})
+		runs, err := fsm.NewSQLiteStore(svc.DB).ListRuns(ctx, fsm.RunFilter{FSM: pipeline.FSMUnpack, States: []fsm.State{fsm.StateRunning}})
 		if err != nil {
 			t.Fatal(err)
 		}

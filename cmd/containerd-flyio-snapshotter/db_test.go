@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
@@ -292,26 +293,27 @@ func populate(t *testing.T, path string, now time.Time) {
 	must(d.MarkImageFailed(ctx, "img-failed", "s3://bkt/images/failed.tar", `validate s3://bkt/images/failed.tar: entry "../x": climbs above the root`))
 
 	for _, r := range []struct {
-		id, fsm, idem, state string
-		age                  time.Duration
+		id, fsm, idem string
+		state         fsm.State
+		age           time.Duration
 	}{
-		{"run-old", "unpack-image", chainC, metadata.RunRunning, 2 * time.Hour},
-		{"run-new", "activate-image", "img-unpacked", metadata.RunRunning, 10 * time.Minute},
-		{"run-queued", "download-image", diffC, metadata.RunPending, time.Minute},
-		{"run-done", "activate-image", "img-active", metadata.RunPending, 3 * time.Hour},
+		{"run-old", "unpack-image", chainC, fsm.StateRunning, 2 * time.Hour},
+		{"run-new", "activate-image", "img-unpacked", fsm.StateRunning, 10 * time.Minute},
+		{"run-queued", "download-image", diffC, fsm.StatePending, time.Minute},
+		{"run-done", "activate-image", "img-active", fsm.StatePending, 3 * time.Hour},
 	} {
 		at := now.Add(-r.age)
-		_, created, err := d.CreateRun(ctx, metadata.Run{ID: r.id, FSM: r.fsm, IdempotencyID: r.idem, Request: []byte(`{}`),
-			Transition: "start", State: metadata.RunPending, CreatedAt: at, UpdatedAt: at})
+		_, created, err := fsm.NewSQLiteStore(d).CreateRun(ctx, fsm.RunRecord{ID: r.id, FSM: r.fsm, IdempotencyID: r.idem, Request: []byte(`{}`),
+			Transition: "start", State: fsm.StatePending, CreatedAt: at, UpdatedAt: at})
 		must(err)
 		if !created {
 			t.Fatalf("run %s not created", r.id)
 		}
-		if r.state == metadata.RunRunning {
-			must(d.CheckpointRun(ctx, metadata.RunCheckpoint{RunID: r.id, State: metadata.RunRunning, Transition: "start", At: at}))
+		if r.state == fsm.StateRunning {
+			must(fsm.NewSQLiteStore(d).Checkpoint(ctx, fsm.Checkpoint{RunID: r.id, State: fsm.StateRunning, Transition: "start", At: at}))
 		}
 	}
-	must(d.CheckpointRun(ctx, metadata.RunCheckpoint{RunID: "run-done", State: metadata.RunComplete, Transition: "register", At: now.Add(-3 * time.Hour)}))
+	must(fsm.NewSQLiteStore(d).Checkpoint(ctx, fsm.Checkpoint{RunID: "run-done", State: fsm.StateComplete, Transition: "register", At: now.Add(-3 * time.Hour)}))
 }
 
 // commitChain writes what an unpack leaves for chain c: thin device devID

@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
@@ -34,7 +35,7 @@ func lsRuns(ctx context.Context, db *metadata.DB, w io.Writer, format string, fi
 	if format != "" && format != formatTable && format != formatJSON && format != formatIDs {
 		return fmt.Errorf("ls runs: format %q: want table or json", format)
 	}
-	runs, err := db.ListRuns(ctx, f)
+	runs, err := fsm.NewSQLiteStore(db).ListRuns(ctx, f)
 	if err != nil {
 		return fmt.Errorf("ls runs: %w", err)
 	}
@@ -49,8 +50,8 @@ func lsRunsValidate(filters []string) error {
 }
 
 // parseRunFilters turns state=, fsm= and limit= words into a RunFilter.
-func parseRunFilters(words []string) (metadata.RunFilter, error) {
-	var f metadata.RunFilter
+func parseRunFilters(words []string) (fsm.RunFilter, error) {
+	var f fsm.RunFilter
 	for _, w := range words {
 		key, val, ok := strings.Cut(w, "=")
 		if !ok || val == "" {
@@ -59,9 +60,9 @@ func parseRunFilters(words []string) (metadata.RunFilter, error) {
 		switch key {
 		case "state":
 			for _, s := range strings.Split(val, ",") {
-				switch s {
-				case metadata.RunPending, metadata.RunRunning, metadata.RunComplete, metadata.RunAborted, metadata.RunFailed:
-					f.States = append(f.States, s)
+				switch st := fsm.State(s); {
+				case st.Valid():
+					f.States = append(f.States, st)
 				default:
 					return f, fmt.Errorf("ls runs: filter %q: state %q is not pending, running, complete, aborted or failed", w, s)
 				}
@@ -103,13 +104,13 @@ type runJSON struct {
 }
 
 // writeRuns renders runs; ages are taken at now.
-func writeRuns(w io.Writer, runs []metadata.Run, format string, now time.Time) error {
+func writeRuns(w io.Writer, runs []fsm.RunRecord, format string, now time.Time) error {
 	if format == formatJSON {
 		out := make([]runJSON, 0, len(runs))
 		for _, r := range runs {
 			j := runJSON{
-				RunID: r.ID, FSM: r.FSM, IdempotencyID: r.IdempotencyID, ParentID: r.ParentID,
-				RunAfter: r.RunAfter, Queue: r.Queue, State: r.State, Transition: r.Transition,
+				RunID: r.ID, FSM: r.FSM, IdempotencyID: r.IdempotencyID, ParentID: r.Parent,
+				RunAfter: r.RunAfter, Queue: r.Queue, State: string(r.State), Transition: r.Transition,
 				Attempts: r.Attempts, LastError: r.LastError, AgeSeconds: now.Sub(r.CreatedAt).Seconds(),
 				CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
 				Request: rawOrNull(r.Request), Response: rawOrNull(r.Response),

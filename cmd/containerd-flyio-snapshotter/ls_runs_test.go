@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
@@ -23,24 +24,24 @@ func seedRuns(t *testing.T) *metadata.DB {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	mk := func(id, fsmName, idem string, age time.Duration, cp *metadata.RunCheckpoint) {
+	mk := func(id, fsmName, idem string, age time.Duration, cp *fsm.Checkpoint) {
 		t.Helper()
 		created := now.Add(-age)
-		if _, _, err := db.CreateRun(ctx, metadata.Run{ID: id, FSM: fsmName, IdempotencyID: idem, Queue: "downloads",
-			Request: []byte(`{"s3_key":"images/a/1.tar"}`), Transition: "check-exists", State: metadata.RunPending,
+		if _, _, err := fsm.NewSQLiteStore(db).CreateRun(ctx, fsm.RunRecord{ID: id, FSM: fsmName, IdempotencyID: idem, Queue: "downloads",
+			Request: []byte(`{"s3_key":"images/a/1.tar"}`), Transition: "check-exists", State: fsm.StatePending,
 			CreatedAt: created, UpdatedAt: created}); err != nil {
 			t.Fatal(err)
 		}
 		if cp != nil {
 			cp.RunID, cp.At = id, created.Add(time.Second)
-			if err := db.CheckpointRun(ctx, *cp); err != nil {
+			if err := fsm.NewSQLiteStore(db).Checkpoint(ctx, *cp); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	mk("run-old", "download-image", "sha256:aaa", 3*time.Hour, &metadata.RunCheckpoint{State: metadata.RunFailed,
+	mk("run-old", "download-image", "sha256:aaa", 3*time.Hour, &fsm.Checkpoint{State: fsm.StateFailed,
 		Transition: "download", Attempts: 5, LastError: "transition \"download\" failed after 5 attempts:\n503 Slow Down"})
-	mk("run-mid", "unpack-image", "sha256:aaa", 10*time.Minute, &metadata.RunCheckpoint{State: metadata.RunRunning,
+	mk("run-mid", "unpack-image", "sha256:aaa", 10*time.Minute, &fsm.Checkpoint{State: fsm.StateRunning,
 		Transition: "extract-layers", Attempts: 2, Response: []byte(`{"device_id":"7"}`)})
 	mk("run-new", "download-image", "sha256:bbb", 5*time.Minute, nil)
 	if err := db.Close(); err != nil {

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
@@ -203,11 +203,11 @@ func BenchmarkPull(b *testing.B) {
 // pullPhases lists the runs the pull started after start, each with its
 // start and end relative to start (from the database's run records).
 func pullPhases(b *testing.B, e *pullEnv, start time.Time) string {
-	runs, err := e.db().ListRuns(context.Background(), metadata.RunFilter{})
+	runs, err := fsm.NewSQLiteStore(e.db()).ListRuns(context.Background(), fsm.RunFilter{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	slices.SortFunc(runs, func(x, y metadata.Run) int { return x.StartedAt.Compare(y.StartedAt) })
+	slices.SortFunc(runs, func(x, y fsm.RunRecord) int { return x.StartedAt.Compare(y.StartedAt) })
 	var sb strings.Builder
 	for _, r := range runs {
 		if r.CreatedAt.Before(start) || r.StartedAt.IsZero() {

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/control"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
@@ -232,7 +233,7 @@ func (e *pullEnv) waitRun(fsmName, transition string, extra func() bool) {
 	db := e.db()
 	deadline := time.Now().Add(5 * time.Minute)
 	for time.Now().Before(deadline) {
-		runs, err := db.ListRuns(context.Background(), metadata.RunFilter{FSM: fsmName, States: []string{metadata.RunRunning}})
+		runs, err := fsm.NewSQLiteStore(db).ListRuns(context.Background(), fsm.RunFilter{FSM: fsmName, States: []fsm.State{fsm.StateRunning}})
 		if err == nil {
 			for _, r := range runs {
 				if r.Transition == transition && (extra == nil || extra()) {
@@ -443,7 +444,7 @@ func TestPullRecovery(t *testing.T) {
 	t.Run("4 idempotent re-pull", func(t *testing.T) {
 		db := e.db()
 		before, _ := e.pool.ThinIDs(context.Background())
-		runsBefore, _ := db.ListRuns(context.Background(), metadata.RunFilter{})
+		runsBefore, _ := fsm.NewSQLiteStore(db).ListRuns(context.Background(), fsm.RunFilter{})
 		e.srv.Faults.Reset()
 		start := time.Now()
 		code, out, errOut := runCommand(t, nil, "pull", "--config", e.cfgPath, "s3://"+e.srv.Bucket+"/a/", "--name", "a")
@@ -463,7 +464,7 @@ func TestPullRecovery(t *testing.T) {
 		}
 		// Answered from the records: no FSM run started (the runs' handoffs
 		// would be writes).
-		runs, _ := db.ListRuns(context.Background(), metadata.RunFilter{})
+		runs, _ := fsm.NewSQLiteStore(db).ListRuns(context.Background(), fsm.RunFilter{})
 		if fresh := len(runs) - len(runsBefore); fresh != 0 {
 			t.Errorf("re-pull started %d FSM runs, want none", fresh)
 		}
@@ -614,7 +615,7 @@ func TestPullRecovery(t *testing.T) {
 		if added := len(after) - len(before); added != 3 {
 			t.Errorf("10 pulls of a 2-layer image added %d devices, want 3 (two chain positions and one active snapshot)", added)
 		}
-		runs, err := e.db().ListRuns(context.Background(), metadata.RunFilter{FSM: pipeline.FSMUnpack})
+		runs, err := fsm.NewSQLiteStore(e.db()).ListRuns(context.Background(), fsm.RunFilter{FSM: pipeline.FSMUnpack})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -16,8 +16,8 @@ import (
 
 	"github.com/containerd/containerd/v2/core/mount"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
 )
 
@@ -95,14 +95,14 @@ func TestKillAtEveryStep(t *testing.T) {
 		e.restart()
 		os.Unsetenv(pipeline.FaultPauseEnv)
 		secondAttempt := func() bool {
-			runs, err := e.db().ListRuns(context.Background(), metadata.RunFilter{FSM: pipeline.FSMUnpack, States: []string{metadata.RunRunning}})
+			runs, err := fsm.NewSQLiteStore(e.db()).ListRuns(context.Background(), fsm.RunFilter{FSM: pipeline.FSMUnpack, States: []fsm.State{fsm.StateRunning}})
 			return err == nil && len(runs) == 1 && runs[0].Attempts >= 2
 		}
 		e.waitRun(pipeline.FSMUnpack, "extract-layers", secondAttempt)
 		e.d.kill()
 		e.restart()
 		e.waitIdle()
-		runs, err := e.db().ListRuns(context.Background(), metadata.RunFilter{FSM: pipeline.FSMUnpack, States: []string{metadata.RunFailed}})
+		runs, err := fsm.NewSQLiteStore(e.db()).ListRuns(context.Background(), fsm.RunFilter{FSM: pipeline.FSMUnpack, States: []fsm.State{fsm.StateFailed}})
 		if err != nil || len(runs) != 1 {
 			t.Fatalf("failed unpack runs after two kills in one extraction: %d, %v; want the one whose attempts were used up", len(runs), err)
 		}

@@ -115,11 +115,11 @@ func TestTransitionsRunInOrderAndCheckpoint(t *testing.T) {
 	if got := strings.Join(resp.Steps, ","); got != "one,two,three" {
 		t.Fatalf("steps = %q, want one,two,three", got)
 	}
-	row, err := db.GetRun(ctx, id)
+	row, err := fsm.NewSQLiteStore(db).GetRun(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if row.State != metadata.RunComplete || row.Transition != "done" || row.FSM != "ordered" || row.IdempotencyID != "img-1" {
+	if row.State != fsm.StateComplete || row.Transition != "done" || row.FSM != "ordered" || row.IdempotencyID != "img-1" {
 		t.Fatalf("row = state %s transition %q fsm %q id %q", row.State, row.Transition, row.FSM, row.IdempotencyID)
 	}
 	if row.StartedAt.IsZero() || row.FinishedAt.IsZero() || row.FinishedAt.Before(row.StartedAt) {
@@ -160,8 +160,8 @@ func TestRetryWithBackoffThenSuccess(t *testing.T) {
 	if calls.Load() != 3 || strings.Join(resp.Steps, ",") != "attempt-3" {
 		t.Fatalf("calls = %d, steps = %v; want 3 calls and only the successful attempt's change", calls.Load(), resp.Steps)
 	}
-	row, _ := db.GetRun(ctx, id)
-	if row.State != metadata.RunComplete || !strings.Contains(row.LastError, "503 number 2") {
+	row, _ := fsm.NewSQLiteStore(db).GetRun(ctx, id)
+	if row.State != fsm.StateComplete || !strings.Contains(row.LastError, "503 number 2") {
 		t.Fatalf("state %s, last error %q; want complete with the last retried error kept", row.State, row.LastError)
 	}
 }
@@ -191,8 +191,8 @@ func TestMaxAttemptsFailsWithLastError(t *testing.T) {
 	if calls.Load() != 3 || after.Load() != 0 {
 		t.Fatalf("calls = %d, next transition calls = %d; want 3 and 0", calls.Load(), after.Load())
 	}
-	row, _ := db.GetRun(ctx, id)
-	if row.State != metadata.RunFailed || row.Transition != "fetch" || row.Attempts != 3 || !strings.Contains(row.LastError, "connection reset 3") {
+	row, _ := fsm.NewSQLiteStore(db).GetRun(ctx, id)
+	if row.State != fsm.StateFailed || row.Transition != "fetch" || row.Attempts != 3 || !strings.Contains(row.LastError, "connection reset 3") {
 		t.Fatalf("row = %s %q attempts %d error %q", row.State, row.Transition, row.Attempts, row.LastError)
 	}
 }
@@ -233,7 +233,7 @@ func TestAbortUnrecoverableHandoff(t *testing.T) {
 			if calls.Load() != 1 || after.Load() != 0 {
 				t.Fatalf("second ran %d times, third %d times; want 1 and 0", calls.Load(), after.Load())
 			}
-			row, _ := db.GetRun(ctx, id)
+			row, _ := fsm.NewSQLiteStore(db).GetRun(ctx, id)
 			if tc.wantIs != nil {
 				if !errors.Is(err, tc.wantIs) || !strings.Contains(err.Error(), tc.ret.Error()) || !strings.Contains(err.Error(), `"second"`) {
 					t.Fatalf("err = %v; want %v naming the transition and reason", err, tc.wantIs)
@@ -289,7 +289,7 @@ func TestTimeoutIsRetryable(t *testing.T) {
 	if err != nil || resp.Path != "/got/it" || calls.Load() != 2 {
 		t.Fatalf("Await = %+v, %v after %d calls; want success on the second call", resp, err, calls.Load())
 	}
-	row, _ := db.GetRun(ctx, id)
+	row, _ := fsm.NewSQLiteStore(db).GetRun(ctx, id)
 	if !strings.Contains(row.LastError, "timed out after 20ms") {
 		t.Fatalf("last error %q does not record the timeout", row.LastError)
 	}
@@ -334,8 +334,8 @@ func TestQueueLimitRespected(t *testing.T) {
 			if n == limit {
 				once.Do(func() {
 					// While the limit is in use, every other run is pending.
-					running, err1 := db.ListRuns(ctx, metadata.RunFilter{States: []string{metadata.RunRunning}})
-					pending, err2 := db.ListRuns(ctx, metadata.RunFilter{States: []string{metadata.RunPending}})
+					running, err1 := fsm.NewSQLiteStore(db).ListRuns(ctx, fsm.RunFilter{States: []fsm.State{fsm.StateRunning}})
+					pending, err2 := fsm.NewSQLiteStore(db).ListRuns(ctx, fsm.RunFilter{States: []fsm.State{fsm.StatePending}})
 					if err := errors.Join(err1, err2); err != nil || len(running) != limit || len(pending) != runs-limit {
 						checkErr.Store(fmt.Sprintf("running %d pending %d (err %v); want %d and %d", len(running), len(pending), err, limit, runs-limit))
 					}
@@ -416,12 +416,12 @@ func TestRunAfterChaining(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The download is held: the unpack must still be pending.
-	row, _ := db.GetRun(ctx, upID)
-	if row.State != metadata.RunPending || unpackCalls.Load() != 0 {
+	row, _ := fsm.NewSQLiteStore(db).GetRun(ctx, upID)
+	if row.State != fsm.StatePending || unpackCalls.Load() != 0 {
 		t.Fatalf("unpack before its predecessor finished: state %s, calls %d", row.State, unpackCalls.Load())
 	}
-	if len(row.RunAfter) != 1 || row.RunAfter[0] != dlID || row.ParentID != "pull-1" {
-		t.Fatalf("row run-after %v parent %q", row.RunAfter, row.ParentID)
+	if len(row.RunAfter) != 1 || row.RunAfter[0] != dlID || row.Parent != "pull-1" {
+		t.Fatalf("row run-after %v parent %q", row.RunAfter, row.Parent)
 	}
 	close(gate)
 	resp, err := fsm.Await[testResp](ctx, m, upID)
@@ -500,7 +500,7 @@ func TestIdempotentStart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	runs, _ := db.ListRuns(ctx, metadata.RunFilter{FSM: "download-image"})
+	runs, _ := fsm.NewSQLiteStore(db).ListRuns(ctx, fsm.RunFilter{FSM: "download-image"})
 	if calls.Load() != 1 || len(runs) != 1 {
 		t.Fatalf("transition ran %d times, %d runs recorded; want one of each", calls.Load(), len(runs))
 	}
@@ -543,8 +543,8 @@ func testShutdownThenResume(t *testing.T, mode string) {
 	if err := m1.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	row, _ := db.GetRun(ctx, id)
-	if row.State != metadata.RunRunning || row.Transition != "two" || row.Attempts != 0 {
+	row, _ := fsm.NewSQLiteStore(db).GetRun(ctx, id)
+	if row.State != fsm.StateRunning || row.Transition != "two" || row.Attempts != 0 {
 		t.Fatalf("after shutdown: %s at %q attempts %d; want running at two with the cut attempt uncounted", row.State, row.Transition, row.Attempts)
 	}
 	if _, err := start(ctx, "y", &testReq{}); !errors.Is(err, fsm.ErrClosed) {
@@ -575,7 +575,7 @@ func testShutdownThenResume(t *testing.T, mode string) {
 	if strings.Join(resp.Steps, ",") != "one,two" || firstCalls.Load() != 1 || secondCalls.Load() != 0 {
 		t.Fatalf("steps %v, transition one ran %d+%d times; want one,two and once", resp.Steps, firstCalls.Load(), secondCalls.Load())
 	}
-	row, _ = db2.GetRun(ctx, id)
+	row, _ = fsm.NewSQLiteStore(db2).GetRun(ctx, id)
 	if row.Attempts != 1 {
 		t.Fatalf("attempts of the resumed transition = %d, want 1 (the shutdown-cut attempt does not count)", row.Attempts)
 	}
@@ -632,23 +632,23 @@ func TestResumeOfLeftoverRows(t *testing.T) {
 	db := openDB(t)
 	ctx := waitCtx(t)
 	now := time.Now()
-	leftover := func(id, transition, state string, attempts int) {
+	leftover := func(id, transition string, state fsm.State, attempts int) {
 		t.Helper()
-		if _, _, err := db.CreateRun(ctx, metadata.Run{ID: id, FSM: "leftover", IdempotencyID: id, Request: []byte(`{"name":"n"}`),
-			Transition: transition, State: metadata.RunPending, CreatedAt: now, UpdatedAt: now}); err != nil {
+		if _, _, err := fsm.NewSQLiteStore(db).CreateRun(ctx, fsm.RunRecord{ID: id, FSM: "leftover", IdempotencyID: id, Request: []byte(`{"name":"n"}`),
+			Transition: transition, State: fsm.StatePending, CreatedAt: now, UpdatedAt: now}); err != nil {
 			t.Fatal(err)
 		}
-		if state != metadata.RunPending {
-			if err := db.CheckpointRun(ctx, metadata.RunCheckpoint{RunID: id, State: state, Transition: transition,
+		if state != fsm.StatePending {
+			if err := fsm.NewSQLiteStore(db).Checkpoint(ctx, fsm.Checkpoint{RunID: id, State: state, Transition: transition,
 				Attempts: attempts, LastError: "killed", At: now}); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	leftover("crashloop", "fetch", metadata.RunRunning, 3)
-	leftover("renamed", "fetch-old-name", metadata.RunRunning, 1)
-	leftover("fresh", "fetch", metadata.RunPending, 0)
-	leftover("second-try", "fetch", metadata.RunRunning, 2)
+	leftover("crashloop", "fetch", fsm.StateRunning, 3)
+	leftover("renamed", "fetch-old-name", fsm.StateRunning, 1)
+	leftover("fresh", "fetch", fsm.StatePending, 0)
+	leftover("second-try", "fetch", fsm.StateRunning, 2)
 
 	m := newManager(t, db)
 	var calls atomic.Int32
@@ -674,7 +674,7 @@ func TestResumeOfLeftoverRows(t *testing.T) {
 		if _, _, err := m.Wait(ctx, id); err != nil {
 			t.Fatalf("%s: %v", id, err)
 		}
-		if row, _ := db.GetRun(ctx, id); row.Attempts != attempts {
+		if row, _ := fsm.NewSQLiteStore(db).GetRun(ctx, id); row.Attempts != attempts {
 			t.Errorf("%s: completed with attempts %d, want %d", id, row.Attempts, attempts)
 		}
 	}
@@ -690,11 +690,11 @@ func TestResumedRunsWaitForTheirQueue(t *testing.T) {
 	ctx := waitCtx(t)
 	now := time.Now()
 	for _, id := range []string{"a", "b"} {
-		if _, _, err := db.CreateRun(ctx, metadata.Run{ID: id, FSM: "queued", IdempotencyID: id, Queue: "unpacking",
-			Request: []byte(`{}`), Transition: "work", State: metadata.RunPending, CreatedAt: now, UpdatedAt: now}); err != nil {
+		if _, _, err := fsm.NewSQLiteStore(db).CreateRun(ctx, fsm.RunRecord{ID: id, FSM: "queued", IdempotencyID: id, Queue: "unpacking",
+			Request: []byte(`{}`), Transition: "work", State: fsm.StatePending, CreatedAt: now, UpdatedAt: now}); err != nil {
 			t.Fatal(err)
 		}
-		if err := db.CheckpointRun(ctx, metadata.RunCheckpoint{RunID: id, State: metadata.RunRunning, Transition: "work", Attempts: 1, At: now}); err != nil {
+		if err := fsm.NewSQLiteStore(db).Checkpoint(ctx, fsm.Checkpoint{RunID: id, State: fsm.StateRunning, Transition: "work", Attempts: 1, At: now}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -716,11 +716,11 @@ func TestResumedRunsWaitForTheirQueue(t *testing.T) {
 	other := map[string]string{"a": "b", "b": "a"}[first]
 	// The other run records that it waits, then waits.
 	for {
-		row, err := db.GetRun(ctx, other)
+		row, err := fsm.NewSQLiteStore(db).GetRun(ctx, other)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if row.State == metadata.RunPending {
+		if row.State == fsm.StatePending {
 			break
 		}
 		select {
@@ -765,7 +765,7 @@ func TestRetryObserverAndOnFail(t *testing.T) {
 		OnFail(func(ctx context.Context, req *fsm.Request[testReq, testResp]) error {
 			cleanups.Add(1)
 			cleaned = req.Run.Transition
-			if row, err := db.GetRun(ctx, req.Run.ID); err != nil || row.State == metadata.RunFailed {
+			if row, err := fsm.NewSQLiteStore(db).GetRun(ctx, req.Run.ID); err != nil || row.State == fsm.StateFailed {
 				t.Errorf("cleanup ran after the end was recorded: %+v %v", row, err)
 			}
 			return nil

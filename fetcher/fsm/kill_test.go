@@ -93,7 +93,7 @@ func TestKillChild(t *testing.T) {
 	if err := resume(ctx); err != nil {
 		t.Fatal(err)
 	}
-	runs, err := db.ListRuns(ctx, metadata.RunFilter{FSM: killFSM})
+	runs, err := fsm.NewSQLiteStore(db).ListRuns(ctx, fsm.RunFilter{FSM: killFSM})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,11 +258,11 @@ func verifyKilledRun(t *testing.T, dbPath, journal, idem string) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	all, err := db.ListRuns(ctx, metadata.RunFilter{FSM: killFSM})
+	all, err := fsm.NewSQLiteStore(db).ListRuns(ctx, fsm.RunFilter{FSM: killFSM})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var runs []metadata.Run
+	var runs []fsm.RunRecord
 	for _, r := range all {
 		if r.IdempotencyID == idem {
 			runs = append(runs, r)
@@ -273,7 +273,7 @@ func verifyKilledRun(t *testing.T, dbPath, journal, idem string) {
 	}
 	r := runs[0]
 	// Checkpoints: each transition's completion recorded exactly once, in order.
-	if r.State != metadata.RunComplete || r.Transition != "complete" || string(r.Response) != `{"done":["t1","t2","t3","t4","t5"]}` {
+	if r.State != fsm.StateComplete || r.Transition != "complete" || string(r.Response) != `{"done":["t1","t2","t3","t4","t5"]}` {
 		t.Fatalf("%s: run %s state %s transition %q response %s; want complete with t1..t5 each once", idem, r.ID, r.State, r.Transition, r.Response)
 	}
 	// Journal: transitions start in order; one starts again only in a new

@@ -3,8 +3,10 @@ package fsm
 import (
 	"context"
 	"encoding/json"
-	"errors"
+	"fmt"
 	"time"
+
+	"github.com/containerd/errdefs"
 )
 
 // State is the lifecycle state of a run as recorded in its row.
@@ -40,8 +42,8 @@ func (s State) Valid() bool {
 }
 
 // ErrRunNotFound is returned (wrapped) by a Store, Wait and ResponseOf for a
-// run id that has no row.
-var ErrRunNotFound = errors.New("fsm: run not found")
+// run id that has no row; it matches containerd's errdefs.ErrNotFound.
+var ErrRunNotFound = fmt.Errorf("fsm: run not found: %w", errdefs.ErrNotFound)
 
 // RunRecord is one run's durable row: everything needed to resume it.
 type RunRecord struct {

@@ -13,13 +13,14 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
 // unpackRun is the one unpack run of the environment.
-func (e *env) unpackRun() metadata.Run {
+func (e *env) unpackRun() fsm.RunRecord {
 	e.t.Helper()
-	runs, err := e.db.ListRuns(context.Background(), metadata.RunFilter{FSM: FSMUnpack})
+	runs, err := fsm.NewSQLiteStore(e.db).ListRuns(context.Background(), fsm.RunFilter{FSM: FSMUnpack})
 	if err != nil || len(runs) != 1 {
 		e.t.Fatalf("unpack runs: %d, %v; want one", len(runs), err)
 	}
@@ -60,7 +61,7 @@ func TestUnpackKilledTwiceCleansUp(t *testing.T) {
 	// The kill comes once the pull has started all its runs (a killed
 	// daemon starts nothing more).
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		runs, err := e.db.ListRuns(context.Background(), metadata.RunFilter{FSM: FSMActivate})
+		runs, err := fsm.NewSQLiteStore(e.db).ListRuns(context.Background(), fsm.RunFilter{FSM: FSMActivate})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -98,7 +99,7 @@ func TestUnpackKilledTwiceCleansUp(t *testing.T) {
 		}
 	}
 	r := e.unpackRun()
-	if r.State != metadata.RunFailed || !strings.Contains(r.LastError, "interrupted 2 times") {
+	if r.State != fsm.StateFailed || !strings.Contains(r.LastError, "interrupted 2 times") {
 		t.Errorf("unpack run %s: %q; want failed, interrupted twice", r.State, r.LastError)
 	}
 	e.p = p3
@@ -200,9 +201,9 @@ func TestPullHealsLostChainKeepingContainers(t *testing.T) {
 	e.assertNoExtraction()
 }
 
-// startLiveRun records a pending run of fsm with request req that no
+// startLiveRun records a pending run of machine with request req that no
 // process executes (a pull under way elsewhere, or stalled).
-func (e *env) startLiveRun(id, fsm string, req any) func() {
+func (e *env) startLiveRun(id, machine string, req any) func() {
 	e.t.Helper()
 	ctx := context.Background()
 	raw, err := json.Marshal(req)
@@ -210,13 +211,13 @@ func (e *env) startLiveRun(id, fsm string, req any) func() {
 		e.t.Fatal(err)
 	}
 	now := time.Now()
-	if _, _, err := e.db.CreateRun(ctx, metadata.Run{ID: id, FSM: fsm, IdempotencyID: id, Transition: "check", State: metadata.RunPending,
+	if _, _, err := fsm.NewSQLiteStore(e.db).CreateRun(ctx, fsm.RunRecord{ID: id, FSM: machine, IdempotencyID: id, Transition: "check", State: fsm.StatePending,
 		Request: raw, CreatedAt: now, UpdatedAt: now}); err != nil {
 		e.t.Fatal(err)
 	}
 	return func() {
 		e.t.Helper()
-		if err := e.db.CheckpointRun(ctx, metadata.RunCheckpoint{RunID: id, State: metadata.RunAborted, Transition: "check", At: time.Now()}); err != nil {
+		if err := fsm.NewSQLiteStore(e.db).Checkpoint(ctx, fsm.Checkpoint{RunID: id, State: fsm.StateAborted, Transition: "check", At: time.Now()}); err != nil {
 			e.t.Fatal(err)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
@@ -134,8 +135,8 @@ func TestRegisterStepRefusesForeignName(t *testing.T) {
 	if id, _ := e.db.ImageIDByName(ctx, name); id != "" {
 		t.Errorf("the refused name stayed recorded for %s", id)
 	}
-	runs, err := e.db.ListRuns(ctx, metadata.RunFilter{FSM: FSMActivate})
-	if err != nil || len(runs) != 1 || runs[0].State != metadata.RunAborted {
+	runs, err := fsm.NewSQLiteStore(e.db).ListRuns(ctx, fsm.RunFilter{FSM: FSMActivate})
+	if err != nil || len(runs) != 1 || runs[0].State != fsm.StateAborted {
 		t.Fatalf("activate runs %+v, %v; want one, aborted", runs, err)
 	}
 	if reg.calls(name) != 0 {

@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
@@ -207,7 +208,7 @@ func (e *env) committedChains() []string {
 
 func (e *env) runCount() int {
 	e.t.Helper()
-	runs, err := e.db.ListRuns(context.Background(), metadata.RunFilter{})
+	runs, err := fsm.NewSQLiteStore(e.db).ListRuns(context.Background(), fsm.RunFilter{})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -642,7 +643,7 @@ func TestPullNamesFollowAnOverwrite(t *testing.T) {
 	pull(0, "a")
 	<-reached
 	downloads := func() int {
-		runs, err := e.db.ListRuns(ctx, metadata.RunFilter{FSM: FSMDownload, States: []string{metadata.RunComplete}})
+		runs, err := fsm.NewSQLiteStore(e.db).ListRuns(ctx, fsm.RunFilter{FSM: FSMDownload, States: []fsm.State{fsm.StateComplete}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
 // newRangedEnv is a pull environment whose S3 source reads objects larger
@@ -83,7 +83,7 @@ func TestPullOverwrittenBetweenParts(t *testing.T) {
 	if o, err := e.db.ObjectRecord(context.Background(), e.srv.Bucket, "ow/1.tar"); err != nil || o == nil || o.Digest != sha(v2) {
 		t.Errorf("object record %+v, %v; want the new version's", o, err)
 	}
-	runs, err := e.db.ListRuns(context.Background(), metadata.RunFilter{FSM: FSMDownload, States: []string{metadata.RunAborted}})
+	runs, err := fsm.NewSQLiteStore(e.db).ListRuns(context.Background(), fsm.RunFilter{FSM: FSMDownload, States: []fsm.State{fsm.StateAborted}})
 	if err != nil || len(runs) != 1 || runs[0].Attempts != 1 || !strings.Contains(runs[0].LastError, s3source.ErrChanged.Error()) {
 		t.Errorf("aborted download runs %+v, %v; want the first version's, ended at its first attempt on the change", runs, err)
 	}
@@ -106,11 +106,11 @@ func TestPullRangedLayersInOrder(t *testing.T) {
 	if got := e.sn.readFile(t, res.Snapshot.SnapshotName, "usr/two") + e.sn.readFile(t, res.Snapshot.SnapshotName, "usr/three"); got != "23" {
 		t.Errorf("image's usr/two and usr/three: %q, want 2 and 3", got)
 	}
-	runs, err := e.db.ListRuns(context.Background(), metadata.RunFilter{FSM: FSMDownload})
+	runs, err := fsm.NewSQLiteStore(e.db).ListRuns(context.Background(), fsm.RunFilter{FSM: FSMDownload})
 	if err != nil || len(runs) != 3 {
 		t.Fatalf("download runs %d, %v; want 3", len(runs), err)
 	}
-	slices.SortFunc(runs, func(a, b metadata.Run) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	slices.SortFunc(runs, func(a, b fsm.RunRecord) int { return a.CreatedAt.Compare(b.CreatedAt) })
 	for i := 1; i < len(runs); i++ {
 		if runs[i].CreatedAt.Before(runs[i-1].FinishedAt) {
 			t.Errorf("download %d started at %s, before download %d ended at %s", i+1, runs[i].CreatedAt, i, runs[i-1].FinishedAt)

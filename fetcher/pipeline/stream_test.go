@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
 // streamWatch records, from the "stream-extract:started" test point,
@@ -36,7 +36,7 @@ func (e *env) watchStreams() *streamWatch {
 		}
 	}
 	e.p.hooks = map[string]func(){"download:validating": count(&w.validating), "validate:reading": count(&w.rereads), "stream-extract:started": func() {
-		runs, err := e.db.ListRuns(context.Background(), metadata.RunFilter{FSM: FSMDownload, States: []string{metadata.RunRunning}})
+		runs, err := fsm.NewSQLiteStore(e.db).ListRuns(context.Background(), fsm.RunFilter{FSM: FSMDownload, States: []fsm.State{fsm.StateRunning}})
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		w.started++
@@ -54,7 +54,7 @@ func (e *env) watchStreams() *streamWatch {
 // chain.
 func (e *env) unpackResponses() map[string]UnpackResponse {
 	e.t.Helper()
-	runs, err := e.db.ListRuns(context.Background(), metadata.RunFilter{FSM: FSMUnpack, States: []string{metadata.RunComplete}})
+	runs, err := fsm.NewSQLiteStore(e.db).ListRuns(context.Background(), fsm.RunFilter{FSM: FSMUnpack, States: []fsm.State{fsm.StateComplete}})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/log"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 )
 
 // sweep removes, at start-up after Resume, what runs that are no longer
@@ -23,7 +24,7 @@ func (p *Pipelines) sweep(ctx context.Context) error {
 	// adopted are the stream extractions live unpack runs took as theirs
 	// (stream.go); any other is its process's, and that process is gone.
 	adopted := map[string]bool{}
-	runs, err := p.db.UnfinishedRuns(ctx)
+	runs, err := fsm.NewSQLiteStore(p.db).UnfinishedRuns(ctx)
 	if err != nil {
 		return fmt.Errorf("sweep: %w", err)
 	}

@@ -29,6 +29,7 @@ import (
 	kgzip "github.com/klauspost/compress/gzip"
 	"golang.org/x/sys/unix"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
@@ -400,23 +401,23 @@ func procStatusKiB(pid int, key string) (int64, error) {
 
 // runsSince lists the daemon's state-machine runs created at or after
 // start, from its database (read-only, beside the running daemon).
-func (e *env) runsSince(ctx context.Context, start time.Time) ([]metadata.Run, error) {
+func (e *env) runsSince(ctx context.Context, start time.Time) ([]fsm.RunRecord, error) {
 	db, err := metadata.Open(ctx, metadata.Options{Path: filepath.Join(e.daemon.Root, "metadata.db"), ReadOnly: true})
 	if err != nil {
 		return nil, err
 	}
 	defer db.Close()
-	all, err := db.ListRuns(ctx, metadata.RunFilter{})
+	all, err := fsm.NewSQLiteStore(db).ListRuns(ctx, fsm.RunFilter{})
 	if err != nil {
 		return nil, err
 	}
-	var runs []metadata.Run
+	var runs []fsm.RunRecord
 	for _, r := range all {
 		if !r.CreatedAt.Before(start) && !r.StartedAt.IsZero() {
 			runs = append(runs, r)
 		}
 	}
-	slices.SortFunc(runs, func(x, y metadata.Run) int { return x.StartedAt.Compare(y.StartedAt) })
+	slices.SortFunc(runs, func(x, y fsm.RunRecord) int { return x.StartedAt.Compare(y.StartedAt) })
 	return runs, nil
 }
 

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 )
 
 func median(d []time.Duration) time.Duration {
@@ -135,12 +135,12 @@ type step struct {
 // start) and, within each run, its steps from the CLI's progress events
 // (timestamped as they arrived), each lasting until the next step of the
 // same run began, the last until the run finished.
-func breakdown(img *benchImage, p *s3PullRun, runs []metadata.Run) string {
+func breakdown(img *benchImage, p *s3PullRun, runs []fsm.RunRecord) string {
 	var b strings.Builder
 	rel := func(t time.Time) time.Duration { return t.Sub(p.start) }
 	// A run's layer is the one whose object key its request names; a run
 	// naming several (Activate's) is the whole image's.
-	layerOf := func(r metadata.Run) int {
+	layerOf := func(r fsm.RunRecord) int {
 		layer := 0
 		for n := range img.layers {
 			if strings.Contains(string(r.Request), img.s3Key(n)) {

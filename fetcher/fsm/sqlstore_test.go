@@ -1,4 +1,4 @@
-package metadata
+package fsm
 
 import (
 	"context"
@@ -10,22 +10,19 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 )
 
-func newRun(id, fsm, idem string, created time.Time) Run {
-	return Run{ID: id, FSM: fsm, IdempotencyID: idem, Request: []byte(`{"k":1}`), Transition: "check-exists",
-		State: RunPending, CreatedAt: created, UpdatedAt: created}
+func newRun(id, fsm, idem string, created time.Time) RunRecord {
+	return RunRecord{ID: id, FSM: fsm, IdempotencyID: idem, Request: []byte(`{"k":1}`), Transition: "check-exists",
+		State: StatePending, CreatedAt: created, UpdatedAt: created}
 }
 
-func openRunsDB(t *testing.T) (*DB, string) {
+func openRunsDB(t *testing.T) (*SQLiteStore, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "runs.db")
-	d, err := Open(context.Background(), Options{Path: path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close() })
-	return d, path
+	return NewSQLiteStore(metadatatest.OpenPath(t, path)), path
 }
 
 func TestCreateRunOneLiveRunPerID(t *testing.T) {
@@ -33,7 +30,7 @@ func TestCreateRunOneLiveRunPerID(t *testing.T) {
 	ctx := context.Background()
 	t0 := time.Unix(1_700_000_000, 0)
 	var wg sync.WaitGroup
-	got := make([]Run, 10)
+	got := make([]RunRecord, 10)
 	created := make([]bool, 10)
 	errs := make([]error, 10)
 	for i := range 10 {
@@ -64,13 +61,13 @@ func TestCreateRunOneLiveRunPerID(t *testing.T) {
 		t.Fatalf("same id in another FSM: created %v, %v", c, err)
 	}
 	// Once the run is finished, the id is free again.
-	if err := d.CheckpointRun(ctx, RunCheckpoint{RunID: got[0].ID, State: RunComplete, Transition: "complete", At: t0}); err != nil {
+	if err := d.Checkpoint(ctx, Checkpoint{RunID: got[0].ID, State: StateComplete, Transition: "complete", At: t0}); err != nil {
 		t.Fatal(err)
 	}
 	if r, c, err := d.CreateRun(ctx, newRun("again", "download-image", "sha256:aa", t0)); err != nil || !c || r.ID != "again" {
 		t.Fatalf("after completion: %+v created %v, %v; want a new run", r.ID, c, err)
 	}
-	if _, _, err := d.CreateRun(ctx, Run{ID: "x", FSM: "f", IdempotencyID: "i", Transition: "t", State: RunComplete}); err == nil {
+	if _, _, err := d.CreateRun(ctx, RunRecord{ID: "x", FSM: "f", IdempotencyID: "i", Transition: "t", State: StateComplete}); err == nil {
 		t.Fatal("creating a run in a terminal state succeeded")
 	}
 }
@@ -81,17 +78,17 @@ func TestCheckpointRun(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	r := newRun("r1", "download-image", "img", t0)
 	r.RunAfter = []string{"a1", "a2"}
-	r.ParentID, r.Queue = "p", "downloads"
+	r.Parent, r.Queue = "p", "downloads"
 	if _, _, err := d.CreateRun(ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	steps := []RunCheckpoint{
-		{RunID: "r1", State: RunRunning, Transition: "check-exists", Attempts: 1, At: t0.Add(1 * time.Second)},
-		{RunID: "r1", State: RunRunning, Transition: "download", Attempts: 1, Response: []byte(`{"exists":false}`), At: t0.Add(2 * time.Second)},
-		{RunID: "r1", State: RunRunning, Transition: "download", Attempts: 2, LastError: "503", At: t0.Add(3 * time.Second)},
+	steps := []Checkpoint{
+		{RunID: "r1", State: StateRunning, Transition: "check-exists", Attempts: 1, At: t0.Add(1 * time.Second)},
+		{RunID: "r1", State: StateRunning, Transition: "download", Attempts: 1, Response: []byte(`{"exists":false}`), At: t0.Add(2 * time.Second)},
+		{RunID: "r1", State: StateRunning, Transition: "download", Attempts: 2, LastError: "503", At: t0.Add(3 * time.Second)},
 	}
 	for _, c := range steps {
-		if err := d.CheckpointRun(ctx, c); err != nil {
+		if err := d.Checkpoint(ctx, c); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -99,61 +96,64 @@ func TestCheckpointRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.State != RunRunning || got.Transition != "download" || got.Attempts != 2 || got.LastError != "503" ||
+	if got.State != StateRunning || got.Transition != "download" || got.Attempts != 2 || got.LastError != "503" ||
 		string(got.Response) != `{"exists":false}` || !got.StartedAt.Equal(t0.Add(time.Second)) || !got.FinishedAt.IsZero() ||
-		len(got.RunAfter) != 2 || got.RunAfter[1] != "a2" || got.ParentID != "p" || got.Queue != "downloads" {
+		len(got.RunAfter) != 2 || got.RunAfter[1] != "a2" || got.Parent != "p" || got.Queue != "downloads" {
 		t.Fatalf("after checkpoints: %+v", got)
 	}
-	if err := d.CheckpointRun(ctx, RunCheckpoint{RunID: "r1", State: RunAborted, Transition: "download", Attempts: 2, LastError: "access denied", At: t0.Add(4 * time.Second)}); err != nil {
+	if err := d.Checkpoint(ctx, Checkpoint{RunID: "r1", State: StateAborted, Transition: "download", Attempts: 2, LastError: "access denied", At: t0.Add(4 * time.Second)}); err != nil {
 		t.Fatal(err)
 	}
-	err = d.CheckpointRun(ctx, RunCheckpoint{RunID: "r1", State: RunRunning, Transition: "validate", At: t0.Add(5 * time.Second)})
+	err = d.Checkpoint(ctx, Checkpoint{RunID: "r1", State: StateRunning, Transition: "validate", At: t0.Add(5 * time.Second)})
 	if !errors.Is(err, ErrRunFinished) {
 		t.Fatalf("checkpoint of a finished run: %v, want ErrRunFinished", err)
 	}
 	got, _ = d.GetRun(ctx, "r1")
-	if got.State != RunAborted || !got.FinishedAt.Equal(t0.Add(4*time.Second)) || got.LastError != "access denied" {
+	if got.State != StateAborted || !got.FinishedAt.Equal(t0.Add(4*time.Second)) || got.LastError != "access denied" {
 		t.Fatalf("finished run changed or finished_at wrong: %+v", got)
 	}
-	if err := d.CheckpointRun(ctx, RunCheckpoint{RunID: "nope", State: RunRunning, At: t0}); !errors.Is(err, ErrRunNotFound) || !errdefs.IsNotFound(err) {
+	if err := d.Checkpoint(ctx, Checkpoint{RunID: "nope", State: StateRunning, At: t0}); !errors.Is(err, ErrRunNotFound) || !errdefs.IsNotFound(err) {
 		t.Fatalf("checkpoint of an unknown run: %v", err)
 	}
-	if err := d.CheckpointRun(ctx, RunCheckpoint{RunID: "r1", State: "paused", At: t0}); err == nil {
+	if err := d.Checkpoint(ctx, Checkpoint{RunID: "r1", State: "paused", At: t0}); err == nil {
 		t.Fatal("unknown state accepted")
 	}
 
-	ro, err := Open(ctx, Options{Path: path, ReadOnly: true})
+	ro, err := metadata.Open(ctx, metadata.Options{Path: path, ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ro.Close()
-	if err := ro.CheckpointRun(ctx, RunCheckpoint{RunID: "r1", State: RunRunning, At: t0}); !errors.Is(err, ErrReadOnly) {
+	if err := NewSQLiteStore(ro).Checkpoint(ctx, Checkpoint{RunID: "r1", State: StateRunning, At: t0}); !errors.Is(err, metadata.ErrReadOnly) {
 		t.Fatalf("read-only checkpoint: %v, want ErrReadOnly", err)
 	}
-	if runs, err := ro.ListRuns(ctx, RunFilter{}); err != nil || len(runs) != 1 {
+	if runs, err := NewSQLiteStore(ro).ListRuns(ctx, RunFilter{}); err != nil || len(runs) != 1 {
 		t.Fatalf("read-only list: %d runs, %v", len(runs), err)
 	}
 }
 
-func TestListAndPruneRuns(t *testing.T) {
+func TestListRuns(t *testing.T) {
 	d, _ := openRunsDB(t)
 	ctx := context.Background()
 	t0 := time.Unix(1_700_000_000, 0)
-	for i, spec := range []struct{ fsm, state string }{
-		{"download-image", RunComplete}, {"download-image", RunFailed}, {"unpack-image", RunPending},
-		{"unpack-image", RunRunning}, {"download-image", RunPending},
+	for i, spec := range []struct {
+		fsm   string
+		state State
+	}{
+		{"download-image", StateComplete}, {"download-image", StateFailed}, {"unpack-image", StatePending},
+		{"unpack-image", StateRunning}, {"download-image", StatePending},
 	} {
 		id := fmt.Sprintf("r%d", i)
 		if _, _, err := d.CreateRun(ctx, newRun(id, spec.fsm, id, t0.Add(time.Duration(i)*time.Second))); err != nil {
 			t.Fatal(err)
 		}
-		if spec.state != RunPending {
-			if err := d.CheckpointRun(ctx, RunCheckpoint{RunID: id, State: spec.state, Transition: "x", At: t0.Add(time.Duration(i) * time.Second)}); err != nil {
+		if spec.state != StatePending {
+			if err := d.Checkpoint(ctx, Checkpoint{RunID: id, State: spec.state, Transition: "x", At: t0.Add(time.Duration(i) * time.Second)}); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	ids := func(runs []Run) string {
+	ids := func(runs []RunRecord) string {
 		s := ""
 		for _, r := range runs {
 			s += r.ID + " "
@@ -166,8 +166,8 @@ func TestListAndPruneRuns(t *testing.T) {
 	}{
 		{RunFilter{}, "r4 r3 r2 r1 r0 "},
 		{RunFilter{FSM: "download-image"}, "r4 r1 r0 "},
-		{RunFilter{States: []string{RunPending, RunRunning}}, "r4 r3 r2 "},
-		{RunFilter{States: []string{RunPending}, FSM: "unpack-image"}, "r2 "},
+		{RunFilter{States: []State{StatePending, StateRunning}}, "r4 r3 r2 "},
+		{RunFilter{States: []State{StatePending}, FSM: "unpack-image"}, "r2 "},
 		{RunFilter{Limit: 2}, "r4 r3 "},
 	} {
 		runs, err := d.ListRuns(ctx, tc.f)
@@ -175,18 +175,11 @@ func TestListAndPruneRuns(t *testing.T) {
 			t.Errorf("ListRuns(%+v) = %q, %v; want %q", tc.f, ids(runs), err, tc.want)
 		}
 	}
-	if _, err := d.ListRuns(ctx, RunFilter{States: []string{"done"}}); err == nil {
+	if _, err := d.ListRuns(ctx, RunFilter{States: []State{"done"}}); err == nil {
 		t.Error("unknown state filter accepted")
 	}
 	live, err := d.UnfinishedRuns(ctx)
 	if err != nil || ids(live) != "r2 r3 r4 " {
 		t.Fatalf("UnfinishedRuns = %q, %v; want oldest first r2 r3 r4", ids(live), err)
-	}
-	n, err := d.DeleteFinishedRuns(ctx, t0.Add(time.Hour))
-	if err != nil || n != 2 {
-		t.Fatalf("DeleteFinishedRuns = %d, %v; want the 2 finished runs", n, err)
-	}
-	if all, _ := d.ListRuns(ctx, RunFilter{}); ids(all) != "r4 r3 r2 " {
-		t.Fatalf("after pruning: %q; live runs must stay", ids(all))
 	}
 }
