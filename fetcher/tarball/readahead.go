@@ -21,7 +21,7 @@ import (
 // more.
 const (
 	readaheadChunk   = 256 << 10
-	readaheadBuffers = 6
+	readaheadBuffers = 4
 )
 
 // readaheadEnabled lets the benchmark measure the same extraction on one
