@@ -25,8 +25,13 @@ LDFLAGS   := -s -w -linkmode external -extldflags "-static" \
 
 all: build
 
+# The binary is built exactly as the release binary of the host's
+# architecture is (same compiler name, -trimpath), so that `make release`
+# after `make build` reuses every compiled package, go-sqlite3's C included.
+HOSTARCH := $(shell $(GO) env GOARCH)
+
 build:
-	CGO_ENABLED=1 $(GO) build -tags '$(BUILDTAGS)' -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/containerd-flyio-snapshotter
+	CGO_ENABLED=1 CC=$(CC_$(HOSTARCH)) $(GO) build -trimpath -tags '$(BUILDTAGS)' -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/containerd-flyio-snapshotter
 
 test: lint unit binary-check release-check vmtest
 
