@@ -150,22 +150,73 @@ func (p *fakePool) Cleanup(ctx context.Context) error {
 	return nil
 }
 
-// fakeNames is a fake of containerd's image store: it records the names
-// removed and says which are pinned.
+// fakeNames is a fake of containerd, over the fake pool: it lists the
+// images it is given (PoolImages), records the S3 names removed, and
+// removes a registry image the way containerd does: the record, then what
+// its garbage collection would remove through the proxy plugin (the
+// snapshots containerd committed in that namespace, top first, that no
+// other image of the namespace has; RemoveIf refuses one with children).
 type fakeNames struct {
-	mu      sync.Mutex
-	removed []string
-	pinned  map[string]bool
+	pool *fakePool
+
+	mu         sync.Mutex
+	removed    []string // S3 names unregistered
+	images     []pipeline.PoolImage
+	regRemoved []string // "NAMESPACE/NAME" removed
 }
 
 func (n *fakeNames) Unregister(_ context.Context, name string) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.removed = append(n.removed, name)
+	n.images = slices.DeleteFunc(n.images, func(pi pipeline.PoolImage) bool { return pi.Ours && pi.Name == name })
 	return nil
 }
 
-func (n *fakeNames) Pinned(_ context.Context, name string) (bool, error) { return n.pinned[name], nil }
+func (n *fakeNames) PoolImages(context.Context) ([]pipeline.PoolImage, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.images), nil
+}
+
+func (n *fakeNames) RemoveImage(ctx context.Context, ns, name string) error {
+	n.mu.Lock()
+	i := slices.IndexFunc(n.images, func(pi pipeline.PoolImage) bool { return pi.Namespace == ns && pi.Name == name })
+	if i < 0 {
+		n.mu.Unlock()
+		return nil
+	}
+	gone := n.images[i]
+	n.images = slices.Delete(n.images, i, i+1)
+	n.regRemoved = append(n.regRemoved, ns+"/"+name)
+	held := map[string]bool{}
+	for _, pi := range n.images {
+		if pi.Namespace == ns {
+			for _, ch := range pi.Chains {
+				held[ch] = true
+			}
+		}
+	}
+	n.mu.Unlock()
+	for j := len(gone.Chains) - 1; j >= 0; j-- {
+		ch := gone.Chains[j]
+		if held[ch] {
+			break
+		}
+		err := n.pool.RemoveIf(ctx, registryKey(ns, ch), nil)
+		if errdefs.IsNotFound(err) {
+			continue // not containerd's own: an S3 chain it adopted
+		}
+		if err != nil {
+			break // containerd's collector keeps what something is on
+		}
+	}
+	return nil
+}
+
+// registryKey is the key containerd's unpacker commits chain under in our
+// snapshotter, in namespace ns.
+func registryKey(ns, chain string) string { return ns + "/1/" + chain }
 
 // counts is an Observer that counts.
 type counts struct {
@@ -176,10 +227,11 @@ type counts struct {
 }
 
 func (c *counts) Ran(string, time.Duration) { c.mu.Lock(); c.runs++; c.mu.Unlock() }
-func (c *counts) Removed(cause string, freed int64) {
+func (c *counts) Removed(cause, source string, freed int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.removed[cause]++
+	c.removed[cause+"/"+source]++
 	c.freed += freed
 }
 
@@ -202,8 +254,8 @@ func newHarness(t *testing.T, total uint64, opts Options) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	h := &harness{t: t, db: db, pool: &fakePool{db: db, total: total, bytes: map[uint32]uint64{}},
-		names: &fakeNames{pinned: map[string]bool{}}, obs: &counts{removed: map[string]int{}}, dir: dir}
+	h := &harness{t: t, db: db, pool: &fakePool{db: db, total: total, bytes: map[uint32]uint64{}}, obs: &counts{removed: map[string]int{}}, dir: dir}
+	h.names = &fakeNames{pool: h.pool}
 	opts.DB, opts.Snapshots, opts.Usage, opts.Names, opts.Observer = db, h.pool, h.pool.usage, h.names, h.obs
 	opts.Guard = pipeline.GuardChain
 	opts.Prune = func(ctx context.Context) error {
@@ -358,7 +410,7 @@ func TestCollectKeepsImagesInUse(t *testing.T) {
 	h := newHarness(t, 1000*mib, Options{Pinned: []string{"pinned-by-config"}})
 	h.image("img1", "pinned-by-config", layer{"c1", 150 * mib})
 	h.image("img2", "pinned-in-containerd", layer{"c2", 150 * mib})
-	h.names.pinned["pinned-in-containerd"] = true
+	h.names.images = append(h.names.images, pipeline.PoolImage{Namespace: "default", Name: "pinned-in-containerd", Ours: true, Chains: []string{"c2"}, Pinned: true})
 	h.image("img3", "with-container", layer{"c3a", 100 * mib}, layer{"c3b", 50 * mib})
 	h.pool.add(t, "default/7/container", "c3a", metadata.SnapKindActive, nil, mib)
 	h.image("img4", "being-pulled", layer{"c4", 150 * mib})
