@@ -617,3 +617,163 @@ func TestMakeRoomGrowsPool(t *testing.T) {
 		t.Fatalf("MakeRoom past the growth limit: %v (pool %d MiB); want ErrNoRoom at 1600 MiB", err, h.pool.total/mib)
 	}
 }
+
+// registry records what containerd's unpacker leaves of a registry image
+// name in namespace ns: each chain committed under registryKey (made once
+// per namespace, on the chain below), labelled snapshot.ref = its chain
+// ID as containerd's metadata store passes it on, and the image in the
+// fake containerd, last used at used. A layer whose chain is in ours is
+// an S3 chain containerd adopted: nothing is made for it.
+func (h *harness) registry(ns, name string, used time.Time, ours map[string]bool, layers ...layer) *pipeline.PoolImage {
+	h.t.Helper()
+	ctx := context.Background()
+	pi := pipeline.PoolImage{Namespace: ns, Name: name, UsedAt: used}
+	parent := ""
+	for _, l := range layers {
+		key := l.chain
+		if !ours[l.chain] {
+			key = registryKey(ns, l.chain)
+			if _, ok, err := h.db.SnapshotterReads().Snapshot(ctx, "", key); err != nil {
+				h.t.Fatal(err)
+			} else if !ok {
+				h.pool.add(h.t, key, parent, metadata.SnapKindCommitted, map[string]string{snapshots.LabelSnapshotRef: l.chain}, l.bytes)
+			}
+		}
+		pi.Chains = append(pi.Chains, l.chain)
+		parent = key
+	}
+	h.names.images = append(h.names.images, pi)
+	return &h.names.images[len(h.names.images)-1]
+}
+
+// snapshotGone fails unless key's snapshot record is gone and no device is
+// left to delete.
+func (h *harness) snapshotGone(keys ...string) {
+	h.t.Helper()
+	ctx := context.Background()
+	for _, key := range keys {
+		if _, ok, _ := h.db.SnapshotterReads().Snapshot(ctx, "", key); ok {
+			h.t.Errorf("snapshot %s still recorded", key)
+		}
+	}
+	if devs, _ := h.db.SnapshotterReads().ThinDevices(ctx, metadata.ThinStateRemoved); len(devs) != 0 {
+		h.t.Errorf("removed devices not deleted from the pool: %+v", devs)
+	}
+}
+
+// TestCollectCoversRegistryImages: registry images containerd unpacked in
+// the pool, in two namespaces, are collected with the S3 images, least
+// recently used first whatever their source, until the pool is under the
+// low threshold; one with a container, under a lease, pinned (label or
+// config) or below a container's snapshot is kept, with the reason.
+func TestCollectCoversRegistryImages(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 2000*mib, Options{Pinned: []string{"reg/config-pinned"}})
+	now := time.Now()
+	old := now.Add(-time.Hour)
+	// Older than any S3 image, but each held by something.
+	h.registry("a", "reg/with-container", old.Add(-9*time.Minute), nil, layer{"rc1", 100 * mib}).Containers = []string{"ctr1"}
+	h.registry("a", "reg/leased", old.Add(-8*time.Minute), nil, layer{"rl1", 100 * mib}).Lease = "pull-lease"
+	h.registry("b", "reg/label-pinned", old.Add(-7*time.Minute), nil, layer{"rp1", 100 * mib}).Pinned = true
+	h.registry("b", "reg/config-pinned", old.Add(-6*time.Minute), nil, layer{"rq1", 100 * mib})
+	h.registry("b", "reg/base", old.Add(-5*time.Minute), nil, layer{"rb1", 100 * mib}, layer{"rb2", 50 * mib})
+	h.pool.add(t, "b/9/running", registryKey("b", "rb1"), metadata.SnapKindActive, nil, mib)
+	// The unused ones: the oldest registry image, then an S3 image, then
+	// a registry image in the other namespace, then the newest S3 image.
+	h.registry("a", "reg/oldest", old.Add(-time.Minute), nil, layer{"ro1", 200 * mib}, layer{"ro2", 100 * mib})
+	s3Files := h.image("s3-old", "s3/old", layer{"s1", 300 * mib})
+	h.registry("b", "reg/middle", now.Add(time.Hour), nil, layer{"rm1", 300 * mib})
+	h.image("s3-new", "s3/new", layer{"s2", 300 * mib})
+	h.registry("a", "reg/newest", now.Add(2*time.Hour), nil, layer{"rn1", 300 * mib}) // 1904 MiB: 95.2%
+	rep, err := h.c.Collect(ctx, "test", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range rep.Removed {
+		got = append(got, r.Kind+":"+strings.Join(r.Names, ","))
+	}
+	// 95.2% → 80.2% (reg/oldest) → 65.2% (s3/old): under 80%.
+	if want := []string{"registry:reg/oldest", "s3:s3/old"}; !slices.Equal(got, want) {
+		t.Fatalf("removed %v, want %v", got, want)
+	}
+	if rep.Removed[0].Namespace != "a" || rep.Removed[0].Freed != 300*mib {
+		t.Errorf("registry removal %+v: want namespace a, 300 MiB freed", rep.Removed[0])
+	}
+	if rep.After.DataPercent() >= DefaultLowThreshold {
+		t.Errorf("after collection the pool is %s, not under %v%%", rep.After, DefaultLowThreshold)
+	}
+	if !slices.Equal(h.names.regRemoved, []string{"a/reg/oldest"}) {
+		t.Errorf("containerd removed %v, want a/reg/oldest alone", h.names.regRemoved)
+	}
+	h.snapshotGone(registryKey("a", "ro1"), registryKey("a", "ro2"))
+	h.gone("s3-old", "s3/old", []string{"s1"}, s3Files)
+	h.present("s3-new")
+	for id, want := range map[string]string{
+		"a/reg/with-container": `container "ctr1"`,
+		"a/reg/leased":         `lease "pull-lease"`,
+		"b/reg/label-pinned":   pipeline.LabelPinned,
+		"b/reg/config-pinned":  "[gc] pinned",
+		"b/reg/base":           `"b/9/running" (a container's) is on layer 1`,
+	} {
+		if !strings.Contains(rep.Kept[id], want) {
+			t.Errorf("image %s kept because %q, want it to say %q", id, rep.Kept[id], want)
+		}
+	}
+	if h.obs.removed["usage/registry"] != 1 || h.obs.removed["usage/s3"] != 1 {
+		t.Errorf("observed removals %v, want one of each source", h.obs.removed)
+	}
+	// Nothing else is past the high threshold: a second collection does
+	// nothing.
+	if rep, err := h.c.Collect(ctx, "test", 0); err != nil || len(rep.Removed) != 0 {
+		t.Errorf("second collection removed %+v, %v", rep.Removed, err)
+	}
+}
+
+// TestCollectSharedChainsAcrossSources: a registry image containerd
+// unpacked on an S3 image's chain (a shared base layer) and an S3 image
+// whose base is a chain containerd unpacked. Removing the S3 image keeps
+// the base the registry image's layer sits on; removing the registry
+// image keeps the chain the S3 image built on, and its S3 base.
+func TestCollectSharedChainsAcrossSources(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 1000*mib, Options{})
+	old := time.Now().Add(-time.Hour)
+	h.image("s3-base", "s3/base", layer{"base", 300 * mib}, layer{"s3-top", 100 * mib})
+	ours := map[string]bool{"base": true}
+	h.registry("a", "reg/on-s3", old, ours, layer{"base", 0}, layer{"reg-top", 200 * mib})
+	h.registry("a", "reg/new", time.Now().Add(time.Hour), nil, layer{"other", 300 * mib}) // 903 MiB: 90.3%
+	rep, err := h.c.Collect(ctx, "test", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// reg/on-s3 goes first (the least recently used): containerd removes
+	// its own top (200 MiB) and keeps the S3 base it adopted, which the S3
+	// image still has: 70.1%, under the low threshold.
+	var got []string
+	for _, r := range rep.Removed {
+		got = append(got, r.Kind+":"+strings.Join(r.Names, ","))
+	}
+	if want := []string{"registry:reg/on-s3"}; !slices.Equal(got, want) {
+		t.Fatalf("removed %v, want %v", got, want)
+	}
+	h.snapshotGone(registryKey("a", "reg-top"))
+	h.present("s3-base")
+	if _, ok, _ := h.db.SnapshotterReads().Snapshot(ctx, "", "base"); !ok {
+		t.Error("the S3 image's base chain went with the registry image on it")
+	}
+	// The other way round: a registry layer on the S3 base keeps it when
+	// the S3 image goes.
+	h.registry("a", "reg/on-s3-again", time.Now().Add(2*time.Hour), ours, layer{"base", 0}, layer{"reg-top2", 100 * mib})
+	removed, err := h.c.Remove(ctx, []string{"s3/base"})
+	if err != nil || len(removed) != 1 {
+		t.Fatalf("rm s3/base: %+v, %v", removed, err)
+	}
+	if _, ok, _ := h.db.SnapshotterReads().Snapshot(ctx, "", "base"); !ok {
+		t.Error("the S3 image's base chain, under a registry image's layer, was removed with the S3 image")
+	}
+	h.snapshotGone("s3-top")
+	if im, _ := h.db.GetImage(ctx, "s3-base"); im != nil {
+		t.Errorf("S3 image still recorded after rm: %+v", im)
+	}
+}
