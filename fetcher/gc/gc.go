@@ -246,6 +246,10 @@ type Collector struct {
 	pulling  map[string]int // image id → pulls under way
 	removing string         // image id being removed
 	trimming bool           // TrimTarballs is removing files
+
+	// committed wakes Loop for a collection after containerd committed
+	// a snapshot (Committed); one pending wake-up stands for any number.
+	committed chan struct{}
 }
 
 // New validates opts and returns a collector.
@@ -268,7 +272,7 @@ func New(opts Options) (*Collector, error) {
 	if err := ValidateThresholds(opts.HighThreshold, opts.LowThreshold); err != nil {
 		return nil, fmt.Errorf("gc: %w", err)
 	}
-	c := &Collector{opts: opts, pulling: map[string]int{}}
+	c := &Collector{opts: opts, pulling: map[string]int{}, committed: make(chan struct{}, 1)}
 	c.cond = sync.NewCond(&c.pmu)
 	return c, nil
 }
@@ -316,8 +320,25 @@ func (c *Collector) Pulled(ctx context.Context, imageID string) {
 	}
 }
 
+// Committed implements pipeline.PoolGuard: containerd committed a snapshot
+// in the pool (a registry image's layer, which no pull of ours guards), so
+// Loop collects now (unless Disabled). It never blocks: its caller is
+// containerd, under its database's lock, which a collection's removals
+// through containerd need.
+func (c *Collector) Committed(ctx context.Context, key string) {
+	if c.opts.Disabled {
+		return
+	}
+	select {
+	case c.committed <- struct{}{}:
+		log.G(ctx).WithField("key", key).Debug("gc: containerd committed a snapshot: collection asked for")
+	default:
+	}
+}
+
 // Loop collects (unless Disabled) and trims the tarball cache every
-// Options.Interval until ctx is done.
+// Options.Interval, and collects after containerd's commits (Committed),
+// until ctx is done.
 func (c *Collector) Loop(ctx context.Context) {
 	t := time.NewTicker(c.opts.Interval)
 	defer t.Stop()
@@ -325,6 +346,10 @@ func (c *Collector) Loop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-c.committed:
+			if _, err := c.Collect(ctx, "commit", 0); err != nil {
+				log.G(ctx).WithError(err).Warn("gc: collection after containerd's commit")
+			}
 		case <-t.C:
 			if !c.opts.Disabled {
 				if _, err := c.Collect(ctx, "timer", 0); err != nil {
@@ -443,7 +468,10 @@ type poolView struct {
 	// chain ID).
 	ours map[string]bool
 	// theirs maps a namespace and a chain ID (nsChain) to the key of the
-	// chain's snapshot containerd's unpacker committed in that namespace.
+	// chain's snapshot containerd's unpacker committed in that namespace,
+	// and a chain ID alone to the first such key in any namespace (the one
+	// another namespace adopts: containerd unpacks a chain once per pool
+	// here).
 	theirs map[string]string
 	// images are containerd's images in the pool (Names.PoolImages).
 	images []pipeline.PoolImage
@@ -471,8 +499,10 @@ func (c *Collector) look(ctx context.Context) (*poolView, error) {
 		ref := info.Labels[snapshots.LabelSnapshotRef]
 		ns, _, ok := strings.Cut(info.Name, "/")
 		if ok && ref != "" && strings.HasSuffix(info.Name, "/"+ref) {
-			if _, seen := v.theirs[nsChain(ns, ref)]; !seen {
-				v.theirs[nsChain(ns, ref)] = info.Name
+			for _, k := range []string{nsChain(ns, ref), ref} {
+				if _, seen := v.theirs[k]; !seen {
+					v.theirs[k] = info.Name
+				}
 			}
 		}
 		return nil
@@ -559,6 +589,8 @@ func (v *poolView) candidates(imgs []*metadata.GCImage) []*candidate {
 				cd.keys = append(cd.keys, k)
 			} else if v.ours[ch] {
 				cd.keys = append(cd.keys, ch)
+			} else if k, ok := v.theirs[ch]; ok {
+				cd.keys = append(cd.keys, k)
 			}
 		}
 		out = append(out, cd)

@@ -777,3 +777,37 @@ func TestCollectSharedChainsAcrossSources(t *testing.T) {
 		t.Errorf("S3 image still recorded after rm: %+v", im)
 	}
 }
+
+// TestCommittedWakesLoop: a registry image's layers land in the pool
+// without a pull of ours; containerd's commit (Committed, which never
+// blocks, however often it comes) makes Loop collect at once, long before
+// its interval.
+func TestCommittedWakesLoop(t *testing.T) {
+	h := newHarness(t, 1000*mib, Options{Interval: time.Hour})
+	h.registry("a", "reg/old", time.Now().Add(-time.Hour), nil, layer{"r1", 500 * mib})
+	h.registry("a", "reg/new", time.Now(), nil, layer{"r2", 400 * mib}) // 90%
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); h.c.Loop(ctx) }()
+	defer func() { cancel(); <-done }()
+	for range 10 {
+		h.c.Committed(ctx, "a/2/r2")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		h.names.mu.Lock()
+		removed := slices.Clone(h.names.regRemoved)
+		h.names.mu.Unlock()
+		if len(removed) > 0 {
+			if !slices.Equal(removed, []string{"a/reg/old"}) {
+				t.Fatalf("removed %v, want a/reg/old", removed)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no collection 10 s after containerd's commit")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	h.snapshotGone(registryKey("a", "r1"))
+}
