@@ -260,8 +260,8 @@ type ContainerdConfig struct {
 	Snapshotter string `toml:"snapshotter"`
 }
 
-// GCConfig is the [gc] section: garbage collection of pulled S3 images
-// (package fetcher/gc).
+// GCConfig is the [gc] section: garbage collection of the images in the
+// pool, S3 and registry images alike (package fetcher/gc).
 type GCConfig struct {
 	// Enabled collects after every pull, every Interval, and before a
 	// pull's devices are made.

@@ -281,12 +281,14 @@ func TestMixedPool(t *testing.T) {
 		var buf bytes.Buffer
 		// A payload of its own size makes each image's second layer, so
 		// its chain and device, its own.
-		if _, err := ociimage.Write(&buf, ociimage.Options{Name: ref, PayloadBytes: size + int64(i), Platform: host}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.reg.push(ctx, buf.Bytes(), repo, "v1"); err != nil {
-			t.Fatal(err)
-		}
+		e.timed(t, "build a registry image", func() error {
+			_, err := ociimage.Write(&buf, ociimage.Options{Name: ref, PayloadBytes: size + int64(i), Platform: host})
+			return err
+		})
+		e.timed(t, "push it", func() error {
+			_, err := e.reg.push(ctx, buf.Bytes(), repo, "v1")
+			return err
+		})
 		return ref
 	}
 	for round := 1; round <= mixedRounds; round++ {
@@ -316,10 +318,11 @@ func TestMixedPool(t *testing.T) {
 			case "s3":
 				img := s3Image{prefix: name, suffix: ".tar"}
 				ns, ref = mixedS3NS, img.defaultRef()
-				top, err := mixedS3Layer(name, size)
-				if err != nil {
-					t.Fatal(err)
-				}
+				var top []byte
+				e.timed(t, "build an S3 image", func() (err error) {
+					top, err = mixedS3Layer(name, size)
+					return err
+				})
 				for i, l := range [][]byte{base, top} {
 					f := filepath.Join(scratch, fmt.Sprintf("%d.tar", i+1))
 					if err := os.WriteFile(f, l, 0o644); err != nil {
@@ -363,7 +366,11 @@ func TestMixedPool(t *testing.T) {
 					}
 				})
 			}
-			names := agree(when)
+			var names map[string][]string
+			e.timed(t, "list the images and check them against the pool", func() error {
+				names = agree(when)
+				return nil
+			})
 			if !slices.Contains(names[mixedCtrNS], containerImage) {
 				t.Errorf("%s: the running container's image %s is gone from ctr image ls (%v)", when, containerImage, names[mixedCtrNS])
 			}
@@ -385,7 +392,9 @@ func TestMixedPool(t *testing.T) {
 		"s3":      e.ctrArgv(mixedS3NS, "run", "--rm", "--snapshotter", "flyio", newest["s3"], "mixed-last-s3", "/bin/cat", "/etc/flyio-mixed"),
 	}
 	for _, kind := range []string{"ctr", "nerdctl", "s3"} {
+		start := time.Now()
 		out, err := e.containerOutput(ctx, runs[kind])
+		e.timings = append(e.timings, timing{"run the newest image of a kind", time.Since(start)})
 		want := ociimage.MarkerContent
 		if kind == "s3" {
 			want = fmt.Sprintf("mixed-s3-%d", mixedRounds)
@@ -403,5 +412,18 @@ func TestMixedPool(t *testing.T) {
 	t.Logf("| image | client | pull | data after pull | collected to | waited | images listed |")
 	for _, r := range rows {
 		t.Logf("| %s | %s | %.1fs | %.1f%% | %.1f%% | %.1fs | %d |", r.name, r.kind, r.pull.Seconds(), r.after, r.collected, r.settled.Seconds(), r.images)
+	}
+	sums, counts := map[string]time.Duration{}, map[string]int{}
+	var order []string
+	for _, tm := range e.timings {
+		if counts[tm.what] == 0 {
+			order = append(order, tm.what)
+		}
+		sums[tm.what] += tm.took
+		counts[tm.what]++
+	}
+	t.Logf("wall times (TCG VM), summed:")
+	for _, w := range order {
+		t.Logf("| %s | %d× | %s |", w, counts[w], sums[w].Round(100*time.Millisecond))
 	}
 }
