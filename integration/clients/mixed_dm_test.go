@@ -275,14 +275,14 @@ func TestMixedPool(t *testing.T) {
 	if err := os.MkdirAll(scratch, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	pushRegistry := func(repo string, i int) string {
+	pushRegistry := func(repo string) string {
 		t.Helper()
 		ref := e.reg.host + "/" + repo + ":v1"
 		var buf bytes.Buffer
-		// A payload of its own size makes each image's second layer, so
+		// A payload of its own seed makes each image's second layer, so
 		// its chain and device, its own.
 		e.timed(t, "build a registry image", func() error {
-			_, err := ociimage.Write(&buf, ociimage.Options{Name: ref, PayloadBytes: size + int64(i), Platform: host})
+			_, err := ociimage.Write(&buf, ociimage.Options{Name: ref, PayloadBytes: size, PayloadSeed: repo, Platform: host})
 			return err
 		})
 		e.timed(t, "push it", func() error {
@@ -298,7 +298,7 @@ func TestMixedPool(t *testing.T) {
 			var pull func() error
 			switch kind {
 			case "ctr":
-				ns, ref = mixedCtrNS, pushRegistry("flyio-it/"+name, 3*round)
+				ns, ref = mixedCtrNS, pushRegistry("flyio-it/"+name)
 				pull = func() error {
 					out, err := e.ctr(ctx, ns, "image", "pull", "--snapshotter", "flyio", "--plain-http", ref)
 					if err != nil {
@@ -307,7 +307,7 @@ func TestMixedPool(t *testing.T) {
 					return nil
 				}
 			case "nerdctl":
-				ns, ref = mixedNerdctlNS, pushRegistry("flyio-it/"+name, 3*round+1)
+				ns, ref = mixedNerdctlNS, pushRegistry("flyio-it/"+name)
 				pull = func() error {
 					out, err := e.nerdctlRun(ctx, ns, "pull", "--insecure-registry", ref)
 					if err != nil {
