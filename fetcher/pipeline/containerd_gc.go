@@ -97,7 +97,10 @@ func (c *ContainerdRegistrar) poolImagesIn(ctx context.Context, cl *containerd.C
 		if _, err := sn.Stat(ctx, chains[len(chains)-1].String()); errdefs.IsNotFound(err) {
 			continue
 		} else if err != nil {
-			return nil, fmt.Errorf("image %s in containerd namespace %s: stat its top chain in snapshotter %s: %w", img.Name, ns, c.snapshotter(), err)
+			// One image's trouble must not keep the others from
+			// collection: this one is left out, so kept.
+			lg.WithError(err).Warn("gc: stat of a containerd image's top chain in our snapshotter failed: image left out of collection")
+			continue
 		}
 		pi := PoolImage{Namespace: ns, Name: img.Name, Ours: ownImage(img), UsedAt: img.UpdatedAt, Pinned: img.Labels[LabelPinned] == "pinned"}
 		if img.CreatedAt.After(pi.UsedAt) {
