@@ -89,7 +89,7 @@ func everything(t *testing.T) *Metrics {
 	m.AddGC(g)
 	g.SetThresholds(85, 80)
 	g.Ran("timer", time.Second)
-	g.Removed("usage", 1<<20)
+	g.Removed("usage", "registry", 1<<20)
 	f := m.Fetch()
 	f.ObservePull(time.Second, "setid", errors.New("rejected"))
 	f.StepRetried("download-image", "fetch")

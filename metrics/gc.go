@@ -8,8 +8,9 @@ import (
 
 // GC counts image garbage collection (package fetcher/gc's Observer):
 // flyio_snapshotter_gc_runs_total{trigger}, _gc_duration_seconds{trigger},
-// _gc_removed_images_total{cause} and _gc_removed_bytes_total{cause} (pool
-// data freed), and, once SetThresholds is called, _gc_threshold_ratio{bound}.
+// _gc_removed_images_total{cause,source} and
+// _gc_removed_bytes_total{cause,source} (pool data freed; source is s3 or
+// registry), and, once SetThresholds is called, _gc_threshold_ratio{bound}.
 // Create it with NewGC, register it with AddGC.
 type GC struct {
 	runs       *prometheus.CounterVec
@@ -23,14 +24,14 @@ type GC struct {
 func NewGC() *GC {
 	return &GC{
 		runs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "gc_runs_total",
-			Help: "Garbage collections that found the pool past the high threshold, by trigger (pull, room, timer, low_water)."}, []string{"trigger"}),
+			Help: "Garbage collections that found the pool past the high threshold, by trigger (pull, room, timer, commit: containerd committed a layer, low_water)."}, []string{"trigger"}),
 		dur: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: Namespace, Name: "gc_duration_seconds",
 			Help:    "Time a garbage collection took, by trigger.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"trigger"}),
 		removed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "gc_removed_images_total",
-			Help: "Pulled images removed, by cause (usage: the pool was past the high threshold; rm: an operator asked)."}, []string{"cause"}),
+			Help: "Images removed from the pool, by cause (usage: the pool was past the high threshold; rm: an operator asked) and source (s3: pulled from S3 by the daemon; registry: unpacked by containerd)."}, []string{"cause", "source"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "gc_removed_bytes_total",
-			Help: "Pool data bytes freed by removing pulled images, by cause."}, []string{"cause"}),
+			Help: "Pool data bytes freed by removing images, by cause and source."}, []string{"cause", "source"}),
 		thresholds: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "gc_threshold_ratio",
 			Help: "Share of the pool's data or metadata at which garbage collection starts (bound high) and down to which it removes images (bound low); absent while collection is off."}, []string{"bound"}),
 	}
@@ -50,13 +51,13 @@ func (g *GC) Ran(trigger string, d time.Duration) {
 	g.dur.WithLabelValues(trigger).Observe(d.Seconds())
 }
 
-// Removed counts one image removed for cause and the pool data bytes its
-// removal freed (a negative figure, when other writes outgrew it, counts
-// nothing).
-func (g *GC) Removed(cause string, freed int64) {
-	g.removed.WithLabelValues(cause).Inc()
+// Removed counts one image from source removed for cause and the pool
+// data bytes its removal freed (a negative figure, when other writes
+// outgrew it, counts nothing).
+func (g *GC) Removed(cause, source string, freed int64) {
+	g.removed.WithLabelValues(cause, source).Inc()
 	if freed > 0 {
-		g.bytes.WithLabelValues(cause).Add(float64(freed))
+		g.bytes.WithLabelValues(cause, source).Add(float64(freed))
 	}
 }
 

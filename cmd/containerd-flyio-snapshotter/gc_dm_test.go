@@ -214,6 +214,7 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 	if err != nil {
 		t.Fatalf("prepare a container snapshot on the image: %v", err)
 	}
+	names := []string{}
 	keep := func() {
 		t.Helper()
 		ls, ctrLs := listed(), ctrListed()
@@ -230,6 +231,44 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 		}
 	}
 
+	// agree checks that containerd and the pool agree: every name `ctr
+	// image ls` lists in the daemon's namespace (the only one the test
+	// uses) is unpacked in our snapshotter (its snapshots are there), and
+	// no chain, activation or device is left that no kept image holds.
+	agree := func(when string) {
+		t.Helper()
+		for n := range ctrListed() {
+			img, err := lease.Client.GetImage(nctx, n)
+			if err != nil {
+				t.Fatalf("%s: ctr image ls lists %s, which containerd cannot get: %v", when, n, err)
+			}
+			if ok, err := img.IsUnpacked(nctx, e.cfg.Containerd.Snapshotter); err != nil || !ok {
+				t.Errorf("%s: ctr image ls lists %s, whose snapshots are gone from the pool (unpacked %v, %v)", when, n, ok, err)
+			}
+		}
+		db := e.db()
+		chains, err := db.SnapshotterReads().Snapshots(ctx, "", true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]bool{}
+		for _, n := range append([]string{"pinned", "container"}, names...) {
+			if im := imageOf(n); im != nil {
+				want[metadata.ActivationKey(im.ImageID)] = true
+				for _, c := range im.Chains {
+					want[c] = true
+				}
+			}
+		}
+		for _, s := range chains {
+			// containerd names its snapshots in its proxy plugins
+			// "<namespace>/<id>/<key>".
+			if !want[s.Key] && !strings.HasSuffix(s.Key, "/container-1") {
+				t.Errorf("%s: snapshot %s (%s) left, of no image kept", when, s.Key, s.Kind)
+			}
+		}
+	}
+
 	type row struct {
 		name                string
 		pull                time.Duration
@@ -238,7 +277,6 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 		removed, keptImages int
 	}
 	var rows []row
-	names := []string{}
 	lastSecs, lastRemoved := scrapeGC(t, metricsAddr)
 	for i := 1; i <= 10; i++ {
 		name := fmt.Sprintf("img-%02d", i)
@@ -278,6 +316,7 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 			t.Fatalf("the image just pulled (%s) was removed", name)
 		}
 		e.checkClean()
+		agree(fmt.Sprintf("after pull %d", i))
 	}
 	t.Logf("pool usage after each pull (%d MiB pool, images of %d MiB, [gc] defaults: high %v%%, low %v%%):",
 		*gcPoolMB, gcImageFiles()*gcFileSize>>20, gc.DefaultHighThreshold, gc.DefaultLowThreshold)
@@ -290,28 +329,7 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 	if gone < 7 {
 		t.Errorf("only %d images were removed over ten pulls of %d MiB on a %d MiB pool", gone, gcImageFiles()*gcFileSize>>20, *gcPoolMB)
 	}
-	// No chain, activation or device is left of a removed image.
-	db := e.db()
-	chains, err := db.SnapshotterReads().Snapshots(ctx, "", true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[string]bool{}
-	for _, n := range append([]string{"pinned", "container"}, names...) {
-		if im := imageOf(n); im != nil {
-			want[metadata.ActivationKey(im.ImageID)] = true
-			for _, c := range im.Chains {
-				want[c] = true
-			}
-		}
-	}
-	for _, s := range chains {
-		// containerd names its snapshots in its proxy plugins
-		// "<namespace>/<id>/<key>".
-		if !want[s.Key] && !strings.HasSuffix(s.Key, "/container-1") {
-			t.Errorf("snapshot %s (%s) left, of no image kept", s.Key, s.Kind)
-		}
-	}
+	agree("at the end")
 
 	// rm refuses the images in use, with the reason.
 	code, _, errOut := runCommand(t, nil, "rm", "--control-socket", e.cfg.Daemon.ControlSocket, "pinned", "container")

@@ -9,7 +9,8 @@ import (
 )
 
 // Config is the daemon's [gc] section (the toml tags are its keys): when
-// and how far collection removes unused images.
+// and how far collection removes the unused images of the pool, S3 and
+// registry images alike.
 type Config struct {
 	// Enabled collects after every pull, every Interval, and before a
 	// pull's devices are made (Options.Disabled is its negation).

@@ -1,20 +1,30 @@
-// Package gc keeps the thin pool from filling up with pulled S3 images:
-// when the pool's data or metadata usage crosses a high threshold it
-// removes the images nothing uses, least recently used first (last pull or
-// activation), until usage is under a low threshold; before a pull makes
-// any device it makes room for the pull's layers and refuses the pull when
-// they cannot fit; and it removes images an operator names (`rm`). An image
-// is in use, so never removed, while a container snapshot sits on one of
-// its chains, a pull of it or a live run on its chains is under way, or it
-// is pinned (by name in the configuration, or by containerd's pinned
-// label).
+// Package gc keeps the thin pool from filling up with images: when the
+// pool's data or metadata usage crosses a high threshold it removes the
+// images nothing uses, least recently used first, until usage is under a
+// low threshold; before a pull makes any device it makes room for the
+// pull's layers and refuses the pull when they cannot fit; and it removes
+// S3 images an operator names (`rm`).
 //
-// Removing an image removes its names from containerd first (so that
+// Collection covers every image whose snapshots are in the pool: the S3
+// images the pipelines pulled, and the images containerd unpacked into
+// the pool itself from a registry (ctr, nerdctl, the CRI), in any of its
+// namespaces. The kubelet cannot do it for us: the CRI reports a host
+// folder as the image filesystem, never the pool. Use is the last pull,
+// the last activation (S3 images) and the newest container made on the
+// image. An image is in use, so never removed, while a container is made
+// on it, a container snapshot sits on one of its chains, a pull of it, a
+// live run on its chains or a containerd lease holds it, or it is pinned
+// (by name in the configuration, or by containerd's pinned label).
+//
+// Removing an S3 image removes its names from containerd first (so that
 // containerd never lists a name whose snapshots are gone), then its
 // activation, the chains no other image uses (top first), their devices,
 // and last its records, with the objects and layer files nothing else
 // needs: a crash half-way leaves the image recorded, and the next
-// collection finishes the removal.
+// collection finishes the removal. A registry image is removed the way
+// containerd removes one: its record is deleted and containerd's garbage
+// collection, waited for, removes its content and the snapshots nothing
+// else holds, through the proxy plugin.
 package gc
 
 import (
@@ -147,25 +157,40 @@ type Snapshots interface {
 	Cleanup(ctx context.Context) error
 }
 
-// Names is where images are registered under their names
+// Names is containerd's side of the pool: where S3 images are registered
+// under their names, and what containerd knows of every image in the pool
 // (*pipeline.ContainerdRegistrar).
 type Names interface {
 	// Unregister removes name where it names an image this daemon
 	// created (an image of that name someone else made stays as it is);
 	// an absent name is not an error.
 	Unregister(ctx context.Context, name string) error
-	// Pinned reports whether name, as an image this daemon created, is
-	// pinned there.
-	Pinned(ctx context.Context, name string) (bool, error)
+	// PoolImages lists the images, in every namespace, whose top chain
+	// is unpacked in our snapshotter, ours (S3 images' names) and
+	// others' (registry images), with their containers, pins and leases.
+	PoolImages(ctx context.Context) ([]pipeline.PoolImage, error)
+	// RemoveImage removes image name from namespace ns the way
+	// containerd removes one: the record, then containerd's garbage
+	// collection of what only it held, waited for. An absent image is
+	// not an error.
+	RemoveImage(ctx context.Context, ns, name string) error
 }
+
+// Sources of the images collection removes: the label of the removal
+// metric and the kind in the logs.
+const (
+	SourceS3       = "s3"       // pulled by the pipelines from S3
+	SourceRegistry = "registry" // unpacked into the pool by containerd itself
+)
 
 // Observer counts what collection does (*metrics.GC).
 type Observer interface {
 	// Ran counts one collection that was triggered by trigger and took d.
 	Ran(trigger string, d time.Duration)
-	// Removed counts one image removed for cause ("usage" or "rm") and the
-	// pool data bytes its removal freed.
-	Removed(cause string, freed int64)
+	// Removed counts one image from source (SourceS3, SourceRegistry)
+	// removed for cause ("usage" or "rm") and the pool data bytes its
+	// removal freed.
+	Removed(cause, source string, freed int64)
 }
 
 // Options configure New. DB, Snapshots, Usage, Guard and Prune are
@@ -222,6 +247,10 @@ type Collector struct {
 	pulling  map[string]int // image id → pulls under way
 	removing string         // image id being removed
 	trimming bool           // TrimTarballs is removing files
+
+	// committed wakes Loop for a collection after containerd committed
+	// a snapshot (Committed); one pending wake-up stands for any number.
+	committed chan struct{}
 }
 
 // New validates opts and returns a collector.
@@ -244,7 +273,7 @@ func New(opts Options) (*Collector, error) {
 	if err := ValidateThresholds(opts.HighThreshold, opts.LowThreshold); err != nil {
 		return nil, fmt.Errorf("gc: %w", err)
 	}
-	c := &Collector{opts: opts, pulling: map[string]int{}}
+	c := &Collector{opts: opts, pulling: map[string]int{}, committed: make(chan struct{}, 1)}
 	c.cond = sync.NewCond(&c.pmu)
 	return c, nil
 }
@@ -292,8 +321,25 @@ func (c *Collector) Pulled(ctx context.Context, imageID string) {
 	}
 }
 
+// Committed implements pipeline.PoolGuard: containerd committed a snapshot
+// in the pool (a registry image's layer, which no pull of ours guards), so
+// Loop collects now (unless Disabled). It never blocks: its caller is
+// containerd, under its database's lock, which a collection's removals
+// through containerd need.
+func (c *Collector) Committed(ctx context.Context, key string) {
+	if c.opts.Disabled {
+		return
+	}
+	select {
+	case c.committed <- struct{}{}:
+		log.G(ctx).WithField("key", key).Debug("gc: containerd committed a snapshot: collection asked for")
+	default:
+	}
+}
+
 // Loop collects (unless Disabled) and trims the tarball cache every
-// Options.Interval until ctx is done.
+// Options.Interval, and collects after containerd's commits (Committed),
+// until ctx is done.
 func (c *Collector) Loop(ctx context.Context) {
 	t := time.NewTicker(c.opts.Interval)
 	defer t.Stop()
@@ -301,6 +347,10 @@ func (c *Collector) Loop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-c.committed:
+			if _, err := c.Collect(ctx, "commit", 0); err != nil {
+				log.G(ctx).WithError(err).Warn("gc: collection after containerd's commit")
+			}
 		case <-t.C:
 			if !c.opts.Disabled {
 				if _, err := c.Collect(ctx, "timer", 0); err != nil {
@@ -316,10 +366,15 @@ func (c *Collector) Loop(ctx context.Context) {
 
 // Removed describes one removed image.
 type Removed struct {
+	// Kind is SourceS3 or SourceRegistry.
+	Kind string
+	// ImageID and Source are an S3 image's id and S3 source.
 	ImageID string
 	Source  string
-	Names   []string
-	Reason  string
+	// Namespace is the containerd namespace of a registry image.
+	Namespace string
+	Names     []string
+	Reason    string
 	// Freed is the pool data the removal freed, in bytes.
 	Freed int64
 }
@@ -367,30 +422,30 @@ func (c *Collector) Collect(ctx context.Context, trigger string, need uint64) (*
 		log.G(ctx).WithField("trigger", trigger).WithField("usage", rep.After.String()).WithField("removed", len(rep.Removed)).
 			WithField("kept_in_use", len(rep.Kept)).WithField("duration", rep.Duration).Info("gc: collection done")
 	}()
+	pool, err := c.look(ctx)
+	if err != nil {
+		return rep, err
+	}
 	imgs, err := c.opts.DB.GCImages(ctx)
 	if err != nil {
 		return rep, fmt.Errorf("gc: %w", err)
 	}
-	children, err := c.children(ctx)
-	if err != nil {
-		return rep, err
-	}
 	var errs []error
-	for _, im := range imgs {
+	for _, cd := range pool.candidates(imgs) {
 		if !over(u, need, c.opts.LowThreshold) {
 			break
 		}
-		if why, err := c.inUse(ctx, im, children); err != nil {
+		if why, err := c.inUse(ctx, cd, pool); err != nil {
 			errs = append(errs, err)
 			continue
 		} else if why != "" {
-			rep.Kept[im.ImageID] = why
-			log.G(ctx).WithField("image", im.ImageID).WithField("source", im.Source).WithField("why", why).Debug("gc: image in use, kept")
+			rep.Kept[cd.id()] = why
+			log.G(ctx).WithField("image", cd.id()).WithField("kind", cd.kind()).WithField("why", why).Debug("gc: image in use, kept")
 			continue
 		}
 		reason := fmt.Sprintf("pool at %s with %s more needed, past the %v%% threshold; image unused since %s",
-			u.String(), bytesOf(need), c.opts.HighThreshold, im.UsedAt.Format(time.RFC3339))
-		r, err := c.remove(ctx, im, "usage", reason)
+			u.String(), bytesOf(need), c.opts.HighThreshold, cd.usedAt.Format(time.RFC3339))
+		r, err := c.remove(ctx, cd, pool, "usage", reason)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -404,47 +459,185 @@ func (c *Collector) Collect(ctx context.Context, trigger string, need uint64) (*
 	return rep, errors.Join(errs...)
 }
 
-// children maps a snapshot key to the snapshots on it.
-func (c *Collector) children(ctx context.Context) (map[string][]snapshots.Info, error) {
-	out := map[string][]snapshots.Info{}
+// poolView is what one collection sees of the pool: the snapshots on each
+// snapshot, where each chain's committed snapshot is, and containerd's
+// images in the pool.
+type poolView struct {
+	// children maps a snapshot key to the snapshots on it.
+	children map[string][]snapshots.Info
+	// ours are the chains the pipelines committed (their key is the
+	// chain ID).
+	ours map[string]bool
+	// theirs maps a namespace and a chain ID (nsChain) to the key of the
+	// chain's snapshot containerd's unpacker committed in that namespace,
+	// and a chain ID alone to the first such key in any namespace (the one
+	// another namespace adopts: containerd unpacks a chain once per pool
+	// here).
+	theirs map[string]string
+	// images are containerd's images in the pool (Names.PoolImages).
+	images []pipeline.PoolImage
+}
+
+func nsChain(ns, chain string) string { return ns + "\x00" + chain }
+
+// look walks the pool's snapshots and asks containerd for its images.
+func (c *Collector) look(ctx context.Context) (*poolView, error) {
+	v := &poolView{children: map[string][]snapshots.Info{}, ours: map[string]bool{}, theirs: map[string]string{}}
 	err := c.opts.Snapshots.Walk(ctx, func(_ context.Context, info snapshots.Info) error {
 		if info.Parent != "" {
-			out[info.Parent] = append(out[info.Parent], info)
+			v.children[info.Parent] = append(v.children[info.Parent], info)
+		}
+		if info.Kind != snapshots.KindCommitted {
+			return nil
+		}
+		if _, ours := info.Labels[pipeline.LabelSource]; ours {
+			v.ours[info.Name] = true
+			return nil
+		}
+		// containerd names its snapshots in its proxy plugins
+		// "<namespace>/<n>/<key>", and its unpacker commits a chain
+		// under the chain ID with containerd.io/snapshot.ref = it.
+		ref := info.Labels[snapshots.LabelSnapshotRef]
+		ns, _, ok := strings.Cut(info.Name, "/")
+		if ok && ref != "" && strings.HasSuffix(info.Name, "/"+ref) {
+			for _, k := range []string{nsChain(ns, ref), ref} {
+				if _, seen := v.theirs[k]; !seen {
+					v.theirs[k] = info.Name
+				}
+			}
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gc: walk snapshots: %w", err)
 	}
-	return out, nil
+	if c.opts.Names != nil {
+		if v.images, err = c.opts.Names.PoolImages(ctx); err != nil {
+			return nil, fmt.Errorf("gc: containerd's images: %w", err)
+		}
+	}
+	return v, nil
 }
 
-// inUse says why image im must be kept, or "" when nothing uses it.
-func (c *Collector) inUse(ctx context.Context, im *metadata.GCImage, children map[string][]snapshots.Info) (string, error) {
-	for _, n := range im.Names {
+// candidate is an image collection may remove: an S3 image of ours, or a
+// registry image in one containerd namespace.
+type candidate struct {
+	s3  *metadata.GCImage
+	reg *pipeline.PoolImage
+	// records are containerd's records of the image: the S3 image's
+	// names, in every namespace, or the registry image's own.
+	records []pipeline.PoolImage
+	// keys are the snapshot keys of its chains in our pool, bottom first.
+	keys []string
+	// chains are its chain IDs, bottom first.
+	chains []string
+	usedAt time.Time
+}
+
+// id names the image in reports and logs: an S3 image's ID, or
+// "NAMESPACE/NAME" of containerd's.
+func (cd *candidate) id() string {
+	if cd.s3 != nil {
+		return cd.s3.ImageID
+	}
+	return cd.reg.Namespace + "/" + cd.reg.Name
+}
+
+func (cd *candidate) kind() string {
+	if cd.s3 != nil {
+		return SourceS3
+	}
+	return SourceRegistry
+}
+
+func (cd *candidate) names() []string {
+	if cd.s3 != nil {
+		return cd.s3.Names
+	}
+	return []string{cd.reg.Name}
+}
+
+// s3Candidate is S3 image im with containerd's records of its names.
+func (v *poolView) s3Candidate(im *metadata.GCImage) *candidate {
+	cd := &candidate{s3: im, keys: im.Chains, chains: im.Chains, usedAt: im.UsedAt}
+	for _, pi := range v.images {
+		if pi.Ours && slices.Contains(im.Names, pi.Name) {
+			cd.records = append(cd.records, pi)
+			if pi.UsedAt.After(cd.usedAt) && len(pi.Containers) > 0 {
+				cd.usedAt = pi.UsedAt
+			}
+		}
+	}
+	return cd
+}
+
+// candidates are the S3 images imgs and containerd's registry images in
+// the pool, least recently used first (an S3 image before a registry
+// image used at the same time).
+func (v *poolView) candidates(imgs []*metadata.GCImage) []*candidate {
+	var out []*candidate
+	for _, im := range imgs {
+		out = append(out, v.s3Candidate(im))
+	}
+	for i := range v.images {
+		pi := &v.images[i]
+		if pi.Ours {
+			continue
+		}
+		cd := &candidate{reg: pi, records: []pipeline.PoolImage{*pi}, chains: pi.Chains, usedAt: pi.UsedAt}
+		for _, ch := range pi.Chains {
+			if k, ok := v.theirs[nsChain(pi.Namespace, ch)]; ok {
+				cd.keys = append(cd.keys, k)
+			} else if v.ours[ch] {
+				cd.keys = append(cd.keys, ch)
+			} else if k, ok := v.theirs[ch]; ok {
+				cd.keys = append(cd.keys, k)
+			}
+		}
+		out = append(out, cd)
+	}
+	slices.SortStableFunc(out, func(a, b *candidate) int { return a.usedAt.Compare(b.usedAt) })
+	return out
+}
+
+// inUse says why image cd must be kept, or "" when nothing uses it.
+func (c *Collector) inUse(ctx context.Context, cd *candidate, v *poolView) (string, error) {
+	for _, n := range cd.names() {
 		if slices.Contains(c.opts.Pinned, n) {
 			return fmt.Sprintf("pinned: %q is in [gc] pinned", n), nil
 		}
 	}
-	c.pmu.Lock()
-	pulling := c.pulling[im.ImageID]
-	c.pmu.Unlock()
-	if pulling > 0 {
-		return "a pull of it is under way", nil
+	if cd.s3 != nil {
+		c.pmu.Lock()
+		pulling := c.pulling[cd.s3.ImageID]
+		c.pmu.Unlock()
+		if pulling > 0 {
+			return "a pull of it is under way", nil
+		}
 	}
-	for i, ch := range im.Chains {
-		for _, info := range children[ch] {
-			if _, private := info.Labels[pipeline.LabelPrivate]; private {
-				continue
-			}
-			if _, ours := info.Labels[pipeline.LabelSource]; ours && info.Kind == snapshots.KindCommitted {
+	for _, r := range cd.records {
+		switch {
+		case r.Pinned:
+			return fmt.Sprintf("pinned: %q carries containerd's label %s in namespace %s", r.Name, pipeline.LabelPinned, r.Namespace), nil
+		case len(r.Containers) > 0:
+			return fmt.Sprintf("containerd's container %q in namespace %s is made on %q", r.Containers[0], r.Namespace, r.Name), nil
+		case r.Lease != "":
+			return fmt.Sprintf("containerd's lease %q in namespace %s holds %q (a pull or an unpack under way)", r.Lease, r.Namespace, r.Name), nil
+		}
+	}
+	for i, k := range cd.keys {
+		for _, info := range v.children[k] {
+			// A committed snapshot on a chain is another image's layer,
+			// which keeps the chain by itself; an active snapshot or a
+			// view that is not the pipelines' is a container's.
+			if _, private := info.Labels[pipeline.LabelPrivate]; private || info.Kind == snapshots.KindCommitted {
 				continue
 			}
 			return fmt.Sprintf("snapshot %q (a container's) is on layer %d", info.Name, i+1), nil
 		}
 	}
 	err := c.opts.DB.WithTx(ctx, func(tx *sql.Tx) error {
-		for _, ch := range im.Chains {
+		for _, ch := range cd.chains {
 			if err := c.opts.Guard(ch)(ctx, tx); err != nil {
 				return err
 			}
@@ -455,29 +648,61 @@ func (c *Collector) inUse(ctx context.Context, im *metadata.GCImage, children ma
 		return "a live run uses it: " + err.Error(), nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("gc: live runs on image %s: %w", im.ImageID, err)
-	}
-	if c.opts.Names != nil {
-		for _, n := range im.Names {
-			pinned, err := c.opts.Names.Pinned(ctx, n)
-			if err != nil {
-				return "", fmt.Errorf("gc: is %q pinned: %w", n, err)
-			}
-			if pinned {
-				return fmt.Sprintf("pinned: %q carries containerd's label %s", n, pipeline.LabelPinned), nil
-			}
-		}
+		return "", fmt.Errorf("gc: live runs on image %s: %w", cd.id(), err)
 	}
 	return "", nil
 }
 
-// remove removes image im: its names, activation, unshared chains (top
-// first), their devices, then its records and what they alone needed.
-func (c *Collector) remove(ctx context.Context, im *metadata.GCImage, cause, reason string) (*Removed, error) {
+// remove removes image cd (removeS3, or containerd's removal of a registry
+// image), logs and counts the removal.
+func (c *Collector) remove(ctx context.Context, cd *candidate, v *poolView, cause, reason string) (*Removed, error) {
+	before, err := c.opts.Usage(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("remove image %s: pool usage: %w", cd.id(), err)
+	}
+	r := &Removed{Kind: cd.kind(), Names: cd.names(), Reason: reason}
+	if cd.s3 != nil {
+		r.ImageID, r.Source = cd.s3.ImageID, cd.s3.Source
+		err = c.removeS3(ctx, cd.s3, v)
+	} else {
+		r.Namespace = cd.reg.Namespace
+		err = c.opts.Names.RemoveImage(ctx, cd.reg.Namespace, cd.reg.Name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := c.opts.Snapshots.Cleanup(ctx); err != nil {
+		log.G(ctx).WithError(err).WithField("image", cd.id()).Warn("gc: deleting the removed devices (the next cleanup retries)")
+	}
+	if err := c.opts.Prune(ctx); err != nil {
+		log.G(ctx).WithError(err).WithField("image", cd.id()).Warn("gc: pruning the records and files of the removed image")
+	}
+	after, err := c.opts.Usage(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("remove image %s: pool usage: %w", cd.id(), err)
+	}
+	r.Freed = int64(before.DataUsed) - int64(after.DataUsed)
+	lg := log.G(ctx).WithField("image", cd.id()).WithField("kind", r.Kind).WithField("names", strings.Join(r.Names, ","))
+	if cd.s3 != nil {
+		lg = lg.WithField("source", r.Source)
+	} else {
+		lg = lg.WithField("namespace", r.Namespace)
+	}
+	lg.WithField("cause", cause).WithField("reason", reason).WithField("freed", bytesOf(uint64(max(r.Freed, 0)))).
+		WithField("usage", after.String()).Info("gc: image removed")
+	if c.opts.Observer != nil {
+		c.opts.Observer.Removed(cause, r.Kind, r.Freed)
+	}
+	return r, nil
+}
+
+// removeS3 removes S3 image im: its names, activation, the chains no other
+// image has (top first), their devices, then its records.
+func (c *Collector) removeS3(ctx context.Context, im *metadata.GCImage, v *poolView) error {
 	c.pmu.Lock()
 	if c.pulling[im.ImageID] > 0 {
 		c.pmu.Unlock()
-		return nil, fmt.Errorf("remove image %s (%s): a pull of it is under way: %w", im.ImageID, im.Source, ErrInUse)
+		return fmt.Errorf("remove image %s (%s): a pull of it is under way: %w", im.ImageID, im.Source, ErrInUse)
 	}
 	c.removing = im.ImageID
 	c.pmu.Unlock()
@@ -487,25 +712,23 @@ func (c *Collector) remove(ctx context.Context, im *metadata.GCImage, cause, rea
 		c.cond.Broadcast()
 		c.pmu.Unlock()
 	}()
-	before, err := c.opts.Usage(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("remove image %s: pool usage: %w", im.ImageID, err)
-	}
 	what := fmt.Sprintf("remove image %s (%s)", im.ImageID, im.Source)
 	if c.opts.Names != nil {
 		for _, n := range im.Names {
 			if err := c.opts.Names.Unregister(ctx, n); err != nil {
-				return nil, fmt.Errorf("%s: %w", what, err)
+				return fmt.Errorf("%s: %w", what, err)
 			}
 		}
 	}
 	if err := c.opts.Snapshots.Remove(ctx, metadata.ActivationKey(im.ImageID)); err != nil && !errdefs.IsNotFound(err) {
-		return nil, fmt.Errorf("%s: activation: %w", what, err)
+		return fmt.Errorf("%s: activation: %w", what, err)
 	}
 	for i := len(im.Chains) - 1; i >= 0; i-- {
 		ch := im.Chains[i]
-		if im.SharedChains[ch] {
-			// Its chain ID covers the layers below it: they are shared too.
+		if im.SharedChains[ch] || v.layerOn(ch, im.Chains) {
+			// Another image's layers use it (an S3 image's, or one
+			// containerd unpacked on it): its chain ID covers the layers
+			// below it, so they are shared too.
 			break
 		}
 		err := c.opts.Snapshots.RemoveIf(ctx, ch, c.opts.Guard(ch))
@@ -515,29 +738,24 @@ func (c *Collector) remove(ctx context.Context, im *metadata.GCImage, cause, rea
 		if err != nil {
 			// Something was put on it since it was checked: it stays,
 			// with what is below it.
-			return nil, fmt.Errorf("%s: layer %d (chain %s): %w", what, i+1, ch, err)
+			return fmt.Errorf("%s: layer %d (chain %s): %w", what, i+1, ch, err)
 		}
 	}
 	if err := c.opts.DB.DeleteImage(ctx, im.ImageID); err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
-	if err := c.opts.Snapshots.Cleanup(ctx); err != nil {
-		log.G(ctx).WithError(err).WithField("image", im.ImageID).Warn("gc: deleting the removed devices (the next cleanup retries)")
+	return nil
+}
+
+// layerOn reports whether a committed snapshot other than the chains own
+// sits on key: another image's layer.
+func (v *poolView) layerOn(key string, own []string) bool {
+	for _, info := range v.children[key] {
+		if info.Kind == snapshots.KindCommitted && !slices.Contains(own, info.Name) {
+			return true
+		}
 	}
-	if err := c.opts.Prune(ctx); err != nil {
-		log.G(ctx).WithError(err).WithField("image", im.ImageID).Warn("gc: pruning the records and files of the removed image")
-	}
-	after, err := c.opts.Usage(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("%s: pool usage: %w", what, err)
-	}
-	r := &Removed{ImageID: im.ImageID, Source: im.Source, Names: im.Names, Reason: reason, Freed: int64(before.DataUsed) - int64(after.DataUsed)}
-	log.G(ctx).WithField("image", im.ImageID).WithField("source", im.Source).WithField("names", strings.Join(im.Names, ",")).
-		WithField("reason", reason).WithField("freed", bytesOf(uint64(max(r.Freed, 0)))).WithField("usage", after.String()).Info("gc: image removed")
-	if c.opts.Observer != nil {
-		c.opts.Observer.Removed(cause, r.Freed)
-	}
-	return r, nil
+	return false
 }
 
 // Remove removes the pulled images named refs (a name or an s3:// source),
@@ -547,7 +765,7 @@ func (c *Collector) remove(ctx context.Context, im *metadata.GCImage, cause, rea
 func (c *Collector) Remove(ctx context.Context, refs []string) ([]Removed, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	children, err := c.children(ctx)
+	pool, err := c.look(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -572,7 +790,8 @@ func (c *Collector) Remove(ctx context.Context, refs []string) ([]Removed, error
 			errs = append(errs, fmt.Errorf("rm %s: no image pulled under that name: %w", ref, errdefs.ErrNotFound))
 			continue
 		}
-		why, err := c.inUse(ctx, im, children)
+		cd := pool.s3Candidate(im)
+		why, err := c.inUse(ctx, cd, pool)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("rm %s: %w", ref, err))
 			continue
@@ -581,7 +800,7 @@ func (c *Collector) Remove(ctx context.Context, refs []string) ([]Removed, error
 			errs = append(errs, fmt.Errorf("rm %s: image %s is in use (%s): %w", ref, im.ImageID, why, ErrInUse))
 			continue
 		}
-		r, err := c.remove(ctx, im, "rm", "removed by rm "+ref)
+		r, err := c.remove(ctx, cd, pool, "rm", "removed by rm "+ref)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("rm %s: %w", ref, err))
 			continue

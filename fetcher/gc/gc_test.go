@@ -150,22 +150,73 @@ func (p *fakePool) Cleanup(ctx context.Context) error {
 	return nil
 }
 
-// fakeNames is a fake of containerd's image store: it records the names
-// removed and says which are pinned.
+// fakeNames is a fake of containerd, over the fake pool: it lists the
+// images it is given (PoolImages), records the S3 names removed, and
+// removes a registry image the way containerd does: the record, then what
+// its garbage collection would remove through the proxy plugin (the
+// snapshots containerd committed in that namespace, top first, that no
+// other image of the namespace has; RemoveIf refuses one with children).
 type fakeNames struct {
-	mu      sync.Mutex
-	removed []string
-	pinned  map[string]bool
+	pool *fakePool
+
+	mu         sync.Mutex
+	removed    []string // S3 names unregistered
+	images     []pipeline.PoolImage
+	regRemoved []string // "NAMESPACE/NAME" removed
 }
 
 func (n *fakeNames) Unregister(_ context.Context, name string) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.removed = append(n.removed, name)
+	n.images = slices.DeleteFunc(n.images, func(pi pipeline.PoolImage) bool { return pi.Ours && pi.Name == name })
 	return nil
 }
 
-func (n *fakeNames) Pinned(_ context.Context, name string) (bool, error) { return n.pinned[name], nil }
+func (n *fakeNames) PoolImages(context.Context) ([]pipeline.PoolImage, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.images), nil
+}
+
+func (n *fakeNames) RemoveImage(ctx context.Context, ns, name string) error {
+	n.mu.Lock()
+	i := slices.IndexFunc(n.images, func(pi pipeline.PoolImage) bool { return pi.Namespace == ns && pi.Name == name })
+	if i < 0 {
+		n.mu.Unlock()
+		return nil
+	}
+	gone := n.images[i]
+	n.images = slices.Delete(n.images, i, i+1)
+	n.regRemoved = append(n.regRemoved, ns+"/"+name)
+	held := map[string]bool{}
+	for _, pi := range n.images {
+		if pi.Namespace == ns {
+			for _, ch := range pi.Chains {
+				held[ch] = true
+			}
+		}
+	}
+	n.mu.Unlock()
+	for j := len(gone.Chains) - 1; j >= 0; j-- {
+		ch := gone.Chains[j]
+		if held[ch] {
+			break
+		}
+		err := n.pool.RemoveIf(ctx, registryKey(ns, ch), nil)
+		if errdefs.IsNotFound(err) {
+			continue // not containerd's own: an S3 chain it adopted
+		}
+		if err != nil {
+			break // containerd's collector keeps what something is on
+		}
+	}
+	return nil
+}
+
+// registryKey is the key containerd's unpacker commits chain under in our
+// snapshotter, in namespace ns.
+func registryKey(ns, chain string) string { return ns + "/1/" + chain }
 
 // counts is an Observer that counts.
 type counts struct {
@@ -176,10 +227,11 @@ type counts struct {
 }
 
 func (c *counts) Ran(string, time.Duration) { c.mu.Lock(); c.runs++; c.mu.Unlock() }
-func (c *counts) Removed(cause string, freed int64) {
+func (c *counts) Removed(cause, source string, freed int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.removed[cause]++
+	c.removed[cause+"/"+source]++
 	c.freed += freed
 }
 
@@ -202,8 +254,8 @@ func newHarness(t *testing.T, total uint64, opts Options) *harness {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	h := &harness{t: t, db: db, pool: &fakePool{db: db, total: total, bytes: map[uint32]uint64{}},
-		names: &fakeNames{pinned: map[string]bool{}}, obs: &counts{removed: map[string]int{}}, dir: dir}
+	h := &harness{t: t, db: db, pool: &fakePool{db: db, total: total, bytes: map[uint32]uint64{}}, obs: &counts{removed: map[string]int{}}, dir: dir}
+	h.names = &fakeNames{pool: h.pool}
 	opts.DB, opts.Snapshots, opts.Usage, opts.Names, opts.Observer = db, h.pool, h.pool.usage, h.names, h.obs
 	opts.Guard = pipeline.GuardChain
 	opts.Prune = func(ctx context.Context) error {
@@ -358,7 +410,7 @@ func TestCollectKeepsImagesInUse(t *testing.T) {
 	h := newHarness(t, 1000*mib, Options{Pinned: []string{"pinned-by-config"}})
 	h.image("img1", "pinned-by-config", layer{"c1", 150 * mib})
 	h.image("img2", "pinned-in-containerd", layer{"c2", 150 * mib})
-	h.names.pinned["pinned-in-containerd"] = true
+	h.names.images = append(h.names.images, pipeline.PoolImage{Namespace: "default", Name: "pinned-in-containerd", Ours: true, Chains: []string{"c2"}, Pinned: true})
 	h.image("img3", "with-container", layer{"c3a", 100 * mib}, layer{"c3b", 50 * mib})
 	h.pool.add(t, "default/7/container", "c3a", metadata.SnapKindActive, nil, mib)
 	h.image("img4", "being-pulled", layer{"c4", 150 * mib})
@@ -564,4 +616,198 @@ func TestMakeRoomGrowsPool(t *testing.T) {
 	if !errors.Is(err, ErrNoRoom) || h.pool.total != 1600*mib {
 		t.Fatalf("MakeRoom past the growth limit: %v (pool %d MiB); want ErrNoRoom at 1600 MiB", err, h.pool.total/mib)
 	}
+}
+
+// registry records what containerd's unpacker leaves of a registry image
+// name in namespace ns: each chain committed under registryKey (made once
+// per namespace, on the chain below), labelled snapshot.ref = its chain
+// ID as containerd's metadata store passes it on, and the image in the
+// fake containerd, last used at used. A layer whose chain is in ours is
+// an S3 chain containerd adopted: nothing is made for it.
+func (h *harness) registry(ns, name string, used time.Time, ours map[string]bool, layers ...layer) *pipeline.PoolImage {
+	h.t.Helper()
+	ctx := context.Background()
+	pi := pipeline.PoolImage{Namespace: ns, Name: name, UsedAt: used}
+	parent := ""
+	for _, l := range layers {
+		key := l.chain
+		if !ours[l.chain] {
+			key = registryKey(ns, l.chain)
+			if _, ok, err := h.db.SnapshotterReads().Snapshot(ctx, "", key); err != nil {
+				h.t.Fatal(err)
+			} else if !ok {
+				h.pool.add(h.t, key, parent, metadata.SnapKindCommitted, map[string]string{snapshots.LabelSnapshotRef: l.chain}, l.bytes)
+			}
+		}
+		pi.Chains = append(pi.Chains, l.chain)
+		parent = key
+	}
+	h.names.images = append(h.names.images, pi)
+	return &h.names.images[len(h.names.images)-1]
+}
+
+// snapshotGone fails unless key's snapshot record is gone and no device is
+// left to delete.
+func (h *harness) snapshotGone(keys ...string) {
+	h.t.Helper()
+	ctx := context.Background()
+	for _, key := range keys {
+		if _, ok, _ := h.db.SnapshotterReads().Snapshot(ctx, "", key); ok {
+			h.t.Errorf("snapshot %s still recorded", key)
+		}
+	}
+	if devs, _ := h.db.SnapshotterReads().ThinDevices(ctx, metadata.ThinStateRemoved); len(devs) != 0 {
+		h.t.Errorf("removed devices not deleted from the pool: %+v", devs)
+	}
+}
+
+// TestCollectCoversRegistryImages: registry images containerd unpacked in
+// the pool, in two namespaces, are collected with the S3 images, least
+// recently used first whatever their source, until the pool is under the
+// low threshold; one with a container, under a lease, pinned (label or
+// config) or below a container's snapshot is kept, with the reason.
+func TestCollectCoversRegistryImages(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 2000*mib, Options{Pinned: []string{"reg/config-pinned"}})
+	now := time.Now()
+	old := now.Add(-time.Hour)
+	// Older than any S3 image, but each held by something.
+	h.registry("a", "reg/with-container", old.Add(-9*time.Minute), nil, layer{"rc1", 100 * mib}).Containers = []string{"ctr1"}
+	h.registry("a", "reg/leased", old.Add(-8*time.Minute), nil, layer{"rl1", 100 * mib}).Lease = "pull-lease"
+	h.registry("b", "reg/label-pinned", old.Add(-7*time.Minute), nil, layer{"rp1", 100 * mib}).Pinned = true
+	h.registry("b", "reg/config-pinned", old.Add(-6*time.Minute), nil, layer{"rq1", 100 * mib})
+	h.registry("b", "reg/base", old.Add(-5*time.Minute), nil, layer{"rb1", 100 * mib}, layer{"rb2", 50 * mib})
+	h.pool.add(t, "b/9/running", registryKey("b", "rb1"), metadata.SnapKindActive, nil, mib)
+	// The unused ones: the oldest registry image, then an S3 image, then
+	// a registry image in the other namespace, then the newest S3 image.
+	h.registry("a", "reg/oldest", old.Add(-time.Minute), nil, layer{"ro1", 200 * mib}, layer{"ro2", 100 * mib})
+	s3Files := h.image("s3-old", "s3/old", layer{"s1", 300 * mib})
+	h.registry("b", "reg/middle", now.Add(time.Hour), nil, layer{"rm1", 300 * mib})
+	h.image("s3-new", "s3/new", layer{"s2", 300 * mib})
+	h.registry("a", "reg/newest", now.Add(2*time.Hour), nil, layer{"rn1", 300 * mib}) // 1904 MiB: 95.2%
+	rep, err := h.c.Collect(ctx, "test", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range rep.Removed {
+		got = append(got, r.Kind+":"+strings.Join(r.Names, ","))
+	}
+	// 95.2% → 80.2% (reg/oldest) → 65.2% (s3/old): under 80%.
+	if want := []string{"registry:reg/oldest", "s3:s3/old"}; !slices.Equal(got, want) {
+		t.Fatalf("removed %v, want %v", got, want)
+	}
+	if rep.Removed[0].Namespace != "a" || rep.Removed[0].Freed != 300*mib {
+		t.Errorf("registry removal %+v: want namespace a, 300 MiB freed", rep.Removed[0])
+	}
+	if rep.After.DataPercent() >= DefaultLowThreshold {
+		t.Errorf("after collection the pool is %s, not under %v%%", rep.After, DefaultLowThreshold)
+	}
+	if !slices.Equal(h.names.regRemoved, []string{"a/reg/oldest"}) {
+		t.Errorf("containerd removed %v, want a/reg/oldest alone", h.names.regRemoved)
+	}
+	h.snapshotGone(registryKey("a", "ro1"), registryKey("a", "ro2"))
+	h.gone("s3-old", "s3/old", []string{"s1"}, s3Files)
+	h.present("s3-new")
+	for id, want := range map[string]string{
+		"a/reg/with-container": `container "ctr1"`,
+		"a/reg/leased":         `lease "pull-lease"`,
+		"b/reg/label-pinned":   pipeline.LabelPinned,
+		"b/reg/config-pinned":  "[gc] pinned",
+		"b/reg/base":           `"b/9/running" (a container's) is on layer 1`,
+	} {
+		if !strings.Contains(rep.Kept[id], want) {
+			t.Errorf("image %s kept because %q, want it to say %q", id, rep.Kept[id], want)
+		}
+	}
+	if h.obs.removed["usage/registry"] != 1 || h.obs.removed["usage/s3"] != 1 {
+		t.Errorf("observed removals %v, want one of each source", h.obs.removed)
+	}
+	// Nothing else is past the high threshold: a second collection does
+	// nothing.
+	if rep, err := h.c.Collect(ctx, "test", 0); err != nil || len(rep.Removed) != 0 {
+		t.Errorf("second collection removed %+v, %v", rep.Removed, err)
+	}
+}
+
+// TestCollectSharedChainsAcrossSources: a registry image containerd
+// unpacked on an S3 image's chain (a shared base layer) and an S3 image
+// whose base is a chain containerd unpacked. Removing the S3 image keeps
+// the base the registry image's layer sits on; removing the registry
+// image keeps the chain the S3 image built on, and its S3 base.
+func TestCollectSharedChainsAcrossSources(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 1000*mib, Options{})
+	old := time.Now().Add(-time.Hour)
+	h.image("s3-base", "s3/base", layer{"base", 300 * mib}, layer{"s3-top", 100 * mib})
+	ours := map[string]bool{"base": true}
+	h.registry("a", "reg/on-s3", old, ours, layer{"base", 0}, layer{"reg-top", 200 * mib})
+	h.registry("a", "reg/new", time.Now().Add(time.Hour), nil, layer{"other", 300 * mib}) // 903 MiB: 90.3%
+	rep, err := h.c.Collect(ctx, "test", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// reg/on-s3 goes first (the least recently used): containerd removes
+	// its own top (200 MiB) and keeps the S3 base it adopted, which the S3
+	// image still has: 70.1%, under the low threshold.
+	var got []string
+	for _, r := range rep.Removed {
+		got = append(got, r.Kind+":"+strings.Join(r.Names, ","))
+	}
+	if want := []string{"registry:reg/on-s3"}; !slices.Equal(got, want) {
+		t.Fatalf("removed %v, want %v", got, want)
+	}
+	h.snapshotGone(registryKey("a", "reg-top"))
+	h.present("s3-base")
+	if _, ok, _ := h.db.SnapshotterReads().Snapshot(ctx, "", "base"); !ok {
+		t.Error("the S3 image's base chain went with the registry image on it")
+	}
+	// The other way round: a registry layer on the S3 base keeps it when
+	// the S3 image goes.
+	h.registry("a", "reg/on-s3-again", time.Now().Add(2*time.Hour), ours, layer{"base", 0}, layer{"reg-top2", 100 * mib})
+	removed, err := h.c.Remove(ctx, []string{"s3/base"})
+	if err != nil || len(removed) != 1 {
+		t.Fatalf("rm s3/base: %+v, %v", removed, err)
+	}
+	if _, ok, _ := h.db.SnapshotterReads().Snapshot(ctx, "", "base"); !ok {
+		t.Error("the S3 image's base chain, under a registry image's layer, was removed with the S3 image")
+	}
+	h.snapshotGone("s3-top")
+	if im, _ := h.db.GetImage(ctx, "s3-base"); im != nil {
+		t.Errorf("S3 image still recorded after rm: %+v", im)
+	}
+}
+
+// TestCommittedWakesLoop: a registry image's layers land in the pool
+// without a pull of ours; containerd's commit (Committed, which never
+// blocks, however often it comes) makes Loop collect at once, long before
+// its interval.
+func TestCommittedWakesLoop(t *testing.T) {
+	h := newHarness(t, 1000*mib, Options{Interval: time.Hour})
+	h.registry("a", "reg/old", time.Now().Add(-time.Hour), nil, layer{"r1", 500 * mib})
+	h.registry("a", "reg/new", time.Now(), nil, layer{"r2", 400 * mib}) // 90%
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); h.c.Loop(ctx) }()
+	defer func() { cancel(); <-done }()
+	for range 10 {
+		h.c.Committed(ctx, "a/2/r2")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		h.names.mu.Lock()
+		removed := slices.Clone(h.names.regRemoved)
+		h.names.mu.Unlock()
+		if len(removed) > 0 {
+			if !slices.Equal(removed, []string{"a/reg/old"}) {
+				t.Fatalf("removed %v, want a/reg/old", removed)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no collection 10 s after containerd's commit")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	h.snapshotGone(registryKey("a", "r1"))
 }

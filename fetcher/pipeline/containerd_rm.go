@@ -69,27 +69,6 @@ func unregister(ctx context.Context, is images.Store, nss []string, ref string) 
 	})
 }
 
-// Pinned reports whether containerd's image ref carries LabelPinned =
-// "pinned" in any namespace where it is an image we registered. An image
-// containerd does not have, or no containerd, is not pinned.
-func (c *ContainerdRegistrar) Pinned(ctx context.Context, ref string) (bool, error) {
-	cl, err := c.client(ctx, ref)
-	if err != nil || cl == nil {
-		return false, err
-	}
-	defer cl.Close()
-	nss, err := c.namespaces(ctx, cl, ref)
-	if err != nil {
-		return false, err
-	}
-	pinned := false
-	err = eachOurs(ctx, cl.ImageService(), nss, ref, func(_ context.Context, _ string, img images.Image) error {
-		pinned = pinned || img.Labels[LabelPinned] == "pinned"
-		return nil
-	})
-	return pinned, err
-}
-
 // namespaces lists containerd's namespaces, c.Namespace first (also when
 // containerd has no such namespace yet).
 func (c *ContainerdRegistrar) namespaces(ctx context.Context, cl *containerd.Client, ref string) ([]string, error) {

@@ -48,6 +48,9 @@ const (
 //   - Remove of a committed chain snapshot whose only children are image
 //     activations removes those first: the image is gone from containerd,
 //     so is its activation;
+//   - Commit tells the pool guard (PoolGuard.Committed): a registry image's
+//     layers land in the pool without a pull of ours, and collection must
+//     follow them;
 //   - Cleanup, after the snapshotter's own, prunes the pipeline records the
 //     removals orphaned (Prune).
 func (p *Pipelines) ContainerdView(sn Snapshots) snapshots.Snapshotter {
@@ -120,6 +123,16 @@ func (v *containerdView) Remove(ctx context.Context, key string) error {
 		return err
 	}
 	return v.Snapshots.RemoveIf(ctx, key, GuardChain(key))
+}
+
+func (v *containerdView) Commit(ctx context.Context, name, key string, opts ...snapshots.Opt) error {
+	if err := v.Snapshots.Commit(ctx, name, key, opts...); err != nil {
+		return err
+	}
+	if g := v.p.guard; g != nil {
+		g.Committed(ctx, name)
+	}
+	return nil
 }
 
 func (v *containerdView) Cleanup(ctx context.Context) error {

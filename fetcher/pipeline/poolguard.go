@@ -27,6 +27,11 @@ type PoolGuard interface {
 	MakeRoom(ctx context.Context, source string, needs []LayerNeed) error
 	// Pulled is called after a pull of imageID succeeded.
 	Pulled(ctx context.Context, imageID string)
+	// Committed is called after containerd committed a snapshot in the
+	// pool (a layer its unpacker applied: a registry image's). It must not
+	// block: containerd calls under its own database's lock, and a
+	// collection asks containerd to remove images.
+	Committed(ctx context.Context, key string)
 }
 
 // SetPoolGuard makes every later Pull consult g. Call it before the first

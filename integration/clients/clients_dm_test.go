@@ -72,7 +72,10 @@ func (e *env) timed(t *testing.T, what string, f func() error) {
 	}
 }
 
-func setup(t *testing.T, ctx context.Context) *env {
+func setup(t *testing.T, ctx context.Context) *env { return setupPool(t, ctx, "2GiB") }
+
+// setupPool is setup with a pool of dataSize (pool.data_size).
+func setupPool(t *testing.T, ctx context.Context, dataSize string) *env {
 	scratch := os.Getenv("VM_SCRATCH")
 	if scratch == "" {
 		t.Fatal("VM_SCRATCH is not set: run these tests through integration/vm/run.sh or suite.sh")
@@ -140,7 +143,7 @@ func setup(t *testing.T, ctx context.Context) *env {
 			t.Errorf("versitygw: %v", err)
 		}
 	})
-	if e.daemon, err = stack.WriteDaemonConfig(bin, stack.DaemonOptions{Dir: filepath.Join(e.scratch, "flyio"), PoolName: pool, DataSize: "2GiB",
+	if e.daemon, err = stack.WriteDaemonConfig(bin, stack.DaemonOptions{Dir: filepath.Join(e.scratch, "flyio"), PoolName: pool, DataSize: dataSize,
 		S3: e.s3, Containerd: filepath.Join(e.scratch, "containerd", "containerd.sock")}); err != nil {
 		t.Fatal(err)
 	}

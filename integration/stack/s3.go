@@ -232,6 +232,12 @@ func (s *S3) Seed(ctx context.Context, root string) ([]Uploaded, error) {
 	return up, nil
 }
 
+// Upload puts the file at path under key in the bucket Seed made, signed,
+// and returns its size: an object added while the run goes on.
+func (s *S3) Upload(ctx context.Context, key, path string) (int64, error) {
+	return s.put(ctx, s.client(false), key, path)
+}
+
 func (s *S3) put(ctx context.Context, c *s3.Client, key, path string) (int64, error) {
 	f, err := os.Open(path)
 	if err != nil {

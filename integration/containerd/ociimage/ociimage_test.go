@@ -114,7 +114,7 @@ func TestLayerContents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	upper, err := layerTwo(10)
+	upper, err := layerTwo(10, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,5 +196,25 @@ func TestCmd(t *testing.T) {
 		if got := cfg.Config.Cmd; !slices.Equal(got, tc.want) {
 			t.Errorf("Options.Cmd %q: config Cmd %q, want %q", tc.cmd, got, tc.want)
 		}
+	}
+}
+
+// TestPayloadSeed: a seed makes the payload, and so layer two, its own
+// (the same seed, the same bytes; another seed, other bytes), and leaves
+// the default payload as it was.
+func TestPayloadSeed(t *testing.T) {
+	layer := func(seed string) []byte {
+		t.Helper()
+		b, err := layerTwo(4096, seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	if !bytes.Equal(layer("a"), layer("a")) || !bytes.Equal(layer(""), layer("")) {
+		t.Error("the same seed made two different layers")
+	}
+	if bytes.Equal(layer("a"), layer("b")) || bytes.Equal(layer("a"), layer("")) {
+		t.Error("two seeds made the same layer")
 	}
 }
