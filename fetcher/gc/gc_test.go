@@ -689,10 +689,7 @@ func TestCollectCoversRegistryImages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []string
-	for _, r := range rep.Removed {
-		got = append(got, r.Kind+":"+strings.Join(r.Names, ","))
-	}
+	got := removedKinds(rep)
 	// 95.2% → 80.2% (reg/oldest) → 65.2% (s3/old): under 80%.
 	if want := []string{"registry:reg/oldest", "s3:s3/old"}; !slices.Equal(got, want) {
 		t.Fatalf("removed %v, want %v", got, want)
@@ -750,10 +747,7 @@ func TestCollectSharedChainsAcrossSources(t *testing.T) {
 	// reg/on-s3 goes first (the least recently used): containerd removes
 	// its own top (200 MiB) and keeps the S3 base it adopted, which the S3
 	// image still has: 70.1%, under the low threshold.
-	var got []string
-	for _, r := range rep.Removed {
-		got = append(got, r.Kind+":"+strings.Join(r.Names, ","))
-	}
+	got := removedKinds(rep)
 	if want := []string{"registry:reg/on-s3"}; !slices.Equal(got, want) {
 		t.Fatalf("removed %v, want %v", got, want)
 	}
@@ -810,4 +804,13 @@ func TestCommittedWakesLoop(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	h.snapshotGone(registryKey("a", "r1"))
+}
+
+// removedKinds lists rep's removals in order as "kind:name,name".
+func removedKinds(rep *Report) []string {
+	var got []string
+	for _, r := range rep.Removed {
+		got = append(got, r.Kind+":"+strings.Join(r.Names, ","))
+	}
+	return got
 }
