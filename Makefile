@@ -45,9 +45,9 @@ lint: tidy-check
 	$(GO) vet -tags '$(BUILDTAGS)' ./...
 	$(GO) vet -tags 'dm $(BUILDTAGS)' ./...
 
-# The alert rules (contrib/prometheus): promtool, built from the Prometheus
-# module pinned under integration/tools/prometheus (cached in .cache/tools),
-# checks them and runs their unit tests, in which every rule fires.
+# The alert rules (contrib/prometheus): promtool, from Debian's prometheus
+# package (unpacked into .cache/tools, not installed), checks them and runs
+# their unit tests, in which every rule fires.
 .PHONY: prometheus-rules
 lint: prometheus-rules
 prometheus-rules:
