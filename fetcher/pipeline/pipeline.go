@@ -142,10 +142,12 @@ type Pipelines struct {
 	// streamsMu guards growing, the temp files of the transfers under
 	// way in this process (by download idempotency id), and streams, the
 	// stream extractions not yet adopted or dropped (by snapshot key):
-	// extraction while downloading (stream.go).
-	streamsMu sync.Mutex
-	growing   map[string]*growingFile
-	streams   map[string]*streamExtraction
+	// extraction while downloading (stream.go); and transferWaiters, the
+	// channels closed when a download's transfer ends (by idempotency id).
+	streamsMu       sync.Mutex
+	growing         map[string]*growingFile
+	streams         map[string]*streamExtraction
+	transferWaiters map[string][]chan struct{}
 }
 
 // New builds the manager, the queues and the three machines over opts.DB.

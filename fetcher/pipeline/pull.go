@@ -190,6 +190,30 @@ func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Eve
 	return res, nil
 }
 
+// awaitTransfer waits until the transfer of download dlID ends or its run
+// runID (when not empty) ends, whichever comes first, or ctx ends.
+func (p *Pipelines) awaitTransfer(ctx context.Context, dlID, runID string) {
+	if runID == "" {
+		return
+	}
+	ended, stop := p.transferEnded(dlID)
+	defer stop()
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	runDone := make(chan struct{})
+	go func() {
+		defer close(runDone)
+		_, _ = fsm.Await[DownloadResponse](runCtx, p.m, runID)
+	}()
+	select {
+	case <-ended:
+	case <-runDone:
+	case <-ctx.Done():
+	}
+	cancel()
+	<-runDone
+}
+
 // markFailed records why a pull of an image failed (`ls images` shows it).
 func (p *Pipelines) markFailed(ctx context.Context, imageID, source string, cause error) {
 	if err := p.db.MarkImageFailed(context.WithoutCancel(ctx), imageID, source, cause.Error()); err != nil {
@@ -246,7 +270,10 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 	// (larger than one part): those fill the link alone, one after another
 	// in layer order, so that the lower layers arrive first and the
 	// extraction of each, which must wait for the one below it, can follow
-	// its transfer instead of starting once every layer is in.
+	// its transfer instead of starting once every layer is in. The next
+	// one starts when the transfer before it ends, not its run: a run
+	// followed by an extraction lasts as long as the extraction, and the
+	// link would stand idle meanwhile.
 	dlRuns := make([]string, len(layers))
 	dlIDs := make([]string, len(layers))            // the download runs' idempotency ids
 	dlStarted := make([]chan struct{}, len(layers)) // closed once dlRuns[i] or dlErrs[i] is set
@@ -282,10 +309,7 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 	go func() {
 		for n, i := range ranged {
 			if n > 0 {
-				prev := ranged[n-1]
-				if dlRuns[prev] != "" {
-					_, _ = fsm.Await[DownloadResponse](seqCtx, p.m, dlRuns[prev])
-				}
+				p.awaitTransfer(seqCtx, dlIDs[ranged[n-1]], dlRuns[ranged[n-1]])
 				if err := seqCtx.Err(); err != nil {
 					for _, j := range ranged[n:] {
 						dlErrs[j] = err

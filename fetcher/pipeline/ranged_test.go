@@ -3,9 +3,11 @@ package pipeline
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
@@ -90,7 +92,7 @@ func TestPullOverwrittenBetweenParts(t *testing.T) {
 	e.assertNoExtraction()
 }
 
-// TestPullRangedLayersInOrder: layers read as ranged parts download one
+// TestPullRangedLayersInOrder: layers read as ranged parts transfer one
 // after another in layer order, each filling the link alone, so that each
 // arrives while the one below it is already in place: on a link slower
 // than extraction, every layer is extracted while it downloads.
@@ -101,6 +103,22 @@ func TestPullRangedLayersInOrder(t *testing.T) {
 	e.srv.Put(t, "seq/3.tar", layerTar(t, "q3", 3*s3source.MinPartSize, tarFile{name: "usr/three", body: []byte("3")}))
 	e.srv.Faults.Shape(0, 8<<20) // 8 MiB/s per answer: each layer takes a while
 	w := e.watchStreams()
+	var (
+		mu        sync.Mutex
+		overlaps  int // transfers that started while another was under way
+		transfers int
+	)
+	e.p.hooks["download:started"] = func() {
+		e.p.streamsMu.Lock()
+		under := len(e.p.growing)
+		e.p.streamsMu.Unlock()
+		mu.Lock()
+		defer mu.Unlock()
+		transfers++
+		if under > 0 {
+			overlaps++
+		}
+	}
 	res := e.mustPull("seq/", "seq")
 	e.srv.Faults.Reset()
 	if got := e.sn.readFile(t, res.Snapshot.SnapshotName, "usr/two") + e.sn.readFile(t, res.Snapshot.SnapshotName, "usr/three"); got != "23" {
@@ -110,11 +128,8 @@ func TestPullRangedLayersInOrder(t *testing.T) {
 	if err != nil || len(runs) != 3 {
 		t.Fatalf("download runs %d, %v; want 3", len(runs), err)
 	}
-	slices.SortFunc(runs, func(a, b fsm.RunRecord) int { return a.CreatedAt.Compare(b.CreatedAt) })
-	for i := 1; i < len(runs); i++ {
-		if runs[i].CreatedAt.Before(runs[i-1].FinishedAt) {
-			t.Errorf("download %d started at %s, before download %d ended at %s", i+1, runs[i].CreatedAt, i, runs[i-1].FinishedAt)
-		}
+	if transfers != 3 || overlaps != 0 {
+		t.Errorf("%d transfers, %d of them started while another was under way; want 3 and 0", transfers, overlaps)
 	}
 	ups := e.unpackResponses()
 	for i, l := range res.Layers {
@@ -125,4 +140,62 @@ func TestPullRangedLayersInOrder(t *testing.T) {
 	if w.started != 3 {
 		t.Errorf("stream extractions started: %d, want 3", w.started)
 	}
+}
+
+// TestPullNextRangedLayerDuringExtraction: the next ranged layer's transfer
+// starts once the one below it has all its bytes, while that layer is
+// still being extracted, not once its download run ends: a run followed
+// by an extraction lasts as long as the extraction, and the link would
+// stand idle meanwhile. Here the bottom layer's extraction waits until
+// the second layer's transfer has started (or 10 s): waiting for the run
+// instead would hold the second transfer back for those 10 s.
+func TestPullNextRangedLayerDuringExtraction(t *testing.T) {
+	e := newRangedEnv(t)
+	e.srv.Put(t, "next/1.tar", layerTar(t, "n1", 3*s3source.MinPartSize))
+	e.srv.Put(t, "next/2.tar", layerTar(t, "n2", 3*s3source.MinPartSize, tarFile{name: "usr/two", body: []byte("2")}))
+	w := e.watchStreams()
+	var (
+		once          sync.Once
+		secondStarted = make(chan struct{})
+		transfers     atomic.Int32
+		waited        time.Duration
+	)
+	e.p.hooks["download:started"] = func() {
+		if transfers.Add(1) == 2 {
+			once.Do(func() { close(secondStarted) })
+		}
+	}
+	streamStarted := e.p.hooks["stream-extract:started"]
+	var first sync.Once
+	e.p.hooks["stream-extract:started"] = func() {
+		streamStarted()
+		first.Do(func() {
+			t0 := time.Now()
+			select {
+			case <-secondStarted:
+			case <-time.After(10 * time.Second):
+			}
+			waited = time.Since(t0)
+		})
+	}
+	res := e.mustPull("next/", "next")
+	if got := e.sn.readFile(t, res.Snapshot.SnapshotName, "usr/two"); got != "2" {
+		t.Errorf("image's usr/two: %q, want 2", got)
+	}
+	select {
+	case <-secondStarted:
+	default:
+		t.Fatal("the second layer was never transferred")
+	}
+	if waited >= 10*time.Second {
+		t.Errorf("the second layer's transfer waited for the bottom layer's extraction (%s)", waited)
+	}
+	ups := e.unpackResponses()
+	if !ups[res.Layers[0].ChainID].Streamed {
+		t.Error("the bottom layer was not extracted while it downloaded")
+	}
+	if w.started < 1 {
+		t.Errorf("stream extractions started: %d, want at least 1", w.started)
+	}
+	e.assertNoExtraction()
 }

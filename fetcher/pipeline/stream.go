@@ -238,7 +238,42 @@ func (p *Pipelines) downloading(dlID string, g *growingFile) (ended func(), name
 		if p.growing[dlID] == g {
 			delete(p.growing, dlID)
 		}
+		for _, c := range p.transferWaiters[dlID] {
+			close(c)
+		}
+		delete(p.transferWaiters, dlID)
 	}, named
+}
+
+// transferEnded returns a channel closed when a transfer of download dlID
+// (its idempotency id) ends in this process, with its bytes all written or
+// failed, and a func that stops the wait. A transfer ends before its
+// download run does when an extraction follows it: the run's validation
+// waits for the extraction, which is slower than the link.
+func (p *Pipelines) transferEnded(dlID string) (<-chan struct{}, func()) {
+	c := make(chan struct{})
+	p.streamsMu.Lock()
+	defer p.streamsMu.Unlock()
+	if p.transferWaiters == nil {
+		p.transferWaiters = map[string][]chan struct{}{}
+	}
+	p.transferWaiters[dlID] = append(p.transferWaiters[dlID], c)
+	return c, func() {
+		p.streamsMu.Lock()
+		defer p.streamsMu.Unlock()
+		cs := p.transferWaiters[dlID]
+		for i, w := range cs {
+			if w == c {
+				cs = append(cs[:i], cs[i+1:]...)
+				break
+			}
+		}
+		if len(cs) == 0 {
+			delete(p.transferWaiters, dlID)
+		} else {
+			p.transferWaiters[dlID] = cs
+		}
+	}
 }
 
 // follow starts s on g's file and reports whether it did; the caller
