@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// GC counts image garbage collection (package fetcher/gc's Observer):
+// GC counts image garbage collection (package gc's Observer):
 // flyio_snapshotter_gc_runs_total{trigger}, _gc_duration_seconds{trigger},
 // _gc_removed_images_total{cause,source} and
 // _gc_removed_bytes_total{cause,source} (pool data freed; source is s3 or

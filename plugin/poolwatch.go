@@ -6,7 +6,7 @@ import (
 
 	"github.com/containerd/log"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/gc"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/gc"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metrics"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )

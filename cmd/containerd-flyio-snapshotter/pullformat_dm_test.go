@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/control"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 )
 

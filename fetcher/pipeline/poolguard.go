@@ -14,7 +14,7 @@ type LayerNeed struct {
 }
 
 // PoolGuard keeps the pool from filling up under the pulls (package
-// fetcher/gc's Collector): Pull tells it which images are being pulled,
+// gc's Collector): Pull tells it which images are being pulled,
 // asks it for room before it makes any device, and tells it when a pull is
 // done.
 type PoolGuard interface {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/containerd/log"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/gc"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/gc"
 )
 
 // Remover removes pulled images (*gc.Collector). Handler serves /v1/rm when
