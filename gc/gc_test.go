@@ -26,7 +26,7 @@ const mib = 1 << 20
 
 // fakePool is a fake of the thin pool under the snapshotter, for host tests
 // that have no device-mapper: the snapshot and device records are real rows
-// of the metadata database, written through metadata.SnapshotterTx as
+// of the metadata database, written through snapshotter.RecordsTx as
 // package snapshotter writes them, and removed the same way (RemoveIf runs
 // its guard in the removing transaction; Cleanup deletes removed devices).
 // Only the pool's blocks are fake: each device holds a number of data bytes,
@@ -59,7 +59,7 @@ func (p *fakePool) add(t *testing.T, key, parent, kind string, labels map[string
 	id := p.next
 	p.mu.Unlock()
 	err := p.db.WithTx(ctx, func(tx *sql.Tx) error {
-		q := metadata.SnapshotterTx(tx)
+		q := snapshotter.RecordsTx(tx)
 		var parentID int64
 		if parent != "" {
 			r, ok, err := q.Snapshot(ctx, "", parent)
@@ -69,11 +69,11 @@ func (p *fakePool) add(t *testing.T, key, parent, kind string, labels map[string
 			parentID = r.ID
 		}
 		now := time.Now().UnixNano()
-		if err := q.InsertThinDevice(ctx, metadata.ThinDevice{ID: id, Name: fmt.Sprintf("fake-%d", id), Role: metadata.ThinRoleSnapshot,
-			State: metadata.ThinStateInactive, SizeBytes: 1 << 30, FSType: "ext4", CreatedNs: now, UpdatedNs: now}); err != nil {
+		if err := q.InsertThinDevice(ctx, snapshotter.ThinDevice{ID: id, Name: fmt.Sprintf("fake-%d", id), Role: snapshotter.ThinRoleSnapshot,
+			State: snapshotter.ThinStateInactive, SizeBytes: 1 << 30, FSType: "ext4", CreatedNs: now, UpdatedNs: now}); err != nil {
 			return err
 		}
-		_, err := q.InsertSnapshot(ctx, metadata.CDSnapshot{Key: key, Kind: kind, ParentID: parentID, DeviceID: id, Labels: labels, CreatedNs: now, UpdatedNs: now})
+		_, err := q.InsertSnapshot(ctx, snapshotter.CDSnapshot{Key: key, Kind: kind, ParentID: parentID, DeviceID: id, Labels: labels, CreatedNs: now, UpdatedNs: now})
 		return err
 	})
 	if err != nil {
@@ -89,13 +89,13 @@ func (p *fakePool) Walk(ctx context.Context, fn snapshots.WalkFunc, fs ...string
 	if err != nil {
 		return err
 	}
-	rows, err := p.db.SnapshotterReads().Snapshots(ctx, "", false)
+	rows, err := snapshotter.ReadRecords(p.db).Snapshots(ctx, "", false)
 	if err != nil {
 		return err
 	}
 	for _, r := range rows {
-		kind := map[string]snapshots.Kind{metadata.SnapKindActive: snapshots.KindActive, metadata.SnapKindCommitted: snapshots.KindCommitted,
-			metadata.SnapKindView: snapshots.KindView}[r.Kind]
+		kind := map[string]snapshots.Kind{snapshotter.SnapKindActive: snapshots.KindActive, snapshotter.SnapKindCommitted: snapshots.KindCommitted,
+			snapshotter.SnapKindView: snapshots.KindView}[r.Kind]
 		info := snapshots.Info{Kind: kind, Name: r.Key, Parent: r.ParentKey, Labels: r.Labels}
 		if !filter.Match(filters.AdapterFunc(func(fp []string) (string, bool) {
 			if len(fp) == 1 && fp[0] == "parent" {
@@ -121,7 +121,7 @@ func (p *fakePool) RemoveIf(ctx context.Context, key string, guard snapshotter.R
 				return err
 			}
 		}
-		_, children, found, err := metadata.SnapshotterTx(tx).RemoveSnapshot(ctx, "", key, time.Now().UnixNano())
+		_, children, found, err := snapshotter.RecordsTx(tx).RemoveSnapshot(ctx, "", key, time.Now().UnixNano())
 		switch {
 		case err != nil:
 			return err
@@ -135,7 +135,7 @@ func (p *fakePool) RemoveIf(ctx context.Context, key string, guard snapshotter.R
 }
 
 func (p *fakePool) Cleanup(ctx context.Context) error {
-	devs, err := p.db.SnapshotterReads().ThinDevices(ctx, metadata.ThinStateRemoved)
+	devs, err := snapshotter.ReadRecords(p.db).ThinDevices(ctx, snapshotter.ThinStateRemoved)
 	if err != nil {
 		return err
 	}
@@ -143,7 +143,7 @@ func (p *fakePool) Cleanup(ctx context.Context) error {
 		p.mu.Lock()
 		delete(p.bytes, d.ID)
 		p.mu.Unlock()
-		if err := p.db.WithTx(ctx, func(tx *sql.Tx) error { return metadata.SnapshotterTx(tx).DeleteThinDevice(ctx, d.ID) }); err != nil {
+		if err := p.db.WithTx(ctx, func(tx *sql.Tx) error { return snapshotter.RecordsTx(tx).DeleteThinDevice(ctx, d.ID) }); err != nil {
 			return err
 		}
 	}
@@ -297,7 +297,7 @@ func (h *harness) image(id, name string, layers ...layer) []string {
 		if c, err := h.db.GetChain(ctx, l.chain); err != nil {
 			h.t.Fatal(err)
 		} else if c == nil {
-			h.pool.add(h.t, l.chain, prev, metadata.SnapKindCommitted, map[string]string{pipeline.LabelSource: source}, l.bytes)
+			h.pool.add(h.t, l.chain, prev, snapshotter.SnapKindCommitted, map[string]string{pipeline.LabelSource: source}, l.bytes)
 			if err := h.db.StoreChain(ctx, metadata.Chain{ChainID: l.chain, ParentChainID: prev, DiffID: digest, SizeBytes: int64(l.bytes)}); err != nil {
 				h.t.Fatal(err)
 			}
@@ -314,7 +314,7 @@ func (h *harness) image(id, name string, layers ...layer) []string {
 		recs = append(recs, metadata.ImageLayer{Key: key, ETag: "e", SizeBytes: 7, ChainID: l.chain})
 		prev = l.chain
 	}
-	h.pool.add(h.t, metadata.ActivationKey(id), prev, metadata.SnapKindActive, map[string]string{pipeline.LabelPrivate: "activation"}, mib)
+	h.pool.add(h.t, metadata.ActivationKey(id), prev, snapshotter.SnapKindActive, map[string]string{pipeline.LabelPrivate: "activation"}, mib)
 	if err := h.db.RecordPulledImage(ctx, id, source, recs, name); err != nil {
 		h.t.Fatal(err)
 	}
@@ -333,14 +333,14 @@ func (h *harness) gone(id, name string, chains []string, files []string) {
 		h.t.Errorf("name %s still recorded (image %s)", name, got)
 	}
 	for _, key := range append([]string{metadata.ActivationKey(id)}, chains...) {
-		if _, ok, _ := h.db.SnapshotterReads().Snapshot(ctx, "", key); ok {
+		if _, ok, _ := snapshotter.ReadRecords(h.db).Snapshot(ctx, "", key); ok {
 			h.t.Errorf("snapshot %s of image %s still recorded", key, id)
 		}
 		if c, _ := h.db.GetChain(ctx, key); c != nil {
 			h.t.Errorf("chain %s of image %s still recorded", key, id)
 		}
 	}
-	if devs, _ := h.db.SnapshotterReads().ThinDevices(ctx, metadata.ThinStateRemoved); len(devs) != 0 {
+	if devs, _ := snapshotter.ReadRecords(h.db).ThinDevices(ctx, snapshotter.ThinStateRemoved); len(devs) != 0 {
 		h.t.Errorf("removed devices not deleted from the pool: %+v", devs)
 	}
 	for _, f := range files {
@@ -359,7 +359,7 @@ func (h *harness) present(ids ...string) {
 		if im, err := h.db.GetImage(context.Background(), id); err != nil || im == nil {
 			h.t.Errorf("image %s was removed", id)
 		}
-		if _, ok, _ := h.db.SnapshotterReads().Snapshot(context.Background(), "", metadata.ActivationKey(id)); !ok {
+		if _, ok, _ := snapshotter.ReadRecords(h.db).Snapshot(context.Background(), "", metadata.ActivationKey(id)); !ok {
 			h.t.Errorf("activation of image %s was removed", id)
 		}
 	}
@@ -412,7 +412,7 @@ func TestCollectKeepsImagesInUse(t *testing.T) {
 	h.image("img2", "pinned-in-containerd", layer{"c2", 150 * mib})
 	h.names.images = append(h.names.images, pipeline.PoolImage{Namespace: "default", Name: "pinned-in-containerd", Ours: true, Chains: []string{"c2"}, Pinned: true})
 	h.image("img3", "with-container", layer{"c3a", 100 * mib}, layer{"c3b", 50 * mib})
-	h.pool.add(t, "default/7/container", "c3a", metadata.SnapKindActive, nil, mib)
+	h.pool.add(t, "default/7/container", "c3a", snapshotter.SnapKindActive, nil, mib)
 	h.image("img4", "being-pulled", layer{"c4", 150 * mib})
 	end := h.c.Begin("img4")
 	defer end()
@@ -508,7 +508,7 @@ func TestRemove(t *testing.T) {
 	h := newHarness(t, 10000*mib, Options{})
 	files := h.image("img1", "one", layer{"c1", 100 * mib})
 	h.image("img2", "two", layer{"c2", 100 * mib})
-	h.pool.add(t, "container", "c2", metadata.SnapKindActive, nil, mib)
+	h.pool.add(t, "container", "c2", snapshotter.SnapKindActive, nil, mib)
 	removed, err := h.c.Remove(ctx, []string{"one", "two", "three"})
 	if len(removed) != 1 || removed[0].ImageID != "img1" || removed[0].Reason != "removed by rm one" {
 		t.Errorf("removed %+v, want img1", removed)
@@ -602,7 +602,7 @@ func TestMakeRoomGrowsPool(t *testing.T) {
 	}})
 	for _, id := range []string{"img1", "img2"} {
 		h.image(id, "name-"+id, layer{"c-" + id, 450 * mib})
-		h.pool.add(t, "ctr-"+id, "c-"+id, metadata.SnapKindActive, nil, 0) // in use: nothing to collect
+		h.pool.add(t, "ctr-"+id, "c-"+id, snapshotter.SnapKindActive, nil, 0) // in use: nothing to collect
 	}
 	// 300 MiB with the margin: 337.5 MiB; 98 MiB free, 298 after one step.
 	if err := h.c.MakeRoom(ctx, "s3://bucket/img3/", []pipeline.LayerNeed{{Position: 1, Key: "img3/1.tar", Bytes: 300 * mib}}); err != nil {
@@ -633,10 +633,10 @@ func (h *harness) registry(ns, name string, used time.Time, ours map[string]bool
 		key := l.chain
 		if !ours[l.chain] {
 			key = registryKey(ns, l.chain)
-			if _, ok, err := h.db.SnapshotterReads().Snapshot(ctx, "", key); err != nil {
+			if _, ok, err := snapshotter.ReadRecords(h.db).Snapshot(ctx, "", key); err != nil {
 				h.t.Fatal(err)
 			} else if !ok {
-				h.pool.add(h.t, key, parent, metadata.SnapKindCommitted, map[string]string{snapshots.LabelSnapshotRef: l.chain}, l.bytes)
+				h.pool.add(h.t, key, parent, snapshotter.SnapKindCommitted, map[string]string{snapshots.LabelSnapshotRef: l.chain}, l.bytes)
 			}
 		}
 		pi.Chains = append(pi.Chains, l.chain)
@@ -652,11 +652,11 @@ func (h *harness) snapshotGone(keys ...string) {
 	h.t.Helper()
 	ctx := context.Background()
 	for _, key := range keys {
-		if _, ok, _ := h.db.SnapshotterReads().Snapshot(ctx, "", key); ok {
+		if _, ok, _ := snapshotter.ReadRecords(h.db).Snapshot(ctx, "", key); ok {
 			h.t.Errorf("snapshot %s still recorded", key)
 		}
 	}
-	if devs, _ := h.db.SnapshotterReads().ThinDevices(ctx, metadata.ThinStateRemoved); len(devs) != 0 {
+	if devs, _ := snapshotter.ReadRecords(h.db).ThinDevices(ctx, snapshotter.ThinStateRemoved); len(devs) != 0 {
 		h.t.Errorf("removed devices not deleted from the pool: %+v", devs)
 	}
 }
@@ -677,7 +677,7 @@ func TestCollectCoversRegistryImages(t *testing.T) {
 	h.registry("b", "reg/label-pinned", old.Add(-7*time.Minute), nil, layer{"rp1", 100 * mib}).Pinned = true
 	h.registry("b", "reg/config-pinned", old.Add(-6*time.Minute), nil, layer{"rq1", 100 * mib})
 	h.registry("b", "reg/base", old.Add(-5*time.Minute), nil, layer{"rb1", 100 * mib}, layer{"rb2", 50 * mib})
-	h.pool.add(t, "b/9/running", registryKey("b", "rb1"), metadata.SnapKindActive, nil, mib)
+	h.pool.add(t, "b/9/running", registryKey("b", "rb1"), snapshotter.SnapKindActive, nil, mib)
 	// The unused ones: the oldest registry image, then an S3 image, then
 	// a registry image in the other namespace, then the newest S3 image.
 	h.registry("a", "reg/oldest", old.Add(-time.Minute), nil, layer{"ro1", 200 * mib}, layer{"ro2", 100 * mib})
@@ -753,7 +753,7 @@ func TestCollectSharedChainsAcrossSources(t *testing.T) {
 	}
 	h.snapshotGone(registryKey("a", "reg-top"))
 	h.present("s3-base")
-	if _, ok, _ := h.db.SnapshotterReads().Snapshot(ctx, "", "base"); !ok {
+	if _, ok, _ := snapshotter.ReadRecords(h.db).Snapshot(ctx, "", "base"); !ok {
 		t.Error("the S3 image's base chain went with the registry image on it")
 	}
 	// The other way round: a registry layer on the S3 base keeps it when
@@ -763,7 +763,7 @@ func TestCollectSharedChainsAcrossSources(t *testing.T) {
 	if err != nil || len(removed) != 1 {
 		t.Fatalf("rm s3/base: %+v, %v", removed, err)
 	}
-	if _, ok, _ := h.db.SnapshotterReads().Snapshot(ctx, "", "base"); !ok {
+	if _, ok, _ := snapshotter.ReadRecords(h.db).Snapshot(ctx, "", "base"); !ok {
 		t.Error("the S3 image's base chain, under a registry image's layer, was removed with the S3 image")
 	}
 	h.snapshotGone("s3-top")

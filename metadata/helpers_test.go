@@ -1,7 +1,8 @@
 package metadata
 
 // Helpers that write what the pipelines and the snapshotter leave in the
-// database, through the package's own API, on real SQLite files.
+// database on real SQLite files: through the package's own API, and in
+// SQL for the tables of the packages that import this one.
 
 import (
 	"context"
@@ -12,33 +13,41 @@ import (
 	"time"
 )
 
-// testNamespace is the containerd namespace of the snapshots the helpers
-// write.
-const testNamespace = "default"
+// The snapshotter's tables belong to package snapshotter, which imports
+// this one, so the helpers write their rows in SQL, the way it records
+// them: every snapshot in the one keyspace "", each on its own thin device.
+
+// insertSnapshot writes thin device devID in state and the snapshot keyed
+// key of kind on it, whose parent is the snapshot keyed parent ("" for
+// none), created at createdNs.
+func insertSnapshot(ctx context.Context, tx *sql.Tx, key, kind, parent string, devID uint32, state string, createdNs int64) error {
+	var parentID any
+	if parent != "" {
+		var id int64
+		if err := tx.QueryRowContext(ctx, `SELECT id FROM cd_snapshots WHERE namespace = '' AND key = ?`, parent).Scan(&id); err != nil {
+			return fmt.Errorf("parent snapshot %s: %w", parent, err)
+		}
+		parentID = id
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO thin_devices
+		(device_id, name, role, state, size_bytes, fs_type, created_ns, updated_ns)
+		VALUES (?, ?, 'snapshot', ?, ?, 'ext4', 1, 1)`, devID, deviceName(devID), state, int64(1<<30)); err != nil {
+		return fmt.Errorf("thin device %d: %w", devID, err)
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO cd_snapshots
+		(namespace, key, kind, parent_id, device_id, labels, created_ns, updated_ns, size_bytes, inodes)
+		VALUES ('', ?, ?, ?, ?, '{}', ?, ?, 0, 0)`, key, kind, parentID, devID, createdNs, createdNs); err != nil {
+		return fmt.Errorf("snapshot %s: %w", key, err)
+	}
+	return nil
+}
 
 // commitChain writes what an unpack leaves for chain c: thin device devID,
 // the committed snapshot keyed by c.ChainID on its parent chain's snapshot
 // (one transaction), then the chain's row.
 func commitChain(ctx context.Context, db *DB, c Chain, devID uint32) error {
 	if err := db.WithTx(ctx, func(tx *sql.Tx) error {
-		q := SnapshotterTx(tx)
-		var parent int64
-		if c.ParentChainID != "" {
-			p, ok, err := q.Snapshot(ctx, testNamespace, c.ParentChainID)
-			if err != nil {
-				return err
-			}
-			if !ok {
-				return fmt.Errorf("parent chain %s has no snapshot", c.ParentChainID)
-			}
-			parent = p.ID
-		}
-		if err := q.InsertThinDevice(ctx, dev(devID, ThinStateInactive)); err != nil {
-			return err
-		}
-		_, err := q.InsertSnapshot(ctx, CDSnapshot{Namespace: testNamespace, Key: c.ChainID, Kind: SnapKindCommitted,
-			ParentID: parent, DeviceID: devID, CreatedNs: 1, UpdatedNs: 1})
-		return err
+		return insertSnapshot(ctx, tx, c.ChainID, "committed", c.ParentChainID, devID, "inactive", 1)
 	}); err != nil {
 		return fmt.Errorf("commit chain %s: %w", c.ChainID, err)
 	}
@@ -50,37 +59,24 @@ func commitChain(ctx context.Context, db *DB, c Chain, devID uint32) error {
 // device devID.
 func activate(ctx context.Context, db *DB, imageID, parentChain string, devID uint32) error {
 	return db.WithTx(ctx, func(tx *sql.Tx) error {
-		q := SnapshotterTx(tx)
-		p, ok, err := q.Snapshot(ctx, testNamespace, parentChain)
-		if err != nil {
-			return err
+		if err := insertSnapshot(ctx, tx, ActivationKey(imageID), "active", parentChain, devID, "active", 2_000_000_000); err != nil {
+			return fmt.Errorf("activate %s: %w", imageID, err)
 		}
-		if !ok {
-			return fmt.Errorf("activate %s: chain %s has no snapshot", imageID, parentChain)
-		}
-		if err := q.InsertThinDevice(ctx, dev(devID, ThinStateActive)); err != nil {
-			return err
-		}
-		_, err = q.InsertSnapshot(ctx, CDSnapshot{Namespace: testNamespace, Key: ActivationKey(imageID), Kind: SnapKindActive,
-			ParentID: p.ID, DeviceID: devID, CreatedNs: 2_000_000_000, UpdatedNs: 2_000_000_000})
-		return err
+		return nil
 	})
 }
 
 // removeSnapshotKey deletes the snapshot record keyed key, as containerd's
 // garbage collector does through the snapshotter.
 func removeSnapshotKey(ctx context.Context, db *DB, key string) error {
-	return db.WithTx(ctx, func(tx *sql.Tx) error {
-		q := SnapshotterTx(tx)
-		s, ok, err := q.Snapshot(ctx, testNamespace, key)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return fmt.Errorf("no snapshot %s", key)
-		}
-		return q.DeleteSnapshot(ctx, s.ID)
-	})
+	res, err := db.db.ExecContext(ctx, `DELETE FROM cd_snapshots WHERE namespace = '' AND key = ?`, key)
+	if err != nil {
+		return fmt.Errorf("remove snapshot %s: %w", key, err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		return fmt.Errorf("remove snapshot %s: %d rows (%v)", key, n, err)
+	}
+	return nil
 }
 
 // testLayer is one layer object of a test image.
@@ -191,7 +187,7 @@ func (w *world) count(table string) int {
 }
 
 // deviceName is the dm name the helpers give thin id id.
-func deviceName(id uint32) string { return dev(id, "").Name }
+func deviceName(id uint32) string { return fmt.Sprintf("pool-snap-%d", id) }
 
 // twoLayers is a two-layer image's layers under prefix, whose bottom
 // layer's content is shared with every other image built from it.

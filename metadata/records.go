@@ -502,7 +502,7 @@ func (d *DB) PulledImageState(ctx context.Context, imageID string) (*PulledState
 		if err != nil {
 			return fmt.Errorf("activation: %w", err)
 		}
-		if kind != SnapKindActive || parent != layers[len(layers)-1].ChainID {
+		if kind != "active" || parent != layers[len(layers)-1].ChainID {
 			return nil
 		}
 		if s.Names, err = queryAll(ctx, tx, "names", func(r rowScanner) (string, error) {

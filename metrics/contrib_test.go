@@ -24,6 +24,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
@@ -51,7 +52,7 @@ func (fakeBacking) Backing(context.Context) (thinpool.Backing, error) {
 type deviceCounts struct{ db *metadata.DB }
 
 func (d deviceCounts) DeviceCounts(ctx context.Context) (map[string]int, error) {
-	return d.db.SnapshotterReads().DeviceStateCounts(ctx)
+	return snapshotter.ReadRecords(d.db).DeviceStateCounts(ctx)
 }
 
 // everything returns a registry with every source the daemon registers,

@@ -10,7 +10,6 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
@@ -19,13 +18,13 @@ import (
 // expects an empty root), deactivate. The outcome is recorded only after all
 // of that succeeded; until then an intent row names the id, so a crash
 // leaves nothing that reconciliation cannot roll back.
-func (s *Snapshotter) ensureBase(ctx context.Context) (*metadata.ThinDevice, error) {
+func (s *Snapshotter) ensureBase(ctx context.Context) (*ThinDevice, error) {
 	s.baseMu.Lock()
 	defer s.baseMu.Unlock()
 	if s.base != nil {
 		return s.base, nil
 	}
-	if d, ok, err := s.reads().BaseDevice(ctx); err != nil {
+	if d, ok, err := s.reads().baseDevice(ctx); err != nil {
 		return nil, err
 	} else if ok {
 		if d.FSType != s.cfg.FSType {
@@ -41,14 +40,14 @@ func (s *Snapshotter) ensureBase(ctx context.Context) (*metadata.ThinDevice, err
 		id       uint32
 		name     string
 	)
-	err := s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
+	err := s.withTx(ctx, func(q Records) error {
 		var err error
-		id, err = probeID(ctx, candidateID("", baseSeedKey), q.ThinIDUsed)
+		id, err = probeID(ctx, candidateID("", baseSeedKey), q.thinIDUsed)
 		if err != nil {
 			return err
 		}
 		name = baseDeviceName(s.pool.Name(), id)
-		intentID, err = q.InsertIntent(ctx, metadata.DeviceIntent{Op: metadata.IntentFormatBase, DeviceID: id, Name: name, CreatedNs: nowNs()})
+		intentID, err = q.insertIntent(ctx, DeviceIntent{Op: IntentFormatBase, DeviceID: id, Name: name, CreatedNs: nowNs()})
 		return err
 	})
 	if err != nil {
@@ -87,13 +86,13 @@ func (s *Snapshotter) ensureBase(ctx context.Context) (*metadata.ThinDevice, err
 		return nil, err
 	}
 	now := nowNs()
-	d := metadata.ThinDevice{ID: id, Name: name, Role: metadata.ThinRoleBase, State: metadata.ThinStateInactive,
+	d := ThinDevice{ID: id, Name: name, Role: ThinRoleBase, State: ThinStateInactive,
 		SizeBytes: s.cfg.BaseImageSize.Bytes(), FSType: s.cfg.FSType, CreatedNs: now, UpdatedNs: now}
-	err = s.withTx(fctx, func(q metadata.SnapshotterQueries) error {
+	err = s.withTx(fctx, func(q Records) error {
 		if err := q.InsertThinDevice(fctx, d); err != nil {
 			return err
 		}
-		return q.DeleteIntent(fctx, intentID)
+		return q.deleteIntent(fctx, intentID)
 	})
 	if err != nil {
 		s.rollbackCreate(fctx, plan, true, err)

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
@@ -184,15 +183,15 @@ func newFakeSnapshotter(t testing.TB, dir string, pool *fakePool, cfg Config) *S
 	if cfg.BaseImageSize == 0 {
 		cfg.BaseImageSize = DefaultBaseImageSize
 	}
-	if _, ok, err := db.SnapshotterReads().BaseDevice(ctx); err != nil {
+	if _, ok, err := ReadRecords(db).baseDevice(ctx); err != nil {
 		t.Fatal(err)
 	} else if !ok {
 		if err := pool.CreateThin(ctx, fakeBaseID); err != nil {
 			t.Fatal(err)
 		}
 		err := db.WithTx(ctx, func(tx *sql.Tx) error {
-			return metadata.SnapshotterTx(tx).InsertThinDevice(ctx, metadata.ThinDevice{ID: fakeBaseID, Name: baseDeviceName(pool.Name(), fakeBaseID),
-				Role: metadata.ThinRoleBase, State: metadata.ThinStateInactive, SizeBytes: cfg.BaseImageSize.Bytes(), FSType: "ext4", CreatedNs: 1, UpdatedNs: 1})
+			return RecordsTx(tx).InsertThinDevice(ctx, ThinDevice{ID: fakeBaseID, Name: baseDeviceName(pool.Name(), fakeBaseID),
+				Role: ThinRoleBase, State: ThinStateInactive, SizeBytes: cfg.BaseImageSize.Bytes(), FSType: "ext4", CreatedNs: 1, UpdatedNs: 1})
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -7,8 +7,6 @@ import (
 
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/filters"
-
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
 // FilterAdaptor exposes a snapshot's fields to containerd's filter syntax:
@@ -46,15 +44,15 @@ func FilterAdaptor(info snapshots.Info) filters.Adaptor {
 }
 
 // pushdown turns the equality selectors of a one-string Walk filter (name,
-// kind, parent, labels.<key>) into a metadata.SnapshotFilter, so that the
+// kind, parent, labels.<key>) into a snapshotFilter, so that the
 // database returns only the rows that can match instead of every row. It
 // reports false when it cannot narrow soundly; Walk applies the whole
 // filter to what the query returns either way. Soundness is checked
 // against filter itself rather than trusted to this parser: a snapshot
 // holding exactly the narrowed values must match, and changing any one of
 // them must make it fail (so filter requires each of them).
-func pushdown(fs []string, filter filters.Filter) (metadata.SnapshotFilter, bool) {
-	var f metadata.SnapshotFilter
+func pushdown(fs []string, filter filters.Filter) (snapshotFilter, bool) {
+	var f snapshotFilter
 	if len(fs) != 1 {
 		return f, false
 	}
@@ -98,7 +96,7 @@ func pushdown(fs []string, filter filters.Filter) (metadata.SnapshotFilter, bool
 		pushed++
 	}
 	if pushed == 0 || !filter.Match(FilterAdaptor(info)) {
-		return metadata.SnapshotFilter{}, false
+		return snapshotFilter{}, false
 	}
 	// Each narrowed value must be required by filter.
 	const other = "\x00"
@@ -121,7 +119,7 @@ func pushdown(fs []string, filter filters.Filter) (metadata.SnapshotFilter, bool
 	}
 	for _, change := range checks {
 		if filter.Match(FilterAdaptor(change(info))) {
-			return metadata.SnapshotFilter{}, false
+			return snapshotFilter{}, false
 		}
 	}
 	return f, true

@@ -8,8 +8,6 @@ import (
 
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/filters"
-
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
 // The snapshots and filters of containerd's conformance Walk case, matched
@@ -86,11 +84,11 @@ func TestWalkPushdownAgreesWithFilter(t *testing.T) {
 	r := newRecordsOnly(t)
 	ctx := context.Background()
 	const ref = snapshots.LabelSnapshotRef
-	r.seed(keyspace, "p,1", metadata.SnapKindCommitted, "", map[string]string{ref: "sha256:a", "x.y": "1"})
-	r.seed(keyspace, "c", metadata.SnapKindCommitted, "p,1", map[string]string{ref: "sha256:b", "x.y": "2"})
-	r.seed(keyspace, "c2", metadata.SnapKindCommitted, "p,1", map[string]string{ref: "sha256:a"})
-	r.seed(keyspace, "a", metadata.SnapKindActive, "c", nil)
-	r.seed(keyspace, "v", metadata.SnapKindView, "c", map[string]string{"x.y": "2"})
+	r.seed(keyspace, "p,1", SnapKindCommitted, "", map[string]string{ref: "sha256:a", "x.y": "1"})
+	r.seed(keyspace, "c", SnapKindCommitted, "p,1", map[string]string{ref: "sha256:b", "x.y": "2"})
+	r.seed(keyspace, "c2", SnapKindCommitted, "p,1", map[string]string{ref: "sha256:a"})
+	r.seed(keyspace, "a", SnapKindActive, "c", nil)
+	r.seed(keyspace, "v", SnapKindView, "c", map[string]string{"x.y": "2"})
 	all := func(fs ...string) []string {
 		f, err := filters.ParseAll(fs...)
 		if err != nil {

@@ -15,7 +15,7 @@ import (
 
 // Quarantined is a quarantined thin id as an operator reviews it.
 type Quarantined struct {
-	metadata.QuarantinedID
+	QuarantinedID
 	// InPool is whether the pool still holds the thin id (known only when
 	// a pool was given: PoolChecked).
 	InPool      bool
@@ -33,7 +33,7 @@ func ListQuarantine(ctx context.Context, db *metadata.DB, pool *thinpool.Pool) (
 }
 
 func listQuarantine(ctx context.Context, db *metadata.DB, pool devicePool) ([]Quarantined, error) {
-	qs, err := db.SnapshotterReads().QuarantinedIDs(ctx)
+	qs, err := ReadRecords(db).QuarantinedIDs(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -85,7 +85,7 @@ func deleteQuarantined(ctx context.Context, db *metadata.DB, pool devicePool, id
 		return fmt.Errorf("delete quarantined thin id %d: %w", id, err)
 	}
 	err = db.WithTx(ctx, func(tx *sql.Tx) error {
-		return metadata.SnapshotterTx(tx).Quarantine(ctx, id, q.Reason, true, q.QuarantinedNs)
+		return RecordsTx(tx).Quarantine(ctx, id, q.Reason, true, q.QuarantinedNs)
 	})
 	if err != nil {
 		return fmt.Errorf("delete quarantined thin id %d: the device is deleted but not recorded so: %w", id, err)
@@ -114,7 +114,7 @@ func releaseQuarantined(ctx context.Context, db *metadata.DB, pool devicePool, i
 	}
 	var released bool
 	err = db.WithTx(ctx, func(tx *sql.Tx) error {
-		released, err = metadata.SnapshotterTx(tx).ReleaseQuarantined(ctx, id)
+		released, err = RecordsTx(tx).releaseQuarantined(ctx, id)
 		return err
 	})
 	if err != nil {
@@ -129,33 +129,33 @@ func releaseQuarantined(ctx context.Context, db *metadata.DB, pool devicePool, i
 
 // quarantineOf returns id's quarantine record, refusing an id that is not
 // quarantined or that the snapshotter's records own.
-func quarantineOf(ctx context.Context, db *metadata.DB, id uint32) (metadata.QuarantinedID, error) {
-	r := db.SnapshotterReads()
+func quarantineOf(ctx context.Context, db *metadata.DB, id uint32) (QuarantinedID, error) {
+	r := ReadRecords(db)
 	qs, err := r.QuarantinedIDs(ctx)
 	if err != nil {
-		return metadata.QuarantinedID{}, err
+		return QuarantinedID{}, err
 	}
-	var found *metadata.QuarantinedID
+	var found *QuarantinedID
 	for i := range qs {
 		if qs[i].DeviceID == id {
 			found = &qs[i]
 		}
 	}
 	if found == nil {
-		return metadata.QuarantinedID{}, fmt.Errorf("thin id %d is not quarantined (pool quarantine ls lists those that are): %w", id, errdefs.ErrNotFound)
+		return QuarantinedID{}, fmt.Errorf("thin id %d is not quarantined (pool quarantine ls lists those that are): %w", id, errdefs.ErrNotFound)
 	}
-	if _, owned, err := r.ThinDevice(ctx, id); err != nil {
-		return metadata.QuarantinedID{}, err
+	if _, owned, err := r.thinDevice(ctx, id); err != nil {
+		return QuarantinedID{}, err
 	} else if owned {
-		return metadata.QuarantinedID{}, fmt.Errorf("thin id %d is quarantined but a device record owns it; leave it to the daemon: %w", id, errdefs.ErrFailedPrecondition)
+		return QuarantinedID{}, fmt.Errorf("thin id %d is quarantined but a device record owns it; leave it to the daemon: %w", id, errdefs.ErrFailedPrecondition)
 	}
 	intents, err := r.Intents(ctx)
 	if err != nil {
-		return metadata.QuarantinedID{}, err
+		return QuarantinedID{}, err
 	}
 	for _, in := range intents {
 		if in.DeviceID == id {
-			return metadata.QuarantinedID{}, fmt.Errorf("thin id %d is quarantined but a %s under way owns it; leave it to the daemon: %w", id, in.Op, errdefs.ErrFailedPrecondition)
+			return QuarantinedID{}, fmt.Errorf("thin id %d is quarantined but a %s under way owns it; leave it to the daemon: %w", id, in.Op, errdefs.ErrFailedPrecondition)
 		}
 	}
 	return *found, nil

@@ -7,8 +7,6 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
-
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
 // An operator reviews what start-up quarantined: lists it, cannot release
@@ -50,7 +48,7 @@ func TestQuarantineReview(t *testing.T) {
 	// An id the records own (here the base) is the daemon's, even if
 	// someone quarantined it.
 	if err := s.db.WithTx(ctx, func(tx *sql.Tx) error {
-		return metadata.SnapshotterTx(tx).Quarantine(ctx, fakeBaseID, "test", false, 1)
+		return RecordsTx(tx).Quarantine(ctx, fakeBaseID, "test", false, 1)
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 
 	"github.com/containerd/log"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
@@ -54,17 +53,17 @@ func (s *Snapshotter) reconcile(ctx context.Context) error {
 	}
 	for _, in := range intents {
 		l := logger.WithFields(log.Fields{"intent": in.ID, "op": in.Op, "thin_id": in.DeviceID, "device": in.Name, "namespace": in.Namespace, "key": in.Key})
-		if _, ok, err := s.reads().ThinDevice(ctx, in.DeviceID); err != nil {
+		if _, ok, err := s.reads().thinDevice(ctx, in.DeviceID); err != nil {
 			return err
 		} else if ok {
-			if err := s.withTx(ctx, func(q metadata.SnapshotterQueries) error { return q.DeleteIntent(ctx, in.ID) }); err != nil {
+			if err := s.withTx(ctx, func(q Records) error { return q.deleteIntent(ctx, in.ID) }); err != nil {
 				return err
 			}
 			l.Info("reconcile: intent whose outcome is recorded; dropped the intent")
 			continue
 		}
 		var derr error
-		if in.Op == metadata.IntentFormatBase {
+		if in.Op == IntentFormatBase {
 			releaseBaseMount(s.pool.Name())
 		}
 		// Always: a crash inside Activate can leave a device of that name
@@ -81,13 +80,13 @@ func (s *Snapshotter) reconcile(ctx context.Context) error {
 				delete(inPool, in.DeviceID)
 			}
 		}
-		err := s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
+		err := s.withTx(ctx, func(q Records) error {
 			if derr != nil {
 				if err := q.Quarantine(ctx, in.DeviceID, fmt.Sprintf("half-made by an interrupted %s and could not be rolled back: %v", in.Op, derr), false, nowNs()); err != nil {
 					return err
 				}
 			}
-			return q.DeleteIntent(ctx, in.ID)
+			return q.deleteIntent(ctx, in.ID)
 		})
 		if err != nil {
 			return err
@@ -116,7 +115,7 @@ func (s *Snapshotter) reconcile(ctx context.Context) error {
 			if err := s.dropMissing(ctx, d, l); err != nil {
 				errs = append(errs, err)
 			}
-		case d.State == metadata.ThinStateRemoved:
+		case d.State == ThinStateRemoved:
 			if !s.cfg.AsyncRemove {
 				if err := s.reclaim(ctx, d); err != nil {
 					l.WithError(err).Warn("reconcile: removed device could not be deleted; Cleanup will retry")
@@ -126,13 +125,13 @@ func (s *Snapshotter) reconcile(ctx context.Context) error {
 			} else {
 				l.Debug("reconcile: removed device awaits Cleanup")
 			}
-		case d.State == metadata.ThinStateInactive && isActive:
+		case d.State == ThinStateInactive && isActive:
 			if err := s.pool.Deactivate(ctx, d.Name); err != nil {
 				l.WithError(err).Warn("reconcile: device recorded inactive is active and could not be deactivated")
 			} else {
 				l.Info("reconcile: deactivated device recorded inactive")
 			}
-		case d.State == metadata.ThinStateActive && !isActive:
+		case d.State == ThinStateActive && !isActive:
 			if _, err := s.pool.Activate(ctx, d.Name, d.ID, d.SizeBytes); err != nil {
 				l.WithError(err).Warn("reconcile: device recorded active could not be activated; Mounts will retry")
 			} else {
@@ -173,7 +172,7 @@ func (s *Snapshotter) reconcile(ctx context.Context) error {
 				deleted = true
 			}
 		}
-		if err := s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
+		if err := s.withTx(ctx, func(q Records) error {
 			return q.Quarantine(ctx, id, "in the pool at start-up; no record or intent explains it", deleted, nowNs())
 		}); err != nil {
 			return err
@@ -196,29 +195,29 @@ func (s *Snapshotter) reconcile(ctx context.Context) error {
 }
 
 // dropMissing handles a recorded device that is not in the pool.
-func (s *Snapshotter) dropMissing(ctx context.Context, d metadata.ThinDevice, l *log.Entry) error {
+func (s *Snapshotter) dropMissing(ctx context.Context, d ThinDevice, l *log.Entry) error {
 	switch {
-	case d.State == metadata.ThinStateRemoved:
-		if err := s.withTx(ctx, func(q metadata.SnapshotterQueries) error { return q.DeleteThinDevice(ctx, d.ID) }); err != nil {
+	case d.State == ThinStateRemoved:
+		if err := s.withTx(ctx, func(q Records) error { return q.DeleteThinDevice(ctx, d.ID) }); err != nil {
 			return err
 		}
 		l.Info("reconcile: removed device already gone from the pool; dropped its record")
 		return nil
-	case d.Role == metadata.ThinRoleBase:
-		if err := s.withTx(ctx, func(q metadata.SnapshotterQueries) error { return q.DeleteThinDevice(ctx, d.ID) }); err != nil {
+	case d.Role == ThinRoleBase:
+		if err := s.withTx(ctx, func(q Records) error { return q.DeleteThinDevice(ctx, d.ID) }); err != nil {
 			return err
 		}
 		l.Error("reconcile: base device missing from the pool; dropped its record, it will be made again")
 		return nil
 	}
 	var dropped, children bool
-	err := s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
-		r, ok, err := q.SnapshotOnDevice(ctx, d.ID)
+	err := s.withTx(ctx, func(q Records) error {
+		r, ok, err := q.snapshotOnDevice(ctx, d.ID)
 		if err != nil {
 			return err
 		}
 		if ok {
-			n, err := q.ChildCount(ctx, r.ID)
+			n, err := q.childCount(ctx, r.ID)
 			if err != nil {
 				return err
 			}

@@ -14,7 +14,6 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
@@ -171,7 +170,7 @@ func TestReconcileInterruptedRemove(t *testing.T) {
 				t.Fatal(err)
 			}
 			checkPoolMatchesDB(t, s)
-			devs, _ := s.reads().ThinDevices(context.Background(), metadata.ThinStateRemoved)
+			devs, _ := s.reads().ThinDevices(context.Background(), ThinStateRemoved)
 			if len(devs) != 0 {
 				t.Fatalf("removed devices left after Cleanup: %+v", devs)
 			}
@@ -199,7 +198,7 @@ func TestReconcileQuarantinesUnknownDevices(t *testing.T) {
 			if err != nil || exists == del {
 				t.Fatalf("stray device exists = %v (%v), want %v", exists, err, !del)
 			}
-			if used, _ := s.reads().ThinIDUsed(bg, stray); !used {
+			if used, _ := s.reads().thinIDUsed(bg, stray); !used {
 				t.Fatal("quarantined id is offered for reuse")
 			}
 			counts, err := s.DeviceCounts(bg)
@@ -234,7 +233,7 @@ func TestCreateSkipsUnexplainedDeviceAtCandidateID(t *testing.T) {
 	if err != nil || id == cand {
 		t.Fatalf("snapshot got id %d (%v); candidate %d was taken", id, err, cand)
 	}
-	if used, _ := s.reads().ThinIDUsed(context.Background(), cand); !used {
+	if used, _ := s.reads().thinIDUsed(context.Background(), cand); !used {
 		t.Fatal("the unexplained id was not quarantined")
 	}
 	checkPoolMatchesDB(t, s)

@@ -11,7 +11,6 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 )
 
@@ -30,16 +29,16 @@ func newRecordsOnly(t *testing.T) *recordsOnly {
 	ctx := context.Background()
 	db := metadatatest.Open(t)
 	r := &recordsOnly{Snapshotter: &Snapshotter{db: db, pool: newFakePool(), cfg: Config{FSType: "ext4", BaseImageSize: DefaultBaseImageSize, AsyncRemove: true}}, t: t, next: 100}
-	r.tx(func(q metadata.SnapshotterQueries) error {
-		return q.InsertThinDevice(ctx, metadata.ThinDevice{ID: 1, Name: "p-base-1", Role: metadata.ThinRoleBase,
-			State: metadata.ThinStateInactive, SizeBytes: DefaultBaseImageSize, FSType: "ext4", CreatedNs: 1, UpdatedNs: 1})
+	r.tx(func(q Records) error {
+		return q.InsertThinDevice(ctx, ThinDevice{ID: 1, Name: "p-base-1", Role: ThinRoleBase,
+			State: ThinStateInactive, SizeBytes: DefaultBaseImageSize, FSType: "ext4", CreatedNs: 1, UpdatedNs: 1})
 	})
 	return r
 }
 
-func (r *recordsOnly) tx(fn func(q metadata.SnapshotterQueries) error) {
+func (r *recordsOnly) tx(fn func(q Records) error) {
 	r.t.Helper()
-	if err := r.db.WithTx(context.Background(), func(tx *sql.Tx) error { return fn(metadata.SnapshotterTx(tx)) }); err != nil {
+	if err := r.db.WithTx(context.Background(), func(tx *sql.Tx) error { return fn(RecordsTx(tx)) }); err != nil {
 		r.t.Fatal(err)
 	}
 }
@@ -50,7 +49,7 @@ func (r *recordsOnly) seed(ns, key, kind, parent string, labels map[string]strin
 	ctx := context.Background()
 	r.next++
 	id := r.next
-	r.tx(func(q metadata.SnapshotterQueries) error {
+	r.tx(func(q Records) error {
 		var pid int64
 		if parent != "" {
 			p, ok, err := q.Snapshot(ctx, ns, parent)
@@ -59,16 +58,16 @@ func (r *recordsOnly) seed(ns, key, kind, parent string, labels map[string]strin
 			}
 			pid = p.ID
 		}
-		state := metadata.ThinStateActive
-		if kind == metadata.SnapKindCommitted {
-			state = metadata.ThinStateInactive
+		state := ThinStateActive
+		if kind == SnapKindCommitted {
+			state = ThinStateInactive
 		}
-		if err := q.InsertThinDevice(ctx, metadata.ThinDevice{ID: id, Name: deviceName("p", id), OriginID: 1, Role: metadata.ThinRoleSnapshot,
+		if err := q.InsertThinDevice(ctx, ThinDevice{ID: id, Name: deviceName("p", id), OriginID: 1, Role: ThinRoleSnapshot,
 			State: state, SizeBytes: DefaultBaseImageSize, FSType: "ext4", CreatedNs: 5, UpdatedNs: 5}); err != nil {
 			return err
 		}
 		now := nowNs()
-		_, err := q.InsertSnapshot(ctx, metadata.CDSnapshot{Namespace: ns, Key: key, Kind: kind, ParentID: pid, DeviceID: id,
+		_, err := q.InsertSnapshot(ctx, CDSnapshot{Namespace: ns, Key: key, Kind: kind, ParentID: pid, DeviceID: id,
 			Labels: labels, CreatedNs: now, UpdatedNs: now})
 		return err
 	})
@@ -77,7 +76,7 @@ func (r *recordsOnly) seed(ns, key, kind, parent string, labels map[string]strin
 func TestUpdateFollowsContainerdFieldpaths(t *testing.T) {
 	r := newRecordsOnly(t)
 	ctx := namespaces.WithNamespace(context.Background(), "default")
-	r.seed(keyspace, "a", metadata.SnapKindActive, "", map[string]string{"keep": "1", "l1": "v1", "l2": "v2"})
+	r.seed(keyspace, "a", SnapKindActive, "", map[string]string{"keep": "1", "l1": "v1", "l2": "v2"})
 	before, err := r.Stat(ctx, "a")
 	if err != nil {
 		t.Fatal(err)
@@ -140,9 +139,9 @@ func TestWalkStatAndNamespaces(t *testing.T) {
 	r := newRecordsOnly(t)
 	def := namespaces.WithNamespace(context.Background(), "default")
 	other := namespaces.WithNamespace(context.Background(), "other")
-	r.seed(keyspace, "p", metadata.SnapKindCommitted, "", map[string]string{"l": "1"})
-	r.seed(keyspace, "a", metadata.SnapKindActive, "p", nil)
-	r.seed(keyspace, "v", metadata.SnapKindView, "p", map[string]string{"l": "2"})
+	r.seed(keyspace, "p", SnapKindCommitted, "", map[string]string{"l": "1"})
+	r.seed(keyspace, "a", SnapKindActive, "p", nil)
+	r.seed(keyspace, "v", SnapKindView, "p", map[string]string{"l": "2"})
 
 	walk := func(ctx context.Context, fs ...string) []string {
 		t.Helper()
@@ -206,8 +205,8 @@ func TestWalkStatAndNamespaces(t *testing.T) {
 func TestRemoveRulesAndCounts(t *testing.T) {
 	r := newRecordsOnly(t)
 	ctx := namespaces.WithNamespace(context.Background(), "default")
-	r.seed(keyspace, "p", metadata.SnapKindCommitted, "", nil)
-	r.seed(keyspace, "a", metadata.SnapKindActive, "p", nil)
+	r.seed(keyspace, "p", SnapKindCommitted, "", nil)
+	r.seed(keyspace, "a", SnapKindActive, "p", nil)
 	err := r.Remove(ctx, "p")
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "remove") {
 		t.Fatalf("Remove of a parent: %v, want FailedPrecondition mentioning remove", err)
@@ -239,9 +238,9 @@ func TestCreateAndCommitPreconditions(t *testing.T) {
 	r := newRecordsOnly(t)
 	ctx := namespaces.WithNamespace(context.Background(), "default")
 	ref := map[string]string{snapshots.LabelSnapshotRef: "sha256:layer"}
-	r.seed(keyspace, "sha256:layer", metadata.SnapKindCommitted, "", ref)
-	r.seed(keyspace, "act", metadata.SnapKindActive, "", nil)
-	r.seed(keyspace, "view", metadata.SnapKindView, "sha256:layer", nil)
+	r.seed(keyspace, "sha256:layer", SnapKindCommitted, "", ref)
+	r.seed(keyspace, "act", SnapKindActive, "", nil)
+	r.seed(keyspace, "view", SnapKindView, "sha256:layer", nil)
 
 	if _, err := r.Prepare(ctx, "extract-1 sha256:layer", "", snapshots.WithLabels(ref)); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("Prepare of an existing ref target: %v, want AlreadyExists", err)

@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
-
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
 var scaleSizes = flag.String("flyio.scale-sizes", "100,1000,10000", "snapshot counts BenchmarkScale measures at (the first is the anchor of the ratios)")
@@ -75,7 +73,7 @@ func populate(b *testing.B, s *Snapshotter, pool devicePool, n int) {
 	}
 	next := uint32(1)
 	err = s.db.WithTx(ctx, func(tx *sql.Tx) error {
-		q := metadata.SnapshotterTx(tx)
+		q := RecordsTx(tx)
 		for i := 0; i < n/scaleImageDepth; i++ {
 			var parent int64
 			origin := base.ID
@@ -87,11 +85,11 @@ func populate(b *testing.B, s *Snapshotter, pool devicePool, n int) {
 				if err := pool.CreateSnap(ctx, id, origin); err != nil {
 					return err
 				}
-				if err := q.InsertThinDevice(ctx, metadata.ThinDevice{ID: id, Name: deviceName(pool.Name(), id), OriginID: origin,
-					Role: metadata.ThinRoleSnapshot, State: metadata.ThinStateInactive, SizeBytes: base.SizeBytes, FSType: base.FSType, CreatedNs: 1, UpdatedNs: 1}); err != nil {
+				if err := q.InsertThinDevice(ctx, ThinDevice{ID: id, Name: deviceName(pool.Name(), id), OriginID: origin,
+					Role: ThinRoleSnapshot, State: ThinStateInactive, SizeBytes: base.SizeBytes, FSType: base.FSType, CreatedNs: 1, UpdatedNs: 1}); err != nil {
 					return err
 				}
-				rid, err := q.InsertSnapshot(ctx, metadata.CDSnapshot{Namespace: keyspace, Key: scaleKey(i, l), Kind: metadata.SnapKindCommitted,
+				rid, err := q.InsertSnapshot(ctx, CDSnapshot{Namespace: keyspace, Key: scaleKey(i, l), Kind: SnapKindCommitted,
 					ParentID: parent, DeviceID: id, Labels: map[string]string{snapshots.LabelSnapshotRef: scaleKey(i, l)}, CreatedNs: 1, UpdatedNs: 1})
 				if err != nil {
 					return err

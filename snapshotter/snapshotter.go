@@ -31,7 +31,7 @@ type Snapshotter struct {
 	cfg  Config
 
 	baseMu sync.Mutex
-	base   *metadata.ThinDevice // set once the base device is formatted
+	base   *ThinDevice // set once the base device is formatted
 
 	closed atomic.Bool
 
@@ -79,10 +79,10 @@ func (s *Snapshotter) step(name string) error {
 	return s.hook(name)
 }
 
-func (s *Snapshotter) reads() metadata.SnapshotterQueries { return s.db.SnapshotterReads() }
+func (s *Snapshotter) reads() Records { return ReadRecords(s.db) }
 
-func (s *Snapshotter) withTx(ctx context.Context, fn func(q metadata.SnapshotterQueries) error) error {
-	return s.db.WithTx(ctx, func(tx *sql.Tx) error { return fn(metadata.SnapshotterTx(tx)) })
+func (s *Snapshotter) withTx(ctx context.Context, fn func(q Records) error) error {
+	return s.db.WithTx(ctx, func(tx *sql.Tx) error { return fn(RecordsTx(tx)) })
 }
 
 // keyspace is the one namespace every record is kept under. Like
@@ -106,11 +106,11 @@ func nowNs() int64 { return time.Now().UTC().UnixNano() }
 
 func kindOf(k string) snapshots.Kind {
 	switch k {
-	case metadata.SnapKindActive:
+	case SnapKindActive:
 		return snapshots.KindActive
-	case metadata.SnapKindView:
+	case SnapKindView:
 		return snapshots.KindView
-	case metadata.SnapKindCommitted:
+	case SnapKindCommitted:
 		return snapshots.KindCommitted
 	}
 	return snapshots.KindUnknown
@@ -118,7 +118,7 @@ func kindOf(k string) snapshots.Kind {
 
 // InfoOf is containerd's view of snapshot record r (what Stat and Walk
 // return).
-func InfoOf(r metadata.CDSnapshot) snapshots.Info {
+func InfoOf(r CDSnapshot) snapshots.Info {
 	return snapshots.Info{
 		Kind:    kindOf(r.Kind),
 		Name:    r.Key,
@@ -138,7 +138,7 @@ func validateLabels(m map[string]string) error {
 	return nil
 }
 
-func (s *Snapshotter) get(ctx context.Context, ns, key string) (metadata.CDSnapshot, error) {
+func (s *Snapshotter) get(ctx context.Context, ns, key string) (CDSnapshot, error) {
 	r, ok, err := s.reads().Snapshot(ctx, ns, key)
 	if err != nil {
 		return r, err
@@ -172,7 +172,7 @@ func (s *Snapshotter) Update(ctx context.Context, info snapshots.Info, fieldpath
 		return snapshots.Info{}, err
 	}
 	var out snapshots.Info
-	err = s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
+	err = s.withTx(ctx, func(q Records) error {
 		r, ok, err := q.Snapshot(ctx, ns, info.Name)
 		if err != nil {
 			return err
@@ -234,14 +234,14 @@ func (s *Snapshotter) Usage(ctx context.Context, key string) (snapshots.Usage, e
 		return snapshots.Usage{}, err
 	}
 	size := r.SizeBytes
-	if r.Kind != metadata.SnapKindCommitted {
+	if r.Kind != SnapKindCommitted {
 		size, err = s.mappedBytes(ctx, r)
 		if err != nil {
 			return snapshots.Usage{}, fmt.Errorf("usage of snapshot %q: %w", key, err)
 		}
 	}
 	if r.ParentID != 0 {
-		p, ok, err := s.reads().SnapshotByID(ctx, r.ParentID)
+		p, ok, err := s.reads().snapshotByID(ctx, r.ParentID)
 		if err != nil {
 			return snapshots.Usage{}, err
 		}
@@ -253,10 +253,10 @@ func (s *Snapshotter) Usage(ctx context.Context, key string) (snapshots.Usage, e
 }
 
 // mappedBytes reads the mapped size of r's device, activating it if needed.
-func (s *Snapshotter) mappedBytes(ctx context.Context, r metadata.CDSnapshot) (int64, error) {
+func (s *Snapshotter) mappedBytes(ctx context.Context, r CDSnapshot) (int64, error) {
 	st, err := s.pool.ThinStatus(ctx, r.DeviceName)
 	if err != nil {
-		dev, ok, derr := s.reads().ThinDevice(ctx, r.DeviceID)
+		dev, ok, derr := s.reads().thinDevice(ctx, r.DeviceID)
 		if derr != nil || !ok {
 			return 0, err
 		}
@@ -281,10 +281,10 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, er
 	if err != nil {
 		return nil, err
 	}
-	if r.Kind == metadata.SnapKindCommitted {
+	if r.Kind == SnapKindCommitted {
 		return nil, fmt.Errorf("mounts of snapshot %q: a committed snapshot has no mounts (view it instead): %w", key, errdefs.ErrFailedPrecondition)
 	}
-	dev, ok, err := s.reads().ThinDevice(ctx, r.DeviceID)
+	dev, ok, err := s.reads().thinDevice(ctx, r.DeviceID)
 	if err != nil {
 		return nil, err
 	}
@@ -295,7 +295,7 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, er
 	if err != nil {
 		return nil, fmt.Errorf("mounts of snapshot %q: activate %s: %w", key, dev.Name, err)
 	}
-	return s.mounts(dev.FSType, path, r.Kind == metadata.SnapKindView), nil
+	return s.mounts(dev.FSType, path, r.Kind == SnapKindView), nil
 }
 
 func (s *Snapshotter) mounts(fsType, path string, readOnly bool) []mount.Mount {
@@ -334,13 +334,13 @@ func appendMissing(opts []string, add ...string) []string {
 // matches thinpool.ErrPoolFull), naming the pool's free space and the
 // reserve.
 func (s *Snapshotter) Prepare(ctx context.Context, key, parent string, opts ...snapshots.Opt) ([]mount.Mount, error) {
-	return s.create(ctx, metadata.SnapKindActive, key, parent, opts)
+	return s.create(ctx, SnapKindActive, key, parent, opts)
 }
 
 // View creates the view snapshot key on parent, a snapshot whose mounts are
 // read-only.
 func (s *Snapshotter) View(ctx context.Context, key, parent string, opts ...snapshots.Opt) ([]mount.Mount, error) {
-	return s.create(ctx, metadata.SnapKindView, key, parent, opts)
+	return s.create(ctx, SnapKindView, key, parent, opts)
 }
 
 // createPlan is what the intent transaction of create decided.
@@ -373,7 +373,7 @@ func (s *Snapshotter) create(ctx context.Context, kind, key, parent string, opts
 	}
 	logger := log.G(ctx).WithFields(log.Fields{"key": key, "parent": parent, "kind": kind})
 
-	var baseDev *metadata.ThinDevice
+	var baseDev *ThinDevice
 	if parent == "" {
 		if baseDev, err = s.ensureBase(ctx); err != nil {
 			return nil, fmt.Errorf("create snapshot %q: %w", key, err)
@@ -434,27 +434,27 @@ func (s *Snapshotter) create(ctx context.Context, kind, key, parent string, opts
 		return nil, fmt.Errorf("create snapshot %q: caller gone after activation: %w", key, err)
 	}
 	now := nowNs()
-	err = s.withTx(fctx, func(q metadata.SnapshotterQueries) error {
-		if err := q.InsertThinDevice(fctx, metadata.ThinDevice{
-			ID: plan.id, Name: plan.name, OriginID: plan.origin, Role: metadata.ThinRoleSnapshot,
-			State: metadata.ThinStateActive, SizeBytes: plan.size, FSType: plan.fsType, CreatedNs: now, UpdatedNs: now,
+	err = s.withTx(fctx, func(q Records) error {
+		if err := q.InsertThinDevice(fctx, ThinDevice{
+			ID: plan.id, Name: plan.name, OriginID: plan.origin, Role: ThinRoleSnapshot,
+			State: ThinStateActive, SizeBytes: plan.size, FSType: plan.fsType, CreatedNs: now, UpdatedNs: now,
 		}); err != nil {
 			return err
 		}
-		if _, err := q.InsertSnapshot(fctx, metadata.CDSnapshot{
+		if _, err := q.InsertSnapshot(fctx, CDSnapshot{
 			Namespace: ns, Key: key, Kind: kind, ParentID: plan.parentID, DeviceID: plan.id,
 			Labels: base.Labels, CreatedNs: now, UpdatedNs: now,
 		}); err != nil {
 			return err
 		}
-		return q.DeleteIntent(fctx, plan.intentID)
+		return q.deleteIntent(fctx, plan.intentID)
 	})
 	if err != nil {
 		s.rollbackCreate(fctx, plan, true, err)
 		return nil, fmt.Errorf("create snapshot %q: record outcome: %w", key, err)
 	}
 	logger.WithFields(log.Fields{"thin_id": plan.id, "device": plan.name}).Debug("snapshot created")
-	return s.mounts(plan.fsType, path, kind == metadata.SnapKindView), nil
+	return s.mounts(plan.fsType, path, kind == SnapKindView), nil
 }
 
 // exhausted puts err, when the pool refused a device for want of space
@@ -472,10 +472,10 @@ func exhausted(err error) error {
 
 // planCreate checks the request and records the create intent, in one write
 // transaction; it returns the plan of the device work.
-func (s *Snapshotter) planCreate(ctx context.Context, ns, kind, key, parent string, lbls map[string]string, baseDev *metadata.ThinDevice) (createPlan, error) {
+func (s *Snapshotter) planCreate(ctx context.Context, ns, kind, key, parent string, lbls map[string]string, baseDev *ThinDevice) (createPlan, error) {
 	var plan createPlan
-	err := s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
-		if target := lbls[snapshots.LabelSnapshotRef]; target != "" && kind == metadata.SnapKindActive {
+	err := s.withTx(ctx, func(q Records) error {
+		if target := lbls[snapshots.LabelSnapshotRef]; target != "" && kind == SnapKindActive {
 			found, err := q.RefTarget(ctx, ns, snapshots.LabelSnapshotRef, target, parent)
 			if err != nil {
 				return err
@@ -489,7 +489,7 @@ func (s *Snapshotter) planCreate(ctx context.Context, ns, kind, key, parent stri
 		} else if ok {
 			return fmt.Errorf("snapshot %q: %w", key, errdefs.ErrAlreadyExists)
 		}
-		if reserved, err := q.KeyReserved(ctx, ns, key); err != nil {
+		if reserved, err := q.keyReserved(ctx, ns, key); err != nil {
 			return err
 		} else if reserved {
 			return fmt.Errorf("snapshot %q is being created: %w", key, errdefs.ErrAlreadyExists)
@@ -502,10 +502,10 @@ func (s *Snapshotter) planCreate(ctx context.Context, ns, kind, key, parent stri
 			if !ok {
 				return fmt.Errorf("parent snapshot %q of %q: %w", parent, key, errdefs.ErrNotFound)
 			}
-			if p.Kind != metadata.SnapKindCommitted {
+			if p.Kind != SnapKindCommitted {
 				return fmt.Errorf("parent snapshot %q of %q is %s, not committed: %w", parent, key, p.Kind, errdefs.ErrInvalidArgument)
 			}
-			pd, ok, err := q.ThinDevice(ctx, p.DeviceID)
+			pd, ok, err := q.thinDevice(ctx, p.DeviceID)
 			if err != nil {
 				return err
 			}
@@ -516,13 +516,13 @@ func (s *Snapshotter) planCreate(ctx context.Context, ns, kind, key, parent stri
 		} else {
 			plan.origin, plan.size, plan.fsType = baseDev.ID, baseDev.SizeBytes, baseDev.FSType
 		}
-		id, err := probeID(ctx, candidateID(ns, key), q.ThinIDUsed)
+		id, err := probeID(ctx, candidateID(ns, key), q.thinIDUsed)
 		if err != nil {
 			return err
 		}
 		plan.id, plan.name = id, deviceName(s.pool.Name(), id)
-		plan.intentID, err = q.InsertIntent(ctx, metadata.DeviceIntent{
-			Op: metadata.IntentCreate, DeviceID: id, Name: plan.name, OriginID: plan.origin,
+		plan.intentID, err = q.insertIntent(ctx, DeviceIntent{
+			Op: IntentCreate, DeviceID: id, Name: plan.name, OriginID: plan.origin,
 			Namespace: ns, Key: key, CreatedNs: nowNs(),
 		})
 		return err
@@ -543,13 +543,13 @@ func (s *Snapshotter) rollbackCreate(ctx context.Context, plan createPlan, creat
 	if created {
 		derr = s.destroy(ctx, plan.name, plan.id)
 	}
-	err := s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
+	err := s.withTx(ctx, func(q Records) error {
 		if derr != nil {
 			if err := q.Quarantine(ctx, plan.id, fmt.Sprintf("rollback of a failed create could not delete it: %v", derr), false, nowNs()); err != nil {
 				return err
 			}
 		}
-		return q.DeleteIntent(ctx, plan.intentID)
+		return q.deleteIntent(ctx, plan.intentID)
 	})
 	if err != nil {
 		logger.WithError(err).Error("rollback of failed create: could not drop the intent; start-up reconciliation will finish it")
@@ -566,11 +566,11 @@ func (s *Snapshotter) rollbackCreate(ctx context.Context, plan createPlan, creat
 // nothing explains holds it) and drops plan's intent, in one transaction.
 func (s *Snapshotter) quarantineAndDrop(ctx context.Context, plan createPlan, reason string) error {
 	log.G(ctx).WithFields(log.Fields{"thin_id": plan.id, "reason": reason}).Warn("quarantining thin id")
-	return s.withTx(ctx, func(q metadata.SnapshotterQueries) error {
+	return s.withTx(ctx, func(q Records) error {
 		if err := q.Quarantine(ctx, plan.id, reason, false, nowNs()); err != nil {
 			return err
 		}
-		return q.DeleteIntent(ctx, plan.intentID)
+		return q.deleteIntent(ctx, plan.intentID)
 	})
 }
 
@@ -607,7 +607,7 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 	if err != nil {
 		return fmt.Errorf("commit %q as %q: %w", key, name, err)
 	}
-	if r.Kind != metadata.SnapKindActive {
+	if r.Kind != SnapKindActive {
 		return fmt.Errorf("commit %q as %q: snapshot is %s, not active: %w", key, name, r.Kind, errdefs.ErrFailedPrecondition)
 	}
 	if base.Parent != "" && base.Parent != r.ParentKey {
@@ -637,7 +637,7 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 		s.reactivate(fctx, r)
 		return fmt.Errorf("commit %q as %q: caller gone after deactivation: %w", key, name, err)
 	}
-	err = s.withTx(fctx, func(q metadata.SnapshotterQueries) error {
+	err = s.withTx(fctx, func(q Records) error {
 		cur, ok, err := q.Snapshot(fctx, ns, key)
 		if err != nil {
 			return err
@@ -653,7 +653,7 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 		if err := q.CommitSnapshot(fctx, r.ID, name, base.Labels, nowNs(), size, 0); err != nil {
 			return err
 		}
-		return q.SetThinDeviceState(fctx, r.DeviceID, metadata.ThinStateInactive, nowNs())
+		return q.SetThinDeviceState(fctx, r.DeviceID, ThinStateInactive, nowNs())
 	})
 	if err != nil {
 		s.reactivate(fctx, r)
@@ -667,16 +667,16 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 // that deactivated it did not go through, unless r was removed (or
 // changed) meanwhile: a removed device must stay unmapped to be deleted.
 // Failing is only logged: Mounts activates a device it finds unmapped.
-func (s *Snapshotter) reactivate(ctx context.Context, r metadata.CDSnapshot) {
-	cur, ok, err := s.reads().SnapshotByID(ctx, r.ID)
-	if err == nil && (!ok || cur.Kind != metadata.SnapKindActive || cur.DeviceID != r.DeviceID) {
+func (s *Snapshotter) reactivate(ctx context.Context, r CDSnapshot) {
+	cur, ok, err := s.reads().snapshotByID(ctx, r.ID)
+	if err == nil && (!ok || cur.Kind != SnapKindActive || cur.DeviceID != r.DeviceID) {
 		return
 	}
-	var dev metadata.ThinDevice
+	var dev ThinDevice
 	if err == nil {
-		dev, ok, err = s.reads().ThinDevice(ctx, r.DeviceID)
+		dev, ok, err = s.reads().thinDevice(ctx, r.DeviceID)
 	}
-	if err == nil && ok && dev.State != metadata.ThinStateRemoved {
+	if err == nil && ok && dev.State != ThinStateRemoved {
 		_, err = s.pool.Activate(ctx, dev.Name, dev.ID, dev.SizeBytes)
 	}
 	if err != nil {
@@ -703,7 +703,7 @@ func (s *Snapshotter) Recommit(ctx context.Context, name, key string) error {
 	if err != nil {
 		return fmt.Errorf("recommit %q as %q: %w", key, name, err)
 	}
-	if old.Kind != metadata.SnapKindCommitted || r.Kind != metadata.SnapKindActive || old.ParentKey != r.ParentKey {
+	if old.Kind != SnapKindCommitted || r.Kind != SnapKindActive || old.ParentKey != r.ParentKey {
 		return fmt.Errorf("recommit %q (%s on %q) as %q (%s on %q): want an active snapshot on the committed one's parent: %w",
 			key, r.Kind, r.ParentKey, name, old.Kind, old.ParentKey, errdefs.ErrFailedPrecondition)
 	}
@@ -721,7 +721,7 @@ func (s *Snapshotter) Recommit(ctx context.Context, name, key string) error {
 	}
 	fctx, cancel := detached(ctx)
 	defer cancel()
-	err = s.withTx(fctx, func(q metadata.SnapshotterQueries) error {
+	err = s.withTx(fctx, func(q Records) error {
 		cur, ok, err := q.Snapshot(fctx, ns, key)
 		if err != nil {
 			return err
@@ -735,7 +735,7 @@ func (s *Snapshotter) Recommit(ctx context.Context, name, key string) error {
 		if err := q.MoveDevice(fctx, old.ID, r.DeviceID, size, nowNs()); err != nil {
 			return err
 		}
-		if err := q.SetThinDeviceState(fctx, r.DeviceID, metadata.ThinStateInactive, nowNs()); err != nil {
+		if err := q.SetThinDeviceState(fctx, r.DeviceID, ThinStateInactive, nowNs()); err != nil {
 			return err
 		}
 		return q.DeleteThinDevice(fctx, old.DeviceID)
@@ -768,14 +768,14 @@ func (s *Snapshotter) RemoveIf(ctx context.Context, key string, guard RemoveGuar
 	if err != nil {
 		return err
 	}
-	var dev metadata.ThinDevice
+	var dev ThinDevice
 	err = s.db.WithTx(ctx, func(tx *sql.Tx) error {
 		if guard != nil {
 			if err := guard(ctx, tx); err != nil {
 				return err
 			}
 		}
-		q := metadata.SnapshotterTx(tx)
+		q := RecordsTx(tx)
 		d, children, found, err := q.RemoveSnapshot(ctx, ns, key, nowNs())
 		if err != nil {
 			return err
@@ -813,14 +813,14 @@ func (s *Snapshotter) RemoveIf(ctx context.Context, key string, guard RemoveGuar
 // reclaim deletes a removed device from the pool and then its record. ctx
 // should be detached from a caller's cancellation: a reclaim cut between
 // the deletion and the record leaves the record for Cleanup.
-func (s *Snapshotter) reclaim(ctx context.Context, dev metadata.ThinDevice) error {
+func (s *Snapshotter) reclaim(ctx context.Context, dev ThinDevice) error {
 	if err := s.destroy(ctx, dev.Name, dev.ID); err != nil {
 		return err
 	}
 	if err := s.step("reclaim:deleted"); err != nil {
 		return err
 	}
-	return s.withTx(ctx, func(q metadata.SnapshotterQueries) error { return q.DeleteThinDevice(ctx, dev.ID) })
+	return s.withTx(ctx, func(q Records) error { return q.DeleteThinDevice(ctx, dev.ID) })
 }
 
 // Cleanup deletes from the pool every device whose snapshot was removed.
@@ -829,7 +829,7 @@ func (s *Snapshotter) Cleanup(ctx context.Context) error {
 	if s.closed.Load() {
 		return fmt.Errorf("snapshotter on pool %s is closed: %w", s.pool.Name(), errdefs.ErrFailedPrecondition)
 	}
-	devs, err := s.reads().ThinDevices(ctx, metadata.ThinStateRemoved)
+	devs, err := s.reads().ThinDevices(ctx, ThinStateRemoved)
 	if err != nil {
 		return err
 	}
@@ -868,9 +868,9 @@ func (s *Snapshotter) Walk(ctx context.Context, fn snapshots.WalkFunc, fs ...str
 	if err != nil {
 		return fmt.Errorf("walk: filters %q: %w", fs, err)
 	}
-	var rows []metadata.CDSnapshot
+	var rows []CDSnapshot
 	if narrow, ok := pushdown(fs, filter); ok {
-		rows, err = s.reads().SnapshotsWhere(ctx, ns, narrow)
+		rows, err = s.reads().snapshotsWhere(ctx, ns, narrow)
 	} else {
 		rows, err = s.reads().Snapshots(ctx, ns, false)
 	}

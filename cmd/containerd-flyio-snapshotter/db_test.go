@@ -15,6 +15,7 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 )
 
 // rawSQL runs statements on path through the plain go-sqlite3 driver (as a
@@ -321,7 +322,7 @@ func populate(t *testing.T, path string, now time.Time) {
 // snapshot (one transaction), then the chain's row.
 func commitChain(ctx context.Context, d *metadata.DB, c metadata.Chain, devID uint32) error {
 	if err := d.WithTx(ctx, func(tx *sql.Tx) error {
-		q := metadata.SnapshotterTx(tx)
+		q := snapshotter.RecordsTx(tx)
 		var parent int64
 		if c.ParentChainID != "" {
 			p, ok, err := q.Snapshot(ctx, "default", c.ParentChainID)
@@ -333,11 +334,11 @@ func commitChain(ctx context.Context, d *metadata.DB, c metadata.Chain, devID ui
 			}
 			parent = p.ID
 		}
-		if err := q.InsertThinDevice(ctx, metadata.ThinDevice{ID: devID, Name: devName(devID), OriginID: 0, Role: metadata.ThinRoleSnapshot,
-			State: metadata.ThinStateInactive, SizeBytes: 1 << 30, FSType: "ext4", CreatedNs: 1, UpdatedNs: 1}); err != nil {
+		if err := q.InsertThinDevice(ctx, snapshotter.ThinDevice{ID: devID, Name: devName(devID), OriginID: 0, Role: snapshotter.ThinRoleSnapshot,
+			State: snapshotter.ThinStateInactive, SizeBytes: 1 << 30, FSType: "ext4", CreatedNs: 1, UpdatedNs: 1}); err != nil {
 			return err
 		}
-		_, err := q.InsertSnapshot(ctx, metadata.CDSnapshot{Namespace: "default", Key: c.ChainID, Kind: metadata.SnapKindCommitted,
+		_, err := q.InsertSnapshot(ctx, snapshotter.CDSnapshot{Namespace: "default", Key: c.ChainID, Kind: snapshotter.SnapKindCommitted,
 			ParentID: parent, DeviceID: devID, CreatedNs: 1, UpdatedNs: 1})
 		return err
 	}); err != nil {
@@ -351,7 +352,7 @@ func commitChain(ctx context.Context, d *metadata.DB, c metadata.Chain, devID ui
 // parent, on thin device devID.
 func activate(ctx context.Context, d *metadata.DB, imageID, parent string, devID uint32) error {
 	return d.WithTx(ctx, func(tx *sql.Tx) error {
-		q := metadata.SnapshotterTx(tx)
+		q := snapshotter.RecordsTx(tx)
 		p, ok, err := q.Snapshot(ctx, "default", parent)
 		if err != nil {
 			return err
@@ -359,12 +360,12 @@ func activate(ctx context.Context, d *metadata.DB, imageID, parent string, devID
 		if !ok {
 			return fmt.Errorf("activate %s: chain %s has no snapshot", imageID, parent)
 		}
-		if err := q.InsertThinDevice(ctx, metadata.ThinDevice{ID: devID, Name: devName(devID), OriginID: p.DeviceID, Role: metadata.ThinRoleSnapshot,
-			State: metadata.ThinStateActive, SizeBytes: 1 << 30, FSType: "ext4", CreatedNs: 1, UpdatedNs: 1}); err != nil {
+		if err := q.InsertThinDevice(ctx, snapshotter.ThinDevice{ID: devID, Name: devName(devID), OriginID: p.DeviceID, Role: snapshotter.ThinRoleSnapshot,
+			State: snapshotter.ThinStateActive, SizeBytes: 1 << 30, FSType: "ext4", CreatedNs: 1, UpdatedNs: 1}); err != nil {
 			return err
 		}
 		now := time.Now().UnixNano()
-		_, err = q.InsertSnapshot(ctx, metadata.CDSnapshot{Namespace: "default", Key: metadata.ActivationKey(imageID), Kind: metadata.SnapKindActive,
+		_, err = q.InsertSnapshot(ctx, snapshotter.CDSnapshot{Namespace: "default", Key: metadata.ActivationKey(imageID), Kind: snapshotter.SnapKindActive,
 			ParentID: p.ID, DeviceID: devID, CreatedNs: now, UpdatedNs: now})
 		return err
 	})

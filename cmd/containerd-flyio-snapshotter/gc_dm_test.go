@@ -17,11 +17,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/gc"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/gc"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 )
 
 // gcPoolMB is the pool of TestGCKeepsPoolUnderThreshold: 1 GiB by default
@@ -247,7 +248,7 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 			}
 		}
 		db := e.db()
-		chains, err := db.SnapshotterReads().Snapshots(ctx, "", true)
+		chains, err := snapshotter.ReadRecords(db).Snapshots(ctx, "", true)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
@@ -324,7 +325,7 @@ in the pool. The database is opened read-only.`)
 		return err
 	}
 	defer pool.Close()
-	rows, err := poolRows(ctx, pool, db.SnapshotterReads())
+	rows, err := poolRows(ctx, pool, snapshotter.ReadRecords(db))
 	if err != nil {
 		return err
 	}
@@ -375,7 +376,7 @@ func dash(s string) string {
 // poolRows merges the pool's thin ids, its active devices and the
 // database's device records, intents and quarantined ids into one row per
 // id, in id order.
-func poolRows(ctx context.Context, pool *thinpool.Pool, q metadata.SnapshotterQueries) ([]thinRow, error) {
+func poolRows(ctx context.Context, pool *thinpool.Pool, q snapshotter.Records) ([]thinRow, error) {
 	ids, err := pool.ThinIDs(ctx)
 	if err != nil {
 		return nil, err

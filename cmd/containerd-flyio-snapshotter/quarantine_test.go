@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 )
 
 func TestPoolQuarantineHelp(t *testing.T) {
@@ -43,7 +44,7 @@ func seedQuarantine(t *testing.T, root string) {
 	}
 	defer db.Close()
 	err = db.WithTx(ctx, func(tx *sql.Tx) error {
-		q := metadata.SnapshotterTx(tx)
+		q := snapshotter.RecordsTx(tx)
 		if err := q.Quarantine(ctx, 42, "in the pool at start-up; no record or intent explains it", false, 1_800_000_000_000_000_000); err != nil {
 			return err
 		}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 )
 
 // TestRejectedWhileExtracting: a layer the policy refuses at its last
@@ -63,7 +64,7 @@ func TestRejectedWhileExtracting(t *testing.T) {
 	if o, err := db.ObjectRecord(context.Background(), e.srv.Bucket, "evil/1.tar"); err != nil || o != nil {
 		t.Errorf("object record of the rejected layer: %+v, %v", o, err)
 	}
-	snaps, err := db.SnapshotterReads().Snapshots(context.Background(), "", true)
+	snaps, err := snapshotter.ReadRecords(db).Snapshots(context.Background(), "", true)
 	if err != nil || len(snaps) != 0 {
 		t.Errorf("snapshots recorded: %+v, %v; want none", snaps, err)
 	}

@@ -29,7 +29,7 @@ import (
 // fakeSnapshots is a fake of the pipeline's Snapshots, for host tests that
 // have no device-mapper. Its records are real: the snapshotter's rows in
 // the metadata database (cd_snapshots and thin_devices, written through
-// metadata.SnapshotterTx as package snapshotter writes them), so the
+// snapshotter.RecordsTx as package snapshotter writes them), so the
 // pipeline's queries over them (the re-pull's state, pruning, the views)
 // read what they would in production, and RemoveIf runs its guard in a real
 // transaction. Only the thin pool is fake: each thin device is a directory
@@ -91,12 +91,12 @@ func (f *fakeSnapshots) totalCalls() int {
 
 func fakeDevName(id uint32) string { return fmt.Sprintf("fake-snap-%d", id) }
 
-func (f *fakeSnapshots) withTx(ctx context.Context, fn func(q metadata.SnapshotterQueries) error) error {
-	return f.db.WithTx(ctx, func(tx *sql.Tx) error { return fn(metadata.SnapshotterTx(tx)) })
+func (f *fakeSnapshots) withTx(ctx context.Context, fn func(q snapshotter.Records) error) error {
+	return f.db.WithTx(ctx, func(tx *sql.Tx) error { return fn(snapshotter.RecordsTx(tx)) })
 }
 
-func (f *fakeSnapshots) get(ctx context.Context, key string) (metadata.CDSnapshot, error) {
-	r, ok, err := f.db.SnapshotterReads().Snapshot(ctx, fakeNS, key)
+func (f *fakeSnapshots) get(ctx context.Context, key string) (snapshotter.CDSnapshot, error) {
+	r, ok, err := snapshotter.ReadRecords(f.db).Snapshot(ctx, fakeNS, key)
 	if err != nil {
 		return r, err
 	}
@@ -119,7 +119,7 @@ func (f *fakeSnapshots) Stat(ctx context.Context, key string) (snapshots.Info, e
 func (f *fakeSnapshots) Update(ctx context.Context, info snapshots.Info, fieldpaths ...string) (snapshots.Info, error) {
 	f.call("Update")
 	var out snapshots.Info
-	err := f.withTx(ctx, func(q metadata.SnapshotterQueries) error {
+	err := f.withTx(ctx, func(q snapshotter.Records) error {
 		r, ok, err := q.Snapshot(ctx, fakeNS, info.Name)
 		if err != nil {
 			return err
@@ -186,7 +186,7 @@ func (f *fakeSnapshots) Mounts(ctx context.Context, key string) ([]mount.Mount, 
 	if err != nil {
 		return nil, err
 	}
-	if r.Kind == metadata.SnapKindCommitted {
+	if r.Kind == snapshotter.SnapKindCommitted {
 		return nil, fmt.Errorf("mounts of %q: committed: %w", key, errdefs.ErrFailedPrecondition)
 	}
 	dir, err := f.deviceDir(r.DeviceID)
@@ -196,7 +196,7 @@ func (f *fakeSnapshots) Mounts(ctx context.Context, key string) ([]mount.Mount, 
 	f.mu.Lock()
 	f.mapped[r.DeviceName] = true
 	f.mu.Unlock()
-	return bindMounts(dir, r.Kind == metadata.SnapKindView), nil
+	return bindMounts(dir, r.Kind == snapshotter.SnapKindView), nil
 }
 
 func bindMounts(dir string, ro bool) []mount.Mount {
@@ -214,12 +214,12 @@ func (f *fakeSnapshots) Prepare(ctx context.Context, key, parent string, opts ..
 			return nil, err
 		}
 	}
-	return f.create(ctx, metadata.SnapKindActive, key, parent, opts)
+	return f.create(ctx, snapshotter.SnapKindActive, key, parent, opts)
 }
 
 func (f *fakeSnapshots) View(ctx context.Context, key, parent string, opts ...snapshots.Opt) ([]mount.Mount, error) {
 	f.call("View")
-	return f.create(ctx, metadata.SnapKindView, key, parent, opts)
+	return f.create(ctx, snapshotter.SnapKindView, key, parent, opts)
 }
 
 func (f *fakeSnapshots) create(ctx context.Context, kind, key, parent string, opts []snapshots.Opt) ([]mount.Mount, error) {
@@ -237,8 +237,8 @@ func (f *fakeSnapshots) create(ctx context.Context, kind, key, parent string, op
 	id := f.next
 	f.mu.Unlock()
 	dir := filepath.Join(f.root, fmt.Sprint(id))
-	err := f.withTx(ctx, func(q metadata.SnapshotterQueries) error {
-		if target := base.Labels[snapshots.LabelSnapshotRef]; target != "" && kind == metadata.SnapKindActive {
+	err := f.withTx(ctx, func(q snapshotter.Records) error {
+		if target := base.Labels[snapshots.LabelSnapshotRef]; target != "" && kind == snapshotter.SnapKindActive {
 			found, err := q.RefTarget(ctx, fakeNS, snapshots.LabelSnapshotRef, target, parent)
 			if err != nil {
 				return err
@@ -262,7 +262,7 @@ func (f *fakeSnapshots) create(ctx context.Context, kind, key, parent string, op
 			if !ok {
 				return fmt.Errorf("parent %q of %q: %w", parent, key, errdefs.ErrNotFound)
 			}
-			if p.Kind != metadata.SnapKindCommitted {
+			if p.Kind != snapshotter.SnapKindCommitted {
 				return fmt.Errorf("parent %q of %q is %s: %w", parent, key, p.Kind, errdefs.ErrInvalidArgument)
 			}
 			parentID, origin = p.ID, p.DeviceID
@@ -281,11 +281,11 @@ func (f *fakeSnapshots) create(ctx context.Context, kind, key, parent string, op
 			}
 		}
 		now := time.Now().UnixNano()
-		if err := q.InsertThinDevice(ctx, metadata.ThinDevice{ID: id, Name: fakeDevName(id), OriginID: origin, Role: metadata.ThinRoleSnapshot,
-			State: metadata.ThinStateActive, SizeBytes: 1 << 30, FSType: "bind", CreatedNs: now, UpdatedNs: now}); err != nil {
+		if err := q.InsertThinDevice(ctx, snapshotter.ThinDevice{ID: id, Name: fakeDevName(id), OriginID: origin, Role: snapshotter.ThinRoleSnapshot,
+			State: snapshotter.ThinStateActive, SizeBytes: 1 << 30, FSType: "bind", CreatedNs: now, UpdatedNs: now}); err != nil {
 			return err
 		}
-		_, err := q.InsertSnapshot(ctx, metadata.CDSnapshot{Namespace: fakeNS, Key: key, Kind: kind, ParentID: parentID,
+		_, err := q.InsertSnapshot(ctx, snapshotter.CDSnapshot{Namespace: fakeNS, Key: key, Kind: kind, ParentID: parentID,
 			DeviceID: id, Labels: base.Labels, CreatedNs: now, UpdatedNs: now})
 		return err
 	})
@@ -297,7 +297,7 @@ func (f *fakeSnapshots) create(ctx context.Context, kind, key, parent string, op
 	f.devs[id] = dir
 	f.mapped[fakeDevName(id)] = true
 	f.mu.Unlock()
-	return bindMounts(dir, kind == metadata.SnapKindView), nil
+	return bindMounts(dir, kind == snapshotter.SnapKindView), nil
 }
 
 func (f *fakeSnapshots) Commit(ctx context.Context, name, key string, opts ...snapshots.Opt) error {
@@ -309,7 +309,7 @@ func (f *fakeSnapshots) Commit(ctx context.Context, name, key string, opts ...sn
 		}
 	}
 	var dev string
-	err := f.withTx(ctx, func(q metadata.SnapshotterQueries) error {
+	err := f.withTx(ctx, func(q snapshotter.Records) error {
 		r, ok, err := q.Snapshot(ctx, fakeNS, key)
 		if err != nil {
 			return err
@@ -317,7 +317,7 @@ func (f *fakeSnapshots) Commit(ctx context.Context, name, key string, opts ...sn
 		if !ok {
 			return fmt.Errorf("commit %q as %q: %w", key, name, errdefs.ErrNotFound)
 		}
-		if r.Kind != metadata.SnapKindActive {
+		if r.Kind != snapshotter.SnapKindActive {
 			return fmt.Errorf("commit %q as %q: %s: %w", key, name, r.Kind, errdefs.ErrFailedPrecondition)
 		}
 		if _, ok, err := q.Snapshot(ctx, fakeNS, name); err != nil {
@@ -330,7 +330,7 @@ func (f *fakeSnapshots) Commit(ctx context.Context, name, key string, opts ...sn
 		if err := q.CommitSnapshot(ctx, r.ID, name, base.Labels, now, 0, 0); err != nil {
 			return err
 		}
-		return q.SetThinDeviceState(ctx, r.DeviceID, metadata.ThinStateInactive, now)
+		return q.SetThinDeviceState(ctx, r.DeviceID, snapshotter.ThinStateInactive, now)
 	})
 	if err == nil {
 		f.mu.Lock()
@@ -360,7 +360,7 @@ func (f *fakeSnapshots) removeIf(ctx context.Context, key string, guard snapshot
 				return err
 			}
 		}
-		_, children, found, err := metadata.SnapshotterTx(tx).RemoveSnapshot(ctx, fakeNS, key, time.Now().UnixNano())
+		_, children, found, err := snapshotter.RecordsTx(tx).RemoveSnapshot(ctx, fakeNS, key, time.Now().UnixNano())
 		switch {
 		case err != nil:
 			return err
@@ -376,7 +376,7 @@ func (f *fakeSnapshots) removeIf(ctx context.Context, key string, guard snapshot
 // Cleanup deletes the devices of removed snapshots from the pool.
 func (f *fakeSnapshots) Cleanup(ctx context.Context) error {
 	f.call("Cleanup")
-	devs, err := f.db.SnapshotterReads().ThinDevices(ctx, metadata.ThinStateRemoved)
+	devs, err := snapshotter.ReadRecords(f.db).ThinDevices(ctx, snapshotter.ThinStateRemoved)
 	if err != nil {
 		return err
 	}
@@ -391,7 +391,7 @@ func (f *fakeSnapshots) Cleanup(ctx context.Context) error {
 				return fmt.Errorf("delete device %s (still mounted?): %w", d.Name, err)
 			}
 		}
-		if err := f.withTx(ctx, func(q metadata.SnapshotterQueries) error { return q.DeleteThinDevice(ctx, d.ID) }); err != nil {
+		if err := f.withTx(ctx, func(q snapshotter.Records) error { return q.DeleteThinDevice(ctx, d.ID) }); err != nil {
 			return err
 		}
 	}
@@ -404,7 +404,7 @@ func (f *fakeSnapshots) Walk(ctx context.Context, fn snapshots.WalkFunc, fs ...s
 	if err != nil {
 		return fmt.Errorf("walk: filters %q: %w", fs, err)
 	}
-	rows, err := f.db.SnapshotterReads().Snapshots(ctx, fakeNS, false)
+	rows, err := snapshotter.ReadRecords(f.db).Snapshots(ctx, fakeNS, false)
 	if err != nil {
 		return err
 	}
@@ -433,7 +433,7 @@ func (f *fakeSnapshots) DeviceOf(ctx context.Context, key string) (name, path st
 
 func (f *fakeSnapshots) Exists(ctx context.Context, key string) (bool, error) {
 	f.call("Exists")
-	_, ok, err := f.db.SnapshotterReads().Snapshot(ctx, fakeNS, key)
+	_, ok, err := snapshotter.ReadRecords(f.db).Snapshot(ctx, fakeNS, key)
 	return ok, err
 }
 
@@ -449,13 +449,13 @@ func (f *fakeSnapshots) Recommit(ctx context.Context, name, key string) error {
 	if err != nil {
 		return err
 	}
-	if old.Kind != metadata.SnapKindCommitted || r.Kind != metadata.SnapKindActive || old.ParentKey != r.ParentKey {
+	if old.Kind != snapshotter.SnapKindCommitted || r.Kind != snapshotter.SnapKindActive || old.ParentKey != r.ParentKey {
 		return fmt.Errorf("recommit %q as %q: %w", key, name, errdefs.ErrFailedPrecondition)
 	}
 	if ok, _ := f.ThinExists(ctx, old.DeviceID); ok {
 		return fmt.Errorf("recommit %q as %q: device %d still in the pool: %w", key, name, old.DeviceID, errdefs.ErrFailedPrecondition)
 	}
-	err = f.withTx(ctx, func(q metadata.SnapshotterQueries) error {
+	err = f.withTx(ctx, func(q snapshotter.Records) error {
 		now := time.Now().UnixNano()
 		if err := q.DeleteSnapshot(ctx, r.ID); err != nil {
 			return err
@@ -463,7 +463,7 @@ func (f *fakeSnapshots) Recommit(ctx context.Context, name, key string) error {
 		if err := q.MoveDevice(ctx, old.ID, r.DeviceID, 0, now); err != nil {
 			return err
 		}
-		if err := q.SetThinDeviceState(ctx, r.DeviceID, metadata.ThinStateInactive, now); err != nil {
+		if err := q.SetThinDeviceState(ctx, r.DeviceID, snapshotter.ThinStateInactive, now); err != nil {
 			return err
 		}
 		return q.DeleteThinDevice(ctx, old.DeviceID)
@@ -562,13 +562,13 @@ func (f *fakeSnapshots) writeFile(t testing.TB, key, path, data string) {
 }
 
 // list returns every snapshot record by key.
-func (f *fakeSnapshots) list(t testing.TB) map[string]metadata.CDSnapshot {
+func (f *fakeSnapshots) list(t testing.TB) map[string]snapshotter.CDSnapshot {
 	t.Helper()
-	rows, err := f.db.SnapshotterReads().Snapshots(context.Background(), fakeNS, false)
+	rows, err := snapshotter.ReadRecords(f.db).Snapshots(context.Background(), fakeNS, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]metadata.CDSnapshot{}
+	out := map[string]snapshotter.CDSnapshot{}
 	for _, r := range rows {
 		out[r.Key] = r
 	}

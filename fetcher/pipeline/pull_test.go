@@ -21,7 +21,7 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 )
 
 // fakeRegistrar is a fake of the containerd side of Registrar: it records
@@ -198,7 +198,7 @@ func (e *env) committedChains() []string {
 	e.t.Helper()
 	var out []string
 	for k, r := range e.sn.list(e.t) {
-		if r.Kind == metadata.SnapKindCommitted && r.Labels[LabelSource] != "" {
+		if r.Kind == snapshotter.SnapKindCommitted && r.Labels[LabelSource] != "" {
 			out = append(out, k)
 		}
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/containerd/errdefs"
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 )
 
 // containerdOver is containerd's metadata store (its bolt file and content
@@ -88,7 +88,7 @@ func containerdUnpack(t *testing.T, sn *fakeSnapshots, st containerdStores, ns, 
 func backendKeyOf(t *testing.T, sn *fakeSnapshots, ns, chain string) string {
 	t.Helper()
 	for k, r := range sn.list(t) {
-		if r.Kind == metadata.SnapKindCommitted && (k == chain || strings.HasPrefix(k, ns+"/") && strings.HasSuffix(k, "/"+chain)) {
+		if r.Kind == snapshotter.SnapKindCommitted && (k == chain || strings.HasPrefix(k, ns+"/") && strings.HasSuffix(k, "/"+chain)) {
 			return k
 		}
 	}

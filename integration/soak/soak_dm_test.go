@@ -28,6 +28,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 
 	vmscratch "github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/vm/scratch"
@@ -268,13 +269,13 @@ func TestSoak(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reads := db.SnapshotterReads()
+	reads := snapshotter.ReadRecords(db)
 	// A Remove through containerd only marks the snapshot in containerd's
 	// own records; its garbage collector removes it from ours and calls
 	// Cleanup, asynchronously: wait for it to settle.
 	var (
-		snaps []metadata.CDSnapshot
-		devs  []metadata.ThinDevice
+		snaps []snapshotter.CDSnapshot
+		devs  []snapshotter.ThinDevice
 	)
 	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(time.Second) {
 		if snaps, err = reads.Snapshots(ctx, "", true); err != nil {
@@ -292,7 +293,7 @@ func TestSoak(t *testing.T) {
 	}
 	var baseID uint32
 	for _, dv := range devs {
-		if dv.Role == metadata.ThinRoleBase {
+		if dv.Role == snapshotter.ThinRoleBase {
 			baseID = dv.ID
 			continue
 		}

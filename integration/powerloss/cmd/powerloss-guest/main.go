@@ -66,6 +66,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 )
 
 const (
@@ -645,7 +646,7 @@ func (g *guest) check(prior []event) (*report, error) {
 
 	// The pool holds exactly the recorded devices and the quarantined ones
 	// start-up left in place; no intent is left.
-	reads := g.svc.DB.SnapshotterReads()
+	reads := snapshotter.ReadRecords(g.svc.DB)
 	ids, err := g.svc.Pool.ThinIDs(g.ctx)
 	if err != nil {
 		return nil, err

@@ -1,9 +1,9 @@
-package metadata
+package snapshotter
 
-// Typed queries for the snapshotter's tables (migration 0004_snapshotter.sql):
-// cd_snapshots, thin_devices, device_intents and quarantined_thin_ids.
-// Values are plain Go types; the snapshotter
-// package maps them to containerd's types.
+// Typed queries for the snapshotter's tables (migration 0004_snapshotter.sql
+// of package metadata): cd_snapshots, thin_devices, device_intents and
+// quarantined_thin_ids. Values are plain Go types; the rest of this package
+// maps them to containerd's types.
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 	"maps"
 	"slices"
 	"strings"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
 // Snapshot kinds stored in cd_snapshots.kind.
@@ -90,31 +92,24 @@ type QuarantinedID struct {
 	QuarantinedNs int64
 }
 
-// snapQuerier is what both *sql.DB and *sql.Tx offer.
-type snapQuerier interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+// Records runs the snapshotter's typed queries on either the database's
+// single statements (reads outside a transaction) or a write transaction
+// from (*metadata.DB).WithTx. Writes must go through RecordsTx so that a
+// snapshot record and its device record change together.
+type Records struct {
+	q metadata.Querier
 }
 
-// SnapshotterQueries runs the snapshotter's typed queries on either the
-// database handle (reads outside a transaction) or a write transaction from
-// (*DB).WithTx. Writes must go through SnapshotterTx so that a snapshot record
-// and its device record change together.
-type SnapshotterQueries struct {
-	q snapQuerier
-}
-
-// SnapshotterReads returns the snapshotter's queries on the database handle,
+// ReadRecords returns the snapshotter's queries on db's single statements,
 // for reads that need no transaction.
-func (d *DB) SnapshotterReads() SnapshotterQueries {
-	return SnapshotterQueries{q: d.db}
+func ReadRecords(db *metadata.DB) Records {
+	return Records{q: db.Statements()}
 }
 
-// SnapshotterTx returns the snapshotter's queries inside tx, a transaction
-// given by (*DB).WithTx.
-func SnapshotterTx(tx *sql.Tx) SnapshotterQueries {
-	return SnapshotterQueries{q: tx}
+// RecordsTx returns the snapshotter's queries inside tx, a transaction
+// given by (*metadata.DB).WithTx.
+func RecordsTx(tx *sql.Tx) Records {
+	return Records{q: tx}
 }
 
 const cdSnapshotColumns = `s.id, s.namespace, s.key, s.kind, IFNULL(s.parent_id, 0), IFNULL(p.key, ''),
@@ -167,7 +162,7 @@ func encodeLabels(m map[string]string) (string, error) {
 
 // Snapshot returns the snapshot keyed key in namespace ns; ok is false when
 // there is none.
-func (s SnapshotterQueries) Snapshot(ctx context.Context, ns, key string) (snap CDSnapshot, ok bool, err error) {
+func (s Records) Snapshot(ctx context.Context, ns, key string) (snap CDSnapshot, ok bool, err error) {
 	row := s.q.QueryRowContext(ctx, `SELECT `+cdSnapshotColumns+` WHERE s.namespace = ? AND s.key = ?`, ns, key)
 	snap, err = scanCDSnapshot(row)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -179,9 +174,9 @@ func (s SnapshotterQueries) Snapshot(ctx context.Context, ns, key string) (snap 
 	return snap, true, nil
 }
 
-// SnapshotByID returns the snapshot whose row id is id; ok is false when
+// snapshotByID returns the snapshot whose row id is id; ok is false when
 // there is none.
-func (s SnapshotterQueries) SnapshotByID(ctx context.Context, id int64) (snap CDSnapshot, ok bool, err error) {
+func (s Records) snapshotByID(ctx context.Context, id int64) (snap CDSnapshot, ok bool, err error) {
 	row := s.q.QueryRowContext(ctx, `SELECT `+cdSnapshotColumns+` WHERE s.id = ?`, id)
 	snap, err = scanCDSnapshot(row)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -195,38 +190,26 @@ func (s SnapshotterQueries) SnapshotByID(ctx context.Context, id int64) (snap CD
 
 // Snapshots returns every snapshot of namespace ns, or of all namespaces
 // when allNamespaces is true, ordered by row id.
-func (s SnapshotterQueries) Snapshots(ctx context.Context, ns string, allNamespaces bool) ([]CDSnapshot, error) {
+func (s Records) Snapshots(ctx context.Context, ns string, allNamespaces bool) ([]CDSnapshot, error) {
 	if allNamespaces {
 		return s.listSnapshots(ctx, "all namespaces", `SELECT `+cdSnapshotColumns+` ORDER BY s.id`)
 	}
-	return s.SnapshotsWhere(ctx, ns, SnapshotFilter{})
+	return s.snapshotsWhere(ctx, ns, snapshotFilter{})
 }
 
 // listSnapshots runs q, a SELECT of cdSnapshotColumns, and scans its rows;
 // what names the set in errors.
-func (s SnapshotterQueries) listSnapshots(ctx context.Context, what, q string, args ...any) ([]CDSnapshot, error) {
-	rows, err := s.q.QueryContext(ctx, q, args...)
+func (s Records) listSnapshots(ctx context.Context, what, q string, args ...any) ([]CDSnapshot, error) {
+	out, err := metadata.QueryAll(ctx, s.q, func(r *sql.Rows) (CDSnapshot, error) { return scanCDSnapshot(r) }, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("list snapshots of %s: %w", what, err)
-	}
-	defer rows.Close()
-	var out []CDSnapshot
-	for rows.Next() {
-		snap, err := scanCDSnapshot(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list snapshots of %s: %w", what, err)
-		}
-		out = append(out, snap)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("list snapshots of %s: %w", what, err)
 	}
 	return out, nil
 }
 
-// SnapshotOnDevice returns the snapshot that owns thin device id, in any
+// snapshotOnDevice returns the snapshot that owns thin device id, in any
 // namespace; ok is false when none does.
-func (s SnapshotterQueries) SnapshotOnDevice(ctx context.Context, id uint32) (snap CDSnapshot, ok bool, err error) {
+func (s Records) snapshotOnDevice(ctx context.Context, id uint32) (snap CDSnapshot, ok bool, err error) {
 	snap, err = scanCDSnapshot(s.q.QueryRowContext(ctx, `SELECT `+cdSnapshotColumns+` WHERE s.device_id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return CDSnapshot{}, false, nil
@@ -244,7 +227,7 @@ func (s SnapshotterQueries) SnapshotOnDevice(ctx context.Context, id uint32) (sn
 // is already there. Both lookups are indexed (for the label, only
 // containerd.io/snapshot.ref has an index), so the cost does not grow with
 // the number of snapshots.
-func (s SnapshotterQueries) RefTarget(ctx context.Context, ns, labelKey, target, parentKey string) (string, error) {
+func (s Records) RefTarget(ctx context.Context, ns, labelKey, target, parentKey string) (string, error) {
 	label, err := labelExpr("s", labelKey)
 	if err != nil {
 		return "", fmt.Errorf("find ref target: %w", err)
@@ -283,19 +266,19 @@ func labelExpr(alias, key string) (string, error) {
 	return `json_extract(` + alias + `.labels, '$."` + key + `"')`, nil
 }
 
-// SnapshotFilter narrows SnapshotsWhere: every field set must hold (the
+// snapshotFilter narrows snapshotsWhere: every field set must hold (the
 // zero value selects every snapshot of the namespace).
-type SnapshotFilter struct {
+type snapshotFilter struct {
 	Key    string            // the key, when not ""
 	Kind   string            // SnapKind*, when not ""
 	Parent *string           // the parent's key ("" for none), when not nil
 	Labels map[string]string // label key -> value, each must be equal
 }
 
-// SnapshotsWhere returns the snapshots of namespace ns that f selects,
+// snapshotsWhere returns the snapshots of namespace ns that f selects,
 // ordered by row id. A filter on the key, on the parent or on
 // containerd.io/snapshot.ref is answered from an index.
-func (s SnapshotterQueries) SnapshotsWhere(ctx context.Context, ns string, f SnapshotFilter) ([]CDSnapshot, error) {
+func (s Records) snapshotsWhere(ctx context.Context, ns string, f snapshotFilter) ([]CDSnapshot, error) {
 	q, args, err := snapshotsWhereSQL(ns, f)
 	if err != nil {
 		return nil, fmt.Errorf("list snapshots of namespace %q: %w", ns, err)
@@ -303,8 +286,8 @@ func (s SnapshotterQueries) SnapshotsWhere(ctx context.Context, ns string, f Sna
 	return s.listSnapshots(ctx, fmt.Sprintf("namespace %q", ns), q, args...)
 }
 
-// snapshotsWhereSQL is SnapshotsWhere's query and its arguments.
-func snapshotsWhereSQL(ns string, f SnapshotFilter) (string, []any, error) {
+// snapshotsWhereSQL is snapshotsWhere's query and its arguments.
+func snapshotsWhereSQL(ns string, f snapshotFilter) (string, []any, error) {
 	where := []string{"s.namespace = ?"}
 	args := []any{ns}
 	if f.Key != "" {
@@ -334,8 +317,8 @@ func snapshotsWhereSQL(ns string, f SnapshotFilter) (string, []any, error) {
 	return `SELECT ` + cdSnapshotColumns + ` WHERE ` + strings.Join(where, " AND ") + ` ORDER BY s.id`, args, nil
 }
 
-// ChildCount returns how many snapshots name row id as their parent.
-func (s SnapshotterQueries) ChildCount(ctx context.Context, id int64) (int, error) {
+// childCount returns how many snapshots name row id as their parent.
+func (s Records) childCount(ctx context.Context, id int64) (int, error) {
 	var n int
 	if err := s.q.QueryRowContext(ctx, `SELECT COUNT(*) FROM cd_snapshots WHERE parent_id = ?`, id).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count children of snapshot row %d: %w", id, err)
@@ -346,7 +329,7 @@ func (s SnapshotterQueries) ChildCount(ctx context.Context, id int64) (int, erro
 // InsertSnapshot records a new snapshot and returns its row id. The device
 // snap.DeviceID must already be recorded (InsertThinDevice) in the same
 // transaction.
-func (s SnapshotterQueries) InsertSnapshot(ctx context.Context, snap CDSnapshot) (int64, error) {
+func (s Records) InsertSnapshot(ctx context.Context, snap CDSnapshot) (int64, error) {
 	labels, err := encodeLabels(snap.Labels)
 	if err != nil {
 		return 0, fmt.Errorf("insert snapshot %q: %w", snap.Key, err)
@@ -369,7 +352,7 @@ func (s SnapshotterQueries) InsertSnapshot(ctx context.Context, snap CDSnapshot)
 // CommitSnapshot turns the active snapshot at row id into the committed
 // snapshot named name, replacing its labels and times and recording its
 // usage.
-func (s SnapshotterQueries) CommitSnapshot(ctx context.Context, id int64, name string, labels map[string]string, nowNs, sizeBytes, inodes int64) error {
+func (s Records) CommitSnapshot(ctx context.Context, id int64, name string, labels map[string]string, nowNs, sizeBytes, inodes int64) error {
 	text, err := encodeLabels(labels)
 	if err != nil {
 		return fmt.Errorf("commit snapshot row %d as %q: %w", id, name, err)
@@ -384,7 +367,7 @@ func (s SnapshotterQueries) CommitSnapshot(ctx context.Context, id int64, name s
 }
 
 // UpdateSnapshotLabels replaces the labels and the update time of row id.
-func (s SnapshotterQueries) UpdateSnapshotLabels(ctx context.Context, id int64, labels map[string]string, nowNs int64) error {
+func (s Records) UpdateSnapshotLabels(ctx context.Context, id int64, labels map[string]string, nowNs int64) error {
 	text, err := encodeLabels(labels)
 	if err != nil {
 		return fmt.Errorf("update labels of snapshot row %d: %w", id, err)
@@ -402,7 +385,7 @@ func (s SnapshotterQueries) UpdateSnapshotLabels(ctx context.Context, id int64, 
 // device as origin). It returns the device, the number of children, and
 // whether the snapshot exists; nothing is written when found is false or
 // children is not 0.
-func (s SnapshotterQueries) RemoveSnapshot(ctx context.Context, ns, key string, nowNs int64) (dev ThinDevice, children int, found bool, err error) {
+func (s Records) RemoveSnapshot(ctx context.Context, ns, key string, nowNs int64) (dev ThinDevice, children int, found bool, err error) {
 	var rowID int64
 	err = s.q.QueryRowContext(ctx, `SELECT s.id, d.device_id, d.name, IFNULL(d.origin_id, 0), d.role, d.state, d.size_bytes,
 		d.fs_type, d.created_ns, d.updated_ns,
@@ -432,7 +415,7 @@ func (s SnapshotterQueries) RemoveSnapshot(ctx context.Context, ns, key string, 
 
 // DeleteSnapshot drops the snapshot record at row id. The caller checks for
 // children first (the foreign key refuses otherwise).
-func (s SnapshotterQueries) DeleteSnapshot(ctx context.Context, id int64) error {
+func (s Records) DeleteSnapshot(ctx context.Context, id int64) error {
 	res, err := s.q.ExecContext(ctx, `DELETE FROM cd_snapshots WHERE id = ?`, id)
 	if err != nil {
 		return fmt.Errorf("delete snapshot row %d: %w", id, err)
@@ -443,7 +426,7 @@ func (s SnapshotterQueries) DeleteSnapshot(ctx context.Context, id int64) error 
 // MoveDevice makes snapshot row id own device deviceID (freed by the caller
 // first: a device has one snapshot), with sizeBytes recorded as its mapped
 // bytes.
-func (s SnapshotterQueries) MoveDevice(ctx context.Context, id int64, deviceID uint32, sizeBytes, nowNs int64) error {
+func (s Records) MoveDevice(ctx context.Context, id int64, deviceID uint32, sizeBytes, nowNs int64) error {
 	res, err := s.q.ExecContext(ctx, `UPDATE cd_snapshots SET device_id = ?, size_bytes = ?, updated_ns = ? WHERE id = ?`,
 		int64(deviceID), sizeBytes, nowNs, id)
 	if err != nil {
@@ -472,7 +455,7 @@ func scanThinDevice(sc interface{ Scan(...any) error }) (ThinDevice, error) {
 }
 
 // InsertThinDevice records a thin device.
-func (s SnapshotterQueries) InsertThinDevice(ctx context.Context, d ThinDevice) error {
+func (s Records) InsertThinDevice(ctx context.Context, d ThinDevice) error {
 	var origin any
 	if d.OriginID != 0 {
 		origin = d.OriginID
@@ -486,9 +469,9 @@ func (s SnapshotterQueries) InsertThinDevice(ctx context.Context, d ThinDevice) 
 	return nil
 }
 
-// ThinDevice returns the device record of thin id id; ok is false when there
+// thinDevice returns the device record of thin id id; ok is false when there
 // is none.
-func (s SnapshotterQueries) ThinDevice(ctx context.Context, id uint32) (d ThinDevice, ok bool, err error) {
+func (s Records) thinDevice(ctx context.Context, id uint32) (d ThinDevice, ok bool, err error) {
 	d, err = scanThinDevice(s.q.QueryRowContext(ctx, `SELECT `+thinDeviceColumns+` WHERE device_id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return ThinDevice{}, false, nil
@@ -499,9 +482,9 @@ func (s SnapshotterQueries) ThinDevice(ctx context.Context, id uint32) (d ThinDe
 	return d, true, nil
 }
 
-// BaseDevice returns the pool's base device record; ok is false until the
+// baseDevice returns the pool's base device record; ok is false until the
 // base has been formatted.
-func (s SnapshotterQueries) BaseDevice(ctx context.Context) (d ThinDevice, ok bool, err error) {
+func (s Records) baseDevice(ctx context.Context) (d ThinDevice, ok bool, err error) {
 	d, err = scanThinDevice(s.q.QueryRowContext(ctx, `SELECT `+thinDeviceColumns+` WHERE role = 'base'`))
 	if errors.Is(err, sql.ErrNoRows) {
 		return ThinDevice{}, false, nil
@@ -514,36 +497,20 @@ func (s SnapshotterQueries) BaseDevice(ctx context.Context) (d ThinDevice, ok bo
 
 // ThinDevices returns every device record, or only those in state when
 // state is not "", ordered by id.
-func (s SnapshotterQueries) ThinDevices(ctx context.Context, state string) ([]ThinDevice, error) {
-	var (
-		rows *sql.Rows
-		err  error
-	)
-	if state == "" {
-		rows, err = s.q.QueryContext(ctx, `SELECT `+thinDeviceColumns+` ORDER BY device_id`)
-	} else {
-		rows, err = s.q.QueryContext(ctx, `SELECT `+thinDeviceColumns+` WHERE state = ? ORDER BY device_id`, state)
+func (s Records) ThinDevices(ctx context.Context, state string) ([]ThinDevice, error) {
+	q, args := `SELECT `+thinDeviceColumns+` ORDER BY device_id`, []any(nil)
+	if state != "" {
+		q, args = `SELECT `+thinDeviceColumns+` WHERE state = ? ORDER BY device_id`, []any{state}
 	}
+	out, err := metadata.QueryAll(ctx, s.q, func(r *sql.Rows) (ThinDevice, error) { return scanThinDevice(r) }, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("list thin devices (state %q): %w", state, err)
-	}
-	defer rows.Close()
-	var out []ThinDevice
-	for rows.Next() {
-		d, err := scanThinDevice(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list thin devices (state %q): %w", state, err)
-		}
-		out = append(out, d)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("list thin devices (state %q): %w", state, err)
 	}
 	return out, nil
 }
 
 // SetThinDeviceState records that device id is now in state.
-func (s SnapshotterQueries) SetThinDeviceState(ctx context.Context, id uint32, state string, nowNs int64) error {
+func (s Records) SetThinDeviceState(ctx context.Context, id uint32, state string, nowNs int64) error {
 	res, err := s.q.ExecContext(ctx, `UPDATE thin_devices SET state = ?, updated_ns = ? WHERE device_id = ?`, state, nowNs, id)
 	if err != nil {
 		return fmt.Errorf("set thin device %d state %q: %w", id, state, err)
@@ -553,17 +520,17 @@ func (s SnapshotterQueries) SetThinDeviceState(ctx context.Context, id uint32, s
 
 // DeleteThinDevice drops the record of device id, once the device is gone
 // from the pool. Deleting an absent record is not an error.
-func (s SnapshotterQueries) DeleteThinDevice(ctx context.Context, id uint32) error {
+func (s Records) DeleteThinDevice(ctx context.Context, id uint32) error {
 	if _, err := s.q.ExecContext(ctx, `DELETE FROM thin_devices WHERE device_id = ?`, id); err != nil {
 		return fmt.Errorf("delete thin device %d: %w", id, err)
 	}
 	return nil
 }
 
-// InsertIntent records device work about to be done. It fails when the
+// insertIntent records device work about to be done. It fails when the
 // device id, or the (namespace, key) pair, is already reserved by another
 // intent.
-func (s SnapshotterQueries) InsertIntent(ctx context.Context, in DeviceIntent) (int64, error) {
+func (s Records) insertIntent(ctx context.Context, in DeviceIntent) (int64, error) {
 	var origin, ns, key any
 	if in.OriginID != 0 {
 		origin = in.OriginID
@@ -581,29 +548,21 @@ func (s SnapshotterQueries) InsertIntent(ctx context.Context, in DeviceIntent) (
 }
 
 // Intents returns every recorded intent, oldest first.
-func (s SnapshotterQueries) Intents(ctx context.Context) ([]DeviceIntent, error) {
-	rows, err := s.q.QueryContext(ctx, `SELECT id, op, device_id, name, IFNULL(origin_id, 0),
+func (s Records) Intents(ctx context.Context) ([]DeviceIntent, error) {
+	out, err := metadata.QueryAll(ctx, s.q, func(r *sql.Rows) (DeviceIntent, error) {
+		var in DeviceIntent
+		err := r.Scan(&in.ID, &in.Op, &in.DeviceID, &in.Name, &in.OriginID, &in.Namespace, &in.Key, &in.CreatedNs)
+		return in, err
+	}, `SELECT id, op, device_id, name, IFNULL(origin_id, 0),
 		IFNULL(namespace, ''), IFNULL(key, ''), created_ns FROM device_intents ORDER BY id`)
 	if err != nil {
-		return nil, fmt.Errorf("list device intents: %w", err)
-	}
-	defer rows.Close()
-	var out []DeviceIntent
-	for rows.Next() {
-		var in DeviceIntent
-		if err := rows.Scan(&in.ID, &in.Op, &in.DeviceID, &in.Name, &in.OriginID, &in.Namespace, &in.Key, &in.CreatedNs); err != nil {
-			return nil, fmt.Errorf("list device intents: %w", err)
-		}
-		out = append(out, in)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("list device intents: %w", err)
 	}
 	return out, nil
 }
 
-// KeyReserved reports whether an intent reserves (ns, key).
-func (s SnapshotterQueries) KeyReserved(ctx context.Context, ns, key string) (bool, error) {
+// keyReserved reports whether an intent reserves (ns, key).
+func (s Records) keyReserved(ctx context.Context, ns, key string) (bool, error) {
 	var n int
 	if err := s.q.QueryRowContext(ctx, `SELECT COUNT(*) FROM device_intents WHERE namespace = ? AND key = ?`, ns, key).Scan(&n); err != nil {
 		return false, fmt.Errorf("check intents for key %q in namespace %q: %w", key, ns, err)
@@ -611,8 +570,8 @@ func (s SnapshotterQueries) KeyReserved(ctx context.Context, ns, key string) (bo
 	return n > 0, nil
 }
 
-// IntentsWithOrigin returns how many intents create a device from origin.
-func (s SnapshotterQueries) IntentsWithOrigin(ctx context.Context, origin uint32) (int, error) {
+// intentsWithOrigin returns how many intents create a device from origin.
+func (s Records) intentsWithOrigin(ctx context.Context, origin uint32) (int, error) {
 	var n int
 	if err := s.q.QueryRowContext(ctx, `SELECT COUNT(*) FROM device_intents WHERE origin_id = ?`, origin).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count intents with origin %d: %w", origin, err)
@@ -620,8 +579,8 @@ func (s SnapshotterQueries) IntentsWithOrigin(ctx context.Context, origin uint32
 	return n, nil
 }
 
-// DeleteIntent drops intent id. Deleting an absent intent is not an error.
-func (s SnapshotterQueries) DeleteIntent(ctx context.Context, id int64) error {
+// deleteIntent drops intent id. Deleting an absent intent is not an error.
+func (s Records) deleteIntent(ctx context.Context, id int64) error {
 	if _, err := s.q.ExecContext(ctx, `DELETE FROM device_intents WHERE id = ?`, id); err != nil {
 		return fmt.Errorf("delete device intent %d: %w", id, err)
 	}
@@ -631,7 +590,7 @@ func (s SnapshotterQueries) DeleteIntent(ctx context.Context, id int64) error {
 // Quarantine records thin id id as never to be reused, with the reason and
 // whether its device was deleted from the pool. Quarantining an id again
 // updates the reason and the deleted flag (which never goes back to 0).
-func (s SnapshotterQueries) Quarantine(ctx context.Context, id uint32, reason string, deleted bool, nowNs int64) error {
+func (s Records) Quarantine(ctx context.Context, id uint32, reason string, deleted bool, nowNs int64) error {
 	del := 0
 	if deleted {
 		del = 1
@@ -644,9 +603,9 @@ func (s SnapshotterQueries) Quarantine(ctx context.Context, id uint32, reason st
 	return nil
 }
 
-// ReleaseQuarantined forgets the quarantine of thin id id, which may then
+// releaseQuarantined forgets the quarantine of thin id id, which may then
 // be chosen for a new device; false when it was not quarantined.
-func (s SnapshotterQueries) ReleaseQuarantined(ctx context.Context, id uint32) (bool, error) {
+func (s Records) releaseQuarantined(ctx context.Context, id uint32) (bool, error) {
 	res, err := s.q.ExecContext(ctx, `DELETE FROM quarantined_thin_ids WHERE device_id = ?`, id)
 	if err != nil {
 		return false, fmt.Errorf("release quarantined thin id %d: %w", id, err)
@@ -656,29 +615,21 @@ func (s SnapshotterQueries) ReleaseQuarantined(ctx context.Context, id uint32) (
 }
 
 // QuarantinedIDs returns every quarantined thin id, ordered by id.
-func (s SnapshotterQueries) QuarantinedIDs(ctx context.Context) ([]QuarantinedID, error) {
-	rows, err := s.q.QueryContext(ctx, `SELECT device_id, reason, deleted, quarantined_ns FROM quarantined_thin_ids ORDER BY device_id`)
-	if err != nil {
-		return nil, fmt.Errorf("list quarantined thin ids: %w", err)
-	}
-	defer rows.Close()
-	var out []QuarantinedID
-	for rows.Next() {
+func (s Records) QuarantinedIDs(ctx context.Context) ([]QuarantinedID, error) {
+	out, err := metadata.QueryAll(ctx, s.q, func(r *sql.Rows) (QuarantinedID, error) {
 		var q QuarantinedID
-		if err := rows.Scan(&q.DeviceID, &q.Reason, &q.Deleted, &q.QuarantinedNs); err != nil {
-			return nil, fmt.Errorf("list quarantined thin ids: %w", err)
-		}
-		out = append(out, q)
-	}
-	if err := rows.Err(); err != nil {
+		err := r.Scan(&q.DeviceID, &q.Reason, &q.Deleted, &q.QuarantinedNs)
+		return q, err
+	}, `SELECT device_id, reason, deleted, quarantined_ns FROM quarantined_thin_ids ORDER BY device_id`)
+	if err != nil {
 		return nil, fmt.Errorf("list quarantined thin ids: %w", err)
 	}
 	return out, nil
 }
 
-// ThinIDUsed reports whether thin id id is taken: recorded as a device,
+// thinIDUsed reports whether thin id id is taken: recorded as a device,
 // reserved by an intent, or quarantined.
-func (s SnapshotterQueries) ThinIDUsed(ctx context.Context, id uint32) (bool, error) {
+func (s Records) thinIDUsed(ctx context.Context, id uint32) (bool, error) {
 	var n int
 	if err := s.q.QueryRowContext(ctx, `SELECT
 		(SELECT COUNT(*) FROM thin_devices WHERE device_id = ?1) +
@@ -694,7 +645,7 @@ func (s SnapshotterQueries) ThinIDUsed(ctx context.Context, id uint32) (bool, er
 // "removed-pending" (devices awaiting Cleanup), "quarantined" (quarantined
 // ids whose device may still be in the pool) and "base". Every key is
 // present, zero when nothing is in that state.
-func (s SnapshotterQueries) DeviceStateCounts(ctx context.Context) (map[string]int, error) {
+func (s Records) DeviceStateCounts(ctx context.Context) (map[string]int, error) {
 	out := map[string]int{"active": 0, "view": 0, "committed": 0, "removed-pending": 0, "quarantined": 0, "base": 0}
 	rows, err := s.q.QueryContext(ctx, `SELECT kind, COUNT(*) FROM cd_snapshots GROUP BY kind
 		UNION ALL SELECT 'removed-pending', COUNT(*) FROM thin_devices WHERE state = 'removed'

@@ -1,16 +1,19 @@
-package metadata
+package snapshotter
 
 import (
 	"context"
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 )
 
 // queryPlan returns SQLite's plan for q, one line per step.
-func queryPlan(t *testing.T, d *DB, q string, args ...any) string {
+func queryPlan(t *testing.T, d *metadata.DB, q string, args ...any) string {
 	t.Helper()
-	rows, err := d.db.QueryContext(context.Background(), "EXPLAIN QUERY PLAN "+q, args...)
+	rows, err := d.Statements().QueryContext(context.Background(), "EXPLAIN QUERY PLAN "+q, args...)
 	if err != nil {
 		t.Fatalf("explain %s: %v", q, err)
 	}
@@ -35,7 +38,7 @@ func queryPlan(t *testing.T, d *DB, q string, args ...any) string {
 // end to end: a plan step "SCAN <table>" without an index grows with the
 // number of rows.
 func TestHotPathQueriesUseIndexes(t *testing.T) {
-	d := openTestDB(t)
+	d := metadatatest.Open(t)
 	const ref = "containerd.io/snapshot.ref"
 	label, err := labelExpr("s", ref)
 	if err != nil {
@@ -48,7 +51,7 @@ func TestHotPathQueriesUseIndexes(t *testing.T) {
 	}{
 		"RefTarget": {refTargetSQL(label), []any{"", "p", "t"}},
 	}
-	for name, f := range map[string]SnapshotFilter{
+	for name, f := range map[string]snapshotFilter{
 		"walk by ref label and parent": {Labels: map[string]string{ref: "sha256:x"}, Parent: &parent},
 		"walk by parent":               {Parent: &parent},
 		"walk by key":                  {Key: "k"},

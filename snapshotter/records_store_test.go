@@ -1,37 +1,33 @@
-package metadata
+package snapshotter
 
 import (
 	"context"
 	"database/sql"
 	"fmt"
-	"path/filepath"
 	"testing"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 )
 
-func openSnapStore(t *testing.T) (*DB, context.Context) {
+func openSnapStore(t *testing.T) (*metadata.DB, context.Context) {
 	t.Helper()
-	ctx := context.Background()
-	db, err := Open(ctx, Options{Path: filepath.Join(t.TempDir(), "meta.db")})
-	if err != nil {
-		t.Fatalf("open database: %v", err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db, ctx
+	return metadatatest.Open(t), context.Background()
 }
 
-func snapTx(t *testing.T, ctx context.Context, db *DB, fn func(q SnapshotterQueries) error) error {
+func snapTx(t *testing.T, ctx context.Context, db *metadata.DB, fn func(q Records) error) error {
 	t.Helper()
-	return db.WithTx(ctx, func(tx *sql.Tx) error { return fn(SnapshotterTx(tx)) })
+	return db.WithTx(ctx, func(tx *sql.Tx) error { return fn(RecordsTx(tx)) })
 }
 
-func mustSnapTx(t *testing.T, ctx context.Context, db *DB, fn func(q SnapshotterQueries) error) {
+func mustSnapTx(t *testing.T, ctx context.Context, db *metadata.DB, fn func(q Records) error) {
 	t.Helper()
 	if err := snapTx(t, ctx, db, fn); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func dev(id uint32, state string) ThinDevice {
+func thinDev(id uint32, state string) ThinDevice {
 	return ThinDevice{ID: id, Name: fmt.Sprintf("pool-snap-%d", id), Role: ThinRoleSnapshot,
 		State: state, SizeBytes: 1 << 30, FSType: "ext4", CreatedNs: 1, UpdatedNs: 1}
 }
@@ -39,8 +35,8 @@ func dev(id uint32, state string) ThinDevice {
 func TestSnapshotRecordsRoundTripAndCommit(t *testing.T) {
 	db, ctx := openSnapStore(t)
 	var parentID, childID int64
-	mustSnapTx(t, ctx, db, func(q SnapshotterQueries) error {
-		if err := q.InsertThinDevice(ctx, dev(10, ThinStateActive)); err != nil {
+	mustSnapTx(t, ctx, db, func(q Records) error {
+		if err := q.InsertThinDevice(ctx, thinDev(10, ThinStateActive)); err != nil {
 			return err
 		}
 		var err error
@@ -48,14 +44,14 @@ func TestSnapshotRecordsRoundTripAndCommit(t *testing.T) {
 			Labels: map[string]string{"containerd.io/gc.root": "x", "k": "v"}, CreatedNs: 100, UpdatedNs: 100})
 		return err
 	})
-	mustSnapTx(t, ctx, db, func(q SnapshotterQueries) error {
+	mustSnapTx(t, ctx, db, func(q Records) error {
 		if err := q.CommitSnapshot(ctx, parentID, "sha256:aaa", map[string]string{"containerd.io/snapshot.ref": "sha256:aaa"}, 200, 4096, 0); err != nil {
 			return err
 		}
 		return q.SetThinDeviceState(ctx, 10, ThinStateInactive, 200)
 	})
-	mustSnapTx(t, ctx, db, func(q SnapshotterQueries) error {
-		if err := q.InsertThinDevice(ctx, dev(11, ThinStateActive)); err != nil {
+	mustSnapTx(t, ctx, db, func(q Records) error {
+		if err := q.InsertThinDevice(ctx, thinDev(11, ThinStateActive)); err != nil {
 			return err
 		}
 		var err error
@@ -63,7 +59,7 @@ func TestSnapshotRecordsRoundTripAndCommit(t *testing.T) {
 		return err
 	})
 
-	r := db.SnapshotterReads()
+	r := ReadRecords(db)
 	old, ok, err := r.Snapshot(ctx, "default", "layer-a")
 	if err != nil || ok {
 		t.Fatalf("key before commit still found: ok=%v err=%v (%+v)", ok, err, old)
@@ -72,7 +68,7 @@ func TestSnapshotRecordsRoundTripAndCommit(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatalf("committed snapshot not found: ok=%v err=%v", ok, err)
 	}
-	if p.Kind != SnapKindCommitted || p.SizeBytes != 4096 || p.CreatedNs != 200 || p.UpdatedNs != 200 || p.DeviceName != dev(10, "").Name {
+	if p.Kind != SnapKindCommitted || p.SizeBytes != 4096 || p.CreatedNs != 200 || p.UpdatedNs != 200 || p.DeviceName != thinDev(10, "").Name {
 		t.Fatalf("committed record = %+v", p)
 	}
 	if len(p.Labels) != 1 || p.Labels["containerd.io/snapshot.ref"] != "sha256:aaa" {
@@ -99,8 +95,8 @@ func TestSnapshotRecordsRoundTripAndCommit(t *testing.T) {
 			t.Errorf("RefTarget(%q, %q, parent %q) = %q, %v; want %q", tc.ns, tc.target, tc.parent, got, err, tc.want)
 		}
 	}
-	if n, err := r.ChildCount(ctx, parentID); err != nil || n != 1 {
-		t.Fatalf("ChildCount = %d, %v; want 1", n, err)
+	if n, err := r.childCount(ctx, parentID); err != nil || n != 1 {
+		t.Fatalf("childCount = %d, %v; want 1", n, err)
 	}
 	// The same key in another namespace is a different snapshot.
 	if _, ok, _ := r.Snapshot(ctx, "other", "child"); ok {
@@ -111,11 +107,11 @@ func TestSnapshotRecordsRoundTripAndCommit(t *testing.T) {
 		t.Fatalf("Snapshots(default) = %d rows, %v; want 2", len(all), err)
 	}
 	// A parent with children cannot be deleted (foreign key).
-	if err := snapTx(t, ctx, db, func(q SnapshotterQueries) error { return q.DeleteSnapshot(ctx, parentID) }); err == nil {
+	if err := snapTx(t, ctx, db, func(q Records) error { return q.DeleteSnapshot(ctx, parentID) }); err == nil {
 		t.Fatal("deleting a parent with a child succeeded")
 	}
 	// RemoveSnapshot refuses a parent, removes a leaf and marks its device.
-	mustSnapTx(t, ctx, db, func(q SnapshotterQueries) error {
+	mustSnapTx(t, ctx, db, func(q Records) error {
 		if _, children, found, err := q.RemoveSnapshot(ctx, "default", "sha256:aaa", 400); err != nil || !found || children != 1 {
 			return fmt.Errorf("RemoveSnapshot(parent) = children %d found %v err %v; want 1 child, refused", children, found, err)
 		}
@@ -128,10 +124,10 @@ func TestSnapshotRecordsRoundTripAndCommit(t *testing.T) {
 		}
 		return nil
 	})
-	if _, ok, _ := r.SnapshotByID(ctx, childID); ok {
+	if _, ok, _ := r.snapshotByID(ctx, childID); ok {
 		t.Fatal("removed snapshot still recorded")
 	}
-	if d, _, _ := r.ThinDevice(ctx, 11); d.State != ThinStateRemoved {
+	if d, _, _ := r.thinDevice(ctx, 11); d.State != ThinStateRemoved {
 		t.Fatalf("device of the removed snapshot is %q, want removed", d.State)
 	}
 	counts, err := r.DeviceStateCounts(ctx)
@@ -145,15 +141,15 @@ func TestSnapshotRecordsRoundTripAndCommit(t *testing.T) {
 
 func TestDuplicateKeysAndIntentsAreRefused(t *testing.T) {
 	db, ctx := openSnapStore(t)
-	mustSnapTx(t, ctx, db, func(q SnapshotterQueries) error {
-		if err := q.InsertThinDevice(ctx, dev(20, ThinStateActive)); err != nil {
+	mustSnapTx(t, ctx, db, func(q Records) error {
+		if err := q.InsertThinDevice(ctx, thinDev(20, ThinStateActive)); err != nil {
 			return err
 		}
 		_, err := q.InsertSnapshot(ctx, CDSnapshot{Namespace: "ns", Key: "k", Kind: SnapKindActive, DeviceID: 20, CreatedNs: 1, UpdatedNs: 1})
 		return err
 	})
-	if err := snapTx(t, ctx, db, func(q SnapshotterQueries) error {
-		if err := q.InsertThinDevice(ctx, dev(21, ThinStateActive)); err != nil {
+	if err := snapTx(t, ctx, db, func(q Records) error {
+		if err := q.InsertThinDevice(ctx, thinDev(21, ThinStateActive)); err != nil {
 			return err
 		}
 		_, err := q.InsertSnapshot(ctx, CDSnapshot{Namespace: "ns", Key: "k", Kind: SnapKindActive, DeviceID: 21, CreatedNs: 1, UpdatedNs: 1})
@@ -162,14 +158,14 @@ func TestDuplicateKeysAndIntentsAreRefused(t *testing.T) {
 		t.Fatal("second snapshot with the same namespace and key was accepted")
 	}
 	// The failed transaction left nothing behind.
-	if _, ok, _ := db.SnapshotterReads().ThinDevice(ctx, 21); ok {
+	if _, ok, _ := ReadRecords(db).thinDevice(ctx, 21); ok {
 		t.Fatal("device of the rolled-back transaction is recorded")
 	}
 
 	var intentID int64
-	mustSnapTx(t, ctx, db, func(q SnapshotterQueries) error {
+	mustSnapTx(t, ctx, db, func(q Records) error {
 		var err error
-		intentID, err = q.InsertIntent(ctx, DeviceIntent{Op: IntentCreate, DeviceID: 30, Name: "pool-snap-30", OriginID: 20, Namespace: "ns", Key: "new", CreatedNs: 5})
+		intentID, err = q.insertIntent(ctx, DeviceIntent{Op: IntentCreate, DeviceID: 30, Name: "pool-snap-30", OriginID: 20, Namespace: "ns", Key: "new", CreatedNs: 5})
 		return err
 	})
 	for _, in := range []DeviceIntent{
@@ -178,35 +174,35 @@ func TestDuplicateKeysAndIntentsAreRefused(t *testing.T) {
 		{Op: "frobnicate", DeviceID: 32, Name: "z", Namespace: "ns", Key: "third", CreatedNs: 6},       // unknown op
 		{Op: IntentCreate, DeviceID: 1 << 24, Name: "w", Namespace: "ns", Key: "fourth", CreatedNs: 6}, // beyond 24 bits
 	} {
-		if err := snapTx(t, ctx, db, func(q SnapshotterQueries) error { _, err := q.InsertIntent(ctx, in); return err }); err == nil {
+		if err := snapTx(t, ctx, db, func(q Records) error { _, err := q.insertIntent(ctx, in); return err }); err == nil {
 			t.Errorf("intent %+v accepted", in)
 		}
 	}
-	r := db.SnapshotterReads()
-	if res, _ := r.KeyReserved(ctx, "ns", "new"); !res {
+	r := ReadRecords(db)
+	if res, _ := r.keyReserved(ctx, "ns", "new"); !res {
 		t.Fatal("intent does not reserve its key")
 	}
-	if n, _ := r.IntentsWithOrigin(ctx, 20); n != 1 {
-		t.Fatalf("IntentsWithOrigin(20) = %d, want 1", n)
+	if n, _ := r.intentsWithOrigin(ctx, 20); n != 1 {
+		t.Fatalf("intentsWithOrigin(20) = %d, want 1", n)
 	}
 	ins, err := r.Intents(ctx)
 	if err != nil || len(ins) != 1 || ins[0].ID != intentID || ins[0].OriginID != 20 || ins[0].Key != "new" {
 		t.Fatalf("Intents = %+v, %v", ins, err)
 	}
 	// Base intents carry no key; several may not share an id but need no key.
-	mustSnapTx(t, ctx, db, func(q SnapshotterQueries) error {
-		_, err := q.InsertIntent(ctx, DeviceIntent{Op: IntentFormatBase, DeviceID: 40, Name: "pool-base-40", CreatedNs: 7})
+	mustSnapTx(t, ctx, db, func(q Records) error {
+		_, err := q.insertIntent(ctx, DeviceIntent{Op: IntentFormatBase, DeviceID: 40, Name: "pool-base-40", CreatedNs: 7})
 		return err
 	})
 }
 
 func TestThinIDUsedCoversDevicesIntentsAndQuarantine(t *testing.T) {
 	db, ctx := openSnapStore(t)
-	mustSnapTx(t, ctx, db, func(q SnapshotterQueries) error {
-		if err := q.InsertThinDevice(ctx, dev(1, ThinStateInactive)); err != nil {
+	mustSnapTx(t, ctx, db, func(q Records) error {
+		if err := q.InsertThinDevice(ctx, thinDev(1, ThinStateInactive)); err != nil {
 			return err
 		}
-		if _, err := q.InsertIntent(ctx, DeviceIntent{Op: IntentCreate, DeviceID: 2, Name: "n2", Namespace: "a", Key: "b", CreatedNs: 1}); err != nil {
+		if _, err := q.insertIntent(ctx, DeviceIntent{Op: IntentCreate, DeviceID: 2, Name: "n2", Namespace: "a", Key: "b", CreatedNs: 1}); err != nil {
 			return err
 		}
 		if err := q.Quarantine(ctx, 3, "unexplained", false, 1); err != nil {
@@ -218,11 +214,11 @@ func TestThinIDUsedCoversDevicesIntentsAndQuarantine(t *testing.T) {
 		}
 		return q.Quarantine(ctx, 3, "seen again", false, 3)
 	})
-	r := db.SnapshotterReads()
+	r := ReadRecords(db)
 	for id, want := range map[uint32]bool{1: true, 2: true, 3: true, 4: false} {
-		got, err := r.ThinIDUsed(ctx, id)
+		got, err := r.thinIDUsed(ctx, id)
 		if err != nil || got != want {
-			t.Errorf("ThinIDUsed(%d) = %v, %v; want %v", id, got, err, want)
+			t.Errorf("thinIDUsed(%d) = %v, %v; want %v", id, got, err, want)
 		}
 	}
 	qs, err := r.QuarantinedIDs(ctx)
@@ -239,22 +235,22 @@ func TestThinIDUsedCoversDevicesIntentsAndQuarantine(t *testing.T) {
 func TestOnlyOneBaseDevice(t *testing.T) {
 	db, ctx := openSnapStore(t)
 	base := ThinDevice{ID: 7, Name: "pool-base-7", Role: ThinRoleBase, State: ThinStateInactive, SizeBytes: 1 << 30, FSType: "ext4", CreatedNs: 1, UpdatedNs: 1}
-	mustSnapTx(t, ctx, db, func(q SnapshotterQueries) error { return q.InsertThinDevice(ctx, base) })
+	mustSnapTx(t, ctx, db, func(q Records) error { return q.InsertThinDevice(ctx, base) })
 	second := base
 	second.ID, second.Name = 8, "pool-base-8"
-	if err := snapTx(t, ctx, db, func(q SnapshotterQueries) error { return q.InsertThinDevice(ctx, second) }); err == nil {
+	if err := snapTx(t, ctx, db, func(q Records) error { return q.InsertThinDevice(ctx, second) }); err == nil {
 		t.Fatal("a second base device was accepted")
 	}
-	got, ok, err := db.SnapshotterReads().BaseDevice(ctx)
+	got, ok, err := ReadRecords(db).baseDevice(ctx)
 	if err != nil || !ok || got != base {
-		t.Fatalf("BaseDevice = %+v, %v, %v; want %+v", got, ok, err, base)
+		t.Fatalf("baseDevice = %+v, %v, %v; want %+v", got, ok, err, base)
 	}
 	for _, bad := range []ThinDevice{
 		{ID: 0, Name: "zero", Role: ThinRoleSnapshot, State: ThinStateActive, SizeBytes: 1, FSType: "ext4"},
 		{ID: 9, Name: "badstate", Role: ThinRoleSnapshot, State: "gone", SizeBytes: 1, FSType: "ext4"},
 		{ID: 10, Name: "pool-base-7", Role: ThinRoleSnapshot, State: ThinStateActive, SizeBytes: 1, FSType: "ext4"},
 	} {
-		if err := snapTx(t, ctx, db, func(q SnapshotterQueries) error { return q.InsertThinDevice(ctx, bad) }); err == nil {
+		if err := snapTx(t, ctx, db, func(q Records) error { return q.InsertThinDevice(ctx, bad) }); err == nil {
 			t.Errorf("device %+v accepted", bad)
 		}
 	}
