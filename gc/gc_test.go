@@ -62,7 +62,7 @@ func (p *fakePool) add(t *testing.T, key, parent, kind string, labels map[string
 		q := snapshotter.RecordsTx(tx)
 		var parentID int64
 		if parent != "" {
-			r, ok, err := q.Snapshot(ctx, "", parent)
+			r, ok, err := q.Snapshot(ctx, parent)
 			if err != nil || !ok {
 				return fmt.Errorf("parent %q: %v %v", parent, ok, err)
 			}
@@ -89,7 +89,7 @@ func (p *fakePool) Walk(ctx context.Context, fn snapshots.WalkFunc, fs ...string
 	if err != nil {
 		return err
 	}
-	rows, err := snapshotter.ReadRecords(p.db).Snapshots(ctx, "", false)
+	rows, err := snapshotter.ReadRecords(p.db).Snapshots(ctx)
 	if err != nil {
 		return err
 	}
@@ -121,7 +121,7 @@ func (p *fakePool) RemoveIf(ctx context.Context, key string, guard snapshotter.R
 				return err
 			}
 		}
-		_, children, found, err := snapshotter.RecordsTx(tx).RemoveSnapshot(ctx, "", key, time.Now().UnixNano())
+		_, children, found, err := snapshotter.RecordsTx(tx).RemoveSnapshot(ctx, key, time.Now().UnixNano())
 		switch {
 		case err != nil:
 			return err
@@ -333,7 +333,7 @@ func (h *harness) gone(id, name string, chains []string, files []string) {
 		h.t.Errorf("name %s still recorded (image %s)", name, got)
 	}
 	for _, key := range append([]string{metadata.ActivationKey(id)}, chains...) {
-		if _, ok, _ := snapshotter.ReadRecords(h.db).Snapshot(ctx, "", key); ok {
+		if _, ok, _ := snapshotter.ReadRecords(h.db).Snapshot(ctx, key); ok {
 			h.t.Errorf("snapshot %s of image %s still recorded", key, id)
 		}
 		if c, _ := h.db.GetChain(ctx, key); c != nil {
@@ -359,7 +359,7 @@ func (h *harness) present(ids ...string) {
 		if im, err := h.db.GetImage(context.Background(), id); err != nil || im == nil {
 			h.t.Errorf("image %s was removed", id)
 		}
-		if _, ok, _ := snapshotter.ReadRecords(h.db).Snapshot(context.Background(), "", metadata.ActivationKey(id)); !ok {
+		if _, ok, _ := snapshotter.ReadRecords(h.db).Snapshot(context.Background(), metadata.ActivationKey(id)); !ok {
 			h.t.Errorf("activation of image %s was removed", id)
 		}
 	}
@@ -633,7 +633,7 @@ func (h *harness) registry(ns, name string, used time.Time, ours map[string]bool
 		key := l.chain
 		if !ours[l.chain] {
 			key = registryKey(ns, l.chain)
-			if _, ok, err := snapshotter.ReadRecords(h.db).Snapshot(ctx, "", key); err != nil {
+			if _, ok, err := snapshotter.ReadRecords(h.db).Snapshot(ctx, key); err != nil {
 				h.t.Fatal(err)
 			} else if !ok {
 				h.pool.add(h.t, key, parent, snapshotter.SnapKindCommitted, map[string]string{snapshots.LabelSnapshotRef: l.chain}, l.bytes)
@@ -652,7 +652,7 @@ func (h *harness) snapshotGone(keys ...string) {
 	h.t.Helper()
 	ctx := context.Background()
 	for _, key := range keys {
-		if _, ok, _ := snapshotter.ReadRecords(h.db).Snapshot(ctx, "", key); ok {
+		if _, ok, _ := snapshotter.ReadRecords(h.db).Snapshot(ctx, key); ok {
 			h.t.Errorf("snapshot %s still recorded", key)
 		}
 	}
@@ -753,7 +753,7 @@ func TestCollectSharedChainsAcrossSources(t *testing.T) {
 	}
 	h.snapshotGone(registryKey("a", "reg-top"))
 	h.present("s3-base")
-	if _, ok, _ := snapshotter.ReadRecords(h.db).Snapshot(ctx, "", "base"); !ok {
+	if _, ok, _ := snapshotter.ReadRecords(h.db).Snapshot(ctx, "base"); !ok {
 		t.Error("the S3 image's base chain went with the registry image on it")
 	}
 	// The other way round: a registry layer on the S3 base keeps it when
@@ -763,7 +763,7 @@ func TestCollectSharedChainsAcrossSources(t *testing.T) {
 	if err != nil || len(removed) != 1 {
 		t.Fatalf("rm s3/base: %+v, %v", removed, err)
 	}
-	if _, ok, _ := snapshotter.ReadRecords(h.db).Snapshot(ctx, "", "base"); !ok {
+	if _, ok, _ := snapshotter.ReadRecords(h.db).Snapshot(ctx, "base"); !ok {
 		t.Error("the S3 image's base chain, under a registry image's layer, was removed with the S3 image")
 	}
 	h.snapshotGone("s3-top")

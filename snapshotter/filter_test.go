@@ -84,17 +84,17 @@ func TestWalkPushdownAgreesWithFilter(t *testing.T) {
 	r := newRecordsOnly(t)
 	ctx := context.Background()
 	const ref = snapshots.LabelSnapshotRef
-	r.seed(keyspace, "p,1", SnapKindCommitted, "", map[string]string{ref: "sha256:a", "x.y": "1"})
-	r.seed(keyspace, "c", SnapKindCommitted, "p,1", map[string]string{ref: "sha256:b", "x.y": "2"})
-	r.seed(keyspace, "c2", SnapKindCommitted, "p,1", map[string]string{ref: "sha256:a"})
-	r.seed(keyspace, "a", SnapKindActive, "c", nil)
-	r.seed(keyspace, "v", SnapKindView, "c", map[string]string{"x.y": "2"})
+	r.seed("p,1", SnapKindCommitted, "", map[string]string{ref: "sha256:a", "x.y": "1"})
+	r.seed("c", SnapKindCommitted, "p,1", map[string]string{ref: "sha256:b", "x.y": "2"})
+	r.seed("c2", SnapKindCommitted, "p,1", map[string]string{ref: "sha256:a"})
+	r.seed("a", SnapKindActive, "c", nil)
+	r.seed("v", SnapKindView, "c", map[string]string{"x.y": "2"})
 	all := func(fs ...string) []string {
 		f, err := filters.ParseAll(fs...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		rows, err := r.reads().Snapshots(ctx, keyspace, false)
+		rows, err := r.reads().Snapshots(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

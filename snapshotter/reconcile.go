@@ -52,7 +52,7 @@ func (s *Snapshotter) reconcile(ctx context.Context) error {
 		return err
 	}
 	for _, in := range intents {
-		l := logger.WithFields(log.Fields{"intent": in.ID, "op": in.Op, "thin_id": in.DeviceID, "device": in.Name, "namespace": in.Namespace, "key": in.Key})
+		l := logger.WithFields(log.Fields{"intent": in.ID, "op": in.Op, "thin_id": in.DeviceID, "device": in.Name, "key": in.Key})
 		if _, ok, err := s.reads().thinDevice(ctx, in.DeviceID); err != nil {
 			return err
 		} else if ok {

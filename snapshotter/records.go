@@ -45,7 +45,6 @@ const (
 // and its parent's key.
 type CDSnapshot struct {
 	ID         int64
-	Namespace  string
 	Key        string
 	Kind       string // SnapKindActive, SnapKindView or SnapKindCommitted
 	ParentID   int64  // 0 when the snapshot has no parent
@@ -79,7 +78,6 @@ type DeviceIntent struct {
 	DeviceID  uint32
 	Name      string
 	OriginID  uint32 // 0 when the device has no origin
-	Namespace string // "" for the base device
 	Key       string // "" for the base device
 	CreatedNs int64
 }
@@ -96,6 +94,11 @@ type QuarantinedID struct {
 // single statements (reads outside a transaction) or a write transaction
 // from (*metadata.DB).WithTx. Writes must go through RecordsTx so that a
 // snapshot record and its device record change together.
+//
+// The snapshotter keeps every record in one keyspace (see keyspace), so
+// the queries write the namespace column of cd_snapshots and
+// device_intents as the empty string and match it as the empty string,
+// which keeps the indexes that lead with that column usable.
 type Records struct {
 	q metadata.Querier
 }
@@ -112,7 +115,7 @@ func RecordsTx(tx *sql.Tx) Records {
 	return Records{q: tx}
 }
 
-const cdSnapshotColumns = `s.id, s.namespace, s.key, s.kind, IFNULL(s.parent_id, 0), IFNULL(p.key, ''),
+const cdSnapshotColumns = `s.id, s.key, s.kind, IFNULL(s.parent_id, 0), IFNULL(p.key, ''),
 	s.device_id, d.name, s.labels, s.created_ns, s.updated_ns, s.size_bytes, s.inodes
 	FROM cd_snapshots s
 	JOIN thin_devices d ON d.device_id = s.device_id
@@ -123,13 +126,13 @@ func scanCDSnapshot(sc interface{ Scan(...any) error }) (CDSnapshot, error) {
 		s      CDSnapshot
 		labels string
 	)
-	if err := sc.Scan(&s.ID, &s.Namespace, &s.Key, &s.Kind, &s.ParentID, &s.ParentKey,
+	if err := sc.Scan(&s.ID, &s.Key, &s.Kind, &s.ParentID, &s.ParentKey,
 		&s.DeviceID, &s.DeviceName, &labels, &s.CreatedNs, &s.UpdatedNs, &s.SizeBytes, &s.Inodes); err != nil {
 		return CDSnapshot{}, err
 	}
 	l, err := decodeLabels(labels)
 	if err != nil {
-		return CDSnapshot{}, fmt.Errorf("snapshot %q in namespace %q: %w", s.Key, s.Namespace, err)
+		return CDSnapshot{}, fmt.Errorf("snapshot %q: %w", s.Key, err)
 	}
 	s.Labels = l
 	return s, nil
@@ -160,16 +163,15 @@ func encodeLabels(m map[string]string) (string, error) {
 	return string(b), nil
 }
 
-// Snapshot returns the snapshot keyed key in namespace ns; ok is false when
-// there is none.
-func (s Records) Snapshot(ctx context.Context, ns, key string) (snap CDSnapshot, ok bool, err error) {
-	row := s.q.QueryRowContext(ctx, `SELECT `+cdSnapshotColumns+` WHERE s.namespace = ? AND s.key = ?`, ns, key)
+// Snapshot returns the snapshot keyed key; ok is false when there is none.
+func (s Records) Snapshot(ctx context.Context, key string) (snap CDSnapshot, ok bool, err error) {
+	row := s.q.QueryRowContext(ctx, `SELECT `+cdSnapshotColumns+` WHERE s.namespace = '' AND s.key = ?`, key)
 	snap, err = scanCDSnapshot(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return CDSnapshot{}, false, nil
 	}
 	if err != nil {
-		return CDSnapshot{}, false, fmt.Errorf("read snapshot %q in namespace %q: %w", key, ns, err)
+		return CDSnapshot{}, false, fmt.Errorf("read snapshot %q: %w", key, err)
 	}
 	return snap, true, nil
 }
@@ -188,27 +190,13 @@ func (s Records) snapshotByID(ctx context.Context, id int64) (snap CDSnapshot, o
 	return snap, true, nil
 }
 
-// Snapshots returns every snapshot of namespace ns, or of all namespaces
-// when allNamespaces is true, ordered by row id.
-func (s Records) Snapshots(ctx context.Context, ns string, allNamespaces bool) ([]CDSnapshot, error) {
-	if allNamespaces {
-		return s.listSnapshots(ctx, "all namespaces", `SELECT `+cdSnapshotColumns+` ORDER BY s.id`)
-	}
-	return s.snapshotsWhere(ctx, ns, snapshotFilter{})
+// Snapshots returns every snapshot, ordered by row id.
+func (s Records) Snapshots(ctx context.Context) ([]CDSnapshot, error) {
+	return s.snapshotsWhere(ctx, snapshotFilter{})
 }
 
-// listSnapshots runs q, a SELECT of cdSnapshotColumns, and scans its rows;
-// what names the set in errors.
-func (s Records) listSnapshots(ctx context.Context, what, q string, args ...any) ([]CDSnapshot, error) {
-	out, err := metadata.QueryAll(ctx, s.q, func(r *sql.Rows) (CDSnapshot, error) { return scanCDSnapshot(r) }, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("list snapshots of %s: %w", what, err)
-	}
-	return out, nil
-}
-
-// snapshotOnDevice returns the snapshot that owns thin device id, in any
-// namespace; ok is false when none does.
+// snapshotOnDevice returns the snapshot that owns thin device id, whatever
+// its namespace column holds; ok is false when none does.
 func (s Records) snapshotOnDevice(ctx context.Context, id uint32) (snap CDSnapshot, ok bool, err error) {
 	snap, err = scanCDSnapshot(s.q.QueryRowContext(ctx, `SELECT `+cdSnapshotColumns+` WHERE s.device_id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
@@ -220,39 +208,37 @@ func (s Records) snapshotOnDevice(ctx context.Context, id uint32) (snap CDSnapsh
 	return snap, true, nil
 }
 
-// RefTarget returns the key of a committed snapshot of namespace ns whose
-// parent's key is parentKey ("" for none) and whose label labelKey equals
+// RefTarget returns the key of a committed snapshot whose parent's key is parentKey ("" for none) and whose label labelKey equals
 // target, or failing that whose key is target; "" when there is none. It is
 // how a Prepare carrying containerd's snapshot.ref label finds a layer that
 // is already there. Both lookups are indexed (for the label, only
 // containerd.io/snapshot.ref has an index), so the cost does not grow with
 // the number of snapshots.
-func (s Records) RefTarget(ctx context.Context, ns, labelKey, target, parentKey string) (string, error) {
+func (s Records) RefTarget(ctx context.Context, labelKey, target, parentKey string) (string, error) {
 	label, err := labelExpr("s", labelKey)
 	if err != nil {
 		return "", fmt.Errorf("find ref target: %w", err)
 	}
 	var key string
-	err = s.q.QueryRowContext(ctx, refTargetSQL(label), ns, parentKey, target).Scan(&key)
+	err = s.q.QueryRowContext(ctx, refTargetSQL(label), parentKey, target).Scan(&key)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("find committed snapshot for ref %q on parent %q in namespace %q: %w", target, parentKey, ns, err)
+		return "", fmt.Errorf("find committed snapshot for ref %q on parent %q: %w", target, parentKey, err)
 	}
 	return key, nil
 }
 
 // refTargetSQL is RefTarget's query, label the expression of its label
-// (labelExpr); its parameters are the namespace, the parent's key and the
-// target.
+// (labelExpr); its parameters are the parent's key and the target.
 func refTargetSQL(label string) string {
 	return `SELECT key FROM (
 		SELECT s.key, 0 AS pref, s.id FROM cd_snapshots s LEFT JOIN cd_snapshots p ON p.id = s.parent_id
-		 WHERE ` + label + ` = ?3 AND s.kind = 'committed' AND s.namespace = ?1 AND IFNULL(p.key, '') = ?2
+		 WHERE ` + label + ` = ?2 AND s.kind = 'committed' AND s.namespace = '' AND IFNULL(p.key, '') = ?1
 		UNION ALL
 		SELECT s.key, 1 AS pref, s.id FROM cd_snapshots s LEFT JOIN cd_snapshots p ON p.id = s.parent_id
-		 WHERE s.namespace = ?1 AND s.key = ?3 AND s.kind = 'committed' AND IFNULL(p.key, '') = ?2
+		 WHERE s.namespace = '' AND s.key = ?2 AND s.kind = 'committed' AND IFNULL(p.key, '') = ?1
 		) ORDER BY pref, id LIMIT 1`
 }
 
@@ -267,7 +253,7 @@ func labelExpr(alias, key string) (string, error) {
 }
 
 // snapshotFilter narrows snapshotsWhere: every field set must hold (the
-// zero value selects every snapshot of the namespace).
+// zero value selects every snapshot).
 type snapshotFilter struct {
 	Key    string            // the key, when not ""
 	Kind   string            // SnapKind*, when not ""
@@ -275,21 +261,25 @@ type snapshotFilter struct {
 	Labels map[string]string // label key -> value, each must be equal
 }
 
-// snapshotsWhere returns the snapshots of namespace ns that f selects,
+// snapshotsWhere returns the snapshots that f selects,
 // ordered by row id. A filter on the key, on the parent or on
 // containerd.io/snapshot.ref is answered from an index.
-func (s Records) snapshotsWhere(ctx context.Context, ns string, f snapshotFilter) ([]CDSnapshot, error) {
-	q, args, err := snapshotsWhereSQL(ns, f)
+func (s Records) snapshotsWhere(ctx context.Context, f snapshotFilter) ([]CDSnapshot, error) {
+	q, args, err := snapshotsWhereSQL(f)
 	if err != nil {
-		return nil, fmt.Errorf("list snapshots of namespace %q: %w", ns, err)
+		return nil, fmt.Errorf("list snapshots: %w", err)
 	}
-	return s.listSnapshots(ctx, fmt.Sprintf("namespace %q", ns), q, args...)
+	out, err := metadata.QueryAll(ctx, s.q, func(r *sql.Rows) (CDSnapshot, error) { return scanCDSnapshot(r) }, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list snapshots: %w", err)
+	}
+	return out, nil
 }
 
 // snapshotsWhereSQL is snapshotsWhere's query and its arguments.
-func snapshotsWhereSQL(ns string, f snapshotFilter) (string, []any, error) {
-	where := []string{"s.namespace = ?"}
-	args := []any{ns}
+func snapshotsWhereSQL(f snapshotFilter) (string, []any, error) {
+	where := []string{"s.namespace = ''"}
+	var args []any
 	if f.Key != "" {
 		where = append(where, "s.key = ?")
 		args = append(args, f.Key)
@@ -302,8 +292,8 @@ func snapshotsWhereSQL(ns string, f snapshotFilter) (string, []any, error) {
 		if *f.Parent == "" {
 			where = append(where, "s.parent_id IS NULL")
 		} else {
-			where = append(where, "s.parent_id = (SELECT id FROM cd_snapshots WHERE namespace = ? AND key = ?)")
-			args = append(args, ns, *f.Parent)
+			where = append(where, "s.parent_id = (SELECT id FROM cd_snapshots WHERE namespace = '' AND key = ?)")
+			args = append(args, *f.Parent)
 		}
 	}
 	for _, k := range slices.Sorted(maps.Keys(f.Labels)) {
@@ -340,11 +330,11 @@ func (s Records) InsertSnapshot(ctx context.Context, snap CDSnapshot) (int64, er
 	}
 	res, err := s.q.ExecContext(ctx, `INSERT INTO cd_snapshots
 		(namespace, key, kind, parent_id, device_id, labels, created_ns, updated_ns, size_bytes, inodes)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		snap.Namespace, snap.Key, snap.Kind, parent, snap.DeviceID, labels,
+		VALUES ('', ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		snap.Key, snap.Kind, parent, snap.DeviceID, labels,
 		snap.CreatedNs, snap.UpdatedNs, snap.SizeBytes, snap.Inodes)
 	if err != nil {
-		return 0, fmt.Errorf("insert snapshot %q in namespace %q: %w", snap.Key, snap.Namespace, err)
+		return 0, fmt.Errorf("insert snapshot %q: %w", snap.Key, err)
 	}
 	return res.LastInsertId()
 }
@@ -379,26 +369,26 @@ func (s Records) UpdateSnapshotLabels(ctx context.Context, id int64, labels map[
 	return expectOneRow(res, fmt.Sprintf("update labels of snapshot row %d: no such snapshot", id))
 }
 
-// RemoveSnapshot drops the record of snapshot key in namespace ns and marks
+// RemoveSnapshot drops the record of snapshot key and marks
 // its device removed, in at most three statements, unless the snapshot has
 // children (other snapshots naming it as parent, or create intents using its
 // device as origin). It returns the device, the number of children, and
 // whether the snapshot exists; nothing is written when found is false or
 // children is not 0.
-func (s Records) RemoveSnapshot(ctx context.Context, ns, key string, nowNs int64) (dev ThinDevice, children int, found bool, err error) {
+func (s Records) RemoveSnapshot(ctx context.Context, key string, nowNs int64) (dev ThinDevice, children int, found bool, err error) {
 	var rowID int64
 	err = s.q.QueryRowContext(ctx, `SELECT s.id, d.device_id, d.name, IFNULL(d.origin_id, 0), d.role, d.state, d.size_bytes,
 		d.fs_type, d.created_ns, d.updated_ns,
 		(SELECT COUNT(*) FROM cd_snapshots c WHERE c.parent_id = s.id) +
 		(SELECT COUNT(*) FROM device_intents i WHERE i.origin_id = s.device_id)
 		FROM cd_snapshots s JOIN thin_devices d ON d.device_id = s.device_id
-		WHERE s.namespace = ? AND s.key = ?`, ns, key).Scan(&rowID, &dev.ID, &dev.Name, &dev.OriginID, &dev.Role,
+		WHERE s.namespace = '' AND s.key = ?`, key).Scan(&rowID, &dev.ID, &dev.Name, &dev.OriginID, &dev.Role,
 		&dev.State, &dev.SizeBytes, &dev.FSType, &dev.CreatedNs, &dev.UpdatedNs, &children)
 	if errors.Is(err, sql.ErrNoRows) {
 		return ThinDevice{}, 0, false, nil
 	}
 	if err != nil {
-		return ThinDevice{}, 0, false, fmt.Errorf("remove snapshot %q in namespace %q: %w", key, ns, err)
+		return ThinDevice{}, 0, false, fmt.Errorf("remove snapshot %q: %w", key, err)
 	}
 	if children > 0 {
 		return dev, children, true, nil
@@ -528,7 +518,7 @@ func (s Records) DeleteThinDevice(ctx context.Context, id uint32) error {
 }
 
 // insertIntent records device work about to be done. It fails when the
-// device id, or the (namespace, key) pair, is already reserved by another
+// device id, or the key, is already reserved by another
 // intent.
 func (s Records) insertIntent(ctx context.Context, in DeviceIntent) (int64, error) {
 	var origin, ns, key any
@@ -536,7 +526,7 @@ func (s Records) insertIntent(ctx context.Context, in DeviceIntent) (int64, erro
 		origin = in.OriginID
 	}
 	if in.Key != "" {
-		ns, key = in.Namespace, in.Key
+		ns, key = "", in.Key
 	}
 	res, err := s.q.ExecContext(ctx, `INSERT INTO device_intents
 		(op, device_id, name, origin_id, namespace, key, created_ns) VALUES (?, ?, ?, ?, ?, ?, ?)`,
@@ -551,21 +541,21 @@ func (s Records) insertIntent(ctx context.Context, in DeviceIntent) (int64, erro
 func (s Records) Intents(ctx context.Context) ([]DeviceIntent, error) {
 	out, err := metadata.QueryAll(ctx, s.q, func(r *sql.Rows) (DeviceIntent, error) {
 		var in DeviceIntent
-		err := r.Scan(&in.ID, &in.Op, &in.DeviceID, &in.Name, &in.OriginID, &in.Namespace, &in.Key, &in.CreatedNs)
+		err := r.Scan(&in.ID, &in.Op, &in.DeviceID, &in.Name, &in.OriginID, &in.Key, &in.CreatedNs)
 		return in, err
 	}, `SELECT id, op, device_id, name, IFNULL(origin_id, 0),
-		IFNULL(namespace, ''), IFNULL(key, ''), created_ns FROM device_intents ORDER BY id`)
+		IFNULL(key, ''), created_ns FROM device_intents ORDER BY id`)
 	if err != nil {
 		return nil, fmt.Errorf("list device intents: %w", err)
 	}
 	return out, nil
 }
 
-// keyReserved reports whether an intent reserves (ns, key).
-func (s Records) keyReserved(ctx context.Context, ns, key string) (bool, error) {
+// keyReserved reports whether an intent reserves key.
+func (s Records) keyReserved(ctx context.Context, key string) (bool, error) {
 	var n int
-	if err := s.q.QueryRowContext(ctx, `SELECT COUNT(*) FROM device_intents WHERE namespace = ? AND key = ?`, ns, key).Scan(&n); err != nil {
-		return false, fmt.Errorf("check intents for key %q in namespace %q: %w", key, ns, err)
+	if err := s.q.QueryRowContext(ctx, `SELECT COUNT(*) FROM device_intents WHERE namespace = '' AND key = ?`, key).Scan(&n); err != nil {
+		return false, fmt.Errorf("check intents for key %q: %w", key, err)
 	}
 	return n > 0, nil
 }

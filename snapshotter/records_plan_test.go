@@ -49,14 +49,14 @@ func TestHotPathQueriesUseIndexes(t *testing.T) {
 		q    string
 		args []any
 	}{
-		"RefTarget": {refTargetSQL(label), []any{"", "p", "t"}},
+		"RefTarget": {refTargetSQL(label), []any{"p", "t"}},
 	}
 	for name, f := range map[string]snapshotFilter{
 		"walk by ref label and parent": {Labels: map[string]string{ref: "sha256:x"}, Parent: &parent},
 		"walk by parent":               {Parent: &parent},
 		"walk by key":                  {Key: "k"},
 	} {
-		q, args, err := snapshotsWhereSQL("", f)
+		q, args, err := snapshotsWhereSQL(f)
 		if err != nil {
 			t.Fatal(err)
 		}

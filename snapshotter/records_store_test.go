@@ -40,7 +40,7 @@ func TestSnapshotRecordsRoundTripAndCommit(t *testing.T) {
 			return err
 		}
 		var err error
-		parentID, err = q.InsertSnapshot(ctx, CDSnapshot{Namespace: "default", Key: "layer-a", Kind: SnapKindActive, DeviceID: 10,
+		parentID, err = q.InsertSnapshot(ctx, CDSnapshot{Key: "layer-a", Kind: SnapKindActive, DeviceID: 10,
 			Labels: map[string]string{"containerd.io/gc.root": "x", "k": "v"}, CreatedNs: 100, UpdatedNs: 100})
 		return err
 	})
@@ -55,16 +55,16 @@ func TestSnapshotRecordsRoundTripAndCommit(t *testing.T) {
 			return err
 		}
 		var err error
-		childID, err = q.InsertSnapshot(ctx, CDSnapshot{Namespace: "default", Key: "child", Kind: SnapKindView, ParentID: parentID, DeviceID: 11, CreatedNs: 300, UpdatedNs: 300})
+		childID, err = q.InsertSnapshot(ctx, CDSnapshot{Key: "child", Kind: SnapKindView, ParentID: parentID, DeviceID: 11, CreatedNs: 300, UpdatedNs: 300})
 		return err
 	})
 
 	r := ReadRecords(db)
-	old, ok, err := r.Snapshot(ctx, "default", "layer-a")
+	old, ok, err := r.Snapshot(ctx, "layer-a")
 	if err != nil || ok {
 		t.Fatalf("key before commit still found: ok=%v err=%v (%+v)", ok, err, old)
 	}
-	p, ok, err := r.Snapshot(ctx, "default", "sha256:aaa")
+	p, ok, err := r.Snapshot(ctx, "sha256:aaa")
 	if err != nil || !ok {
 		t.Fatalf("committed snapshot not found: ok=%v err=%v", ok, err)
 	}
@@ -74,7 +74,7 @@ func TestSnapshotRecordsRoundTripAndCommit(t *testing.T) {
 	if len(p.Labels) != 1 || p.Labels["containerd.io/snapshot.ref"] != "sha256:aaa" {
 		t.Fatalf("labels after commit = %v, want only the commit's labels", p.Labels)
 	}
-	c, ok, err := r.Snapshot(ctx, "default", "child")
+	c, ok, err := r.Snapshot(ctx, "child")
 	if err != nil || !ok {
 		t.Fatalf("child not found: ok=%v err=%v", ok, err)
 	}
@@ -82,27 +82,22 @@ func TestSnapshotRecordsRoundTripAndCommit(t *testing.T) {
 		t.Fatalf("child record = %+v, want parent sha256:aaa and nil labels", c)
 	}
 	// The snapshot.ref lookup: by label first, by name otherwise, same
-	// parent only, same namespace only.
+	// parent only.
 	const ref = "containerd.io/snapshot.ref"
-	for _, tc := range []struct{ ns, target, parent, want string }{
-		{"default", "sha256:aaa", "", "sha256:aaa"},
-		{"default", "sha256:aaa", "other-parent", ""},
-		{"other", "sha256:aaa", "", ""},
-		{"default", "sha256:bbb", "", ""},
+	for _, tc := range []struct{ target, parent, want string }{
+		{"sha256:aaa", "", "sha256:aaa"},
+		{"sha256:aaa", "other-parent", ""},
+		{"sha256:bbb", "", ""},
 	} {
-		got, err := r.RefTarget(ctx, tc.ns, ref, tc.target, tc.parent)
+		got, err := r.RefTarget(ctx, ref, tc.target, tc.parent)
 		if err != nil || got != tc.want {
-			t.Errorf("RefTarget(%q, %q, parent %q) = %q, %v; want %q", tc.ns, tc.target, tc.parent, got, err, tc.want)
+			t.Errorf("RefTarget(%q, parent %q) = %q, %v; want %q", tc.target, tc.parent, got, err, tc.want)
 		}
 	}
 	if n, err := r.childCount(ctx, parentID); err != nil || n != 1 {
 		t.Fatalf("childCount = %d, %v; want 1", n, err)
 	}
-	// The same key in another namespace is a different snapshot.
-	if _, ok, _ := r.Snapshot(ctx, "other", "child"); ok {
-		t.Fatal("snapshot visible in another namespace")
-	}
-	all, err := r.Snapshots(ctx, "default", false)
+	all, err := r.Snapshots(ctx)
 	if err != nil || len(all) != 2 {
 		t.Fatalf("Snapshots(default) = %d rows, %v; want 2", len(all), err)
 	}
@@ -112,13 +107,13 @@ func TestSnapshotRecordsRoundTripAndCommit(t *testing.T) {
 	}
 	// RemoveSnapshot refuses a parent, removes a leaf and marks its device.
 	mustSnapTx(t, ctx, db, func(q Records) error {
-		if _, children, found, err := q.RemoveSnapshot(ctx, "default", "sha256:aaa", 400); err != nil || !found || children != 1 {
+		if _, children, found, err := q.RemoveSnapshot(ctx, "sha256:aaa", 400); err != nil || !found || children != 1 {
 			return fmt.Errorf("RemoveSnapshot(parent) = children %d found %v err %v; want 1 child, refused", children, found, err)
 		}
-		if _, _, found, err := q.RemoveSnapshot(ctx, "default", "nope", 400); err != nil || found {
+		if _, _, found, err := q.RemoveSnapshot(ctx, "nope", 400); err != nil || found {
 			return fmt.Errorf("RemoveSnapshot(absent) found=%v err=%v", found, err)
 		}
-		d, children, found, err := q.RemoveSnapshot(ctx, "default", "child", 400)
+		d, children, found, err := q.RemoveSnapshot(ctx, "child", 400)
 		if err != nil || !found || children != 0 || d.ID != 11 || d.State != ThinStateRemoved {
 			return fmt.Errorf("RemoveSnapshot(child) = %+v, %d, %v, %v", d, children, found, err)
 		}
@@ -145,17 +140,17 @@ func TestDuplicateKeysAndIntentsAreRefused(t *testing.T) {
 		if err := q.InsertThinDevice(ctx, thinDev(20, ThinStateActive)); err != nil {
 			return err
 		}
-		_, err := q.InsertSnapshot(ctx, CDSnapshot{Namespace: "ns", Key: "k", Kind: SnapKindActive, DeviceID: 20, CreatedNs: 1, UpdatedNs: 1})
+		_, err := q.InsertSnapshot(ctx, CDSnapshot{Key: "k", Kind: SnapKindActive, DeviceID: 20, CreatedNs: 1, UpdatedNs: 1})
 		return err
 	})
 	if err := snapTx(t, ctx, db, func(q Records) error {
 		if err := q.InsertThinDevice(ctx, thinDev(21, ThinStateActive)); err != nil {
 			return err
 		}
-		_, err := q.InsertSnapshot(ctx, CDSnapshot{Namespace: "ns", Key: "k", Kind: SnapKindActive, DeviceID: 21, CreatedNs: 1, UpdatedNs: 1})
+		_, err := q.InsertSnapshot(ctx, CDSnapshot{Key: "k", Kind: SnapKindActive, DeviceID: 21, CreatedNs: 1, UpdatedNs: 1})
 		return err
 	}); err == nil {
-		t.Fatal("second snapshot with the same namespace and key was accepted")
+		t.Fatal("second snapshot with the same key was accepted")
 	}
 	// The failed transaction left nothing behind.
 	if _, ok, _ := ReadRecords(db).thinDevice(ctx, 21); ok {
@@ -165,21 +160,21 @@ func TestDuplicateKeysAndIntentsAreRefused(t *testing.T) {
 	var intentID int64
 	mustSnapTx(t, ctx, db, func(q Records) error {
 		var err error
-		intentID, err = q.insertIntent(ctx, DeviceIntent{Op: IntentCreate, DeviceID: 30, Name: "pool-snap-30", OriginID: 20, Namespace: "ns", Key: "new", CreatedNs: 5})
+		intentID, err = q.insertIntent(ctx, DeviceIntent{Op: IntentCreate, DeviceID: 30, Name: "pool-snap-30", OriginID: 20, Key: "new", CreatedNs: 5})
 		return err
 	})
 	for _, in := range []DeviceIntent{
-		{Op: IntentCreate, DeviceID: 30, Name: "x", Namespace: "ns", Key: "other", CreatedNs: 6},       // same id
-		{Op: IntentCreate, DeviceID: 31, Name: "y", Namespace: "ns", Key: "new", CreatedNs: 6},         // same key
-		{Op: "frobnicate", DeviceID: 32, Name: "z", Namespace: "ns", Key: "third", CreatedNs: 6},       // unknown op
-		{Op: IntentCreate, DeviceID: 1 << 24, Name: "w", Namespace: "ns", Key: "fourth", CreatedNs: 6}, // beyond 24 bits
+		{Op: IntentCreate, DeviceID: 30, Name: "x", Key: "other", CreatedNs: 6},       // same id
+		{Op: IntentCreate, DeviceID: 31, Name: "y", Key: "new", CreatedNs: 6},         // same key
+		{Op: "frobnicate", DeviceID: 32, Name: "z", Key: "third", CreatedNs: 6},       // unknown op
+		{Op: IntentCreate, DeviceID: 1 << 24, Name: "w", Key: "fourth", CreatedNs: 6}, // beyond 24 bits
 	} {
 		if err := snapTx(t, ctx, db, func(q Records) error { _, err := q.insertIntent(ctx, in); return err }); err == nil {
 			t.Errorf("intent %+v accepted", in)
 		}
 	}
 	r := ReadRecords(db)
-	if res, _ := r.keyReserved(ctx, "ns", "new"); !res {
+	if res, _ := r.keyReserved(ctx, "new"); !res {
 		t.Fatal("intent does not reserve its key")
 	}
 	if n, _ := r.intentsWithOrigin(ctx, 20); n != 1 {
@@ -202,7 +197,7 @@ func TestThinIDUsedCoversDevicesIntentsAndQuarantine(t *testing.T) {
 		if err := q.InsertThinDevice(ctx, thinDev(1, ThinStateInactive)); err != nil {
 			return err
 		}
-		if _, err := q.insertIntent(ctx, DeviceIntent{Op: IntentCreate, DeviceID: 2, Name: "n2", Namespace: "a", Key: "b", CreatedNs: 1}); err != nil {
+		if _, err := q.insertIntent(ctx, DeviceIntent{Op: IntentCreate, DeviceID: 2, Name: "n2", Key: "b", CreatedNs: 1}); err != nil {
 			return err
 		}
 		if err := q.Quarantine(ctx, 3, "unexplained", false, 1); err != nil {

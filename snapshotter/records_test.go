@@ -43,8 +43,8 @@ func (r *recordsOnly) tx(fn func(q Records) error) {
 	}
 }
 
-// seed records snapshot key of kind in ns on parent with labels.
-func (r *recordsOnly) seed(ns, key, kind, parent string, labels map[string]string) {
+// seed records snapshot key of kind on parent with labels.
+func (r *recordsOnly) seed(key, kind, parent string, labels map[string]string) {
 	r.t.Helper()
 	ctx := context.Background()
 	r.next++
@@ -52,7 +52,7 @@ func (r *recordsOnly) seed(ns, key, kind, parent string, labels map[string]strin
 	r.tx(func(q Records) error {
 		var pid int64
 		if parent != "" {
-			p, ok, err := q.Snapshot(ctx, ns, parent)
+			p, ok, err := q.Snapshot(ctx, parent)
 			if err != nil || !ok {
 				r.t.Fatalf("seed %s: parent %s missing (%v)", key, parent, err)
 			}
@@ -67,7 +67,7 @@ func (r *recordsOnly) seed(ns, key, kind, parent string, labels map[string]strin
 			return err
 		}
 		now := nowNs()
-		_, err := q.InsertSnapshot(ctx, CDSnapshot{Namespace: ns, Key: key, Kind: kind, ParentID: pid, DeviceID: id,
+		_, err := q.InsertSnapshot(ctx, CDSnapshot{Key: key, Kind: kind, ParentID: pid, DeviceID: id,
 			Labels: labels, CreatedNs: now, UpdatedNs: now})
 		return err
 	})
@@ -76,7 +76,7 @@ func (r *recordsOnly) seed(ns, key, kind, parent string, labels map[string]strin
 func TestUpdateFollowsContainerdFieldpaths(t *testing.T) {
 	r := newRecordsOnly(t)
 	ctx := namespaces.WithNamespace(context.Background(), "default")
-	r.seed(keyspace, "a", SnapKindActive, "", map[string]string{"keep": "1", "l1": "v1", "l2": "v2"})
+	r.seed("a", SnapKindActive, "", map[string]string{"keep": "1", "l1": "v1", "l2": "v2"})
 	before, err := r.Stat(ctx, "a")
 	if err != nil {
 		t.Fatal(err)
@@ -139,9 +139,9 @@ func TestWalkStatAndNamespaces(t *testing.T) {
 	r := newRecordsOnly(t)
 	def := namespaces.WithNamespace(context.Background(), "default")
 	other := namespaces.WithNamespace(context.Background(), "other")
-	r.seed(keyspace, "p", SnapKindCommitted, "", map[string]string{"l": "1"})
-	r.seed(keyspace, "a", SnapKindActive, "p", nil)
-	r.seed(keyspace, "v", SnapKindView, "p", map[string]string{"l": "2"})
+	r.seed("p", SnapKindCommitted, "", map[string]string{"l": "1"})
+	r.seed("a", SnapKindActive, "p", nil)
+	r.seed("v", SnapKindView, "p", map[string]string{"l": "2"})
 
 	walk := func(ctx context.Context, fs ...string) []string {
 		t.Helper()
@@ -205,8 +205,8 @@ func TestWalkStatAndNamespaces(t *testing.T) {
 func TestRemoveRulesAndCounts(t *testing.T) {
 	r := newRecordsOnly(t)
 	ctx := namespaces.WithNamespace(context.Background(), "default")
-	r.seed(keyspace, "p", SnapKindCommitted, "", nil)
-	r.seed(keyspace, "a", SnapKindActive, "p", nil)
+	r.seed("p", SnapKindCommitted, "", nil)
+	r.seed("a", SnapKindActive, "p", nil)
 	err := r.Remove(ctx, "p")
 	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "remove") {
 		t.Fatalf("Remove of a parent: %v, want FailedPrecondition mentioning remove", err)
@@ -238,9 +238,9 @@ func TestCreateAndCommitPreconditions(t *testing.T) {
 	r := newRecordsOnly(t)
 	ctx := namespaces.WithNamespace(context.Background(), "default")
 	ref := map[string]string{snapshots.LabelSnapshotRef: "sha256:layer"}
-	r.seed(keyspace, "sha256:layer", SnapKindCommitted, "", ref)
-	r.seed(keyspace, "act", SnapKindActive, "", nil)
-	r.seed(keyspace, "view", SnapKindView, "sha256:layer", nil)
+	r.seed("sha256:layer", SnapKindCommitted, "", ref)
+	r.seed("act", SnapKindActive, "", nil)
+	r.seed("view", SnapKindView, "sha256:layer", nil)
 
 	if _, err := r.Prepare(ctx, "extract-1 sha256:layer", "", snapshots.WithLabels(ref)); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("Prepare of an existing ref target: %v, want AlreadyExists", err)

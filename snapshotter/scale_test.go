@@ -89,7 +89,7 @@ func populate(b *testing.B, s *Snapshotter, pool devicePool, n int) {
 					Role: ThinRoleSnapshot, State: ThinStateInactive, SizeBytes: base.SizeBytes, FSType: base.FSType, CreatedNs: 1, UpdatedNs: 1}); err != nil {
 					return err
 				}
-				rid, err := q.InsertSnapshot(ctx, CDSnapshot{Namespace: keyspace, Key: scaleKey(i, l), Kind: SnapKindCommitted,
+				rid, err := q.InsertSnapshot(ctx, CDSnapshot{Key: scaleKey(i, l), Kind: SnapKindCommitted,
 					ParentID: parent, DeviceID: id, Labels: map[string]string{snapshots.LabelSnapshotRef: scaleKey(i, l)}, CreatedNs: 1, UpdatedNs: 1})
 				if err != nil {
 					return err

@@ -85,21 +85,22 @@ func (s *Snapshotter) withTx(ctx context.Context, fn func(q Records) error) erro
 	return s.db.WithTx(ctx, func(tx *sql.Tx) error { return fn(RecordsTx(tx)) })
 }
 
-// keyspace is the one namespace every record is kept under. Like
-// containerd's built-in snapshotters, this one ignores the request's
-// namespace: containerd's metadata store already makes every key it sends
-// unique per namespace ("<ns>/<n>/<key>"), and its garbage collector calls
-// Walk, Remove and Cleanup with no namespace at all, so keys scoped by the
-// request's namespace could never be reclaimed.
+// keyspace is the one namespace every record is kept under (Records
+// writes and matches it as the empty string in SQL) and the namespace thin
+// id candidates derive from. Like containerd's built-in snapshotters, this
+// one ignores the request's namespace: containerd's metadata store
+// already makes every key it sends unique per namespace ("<ns>/<n>/<key>"),
+// and its garbage collector calls Walk, Remove and Cleanup with no
+// namespace at all, so keys scoped by the request's namespace could never
+// be reclaimed.
 const keyspace = ""
 
-// open checks the snapshotter is open and returns the keyspace of its
-// records.
-func (s *Snapshotter) open(ctx context.Context) (string, error) {
+// open checks the snapshotter is open.
+func (s *Snapshotter) open() error {
 	if s.closed.Load() {
-		return "", fmt.Errorf("snapshotter on pool %s is closed: %w", s.pool.Name(), errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("snapshotter on pool %s is closed: %w", s.pool.Name(), errdefs.ErrFailedPrecondition)
 	}
-	return keyspace, nil
+	return nil
 }
 
 func nowNs() int64 { return time.Now().UTC().UnixNano() }
@@ -138,8 +139,8 @@ func validateLabels(m map[string]string) error {
 	return nil
 }
 
-func (s *Snapshotter) get(ctx context.Context, ns, key string) (CDSnapshot, error) {
-	r, ok, err := s.reads().Snapshot(ctx, ns, key)
+func (s *Snapshotter) get(ctx context.Context, key string) (CDSnapshot, error) {
+	r, ok, err := s.reads().Snapshot(ctx, key)
 	if err != nil {
 		return r, err
 	}
@@ -151,11 +152,11 @@ func (s *Snapshotter) get(ctx context.Context, ns, key string) (CDSnapshot, erro
 
 // Stat returns the info of the snapshot key (one keyspace, see keyspace).
 func (s *Snapshotter) Stat(ctx context.Context, key string) (snapshots.Info, error) {
-	ns, err := s.open(ctx)
+	err := s.open()
 	if err != nil {
 		return snapshots.Info{}, err
 	}
-	r, err := s.get(ctx, ns, key)
+	r, err := s.get(ctx, key)
 	if err != nil {
 		return snapshots.Info{}, err
 	}
@@ -167,13 +168,13 @@ func (s *Snapshotter) Stat(ctx context.Context, key string) (snapshots.Info, err
 // named "labels.<key>" (an empty or absent value deletes the label). Any
 // other fieldpath is an invalid argument.
 func (s *Snapshotter) Update(ctx context.Context, info snapshots.Info, fieldpaths ...string) (snapshots.Info, error) {
-	ns, err := s.open(ctx)
+	err := s.open()
 	if err != nil {
 		return snapshots.Info{}, err
 	}
 	var out snapshots.Info
 	err = s.withTx(ctx, func(q Records) error {
-		r, ok, err := q.Snapshot(ctx, ns, info.Name)
+		r, ok, err := q.Snapshot(ctx, info.Name)
 		if err != nil {
 			return err
 		}
@@ -225,11 +226,11 @@ func (s *Snapshotter) Update(ctx context.Context, info snapshots.Info, fieldpath
 // committed snapshot as recorded at commit, for an active or view snapshot
 // read from the pool now. Inodes are not counted (0).
 func (s *Snapshotter) Usage(ctx context.Context, key string) (snapshots.Usage, error) {
-	ns, err := s.open(ctx)
+	err := s.open()
 	if err != nil {
 		return snapshots.Usage{}, err
 	}
-	r, err := s.get(ctx, ns, key)
+	r, err := s.get(ctx, key)
 	if err != nil {
 		return snapshots.Usage{}, err
 	}
@@ -273,11 +274,11 @@ func (s *Snapshotter) mappedBytes(ctx context.Context, r CDSnapshot) (int64, err
 // Mounts returns the mounts of the active or view snapshot key, activating
 // its device if it is not active (after a reboot, for example).
 func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, error) {
-	ns, err := s.open(ctx)
+	err := s.open()
 	if err != nil {
 		return nil, err
 	}
-	r, err := s.get(ctx, ns, key)
+	r, err := s.get(ctx, key)
 	if err != nil {
 		return nil, err
 	}
@@ -355,7 +356,7 @@ type createPlan struct {
 }
 
 func (s *Snapshotter) create(ctx context.Context, kind, key, parent string, opts []snapshots.Opt) ([]mount.Mount, error) {
-	ns, err := s.open(ctx)
+	err := s.open()
 	if err != nil {
 		return nil, err
 	}
@@ -388,7 +389,7 @@ func (s *Snapshotter) create(ctx context.Context, kind, key, parent string, opts
 	defer cancel()
 	var plan createPlan
 	for attempt := 0; ; attempt++ {
-		plan, err = s.planCreate(ctx, ns, kind, key, parent, base.Labels, baseDev)
+		plan, err = s.planCreate(ctx, kind, key, parent, base.Labels, baseDev)
 		if err != nil {
 			return nil, err
 		}
@@ -442,7 +443,7 @@ func (s *Snapshotter) create(ctx context.Context, kind, key, parent string, opts
 			return err
 		}
 		if _, err := q.InsertSnapshot(fctx, CDSnapshot{
-			Namespace: ns, Key: key, Kind: kind, ParentID: plan.parentID, DeviceID: plan.id,
+			Key: key, Kind: kind, ParentID: plan.parentID, DeviceID: plan.id,
 			Labels: base.Labels, CreatedNs: now, UpdatedNs: now,
 		}); err != nil {
 			return err
@@ -472,11 +473,11 @@ func exhausted(err error) error {
 
 // planCreate checks the request and records the create intent, in one write
 // transaction; it returns the plan of the device work.
-func (s *Snapshotter) planCreate(ctx context.Context, ns, kind, key, parent string, lbls map[string]string, baseDev *ThinDevice) (createPlan, error) {
+func (s *Snapshotter) planCreate(ctx context.Context, kind, key, parent string, lbls map[string]string, baseDev *ThinDevice) (createPlan, error) {
 	var plan createPlan
 	err := s.withTx(ctx, func(q Records) error {
 		if target := lbls[snapshots.LabelSnapshotRef]; target != "" && kind == SnapKindActive {
-			found, err := q.RefTarget(ctx, ns, snapshots.LabelSnapshotRef, target, parent)
+			found, err := q.RefTarget(ctx, snapshots.LabelSnapshotRef, target, parent)
 			if err != nil {
 				return err
 			}
@@ -484,18 +485,18 @@ func (s *Snapshotter) planCreate(ctx context.Context, ns, kind, key, parent stri
 				return fmt.Errorf("target snapshot %q (committed as %q): %w", target, found, errdefs.ErrAlreadyExists)
 			}
 		}
-		if _, ok, err := q.Snapshot(ctx, ns, key); err != nil {
+		if _, ok, err := q.Snapshot(ctx, key); err != nil {
 			return err
 		} else if ok {
 			return fmt.Errorf("snapshot %q: %w", key, errdefs.ErrAlreadyExists)
 		}
-		if reserved, err := q.keyReserved(ctx, ns, key); err != nil {
+		if reserved, err := q.keyReserved(ctx, key); err != nil {
 			return err
 		} else if reserved {
 			return fmt.Errorf("snapshot %q is being created: %w", key, errdefs.ErrAlreadyExists)
 		}
 		if parent != "" {
-			p, ok, err := q.Snapshot(ctx, ns, parent)
+			p, ok, err := q.Snapshot(ctx, parent)
 			if err != nil {
 				return err
 			}
@@ -516,14 +517,14 @@ func (s *Snapshotter) planCreate(ctx context.Context, ns, kind, key, parent stri
 		} else {
 			plan.origin, plan.size, plan.fsType = baseDev.ID, baseDev.SizeBytes, baseDev.FSType
 		}
-		id, err := probeID(ctx, candidateID(ns, key), q.thinIDUsed)
+		id, err := probeID(ctx, candidateID(keyspace, key), q.thinIDUsed)
 		if err != nil {
 			return err
 		}
 		plan.id, plan.name = id, deviceName(s.pool.Name(), id)
 		plan.intentID, err = q.insertIntent(ctx, DeviceIntent{
 			Op: IntentCreate, DeviceID: id, Name: plan.name, OriginID: plan.origin,
-			Namespace: ns, Key: key, CreatedNs: nowNs(),
+			Key: key, CreatedNs: nowNs(),
 		})
 		return err
 	})
@@ -590,7 +591,7 @@ func (s *Snapshotter) destroy(ctx context.Context, name string, id uint32) error
 // it records the device's mapped bytes as its usage, replaces its labels
 // with those given, and deactivates its device.
 func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snapshots.Opt) error {
-	ns, err := s.open(ctx)
+	err := s.open()
 	if err != nil {
 		return err
 	}
@@ -603,7 +604,7 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 	if err := validateLabels(base.Labels); err != nil {
 		return fmt.Errorf("commit %q as %q: %w", key, name, err)
 	}
-	r, err := s.get(ctx, ns, key)
+	r, err := s.get(ctx, key)
 	if err != nil {
 		return fmt.Errorf("commit %q as %q: %w", key, name, err)
 	}
@@ -614,7 +615,7 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 		return fmt.Errorf("commit %q as %q: cannot rebase onto parent %q (a thin device holds its parent's content; parent is %q): %w",
 			key, name, base.Parent, r.ParentKey, errdefs.ErrInvalidArgument)
 	}
-	if _, ok, err := s.reads().Snapshot(ctx, ns, name); err != nil {
+	if _, ok, err := s.reads().Snapshot(ctx, name); err != nil {
 		return err
 	} else if ok {
 		return fmt.Errorf("commit %q as %q: %w", key, name, errdefs.ErrAlreadyExists)
@@ -638,14 +639,14 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 		return fmt.Errorf("commit %q as %q: caller gone after deactivation: %w", key, name, err)
 	}
 	err = s.withTx(fctx, func(q Records) error {
-		cur, ok, err := q.Snapshot(fctx, ns, key)
+		cur, ok, err := q.Snapshot(fctx, key)
 		if err != nil {
 			return err
 		}
 		if !ok || cur.ID != r.ID {
 			return fmt.Errorf("commit %q as %q: snapshot was removed meanwhile: %w", key, name, errdefs.ErrNotFound)
 		}
-		if _, ok, err := q.Snapshot(fctx, ns, name); err != nil {
+		if _, ok, err := q.Snapshot(fctx, name); err != nil {
 			return err
 		} else if ok {
 			return fmt.Errorf("commit %q as %q: %w", key, name, errdefs.ErrAlreadyExists)
@@ -691,15 +692,15 @@ func (s *Snapshotter) reactivate(ctx context.Context, r CDSnapshot) {
 // own devices (a thin snapshot does not need its origin's) and are not
 // touched; later snapshots of name are made from the new device.
 func (s *Snapshotter) Recommit(ctx context.Context, name, key string) error {
-	ns, err := s.open(ctx)
+	err := s.open()
 	if err != nil {
 		return err
 	}
-	old, err := s.get(ctx, ns, name)
+	old, err := s.get(ctx, name)
 	if err != nil {
 		return fmt.Errorf("recommit %q as %q: %w", key, name, err)
 	}
-	r, err := s.get(ctx, ns, key)
+	r, err := s.get(ctx, key)
 	if err != nil {
 		return fmt.Errorf("recommit %q as %q: %w", key, name, err)
 	}
@@ -722,7 +723,7 @@ func (s *Snapshotter) Recommit(ctx context.Context, name, key string) error {
 	fctx, cancel := detached(ctx)
 	defer cancel()
 	err = s.withTx(fctx, func(q Records) error {
-		cur, ok, err := q.Snapshot(fctx, ns, key)
+		cur, ok, err := q.Snapshot(fctx, key)
 		if err != nil {
 			return err
 		}
@@ -764,7 +765,7 @@ type RemoveGuard func(ctx context.Context, tx *sql.Tx) error
 // RemoveIf is Remove, with guard (when not nil) consulted in the same
 // transaction as the removal of the record.
 func (s *Snapshotter) RemoveIf(ctx context.Context, key string, guard RemoveGuard) error {
-	ns, err := s.open(ctx)
+	err := s.open()
 	if err != nil {
 		return err
 	}
@@ -776,7 +777,7 @@ func (s *Snapshotter) RemoveIf(ctx context.Context, key string, guard RemoveGuar
 			}
 		}
 		q := RecordsTx(tx)
-		d, children, found, err := q.RemoveSnapshot(ctx, ns, key, nowNs())
+		d, children, found, err := q.RemoveSnapshot(ctx, key, nowNs())
 		if err != nil {
 			return err
 		}
@@ -860,7 +861,7 @@ func (s *Snapshotter) Cleanup(ctx context.Context) error {
 // its snapshot.ref label and parent, a walk of one snapshot's children), so
 // such a walk costs what it returns, not the number of snapshots.
 func (s *Snapshotter) Walk(ctx context.Context, fn snapshots.WalkFunc, fs ...string) error {
-	ns, err := s.open(ctx)
+	err := s.open()
 	if err != nil {
 		return err
 	}
@@ -870,9 +871,9 @@ func (s *Snapshotter) Walk(ctx context.Context, fn snapshots.WalkFunc, fs ...str
 	}
 	var rows []CDSnapshot
 	if narrow, ok := pushdown(fs, filter); ok {
-		rows, err = s.reads().snapshotsWhere(ctx, ns, narrow)
+		rows, err = s.reads().snapshotsWhere(ctx, narrow)
 	} else {
-		rows, err = s.reads().Snapshots(ctx, ns, false)
+		rows, err = s.reads().Snapshots(ctx)
 	}
 	if err != nil {
 		return err
@@ -901,11 +902,11 @@ func (s *Snapshotter) Close() error {
 // the keyspace (NotFound if there is none). The path exists only
 // while the device is active (active and view snapshots).
 func (s *Snapshotter) DeviceOf(ctx context.Context, key string) (name, path string, id uint32, err error) {
-	ns, err := s.open(ctx)
+	err = s.open()
 	if err != nil {
 		return "", "", 0, err
 	}
-	r, err := s.get(ctx, ns, key)
+	r, err := s.get(ctx, key)
 	if err != nil {
 		return "", "", 0, err
 	}
@@ -914,11 +915,11 @@ func (s *Snapshotter) DeviceOf(ctx context.Context, key string) (name, path stri
 
 // Exists reports whether snapshot key exists (in the one keyspace).
 func (s *Snapshotter) Exists(ctx context.Context, key string) (bool, error) {
-	ns, err := s.open(ctx)
+	err := s.open()
 	if err != nil {
 		return false, err
 	}
-	_, ok, err := s.reads().Snapshot(ctx, ns, key)
+	_, ok, err := s.reads().Snapshot(ctx, key)
 	return ok, err
 }
 

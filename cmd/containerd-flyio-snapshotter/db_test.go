@@ -325,7 +325,7 @@ func commitChain(ctx context.Context, d *metadata.DB, c metadata.Chain, devID ui
 		q := snapshotter.RecordsTx(tx)
 		var parent int64
 		if c.ParentChainID != "" {
-			p, ok, err := q.Snapshot(ctx, "default", c.ParentChainID)
+			p, ok, err := q.Snapshot(ctx, c.ParentChainID)
 			if err != nil {
 				return err
 			}
@@ -338,7 +338,7 @@ func commitChain(ctx context.Context, d *metadata.DB, c metadata.Chain, devID ui
 			State: snapshotter.ThinStateInactive, SizeBytes: 1 << 30, FSType: "ext4", CreatedNs: 1, UpdatedNs: 1}); err != nil {
 			return err
 		}
-		_, err := q.InsertSnapshot(ctx, snapshotter.CDSnapshot{Namespace: "default", Key: c.ChainID, Kind: snapshotter.SnapKindCommitted,
+		_, err := q.InsertSnapshot(ctx, snapshotter.CDSnapshot{Key: c.ChainID, Kind: snapshotter.SnapKindCommitted,
 			ParentID: parent, DeviceID: devID, CreatedNs: 1, UpdatedNs: 1})
 		return err
 	}); err != nil {
@@ -353,7 +353,7 @@ func commitChain(ctx context.Context, d *metadata.DB, c metadata.Chain, devID ui
 func activate(ctx context.Context, d *metadata.DB, imageID, parent string, devID uint32) error {
 	return d.WithTx(ctx, func(tx *sql.Tx) error {
 		q := snapshotter.RecordsTx(tx)
-		p, ok, err := q.Snapshot(ctx, "default", parent)
+		p, ok, err := q.Snapshot(ctx, parent)
 		if err != nil {
 			return err
 		}
@@ -365,7 +365,7 @@ func activate(ctx context.Context, d *metadata.DB, imageID, parent string, devID
 			return err
 		}
 		now := time.Now().UnixNano()
-		_, err = q.InsertSnapshot(ctx, snapshotter.CDSnapshot{Namespace: "default", Key: metadata.ActivationKey(imageID), Kind: snapshotter.SnapKindActive,
+		_, err = q.InsertSnapshot(ctx, snapshotter.CDSnapshot{Key: metadata.ActivationKey(imageID), Kind: snapshotter.SnapKindActive,
 			ParentID: p.ID, DeviceID: devID, CreatedNs: now, UpdatedNs: now})
 		return err
 	})

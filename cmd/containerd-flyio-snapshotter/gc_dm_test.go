@@ -248,7 +248,7 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 			}
 		}
 		db := e.db()
-		chains, err := snapshotter.ReadRecords(db).Snapshots(ctx, "", true)
+		chains, err := snapshotter.ReadRecords(db).Snapshots(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -260,7 +260,7 @@ func (e *pullEnv) checkClean() {
 	if n, err := db.LiveRuns(ctx); err != nil || n != 0 {
 		e.t.Errorf("live runs left: %d %v", n, err)
 	}
-	snaps, err := snapshotter.ReadRecords(db).Snapshots(ctx, "", true)
+	snaps, err := snapshotter.ReadRecords(db).Snapshots(ctx)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -309,7 +309,7 @@ func (e *pullEnv) deviceOfChain(chain string) uint32 {
 	if ch, err := db.GetChain(context.Background(), chain); err != nil || ch == nil {
 		e.t.Fatalf("chain %s: %+v %v", chain, ch, err)
 	}
-	s, ok, err := snapshotter.ReadRecords(db).Snapshot(context.Background(), "", chain)
+	s, ok, err := snapshotter.ReadRecords(db).Snapshot(context.Background(), chain)
 	if err != nil || !ok {
 		e.t.Fatalf("snapshot of chain %s: %v %v", chain, ok, err)
 	}
@@ -499,7 +499,7 @@ func TestPullRecovery(t *testing.T) {
 			}
 			ctx := context.Background()
 			name := filepath.Base(res.Snapshot.DevicePath)
-			snap, ok, err := snapshotter.ReadRecords(e.db()).Snapshot(ctx, "", res.Snapshot.SnapshotName)
+			snap, ok, err := snapshotter.ReadRecords(e.db()).Snapshot(ctx, res.Snapshot.SnapshotName)
 			if err != nil || !ok {
 				t.Fatalf("activation snapshot %s: %v %v", res.Snapshot.SnapshotName, ok, err)
 			}
@@ -521,7 +521,7 @@ func TestPullRecovery(t *testing.T) {
 			if healed.Unpacked != 0 || healed.Downloaded != 0 {
 				t.Errorf("healing pull downloaded %d and unpacked %d, want 0 and 0 (only the activation was gone)", healed.Downloaded, healed.Unpacked)
 			}
-			after, ok, err := snapshotter.ReadRecords(e.db()).Snapshot(ctx, "", healed.Snapshot.SnapshotName)
+			after, ok, err := snapshotter.ReadRecords(e.db()).Snapshot(ctx, healed.Snapshot.SnapshotName)
 			if err != nil || !ok {
 				t.Fatalf("healed activation snapshot %s: %v %v", healed.Snapshot.SnapshotName, ok, err)
 			}
@@ -547,7 +547,7 @@ func TestPullRecovery(t *testing.T) {
 		}
 		top := e.deviceOfChain(res.TopChainID)
 		ctx := context.Background()
-		act, ok, err := snapshotter.ReadRecords(e.db()).Snapshot(ctx, "", res.Snapshot.SnapshotName)
+		act, ok, err := snapshotter.ReadRecords(e.db()).Snapshot(ctx, res.Snapshot.SnapshotName)
 		if err != nil || !ok {
 			t.Fatalf("activation %s: %v %v", res.Snapshot.SnapshotName, ok, err)
 		}
@@ -573,7 +573,7 @@ func TestPullRecovery(t *testing.T) {
 		if ok, err := e.pool.ThinExists(ctx, id); err != nil || !ok || id == top {
 			t.Errorf("healed top chain device %d (lost: %d) exists = %v, %v", id, top, ok, err)
 		}
-		if now, ok, err := snapshotter.ReadRecords(e.db()).Snapshot(ctx, "", healed.Snapshot.SnapshotName); err != nil || !ok || now.DeviceID != act.DeviceID {
+		if now, ok, err := snapshotter.ReadRecords(e.db()).Snapshot(ctx, healed.Snapshot.SnapshotName); err != nil || !ok || now.DeviceID != act.DeviceID {
 			t.Errorf("activation after the heal: %+v %v %v, want its device %d untouched", now, ok, err, act.DeviceID)
 		}
 		e.checkActive(healed, "a2/f00000")

@@ -64,7 +64,7 @@ func TestRejectedWhileExtracting(t *testing.T) {
 	if o, err := db.ObjectRecord(context.Background(), e.srv.Bucket, "evil/1.tar"); err != nil || o != nil {
 		t.Errorf("object record of the rejected layer: %+v, %v", o, err)
 	}
-	snaps, err := snapshotter.ReadRecords(db).Snapshots(context.Background(), "", true)
+	snaps, err := snapshotter.ReadRecords(db).Snapshots(context.Background())
 	if err != nil || len(snaps) != 0 {
 		t.Errorf("snapshots recorded: %+v, %v; want none", snaps, err)
 	}

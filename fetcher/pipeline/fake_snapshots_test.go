@@ -58,8 +58,6 @@ type fakeSnapshots struct {
 	beforeRemoveIf func(key string)
 }
 
-const fakeNS = "" // the snapshotter keeps every record in one keyspace
-
 func newFakeSnapshots(t testing.TB, db *metadata.DB) *fakeSnapshots {
 	t.Helper()
 	f := &fakeSnapshots{db: db, root: t.TempDir(), devs: map[uint32]string{}, mapped: map[string]bool{},
@@ -96,7 +94,7 @@ func (f *fakeSnapshots) withTx(ctx context.Context, fn func(q snapshotter.Record
 }
 
 func (f *fakeSnapshots) get(ctx context.Context, key string) (snapshotter.CDSnapshot, error) {
-	r, ok, err := snapshotter.ReadRecords(f.db).Snapshot(ctx, fakeNS, key)
+	r, ok, err := snapshotter.ReadRecords(f.db).Snapshot(ctx, key)
 	if err != nil {
 		return r, err
 	}
@@ -120,7 +118,7 @@ func (f *fakeSnapshots) Update(ctx context.Context, info snapshots.Info, fieldpa
 	f.call("Update")
 	var out snapshots.Info
 	err := f.withTx(ctx, func(q snapshotter.Records) error {
-		r, ok, err := q.Snapshot(ctx, fakeNS, info.Name)
+		r, ok, err := q.Snapshot(ctx, info.Name)
 		if err != nil {
 			return err
 		}
@@ -239,7 +237,7 @@ func (f *fakeSnapshots) create(ctx context.Context, kind, key, parent string, op
 	dir := filepath.Join(f.root, fmt.Sprint(id))
 	err := f.withTx(ctx, func(q snapshotter.Records) error {
 		if target := base.Labels[snapshots.LabelSnapshotRef]; target != "" && kind == snapshotter.SnapKindActive {
-			found, err := q.RefTarget(ctx, fakeNS, snapshots.LabelSnapshotRef, target, parent)
+			found, err := q.RefTarget(ctx, snapshots.LabelSnapshotRef, target, parent)
 			if err != nil {
 				return err
 			}
@@ -247,7 +245,7 @@ func (f *fakeSnapshots) create(ctx context.Context, kind, key, parent string, op
 				return fmt.Errorf("target %q (committed as %q): %w", target, found, errdefs.ErrAlreadyExists)
 			}
 		}
-		if _, ok, err := q.Snapshot(ctx, fakeNS, key); err != nil {
+		if _, ok, err := q.Snapshot(ctx, key); err != nil {
 			return err
 		} else if ok {
 			return fmt.Errorf("snapshot %q: %w", key, errdefs.ErrAlreadyExists)
@@ -255,7 +253,7 @@ func (f *fakeSnapshots) create(ctx context.Context, kind, key, parent string, op
 		var parentID int64
 		var origin uint32
 		if parent != "" {
-			p, ok, err := q.Snapshot(ctx, fakeNS, parent)
+			p, ok, err := q.Snapshot(ctx, parent)
 			if err != nil {
 				return err
 			}
@@ -285,7 +283,7 @@ func (f *fakeSnapshots) create(ctx context.Context, kind, key, parent string, op
 			State: snapshotter.ThinStateActive, SizeBytes: 1 << 30, FSType: "bind", CreatedNs: now, UpdatedNs: now}); err != nil {
 			return err
 		}
-		_, err := q.InsertSnapshot(ctx, snapshotter.CDSnapshot{Namespace: fakeNS, Key: key, Kind: kind, ParentID: parentID,
+		_, err := q.InsertSnapshot(ctx, snapshotter.CDSnapshot{Key: key, Kind: kind, ParentID: parentID,
 			DeviceID: id, Labels: base.Labels, CreatedNs: now, UpdatedNs: now})
 		return err
 	})
@@ -310,7 +308,7 @@ func (f *fakeSnapshots) Commit(ctx context.Context, name, key string, opts ...sn
 	}
 	var dev string
 	err := f.withTx(ctx, func(q snapshotter.Records) error {
-		r, ok, err := q.Snapshot(ctx, fakeNS, key)
+		r, ok, err := q.Snapshot(ctx, key)
 		if err != nil {
 			return err
 		}
@@ -320,7 +318,7 @@ func (f *fakeSnapshots) Commit(ctx context.Context, name, key string, opts ...sn
 		if r.Kind != snapshotter.SnapKindActive {
 			return fmt.Errorf("commit %q as %q: %s: %w", key, name, r.Kind, errdefs.ErrFailedPrecondition)
 		}
-		if _, ok, err := q.Snapshot(ctx, fakeNS, name); err != nil {
+		if _, ok, err := q.Snapshot(ctx, name); err != nil {
 			return err
 		} else if ok {
 			return fmt.Errorf("commit %q as %q: %w", key, name, errdefs.ErrAlreadyExists)
@@ -360,7 +358,7 @@ func (f *fakeSnapshots) removeIf(ctx context.Context, key string, guard snapshot
 				return err
 			}
 		}
-		_, children, found, err := snapshotter.RecordsTx(tx).RemoveSnapshot(ctx, fakeNS, key, time.Now().UnixNano())
+		_, children, found, err := snapshotter.RecordsTx(tx).RemoveSnapshot(ctx, key, time.Now().UnixNano())
 		switch {
 		case err != nil:
 			return err
@@ -404,7 +402,7 @@ func (f *fakeSnapshots) Walk(ctx context.Context, fn snapshots.WalkFunc, fs ...s
 	if err != nil {
 		return fmt.Errorf("walk: filters %q: %w", fs, err)
 	}
-	rows, err := snapshotter.ReadRecords(f.db).Snapshots(ctx, fakeNS, false)
+	rows, err := snapshotter.ReadRecords(f.db).Snapshots(ctx)
 	if err != nil {
 		return err
 	}
@@ -433,7 +431,7 @@ func (f *fakeSnapshots) DeviceOf(ctx context.Context, key string) (name, path st
 
 func (f *fakeSnapshots) Exists(ctx context.Context, key string) (bool, error) {
 	f.call("Exists")
-	_, ok, err := snapshotter.ReadRecords(f.db).Snapshot(ctx, fakeNS, key)
+	_, ok, err := snapshotter.ReadRecords(f.db).Snapshot(ctx, key)
 	return ok, err
 }
 
@@ -564,7 +562,7 @@ func (f *fakeSnapshots) writeFile(t testing.TB, key, path, data string) {
 // list returns every snapshot record by key.
 func (f *fakeSnapshots) list(t testing.TB) map[string]snapshotter.CDSnapshot {
 	t.Helper()
-	rows, err := snapshotter.ReadRecords(f.db).Snapshots(context.Background(), fakeNS, false)
+	rows, err := snapshotter.ReadRecords(f.db).Snapshots(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -278,7 +278,7 @@ func TestSoak(t *testing.T) {
 		devs  []snapshotter.ThinDevice
 	)
 	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(time.Second) {
-		if snaps, err = reads.Snapshots(ctx, "", true); err != nil {
+		if snaps, err = reads.Snapshots(ctx); err != nil {
 			t.Fatal(err)
 		}
 		if devs, err = reads.ThinDevices(ctx, ""); err != nil {
@@ -289,7 +289,7 @@ func TestSoak(t *testing.T) {
 		}
 	}
 	for _, s := range snaps {
-		t.Errorf("snapshot left: %s/%s (%s)", s.Namespace, s.Key, s.Kind)
+		t.Errorf("snapshot left: %s (%s)", s.Key, s.Kind)
 	}
 	var baseID uint32
 	for _, dv := range devs {
