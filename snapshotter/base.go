@@ -47,7 +47,7 @@ func (s *Snapshotter) ensureBase(ctx context.Context) (*ThinDevice, error) {
 			return err
 		}
 		name = baseDeviceName(s.pool.Name(), id)
-		intentID, err = q.insertIntent(ctx, DeviceIntent{Op: IntentFormatBase, DeviceID: id, Name: name, CreatedNs: nowNs()})
+		intentID, err = q.insertIntent(ctx, DeviceIntent{Op: intentFormatBase, DeviceID: id, Name: name, CreatedNs: nowNs()})
 		return err
 	})
 	if err != nil {

@@ -63,7 +63,7 @@ func (s *Snapshotter) reconcile(ctx context.Context) error {
 			continue
 		}
 		var derr error
-		if in.Op == IntentFormatBase {
+		if in.Op == intentFormatBase {
 			releaseBaseMount(s.pool.Name())
 		}
 		// Always: a crash inside Activate can leave a device of that name

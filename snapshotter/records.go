@@ -37,8 +37,8 @@ const (
 
 // Device intent operations stored in device_intents.op.
 const (
-	IntentCreate     = "create"
-	IntentFormatBase = "format_base"
+	intentCreate     = "create"
+	intentFormatBase = "format_base"
 )
 
 // CDSnapshot is one containerd snapshot record joined with its device's name
@@ -74,7 +74,7 @@ type ThinDevice struct {
 // DeviceIntent is device work announced before it is done.
 type DeviceIntent struct {
 	ID        int64
-	Op        string // IntentCreate or IntentFormatBase
+	Op        string // intentCreate or intentFormatBase
 	DeviceID  uint32
 	Name      string
 	OriginID  uint32 // 0 when the device has no origin

@@ -160,14 +160,14 @@ func TestDuplicateKeysAndIntentsAreRefused(t *testing.T) {
 	var intentID int64
 	mustSnapTx(t, ctx, db, func(q Records) error {
 		var err error
-		intentID, err = q.insertIntent(ctx, DeviceIntent{Op: IntentCreate, DeviceID: 30, Name: "pool-snap-30", OriginID: 20, Key: "new", CreatedNs: 5})
+		intentID, err = q.insertIntent(ctx, DeviceIntent{Op: intentCreate, DeviceID: 30, Name: "pool-snap-30", OriginID: 20, Key: "new", CreatedNs: 5})
 		return err
 	})
 	for _, in := range []DeviceIntent{
-		{Op: IntentCreate, DeviceID: 30, Name: "x", Key: "other", CreatedNs: 6},       // same id
-		{Op: IntentCreate, DeviceID: 31, Name: "y", Key: "new", CreatedNs: 6},         // same key
+		{Op: intentCreate, DeviceID: 30, Name: "x", Key: "other", CreatedNs: 6},       // same id
+		{Op: intentCreate, DeviceID: 31, Name: "y", Key: "new", CreatedNs: 6},         // same key
 		{Op: "frobnicate", DeviceID: 32, Name: "z", Key: "third", CreatedNs: 6},       // unknown op
-		{Op: IntentCreate, DeviceID: 1 << 24, Name: "w", Key: "fourth", CreatedNs: 6}, // beyond 24 bits
+		{Op: intentCreate, DeviceID: 1 << 24, Name: "w", Key: "fourth", CreatedNs: 6}, // beyond 24 bits
 	} {
 		if err := snapTx(t, ctx, db, func(q Records) error { _, err := q.insertIntent(ctx, in); return err }); err == nil {
 			t.Errorf("intent %+v accepted", in)
@@ -186,7 +186,7 @@ func TestDuplicateKeysAndIntentsAreRefused(t *testing.T) {
 	}
 	// Base intents carry no key; several may not share an id but need no key.
 	mustSnapTx(t, ctx, db, func(q Records) error {
-		_, err := q.insertIntent(ctx, DeviceIntent{Op: IntentFormatBase, DeviceID: 40, Name: "pool-base-40", CreatedNs: 7})
+		_, err := q.insertIntent(ctx, DeviceIntent{Op: intentFormatBase, DeviceID: 40, Name: "pool-base-40", CreatedNs: 7})
 		return err
 	})
 }
@@ -197,7 +197,7 @@ func TestThinIDUsedCoversDevicesIntentsAndQuarantine(t *testing.T) {
 		if err := q.InsertThinDevice(ctx, thinDev(1, ThinStateInactive)); err != nil {
 			return err
 		}
-		if _, err := q.insertIntent(ctx, DeviceIntent{Op: IntentCreate, DeviceID: 2, Name: "n2", Key: "b", CreatedNs: 1}); err != nil {
+		if _, err := q.insertIntent(ctx, DeviceIntent{Op: intentCreate, DeviceID: 2, Name: "n2", Key: "b", CreatedNs: 1}); err != nil {
 			return err
 		}
 		if err := q.Quarantine(ctx, 3, "unexplained", false, 1); err != nil {

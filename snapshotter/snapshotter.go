@@ -523,7 +523,7 @@ func (s *Snapshotter) planCreate(ctx context.Context, kind, key, parent string, 
 		}
 		plan.id, plan.name = id, deviceName(s.pool.Name(), id)
 		plan.intentID, err = q.insertIntent(ctx, DeviceIntent{
-			Op: IntentCreate, DeviceID: id, Name: plan.name, OriginID: plan.origin,
+			Op: intentCreate, DeviceID: id, Name: plan.name, OriginID: plan.origin,
 			Key: key, CreatedNs: nowNs(),
 		})
 		return err
