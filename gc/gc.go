@@ -32,7 +32,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -54,6 +56,8 @@ const (
 	DefaultHighThreshold = 85.0 // percent of the pool's data or metadata
 	DefaultLowThreshold  = 80.0
 	DefaultInterval      = 5 * time.Minute
+	DefaultApplyPoll     = 200 * time.Millisecond
+	DefaultApplyWatch    = 10 * time.Minute
 )
 
 // marginDivisor sizes what a layer is taken to need in the pool: its
@@ -94,6 +98,35 @@ func HostUsage(paths ...string) (used, total uint64, err error) {
 		}
 	}
 	return used, total, nil
+}
+
+// DirtyBytes returns the host's page cache waiting to be written back
+// (Dirty and Writeback in /proc/meminfo): a bound on what the pool's
+// devices will still allocate for the data written to them. It counts
+// every filesystem's, so it errs towards collecting early.
+func DirtyBytes(context.Context) (uint64, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, fmt.Errorf("dirty pages: %w", err)
+	}
+	return dirtyOf(string(b))
+}
+
+// dirtyOf sums the Dirty and Writeback lines of a /proc/meminfo text.
+func dirtyOf(meminfo string) (uint64, error) {
+	var total uint64
+	for _, line := range strings.Split(meminfo, "\n") {
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok || (name != "Dirty" && name != "Writeback") {
+			continue
+		}
+		kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("dirty pages: /proc/meminfo line %q: %w", line, err)
+		}
+		total += kb << 10
+	}
+	return total, nil
 }
 
 // HostPercent is the host filesystem usage in percent.
@@ -228,6 +261,17 @@ type Options struct {
 	// did (a loop-file pool allowed to grow): MakeRoom grows the pool
 	// rather than refuse a pull that garbage collection left no room for.
 	Grow func(ctx context.Context) (bool, error)
+	// ApplyPoll spaces the usage checks Loop makes while containerd
+	// writes a layer into the pool (Preparing), default 200 ms; ApplyWatch
+	// bounds how long one such write is watched when neither its commit
+	// nor its removal comes (default 10 minutes).
+	ApplyPoll, ApplyWatch time.Duration
+	// Pending, when set, reads the bytes written to the pool's devices
+	// that the pool has not allocated yet (DirtyBytes): a layer containerd
+	// applies sits in the page cache until its unmount flushes it, just
+	// before the commit, so usage alone shows it too late. While
+	// containerd writes a layer, Loop counts them as needed.
+	Pending func(ctx context.Context) (uint64, error)
 	// TarballCache is the byte budget of the downloaded tarballs of
 	// unpacked layers (TrimTarballs, after every pull and every Interval);
 	// zero keeps none once unpacked. DefaultTarballCache is the daemon's
@@ -251,6 +295,15 @@ type Collector struct {
 	// committed wakes Loop for a collection after containerd committed
 	// a snapshot (Committed); one pending wake-up stands for any number.
 	committed chan struct{}
+	// preparing wakes Loop to watch the pool while containerd writes a
+	// layer into it (Preparing), like committed.
+	preparing chan struct{}
+
+	wmu sync.Mutex
+	// writing maps the active snapshots containerd writes layers into
+	// (Preparing) to when they were prepared, until their commit or
+	// removal.
+	writing map[string]time.Time
 }
 
 // New validates opts and returns a collector.
@@ -267,13 +320,20 @@ func New(opts Options) (*Collector, error) {
 	if opts.Interval <= 0 {
 		opts.Interval = DefaultInterval
 	}
+	if opts.ApplyPoll <= 0 {
+		opts.ApplyPoll = DefaultApplyPoll
+	}
+	if opts.ApplyWatch <= 0 {
+		opts.ApplyWatch = DefaultApplyWatch
+	}
 	if err := (TarballCacheConfig{TarballCacheSize: conf.Size(opts.TarballCache)}).Validate(); err != nil {
 		return nil, fmt.Errorf("gc: %w", err)
 	}
 	if err := ValidateThresholds(opts.HighThreshold, opts.LowThreshold); err != nil {
 		return nil, fmt.Errorf("gc: %w", err)
 	}
-	c := &Collector{opts: opts, pulling: map[string]int{}, committed: make(chan struct{}, 1)}
+	c := &Collector{opts: opts, pulling: map[string]int{}, committed: make(chan struct{}, 1), preparing: make(chan struct{}, 1),
+		writing: map[string]time.Time{}}
 	c.cond = sync.NewCond(&c.pmu)
 	return c, nil
 }
@@ -321,32 +381,94 @@ func (c *Collector) Pulled(ctx context.Context, imageID string) {
 	}
 }
 
-// Committed implements pipeline.PoolGuard: containerd committed a snapshot
-// in the pool (a registry image's layer, which no pull of ours guards), so
-// Loop collects now (unless Disabled). It never blocks: its caller is
-// containerd, under its database's lock, which a collection's removals
-// through containerd need.
-func (c *Collector) Committed(ctx context.Context, key string) {
+// Preparing implements pipeline.PoolGuard: containerd prepared active
+// snapshot key in the pool to write a layer into (a registry image's,
+// which no pull of ours guards). Until its commit or removal (Committed,
+// Dropped), or ApplyWatch at most, Loop reads the pool's usage every
+// ApplyPoll and collects ("apply") as soon as usage, with the bytes not
+// allocated yet (Pending), is past the high threshold: the layer is made
+// room for while containerd writes it, not after its commit, which
+// containerd makes under its database's lock, where no collection can run.
+// Preparing never blocks, for the same reason.
+func (c *Collector) Preparing(ctx context.Context, key string) {
 	if c.opts.Disabled {
 		return
 	}
+	c.wmu.Lock()
+	c.writing[key] = time.Now()
+	c.wmu.Unlock()
+	wake(c.preparing)
+	log.G(ctx).WithField("key", key).Debug("gc: containerd writes a layer into the pool: watching usage")
+}
+
+// Committed implements pipeline.PoolGuard: containerd committed active
+// snapshot key as name in the pool (a registry image's layer, which no
+// pull of ours guards), so Loop stops watching key and collects now
+// (unless Disabled). It never blocks: its caller is containerd, under its
+// database's lock, which a collection's removals through containerd need.
+func (c *Collector) Committed(ctx context.Context, name, key string) {
+	c.written(key)
+	if c.opts.Disabled {
+		return
+	}
+	if wake(c.committed) {
+		log.G(ctx).WithField("name", name).Debug("gc: containerd committed a snapshot: collection asked for")
+	}
+}
+
+// Dropped implements pipeline.PoolGuard: containerd removed snapshot key,
+// so Loop stops watching it (an unpack given up). It never blocks.
+func (c *Collector) Dropped(_ context.Context, key string) { c.written(key) }
+
+// written ends the watch of containerd's write into key, if any.
+func (c *Collector) written(key string) {
+	c.wmu.Lock()
+	delete(c.writing, key)
+	c.wmu.Unlock()
+}
+
+// wake leaves one wake-up in ch unless one is pending, and reports whether
+// it did.
+func wake(ch chan struct{}) bool {
 	select {
-	case c.committed <- struct{}{}:
-		log.G(ctx).WithField("key", key).Debug("gc: containerd committed a snapshot: collection asked for")
+	case ch <- struct{}{}:
+		return true
 	default:
+		return false
 	}
 }
 
 // Loop collects (unless Disabled) and trims the tarball cache every
-// Options.Interval, and collects after containerd's commits (Committed),
+// Options.Interval, collects after containerd's commits (Committed), and
+// watches the pool while containerd writes layers into it (Preparing),
 // until ctx is done.
 func (c *Collector) Loop(ctx context.Context) {
 	t := time.NewTicker(c.opts.Interval)
 	defer t.Stop()
+	var watch *time.Ticker
+	stopWatch := func() {
+		if watch != nil {
+			watch.Stop()
+			watch = nil
+		}
+	}
+	defer stopWatch()
 	for {
+		var poll <-chan time.Time
+		if watch != nil {
+			poll = watch.C
+		}
 		select {
 		case <-ctx.Done():
 			return
+		case <-c.preparing:
+			if watch == nil {
+				watch = time.NewTicker(c.opts.ApplyPoll)
+			}
+		case <-poll:
+			if !c.watchWrites(ctx) {
+				stopWatch()
+			}
 		case <-c.committed:
 			if _, err := c.Collect(ctx, "commit", 0); err != nil {
 				log.G(ctx).WithError(err).Warn("gc: collection after containerd's commit")
@@ -362,6 +484,36 @@ func (c *Collector) Loop(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// watchWrites stops watching the writes containerd began more than
+// ApplyWatch ago, then, while one is still under way, collects when the
+// pool with the bytes not allocated yet is past the high threshold. It
+// reports whether a write is still watched.
+func (c *Collector) watchWrites(ctx context.Context) bool {
+	c.wmu.Lock()
+	for key, at := range c.writing {
+		if time.Since(at) > c.opts.ApplyWatch {
+			delete(c.writing, key)
+			log.G(ctx).WithField("key", key).WithField("since", at).Warn("gc: containerd's write into the pool neither committed nor removed: no longer watched")
+		}
+	}
+	n := len(c.writing)
+	c.wmu.Unlock()
+	if n == 0 {
+		return false
+	}
+	var pending uint64
+	if c.opts.Pending != nil {
+		var err error
+		if pending, err = c.opts.Pending(ctx); err != nil {
+			log.G(ctx).WithError(err).Warn("gc: bytes not yet written to the pool: counting none")
+		}
+	}
+	if _, err := c.Collect(ctx, "apply", pending); err != nil {
+		log.G(ctx).WithError(err).Warn("gc: collection while containerd writes a layer")
+	}
+	return true
 }
 
 // Removed describes one removed image.
@@ -399,7 +551,8 @@ func over(u Usage, need uint64, pct float64) bool {
 // Collect removes unused images, least recently used first, when the pool
 // with need more data bytes is at or past the high threshold, until it is
 // under the low threshold or nothing unused is left. trigger names what
-// asked for it ("pull", "room", "timer"), for the logs and the metric.
+// asked for it ("pull", "room", "timer", "commit", "apply", "low_water"),
+// for the logs and the metric.
 func (c *Collector) Collect(ctx context.Context, trigger string, need uint64) (*Report, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

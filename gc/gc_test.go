@@ -38,11 +38,13 @@ type fakePool struct {
 	mu    sync.Mutex
 	bytes map[uint32]uint64 // thin id → data bytes, for devices in the pool
 	next  uint32
+	reads int // usage calls
 }
 
 func (p *fakePool) usage(context.Context) (Usage, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.reads++
 	var used uint64
 	for _, b := range p.bytes {
 		used += b
@@ -227,6 +229,8 @@ type counts struct {
 }
 
 func (c *counts) Ran(string, time.Duration) { c.mu.Lock(); c.runs++; c.mu.Unlock() }
+
+func (c *counts) ran() int { c.mu.Lock(); defer c.mu.Unlock(); return c.runs }
 func (c *counts) Removed(cause, source string, freed int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -785,7 +789,7 @@ func TestCommittedWakesLoop(t *testing.T) {
 	go func() { defer close(done); h.c.Loop(ctx) }()
 	defer func() { cancel(); <-done }()
 	for range 10 {
-		h.c.Committed(ctx, "a/2/r2")
+		h.c.Committed(ctx, "a/2/r2", "a/3/extract-1 r2")
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -813,4 +817,123 @@ func removedKinds(rep *Report) []string {
 		got = append(got, r.Kind+":"+strings.Join(r.Names, ","))
 	}
 	return got
+}
+
+// TestPreparingCollectsWhileApplying: containerd prepares a snapshot to
+// apply a registry layer into (Preparing) and writes it with no lock
+// held; the pool passes the high threshold meanwhile, and Loop collects
+// then, before containerd's commit. The watch ends at the commit, at the
+// snapshot's removal, and after ApplyWatch when neither comes.
+func TestPreparingCollectsWhileApplying(t *testing.T) {
+	h := newHarness(t, 1000*mib, Options{Interval: time.Hour, ApplyPoll: 10 * time.Millisecond})
+	h.registry("a", "reg/old", time.Now().Add(-time.Hour), nil, layer{"r1", 500 * mib})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); h.c.Loop(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	key := "a/3/extract-1 sha256:r2"
+	h.pool.add(t, key, "", metadata.SnapKindActive, map[string]string{snapshots.LabelSnapshotRef: "r2"}, 0)
+	h.pool.mu.Lock()
+	dev := h.pool.next
+	h.pool.mu.Unlock()
+	h.c.Preparing(ctx, key)
+	h.waitReads(2) // watched, under the threshold: nothing to do
+	if removed := h.names.removedRegistry(); len(removed) != 0 {
+		t.Fatalf("removed %v at 50%%", removed)
+	}
+	h.pool.mu.Lock()
+	h.pool.bytes[dev] = 400 * mib // the layer's blocks: 90%
+	h.pool.mu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
+	for h.obs.ran() == 0 { // a collection done
+		if time.Now().After(deadline) {
+			t.Fatal("no collection 10 s after the pool passed the high threshold while containerd applied a layer")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if removed := h.names.removedRegistry(); !slices.Equal(removed, []string{"a/reg/old"}) {
+		t.Fatalf("removed %v, want a/reg/old", removed)
+	}
+	h.snapshotGone(registryKey("a", "r1"))
+	h.c.Committed(ctx, "a/4/r2", key)
+	h.watchEnded("the commit")
+
+	h.c.Preparing(ctx, "a/5/extract-2 sha256:r3")
+	h.waitReads(2)
+	h.c.Dropped(ctx, "a/5/extract-2 sha256:r3")
+	h.watchEnded("the removal")
+
+	b := newHarness(t, 1000*mib, Options{Interval: time.Hour, ApplyPoll: 10 * time.Millisecond, ApplyWatch: 50 * time.Millisecond})
+	bdone := make(chan struct{})
+	go func() { defer close(bdone); b.c.Loop(ctx) }()
+	defer func() { cancel(); <-bdone }()
+	b.c.Preparing(ctx, "a/6/extract-3 sha256:r4")
+	b.waitReads(1)
+	b.watchEnded("ApplyWatch")
+}
+
+// waitReads waits until the pool's usage was read n more times.
+func (h *harness) waitReads(n int) {
+	h.t.Helper()
+	h.pool.mu.Lock()
+	want := h.pool.reads + n
+	h.pool.mu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		h.pool.mu.Lock()
+		got := h.pool.reads
+		h.pool.mu.Unlock()
+		if got >= want {
+			return
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("usage read %d times in 10 s, want %d: containerd's write is not watched", got-want+n, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// watchEnded fails unless the pool's usage stops being read once after
+// is past (the watch polls every 10 ms).
+func (h *harness) watchEnded(after string) {
+	h.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		h.pool.mu.Lock()
+		before := h.pool.reads
+		h.pool.mu.Unlock()
+		time.Sleep(100 * time.Millisecond)
+		h.pool.mu.Lock()
+		now := h.pool.reads
+		h.pool.mu.Unlock()
+		if now == before {
+			return
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("usage still read every poll 10 s after %s: the watch did not end", after)
+		}
+	}
+}
+
+// removedRegistry lists the registry images removed so far.
+func (n *fakeNames) removedRegistry() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.regRemoved)
+}
+
+// TestDirtyOf: the page cache waiting to be written back is Dirty plus
+// Writeback, in kB.
+func TestDirtyOf(t *testing.T) {
+	got, err := dirtyOf("MemTotal:        4028160 kB\nDirty:              2048 kB\nWriteback:           512 kB\nWritebackTmp:          0 kB\n")
+	if err != nil || got != 2560<<10 {
+		t.Fatalf("dirtyOf: %d, %v; want %d", got, err, 2560<<10)
+	}
+	if _, err := dirtyOf("Dirty: lots kB\n"); err == nil {
+		t.Error("dirtyOf accepted a malformed line")
+	}
+	if _, err := DirtyBytes(context.Background()); err != nil {
+		t.Errorf("DirtyBytes on this host: %v", err)
+	}
 }

@@ -24,7 +24,7 @@ type GC struct {
 func NewGC() *GC {
 	return &GC{
 		runs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "gc_runs_total",
-			Help: "Garbage collections that found the pool past the high threshold, by trigger (pull, room, timer, commit: containerd committed a layer, low_water)."}, []string{"trigger"}),
+			Help: "Garbage collections that found the pool past the high threshold, by trigger (pull, room, timer, commit: containerd committed a layer, apply: the pool filled while containerd applied a layer, low_water)."}, []string{"trigger"}),
 		dur: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: Namespace, Name: "gc_duration_seconds",
 			Help:    "Time a garbage collection took, by trigger.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}, []string{"trigger"}),

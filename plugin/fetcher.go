@@ -190,7 +190,8 @@ func registrar(c *Config) pipeline.Registrar {
 // left, prunes the records of snapshots removed while it was
 // down, and serves the control socket (daemon.control_socket; none when
 // empty) until ctx is done. With gc.enabled, image garbage collection runs
-// before and after every pull, every gc.interval and at the pool's
+// before and after every pull, while containerd applies a layer into the
+// pool and after its commits, every gc.interval and at the pool's
 // low-water event, which also grows a pool allowed to (watchPool); old
 // history records go every retention.interval ([retention]). From then on
 // Serve gives containerd the pipelines' view of the snapshotter

@@ -41,6 +41,7 @@ func (s *Service) newCollector(p *pipeline.Pipelines) (*gc.Collector, error) {
 		return u, err
 	}
 	o.Guard = pipeline.GuardChain
+	o.Pending = gc.DirtyBytes
 	o.Prune = func(ctx context.Context) error {
 		_, err := p.Prune(ctx)
 		return err

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 
+	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -48,9 +50,11 @@ const (
 //   - Remove of a committed chain snapshot whose only children are image
 //     activations removes those first: the image is gone from containerd,
 //     so is its activation;
-//   - Commit tells the pool guard (PoolGuard.Committed): a registry image's
-//     layers land in the pool without a pull of ours, and collection must
-//     follow them;
+//   - Prepare of a snapshot containerd writes a layer into, Commit and
+//     Remove tell the pool guard (PoolGuard.Preparing, Committed,
+//     Dropped): a registry image's layers land in the pool without a pull
+//     of ours, and collection must make room for them while containerd
+//     writes them and follow their commits;
 //   - Cleanup, after the snapshotter's own, prunes the pipeline records the
 //     removals orphaned (Prune).
 func (p *Pipelines) ContainerdView(sn Snapshots) snapshots.Snapshotter {
@@ -112,7 +116,13 @@ func (v *containerdView) Remove(ctx context.Context, key string) error {
 		return err
 	}
 	if !pipelineChain(info) {
-		return v.Snapshots.Remove(ctx, key)
+		if err := v.Snapshots.Remove(ctx, key); err != nil {
+			return err
+		}
+		if g := v.p.guard; g != nil {
+			g.Dropped(ctx, key)
+		}
+		return nil
 	}
 	// Only a pipeline chain can carry an image activation. A refusal here
 	// is only a hint; the guarded removal below decides.
@@ -125,12 +135,49 @@ func (v *containerdView) Remove(ctx context.Context, key string) error {
 	return v.Snapshots.RemoveIf(ctx, key, GuardChain(key))
 }
 
+func (v *containerdView) Prepare(ctx context.Context, key, parent string, opts ...snapshots.Opt) ([]mount.Mount, error) {
+	m, err := v.Snapshots.Prepare(ctx, key, parent, opts...)
+	if err != nil {
+		return nil, err
+	}
+	if g := v.p.guard; g != nil && layerWrite(key, opts) {
+		g.Preparing(ctx, key)
+	}
+	return m, nil
+}
+
+// layerWrite reports whether containerd prepares key, with opts, to write
+// a layer into: its unpackers name the snapshot after the chain it is to
+// be committed as (snapshots.LabelSnapshotRef, which containerd's metadata
+// store passes on) and key it "extract-..." (snapshots.UnpackKeyFormat,
+// under the "<namespace>/<n>/" containerd prefixes keys with here). A
+// container's snapshot has neither; the pipelines' own never come here.
+func layerWrite(key string, opts []snapshots.Opt) bool {
+	var info snapshots.Info
+	for _, o := range opts {
+		if err := o(&info); err != nil {
+			return false
+		}
+	}
+	if private(info) {
+		return false
+	}
+	if info.Labels[snapshots.LabelSnapshotRef] != "" {
+		return true
+	}
+	base := key
+	if i := strings.LastIndex(key, "/"); i >= 0 {
+		base = key[i+1:]
+	}
+	return strings.HasPrefix(base, snapshots.UnpackKeyPrefix+"-")
+}
+
 func (v *containerdView) Commit(ctx context.Context, name, key string, opts ...snapshots.Opt) error {
 	if err := v.Snapshots.Commit(ctx, name, key, opts...); err != nil {
 		return err
 	}
 	if g := v.p.guard; g != nil {
-		g.Committed(ctx, name)
+		g.Committed(ctx, name, key)
 	}
 	return nil
 }

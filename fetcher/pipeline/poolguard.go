@@ -27,11 +27,21 @@ type PoolGuard interface {
 	MakeRoom(ctx context.Context, source string, needs []LayerNeed) error
 	// Pulled is called after a pull of imageID succeeded.
 	Pulled(ctx context.Context, imageID string)
-	// Committed is called after containerd committed a snapshot in the
-	// pool (a layer its unpacker applied: a registry image's). It must not
-	// block: containerd calls under its own database's lock, and a
-	// collection asks containerd to remove images.
-	Committed(ctx context.Context, key string)
+	// Preparing is called after containerd prepared active snapshot key
+	// in the pool to write a layer into (its unpacker's, for a registry
+	// image): the layer's blocks come while containerd applies it, with no
+	// lock held, until Committed or Dropped names key. It must not block,
+	// like Committed.
+	Preparing(ctx context.Context, key string)
+	// Committed is called after containerd committed active snapshot key
+	// as name in the pool (a layer its unpacker applied: a registry
+	// image's). It must not block: containerd calls under its own
+	// database's lock, and a collection asks containerd to remove images.
+	Committed(ctx context.Context, name, key string)
+	// Dropped is called after containerd removed snapshot key from the
+	// pool (among others, a layer's write given up). It must not block,
+	// like Committed.
+	Dropped(ctx context.Context, key string)
 }
 
 // SetPoolGuard makes every later Pull consult g. Call it before the first

@@ -119,10 +119,11 @@ func poolData(ctx context.Context) (float64, error) {
 // test`) fed, one after another, registry images pulled with `ctr pull
 // --snapshotter flyio`, registry images pulled with nerdctl, and S3
 // images, each about 150 MB per GiB of pool, 12 in all, each client in its
-// own namespace; a container runs on the first image throughout. After
-// each pull, once the daemon's collection (woken by containerd's commits,
-// or run by the S3 pull itself) is done: the pool's data usage is under
-// the high threshold; the container's image is still listed; every name
+// own namespace; a container runs on the first image throughout. Right
+// after each pull returns, the pool's data usage is under the high
+// threshold: the daemon collected while containerd applied the layers, or
+// the S3 pull collected itself. Once any collection the pull woke is
+// done: usage is still under it; the container's image is still listed; every name
 // `ctr image ls` and `nerdctl images` list in each namespace is unpacked
 // in the pool, and every chain snapshot in the pool is held by an image
 // listed. At the end, the newest image of each kind runs.
@@ -350,6 +351,9 @@ func TestMixedPool(t *testing.T) {
 				t.Fatal(err)
 			}
 			when := "after pulling " + name
+			if after >= gc.DefaultHighThreshold {
+				t.Errorf("%s: the pool is at %.1f%% right after the pull returned, past the %v%% high threshold", when, after, gc.DefaultHighThreshold)
+			}
 			collected, settled := settle(when)
 			newest[kind] = ref
 			if containerImage == "" {
