@@ -418,6 +418,20 @@ func TestMixedPool(t *testing.T) {
 		t.Errorf("the container on the first image is not running at the end: %v: %s", err, out)
 	}
 
+	// What set off the daemon's collections (its log), to tell the
+	// collections made while containerd applied a layer (apply) from
+	// those after its commits (commit) and the S3 pulls' own.
+	if b, err := os.ReadFile(e.daemon.Proc.LogPath); err != nil {
+		t.Logf("the daemon's log: %v", err)
+	} else {
+		triggers := map[string]int{}
+		for _, line := range strings.Split(string(b), "\n") {
+			if _, rest, ok := strings.Cut(line, "trigger="); ok && strings.Contains(line, "gc: collection done") {
+				triggers[strings.Fields(rest)[0]]++
+			}
+		}
+		t.Logf("collections by trigger: %v", triggers)
+	}
 	t.Logf("%d MiB pool, images of %d MB, [gc] defaults (high %v%%, low %v%%); data usage right after each pull, then once collected:",
 		*mixedPoolMB, size/1_000_000, gc.DefaultHighThreshold, gc.DefaultLowThreshold)
 	t.Logf("| image | client | pull | data after pull | collected to | waited | images listed |")

@@ -17,8 +17,10 @@ import (
 // both orders. Registry first: the S3 pull unpacks only its own third
 // layer (containerd's two chains are used as they are) and registers. S3
 // first: containerd's unpacker makes no thin device for the registry
-// image (it adopts the S3 pull's chains). Every pull succeeds and every
-// name runs; removing the S3 image leaves the registry image running.
+// image (it adopts the S3 pull's chains). S3 first across two namespaces:
+// the S3 pull extracts its chains once, and containerd may unpack the
+// registry image again in the other namespace. Every pull succeeds and
+// every name runs; removing the S3 image leaves the registry image running.
 func TestSharedChains(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
@@ -64,6 +66,19 @@ func TestSharedChains(t *testing.T) {
 		if err != nil {
 			t.Error(err)
 		}
+	}
+	// devicesAround returns our pool's thin devices before and after pull.
+	devicesAround := func(t *testing.T, pull func()) (before, after []string) {
+		t.Helper()
+		var err error
+		if before, err = e.ourThinDevices(ctx); err != nil {
+			t.Fatal(err)
+		}
+		pull()
+		if after, err = e.ourThinDevices(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return before, after
 	}
 	emptyPool := func(t *testing.T) {
 		t.Helper()
@@ -113,15 +128,7 @@ func TestSharedChains(t *testing.T) {
 	t.Run("s3-first", func(t *testing.T) {
 		const ns = "flyio-shared-b"
 		s3Pull(t, ns, 3)
-		before, err := e.ourThinDevices(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctrPull(t, ns)
-		after, err := e.ourThinDevices(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		before, after := devicesAround(t, func() { ctrPull(t, ns) })
 		if len(after) != len(before) {
 			t.Errorf("containerd's unpack of chains the S3 pull made: thin devices %v, were %v (want no new one)", after, before)
 		}
@@ -142,6 +149,36 @@ func TestSharedChains(t *testing.T) {
 		}
 		if _, err := e.ctr(ctx, ns, "image", "rm", "--sync", e.imageRef); err != nil {
 			t.Fatal(err)
+		}
+		emptyPool(t)
+	})
+
+	t.Run("s3-first-across-namespaces", func(t *testing.T) {
+		// containerd keeps its snapshot records per namespace (the
+		// containerd.io/namespace.shareable label shares content blobs,
+		// never snapshots), so its unpacker in nsB does not see the chains
+		// the S3 pull registered in nsA and prepares them again. The
+		// snapshotter answers a Prepare whose target chain is committed in
+		// the pool with AlreadyExists (no new device here), but containerd
+		// may unpack a layer again: at most one new device per registry
+		// layer, and the S3 pull's chains stay as they are.
+		const nsA, nsB = "flyio-shared-c", "flyio-shared-d"
+		s3Pull(t, nsA, 3)
+		before, after := devicesAround(t, func() { ctrPull(t, nsB) })
+		t.Logf("containerd's unpack in %s made %d thin device(s) beside the S3 pull's %d", nsB, len(after)-len(before), len(before))
+		if n := len(after) - len(before); n < 0 || n > 2 {
+			t.Errorf("containerd's unpack in %s: thin devices %v, were %v (want at most one new per registry layer)", nsB, after, before)
+		}
+		if out := runs(t, nsB, e.imageRef, "shared-d-reg", ociimage.MarkerPath); out != ociimage.MarkerContent {
+			t.Errorf("registry image in %s printed %q, want %q", nsB, out, ociimage.MarkerContent)
+		}
+		if out := runs(t, nsA, img.defaultRef(), "shared-c-s3", s3LayerPath, ociimage.MarkerPath); out != s3Want {
+			t.Errorf("S3 image in %s printed %q, want %q", nsA, out, s3Want)
+		}
+		for ns, ref := range map[string]string{nsA: img.defaultRef(), nsB: e.imageRef} {
+			if _, err := e.ctr(ctx, ns, "image", "rm", "--sync", ref); err != nil {
+				t.Fatal(err)
+			}
 		}
 		emptyPool(t)
 	})
