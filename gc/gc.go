@@ -60,6 +60,10 @@ const (
 	DefaultApplyWatch    = 10 * time.Minute
 )
 
+// applyStuckPolls is how many ApplyPoll periods the watch of containerd's
+// writes waits after a collection found nothing to remove.
+const applyStuckPolls = 25
+
 // marginDivisor sizes what a layer is taken to need in the pool: its
 // tarball's bytes plus one part in marginDivisor, for the file system's
 // own blocks (inodes, directories, journal) and block rounding.
@@ -464,10 +468,19 @@ func (c *Collector) Loop(ctx context.Context) {
 		case <-c.preparing:
 			if watch == nil {
 				watch = time.NewTicker(c.opts.ApplyPoll)
+			} else {
+				watch.Reset(c.opts.ApplyPoll)
 			}
 		case <-poll:
-			if !c.watchWrites(ctx) {
+			// A pool past the threshold with every image in use stays so
+			// until a container or an image goes: checking it again at
+			// every poll would only repeat the collection and its log
+			// line, so the polls slow down until the next write begins.
+			switch watching, stuck := c.watchWrites(ctx); {
+			case !watching:
 				stopWatch()
+			case stuck:
+				watch.Reset(applyStuckPolls * c.opts.ApplyPoll)
 			}
 		case <-c.committed:
 			if _, err := c.Collect(ctx, "commit", 0); err != nil {
@@ -489,8 +502,9 @@ func (c *Collector) Loop(ctx context.Context) {
 // watchWrites stops watching the writes containerd began more than
 // ApplyWatch ago, then, while one is still under way, collects when the
 // pool with the bytes not allocated yet is past the high threshold. It
-// reports whether a write is still watched.
-func (c *Collector) watchWrites(ctx context.Context) bool {
+// reports whether a write is still watched, and whether the pool stayed
+// past the threshold with nothing it could remove.
+func (c *Collector) watchWrites(ctx context.Context) (watching, stuck bool) {
 	c.wmu.Lock()
 	for key, at := range c.writing {
 		if time.Since(at) > c.opts.ApplyWatch {
@@ -501,7 +515,7 @@ func (c *Collector) watchWrites(ctx context.Context) bool {
 	n := len(c.writing)
 	c.wmu.Unlock()
 	if n == 0 {
-		return false
+		return false, false
 	}
 	var pending uint64
 	if c.opts.Pending != nil {
@@ -509,11 +523,19 @@ func (c *Collector) watchWrites(ctx context.Context) bool {
 		if pending, err = c.opts.Pending(ctx); err != nil {
 			log.G(ctx).WithError(err).Warn("gc: bytes not yet written to the pool: counting none")
 		}
+		// The host's dirty pages are every filesystem's, not only the
+		// pool's: at most the band between the thresholds counts, so that
+		// another workload's writes can start a collection no earlier than
+		// the low threshold, and make it go at most that band below it.
+		if u, err := c.opts.Usage(ctx); err == nil {
+			pending = min(pending, uint64(float64(u.DataTotal)*(c.opts.HighThreshold-c.opts.LowThreshold)/100))
+		}
 	}
-	if _, err := c.Collect(ctx, "apply", pending); err != nil {
+	rep, err := c.Collect(ctx, "apply", pending)
+	if err != nil {
 		log.G(ctx).WithError(err).Warn("gc: collection while containerd writes a layer")
 	}
-	return true
+	return true, rep != nil && len(rep.Removed) == 0 && over(rep.After, pending, c.opts.HighThreshold)
 }
 
 // Removed describes one removed image.

@@ -833,7 +833,7 @@ func TestPreparingCollectsWhileApplying(t *testing.T) {
 	defer func() { cancel(); <-done }()
 
 	key := "a/3/extract-1 sha256:r2"
-	h.pool.add(t, key, "", metadata.SnapKindActive, map[string]string{snapshots.LabelSnapshotRef: "r2"}, 0)
+	h.pool.add(t, key, "", snapshotter.SnapKindActive, map[string]string{snapshots.LabelSnapshotRef: "r2"}, 0)
 	h.pool.mu.Lock()
 	dev := h.pool.next
 	h.pool.mu.Unlock()
@@ -935,5 +935,42 @@ func TestDirtyOf(t *testing.T) {
 	}
 	if _, err := DirtyBytes(context.Background()); err != nil {
 		t.Errorf("DirtyBytes on this host: %v", err)
+	}
+}
+
+// TestApplyWatchBoundsOtherWrites: while containerd applies a layer, the
+// host's dirty pages count as the pool's only up to the band between the
+// thresholds, so a host writing a lot elsewhere does not empty the pool
+// (here 100 GiB dirty against a pool half full of 1000 MiB: nothing is
+// removed); and a pool past the threshold with nothing it may remove is
+// checked again only every applyStuckPolls polls, not at each.
+func TestApplyWatchBoundsOtherWrites(t *testing.T) {
+	h := newHarness(t, 1000*mib, Options{Interval: time.Hour, ApplyPoll: 10 * time.Millisecond,
+		Pending: func(context.Context) (uint64, error) { return 100 << 30, nil }})
+	h.registry("a", "reg/old", time.Now().Add(-time.Hour), nil, layer{"r1", 500 * mib})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); h.c.Loop(ctx) }()
+	defer func() { cancel(); <-done }()
+	h.c.Preparing(ctx, "a/3/extract-1 sha256:r2")
+	h.waitReads(6) // three polls
+	if removed := h.names.removedRegistry(); len(removed) != 0 {
+		t.Fatalf("removed %v at 50%% with the host's dirty pages counted whole", removed)
+	}
+
+	// Past the threshold, the only image has a container: nothing to remove.
+	s := newHarness(t, 1000*mib, Options{Interval: time.Hour, ApplyPoll: 10 * time.Millisecond})
+	s.registry("a", "reg/used", time.Now().Add(-time.Hour), nil, layer{"u1", 900 * mib}).Containers = []string{"c1"}
+	sdone := make(chan struct{})
+	go func() { defer close(sdone); s.c.Loop(ctx) }()
+	defer func() { cancel(); <-sdone }()
+	s.c.Preparing(ctx, "a/4/extract-2 sha256:u2")
+	s.waitReads(1)
+	time.Sleep(200 * time.Millisecond) // 20 polls at ApplyPoll
+	s.pool.mu.Lock()
+	reads := s.pool.reads
+	s.pool.mu.Unlock()
+	if reads > 6 {
+		t.Errorf("usage read %d times in 200 ms past the threshold with nothing to remove, want the polls slowed to one in %d", reads, applyStuckPolls)
 	}
 }
