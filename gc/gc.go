@@ -601,7 +601,7 @@ func (c *Collector) Collect(ctx context.Context, trigger string, need uint64) (*
 	if err != nil {
 		return rep, err
 	}
-	imgs, err := c.opts.DB.GCImages(ctx)
+	imgs, err := Images(ctx, c.opts.DB)
 	if err != nil {
 		return rep, fmt.Errorf("gc: %w", err)
 	}
@@ -697,7 +697,7 @@ func (c *Collector) look(ctx context.Context) (*poolView, error) {
 // candidate is an image collection may remove: an S3 image of ours, or a
 // registry image in one containerd namespace.
 type candidate struct {
-	s3  *metadata.GCImage
+	s3  *Image
 	reg *pipeline.PoolImage
 	// records are containerd's records of the image: the S3 image's
 	// names, in every namespace, or the registry image's own.
@@ -733,7 +733,7 @@ func (cd *candidate) names() []string {
 }
 
 // s3Candidate is S3 image im with containerd's records of its names.
-func (v *poolView) s3Candidate(im *metadata.GCImage) *candidate {
+func (v *poolView) s3Candidate(im *Image) *candidate {
 	cd := &candidate{s3: im, keys: im.Chains, chains: im.Chains, usedAt: im.UsedAt}
 	for _, pi := range v.images {
 		if pi.Ours && slices.Contains(im.Names, pi.Name) {
@@ -749,7 +749,7 @@ func (v *poolView) s3Candidate(im *metadata.GCImage) *candidate {
 // candidates are the S3 images imgs and containerd's registry images in
 // the pool, least recently used first (an S3 image before a registry
 // image used at the same time).
-func (v *poolView) candidates(imgs []*metadata.GCImage) []*candidate {
+func (v *poolView) candidates(imgs []*Image) []*candidate {
 	var out []*candidate
 	for _, im := range imgs {
 		out = append(out, v.s3Candidate(im))
@@ -873,7 +873,7 @@ func (c *Collector) remove(ctx context.Context, cd *candidate, v *poolView, caus
 
 // removeS3 removes S3 image im: its names, activation, the chains no other
 // image has (top first), their devices, then its records.
-func (c *Collector) removeS3(ctx context.Context, im *metadata.GCImage, v *poolView) error {
+func (c *Collector) removeS3(ctx context.Context, im *Image, v *poolView) error {
 	c.pmu.Lock()
 	if c.pulling[im.ImageID] > 0 {
 		c.pmu.Unlock()
@@ -954,9 +954,9 @@ func (c *Collector) Remove(ctx context.Context, refs []string) ([]Removed, error
 			errs = append(errs, fmt.Errorf("rm %s: %w", ref, err))
 			continue
 		}
-		var im *metadata.GCImage
+		var im *Image
 		if id != "" {
-			if im, err = c.opts.DB.GCImage(ctx, id); err != nil {
+			if im, err = ImageByID(ctx, c.opts.DB, id); err != nil {
 				errs = append(errs, fmt.Errorf("rm %s: %w", ref, err))
 				continue
 			}

@@ -73,7 +73,7 @@ func (c *Collector) TrimTarballs(ctx context.Context, except string) (Trimmed, e
 	for _, ch := range chains {
 		diffOf[ch.ChainID] = ch.DiffID
 	}
-	imgs, err := c.opts.DB.GCImages(ctx)
+	imgs, err := Images(ctx, c.opts.DB)
 	if err != nil {
 		return Trimmed{}, fmt.Errorf("gc: trim tarballs: %w", err)
 	}

@@ -332,11 +332,13 @@ func (d *DB) WithTx(ctx context.Context, fn func(tx *sql.Tx) error) (err error) 
 	return nil
 }
 
-// readSnapshot runs fn inside a deferred (read) transaction on one
+// ReadSnapshot runs fn inside a deferred (read) transaction on one
 // connection: every query of fn sees the same committed state, and no
 // write lock is taken (the pool's transactions are BEGIN IMMEDIATE, which
-// would queue a reader behind writers).
-func (d *DB) readSnapshot(ctx context.Context, fn func(q queryer) error) error {
+// would queue a reader behind writers). Whatever fn writes is rolled back.
+// Its own errors are the driver's, not wrapped: the caller says what the
+// read was for.
+func (d *DB) ReadSnapshot(ctx context.Context, fn func(q Querier) error) error {
 	c, err := d.db.Conn(ctx)
 	if err != nil {
 		return err

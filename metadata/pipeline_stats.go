@@ -26,7 +26,7 @@ type PipelineStats struct {
 // PipelineStats reads PipelineStats in one read transaction.
 func (d *DB) PipelineStats(ctx context.Context) (PipelineStats, error) {
 	st := PipelineStats{Images: map[string]int{}}
-	err := d.readSnapshot(ctx, func(tx queryer) error { return pipelineStats(ctx, tx, &st) })
+	err := d.ReadSnapshot(ctx, func(tx Querier) error { return pipelineStats(ctx, tx, &st) })
 	return st, err
 }
 

@@ -464,7 +464,7 @@ type PulledState struct {
 // the pipelines, which heal what is wrong.
 func (d *DB) PulledImageState(ctx context.Context, imageID string) (*PulledState, error) {
 	var st *PulledState
-	err := d.readSnapshot(ctx, func(tx queryer) error {
+	err := d.ReadSnapshot(ctx, func(tx Querier) error {
 		im, err := scanImage(tx.QueryRowContext(ctx, `SELECT `+imageColumns+` FROM s3_images WHERE image_id = ?`, imageID))
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
@@ -518,4 +518,13 @@ func (d *DB) PulledImageState(ctx context.Context, imageID string) (*PulledState
 		return nil, fmt.Errorf("metadata: pulled state of image %s: %w", imageID, err)
 	}
 	return st, nil
+}
+
+// TouchImage records that image imageID was used now (a pull, also one
+// answered from the records, or an activation). Absent is not an error.
+func (d *DB) TouchImage(ctx context.Context, imageID string) error {
+	if _, err := d.db.ExecContext(ctx, `UPDATE s3_images SET used_ns = ? WHERE image_id = ?`, time.Now().UnixNano(), imageID); err != nil {
+		return fmt.Errorf("metadata: touch image %s: %w", imageID, err)
+	}
+	return nil
 }

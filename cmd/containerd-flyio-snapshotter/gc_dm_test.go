@@ -153,7 +153,7 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 		e.srv.Delete(t, key)
 		return err
 	}
-	imageOf := func(name string) *metadata.GCImage {
+	imageOf := func(name string) *gc.Image {
 		t.Helper()
 		db := e.db()
 		id, err := db.ImageIDByName(ctx, name)
@@ -163,7 +163,7 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 		if id == "" {
 			return nil
 		}
-		im, err := db.GCImage(ctx, id)
+		im, err := gc.ImageByID(ctx, db, id)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -24,6 +24,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/gc"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
@@ -299,7 +300,7 @@ func TestSoak(t *testing.T) {
 		}
 		t.Errorf("device record left: %+v", dv)
 	}
-	images, err := db.GCImages(ctx)
+	images, err := gc.Images(ctx, db)
 	if err != nil {
 		t.Fatal(err)
 	}

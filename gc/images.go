@@ -1,7 +1,8 @@
-package metadata
+package gc
 
-// Queries of image garbage collection: when each image was last used
-// (s3_images.used_ns, migration 9) and what a removal needs to know.
+// Queries of image garbage collection on the S3 pipelines' records: when
+// each image was last used (s3_images.used_ns, which the pipeline writes)
+// and what a removal needs to know.
 
 import (
 	"context"
@@ -9,19 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
-// TouchImage records that image imageID was used now (a pull, also one
-// answered from the records, or an activation). Absent is not an error.
-func (d *DB) TouchImage(ctx context.Context, imageID string) error {
-	if _, err := d.db.ExecContext(ctx, `UPDATE s3_images SET used_ns = ? WHERE image_id = ?`, time.Now().UnixNano(), imageID); err != nil {
-		return fmt.Errorf("metadata: touch image %s: %w", imageID, err)
-	}
-	return nil
-}
-
-// GCImage is a pulled image as garbage collection sees it.
-type GCImage struct {
+// Image is a pulled image as garbage collection sees it.
+type Image struct {
 	ImageID string
 	Source  string
 	// UsedAt is the last pull or activation.
@@ -37,24 +31,24 @@ type GCImage struct {
 	Bytes int64
 }
 
-// GCImages lists every image pulled at least once, least recently used
+// Images lists every image of db pulled at least once, least recently used
 // first (last pull or activation; the older image first on a tie).
-func (d *DB) GCImages(ctx context.Context) ([]*GCImage, error) {
+func Images(ctx context.Context, db *metadata.DB) ([]*Image, error) {
 	type row struct {
 		id, source string
 		used       int64
 	}
-	rows, err := queryAll(ctx, d.db, "images by last use", func(s rowScanner) (row, error) {
+	rows, err := metadata.QueryAll(ctx, db.Statements(), func(s *sql.Rows) (row, error) {
 		var r row
 		return r, s.Scan(&r.id, &r.source, &r.used)
 	}, `SELECT image_id, source, COALESCE(used_ns, pulled_ns) FROM s3_images
 		WHERE pulled_ns IS NOT NULL ORDER BY COALESCE(used_ns, pulled_ns), id`)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("gc: images by last use: %w", err)
 	}
-	out := make([]*GCImage, 0, len(rows))
+	out := make([]*Image, 0, len(rows))
 	for _, r := range rows {
-		im, err := d.GCImage(ctx, r.id)
+		im, err := ImageByID(ctx, db, r.id)
 		if err != nil {
 			return nil, err
 		}
@@ -65,15 +59,15 @@ func (d *DB) GCImages(ctx context.Context) ([]*GCImage, error) {
 	return out, nil
 }
 
-// GCImage returns image imageID as garbage collection sees it, or nil (and
-// no error) when it is not recorded.
-func (d *DB) GCImage(ctx context.Context, imageID string) (*GCImage, error) {
+// ImageByID returns image imageID of db as garbage collection sees it, read
+// in one read transaction, or nil (and no error) when it is not recorded.
+func ImageByID(ctx context.Context, db *metadata.DB, imageID string) (*Image, error) {
 	var (
-		im     *GCImage
+		im     *Image
 		usedNs int64
 	)
-	err := d.readSnapshot(ctx, func(tx queryer) error {
-		g := GCImage{ImageID: imageID, SharedChains: map[string]bool{}}
+	err := db.ReadSnapshot(ctx, func(tx metadata.Querier) error {
+		g := Image{ImageID: imageID, SharedChains: map[string]bool{}}
 		err := tx.QueryRowContext(ctx, `SELECT source, COALESCE(used_ns, pulled_ns, created_ns) FROM s3_images WHERE image_id = ?`, imageID).
 			Scan(&g.Source, &usedNs)
 		if err != nil {
@@ -88,7 +82,7 @@ func (d *DB) GCImage(ctx context.Context, imageID string) (*GCImage, error) {
 			shared bool
 			bytes  int64
 		}
-		chains, err := queryAll(ctx, tx, "chains of image "+imageID, func(s rowScanner) (chainRow, error) {
+		chains, err := metadata.QueryAll(ctx, tx, func(s *sql.Rows) (chainRow, error) {
 			var c chainRow
 			return c, s.Scan(&c.id, &c.shared, &c.bytes)
 		}, `SELECT il.chain_id,
@@ -96,7 +90,7 @@ func (d *DB) GCImage(ctx context.Context, imageID string) (*GCImage, error) {
 				COALESCE((SELECT c.size_bytes FROM chains c WHERE c.chain_id = il.chain_id), 0)
 			FROM image_layers il WHERE il.image_id = ? ORDER BY il.position`, imageID)
 		if err != nil {
-			return err
+			return fmt.Errorf("chains: %w", err)
 		}
 		for _, c := range chains {
 			g.Chains = append(g.Chains, c.id)
@@ -106,17 +100,17 @@ func (d *DB) GCImage(ctx context.Context, imageID string) (*GCImage, error) {
 				g.Bytes += c.bytes
 			}
 		}
-		if g.Names, err = queryAll(ctx, tx, "names of image "+imageID, func(s rowScanner) (string, error) {
+		if g.Names, err = metadata.QueryAll(ctx, tx, func(s *sql.Rows) (string, error) {
 			var n string
 			return n, s.Scan(&n)
 		}, `SELECT name FROM image_names WHERE image_id = ? ORDER BY registered_ns, name`, imageID); err != nil {
-			return err
+			return fmt.Errorf("names: %w", err)
 		}
 		im = &g
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("metadata: image %s for garbage collection: %w", imageID, err)
+		return nil, fmt.Errorf("gc: image %s: %w", imageID, err)
 	}
 	return im, nil
 }
