@@ -895,7 +895,7 @@ func (c *Collector) removeS3(ctx context.Context, im *Image, v *poolView) error 
 			}
 		}
 	}
-	if err := c.opts.Snapshots.Remove(ctx, metadata.ActivationKey(im.ImageID)); err != nil && !errdefs.IsNotFound(err) {
+	if err := c.opts.Snapshots.Remove(ctx, pipeline.ActivationKey(im.ImageID)); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("%s: activation: %w", what, err)
 	}
 	for i := len(im.Chains) - 1; i >= 0; i-- {
@@ -916,7 +916,7 @@ func (c *Collector) removeS3(ctx context.Context, im *Image, v *poolView) error 
 			return fmt.Errorf("%s: layer %d (chain %s): %w", what, i+1, ch, err)
 		}
 	}
-	if err := c.opts.DB.DeleteImage(ctx, im.ImageID); err != nil {
+	if err := pipeline.RecordsOf(c.opts.DB).DeleteImage(ctx, im.ImageID); err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
@@ -949,7 +949,7 @@ func (c *Collector) Remove(ctx context.Context, refs []string) ([]Removed, error
 		errs []error
 	)
 	for _, ref := range refs {
-		id, err := c.opts.DB.ImageIDByRef(ctx, ref)
+		id, err := pipeline.RecordsOf(c.opts.DB).ImageIDByRef(ctx, ref)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("rm %s: %w", ref, err))
 			continue

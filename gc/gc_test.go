@@ -291,18 +291,18 @@ func (h *harness) image(id, name string, layers ...layer) []string {
 	ctx := context.Background()
 	source := "s3://bucket/" + id + "/"
 	var (
-		recs  []metadata.ImageLayer
+		recs  []pipeline.ImageLayer
 		files []string
 		prev  string
 	)
 	for i, l := range layers {
 		key := fmt.Sprintf("%s/%d.tar", id, i+1)
 		digest := "sha256:diff-" + l.chain
-		if c, err := h.db.GetChain(ctx, l.chain); err != nil {
+		if c, err := pipeline.RecordsOf(h.db).GetChain(ctx, l.chain); err != nil {
 			h.t.Fatal(err)
 		} else if c == nil {
 			h.pool.add(h.t, l.chain, prev, snapshotter.SnapKindCommitted, map[string]string{pipeline.LabelSource: source}, l.bytes)
-			if err := h.db.StoreChain(ctx, metadata.Chain{ChainID: l.chain, ParentChainID: prev, DiffID: digest, SizeBytes: int64(l.bytes)}); err != nil {
+			if err := pipeline.RecordsOf(h.db).StoreChain(ctx, pipeline.Chain{ChainID: l.chain, ParentChainID: prev, DiffID: digest, SizeBytes: int64(l.bytes)}); err != nil {
 				h.t.Fatal(err)
 			}
 		}
@@ -311,15 +311,15 @@ func (h *harness) image(id, name string, layers ...layer) []string {
 			h.t.Fatal(err)
 		}
 		files = append(files, path)
-		if err := h.db.StoreDownload(ctx, metadata.Object{Bucket: "bucket", Key: key, ETag: "e", SizeBytes: 7, Digest: digest},
-			metadata.LayerFile{Digest: digest, Path: path, SizeBytes: 7}); err != nil {
+		if err := pipeline.RecordsOf(h.db).StoreDownload(ctx, pipeline.Object{Bucket: "bucket", Key: key, ETag: "e", SizeBytes: 7, Digest: digest},
+			pipeline.LayerFile{Digest: digest, Path: path, SizeBytes: 7}); err != nil {
 			h.t.Fatal(err)
 		}
-		recs = append(recs, metadata.ImageLayer{Key: key, ETag: "e", SizeBytes: 7, ChainID: l.chain})
+		recs = append(recs, pipeline.ImageLayer{Key: key, ETag: "e", SizeBytes: 7, ChainID: l.chain})
 		prev = l.chain
 	}
-	h.pool.add(h.t, metadata.ActivationKey(id), prev, snapshotter.SnapKindActive, map[string]string{pipeline.LabelPrivate: "activation"}, mib)
-	if err := h.db.RecordPulledImage(ctx, id, source, recs, name); err != nil {
+	h.pool.add(h.t, pipeline.ActivationKey(id), prev, snapshotter.SnapKindActive, map[string]string{pipeline.LabelPrivate: "activation"}, mib)
+	if err := pipeline.RecordsOf(h.db).RecordPulledImage(ctx, id, source, recs, name); err != nil {
 		h.t.Fatal(err)
 	}
 	return files
@@ -330,17 +330,17 @@ func (h *harness) image(id, name string, layers ...layer) []string {
 func (h *harness) gone(id, name string, chains []string, files []string) {
 	h.t.Helper()
 	ctx := context.Background()
-	if im, err := h.db.GetImage(ctx, id); err != nil || im != nil {
+	if im, err := pipeline.RecordsOf(h.db).GetImage(ctx, id); err != nil || im != nil {
 		h.t.Errorf("image %s still recorded: %+v %v", id, im, err)
 	}
-	if got, _ := h.db.ImageIDByName(ctx, name); got != "" {
+	if got, _ := pipeline.RecordsOf(h.db).ImageIDByName(ctx, name); got != "" {
 		h.t.Errorf("name %s still recorded (image %s)", name, got)
 	}
-	for _, key := range append([]string{metadata.ActivationKey(id)}, chains...) {
+	for _, key := range append([]string{pipeline.ActivationKey(id)}, chains...) {
 		if _, ok, _ := snapshotter.ReadRecords(h.db).Snapshot(ctx, key); ok {
 			h.t.Errorf("snapshot %s of image %s still recorded", key, id)
 		}
-		if c, _ := h.db.GetChain(ctx, key); c != nil {
+		if c, _ := pipeline.RecordsOf(h.db).GetChain(ctx, key); c != nil {
 			h.t.Errorf("chain %s of image %s still recorded", key, id)
 		}
 	}
@@ -360,10 +360,10 @@ func (h *harness) gone(id, name string, chains []string, files []string) {
 func (h *harness) present(ids ...string) {
 	h.t.Helper()
 	for _, id := range ids {
-		if im, err := h.db.GetImage(context.Background(), id); err != nil || im == nil {
+		if im, err := pipeline.RecordsOf(h.db).GetImage(context.Background(), id); err != nil || im == nil {
 			h.t.Errorf("image %s was removed", id)
 		}
-		if _, ok, _ := snapshotter.ReadRecords(h.db).Snapshot(context.Background(), metadata.ActivationKey(id)); !ok {
+		if _, ok, _ := snapshotter.ReadRecords(h.db).Snapshot(context.Background(), pipeline.ActivationKey(id)); !ok {
 			h.t.Errorf("activation of image %s was removed", id)
 		}
 	}
@@ -382,7 +382,7 @@ func TestCollectRemovesLeastRecentlyUsedUntilUnderLow(t *testing.T) {
 		t.Fatalf("under the high threshold: removed %v, %v", rep.Removed, err)
 	}
 	// img1 used after the others: img2 is now the least recently used.
-	if err := h.db.TouchImage(ctx, "img1"); err != nil {
+	if err := pipeline.RecordsOf(h.db).TouchImage(ctx, "img1"); err != nil {
 		t.Fatal(err)
 	}
 	files = append(files, h.image("img5", "name5", layer{"c5", 200 * mib})) // 100.5%
@@ -489,7 +489,7 @@ func TestCollectKeepsSharedChains(t *testing.T) {
 	}
 	h.gone("old", "old", []string{"old-top"}, nil)
 	h.present("new")
-	if c, _ := h.db.GetChain(ctx, "base"); c == nil {
+	if c, _ := pipeline.RecordsOf(h.db).GetChain(ctx, "base"); c == nil {
 		t.Errorf("the shared chain was removed with the old image")
 	}
 }
@@ -771,7 +771,7 @@ func TestCollectSharedChainsAcrossSources(t *testing.T) {
 		t.Error("the S3 image's base chain, under a registry image's layer, was removed with the S3 image")
 	}
 	h.snapshotGone("s3-top")
-	if im, _ := h.db.GetImage(ctx, "s3-base"); im != nil {
+	if im, _ := pipeline.RecordsOf(h.db).GetImage(ctx, "s3-base"); im != nil {
 		t.Errorf("S3 image still recorded after rm: %+v", im)
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/containerd/log"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 )
 
 // DefaultTarballCache is the daemon's default Options.TarballCache: the
@@ -61,7 +63,7 @@ func (c *Collector) TrimTarballs(ctx context.Context, except string) (Trimmed, e
 	} else if live > 0 {
 		return Trimmed{Skipped: fmt.Sprintf("%d run(s) pending or running", live)}, nil
 	}
-	files, err := c.opts.DB.ListLayerFiles(ctx)
+	files, err := pipeline.RecordsOf(c.opts.DB).ListLayerFiles(ctx)
 	if err != nil {
 		return Trimmed{}, fmt.Errorf("gc: trim tarballs: %w", err)
 	}

@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 )
 
 // TestTrimTarballsKeepsBudget: the tarballs of unpacked layers go, least
@@ -21,8 +21,8 @@ func TestTrimTarballsKeepsBudget(t *testing.T) {
 	if err := os.WriteFile(pending, []byte("tarball"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.db.StoreDownload(ctx, metadata.Object{Bucket: "bucket", Key: "pending.tar", ETag: "e", SizeBytes: 7, Digest: "sha256:pending"},
-		metadata.LayerFile{Digest: "sha256:pending", Path: pending, SizeBytes: 7}); err != nil {
+	if err := pipeline.RecordsOf(h.db).StoreDownload(ctx, pipeline.Object{Bucket: "bucket", Key: "pending.tar", ETag: "e", SizeBytes: 7, Digest: "sha256:pending"},
+		pipeline.LayerFile{Digest: "sha256:pending", Path: pending, SizeBytes: 7}); err != nil {
 		t.Fatal(err)
 	}
 	files := map[string][]string{}
@@ -30,7 +30,7 @@ func TestTrimTarballsKeepsBudget(t *testing.T) {
 		files[id] = h.image(id, "name-"+id, layer{"c-" + id, mib})
 	}
 	for _, id := range []string{"img3", "img1", "img4", "img2"} { // img3 least recently used, then img1
-		if err := h.db.TouchImage(ctx, id); err != nil {
+		if err := pipeline.RecordsOf(h.db).TouchImage(ctx, id); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -60,7 +60,7 @@ func TestTrimTarballsKeepsBudget(t *testing.T) {
 	if _, err := os.Stat(pending); err != nil {
 		t.Errorf("tarball of a layer not unpacked: %v; want it kept", err)
 	}
-	if f, err := h.db.LayerFile(ctx, "sha256:diff-c-img3"); err != nil || f == nil {
+	if f, err := pipeline.RecordsOf(h.db).LayerFile(ctx, "sha256:diff-c-img3"); err != nil || f == nil {
 		t.Errorf("layer record of a trimmed tarball = %+v, %v; want kept", f, err)
 	}
 	if tr, err := h.c.TrimTarballs(ctx, ""); err != nil || tr.Files != 0 {

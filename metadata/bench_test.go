@@ -51,24 +51,8 @@ func removeBenchDB() {
 	}
 }
 
-// BenchmarkPulledImageState is the look-up of an idempotent re-pull ("is
-// this image pulled, unpacked and activated already?"), one read
-// transaction, on a database of 1000 pulled and activated images. Compare
-// with BenchmarkPing in the same run: it must stay within a small multiple
-// of one round trip.
-func BenchmarkPulledImageState(b *testing.B) {
-	ctx := context.Background()
-	d := benchDB(b)
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		st, err := d.PulledImageState(ctx, "s3-w500")
-		if err != nil || st == nil {
-			b.Fatalf("PulledImageState(s3-w500) = %v, %v", st, err)
-		}
-	}
-}
-
-// BenchmarkPing is the anchor for BenchmarkPulledImageState: one trivial
+// BenchmarkPing is the anchor for the look-ups of the packages that own
+// the records (fetcher/pipeline's BenchmarkPulledImageState): one trivial
 // round trip through database/sql and the driver on the same database.
 func BenchmarkPing(b *testing.B) {
 	ctx := context.Background()

@@ -189,7 +189,7 @@ func TestPathNeedsEscaping(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Open(%q): %v", path, err)
 		}
-		if err := d.StoreDownload(ctx, Object{Bucket: "b", Key: "k", Digest: "sha256:1"}, LayerFile{Digest: "sha256:1", Path: "/p"}); err != nil {
+		if err := storeDownload(ctx, d, "b", "k", "", 0, "sha256:1"); err != nil {
 			t.Fatal(err)
 		}
 		d.Close()
@@ -200,8 +200,8 @@ func TestPathNeedsEscaping(t *testing.T) {
 		if err != nil {
 			t.Fatalf("read-only Open(%q): %v", path, err)
 		}
-		if o, err := r.ObjectRecord(ctx, "b", "k"); err != nil || o == nil {
-			t.Errorf("%q: row not read back: %v", path, err)
+		if o := rowsOf(t, r, `SELECT digest FROM s3_objects WHERE bucket = 'b' AND key = 'k'`); len(o) != 1 {
+			t.Errorf("%q: row not read back: %q", path, o)
 		}
 		r.Close()
 	}

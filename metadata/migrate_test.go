@@ -196,7 +196,7 @@ func TestUpgradeFromV1(t *testing.T) {
 	}
 	checkLedgerHashes(t, d, false)
 	// The record tables and their views work on the upgraded database.
-	if err := d.RecordPulledImage(ctx, "img-2", "s3://bkt/images/2.tar", []ImageLayer{{Key: "images/2.tar", SizeBytes: 1, ChainID: "sha256:c"}}, "two"); err != nil {
+	if err := recordPulledImage(ctx, d, "img-2", "s3://bkt/images/2.tar", []testImageLayer{{Key: "images/2.tar", SizeBytes: 1, ChainID: "sha256:c"}}, "two"); err != nil {
 		t.Errorf("record on the upgraded database: %v", err)
 	}
 	if v, err := d.ImageViews(ctx); err != nil || len(v) != 1 || v[0].ImageID != "img-2" || fmt.Sprint(v[0].Names) != "[two]" {

@@ -154,7 +154,12 @@ func childReader(ctx context.Context, path string) error {
 		if _, err := d.LockViews(ctx, time.Now()); err != nil {
 			return err
 		}
-		if _, err := d.PulledImageState(ctx, "s3-w0"); err != nil {
+		// A read transaction on the read-only handle, as the pipelines'
+		// look-ups run one, while the writer commits.
+		if err := d.ReadSnapshot(ctx, func(q Querier) error {
+			var n int
+			return q.QueryRowContext(ctx, `SELECT COUNT(*) FROM image_layers WHERE image_id = 's3-w0'`).Scan(&n)
+		}); err != nil {
 			return err
 		}
 		for _, v := range imgs {

@@ -17,7 +17,7 @@ func pruneWorld(t *testing.T) *world {
 	w := newWorld(t)
 	w.pull("s3-a", "s3://bkt/a/", "a:latest", twoLayers("a/", "a")...)
 	w.pull("s3-b", "s3://bkt/b/", "b:latest", twoLayers("b/", "b")...)
-	w.must(w.db.AddImageName(w.ctx, "b:v1", "s3-b", false))
+	w.addName("b:v1", "s3-b")
 	res, err := w.db.PruneOrphans(w.ctx, true)
 	if err != nil {
 		t.Fatal(err)
@@ -25,7 +25,7 @@ func pruneWorld(t *testing.T) *world {
 	if fmt.Sprint(res) != fmt.Sprint(PruneResult{}) {
 		t.Fatalf("prune with nothing removed = %+v, want nothing pruned", res)
 	}
-	w.removeSnapshot(ActivationKey("s3-b"))
+	w.removeSnapshot(activationKey("s3-b"))
 	w.removeSnapshot("sha256:c-b")
 	return w
 }
@@ -33,16 +33,17 @@ func pruneWorld(t *testing.T) *world {
 // checkAIntact checks image s3-a kept everything.
 func checkAIntact(t *testing.T, w *world) {
 	t.Helper()
-	if st, err := w.db.PulledImageState(w.ctx, "s3-a"); st == nil || err != nil {
-		t.Errorf("s3-a is no longer a pulled image after the prune: %v", err)
+	if !w.has("s3_images", "image_id = 's3-a' AND pulled_ns IS NOT NULL") || w.count("image_layers WHERE image_id = 's3-a'") != 2 ||
+		!w.has("chains", "chain_id = 'sha256:c-a'") || !w.has("cd_snapshots", "key = ?", activationKey("s3-a")) {
+		t.Errorf("s3-a is no longer a pulled image after the prune")
 	}
 	for _, k := range []string{"a/1.tar", "a/2.tar"} {
-		if o, _ := w.db.ObjectRecord(w.ctx, "bkt", k); o == nil {
+		if !w.has("s3_objects", "bucket = 'bkt' AND key = ?", k) {
 			t.Errorf("object %s of s3-a was pruned", k)
 		}
 	}
 	for _, d := range []string{"sha256:d1", "sha256:d-a"} {
-		if f, _ := w.db.LayerFile(w.ctx, d); f == nil {
+		if !w.has("layers", "digest = ?", d) {
 			t.Errorf("layer %s of s3-a was pruned", d)
 		}
 	}
@@ -64,30 +65,30 @@ func TestPruneOrphansAfterGC(t *testing.T) {
 	if fmt.Sprint(res) != fmt.Sprint(want) {
 		t.Fatalf("prune = %+v, want %+v", res, want)
 	}
-	if c, _ := db.GetChain(ctx, "sha256:c-b"); c != nil {
-		t.Errorf("chain c-b survived: %+v", c)
+	if w.has("chains", "chain_id = 'sha256:c-b'") {
+		t.Errorf("chain c-b survived")
 	}
-	if im, _ := db.GetImage(ctx, "s3-b"); im != nil {
-		t.Errorf("image s3-b survived: %+v", im)
+	if w.has("s3_images", "image_id = 's3-b'") {
+		t.Errorf("image s3-b survived")
 	}
 	for _, n := range []string{"b:latest", "b:v1"} {
-		if id, _ := db.ImageIDByName(ctx, n); id != "" {
-			t.Errorf("name %s still names %s", n, id)
+		if w.has("image_names", "name = ?", n) {
+			t.Errorf("name %s survived", n)
 		}
 	}
-	if ls, _ := db.ImageLayers(ctx, "s3-b"); len(ls) != 0 {
-		t.Errorf("layers of s3-b survived: %+v", ls)
+	if w.has("image_layers", "image_id = 's3-b'") {
+		t.Errorf("layers of s3-b survived")
 	}
 	for _, k := range []string{"b/1.tar", "b/2.tar"} {
-		if o, _ := db.ObjectRecord(ctx, "bkt", k); o != nil {
-			t.Errorf("object %s survived: %+v", k, o)
+		if w.has("s3_objects", "bucket = 'bkt' AND key = ?", k) {
+			t.Errorf("object %s survived", k)
 		}
 	}
-	if f, _ := db.LayerFile(ctx, "sha256:d-b"); f != nil {
-		t.Errorf("layer d-b survived: %+v", f)
+	if w.has("layers", "digest = 'sha256:d-b'") {
+		t.Errorf("layer d-b survived")
 	}
 	checkAIntact(t, w)
-	if c, _ := db.GetChain(ctx, "sha256:d1"); c == nil {
+	if !w.has("chains", "chain_id = 'sha256:d1'") {
 		t.Errorf("the shared bottom chain was pruned")
 	}
 	res, err = db.PruneOrphans(ctx, true)
@@ -124,7 +125,7 @@ func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
 	if want := (PruneResult{Deferred: true}); fmt.Sprint(res) != fmt.Sprint(want) {
 		t.Fatalf("prune while c-b is being unpacked = %+v, want %+v", res, want)
 	}
-	if c, _ := db.GetChain(ctx, "sha256:c-b"); c == nil {
+	if !w.has("chains", "chain_id = 'sha256:c-b'") {
 		t.Errorf("chain c-b was forgotten while a run was making it")
 	}
 	finish("unpack")
@@ -138,7 +139,7 @@ func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
 	if want := (PruneResult{Chains: 1, Deferred: true}); fmt.Sprint(res) != fmt.Sprint(want) {
 		t.Fatalf("prune while s3-b is being pulled = %+v, want %+v", res, want)
 	}
-	if im, _ := db.GetImage(ctx, "s3-b"); im == nil {
+	if !w.has("s3_images", "image_id = 's3-b'") {
 		t.Errorf("image s3-b was forgotten while a run was pulling it")
 	}
 	finish("pull")
@@ -153,10 +154,10 @@ func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
 	if want := (PruneResult{Images: 1, Deferred: true}); fmt.Sprint(res) != fmt.Sprint(want) {
 		t.Fatalf("prune with an unrelated live run = %+v, want %+v", res, want)
 	}
-	if o, _ := db.ObjectRecord(ctx, "bkt", "b/2.tar"); o == nil {
+	if !w.has("s3_objects", "bucket = 'bkt' AND key = 'b/2.tar'") {
 		t.Errorf("object b/2.tar pruned while a run was live")
 	}
-	if f, _ := db.LayerFile(ctx, "sha256:d-b"); f == nil {
+	if !w.has("layers", "digest = 'sha256:d-b'") {
 		t.Errorf("layer d-b pruned while a run was live")
 	}
 	finish("dl")
@@ -219,7 +220,7 @@ func TestPruneOrphansInBatches(t *testing.T) {
 		if err := writeImage(ctx, db, i); err != nil {
 			t.Fatal(err)
 		}
-		for _, key := range []string{ActivationKey(fmt.Sprintf("s3-w%d", i)), fmt.Sprintf("sha256:w%d", i)} {
+		for _, key := range []string{activationKey(fmt.Sprintf("s3-w%d", i)), fmt.Sprintf("sha256:w%d", i)} {
 			if err := removeSnapshotKey(ctx, db, key); err != nil {
 				t.Fatal(err)
 			}

@@ -32,6 +32,8 @@ func QueryAll[T any](ctx context.Context, q interface {
 	return out, nil
 }
 
+type rowScanner interface{ Scan(dest ...any) error }
+
 // queryAll is QueryAll with errors wrapped with what (the operation, for
 // the message).
 func queryAll[T any](ctx context.Context, q queryer, what string, scan func(rowScanner) (T, error), query string, args ...any) ([]T, error) {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"syscall"
 	"testing"
 )
@@ -43,20 +44,17 @@ func copyRelease0007(t *testing.T) string {
 func checkRelease0007Records(t *testing.T, d *DB) {
 	t.Helper()
 	ctx := context.Background()
-	imgs, err := d.ListImages(ctx)
-	if err != nil || len(imgs) != 3 {
-		t.Fatalf("ListImages = %+v, %v; want the 3 pulled images", imgs, err)
+	// The pipelines' records, read in SQL (their queries are
+	// fetcher/pipeline's): every image pulled, no failure.
+	imgs := rowsOf(t, d, `SELECT image_id, source, IFNULL(failure_reason, ''), pulled_ns IS NOT NULL FROM s3_images ORDER BY id`)
+	wantImgs := []string{
+		debianID + " s3://flyio-images/images/debian/  1",
+		debianDevID + " s3://flyio-images/images/debian-dev/  1",
+		singleID + " s3://flyio-images/images/single.tar  1",
 	}
-	for i, want := range [][2]string{
-		{debianID, "s3://flyio-images/images/debian/"},
-		{debianDevID, "s3://flyio-images/images/debian-dev/"},
-		{singleID, "s3://flyio-images/images/single.tar"},
-	} {
-		if im := imgs[i]; im.ImageID != want[0] || im.Source != want[1] || im.FailureReason != "" || im.PulledAt.IsZero() {
-			t.Errorf("image %d = %+v, want %s from %s, pulled", i, im, want[0], want[1])
-		}
+	if !reflect.DeepEqual(imgs, wantImgs) {
+		t.Fatalf("images = %q, want %q (the 3 pulled images)", imgs, wantImgs)
 	}
-
 	views, err := d.ImageViews(ctx)
 	if err != nil || len(views) != 3 {
 		t.Fatalf("ImageViews = %+v, %v", views, err)
@@ -73,50 +71,42 @@ func checkRelease0007Records(t *testing.T, d *DB) {
 		}
 	}
 
-	layers, err := d.ImageLayers(ctx, debianID)
-	wantLayers := []ImageLayer{
-		{Position: 1, Key: "images/debian/1.tar", ETag: `"e1"`, SizeBytes: 1000, ChainID: "sha256:11"},
-		{Position: 2, Key: "images/debian/2.tar", ETag: `"e2"`, SizeBytes: 2000, ChainID: debianTop},
+	const layersOf = `SELECT position, key, etag, version_id, size_bytes, chain_id FROM image_layers WHERE image_id = ? ORDER BY position`
+	if got, want := rowsOf(t, d, layersOf, debianID), []string{
+		`1 images/debian/1.tar "e1"  1000 sha256:11`,
+		`2 images/debian/2.tar "e2"  2000 ` + debianTop,
+	}; !reflect.DeepEqual(got, want) {
+		t.Errorf("layers of debian = %q, want %q", got, want)
 	}
-	if err != nil || !reflect.DeepEqual(layers, wantLayers) {
-		t.Errorf("ImageLayers(debian) = %+v, %v; want %+v", layers, err, wantLayers)
-	}
-	layers, err = d.ImageLayers(ctx, singleID)
-	wantLayers = []ImageLayer{{Position: 1, Key: "images/single.tar", ETag: `"e4"`, SizeBytes: 4000, ChainID: "sha256:44"}}
-	if err != nil || !reflect.DeepEqual(layers, wantLayers) {
-		t.Errorf("ImageLayers(single) = %+v, %v; want %+v", layers, err, wantLayers)
+	if got, want := rowsOf(t, d, layersOf, singleID), []string{`1 images/single.tar "e4"  4000 sha256:44`}; !reflect.DeepEqual(got, want) {
+		t.Errorf("layers of single = %q, want %q", got, want)
 	}
 
-	o, err := d.ObjectRecord(ctx, "flyio-images", "images/debian/1.tar")
-	if err != nil || o == nil || o.ETag != `"e1"` || o.Digest != "sha256:11" || o.SizeBytes != 1000 {
-		t.Errorf("ObjectRecord(images/debian/1.tar) = %+v, %v; want ETag \"e1\", sha256:11, 1000 bytes", o, err)
-	}
-	if o, _ := d.ObjectRecord(ctx, "flyio-images", "images/debian-dev/2.tar"); o == nil || o.ETag != `"e3"` || o.Digest != "sha256:33" {
-		t.Errorf("ObjectRecord(images/debian-dev/2.tar) = %+v", o)
-	}
-	if o, err := d.ObjectRecord(ctx, "flyio-images", "images/bad.tar"); o != nil || err != nil {
-		t.Errorf("the failed download of images/bad.tar was carried over: %+v, %v", o, err)
-	}
-	f, err := d.LayerFile(ctx, "sha256:22")
-	if err != nil || f == nil || f.Path != "/var/lib/containerd-flyio-snapshotter/images/blobs/sha256/22" || f.SizeBytes != 2000 ||
-		f.StatSize != 2000 || f.StatMtimeNs != 5 || f.StatIno != 7 || f.DiffID != "sha256:22" {
-		t.Errorf("LayerFile(sha256:22) = %+v, %v (a plain tar of an earlier release has its digest as diff ID)", f, err)
-	}
-
-	for _, want := range []Chain{
-		{ChainID: "sha256:11", DiffID: "sha256:11", SizeBytes: 2000, FileCount: 10},
-		{ChainID: debianTop, ParentChainID: "sha256:11", DiffID: "sha256:22", SizeBytes: 4000, FileCount: 10},
-		{ChainID: debianDevTop, ParentChainID: "sha256:11", DiffID: "sha256:33", SizeBytes: 6000, FileCount: 10},
-		{ChainID: "sha256:44", DiffID: "sha256:44", SizeBytes: 8000, FileCount: 10},
+	const objectOf = `SELECT o.etag, o.digest, o.size_bytes, IFNULL(l.diff_id, '') FROM s3_objects o
+		LEFT JOIN layers l ON l.digest = o.digest WHERE o.bucket = 'flyio-images' AND o.key = ?`
+	for key, want := range map[string]string{
+		"images/debian/1.tar":     `"e1" sha256:11 1000 sha256:11`,
+		"images/debian-dev/2.tar": `"e3" sha256:33 3000 sha256:33`,
 	} {
-		c, err := d.GetChain(ctx, want.ChainID)
-		if err != nil || c == nil {
-			t.Errorf("GetChain(%s) = %v, %v", want.ChainID, c, err)
-			continue
+		if got := rowsOf(t, d, objectOf, key); len(got) != 1 || got[0] != want {
+			t.Errorf("object %s = %q, want %q", key, got, want)
 		}
-		if c.ParentChainID != want.ParentChainID || c.DiffID != want.DiffID || c.SizeBytes != want.SizeBytes || c.FileCount != want.FileCount || c.UnpackedAt.IsZero() {
-			t.Errorf("chain %s = %+v, want %+v", want.ChainID, c, want)
-		}
+	}
+	if got := rowsOf(t, d, objectOf, "images/bad.tar"); len(got) != 0 {
+		t.Errorf("the failed download of images/bad.tar was carried over: %q", got)
+	}
+	if got, want := rowsOf(t, d, `SELECT path, size_bytes, stat_size, stat_mtime_ns, stat_ino, diff_id FROM layers WHERE digest = 'sha256:22'`),
+		[]string{"/var/lib/containerd-flyio-snapshotter/images/blobs/sha256/22 2000 2000 5 7 sha256:22"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("layer file sha256:22 = %q, want %q (a plain tar of an earlier release has its digest as diff ID)", got, want)
+	}
+
+	if got, want := rowsOf(t, d, `SELECT chain_id, parent_chain_id, diff_id, size_bytes, file_count, unpacked_ns > 0 FROM chains ORDER BY diff_id`), []string{
+		"sha256:11  sha256:11 2000 10 1",
+		debianTop + " sha256:11 sha256:22 4000 10 1",
+		debianDevTop + " sha256:11 sha256:33 6000 10 1",
+		"sha256:44  sha256:44 8000 10 1",
+	}; !reflect.DeepEqual(got, want) {
+		t.Errorf("chains = %q, want %q", got, want)
 	}
 
 	snaps, err := d.SnapshotViews(ctx)
@@ -134,18 +124,22 @@ func checkRelease0007Records(t *testing.T, d *DB) {
 		}
 	}
 
+	// What a re-pull looks up to be a no-op: each layer's chain with its
+	// committed snapshot, the activation on the top chain, the names.
 	for id, want := range map[string]string{
 		debianID:    "[sha256:11 sha256:22] flyio-pool-snap-201 [flyio.local/e2e/debian:latest]",
 		debianDevID: "[sha256:11 sha256:33] flyio-pool-snap-202 [flyio.local/e2e/debian-dev:latest]",
 		singleID:    "[sha256:44] flyio-pool-snap-203 [s3://flyio-images/images/single.tar]",
 	} {
-		st, err := d.PulledImageState(ctx, id)
-		if err != nil || st == nil {
-			t.Errorf("PulledImageState(%s) = %v, %v; want the pulled image (a re-pull is a no-op)", id, st, err)
-			continue
-		}
-		if got := fmt.Sprintf("%v %s %v", st.DiffIDs, st.ActivationDevice, st.Names); got != want {
-			t.Errorf("PulledImageState(%s) = %s, want %s", id, got, want)
+		diffs := rowsOf(t, d, `SELECT c.diff_id FROM image_layers il JOIN chains c ON c.chain_id = il.chain_id
+			JOIN cd_snapshots s ON s.key = c.chain_id AND s.kind = 'committed' WHERE il.image_id = ? ORDER BY il.position`, id)
+		dev := rowsOf(t, d, `SELECT d.name FROM cd_snapshots a JOIN thin_devices d ON d.device_id = a.device_id
+			JOIN cd_snapshots p ON p.id = a.parent_id
+			WHERE a.key = ? AND a.kind = 'active' AND p.key = (SELECT chain_id FROM image_layers WHERE image_id = ? ORDER BY position DESC LIMIT 1)`,
+			activationKey(id), id)
+		names := rowsOf(t, d, `SELECT name FROM image_names WHERE image_id = ? ORDER BY registered_ns, name`, id)
+		if got := fmt.Sprintf("%v %s %v", diffs, strings.Join(dev, ","), names); got != want {
+			t.Errorf("pulled state of %s = %s, want %s (a re-pull is a no-op)", id, got, want)
 		}
 	}
 }

@@ -14,6 +14,12 @@ import (
 	"time"
 )
 
+// ActivationPrefix starts the key of every image's activation (its active
+// snapshot): the views of migration 0008 spell it in SQL, which a migration
+// cannot take from Go, so the owner of the activations builds its keys from
+// this one.
+const ActivationPrefix = "snap-"
+
 // Values of the images view's status columns.
 const (
 	DownloadPending   = "pending"
@@ -162,7 +168,7 @@ func (d *DB) UnpackedViews(ctx context.Context) ([]UnpackedView, error) {
 		u.file_count, u.layout_verified, u.unpacked_at,
 		(SELECT count(*) FROM cd_snapshots a JOIN cd_snapshots o ON o.id = a.parent_id
 			WHERE o.device_id = CAST(u.device_id AS INTEGER) AND a.kind = 'active' AND a.key LIKE ? || '%')
-		FROM unpacked_images u ORDER BY u.id`, activationPrefix)
+		FROM unpacked_images u ORDER BY u.id`, ActivationPrefix)
 }
 
 // ChainView is an unpacked chain: one layer on its parent chain, and its

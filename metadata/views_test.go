@@ -16,9 +16,9 @@ import (
 func viewsWorld(t *testing.T) (*world, time.Time) {
 	w := newWorld(t)
 	w.pull("s3-a", "s3://bkt/a/", "a:latest", twoLayers("a/", "a")...) // thin ids 1 (d1), 2 (c-a), 3 (activation)
-	w.must(w.db.AddImageName(w.ctx, "a:v1", "s3-a", false))
+	w.addName("a:v1", "s3-a")
 	w.pullNoActivation("s3-b", "s3://bkt/b/", "b:latest", twoLayers("b/", "b")...) // thin id 4 (c-b)
-	w.must(w.db.MarkImageFailed(w.ctx, "s3-c", "s3://bkt/c.tar", `validate s3://bkt/c.tar: entry "../x" climbs above the root`))
+	w.must(markImageFailed(w.ctx, w.db, "s3-c", "s3://bkt/c.tar", `validate s3://bkt/c.tar: entry "../x" climbs above the root`))
 	t0 := time.Unix(1_800_000_000, 0).UTC()
 	for _, r := range []testRun{
 		{ID: "r-a", FSM: "activate-image", IdempotencyID: "s3-a", State: "running", Started: t0},
@@ -185,7 +185,7 @@ func TestListingViews(t *testing.T) {
 	}
 
 	// Containerd removed s3-a's activation: it is unpacked again.
-	w.removeSnapshot(ActivationKey("s3-a"))
+	w.removeSnapshot(activationKey("s3-a"))
 	imgs, _ = db.ImageViews(ctx)
 	if imgs[0].State != ImageStateUnpacked || imgs[0].ActiveSnapshots != 0 {
 		t.Errorf("s3-a without its activation: state %s, %d active snapshots; want unpacked, 0", imgs[0].State, imgs[0].ActiveSnapshots)

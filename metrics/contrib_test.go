@@ -22,6 +22,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
@@ -65,7 +66,7 @@ func everything(t *testing.T) *Metrics {
 	db := metadatatest.Open(t)
 	// An image and a run in the records, for the pipeline's labelled
 	// gauges.
-	if err := db.MarkImageFailed(ctx, "img-1", "s3://b/1.tar", "bad"); err != nil {
+	if err := pipeline.RecordsOf(db).MarkImageFailed(ctx, "img-1", "s3://b/1.tar", "bad"); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()

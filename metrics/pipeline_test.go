@@ -8,7 +8,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 )
 
@@ -56,14 +56,14 @@ func TestPipelineMetricsFromDatabase(t *testing.T) {
 	if g := gauges(t, m, Namespace+"_pipeline_blob_bytes"); g[""] != 0 {
 		t.Fatalf("blob bytes of an empty database = %v", g)
 	}
-	if err := db.StoreDownload(ctx, metadata.Object{Bucket: "b", Key: "1.tar", ETag: `"e1"`, SizeBytes: 1000, Digest: "sha256:d1"},
-		metadata.LayerFile{Digest: "sha256:d1", Path: "/blobs/d1", SizeBytes: 1000, StatSize: 1000, StatMtimeNs: 1, StatIno: 1}); err != nil {
+	if err := pipeline.RecordsOf(db).StoreDownload(ctx, pipeline.Object{Bucket: "b", Key: "1.tar", ETag: `"e1"`, SizeBytes: 1000, Digest: "sha256:d1"},
+		pipeline.LayerFile{Digest: "sha256:d1", Path: "/blobs/d1", SizeBytes: 1000, StatSize: 1000, StatMtimeNs: 1, StatIno: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.RecordPulledImage(ctx, "img-1", "s3://b/1.tar", []metadata.ImageLayer{{Key: "1.tar", ETag: `"e1"`, SizeBytes: 1000, ChainID: "sha256:d1"}}, "one"); err != nil {
+	if err := pipeline.RecordsOf(db).RecordPulledImage(ctx, "img-1", "s3://b/1.tar", []pipeline.ImageLayer{{Key: "1.tar", ETag: `"e1"`, SizeBytes: 1000, ChainID: "sha256:d1"}}, "one"); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.MarkImageFailed(ctx, "img-2", "s3://b/2.tar", "bad"); err != nil {
+	if err := pipeline.RecordsOf(db).MarkImageFailed(ctx, "img-2", "s3://b/2.tar", "bad"); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()

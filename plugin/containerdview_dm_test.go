@@ -221,10 +221,10 @@ func TestContainerdViewOverSocket(t *testing.T) {
 	if err := client.(snapshots.Cleaner).Cleanup(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if id, err := svc.DB.ImageIDByName(ctx, "test/a"); err != nil || id != "" {
+	if id, err := pipeline.RecordsOf(svc.DB).ImageIDByName(ctx, "test/a"); err != nil || id != "" {
 		t.Errorf("a's image record after GC: %q, %v; want none", id, err)
 	}
-	if id, err := svc.DB.ImageIDByName(ctx, "test/b"); err != nil || id == "" {
+	if id, err := pipeline.RecordsOf(svc.DB).ImageIDByName(ctx, "test/b"); err != nil || id == "" {
 		t.Errorf("b's image record after a's GC: %v; want it kept", err)
 	}
 	unpacked, err := svc.DB.ChainViews(ctx)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 )
@@ -274,24 +275,24 @@ func populate(t *testing.T, path string, now time.Time) {
 		key, diff string
 		size      int64
 	}{{"images/active/1.tar", diffA, 1000}, {"images/active/2.tar", diffB, 2000}, {"images/unpacked.tar", diffA, 1000}, {"images/orphan.tar", diffC, 3000}} {
-		must(d.StoreDownload(ctx, metadata.Object{Bucket: "bkt", Key: o.key, ETag: `"` + o.key + `"`, SizeBytes: o.size, Digest: o.diff},
-			metadata.LayerFile{Digest: o.diff, Path: "/dl/blobs/sha256/" + strings.TrimPrefix(o.diff, "sha256:"), SizeBytes: o.size}))
+		must(pipeline.RecordsOf(d).StoreDownload(ctx, pipeline.Object{Bucket: "bkt", Key: o.key, ETag: `"` + o.key + `"`, SizeBytes: o.size, Digest: o.diff},
+			pipeline.LayerFile{Digest: o.diff, Path: "/dl/blobs/sha256/" + strings.TrimPrefix(o.diff, "sha256:"), SizeBytes: o.size}))
 	}
-	must(commitChain(ctx, d, metadata.Chain{ChainID: chainA, DiffID: diffA, SizeBytes: 4000, FileCount: 40}, devChainA))
-	must(commitChain(ctx, d, metadata.Chain{ChainID: chainAB, ParentChainID: chainA, DiffID: diffB, SizeBytes: 8000, FileCount: 80}, devChainAB))
-	must(commitChain(ctx, d, metadata.Chain{ChainID: chainC, DiffID: diffC, SizeBytes: 500, FileCount: 5}, devChainC))
-	must(d.StoreChain(ctx, metadata.Chain{ChainID: chainX, DiffID: diffC}))
+	must(commitChain(ctx, d, pipeline.Chain{ChainID: chainA, DiffID: diffA, SizeBytes: 4000, FileCount: 40}, devChainA))
+	must(commitChain(ctx, d, pipeline.Chain{ChainID: chainAB, ParentChainID: chainA, DiffID: diffB, SizeBytes: 8000, FileCount: 80}, devChainAB))
+	must(commitChain(ctx, d, pipeline.Chain{ChainID: chainC, DiffID: diffC, SizeBytes: 500, FileCount: 5}, devChainC))
+	must(pipeline.RecordsOf(d).StoreChain(ctx, pipeline.Chain{ChainID: chainX, DiffID: diffC}))
 
-	must(d.RecordPulledImage(ctx, "img-active", "s3://bkt/images/active/", []metadata.ImageLayer{
+	must(pipeline.RecordsOf(d).RecordPulledImage(ctx, "img-active", "s3://bkt/images/active/", []pipeline.ImageLayer{
 		{Key: "images/active/1.tar", ETag: `"images/active/1.tar"`, SizeBytes: 1000, ChainID: chainA},
 		{Key: "images/active/2.tar", ETag: `"images/active/2.tar"`, SizeBytes: 2000, ChainID: chainAB},
 	}, "registry.example/active:1"))
-	must(d.AddImageName(ctx, "s3://bkt/images/active/", "img-active", false))
+	must(pipeline.RecordsOf(d).AddImageName(ctx, "s3://bkt/images/active/", "img-active", false))
 	must(activate(ctx, d, "img-active", chainAB, devActivation))
-	must(d.RecordPulledImage(ctx, "img-unpacked", "s3://bkt/images/unpacked.tar", []metadata.ImageLayer{
+	must(pipeline.RecordsOf(d).RecordPulledImage(ctx, "img-unpacked", "s3://bkt/images/unpacked.tar", []pipeline.ImageLayer{
 		{Key: "images/unpacked.tar", ETag: `"images/unpacked.tar"`, SizeBytes: 1000, ChainID: chainA},
 	}, "registry.example/unpacked:1"))
-	must(d.MarkImageFailed(ctx, "img-failed", "s3://bkt/images/failed.tar", `validate s3://bkt/images/failed.tar: entry "../x": climbs above the root`))
+	must(pipeline.RecordsOf(d).MarkImageFailed(ctx, "img-failed", "s3://bkt/images/failed.tar", `validate s3://bkt/images/failed.tar: entry "../x": climbs above the root`))
 
 	for _, r := range []struct {
 		id, fsm, idem string
@@ -320,7 +321,7 @@ func populate(t *testing.T, path string, now time.Time) {
 // commitChain writes what an unpack leaves for chain c: thin device devID
 // and the committed snapshot keyed by the chain ID on its parent chain's
 // snapshot (one transaction), then the chain's row.
-func commitChain(ctx context.Context, d *metadata.DB, c metadata.Chain, devID uint32) error {
+func commitChain(ctx context.Context, d *metadata.DB, c pipeline.Chain, devID uint32) error {
 	if err := d.WithTx(ctx, func(tx *sql.Tx) error {
 		q := snapshotter.RecordsTx(tx)
 		var parent int64
@@ -344,11 +345,11 @@ func commitChain(ctx context.Context, d *metadata.DB, c metadata.Chain, devID ui
 	}); err != nil {
 		return fmt.Errorf("commit chain %s: %w", c.ChainID, err)
 	}
-	return d.StoreChain(ctx, c)
+	return pipeline.RecordsOf(d).StoreChain(ctx, c)
 }
 
 // activate writes image imageID's activation: the active snapshot keyed
-// metadata.ActivationKey(imageID) on the committed snapshot of chain
+// pipeline.ActivationKey(imageID) on the committed snapshot of chain
 // parent, on thin device devID.
 func activate(ctx context.Context, d *metadata.DB, imageID, parent string, devID uint32) error {
 	return d.WithTx(ctx, func(tx *sql.Tx) error {
@@ -365,7 +366,7 @@ func activate(ctx context.Context, d *metadata.DB, imageID, parent string, devID
 			return err
 		}
 		now := time.Now().UnixNano()
-		_, err = q.InsertSnapshot(ctx, snapshotter.CDSnapshot{Key: metadata.ActivationKey(imageID), Kind: snapshotter.SnapKindActive,
+		_, err = q.InsertSnapshot(ctx, snapshotter.CDSnapshot{Key: pipeline.ActivationKey(imageID), Kind: snapshotter.SnapKindActive,
 			ParentID: p.ID, DeviceID: devID, CreatedNs: now, UpdatedNs: now})
 		return err
 	})

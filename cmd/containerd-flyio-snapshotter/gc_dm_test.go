@@ -156,7 +156,7 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 	imageOf := func(name string) *gc.Image {
 		t.Helper()
 		db := e.db()
-		id, err := db.ImageIDByName(ctx, name)
+		id, err := pipeline.RecordsOf(db).ImageIDByName(ctx, name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -255,7 +255,7 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 		want := map[string]bool{}
 		for _, n := range append([]string{"pinned", "container"}, names...) {
 			if im := imageOf(n); im != nil {
-				want[metadata.ActivationKey(im.ImageID)] = true
+				want[pipeline.ActivationKey(im.ImageID)] = true
 				for _, c := range im.Chains {
 					want[c] = true
 				}

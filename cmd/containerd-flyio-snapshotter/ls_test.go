@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
@@ -261,7 +262,7 @@ func TestLsUnpackedSnapshotsLocks(t *testing.T) {
 		t.Errorf("--filter referenced=true = %+v", ref)
 	}
 	snaps := lsJSON[metadata.SnapshotView](t, "snapshots", "--db", path, "--format", "json")
-	if len(snaps) != 1 || snaps[0].ImageID != "img-active" || snaps[0].SnapshotName != metadata.ActivationKey("img-active") ||
+	if len(snaps) != 1 || snaps[0].ImageID != "img-active" || snaps[0].SnapshotName != pipeline.ActivationKey("img-active") ||
 		!snaps[0].Active || snaps[0].OriginDeviceID != strconv.Itoa(devChainAB) || snaps[0].OriginDeviceName != devName(devChainAB) ||
 		snaps[0].DevicePath != "/dev/mapper/"+devName(devActivation) || snaps[0].S3Key != "s3://bkt/images/active/" {
 		t.Errorf("ls snapshots = %+v", snaps)

@@ -18,7 +18,6 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 )
 
@@ -77,7 +76,7 @@ func TestForeignContainerdImageKept(t *testing.T) {
 	url := func(prefix string) string { return "s3://" + e.srv.Bucket + "/" + prefix }
 	named := func(name string) string {
 		t.Helper()
-		id, err := e.db().ImageIDByName(ctx, name)
+		id, err := pipeline.RecordsOf(e.db()).ImageIDByName(ctx, name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -143,7 +142,7 @@ func TestForeignContainerdImageKept(t *testing.T) {
 	code, out, errOut = cli("activate", yName, "--format", "json")
 	var act pipeline.ActivateResponse
 	if err := json.Unmarshal([]byte(out), &act); code != 0 || err != nil || act.ImageID != named(yName) ||
-		act.SnapshotName != metadata.ActivationKey(act.ImageID) || !act.Active || !strings.HasPrefix(act.DevicePath, "/dev/") {
+		act.SnapshotName != pipeline.ActivationKey(act.ImageID) || !act.Active || !strings.HasPrefix(act.DevicePath, "/dev/") {
 		t.Errorf("activate %s --format json = %d, %q, %q (%v)", yName, code, out, errOut, err)
 	}
 	if code, out, errOut := cli("rm", taken); code != 0 || !strings.Contains(out, "removed ") {

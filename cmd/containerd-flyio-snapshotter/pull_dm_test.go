@@ -306,7 +306,7 @@ func (e *pullEnv) checkClean() {
 func (e *pullEnv) deviceOfChain(chain string) uint32 {
 	e.t.Helper()
 	db := e.db()
-	if ch, err := db.GetChain(context.Background(), chain); err != nil || ch == nil {
+	if ch, err := pipeline.RecordsOf(db).GetChain(context.Background(), chain); err != nil || ch == nil {
 		e.t.Fatalf("chain %s: %+v %v", chain, ch, err)
 	}
 	s, ok, err := snapshotter.ReadRecords(db).Snapshot(context.Background(), chain)

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
@@ -61,7 +62,7 @@ func TestRejectedWhileExtracting(t *testing.T) {
 	}
 	e.checkClean()
 	db := e.db()
-	if o, err := db.ObjectRecord(context.Background(), e.srv.Bucket, "evil/1.tar"); err != nil || o != nil {
+	if o, err := pipeline.RecordsOf(db).ObjectRecord(context.Background(), e.srv.Bucket, "evil/1.tar"); err != nil || o != nil {
 		t.Errorf("object record of the rejected layer: %+v, %v", o, err)
 	}
 	snaps, err := snapshotter.ReadRecords(db).Snapshots(context.Background())

@@ -13,7 +13,6 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
@@ -113,7 +112,7 @@ func (p *Pipelines) checkSnapshot(ctx context.Context, req *acReq) (*acResp, err
 	if !alive {
 		return nil, fsm.Abort(fmt.Errorf("activate %s: chain %s is not unpacked", r.Source, top))
 	}
-	name := metadata.ActivationKey(r.ImageID)
+	name := ActivationKey(r.ImageID)
 	resp := &ActivateResponse{ImageID: r.ImageID, SnapshotName: name, OriginDevice: origin}
 	exists, err := p.opts.Snapshots.Exists(ctx, name)
 	if err != nil || !exists {
@@ -238,15 +237,15 @@ func (p *Pipelines) register(ctx context.Context, req *acReq) (*acResp, error) {
 	p.hook("register:started")
 	r, resp := req.Msg, req.Resp
 	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMActivate, State: "register"})
-	layers := make([]metadata.ImageLayer, len(r.Layers))
+	layers := make([]ImageLayer, len(r.Layers))
 	for i, l := range r.Layers {
-		layers[i] = metadata.ImageLayer{Key: l.Key, ETag: l.ETag, SizeBytes: l.Size, ChainID: l.ChainID}
+		layers[i] = ImageLayer{Key: l.Key, ETag: l.ETag, SizeBytes: l.Size, ChainID: l.ChainID}
 	}
-	if err := p.db.RecordPulledImage(ctx, r.ImageID, r.Source, layers, ""); err != nil {
+	if err := RecordsOf(p.db).RecordPulledImage(ctx, r.ImageID, r.Source, layers, ""); err != nil {
 		return nil, err
 	}
 	if err := p.nameImage(ctx, r.ImageID, r.Ref, r.Namespaces, r.Layers, r.Replace); err != nil {
-		if errors.Is(err, metadata.ErrNameTaken) || errors.Is(err, ErrForeignImage) {
+		if errors.Is(err, errNameTaken) || errors.Is(err, ErrForeignImage) {
 			return nil, fsm.Abort(err)
 		}
 		return nil, err
@@ -258,18 +257,18 @@ func (p *Pipelines) register(ctx context.Context, req *acReq) (*acResp, error) {
 // checkName is nil when name can name image imageID in each containerd
 // namespace of nss: no other image of ours has it in the records and
 // containerd has no image of that name this daemon did not create, or
-// replace. Otherwise the error (wrapping metadata.ErrNameTaken or
+// replace. Otherwise the error (wrapping errNameTaken or
 // ErrForeignImage) names who has it. It writes nothing.
 func (p *Pipelines) checkName(ctx context.Context, imageID, name string, nss []string, replace bool) error {
 	if name == "" || replace {
 		return nil
 	}
-	holder, err := p.db.ImageIDByName(ctx, name)
+	holder, err := RecordsOf(p.db).ImageIDByName(ctx, name)
 	if err != nil {
 		return err
 	}
 	if holder != "" && holder != imageID {
-		img, err := p.db.GetImage(ctx, holder)
+		img, err := RecordsOf(p.db).GetImage(ctx, holder)
 		if err != nil {
 			return err
 		}
@@ -277,7 +276,7 @@ func (p *Pipelines) checkName(ctx context.Context, imageID, name string, nss []s
 		if img != nil {
 			source = img.Source
 		}
-		return fmt.Errorf("name %q is the name of image %s (%s): %w (pull with --replace to move it, or choose another --name)", name, holder, source, metadata.ErrNameTaken)
+		return fmt.Errorf("name %q is the name of image %s (%s): %w (pull with --replace to move it, or choose another --name)", name, holder, source, errNameTaken)
 	}
 	if p.opts.Registrar == nil {
 		return nil
@@ -298,16 +297,16 @@ func (p *Pipelines) nameImage(ctx context.Context, imageID, name string, nss []s
 	if err := p.checkName(ctx, imageID, name, nss, replace); err != nil {
 		return err
 	}
-	had, err := p.db.ImageIDByName(ctx, name)
+	had, err := RecordsOf(p.db).ImageIDByName(ctx, name)
 	if err != nil {
 		return err
 	}
-	if err := p.db.AddImageName(ctx, name, imageID, replace); err != nil {
+	if err := RecordsOf(p.db).AddImageName(ctx, name, imageID, replace); err != nil {
 		return err
 	}
 	err = p.registerName(ctx, name, nss, layers, replace)
 	if errors.Is(err, ErrForeignImage) && had != imageID {
-		if derr := p.db.DropImageName(context.WithoutCancel(ctx), name, imageID); derr != nil {
+		if derr := RecordsOf(p.db).dropImageName(context.WithoutCancel(ctx), name, imageID); derr != nil {
 			log.G(ctx).WithError(derr).WithField("name", name).Error("register: taking back a refused name")
 		}
 	}

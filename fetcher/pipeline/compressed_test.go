@@ -90,7 +90,7 @@ func TestPullCompressedLayers(t *testing.T) {
 	if diffs := reg.names["s3.local/"+e.srv.Bucket+"/zst:latest"]; len(diffs) != 2 || diffs[0] != sha(base) || diffs[1] != sha(top) {
 		t.Errorf("zst/ registered with diff IDs %v, want the plain tars' digests", diffs)
 	}
-	o, err := e.db.ObjectRecord(context.Background(), e.srv.Bucket, "zst/2.tar.zst")
+	o, err := RecordsOf(e.db).ObjectRecord(context.Background(), e.srv.Bucket, "zst/2.tar.zst")
 	if err != nil || o == nil || o.DiffID != sha(top) || o.Digest == sha(top) {
 		t.Errorf("zst/2.tar.zst recorded as %+v, %v; want its own digest and the top tar's diff ID", o, err)
 	}

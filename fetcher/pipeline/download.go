@@ -18,7 +18,6 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
 // DownloadRequest is the request of one "download-image" run: one S3 object
@@ -96,12 +95,12 @@ func (p *Pipelines) checkExists(ctx context.Context, req *dlReq) (*dlResp, error
 		return nil, fsm.Abort(fmt.Errorf("download %s: %w", url, err))
 	}
 	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMDownload, State: "check-exists", Total: r.Size})
-	obj, err := p.db.ObjectRecord(ctx, r.Bucket, r.S3Key)
+	obj, err := RecordsOf(p.db).ObjectRecord(ctx, r.Bucket, r.S3Key)
 	if err != nil {
 		return nil, err
 	}
 	if obj != nil && r.ETag != "" && obj.ETag == r.ETag && obj.SizeBytes == r.Size {
-		f, err := p.db.LayerFile(ctx, obj.Digest)
+		f, err := RecordsOf(p.db).LayerFile(ctx, obj.Digest)
 		if err != nil {
 			return nil, err
 		}
@@ -121,7 +120,7 @@ func (p *Pipelines) checkExists(ctx context.Context, req *dlReq) (*dlResp, error
 	return fsm.NewResponse(&DownloadResponse{S3URL: url}), nil
 }
 
-func layerResponse(url string, f *metadata.LayerFile) *DownloadResponse {
+func layerResponse(url string, f *LayerFile) *DownloadResponse {
 	return &DownloadResponse{S3URL: url, LocalPath: f.Path, Checksum: f.Digest, DiffID: f.DiffID,
 		SizeBytes: f.SizeBytes, HasRootfs: f.HasRootfs, Entries: int(f.Entries)}
 }
@@ -139,7 +138,7 @@ func fileStamp(fi os.FileInfo) (size, mtimeNs int64, ino uint64) {
 // SHA-256. A file whose size, mtime and inode are those recorded when it was
 // last hashed is trusted without reading it; otherwise it is hashed again
 // (and the stamp refreshed if it matches).
-func (p *Pipelines) verifyLayerFile(ctx context.Context, b *metadata.LayerFile) (bool, error) {
+func (p *Pipelines) verifyLayerFile(ctx context.Context, b *LayerFile) (bool, error) {
 	fi, err := os.Stat(b.Path)
 	if errors.Is(err, os.ErrNotExist) {
 		return false, nil
@@ -161,7 +160,7 @@ func (p *Pipelines) verifyLayerFile(ctx context.Context, b *metadata.LayerFile) 
 	if sum != b.Digest {
 		return false, nil
 	}
-	return true, p.db.UpdateLayerStat(ctx, b.Digest, size, mtime, ino)
+	return true, RecordsOf(p.db).updateLayerStat(ctx, b.Digest, size, mtime, ino)
 }
 
 func hashFile(ctx context.Context, path string) (string, error) {
@@ -452,7 +451,7 @@ func (p *Pipelines) rejectLayer(ctx context.Context, resp *DownloadResponse) err
 	if err := os.Remove(resp.LocalPath); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove rejected %s: %w", resp.LocalPath, err)
 	}
-	return p.db.ForgetLayer(ctx, resp.Checksum)
+	return RecordsOf(p.db).forgetLayer(ctx, resp.Checksum)
 }
 
 // storeMetadata: the layer file and the object it came from, one
@@ -465,8 +464,8 @@ func (p *Pipelines) storeMetadata(ctx context.Context, req *dlReq) (*dlResp, err
 		return nil, fmt.Errorf("store metadata of %s: %w", resp.S3URL, err)
 	}
 	size, mtime, ino := fileStamp(fi)
-	if err := p.db.StoreDownload(ctx, metadata.Object{Bucket: r.Bucket, Key: r.S3Key, ETag: r.ETag, SizeBytes: r.Size, Digest: resp.Checksum},
-		metadata.LayerFile{Digest: resp.Checksum, DiffID: resp.diffID(), Path: resp.LocalPath, SizeBytes: resp.SizeBytes, HasRootfs: resp.HasRootfs,
+	if err := RecordsOf(p.db).StoreDownload(ctx, Object{Bucket: r.Bucket, Key: r.S3Key, ETag: r.ETag, SizeBytes: r.Size, Digest: resp.Checksum},
+		LayerFile{Digest: resp.Checksum, DiffID: resp.diffID(), Path: resp.LocalPath, SizeBytes: resp.SizeBytes, HasRootfs: resp.HasRootfs,
 			Entries: int64(resp.Entries), StatSize: size, StatMtimeNs: mtime, StatIno: ino}); err != nil {
 		return nil, err
 	}

@@ -179,7 +179,7 @@ func (e *env) assertNothingLeft(key string) {
 	if len(tmps) != 0 {
 		e.t.Errorf("temp files left: %v", tmps)
 	}
-	if o, err := e.db.ObjectRecord(ctx, e.srv.Bucket, key); err != nil || o != nil {
+	if o, err := RecordsOf(e.db).ObjectRecord(ctx, e.srv.Bucket, key); err != nil || o != nil {
 		e.t.Errorf("object record left for %s: %+v, %v", key, o, err)
 	}
 	if n, err := e.db.LiveRuns(ctx); err != nil || n != 0 {
@@ -198,11 +198,11 @@ func (e *env) assertStored(key string, data []byte, resp *DownloadResponse) {
 	if resp.Checksum != sha(data) || filepath.Base(resp.LocalPath) != strings.TrimPrefix(sha(data), "sha256:") {
 		e.t.Errorf("checksum %s at %s, want %s (content addressed)", resp.Checksum, resp.LocalPath, sha(data))
 	}
-	o, err := e.db.ObjectRecord(ctx, e.srv.Bucket, key)
+	o, err := RecordsOf(e.db).ObjectRecord(ctx, e.srv.Bucket, key)
 	if err != nil || o == nil || o.Digest != sha(data) || o.SizeBytes != int64(len(data)) || o.ETag == "" {
 		e.t.Errorf("object record of %s: %+v, %v", key, o, err)
 	}
-	f, err := e.db.LayerFile(ctx, sha(data))
+	f, err := RecordsOf(e.db).LayerFile(ctx, sha(data))
 	if err != nil || f == nil || f.Path != resp.LocalPath || f.SizeBytes != int64(len(data)) {
 		e.t.Errorf("layer record of %s: %+v, %v", key, f, err)
 	}

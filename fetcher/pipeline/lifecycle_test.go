@@ -288,16 +288,16 @@ func TestContainerdView(t *testing.T) {
 	if err := view.(snapshots.Cleaner).Cleanup(ctx); err != nil {
 		t.Fatalf("cleanup: %v", err)
 	}
-	if c, _ := e.db.GetChain(ctx, cy); c != nil {
+	if c, _ := RecordsOf(e.db).GetChain(ctx, cy); c != nil {
 		t.Errorf("chain record of the removed chain kept: %+v", c)
 	}
-	if img, _ := e.db.GetImage(ctx, ry.ImageID); img != nil {
+	if img, _ := RecordsOf(e.db).GetImage(ctx, ry.ImageID); img != nil {
 		t.Errorf("image record of the removed image kept: %+v", img)
 	}
-	if names, _ := e.db.ImageNames(ctx, ry.ImageID); len(names) != 0 {
+	if names, _ := RecordsOf(e.db).imageNames(ctx, ry.ImageID); len(names) != 0 {
 		t.Errorf("names of the removed image kept: %v", names)
 	}
-	if img, _ := e.db.GetImage(ctx, rx.ImageID); img == nil {
+	if img, _ := RecordsOf(e.db).GetImage(ctx, rx.ImageID); img == nil {
 		t.Error("the image whose chain was kept was pruned")
 	}
 	end()
@@ -314,7 +314,7 @@ func TestContainerdView(t *testing.T) {
 	if err := view.(snapshots.Cleaner).Cleanup(ctx); err != nil {
 		t.Fatalf("cleanup: %v", err)
 	}
-	if img, _ := e.db.GetImage(ctx, rx.ImageID); img != nil {
+	if img, _ := RecordsOf(e.db).GetImage(ctx, rx.ImageID); img != nil {
 		t.Errorf("image record kept after its chain was removed: %+v", img)
 	}
 	if files, _ := os.ReadDir(e.p.opts.blobDir()); len(files) != 0 {

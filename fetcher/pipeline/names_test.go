@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
 // TestPullDefaultNamesApart: a layer key, the prefix its name reads like,
@@ -33,7 +32,7 @@ func TestPullDefaultNamesApart(t *testing.T) {
 		if got := reg.registeredTop(name); got != res.TopChainID {
 			t.Errorf("%s (%s) registered with %q, want %s", name, res.Source, got, res.TopChainID)
 		}
-		if id, _ := e.db.ImageIDByName(ctx, name); id != res.ImageID {
+		if id, _ := RecordsOf(e.db).ImageIDByName(ctx, name); id != res.ImageID {
 			t.Errorf("%s names image %q in the records, want %s (%s)", name, id, res.ImageID, res.Source)
 		}
 	}
@@ -51,29 +50,29 @@ func TestPullNameOfAnotherImage(t *testing.T) {
 	a := e.mustPull("a/", "app")
 	runs, reqs := e.runCount(), e.srv.TotalRequests()
 	_, err := e.pull("b/", "app")
-	if !errors.Is(err, metadata.ErrNameTaken) || !strings.Contains(err.Error(), `"app" is the name of image `+a.ImageID+" ("+a.Source+")") {
-		t.Fatalf("pull of b/ as a's name: %v; want ErrNameTaken naming %s and %s", err, a.ImageID, a.Source)
+	if !errors.Is(err, errNameTaken) || !strings.Contains(err.Error(), `"app" is the name of image `+a.ImageID+" ("+a.Source+")") {
+		t.Fatalf("pull of b/ as a's name: %v; want errNameTaken naming %s and %s", err, a.ImageID, a.Source)
 	}
 	if n := e.runCount() - runs; n != 0 || e.srv.TotalRequests() != reqs {
 		t.Errorf("the refused pull started %d runs and sent S3 %d requests", n, e.srv.TotalRequests()-reqs)
 	}
 	_, bID := imageSource(e.srv.Bucket, "b/")
-	if img, _ := e.db.GetImage(ctx, bID); img != nil {
+	if img, _ := RecordsOf(e.db).GetImage(ctx, bID); img != nil {
 		t.Errorf("the refused pull recorded its image: %+v", img)
 	}
-	if id, _ := e.db.ImageIDByName(ctx, "app"); id != a.ImageID || reg.registeredTop("app") != a.TopChainID {
+	if id, _ := RecordsOf(e.db).ImageIDByName(ctx, "app"); id != a.ImageID || reg.registeredTop("app") != a.TopChainID {
 		t.Errorf("after the refusal app names %q (registered %q), want %s", id, reg.registeredTop("app"), a.ImageID)
 	}
 	b, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "b/", Ref: "app", Replace: true})
 	if err != nil {
 		t.Fatalf("pull of b/ as app with replace: %v", err)
 	}
-	if id, _ := e.db.ImageIDByName(ctx, "app"); id != b.ImageID || reg.registeredTop("app") != b.TopChainID {
+	if id, _ := RecordsOf(e.db).ImageIDByName(ctx, "app"); id != b.ImageID || reg.registeredTop("app") != b.TopChainID {
 		t.Errorf("after replace app names %q (registered %q), want %s", id, reg.registeredTop("app"), b.ImageID)
 	}
 	// a, pulled again under its old name, is refused the same way.
-	if _, err := e.pull("a/", "app"); !errors.Is(err, metadata.ErrNameTaken) {
-		t.Errorf("a/ pulled again as app, now b's: %v; want ErrNameTaken", err)
+	if _, err := e.pull("a/", "app"); !errors.Is(err, errNameTaken) {
+		t.Errorf("a/ pulled again as app, now b's: %v; want errNameTaken", err)
 	}
 }
 
@@ -99,7 +98,7 @@ func TestPullForeignContainerdName(t *testing.T) {
 	if reg.calls("default|"+name) != 0 || !maps.Equal(reg.foreign["k8s.io|"+name], pinned) {
 		t.Errorf("the refused pull registered %d times; the registry image is %v", reg.calls("default|"+name), reg.foreign["k8s.io|"+name])
 	}
-	if id, _ := e.db.ImageIDByName(ctx, name); id != "" {
+	if id, _ := RecordsOf(e.db).ImageIDByName(ctx, name); id != "" {
 		t.Errorf("the refused name is recorded for %s", id)
 	}
 	// Another namespace has no such image: the name is free there.
@@ -132,7 +131,7 @@ func TestRegisterStepRefusesForeignName(t *testing.T) {
 	if !errors.Is(err, ErrForeignImage) && !strings.Contains(err.Error(), ErrForeignImage.Error()) {
 		t.Fatalf("pull whose name was taken meanwhile: %v; want the foreign image refused", err)
 	}
-	if id, _ := e.db.ImageIDByName(ctx, name); id != "" {
+	if id, _ := RecordsOf(e.db).ImageIDByName(ctx, name); id != "" {
 		t.Errorf("the refused name stayed recorded for %s", id)
 	}
 	runs, err := fsm.NewSQLiteStore(e.db).ListRuns(ctx, fsm.RunFilter{FSM: FSMActivate})

@@ -59,7 +59,7 @@ func (p *Pipelines) beginPull(imageID string) (end func()) {
 // used records that image imageID was used now and, after a pull, lets the
 // guard collect.
 func (p *Pipelines) used(ctx context.Context, imageID string, pulled bool) {
-	if err := p.db.TouchImage(context.WithoutCancel(ctx), imageID); err != nil {
+	if err := RecordsOf(p.db).TouchImage(context.WithoutCancel(ctx), imageID); err != nil {
 		log.G(ctx).WithError(err).WithField("image", imageID).Warn("recording the image's last use")
 	}
 	if pulled && p.guard != nil {
@@ -98,7 +98,7 @@ func (p *Pipelines) unpackedPrefix(ctx context.Context, bucket string, layers []
 		prev string
 	)
 	for _, l := range layers {
-		o, err := p.db.ObjectRecord(ctx, bucket, l.Key)
+		o, err := RecordsOf(p.db).ObjectRecord(ctx, bucket, l.Key)
 		if err != nil {
 			return nil, err
 		}
@@ -106,7 +106,7 @@ func (p *Pipelines) unpackedPrefix(ctx context.Context, bucket string, layers []
 			break
 		}
 		chain := ChainID(prev, o.DiffID)
-		c, err := p.db.GetChain(ctx, chain)
+		c, err := RecordsOf(p.db).GetChain(ctx, chain)
 		if err != nil {
 			return nil, err
 		}

@@ -216,7 +216,7 @@ func (p *Pipelines) awaitTransfer(ctx context.Context, dlID, runID string) {
 
 // markFailed records why a pull of an image failed (`ls images` shows it).
 func (p *Pipelines) markFailed(ctx context.Context, imageID, source string, cause error) {
-	if err := p.db.MarkImageFailed(context.WithoutCancel(ctx), imageID, source, cause.Error()); err != nil {
+	if err := RecordsOf(p.db).MarkImageFailed(context.WithoutCancel(ctx), imageID, source, cause.Error()); err != nil {
 		log.G(ctx).WithError(err).WithField("source", source).Error("pull: recording the failure")
 	}
 }
@@ -469,18 +469,18 @@ func (p *Pipelines) firstFailure(ctx context.Context, runIDs []string) error {
 // its names or its s3:// source; its activation re-created if it is gone)
 // and returns its snapshot.
 func (p *Pipelines) Activate(ctx context.Context, ref string) (*ActivateResponse, error) {
-	imageID, err := p.db.ImageIDByRef(ctx, ref)
+	imageID, err := RecordsOf(p.db).ImageIDByRef(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
 	if imageID == "" {
 		return nil, fmt.Errorf("activate %q: no image pulled under that name: %w", ref, errdefs.ErrNotFound)
 	}
-	img, err := p.db.GetImage(ctx, imageID)
+	img, err := RecordsOf(p.db).GetImage(ctx, imageID)
 	if err != nil {
 		return nil, err
 	}
-	recorded, err := p.db.ImageLayers(ctx, imageID)
+	recorded, err := RecordsOf(p.db).imageLayers(ctx, imageID)
 	if err != nil {
 		return nil, err
 	}
@@ -489,7 +489,7 @@ func (p *Pipelines) Activate(ctx context.Context, ref string) (*ActivateResponse
 	}
 	layers := make([]Layer, len(recorded))
 	for i, l := range recorded {
-		c, err := p.db.GetChain(ctx, l.ChainID)
+		c, err := RecordsOf(p.db).GetChain(ctx, l.ChainID)
 		if err != nil {
 			return nil, err
 		}
@@ -500,7 +500,7 @@ func (p *Pipelines) Activate(ctx context.Context, ref string) (*ActivateResponse
 	}
 	// Registering goes by name: a source given instead registers the
 	// image's first name again, if it has one.
-	names, err := p.db.ImageNames(ctx, imageID)
+	names, err := RecordsOf(p.db).imageNames(ctx, imageID)
 	if err != nil {
 		return nil, err
 	}

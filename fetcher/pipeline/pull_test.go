@@ -282,7 +282,7 @@ func TestPullOverwrittenObject(t *testing.T) {
 	if got := e.sn.readFile(t, r3.Snapshot.SnapshotName, "etc/marker"); got != "v3" {
 		t.Errorf("after an overwrite of another size the activation shows %q, want v3", got)
 	}
-	if c, err := e.db.GetChain(context.Background(), r3.TopChainID); err != nil || c == nil || c.DiffID != sha(v3) {
+	if c, err := RecordsOf(e.db).GetChain(context.Background(), r3.TopChainID); err != nil || c == nil || c.DiffID != sha(v3) {
 		t.Errorf("chain record of the new layer: %+v, %v", c, err)
 	}
 	if n, err := e.db.LiveRuns(context.Background()); err != nil || n != 0 || len(e.sn.extractions(t)) != 0 {
@@ -356,7 +356,7 @@ func TestPullPoisonedETag(t *testing.T) {
 	}
 	e.srv.Put(t, "a/1.tar", good)
 	first := e.mustPull("a/1.tar", "good")
-	obj, err := e.db.ObjectRecord(context.Background(), e.srv.Bucket, "a/1.tar")
+	obj, err := RecordsOf(e.db).ObjectRecord(context.Background(), e.srv.Bucket, "a/1.tar")
 	if err != nil || obj == nil || obj.ETag == "" {
 		t.Fatalf("object record: %+v, %v", obj, err)
 	}
@@ -376,7 +376,7 @@ func TestPullPoisonedETag(t *testing.T) {
 		}
 		// The lie was told: the object is recorded as listed with the
 		// stored object's ETag and size.
-		if o, err := e.db.ObjectRecord(context.Background(), c.bucket, c.key); err != nil || o == nil || o.ETag != obj.ETag || o.SizeBytes != obj.SizeBytes {
+		if o, err := RecordsOf(e.db).ObjectRecord(context.Background(), c.bucket, c.key); err != nil || o == nil || o.ETag != obj.ETag || o.SizeBytes != obj.SizeBytes {
 			t.Errorf("s3://%s/%s recorded as %+v (%v), want listed with ETag %s and size %d", c.bucket, c.key, o, err, obj.ETag, obj.SizeBytes)
 		}
 		if res.Downloaded != 1 || res.Layers[0].DiffID != sha(c.data) || res.TopChainID != sha(c.data) {
@@ -484,7 +484,7 @@ func TestPullNames(t *testing.T) {
 	if n := e.runCount() - runs; n != 0 {
 		t.Errorf("a second name of an unchanged image started %d runs", n)
 	}
-	names, err := e.db.ImageNames(ctx, a.ImageID)
+	names, err := RecordsOf(e.db).imageNames(ctx, a.ImageID)
 	if err != nil || !slices.Contains(names, "a") || !slices.Contains(names, "b") {
 		t.Errorf("names of the image: %v, %v; want A and B", names, err)
 	}
@@ -519,7 +519,7 @@ func TestPullNames(t *testing.T) {
 			t.Errorf("concurrent pull as %s: registered with %q, want %s", ref, reg.registeredTop(ref), res[i].TopChainID)
 		}
 	}
-	names, err = e.db.ImageNames(ctx, res[0].ImageID)
+	names, err = RecordsOf(e.db).imageNames(ctx, res[0].ImageID)
 	if err != nil || !slices.Contains(names, "c1") || !slices.Contains(names, "c2") {
 		t.Errorf("names after concurrent pulls: %v, %v; want C1 and C2", names, err)
 	}
@@ -540,7 +540,7 @@ func TestPullAbortLeavesNothing(t *testing.T) {
 		}
 		e.assertNoExtraction()
 		_, imageID := imageSource(e.srv.Bucket, "bad/")
-		if img, err := e.db.GetImage(ctx, imageID); err != nil || img == nil || !strings.Contains(img.FailureReason, "var") {
+		if img, err := RecordsOf(e.db).GetImage(ctx, imageID); err != nil || img == nil || !strings.Contains(img.FailureReason, "var") {
 			t.Errorf("image record: %+v, %v; want the layout failure", img, err)
 		}
 	})

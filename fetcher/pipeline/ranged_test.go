@@ -82,7 +82,7 @@ func TestPullOverwrittenBetweenParts(t *testing.T) {
 	if res.Layers[0].DiffID != sha(v2) {
 		t.Errorf("layer's diff ID %s, want the new version's %s", res.Layers[0].DiffID, sha(v2))
 	}
-	if o, err := e.db.ObjectRecord(context.Background(), e.srv.Bucket, "ow/1.tar"); err != nil || o == nil || o.Digest != sha(v2) {
+	if o, err := RecordsOf(e.db).ObjectRecord(context.Background(), e.srv.Bucket, "ow/1.tar"); err != nil || o == nil || o.Digest != sha(v2) {
 		t.Errorf("object record %+v, %v; want the new version's", o, err)
 	}
 	runs, err := fsm.NewSQLiteStore(e.db).ListRuns(context.Background(), fsm.RunFilter{FSM: FSMDownload, States: []fsm.State{fsm.StateAborted}})

@@ -11,12 +11,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
 // repull answers a pull of an image that is pulled, unpacked and active
-// from the records: one read transaction (metadata.PulledImageState), a
+// from the records: one read transaction (Records.pulledImageState), a
 // stat of the activation's device node and a sysfs read saying the node is
 // still that live device-mapper device (how an activation removed behind
 // our back, `dmsetup remove`, is noticed) and, with a registrar, one look at
@@ -37,7 +36,7 @@ import (
 // the slow path: `pull --refresh` runs the pipelines, whose check-unpacked
 // asks the pool for each chain's device and rebuilds a missing one.
 func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string, nss []string, replace bool, listed []Layer) (*PullResult, string) {
-	st, err := p.db.PulledImageState(ctx, imageID)
+	st, err := RecordsOf(p.db).pulledImageState(ctx, imageID)
 	switch {
 	case err != nil:
 		return nil, err.Error()
@@ -83,18 +82,18 @@ func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string, nss
 		registered = true
 	}
 	if !slices.Contains(st.Names, ref) {
-		if err := p.db.AddImageName(ctx, ref, imageID, replace); err != nil {
+		if err := RecordsOf(p.db).AddImageName(ctx, ref, imageID, replace); err != nil {
 			return nil, err.Error()
 		}
 	}
 	if st.Image.FailureReason != "" && listed != nil {
 		// S3 says the image is what is in place: an earlier failure is over.
-		if err := p.db.ClearImageFailure(ctx, imageID); err != nil {
+		if err := RecordsOf(p.db).clearImageFailure(ctx, imageID); err != nil {
 			return nil, err.Error()
 		}
 	}
 	return &PullResult{Ref: ref, Source: source, ImageID: imageID, Layers: layers, TopChainID: top,
-		Snapshot: ActivateResponse{ImageID: imageID, SnapshotName: metadata.ActivationKey(imageID), DeviceName: st.ActivationDevice,
+		Snapshot: ActivateResponse{ImageID: imageID, SnapshotName: ActivationKey(imageID), DeviceName: st.ActivationDevice,
 			DevicePath: path, Active: true, Registered: registered}}, ""
 }
 

@@ -143,7 +143,7 @@ func TestRepullWithoutTarballs(t *testing.T) {
 	e.srv.Put(t, "img/1.tar", layerTar(t, "img", 500))
 	e.srv.Put(t, "img/2.tar", layerTar(t, "img2", 300))
 	first := e.mustPull("img/", "img")
-	files, err := e.db.ListLayerFiles(context.Background())
+	files, err := RecordsOf(e.db).ListLayerFiles(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -191,7 +191,7 @@ func TestPullUsesChainContainerdUnpacked(t *testing.T) {
 	if _, err := e.p.Prune(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if c, err := e.db.GetChain(context.Background(), sha(base)); err != nil || c == nil {
+	if c, err := RecordsOf(e.db).GetChain(context.Background(), sha(base)); err != nil || c == nil {
 		t.Errorf("after a prune the base chain's record is %v (%v); want it kept", c, err)
 	}
 	if again := e.mustPull("a/", "whole"); again.Unpacked != 0 || again.Downloaded != 0 {

@@ -18,7 +18,6 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
@@ -167,7 +166,7 @@ func (p *Pipelines) checkUnpacked(ctx context.Context, req *upReq) (*upResp, err
 	p.hook("check-unpacked:started")
 	r := req.Msg
 	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMUnpack, State: "check-unpacked"})
-	ch, err := p.db.GetChain(ctx, r.ChainID)
+	ch, err := RecordsOf(p.db).GetChain(ctx, r.ChainID)
 	if err != nil {
 		return nil, err
 	}
@@ -196,10 +195,10 @@ func (p *Pipelines) checkUnpacked(ctx context.Context, req *upReq) (*upResp, err
 		if ch == nil {
 			// Committed but not recorded (a crash inside update-db, or a
 			// chain containerd unpacked).
-			if err := p.db.StoreChain(ctx, metadata.Chain{ChainID: r.ChainID, ParentChainID: r.ParentChainID, DiffID: r.DiffID}); err != nil {
+			if err := RecordsOf(p.db).StoreChain(ctx, Chain{ChainID: r.ChainID, ParentChainID: r.ParentChainID, DiffID: r.DiffID}); err != nil {
 				return nil, err
 			}
-			ch = &metadata.Chain{}
+			ch = &Chain{}
 		}
 		if key != r.ChainID {
 			log.G(ctx).WithField("chain", r.ChainID).WithField("snapshot", key).Info("unpack: the chain is in the pool already, unpacked by containerd; using it")
@@ -211,7 +210,7 @@ func (p *Pipelines) checkUnpacked(ctx context.Context, req *upReq) (*upResp, err
 		log.G(ctx).WithField("chain", r.ChainID).Warn("unpack: the chain's thin device is gone from the pool; extracting it again to put in its place")
 	} else if ch != nil && key == "" {
 		// The record outlived its snapshot (removed behind it): forget it.
-		if err := p.db.DeleteChain(ctx, r.ChainID); err != nil {
+		if err := RecordsOf(p.db).deleteChain(ctx, r.ChainID); err != nil {
 			return nil, err
 		}
 	}
@@ -525,7 +524,7 @@ func (p *Pipelines) updateDB(ctx context.Context, req *upReq) (*upResp, error) {
 			return nil, err
 		}
 	}
-	if err := p.db.StoreChain(ctx, metadata.Chain{ChainID: r.ChainID, ParentChainID: r.ParentChainID, DiffID: r.DiffID,
+	if err := RecordsOf(p.db).StoreChain(ctx, Chain{ChainID: r.ChainID, ParentChainID: r.ParentChainID, DiffID: r.DiffID,
 		SizeBytes: resp.SizeBytes, FileCount: int64(resp.FileCount)}); err != nil {
 		return nil, err
 	}

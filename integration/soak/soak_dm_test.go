@@ -307,7 +307,7 @@ func TestSoak(t *testing.T) {
 	for _, im := range images {
 		t.Errorf("image record left: %+v", im)
 	}
-	files, err := db.ListLayerFiles(ctx)
+	files, err := pipeline.RecordsOf(db).ListLayerFiles(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -637,7 +637,7 @@ func (g *guest) check(prior []event) (*report, error) {
 		}
 	}
 	for id, src := range best.images {
-		img, err := g.svc.DB.GetImage(g.ctx, id)
+		img, err := pipeline.RecordsOf(g.svc.DB).GetImage(g.ctx, id)
 		if err != nil || img == nil || img.PulledAt.IsZero() || img.FailureReason != "" {
 			rep.LostOps = append(rep.LostOps, fmt.Sprintf("pull %s (image %s): %+v, %v", src, id, img, err))
 		}

@@ -1,8 +1,9 @@
-package metadata
+package pipeline
 
-// Typed queries of the S3 pipelines' records (migration 8): layers,
-// s3_objects, chains, s3_images, image_layers and image_names. See
-// docs/architecture.md for what each word means and who writes what.
+// Typed queries of the S3 pipelines' records (migrations 8 to 10 of
+// package metadata): layers, s3_objects, chains, s3_images, image_layers
+// and image_names. See docs/architecture.md for what each word means and
+// who writes what.
 
 import (
 	"context"
@@ -12,21 +13,29 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
-// ErrNameTaken is wrapped by the refusal to give an image a name another
+// errNameTaken is wrapped by the refusal to give an image a name another
 // image has: a name moves only when asked to (replace).
-var ErrNameTaken = errors.New("metadata: name taken by another image")
+var errNameTaken = errors.New("pipeline: name taken by another image")
 
 type rowScanner interface{ Scan(dest ...any) error }
 
-// activationPrefix starts every activation's key; the views of migration
-// 0008 spell the same prefix in SQL, which a migration cannot take from Go.
-const activationPrefix = "snap-"
+// Records runs the pipelines' typed queries on a database: single
+// statements, and a transaction wherever rows of several tables change
+// together.
+type Records struct {
+	db *metadata.DB
+}
+
+// RecordsOf returns the pipelines' queries on db.
+func RecordsOf(db *metadata.DB) Records { return Records{db: db} }
 
 // ActivationKey is the key of image imageID's activation (its active
 // snapshot): derived from the image id, never stored.
-func ActivationKey(imageID string) string { return activationPrefix + imageID }
+func ActivationKey(imageID string) string { return metadata.ActivationPrefix + imageID }
 
 // LayerFile is a layer's tarball as downloaded and validated (table
 // layers).
@@ -63,16 +72,16 @@ type Object struct {
 // StoreDownload records, in one transaction, layer file f and that object o
 // was downloaded as f's content. Repeating it is harmless; a later download
 // of the same key replaces the object's row.
-func (d *DB) StoreDownload(ctx context.Context, o Object, f LayerFile) error {
+func (r Records) StoreDownload(ctx context.Context, o Object, f LayerFile) error {
 	if o.Bucket == "" || o.Key == "" || o.Digest == "" || o.Digest != f.Digest || f.Path == "" || f.SizeBytes < 0 {
-		return fmt.Errorf("metadata: store download of s3://%s/%s as %q at %q: bucket, key, digest and path must be set and the digests equal: %w",
+		return fmt.Errorf("pipeline: store download of s3://%s/%s as %q at %q: bucket, key, digest and path must be set and the digests equal: %w",
 			o.Bucket, o.Key, o.Digest, f.Path, errdefs.ErrInvalidArgument)
 	}
 	if f.DiffID == "" {
 		f.DiffID = f.Digest
 	}
 	now := time.Now().UnixNano()
-	return d.WithTx(ctx, func(tx *sql.Tx) error {
+	return r.db.WithTx(ctx, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO layers
 			(digest, path, size_bytes, has_rootfs, entries, stat_size, stat_mtime_ns, stat_ino, created_ns, diff_id)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
@@ -80,14 +89,14 @@ func (d *DB) StoreDownload(ctx context.Context, o Object, f LayerFile) error {
 				has_rootfs = excluded.has_rootfs, entries = excluded.entries, stat_size = excluded.stat_size,
 				stat_mtime_ns = excluded.stat_mtime_ns, stat_ino = excluded.stat_ino, diff_id = excluded.diff_id`,
 			f.Digest, f.Path, f.SizeBytes, f.HasRootfs, f.Entries, f.StatSize, f.StatMtimeNs, int64(f.StatIno), now, f.DiffID); err != nil {
-			return fmt.Errorf("metadata: store layer %s: %w", f.Digest, err)
+			return fmt.Errorf("pipeline: store layer %s: %w", f.Digest, err)
 		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO s3_objects (bucket, key, etag, version_id, size_bytes, digest, downloaded_ns)
 			VALUES (?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT(bucket, key) DO UPDATE SET etag = excluded.etag, version_id = excluded.version_id,
 				size_bytes = excluded.size_bytes, digest = excluded.digest, downloaded_ns = excluded.downloaded_ns`,
 			o.Bucket, o.Key, o.ETag, o.VersionID, o.SizeBytes, o.Digest, now); err != nil {
-			return fmt.Errorf("metadata: store object s3://%s/%s: %w", o.Bucket, o.Key, err)
+			return fmt.Errorf("pipeline: store object s3://%s/%s: %w", o.Bucket, o.Key, err)
 		}
 		return nil
 	})
@@ -95,25 +104,35 @@ func (d *DB) StoreDownload(ctx context.Context, o Object, f LayerFile) error {
 
 // ObjectRecord returns what was recorded of the download of bucket/key, or
 // nil (and no error) if it never was.
-func (d *DB) ObjectRecord(ctx context.Context, bucket, key string) (*Object, error) {
+func (r Records) ObjectRecord(ctx context.Context, bucket, key string) (*Object, error) {
 	var (
 		o  Object
 		ns int64
 	)
-	err := d.db.QueryRowContext(ctx, `SELECT o.bucket, o.key, o.etag, o.version_id, o.size_bytes, o.digest, COALESCE(l.diff_id, ''), o.downloaded_ns
+	err := r.db.Statements().QueryRowContext(ctx, `SELECT o.bucket, o.key, o.etag, o.version_id, o.size_bytes, o.digest, COALESCE(l.diff_id, ''), o.downloaded_ns
 		FROM s3_objects o LEFT JOIN layers l ON l.digest = o.digest WHERE o.bucket = ? AND o.key = ?`, bucket, key).
 		Scan(&o.Bucket, &o.Key, &o.ETag, &o.VersionID, &o.SizeBytes, &o.Digest, &o.DiffID, &ns)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("metadata: object s3://%s/%s: %w", bucket, key, err)
+		return nil, fmt.Errorf("pipeline: object s3://%s/%s: %w", bucket, key, err)
 	}
 	o.DownloadedAt = time.Unix(0, ns).UTC()
 	return &o, nil
 }
 
 const layerColumns = `digest, path, size_bytes, has_rootfs, entries, stat_size, stat_mtime_ns, stat_ino, created_ns, diff_id`
+
+// queryAll is metadata.QueryAll on rows read through rowScanner, with its
+// errors wrapped with what (the operation, for the message).
+func queryAll[T any](ctx context.Context, q metadata.Querier, what string, scan func(rowScanner) (T, error), query string, args ...any) ([]T, error) {
+	out, err := metadata.QueryAll(ctx, q, func(s *sql.Rows) (T, error) { return scan(s) }, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: %s: %w", what, err)
+	}
+	return out, nil
+}
 
 func scanLayerFile(s rowScanner) (*LayerFile, error) {
 	var (
@@ -129,40 +148,40 @@ func scanLayerFile(s rowScanner) (*LayerFile, error) {
 
 // LayerFile returns the layer file of digest, or nil (and no error) if none
 // is recorded.
-func (d *DB) LayerFile(ctx context.Context, digest string) (*LayerFile, error) {
-	f, err := scanLayerFile(d.db.QueryRowContext(ctx, `SELECT `+layerColumns+` FROM layers WHERE digest = ?`, digest))
+func (r Records) LayerFile(ctx context.Context, digest string) (*LayerFile, error) {
+	f, err := scanLayerFile(r.db.Statements().QueryRowContext(ctx, `SELECT `+layerColumns+` FROM layers WHERE digest = ?`, digest))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("metadata: layer %s: %w", digest, err)
+		return nil, fmt.Errorf("pipeline: layer %s: %w", digest, err)
 	}
 	return f, nil
 }
 
 // ListLayerFiles lists every layer file by digest.
-func (d *DB) ListLayerFiles(ctx context.Context) ([]*LayerFile, error) {
-	return queryAll(ctx, d.db, "list layers", scanLayerFile, `SELECT `+layerColumns+` FROM layers ORDER BY digest`)
+func (r Records) ListLayerFiles(ctx context.Context) ([]*LayerFile, error) {
+	return queryAll(ctx, r.db.Statements(), "list layers", scanLayerFile, `SELECT `+layerColumns+` FROM layers ORDER BY digest`)
 }
 
-// UpdateLayerStat records that layer digest's file was hashed again and
+// updateLayerStat records that layer digest's file was hashed again and
 // matched, with its new identity.
-func (d *DB) UpdateLayerStat(ctx context.Context, digest string, size, mtimeNs int64, ino uint64) error {
-	if _, err := d.db.ExecContext(ctx, `UPDATE layers SET stat_size = ?, stat_mtime_ns = ?, stat_ino = ? WHERE digest = ?`,
+func (r Records) updateLayerStat(ctx context.Context, digest string, size, mtimeNs int64, ino uint64) error {
+	if _, err := r.db.Statements().ExecContext(ctx, `UPDATE layers SET stat_size = ?, stat_mtime_ns = ?, stat_ino = ? WHERE digest = ?`,
 		size, mtimeNs, int64(ino), digest); err != nil {
-		return fmt.Errorf("metadata: update stat of layer %s: %w", digest, err)
+		return fmt.Errorf("pipeline: update stat of layer %s: %w", digest, err)
 	}
 	return nil
 }
 
-// ForgetLayer forgets layer digest's file and every object recorded as that
+// forgetLayer forgets layer digest's file and every object recorded as that
 // content (its bytes were rejected): one transaction; absent is not an
 // error.
-func (d *DB) ForgetLayer(ctx context.Context, digest string) error {
-	return d.WithTx(ctx, func(tx *sql.Tx) error {
+func (r Records) forgetLayer(ctx context.Context, digest string) error {
+	return r.db.WithTx(ctx, func(tx *sql.Tx) error {
 		for _, q := range []string{`DELETE FROM s3_objects WHERE digest = ?`, `DELETE FROM layers WHERE digest = ?`} {
 			if _, err := tx.ExecContext(ctx, q, digest); err != nil {
-				return fmt.Errorf("metadata: forget layer %s: %w", digest, err)
+				return fmt.Errorf("pipeline: forget layer %s: %w", digest, err)
 			}
 		}
 		return nil
@@ -181,14 +200,14 @@ type Chain struct {
 }
 
 // StoreChain records chain c (or refreshes its sizes).
-func (d *DB) StoreChain(ctx context.Context, c Chain) error {
+func (r Records) StoreChain(ctx context.Context, c Chain) error {
 	if c.ChainID == "" || c.DiffID == "" || c.SizeBytes < 0 || c.FileCount < 0 {
-		return fmt.Errorf("metadata: store chain %q (diff %q): ids must be set, sizes not negative: %w", c.ChainID, c.DiffID, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("pipeline: store chain %q (diff %q): ids must be set, sizes not negative: %w", c.ChainID, c.DiffID, errdefs.ErrInvalidArgument)
 	}
-	if _, err := d.db.ExecContext(ctx, `INSERT INTO chains (chain_id, parent_chain_id, diff_id, size_bytes, file_count, unpacked_ns)
+	if _, err := r.db.Statements().ExecContext(ctx, `INSERT INTO chains (chain_id, parent_chain_id, diff_id, size_bytes, file_count, unpacked_ns)
 		VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(chain_id) DO UPDATE SET size_bytes = excluded.size_bytes, file_count = excluded.file_count`,
 		c.ChainID, c.ParentChainID, c.DiffID, c.SizeBytes, c.FileCount, time.Now().UnixNano()); err != nil {
-		return fmt.Errorf("metadata: store chain %s: %w", c.ChainID, err)
+		return fmt.Errorf("pipeline: store chain %s: %w", c.ChainID, err)
 	}
 	return nil
 }
@@ -209,21 +228,21 @@ func scanChain(s rowScanner) (*Chain, error) {
 
 // GetChain returns chain chainID, or nil (and no error) if it is not
 // recorded.
-func (d *DB) GetChain(ctx context.Context, chainID string) (*Chain, error) {
-	c, err := scanChain(d.db.QueryRowContext(ctx, `SELECT `+chainColumns+` FROM chains WHERE chain_id = ?`, chainID))
+func (r Records) GetChain(ctx context.Context, chainID string) (*Chain, error) {
+	c, err := scanChain(r.db.Statements().QueryRowContext(ctx, `SELECT `+chainColumns+` FROM chains WHERE chain_id = ?`, chainID))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("metadata: chain %s: %w", chainID, err)
+		return nil, fmt.Errorf("pipeline: chain %s: %w", chainID, err)
 	}
 	return c, nil
 }
 
-// DeleteChain forgets chain chainID; absent is not an error.
-func (d *DB) DeleteChain(ctx context.Context, chainID string) error {
-	if _, err := d.db.ExecContext(ctx, `DELETE FROM chains WHERE chain_id = ?`, chainID); err != nil {
-		return fmt.Errorf("metadata: delete chain %s: %w", chainID, err)
+// deleteChain forgets chain chainID; absent is not an error.
+func (r Records) deleteChain(ctx context.Context, chainID string) error {
+	if _, err := r.db.Statements().ExecContext(ctx, `DELETE FROM chains WHERE chain_id = ?`, chainID); err != nil {
+		return fmt.Errorf("pipeline: delete chain %s: %w", chainID, err)
 	}
 	return nil
 }
@@ -250,14 +269,14 @@ type ImageLayer struct {
 // MarkImageFailed records that a pull of image imageID (from source) failed
 // with reason, creating the image's row if it has none. A successful pull
 // clears it.
-func (d *DB) MarkImageFailed(ctx context.Context, imageID, source, reason string) error {
+func (r Records) MarkImageFailed(ctx context.Context, imageID, source, reason string) error {
 	if imageID == "" || source == "" || reason == "" {
-		return fmt.Errorf("metadata: mark image %q (source %q) failed: id, source and reason must be set: %w", imageID, source, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("pipeline: mark image %q (source %q) failed: id, source and reason must be set: %w", imageID, source, errdefs.ErrInvalidArgument)
 	}
-	if _, err := d.db.ExecContext(ctx, `INSERT INTO s3_images (image_id, source, failure_reason, created_ns) VALUES (?, ?, ?, ?)
+	if _, err := r.db.Statements().ExecContext(ctx, `INSERT INTO s3_images (image_id, source, failure_reason, created_ns) VALUES (?, ?, ?, ?)
 		ON CONFLICT(image_id) DO UPDATE SET failure_reason = excluded.failure_reason`,
 		imageID, source, reason, time.Now().UnixNano()); err != nil {
-		return fmt.Errorf("metadata: mark image %s failed: %w", imageID, err)
+		return fmt.Errorf("pipeline: mark image %s failed: %w", imageID, err)
 	}
 	return nil
 }
@@ -266,26 +285,26 @@ func (d *DB) MarkImageFailed(ctx context.Context, imageID, source, reason string
 // pulled from source as layers (bottom first; they replace what was
 // recorded), clears its failure, and records name (when not empty) as one of
 // its names (refused, with nothing recorded, when it names another image:
-// ErrNameTaken).
-func (d *DB) RecordPulledImage(ctx context.Context, imageID, source string, layers []ImageLayer, name string) error {
+// errNameTaken).
+func (r Records) RecordPulledImage(ctx context.Context, imageID, source string, layers []ImageLayer, name string) error {
 	if imageID == "" || source == "" || len(layers) == 0 {
-		return fmt.Errorf("metadata: record pulled image %q (source %q, %d layers): id, source and layers must be set: %w",
+		return fmt.Errorf("pipeline: record pulled image %q (source %q, %d layers): id, source and layers must be set: %w",
 			imageID, source, len(layers), errdefs.ErrInvalidArgument)
 	}
 	now := time.Now().UnixNano()
-	return d.WithTx(ctx, func(tx *sql.Tx) error {
+	return r.db.WithTx(ctx, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO s3_images (image_id, source, created_ns, pulled_ns) VALUES (?, ?, ?, ?)
 			ON CONFLICT(image_id) DO UPDATE SET failure_reason = NULL, pulled_ns = excluded.pulled_ns`,
 			imageID, source, now, now); err != nil {
-			return fmt.Errorf("metadata: record pulled image %s: %w", imageID, err)
+			return fmt.Errorf("pipeline: record pulled image %s: %w", imageID, err)
 		}
 		if _, err := tx.ExecContext(ctx, `DELETE FROM image_layers WHERE image_id = ?`, imageID); err != nil {
-			return fmt.Errorf("metadata: record layers of image %s: %w", imageID, err)
+			return fmt.Errorf("pipeline: record layers of image %s: %w", imageID, err)
 		}
 		for i, l := range layers {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO image_layers (image_id, position, key, etag, version_id, size_bytes, chain_id)
 				VALUES (?, ?, ?, ?, ?, ?, ?)`, imageID, i+1, l.Key, l.ETag, l.VersionID, l.SizeBytes, l.ChainID); err != nil {
-				return fmt.Errorf("metadata: record layer %d of image %s: %w", i+1, imageID, err)
+				return fmt.Errorf("pipeline: record layer %d of image %s: %w", i+1, imageID, err)
 			}
 		}
 		if name != "" {
@@ -304,63 +323,63 @@ func addName(ctx context.Context, tx *sql.Tx, name, imageID string, replace bool
 		err := tx.QueryRowContext(ctx, `SELECT n.image_id, i.source FROM image_names n JOIN s3_images i ON i.image_id = n.image_id
 			WHERE n.name = ? AND n.image_id <> ?`, name, imageID).Scan(&holder, &source)
 		if err == nil {
-			return fmt.Errorf("metadata: name %q is the name of image %s (%s): %w", name, holder, source, ErrNameTaken)
+			return fmt.Errorf("pipeline: name %q is the name of image %s (%s): %w", name, holder, source, errNameTaken)
 		}
 		if !errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("metadata: record name %q of image %s: %w", name, imageID, err)
+			return fmt.Errorf("pipeline: record name %q of image %s: %w", name, imageID, err)
 		}
 	}
 	if _, err := tx.ExecContext(ctx, `INSERT INTO image_names (name, image_id, registered_ns) VALUES (?, ?, ?)
 		ON CONFLICT(name) DO UPDATE SET image_id = excluded.image_id, registered_ns = excluded.registered_ns
 		WHERE image_names.image_id <> excluded.image_id`,
 		name, imageID, now); err != nil {
-		return fmt.Errorf("metadata: record name %q of image %s: %w", name, imageID, err)
+		return fmt.Errorf("pipeline: record name %q of image %s: %w", name, imageID, err)
 	}
 	return nil
 }
 
-// ClearImageFailure forgets why the last pull of image imageID failed (a
+// clearImageFailure forgets why the last pull of image imageID failed (a
 // later pull found it in place).
-func (d *DB) ClearImageFailure(ctx context.Context, imageID string) error {
-	if _, err := d.db.ExecContext(ctx, `UPDATE s3_images SET failure_reason = NULL WHERE image_id = ? AND failure_reason IS NOT NULL`, imageID); err != nil {
-		return fmt.Errorf("metadata: clear the failure of image %s: %w", imageID, err)
+func (r Records) clearImageFailure(ctx context.Context, imageID string) error {
+	if _, err := r.db.Statements().ExecContext(ctx, `UPDATE s3_images SET failure_reason = NULL WHERE image_id = ? AND failure_reason IS NOT NULL`, imageID); err != nil {
+		return fmt.Errorf("pipeline: clear the failure of image %s: %w", imageID, err)
 	}
 	return nil
 }
 
 // AddImageName records name as a name of image imageID. A name another
-// image has is refused (ErrNameTaken, naming that image) unless replace,
+// image has is refused (errNameTaken, naming that image) unless replace,
 // which moves it to imageID.
-func (d *DB) AddImageName(ctx context.Context, name, imageID string, replace bool) error {
-	return d.WithTx(ctx, func(tx *sql.Tx) error { return addName(ctx, tx, name, imageID, replace, time.Now().UnixNano()) })
+func (r Records) AddImageName(ctx context.Context, name, imageID string, replace bool) error {
+	return r.db.WithTx(ctx, func(tx *sql.Tx) error { return addName(ctx, tx, name, imageID, replace, time.Now().UnixNano()) })
 }
 
-// DropImageName forgets name as a name of image imageID; a name of
+// dropImageName forgets name as a name of image imageID; a name of
 // another image, or no such name, is left as it is.
-func (d *DB) DropImageName(ctx context.Context, name, imageID string) error {
-	if _, err := d.db.ExecContext(ctx, `DELETE FROM image_names WHERE name = ? AND image_id = ?`, name, imageID); err != nil {
-		return fmt.Errorf("metadata: forget name %q of image %s: %w", name, imageID, err)
+func (r Records) dropImageName(ctx context.Context, name, imageID string) error {
+	if _, err := r.db.Statements().ExecContext(ctx, `DELETE FROM image_names WHERE name = ? AND image_id = ?`, name, imageID); err != nil {
+		return fmt.Errorf("pipeline: forget name %q of image %s: %w", name, imageID, err)
 	}
 	return nil
 }
 
-// ImageNames lists the names of image imageID, oldest first.
-func (d *DB) ImageNames(ctx context.Context, imageID string) ([]string, error) {
-	return queryAll(ctx, d.db, "names of image "+imageID, func(s rowScanner) (string, error) {
+// imageNames lists the names of image imageID, oldest first.
+func (r Records) imageNames(ctx context.Context, imageID string) ([]string, error) {
+	return queryAll(ctx, r.db.Statements(), "names of image "+imageID, func(s rowScanner) (string, error) {
 		var n string
 		return n, s.Scan(&n)
 	}, `SELECT name FROM image_names WHERE image_id = ? ORDER BY registered_ns, name`, imageID)
 }
 
 // ImageIDByName returns the image name names, or "" if none.
-func (d *DB) ImageIDByName(ctx context.Context, name string) (string, error) {
+func (r Records) ImageIDByName(ctx context.Context, name string) (string, error) {
 	var id string
-	err := d.db.QueryRowContext(ctx, `SELECT image_id FROM image_names WHERE name = ?`, name).Scan(&id)
+	err := r.db.Statements().QueryRowContext(ctx, `SELECT image_id FROM image_names WHERE name = ?`, name).Scan(&id)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("metadata: image named %q: %w", name, err)
+		return "", fmt.Errorf("pipeline: image named %q: %w", name, err)
 	}
 	return id, nil
 }
@@ -368,17 +387,17 @@ func (d *DB) ImageIDByName(ctx context.Context, name string) (string, error) {
 // ImageIDByRef returns the image ref names: one of its names, or else its
 // source (s3://bucket/key, a prefix with or without its final '/'); "" if
 // none.
-func (d *DB) ImageIDByRef(ctx context.Context, ref string) (string, error) {
-	id, err := d.ImageIDByName(ctx, ref)
+func (r Records) ImageIDByRef(ctx context.Context, ref string) (string, error) {
+	id, err := r.ImageIDByName(ctx, ref)
 	if err != nil || id != "" {
 		return id, err
 	}
-	err = d.db.QueryRowContext(ctx, `SELECT image_id FROM s3_images WHERE source = ? OR source = ? || '/'`, ref, ref).Scan(&id)
+	err = r.db.Statements().QueryRowContext(ctx, `SELECT image_id FROM s3_images WHERE source = ? OR source = ? || '/'`, ref, ref).Scan(&id)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("metadata: image of source %q: %w", ref, err)
+		return "", fmt.Errorf("pipeline: image of source %q: %w", ref, err)
 	}
 	return id, nil
 }
@@ -403,47 +422,47 @@ func scanImage(s rowScanner) (*Image, error) {
 const imageColumns = `image_id, source, failure_reason, created_ns, pulled_ns`
 
 // GetImage returns image imageID, or nil (and no error) if none.
-func (d *DB) GetImage(ctx context.Context, imageID string) (*Image, error) {
-	im, err := scanImage(d.db.QueryRowContext(ctx, `SELECT `+imageColumns+` FROM s3_images WHERE image_id = ?`, imageID))
+func (r Records) GetImage(ctx context.Context, imageID string) (*Image, error) {
+	im, err := scanImage(r.db.Statements().QueryRowContext(ctx, `SELECT `+imageColumns+` FROM s3_images WHERE image_id = ?`, imageID))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("metadata: image %s: %w", imageID, err)
+		return nil, fmt.Errorf("pipeline: image %s: %w", imageID, err)
 	}
 	return im, nil
 }
 
-// ListImages lists every image, oldest first.
-func (d *DB) ListImages(ctx context.Context) ([]*Image, error) {
-	return queryAll(ctx, d.db, "list images", scanImage, `SELECT `+imageColumns+` FROM s3_images ORDER BY id`)
+// listImages lists every image, oldest first.
+func (r Records) listImages(ctx context.Context) ([]*Image, error) {
+	return queryAll(ctx, r.db.Statements(), "list images", scanImage, `SELECT `+imageColumns+` FROM s3_images ORDER BY id`)
 }
 
-func imageLayers(ctx context.Context, q queryer, imageID string) ([]ImageLayer, error) {
+func imageLayers(ctx context.Context, q metadata.Querier, imageID string) ([]ImageLayer, error) {
 	return queryAll(ctx, q, "layers of image "+imageID, func(s rowScanner) (ImageLayer, error) {
 		var l ImageLayer
 		return l, s.Scan(&l.Position, &l.Key, &l.ETag, &l.VersionID, &l.SizeBytes, &l.ChainID)
 	}, `SELECT position, key, etag, version_id, size_bytes, chain_id FROM image_layers WHERE image_id = ? ORDER BY position`, imageID)
 }
 
-// ImageLayers lists the layers image imageID was last pulled as, bottom
+// imageLayers lists the layers image imageID was last pulled as, bottom
 // first (none before its first successful pull).
-func (d *DB) ImageLayers(ctx context.Context, imageID string) ([]ImageLayer, error) {
-	return imageLayers(ctx, d.db, imageID)
+func (r Records) imageLayers(ctx context.Context, imageID string) ([]ImageLayer, error) {
+	return imageLayers(ctx, r.db.Statements(), imageID)
 }
 
 // DeleteImage forgets image imageID with its layers and names; absent is
 // not an error.
-func (d *DB) DeleteImage(ctx context.Context, imageID string) error {
-	if _, err := d.db.ExecContext(ctx, `DELETE FROM s3_images WHERE image_id = ?`, imageID); err != nil {
-		return fmt.Errorf("metadata: delete image %s: %w", imageID, err)
+func (r Records) DeleteImage(ctx context.Context, imageID string) error {
+	if _, err := r.db.Statements().ExecContext(ctx, `DELETE FROM s3_images WHERE image_id = ?`, imageID); err != nil {
+		return fmt.Errorf("pipeline: delete image %s: %w", imageID, err)
 	}
 	return nil
 }
 
-// PulledState is what an idempotent re-pull needs to know of an image, read
-// in one transaction by PulledImageState.
-type PulledState struct {
+// pulledState is what an idempotent re-pull needs to know of an image, read
+// in one transaction by pulledImageState.
+type pulledState struct {
 	Image  Image
 	Layers []ImageLayer
 	// DiffIDs are the layers' diff IDs, bottom first.
@@ -454,7 +473,7 @@ type PulledState struct {
 	Names []string
 }
 
-// PulledImageState reads, in one read transaction, image imageID with its
+// pulledImageState reads, in one read transaction, image imageID with its
 // layers and names, and whether everything a pulled image needs is in place
 // (a failure of a later pull, S3 unreachable for instance, leaves what an
 // earlier one made usable; it is reported in the state's Image):
@@ -462,9 +481,9 @@ type PulledState struct {
 // activation an active snapshot on the top chain. It returns (nil, nil) when
 // the image was never pulled or anything is missing: the caller then runs
 // the pipelines, which heal what is wrong.
-func (d *DB) PulledImageState(ctx context.Context, imageID string) (*PulledState, error) {
-	var st *PulledState
-	err := d.ReadSnapshot(ctx, func(tx Querier) error {
+func (r Records) pulledImageState(ctx context.Context, imageID string) (*pulledState, error) {
+	var st *pulledState
+	err := r.db.ReadSnapshot(ctx, func(tx metadata.Querier) error {
 		im, err := scanImage(tx.QueryRowContext(ctx, `SELECT `+imageColumns+` FROM s3_images WHERE image_id = ?`, imageID))
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
@@ -479,7 +498,7 @@ func (d *DB) PulledImageState(ctx context.Context, imageID string) (*PulledState
 		if err != nil || len(layers) == 0 {
 			return err
 		}
-		s := &PulledState{Image: *im, Layers: layers}
+		s := &pulledState{Image: *im, Layers: layers}
 		for _, l := range layers {
 			var diff string
 			err := tx.QueryRowContext(ctx, `SELECT c.diff_id FROM chains c
@@ -515,16 +534,16 @@ func (d *DB) PulledImageState(ctx context.Context, imageID string) (*PulledState
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("metadata: pulled state of image %s: %w", imageID, err)
+		return nil, fmt.Errorf("pipeline: pulled state of image %s: %w", imageID, err)
 	}
 	return st, nil
 }
 
 // TouchImage records that image imageID was used now (a pull, also one
 // answered from the records, or an activation). Absent is not an error.
-func (d *DB) TouchImage(ctx context.Context, imageID string) error {
-	if _, err := d.db.ExecContext(ctx, `UPDATE s3_images SET used_ns = ? WHERE image_id = ?`, time.Now().UnixNano(), imageID); err != nil {
-		return fmt.Errorf("metadata: touch image %s: %w", imageID, err)
+func (r Records) TouchImage(ctx context.Context, imageID string) error {
+	if _, err := r.db.Statements().ExecContext(ctx, `UPDATE s3_images SET used_ns = ? WHERE image_id = ?`, time.Now().UnixNano(), imageID); err != nil {
+		return fmt.Errorf("pipeline: touch image %s: %w", imageID, err)
 	}
 	return nil
 }
