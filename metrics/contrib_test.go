@@ -86,7 +86,7 @@ func everything(t *testing.T) *Metrics {
 	m.AddPoolBacking(fakeBacking{})
 	m.AddPoolEvents(NewPoolEvents("p1"))
 	m.AddDevices(deviceCounts{db})
-	m.AddPipeline(db)
+	m.AddPipeline(pipeline.RecordsOf(db))
 	g := NewGC()
 	m.AddGC(g)
 	g.SetThresholds(85, 80)

@@ -5,12 +5,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 )
 
-// PipelineStatser is what AddPipeline reads: *metadata.DB.
+// PipelineStatser is what AddPipeline reads: pipeline.Records.
 type PipelineStatser interface {
-	PipelineStats(ctx context.Context) (metadata.PipelineStats, error)
+	Stats(ctx context.Context) (pipeline.Stats, error)
 }
 
 // AddPipeline exports what the S3 pipelines hold, read from the database
@@ -47,7 +47,7 @@ func (c *pipelineCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *pipelineCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
 	defer cancel()
-	st, err := c.src.PipelineStats(ctx)
+	st, err := c.src.Stats(ctx)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(runsDesc, err)
 		return

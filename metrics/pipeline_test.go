@@ -51,7 +51,7 @@ func TestPipelineMetricsFromDatabase(t *testing.T) {
 	ctx := context.Background()
 	db := metadatatest.Open(t)
 	m := New()
-	m.AddPipeline(db)
+	m.AddPipeline(pipeline.RecordsOf(db))
 
 	if g := gauges(t, m, Namespace+"_pipeline_blob_bytes"); g[""] != 0 {
 		t.Fatalf("blob bytes of an empty database = %v", g)

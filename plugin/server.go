@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metrics"
 )
 
@@ -415,7 +416,7 @@ func (s *Service) Serve(ctx context.Context, ready, stopping func()) error {
 		m.AddPool(s.Pool)
 		m.AddPoolBacking(s.Pool)
 		m.AddDevices(s.Snapshotter)
-		m.AddPipeline(s.DB)
+		m.AddPipeline(pipeline.RecordsOf(s.DB))
 		if s.gcMetrics != nil {
 			m.AddGC(s.gcMetrics)
 		}

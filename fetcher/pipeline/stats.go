@@ -1,8 +1,12 @@
-package metadata
+package pipeline
+
+// The figures of the pipelines' records for the metrics endpoint.
 
 import (
 	"context"
 	"fmt"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
 // RunCount is how many FSM runs of one machine are in one state.
@@ -12,8 +16,8 @@ type RunCount struct {
 	Runs  int
 }
 
-// PipelineStats is what the S3 pipelines hold, for the metrics endpoint.
-type PipelineStats struct {
+// Stats is what the S3 pipelines hold, for the metrics endpoint.
+type Stats struct {
 	Runs          []RunCount     // fsm_runs by machine and state
 	Images        map[string]int // images by download_status (of the images view)
 	Blobs         int            // layer files kept (table layers)
@@ -23,46 +27,46 @@ type PipelineStats struct {
 	Activations   int // activations of images
 }
 
-// PipelineStats reads PipelineStats in one read transaction.
-func (d *DB) PipelineStats(ctx context.Context) (PipelineStats, error) {
-	st := PipelineStats{Images: map[string]int{}}
-	err := d.ReadSnapshot(ctx, func(tx Querier) error { return pipelineStats(ctx, tx, &st) })
+// Stats reads Stats in one read transaction.
+func (r Records) Stats(ctx context.Context) (Stats, error) {
+	st := Stats{Images: map[string]int{}}
+	err := r.db.ReadSnapshot(ctx, func(tx metadata.Querier) error { return stats(ctx, tx, &st) })
 	return st, err
 }
 
-func pipelineStats(ctx context.Context, tx queryer, st *PipelineStats) error {
+func stats(ctx context.Context, tx metadata.Querier, st *Stats) error {
 	rows, err := tx.QueryContext(ctx, `SELECT fsm, state, COUNT(*) FROM fsm_runs GROUP BY fsm, state ORDER BY fsm, state`)
 	if err != nil {
-		return fmt.Errorf("metadata: pipeline stats: runs: %w", err)
+		return fmt.Errorf("pipeline: stats: runs: %w", err)
 	}
 	for rows.Next() {
 		var c RunCount
 		if err := rows.Scan(&c.FSM, &c.State, &c.Runs); err != nil {
 			rows.Close()
-			return fmt.Errorf("metadata: pipeline stats: runs: %w", err)
+			return fmt.Errorf("pipeline: stats: runs: %w", err)
 		}
 		st.Runs = append(st.Runs, c)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("metadata: pipeline stats: runs: %w", err)
+		return fmt.Errorf("pipeline: stats: runs: %w", err)
 	}
 	rows, err = tx.QueryContext(ctx, `SELECT download_status, COUNT(*) FROM images GROUP BY download_status`)
 	if err != nil {
-		return fmt.Errorf("metadata: pipeline stats: images: %w", err)
+		return fmt.Errorf("pipeline: stats: images: %w", err)
 	}
 	for rows.Next() {
 		var status string
 		var n int
 		if err := rows.Scan(&status, &n); err != nil {
 			rows.Close()
-			return fmt.Errorf("metadata: pipeline stats: images: %w", err)
+			return fmt.Errorf("pipeline: stats: images: %w", err)
 		}
 		st.Images[status] = n
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("metadata: pipeline stats: images: %w", err)
+		return fmt.Errorf("pipeline: stats: images: %w", err)
 	}
 	for _, q := range []struct {
 		sql   string
@@ -73,11 +77,11 @@ func pipelineStats(ctx context.Context, tx queryer, st *PipelineStats) error {
 		{`SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM chains`, &st.Unpacked, &st.UnpackedBytes},
 	} {
 		if err := tx.QueryRowContext(ctx, q.sql).Scan(q.count, q.bytes); err != nil {
-			return fmt.Errorf("metadata: pipeline stats: %w", err)
+			return fmt.Errorf("pipeline: stats: %w", err)
 		}
 	}
 	if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM snapshots WHERE active = 1`).Scan(&st.Activations); err != nil {
-		return fmt.Errorf("metadata: pipeline stats: activations: %w", err)
+		return fmt.Errorf("pipeline: stats: activations: %w", err)
 	}
 	return nil
 }
