@@ -21,7 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/cheap"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
@@ -64,7 +64,7 @@ func New() *Metrics {
 		Name:      "sqlite_memory_bytes",
 		Help:      "Bytes SQLite's allocator holds (page caches, prepared statements, schema) for all database connections: resident memory outside Go's heap.",
 	}, func() float64 {
-		used, _ := metadata.SQLiteMemory()
+		used, _ := cheap.SQLiteMemory()
 		return float64(used)
 	})
 	m.register(m.ops, sqliteMemory, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

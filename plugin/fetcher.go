@@ -18,7 +18,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/cheap"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metrics"
 )
 
@@ -101,7 +101,7 @@ func (p *pullsUnderWay) begin() { p.n.Add(1) }
 func (p *pullsUnderWay) end() {
 	if p.n.Add(-1) == 0 {
 		debug.FreeOSMemory()
-		metadata.ReleaseCHeap()
+		cheap.Release()
 	}
 }
 

@@ -9,7 +9,7 @@ import (
 	systemd "github.com/coreos/go-systemd/v22/daemon"
 	"golang.org/x/sys/unix"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/cheap"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metrics"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 )
@@ -173,7 +173,7 @@ func boundResidentMemory(l *log.Entry) {
 	if err := hugePagesOffFromStart(); err != nil {
 		l.WithError(err).Warn("transparent huge pages are not off for the daemon from its start; its resident memory may grow as the kernel fills huge pages in its heaps")
 	}
-	if !metadata.LimitCHeapArenas(cHeapArenas) {
+	if !cheap.LimitArenas(cHeapArenas) {
 		l.WithField("arenas", cHeapArenas).Warn("the C allocator refused a bound on its arenas; SQLite's freed memory may stay scattered across many")
 	}
 }

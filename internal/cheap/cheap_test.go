@@ -1,9 +1,11 @@
-package metadata
+package cheap
 
 import (
 	"context"
 	"path/filepath"
 	"testing"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
 // TestSQLiteMemoryFollowsPageCache fills a connection's page cache by
@@ -13,22 +15,22 @@ import (
 // closes; the high-water mark keeps the peak.
 func TestSQLiteMemoryFollowsPageCache(t *testing.T) {
 	ctx := context.Background()
-	d, err := Open(ctx, Options{Path: filepath.Join(t.TempDir(), "metadata.db")})
+	d, err := metadata.Open(ctx, metadata.Options{Path: filepath.Join(t.TempDir(), "metadata.db")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer d.Close()
 	before, _ := SQLiteMemory()
 	const tableBytes = 4 << 20
-	if _, err := d.db.ExecContext(ctx, `CREATE TABLE filler(b BLOB)`); err != nil {
+	if _, err := d.Statements().ExecContext(ctx, `CREATE TABLE filler(b BLOB)`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.db.ExecContext(ctx, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < ?)
+	if _, err := d.Statements().ExecContext(ctx, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < ?)
 		INSERT INTO filler SELECT randomblob(1000) FROM n`, tableBytes/1000); err != nil {
 		t.Fatal(err)
 	}
 	var n int64
-	if err := d.db.QueryRowContext(ctx, `SELECT sum(length(b)) FROM filler`).Scan(&n); err != nil {
+	if err := d.Statements().QueryRowContext(ctx, `SELECT sum(length(b)) FROM filler`).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	full, peak := SQLiteMemory()
