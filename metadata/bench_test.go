@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest/seed"
 )
 
 // benchImages is how many pulled images the benchmarks' database holds.
@@ -32,7 +34,7 @@ func benchDB(b *testing.B) *DB {
 			return
 		}
 		for i := 0; i < benchImages && bench.err == nil; i++ {
-			bench.err = writeImage(ctx, bench.db, i)
+			bench.err = seed.WriteImage(ctx, bench.db, i)
 		}
 	})
 	if bench.err != nil {

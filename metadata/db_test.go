@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest/seed"
 )
 
 // openTestDB opens a fresh read-write database in a temporary directory.
@@ -189,7 +191,7 @@ func TestPathNeedsEscaping(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Open(%q): %v", path, err)
 		}
-		if err := storeDownload(ctx, d, "b", "k", "", 0, "sha256:1"); err != nil {
+		if err := seed.StoreDownload(ctx, d, "b", "k", "", 0, "sha256:1"); err != nil {
 			t.Fatal(err)
 		}
 		d.Close()
@@ -200,7 +202,7 @@ func TestPathNeedsEscaping(t *testing.T) {
 		if err != nil {
 			t.Fatalf("read-only Open(%q): %v", path, err)
 		}
-		if o := rowsOf(t, r, `SELECT digest FROM s3_objects WHERE bucket = 'b' AND key = 'k'`); len(o) != 1 {
+		if o := seed.Rows(t, r.db, `SELECT digest FROM s3_objects WHERE bucket = 'b' AND key = 'k'`); len(o) != 1 {
 			t.Errorf("%q: row not read back: %q", path, o)
 		}
 		r.Close()

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest/seed"
 )
 
 func TestEmbeddedMigrations(t *testing.T) {
@@ -196,11 +198,11 @@ func TestUpgradeFromV1(t *testing.T) {
 	}
 	checkLedgerHashes(t, d, false)
 	// The record tables and their views work on the upgraded database.
-	if err := recordPulledImage(ctx, d, "img-2", "s3://bkt/images/2.tar", []testImageLayer{{Key: "images/2.tar", SizeBytes: 1, ChainID: "sha256:c"}}, "two"); err != nil {
+	if err := seed.RecordPulledImage(ctx, d, "img-2", "s3://bkt/images/2.tar", []seed.ImageLayer{{Key: "images/2.tar", SizeBytes: 1, ChainID: "sha256:c"}}, "two"); err != nil {
 		t.Errorf("record on the upgraded database: %v", err)
 	}
-	if v, err := d.ImageViews(ctx); err != nil || len(v) != 1 || v[0].ImageID != "img-2" || fmt.Sprint(v[0].Names) != "[two]" {
-		t.Errorf("ImageViews on the upgraded database = %+v, %v", v, err)
+	if v := seed.Rows(t, d.db, `SELECT i.image_id, n.name FROM images i JOIN image_names n ON n.image_id = i.image_id`); fmt.Sprint(v) != "[img-2 two]" {
+		t.Errorf("the images view on the upgraded database = %q, want image img-2 named two", v)
 	}
 	// The copy is the version-1 database, rows included.
 	b, err := Open(ctx, Options{Path: path + ".pre-v2", ReadOnly: true})
@@ -399,7 +401,7 @@ func TestBackupWhileWriting(t *testing.T) {
 				return
 			default:
 			}
-			if err := writeImage(ctx, w, i); err != nil {
+			if err := seed.WriteImage(ctx, w, i); err != nil {
 				done <- err
 				return
 			}
@@ -424,21 +426,19 @@ func TestBackupWhileWriting(t *testing.T) {
 		if err != nil || !rep.OK() {
 			t.Errorf("copy %d: %+v, %v", i, rep, err)
 		}
-		imgs, err1 := c.ImageViews(ctx)
-		chains, err2 := c.ChainViews(ctx)
-		if err1 != nil || err2 != nil {
-			t.Fatalf("copy %d: %v %v", i, err1, err2)
+		var imgs, chains int
+		if err := c.db.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM images),
+			(SELECT count(*) FROM chains c JOIN cd_snapshots s ON s.key = c.chain_id AND s.kind = 'committed')`).Scan(&imgs, &chains); err != nil {
+			t.Fatalf("copy %d: %v", i, err)
 		}
 		// A chain is committed before the image using it is recorded, in
 		// separate transactions: a consistent copy has a device for every
 		// image, and at most one chain no image uses yet.
-		if len(chains) < len(imgs) || len(chains) > len(imgs)+1 {
-			t.Errorf("copy %d: %d images, %d chains", i, len(imgs), len(chains))
+		if chains < imgs || chains > imgs+1 {
+			t.Errorf("copy %d: %d images, %d chains", i, imgs, chains)
 		}
-		for _, v := range imgs {
-			if (v.State != ImageStateUnpacked && v.State != ImageStateActive) || v.DeviceName == "" {
-				t.Errorf("copy %d: image %s in state %s on device %q", i, v.ImageID, v.State, v.DeviceName)
-			}
+		if bad := seed.Rows(t, c.db, halfWrittenImages); len(bad) != 0 {
+			t.Errorf("copy %d: images neither unpacked nor active, or without their device, layer or name: %q", i, bad)
 		}
 		c.Close()
 	}

@@ -7,6 +7,7 @@ package metadata
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"fmt"
 	"io"
 	"os"
@@ -17,6 +18,8 @@ import (
 	"time"
 
 	"github.com/containerd/log"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest/seed"
 )
 
 const childEnv = "METADATA_TEST_CHILD"
@@ -105,14 +108,14 @@ func childWriter(ctx context.Context, path string) error {
 	n := 0
 	for ; n < 5000 && (n < minWrites || !exists(saw)); n++ {
 		now := time.Now()
-		run := testRun{ID: fmt.Sprintf("run-%d", n), FSM: "pull-image", IdempotencyID: fmt.Sprintf("s3-w%d", n), State: "running", Created: now}
-		if err := insertRun(ctx, d, run); err != nil {
+		run := seed.Run{ID: fmt.Sprintf("run-%d", n), FSM: "pull-image", IdempotencyID: fmt.Sprintf("s3-w%d", n), State: "running", Created: now}
+		if err := seed.InsertRun(ctx, d, run); err != nil {
 			return err
 		}
-		if err := writeImage(ctx, d, n); err != nil {
+		if err := seed.WriteImage(ctx, d, n); err != nil {
 			return err
 		}
-		if err := finishRun(ctx, d, run.ID, "complete", time.Now()); err != nil {
+		if err := seed.FinishRun(ctx, d, run.ID, "complete", time.Now()); err != nil {
 			return err
 		}
 	}
@@ -123,7 +126,20 @@ func childWriter(ctx context.Context, path string) error {
 	return nil
 }
 
-// childReader opens the database read-only and lists every view in a loop
+// halfWrittenImages lists, as "image_id download_status activation_status",
+// the images of the images view that are neither unpacked nor active, or
+// lack their device, their one layer or their one name: what a reader
+// would see of a pipeline step half written, each step writing all it
+// writes in one transaction.
+const halfWrittenImages = `SELECT i.image_id, i.download_status, i.activation_status FROM images i
+	LEFT JOIN unpacked_images u ON u.image_id = i.image_id
+	WHERE i.download_status = 'failed' OR i.activation_status = 'failed'
+	   OR (i.activation_status <> 'active' AND i.download_status <> 'completed')
+	   OR u.device_name IS NULL
+	   OR (SELECT count(*) FROM image_layers il WHERE il.image_id = i.image_id) <> 1
+	   OR (SELECT count(*) FROM image_names n WHERE n.image_id = i.image_id) <> 1`
+
+// childReader opens the database read-only and reads every view in a loop
 // until WRITER_DONE exists, then once more; any error ends it with status 1.
 // It creates READER_SAW once it has seen three different image counts, and
 // prints the number of distinct counts and the final count.
@@ -138,21 +154,15 @@ func childReader(ctx context.Context, path string) error {
 	last := 0
 	for final := false; ; {
 		final = exists(done)
-		imgs, err := d.ImageViews(ctx)
-		if err != nil {
-			return err
-		}
-		if _, err := d.SnapshotViews(ctx); err != nil {
-			return err
-		}
-		if _, err := d.ChainViews(ctx); err != nil {
-			return err
-		}
-		if _, err := d.UnpackedViews(ctx); err != nil {
-			return err
-		}
-		if _, err := d.LockViews(ctx, time.Now()); err != nil {
-			return err
+		var imgs int
+		for _, v := range []string{"images", "unpacked_images", "snapshots", "image_locks"} {
+			var n int
+			if err := d.db.QueryRowContext(ctx, `SELECT count(*) FROM `+v).Scan(&n); err != nil {
+				return fmt.Errorf("view %s: %w", v, err)
+			}
+			if v == "images" {
+				imgs = n
+			}
 		}
 		// A read transaction on the read-only handle, as the pipelines'
 		// look-ups run one, while the writer commits.
@@ -162,12 +172,18 @@ func childReader(ctx context.Context, path string) error {
 		}); err != nil {
 			return err
 		}
-		for _, v := range imgs {
-			if (v.State != ImageStateActive && v.State != ImageStateUnpacked) || v.DeviceName == "" || v.Layers != 1 || len(v.Names) != 1 {
-				return fmt.Errorf("image %+v: a reader saw a half-written pipeline step", v)
-			}
+		bad, err := QueryAll(ctx, d.db, func(r *sql.Rows) (string, error) {
+			var id, download, activation string
+			err := r.Scan(&id, &download, &activation)
+			return id + " " + download + " " + activation, err
+		}, halfWrittenImages)
+		if err != nil {
+			return fmt.Errorf("half-written images: %w", err)
 		}
-		last = len(imgs)
+		if len(bad) != 0 {
+			return fmt.Errorf("images %q: a reader saw a half-written pipeline step", bad)
+		}
+		last = imgs
 		seen[last] = true
 		if len(seen) >= 3 && !exists(saw) {
 			if err := os.WriteFile(saw, nil, 0o600); err != nil {

@@ -7,43 +7,46 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest/seed"
 )
 
 // pruneWorld writes two images sharing their bottom layer: s3-a
 // (a/1.tar, a/2.tar) and s3-b (b/1.tar with a/1.tar's bytes, b/2.tar), both
 // activated, then removes s3-b's activation and its top chain's snapshot as
 // containerd's garbage collector does when it removes that image.
-func pruneWorld(t *testing.T) *world {
-	w := newWorld(t)
-	w.pull("s3-a", "s3://bkt/a/", "a:latest", twoLayers("a/", "a")...)
-	w.pull("s3-b", "s3://bkt/b/", "b:latest", twoLayers("b/", "b")...)
-	w.addName("b:v1", "s3-b")
-	res, err := w.db.PruneOrphans(w.ctx, true)
+func pruneWorld(t *testing.T) (*seed.World, *DB) {
+	db := openTestDB(t)
+	w := seed.NewWorld(t, db)
+	w.Pull("s3-a", "s3://bkt/a/", "a:latest", seed.TwoLayers("a/", "a")...)
+	w.Pull("s3-b", "s3://bkt/b/", "b:latest", seed.TwoLayers("b/", "b")...)
+	w.AddName("b:v1", "s3-b")
+	res, err := db.PruneOrphans(context.Background(), true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if fmt.Sprint(res) != fmt.Sprint(PruneResult{}) {
 		t.Fatalf("prune with nothing removed = %+v, want nothing pruned", res)
 	}
-	w.removeSnapshot(activationKey("s3-b"))
-	w.removeSnapshot("sha256:c-b")
-	return w
+	w.RemoveSnapshot(seed.ActivationKey("s3-b"))
+	w.RemoveSnapshot("sha256:c-b")
+	return w, db
 }
 
 // checkAIntact checks image s3-a kept everything.
-func checkAIntact(t *testing.T, w *world) {
+func checkAIntact(t *testing.T, w *seed.World) {
 	t.Helper()
-	if !w.has("s3_images", "image_id = 's3-a' AND pulled_ns IS NOT NULL") || w.count("image_layers WHERE image_id = 's3-a'") != 2 ||
-		!w.has("chains", "chain_id = 'sha256:c-a'") || !w.has("cd_snapshots", "key = ?", activationKey("s3-a")) {
+	if !w.Has("s3_images", "image_id = 's3-a' AND pulled_ns IS NOT NULL") || w.Count("image_layers WHERE image_id = 's3-a'") != 2 ||
+		!w.Has("chains", "chain_id = 'sha256:c-a'") || !w.Has("cd_snapshots", "key = ?", seed.ActivationKey("s3-a")) {
 		t.Errorf("s3-a is no longer a pulled image after the prune")
 	}
 	for _, k := range []string{"a/1.tar", "a/2.tar"} {
-		if !w.has("s3_objects", "bucket = 'bkt' AND key = ?", k) {
+		if !w.Has("s3_objects", "bucket = 'bkt' AND key = ?", k) {
 			t.Errorf("object %s of s3-a was pruned", k)
 		}
 	}
 	for _, d := range []string{"sha256:d1", "sha256:d-a"} {
-		if !w.has("layers", "digest = ?", d) {
+		if !w.Has("layers", "digest = ?", d) {
 			t.Errorf("layer %s of s3-a was pruned", d)
 		}
 	}
@@ -55,40 +58,40 @@ func checkAIntact(t *testing.T, w *world) {
 // caller to delete); the other image keeps everything, the shared layer
 // included.
 func TestPruneOrphansAfterGC(t *testing.T) {
-	w := pruneWorld(t)
-	ctx, db := w.ctx, w.db
+	w, db := pruneWorld(t)
+	ctx := context.Background()
 	res, err := db.PruneOrphans(ctx, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := PruneResult{Chains: 1, Images: 1, Objects: 2, LayerPaths: []string{layerPath("sha256:d-b")}}
+	want := PruneResult{Chains: 1, Images: 1, Objects: 2, LayerPaths: []string{seed.LayerPath("sha256:d-b")}}
 	if fmt.Sprint(res) != fmt.Sprint(want) {
 		t.Fatalf("prune = %+v, want %+v", res, want)
 	}
-	if w.has("chains", "chain_id = 'sha256:c-b'") {
+	if w.Has("chains", "chain_id = 'sha256:c-b'") {
 		t.Errorf("chain c-b survived")
 	}
-	if w.has("s3_images", "image_id = 's3-b'") {
+	if w.Has("s3_images", "image_id = 's3-b'") {
 		t.Errorf("image s3-b survived")
 	}
 	for _, n := range []string{"b:latest", "b:v1"} {
-		if w.has("image_names", "name = ?", n) {
+		if w.Has("image_names", "name = ?", n) {
 			t.Errorf("name %s survived", n)
 		}
 	}
-	if w.has("image_layers", "image_id = 's3-b'") {
+	if w.Has("image_layers", "image_id = 's3-b'") {
 		t.Errorf("layers of s3-b survived")
 	}
 	for _, k := range []string{"b/1.tar", "b/2.tar"} {
-		if w.has("s3_objects", "bucket = 'bkt' AND key = ?", k) {
+		if w.Has("s3_objects", "bucket = 'bkt' AND key = ?", k) {
 			t.Errorf("object %s survived", k)
 		}
 	}
-	if w.has("layers", "digest = 'sha256:d-b'") {
+	if w.Has("layers", "digest = 'sha256:d-b'") {
 		t.Errorf("layer d-b survived")
 	}
 	checkAIntact(t, w)
-	if !w.has("chains", "chain_id = 'sha256:d1'") {
+	if !w.Has("chains", "chain_id = 'sha256:d1'") {
 		t.Errorf("the shared bottom chain was pruned")
 	}
 	res, err = db.PruneOrphans(ctx, true)
@@ -102,18 +105,18 @@ func TestPruneOrphansAfterGC(t *testing.T) {
 // nobody refers to may belong to a pull under way, so they stay while any
 // run is live.
 func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
-	w := pruneWorld(t)
-	ctx, db := w.ctx, w.db
+	w, db := pruneWorld(t)
+	ctx := context.Background()
 	t0 := time.Unix(1_800_000_000, 0)
 	live := func(id, fsm, idem, state string) {
 		t.Helper()
-		if err := insertRun(ctx, db, testRun{ID: id, FSM: fsm, IdempotencyID: idem, State: state, Created: t0}); err != nil {
+		if err := seed.InsertRun(ctx, db, seed.Run{ID: id, FSM: fsm, IdempotencyID: idem, State: state, Created: t0}); err != nil {
 			t.Fatalf("insert run %s: %v", id, err)
 		}
 	}
 	finish := func(id string) {
 		t.Helper()
-		w.must(finishRun(ctx, db, id, "complete", t0.Add(time.Second)))
+		w.Must(seed.FinishRun(ctx, db, id, "complete", t0.Add(time.Second)))
 	}
 
 	// An unpack of c-b is under way: nothing of s3-b goes.
@@ -125,7 +128,7 @@ func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
 	if want := (PruneResult{Deferred: true}); fmt.Sprint(res) != fmt.Sprint(want) {
 		t.Fatalf("prune while c-b is being unpacked = %+v, want %+v", res, want)
 	}
-	if !w.has("chains", "chain_id = 'sha256:c-b'") {
+	if !w.Has("chains", "chain_id = 'sha256:c-b'") {
 		t.Errorf("chain c-b was forgotten while a run was making it")
 	}
 	finish("unpack")
@@ -139,7 +142,7 @@ func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
 	if want := (PruneResult{Chains: 1, Deferred: true}); fmt.Sprint(res) != fmt.Sprint(want) {
 		t.Fatalf("prune while s3-b is being pulled = %+v, want %+v", res, want)
 	}
-	if !w.has("s3_images", "image_id = 's3-b'") {
+	if !w.Has("s3_images", "image_id = 's3-b'") {
 		t.Errorf("image s3-b was forgotten while a run was pulling it")
 	}
 	finish("pull")
@@ -154,10 +157,10 @@ func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
 	if want := (PruneResult{Images: 1, Deferred: true}); fmt.Sprint(res) != fmt.Sprint(want) {
 		t.Fatalf("prune with an unrelated live run = %+v, want %+v", res, want)
 	}
-	if !w.has("s3_objects", "bucket = 'bkt' AND key = 'b/2.tar'") {
+	if !w.Has("s3_objects", "bucket = 'bkt' AND key = 'b/2.tar'") {
 		t.Errorf("object b/2.tar pruned while a run was live")
 	}
-	if !w.has("layers", "digest = 'sha256:d-b'") {
+	if !w.Has("layers", "digest = 'sha256:d-b'") {
 		t.Errorf("layer d-b pruned while a run was live")
 	}
 	finish("dl")
@@ -167,7 +170,7 @@ func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (PruneResult{Objects: 2, LayerPaths: []string{layerPath("sha256:d-b")}}); fmt.Sprint(res) != fmt.Sprint(want) {
+	if want := (PruneResult{Objects: 2, LayerPaths: []string{seed.LayerPath("sha256:d-b")}}); fmt.Sprint(res) != fmt.Sprint(want) {
 		t.Fatalf("prune once idle = %+v, want %+v", res, want)
 	}
 	checkAIntact(t, w)
@@ -177,8 +180,9 @@ func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
 // scalar member or by an array of layers, ignoring finished runs and
 // machines not listed.
 func TestLiveRunsUsing(t *testing.T) {
-	w := newWorld(t)
-	ctx, db := w.ctx, w.db
+	db := openTestDB(t)
+	w := seed.NewWorld(t, db)
+	ctx := context.Background()
 	t0 := time.Unix(1_800_000_000, 0)
 	for _, r := range []struct{ id, fsm, state, req string }{
 		{"u1", "unpack-layer", "running", `{"chain_id":"sha256:c3","parent":"sha256:c1"}`},
@@ -187,15 +191,15 @@ func TestLiveRunsUsing(t *testing.T) {
 		{"old", "activate-image", "running", `{"layers":[{"chain_id":"sha256:c3"}]}`},
 		{"x", "other", "running", `{"chain_id":"sha256:c3"}`},
 	} {
-		if err := insertRun(ctx, db, testRun{ID: r.id, FSM: r.fsm, IdempotencyID: r.id, Request: r.req, State: r.state, Created: t0}); err != nil {
+		if err := seed.InsertRun(ctx, db, seed.Run{ID: r.id, FSM: r.fsm, IdempotencyID: r.id, Request: r.req, State: r.state, Created: t0}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	w.must(finishRun(ctx, db, "old", "failed", t0))
+	w.Must(seed.FinishRun(ctx, db, "old", "failed", t0))
 	fields := map[string][]string{"unpack-layer": {"$.chain_id"}, "activate-image": {"$.layers[]"}}
 	for chain, want := range map[string]int{"sha256:c3": 2, "sha256:c1": 2, "sha256:c2": 0} {
 		var n int
-		w.must(db.WithTx(ctx, func(tx *sql.Tx) error {
+		w.Must(db.WithTx(ctx, func(tx *sql.Tx) error {
 			var err error
 			n, err = LiveRunsUsing(ctx, tx, chain, fields)
 			return err
@@ -217,11 +221,11 @@ func TestPruneOrphansInBatches(t *testing.T) {
 	db := openTestDB(t)
 	const n = 7
 	for i := range n {
-		if err := writeImage(ctx, db, i); err != nil {
+		if err := seed.WriteImage(ctx, db, i); err != nil {
 			t.Fatal(err)
 		}
-		for _, key := range []string{activationKey(fmt.Sprintf("s3-w%d", i)), fmt.Sprintf("sha256:w%d", i)} {
-			if err := removeSnapshotKey(ctx, db, key); err != nil {
+		for _, key := range []string{seed.ActivationKey(fmt.Sprintf("s3-w%d", i)), fmt.Sprintf("sha256:w%d", i)} {
+			if err := seed.RemoveSnapshot(ctx, db, key); err != nil {
 				t.Fatal(err)
 			}
 		}

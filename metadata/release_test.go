@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest/seed"
 )
 
 // The database testdata/release-0007.db was written by the previous
@@ -43,10 +45,9 @@ func copyRelease0007(t *testing.T) string {
 // in the records of migration 8.
 func checkRelease0007Records(t *testing.T, d *DB) {
 	t.Helper()
-	ctx := context.Background()
 	// The pipelines' records, read in SQL (their queries are
 	// fetcher/pipeline's): every image pulled, no failure.
-	imgs := rowsOf(t, d, `SELECT image_id, source, IFNULL(failure_reason, ''), pulled_ns IS NOT NULL FROM s3_images ORDER BY id`)
+	imgs := seed.Rows(t, d.db, `SELECT image_id, source, IFNULL(failure_reason, ''), pulled_ns IS NOT NULL FROM s3_images ORDER BY id`)
 	wantImgs := []string{
 		debianID + " s3://flyio-images/images/debian/  1",
 		debianDevID + " s3://flyio-images/images/debian-dev/  1",
@@ -55,30 +56,27 @@ func checkRelease0007Records(t *testing.T, d *DB) {
 	if !reflect.DeepEqual(imgs, wantImgs) {
 		t.Fatalf("images = %q, want %q (the 3 pulled images)", imgs, wantImgs)
 	}
-	views, err := d.ImageViews(ctx)
-	if err != nil || len(views) != 3 {
-		t.Fatalf("ImageViews = %+v, %v", views, err)
-	}
+	// The first schema's views, as an operator reads them.
+	views := seed.Rows(t, d.db, `SELECT i.image_id, i.download_status, i.activation_status, i.size_bytes, u.device_name,
+		(SELECT count(*) FROM snapshots s WHERE s.image_id = i.image_id)
+		FROM images i LEFT JOIN unpacked_images u ON u.image_id = i.image_id ORDER BY i.id`)
 	wantViews := []string{
-		"s3-947b2eb1128e60f13690c8ad [flyio.local/e2e/debian:latest] active layers=2 size=3000 device=flyio-pool-snap-102 active=1",
-		"s3-040d2bcbceee05096e997f06 [flyio.local/e2e/debian-dev:latest] active layers=2 size=4000 device=flyio-pool-snap-103 active=1",
-		"s3-5f5237ee6ff24bfb43c15811 [s3://flyio-images/images/single.tar] active layers=1 size=4000 device=flyio-pool-snap-104 active=1",
+		"s3-947b2eb1128e60f13690c8ad completed active 3000 flyio-pool-snap-102 1",
+		"s3-040d2bcbceee05096e997f06 completed active 4000 flyio-pool-snap-103 1",
+		"s3-5f5237ee6ff24bfb43c15811 completed active 4000 flyio-pool-snap-104 1",
 	}
-	for i, v := range views {
-		got := fmt.Sprintf("%s %v %s layers=%d size=%d device=%s active=%d", v.ImageID, v.Names, v.State, v.Layers, v.SizeBytes, v.DeviceName, v.ActiveSnapshots)
-		if got != wantViews[i] {
-			t.Errorf("image view %d:\n got  %s\n want %s", i, got, wantViews[i])
-		}
+	if !reflect.DeepEqual(views, wantViews) {
+		t.Errorf("images view:\n got  %q\n want %q", views, wantViews)
 	}
 
 	const layersOf = `SELECT position, key, etag, version_id, size_bytes, chain_id FROM image_layers WHERE image_id = ? ORDER BY position`
-	if got, want := rowsOf(t, d, layersOf, debianID), []string{
+	if got, want := seed.Rows(t, d.db, layersOf, debianID), []string{
 		`1 images/debian/1.tar "e1"  1000 sha256:11`,
 		`2 images/debian/2.tar "e2"  2000 ` + debianTop,
 	}; !reflect.DeepEqual(got, want) {
 		t.Errorf("layers of debian = %q, want %q", got, want)
 	}
-	if got, want := rowsOf(t, d, layersOf, singleID), []string{`1 images/single.tar "e4"  4000 sha256:44`}; !reflect.DeepEqual(got, want) {
+	if got, want := seed.Rows(t, d.db, layersOf, singleID), []string{`1 images/single.tar "e4"  4000 sha256:44`}; !reflect.DeepEqual(got, want) {
 		t.Errorf("layers of single = %q, want %q", got, want)
 	}
 
@@ -88,19 +86,19 @@ func checkRelease0007Records(t *testing.T, d *DB) {
 		"images/debian/1.tar":     `"e1" sha256:11 1000 sha256:11`,
 		"images/debian-dev/2.tar": `"e3" sha256:33 3000 sha256:33`,
 	} {
-		if got := rowsOf(t, d, objectOf, key); len(got) != 1 || got[0] != want {
+		if got := seed.Rows(t, d.db, objectOf, key); len(got) != 1 || got[0] != want {
 			t.Errorf("object %s = %q, want %q", key, got, want)
 		}
 	}
-	if got := rowsOf(t, d, objectOf, "images/bad.tar"); len(got) != 0 {
+	if got := seed.Rows(t, d.db, objectOf, "images/bad.tar"); len(got) != 0 {
 		t.Errorf("the failed download of images/bad.tar was carried over: %q", got)
 	}
-	if got, want := rowsOf(t, d, `SELECT path, size_bytes, stat_size, stat_mtime_ns, stat_ino, diff_id FROM layers WHERE digest = 'sha256:22'`),
+	if got, want := seed.Rows(t, d.db, `SELECT path, size_bytes, stat_size, stat_mtime_ns, stat_ino, diff_id FROM layers WHERE digest = 'sha256:22'`),
 		[]string{"/var/lib/containerd-flyio-snapshotter/images/blobs/sha256/22 2000 2000 5 7 sha256:22"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("layer file sha256:22 = %q, want %q (a plain tar of an earlier release has its digest as diff ID)", got, want)
 	}
 
-	if got, want := rowsOf(t, d, `SELECT chain_id, parent_chain_id, diff_id, size_bytes, file_count, unpacked_ns > 0 FROM chains ORDER BY diff_id`), []string{
+	if got, want := seed.Rows(t, d.db, `SELECT chain_id, parent_chain_id, diff_id, size_bytes, file_count, unpacked_ns > 0 FROM chains ORDER BY diff_id`), []string{
 		"sha256:11  sha256:11 2000 10 1",
 		debianTop + " sha256:11 sha256:22 4000 10 1",
 		debianDevTop + " sha256:11 sha256:33 6000 10 1",
@@ -109,19 +107,14 @@ func checkRelease0007Records(t *testing.T, d *DB) {
 		t.Errorf("chains = %q, want %q", got, want)
 	}
 
-	snaps, err := d.SnapshotViews(ctx)
-	if err != nil || len(snaps) != 3 {
-		t.Fatalf("SnapshotViews = %+v, %v; want the 3 activations", snaps, err)
-	}
-	for i, want := range []string{
-		"snap-s3-947b2eb1128e60f13690c8ad on 102 (flyio-pool-snap-102) at /dev/mapper/flyio-pool-snap-201 of s3://flyio-images/images/debian/",
-		"snap-s3-040d2bcbceee05096e997f06 on 103 (flyio-pool-snap-103) at /dev/mapper/flyio-pool-snap-202 of s3://flyio-images/images/debian-dev/",
-		"snap-s3-5f5237ee6ff24bfb43c15811 on 104 (flyio-pool-snap-104) at /dev/mapper/flyio-pool-snap-203 of s3://flyio-images/images/single.tar",
-	} {
-		s := snaps[i]
-		if got := fmt.Sprintf("%s on %s (%s) at %s of %s", s.SnapshotName, s.OriginDeviceID, s.OriginDeviceName, s.DevicePath, s.S3Key); got != want || !s.Active {
-			t.Errorf("activation %d:\n got  %s (active %v)\n want %s", i, got, s.Active, want)
-		}
+	if got, want := seed.Rows(t, d.db, `SELECT s.snapshot_name, s.origin_device_id, t.name, s.device_path, i.s3_key, s.active
+		FROM snapshots s JOIN images i ON i.image_id = s.image_id
+		JOIN thin_devices t ON t.device_id = CAST(s.origin_device_id AS INTEGER) ORDER BY s.id`), []string{
+		"snap-s3-947b2eb1128e60f13690c8ad 102 flyio-pool-snap-102 /dev/mapper/flyio-pool-snap-201 s3://flyio-images/images/debian/ 1",
+		"snap-s3-040d2bcbceee05096e997f06 103 flyio-pool-snap-103 /dev/mapper/flyio-pool-snap-202 s3://flyio-images/images/debian-dev/ 1",
+		"snap-s3-5f5237ee6ff24bfb43c15811 104 flyio-pool-snap-104 /dev/mapper/flyio-pool-snap-203 s3://flyio-images/images/single.tar 1",
+	}; !reflect.DeepEqual(got, want) {
+		t.Errorf("snapshots view (the 3 activations):\n got  %q\n want %q", got, want)
 	}
 
 	// What a re-pull looks up to be a no-op: each layer's chain with its
@@ -131,13 +124,13 @@ func checkRelease0007Records(t *testing.T, d *DB) {
 		debianDevID: "[sha256:11 sha256:33] flyio-pool-snap-202 [flyio.local/e2e/debian-dev:latest]",
 		singleID:    "[sha256:44] flyio-pool-snap-203 [s3://flyio-images/images/single.tar]",
 	} {
-		diffs := rowsOf(t, d, `SELECT c.diff_id FROM image_layers il JOIN chains c ON c.chain_id = il.chain_id
+		diffs := seed.Rows(t, d.db, `SELECT c.diff_id FROM image_layers il JOIN chains c ON c.chain_id = il.chain_id
 			JOIN cd_snapshots s ON s.key = c.chain_id AND s.kind = 'committed' WHERE il.image_id = ? ORDER BY il.position`, id)
-		dev := rowsOf(t, d, `SELECT d.name FROM cd_snapshots a JOIN thin_devices d ON d.device_id = a.device_id
+		dev := seed.Rows(t, d.db, `SELECT d.name FROM cd_snapshots a JOIN thin_devices d ON d.device_id = a.device_id
 			JOIN cd_snapshots p ON p.id = a.parent_id
 			WHERE a.key = ? AND a.kind = 'active' AND p.key = (SELECT chain_id FROM image_layers WHERE image_id = ? ORDER BY position DESC LIMIT 1)`,
-			activationKey(id), id)
-		names := rowsOf(t, d, `SELECT name FROM image_names WHERE image_id = ? ORDER BY registered_ns, name`, id)
+			seed.ActivationKey(id), id)
+		names := seed.Rows(t, d.db, `SELECT name FROM image_names WHERE image_id = ? ORDER BY registered_ns, name`, id)
 		if got := fmt.Sprintf("%v %s %v", diffs, strings.Join(dev, ","), names); got != want {
 			t.Errorf("pulled state of %s = %s, want %s (a re-pull is a no-op)", id, got, want)
 		}

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest/seed"
 )
 
 // TestRetention: finished runs older than the age or beyond the count go,
@@ -23,12 +25,12 @@ func TestRetention(t *testing.T) {
 		if state != "pending" {
 			live = "running"
 		}
-		r := testRun{ID: id, FSM: "m", IdempotencyID: id, Parent: parent, RunAfter: after, State: live, Created: now.Add(-finishedAgo - time.Minute)}
-		if err := insertRun(ctx, db, r); err != nil {
+		r := seed.Run{ID: id, FSM: "m", IdempotencyID: id, Parent: parent, RunAfter: after, State: live, Created: now.Add(-finishedAgo - time.Minute)}
+		if err := seed.InsertRun(ctx, db, r); err != nil {
 			t.Fatalf("insert run %s: %v", id, err)
 		}
 		if state != live {
-			if err := finishRun(ctx, db, id, state, now.Add(-finishedAgo)); err != nil {
+			if err := seed.FinishRun(ctx, db, id, state, now.Add(-finishedAgo)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -46,13 +48,13 @@ func TestRetention(t *testing.T) {
 		run(fmt.Sprintf("new-%d", i), "complete", time.Duration(5-i)*time.Hour, "")
 	}
 
-	if err := markImageFailed(ctx, db, "s3-failed", "s3://b/failed.tar", "no such key"); err != nil {
+	if err := seed.MarkImageFailed(ctx, db, "s3-failed", "s3://b/failed.tar", "no such key"); err != nil {
 		t.Fatal(err)
 	}
-	if err := writeImage(ctx, db, 1); err != nil {
+	if err := seed.WriteImage(ctx, db, 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := markImageFailed(ctx, db, "s3-w1", "s3://bkt/w/1.tar", "a later pull failed"); err != nil {
+	if err := seed.MarkImageFailed(ctx, db, "s3-w1", "s3://bkt/w/1.tar", "a later pull failed"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -84,10 +86,10 @@ func TestRetention(t *testing.T) {
 	if res.FailedImages != 1 || res.Runs != 0 {
 		t.Errorf("retention a year on = %+v, want the one failed image", res)
 	}
-	if im := rowsOf(t, db, `SELECT image_id FROM s3_images WHERE image_id = 's3-failed'`); len(im) != 0 {
+	if im := seed.Rows(t, db.db, `SELECT image_id FROM s3_images WHERE image_id = 's3-failed'`); len(im) != 0 {
 		t.Errorf("failed image kept: %q", im)
 	}
-	if im := rowsOf(t, db, `SELECT image_id FROM s3_images WHERE image_id = 's3-w1'`); len(im) != 1 {
+	if im := seed.Rows(t, db.db, `SELECT image_id FROM s3_images WHERE image_id = 's3-w1'`); len(im) != 1 {
 		t.Error("the pulled image whose later pull failed was deleted")
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest/seed"
 )
 
 // TestSchemaOfRecords checks the record tables, their indexes and foreign
@@ -153,21 +155,23 @@ func TestConstraintsRejectBadRows(t *testing.T) {
 // objects and layer files stay (other images may use them; PruneOrphans
 // decides).
 func TestCascades(t *testing.T) {
-	w := newWorld(t)
-	w.pull("s3-a", "s3://bkt/a/", "a:latest", twoLayers("a/", "a")...)
-	w.pull("s3-b", "s3://bkt/b/", "b:latest", twoLayers("b/", "b")...)
-	w.exec(`DELETE FROM s3_images WHERE image_id = ?`, "s3-a")
+	ctx := context.Background()
+	d := openTestDB(t)
+	w := seed.NewWorld(t, d)
+	w.Pull("s3-a", "s3://bkt/a/", "a:latest", seed.TwoLayers("a/", "a")...)
+	w.Pull("s3-b", "s3://bkt/b/", "b:latest", seed.TwoLayers("b/", "b")...)
+	w.Exec(`DELETE FROM s3_images WHERE image_id = ?`, "s3-a")
 	for table, want := range map[string]int{"s3_images": 1, "image_layers": 2, "image_names": 1, "chains": 3, "s3_objects": 4, "layers": 3} {
-		if got := w.count(table); got != want {
+		if got := w.Count(table); got != want {
 			t.Errorf("%s has %d rows after deleting s3-a, want %d", table, got, want)
 		}
 	}
 	var n int
-	w.must(w.db.db.QueryRowContext(w.ctx, `SELECT count(*) FROM image_layers WHERE image_id = 's3-a'`).Scan(&n))
+	w.Must(d.db.QueryRowContext(ctx, `SELECT count(*) FROM image_layers WHERE image_id = 's3-a'`).Scan(&n))
 	if n != 0 {
 		t.Errorf("%d layers of the deleted image left", n)
 	}
-	if rep, err := w.db.Check(w.ctx); err != nil || !rep.OK() {
+	if rep, err := d.Check(ctx); err != nil || !rep.OK() {
 		t.Errorf("Check after the delete = %+v, %v", rep, err)
 	}
 }

@@ -1,116 +1,21 @@
 package metadata
 
 import (
-	"database/sql"
+	"context"
 	"fmt"
 	"reflect"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest/seed"
 )
-
-// viewsWorld writes three images: s3-a pulled (two layers) and activated
-// with two names and a running run on it, s3-b pulled (sharing s3-a's
-// bottom layer) and not activated, s3-c whose only pull failed; and a
-// pending run. It returns the running run's start time.
-func viewsWorld(t *testing.T) (*world, time.Time) {
-	w := newWorld(t)
-	w.pull("s3-a", "s3://bkt/a/", "a:latest", twoLayers("a/", "a")...) // thin ids 1 (d1), 2 (c-a), 3 (activation)
-	w.addName("a:v1", "s3-a")
-	w.pullNoActivation("s3-b", "s3://bkt/b/", "b:latest", twoLayers("b/", "b")...) // thin id 4 (c-b)
-	w.must(markImageFailed(w.ctx, w.db, "s3-c", "s3://bkt/c.tar", `validate s3://bkt/c.tar: entry "../x" climbs above the root`))
-	t0 := time.Unix(1_800_000_000, 0).UTC()
-	for _, r := range []testRun{
-		{ID: "r-a", FSM: "activate-image", IdempotencyID: "s3-a", State: "running", Started: t0},
-		{ID: "r-p", FSM: "download-image", IdempotencyID: "sha256:zz", State: "pending"},
-	} {
-		r.Created = t0.Add(-time.Second)
-		if err := insertRun(w.ctx, w.db, r); err != nil {
-			t.Fatalf("insert run %s: %v", r.ID, err)
-		}
-	}
-	return w, t0
-}
-
-// TestViewsOfTheFirstSchema: the images, unpacked_images, snapshots and
-// image_locks views, read with plain SQL as an operator would, show the
-// records with the first schema's columns.
-func TestViewsOfTheFirstSchema(t *testing.T) {
-	w, _ := viewsWorld(t)
-	rows := func(q string) []string {
-		t.Helper()
-		rs, err := w.db.db.QueryContext(w.ctx, q)
-		if err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-		defer rs.Close()
-		cols, _ := rs.Columns()
-		var out []string
-		for rs.Next() {
-			vals := make([]sql.NullString, len(cols))
-			ptrs := make([]any, len(cols))
-			for i := range vals {
-				ptrs[i] = &vals[i]
-			}
-			if err := rs.Scan(ptrs...); err != nil {
-				t.Fatal(err)
-			}
-			var f []string
-			for _, v := range vals {
-				if v.Valid {
-					f = append(f, v.String)
-				} else {
-					f = append(f, "NULL")
-				}
-			}
-			out = append(out, strings.Join(f, "|"))
-		}
-		if err := rs.Err(); err != nil {
-			t.Fatal(err)
-		}
-		return out
-	}
-	check := func(q string, want ...string) {
-		t.Helper()
-		if got := rows(q); !reflect.DeepEqual(got, want) {
-			t.Errorf("%s:\n got  %q\n want %q", q, got, want)
-		}
-	}
-	check(`SELECT image_id, s3_key, download_status, activation_status, checksum, size_bytes, local_path, failure_reason,
-		activated_at, downloaded_at IS NOT NULL FROM images ORDER BY id`,
-		"s3-a|s3://bkt/a/|completed|active|sha256:c-a|3000|/blobs/d-a|NULL|1970-01-01 00:00:02|1",
-		"s3-b|s3://bkt/b/|completed|inactive|sha256:c-b|3000|/blobs/d-b|NULL|NULL|1",
-		`s3-c|s3://bkt/c.tar|failed|inactive|NULL|0||validate s3://bkt/c.tar: entry "../x" climbs above the root|NULL|0`)
-	check(`SELECT image_id, device_id, device_name, device_path, size_bytes, file_count, layout_verified FROM unpacked_images ORDER BY id`,
-		"s3-a|2|pool-snap-2|/dev/mapper/pool-snap-2|6000|6|1",
-		"s3-b|4|pool-snap-4|/dev/mapper/pool-snap-4|6000|6|1")
-	check(`SELECT image_id, snapshot_id, snapshot_name, device_path, origin_device_id, active, created_at, deactivated_at FROM snapshots`,
-		"s3-a|2-snap-s3-a|snap-s3-a|/dev/mapper/pool-snap-3|2|1|1970-01-01 00:00:02|NULL")
-	check(`SELECT image_id, locked_at, locked_by FROM image_locks`, "s3-a|1800000000|activate-image:r-a")
-
-	// The views are derived: they cannot be written.
-	for _, q := range []string{
-		`INSERT INTO images (image_id, s3_key, local_path, size_bytes) VALUES ('x', 'x', '/x', 1)`,
-		`DELETE FROM unpacked_images`,
-		`UPDATE snapshots SET active = 0`,
-		`DELETE FROM image_locks`,
-	} {
-		if _, err := w.db.db.ExecContext(w.ctx, q); err == nil || !strings.Contains(err.Error(), "view") {
-			t.Errorf("%s: err = %v, want a refusal to modify a view", q, err)
-		}
-	}
-
-	// The run finishing releases its lock.
-	w.must(finishRun(w.ctx, w.db, "r-a", "complete", time.Unix(1_800_000_100, 0)))
-	check(`SELECT image_id FROM image_locks`)
-}
 
 // TestListingViews: the ls listings show each image's state, names, layer
 // count, device and lock; each unpacked device's references; each chain's
 // device, users and children; each activation; each lock with its age.
 func TestListingViews(t *testing.T) {
-	w, t0 := viewsWorld(t)
-	ctx, db := w.ctx, w.db
+	ctx, db := context.Background(), openTestDB(t)
+	w, t0 := seed.Listed(t, db)
 
 	imgs, err := db.ImageViews(ctx)
 	if err != nil || len(imgs) != 3 {
@@ -185,7 +90,7 @@ func TestListingViews(t *testing.T) {
 	}
 
 	// Containerd removed s3-a's activation: it is unpacked again.
-	w.removeSnapshot(activationKey("s3-a"))
+	w.RemoveSnapshot(seed.ActivationKey("s3-a"))
 	imgs, _ = db.ImageViews(ctx)
 	if imgs[0].State != ImageStateUnpacked || imgs[0].ActiveSnapshots != 0 {
 		t.Errorf("s3-a without its activation: state %s, %d active snapshots; want unpacked, 0", imgs[0].State, imgs[0].ActiveSnapshots)
