@@ -11,6 +11,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/inventory"
 )
 
 // DefaultTarballCache is the daemon's default Options.TarballCache: the
@@ -67,7 +68,7 @@ func (c *Collector) TrimTarballs(ctx context.Context, except string) (Trimmed, e
 	if err != nil {
 		return Trimmed{}, fmt.Errorf("gc: trim tarballs: %w", err)
 	}
-	chains, err := c.opts.DB.ChainViews(ctx)
+	chains, err := inventory.Chains(ctx, c.opts.DB)
 	if err != nil {
 		return Trimmed{}, fmt.Errorf("gc: trim tarballs: %w", err)
 	}

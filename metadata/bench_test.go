@@ -53,9 +53,11 @@ func removeBenchDB() {
 	}
 }
 
-// BenchmarkPing is the anchor for the look-ups of the packages that own
-// the records (fetcher/pipeline's BenchmarkPulledImageState): one trivial
-// round trip through database/sql and the driver on the same database.
+// BenchmarkPing is the anchor for the look-ups and listings of the packages
+// that own the records (fetcher/pipeline's BenchmarkPulledImageState,
+// inventory's BenchmarkListings): one trivial round trip through
+// database/sql and the driver, on a database of as many images written the
+// same way (seed.WriteImage).
 func BenchmarkPing(b *testing.B) {
 	ctx := context.Background()
 	d := benchDB(b)
@@ -64,43 +66,6 @@ func BenchmarkPing(b *testing.B) {
 		if err := d.Ping(ctx); err != nil {
 			b.Fatal(err)
 		}
-	}
-}
-
-// BenchmarkListings runs each `ls` listing once per iteration on the
-// database of 1000 pulled and activated images. Compare with BenchmarkPing:
-// a listing reads every image once, so it should cost about as many round
-// trips' worth of row reads as there are images, not grow with their
-// square.
-func BenchmarkListings(b *testing.B) {
-	ctx := context.Background()
-	for name, list := range map[string]func(d *DB) (int, error){
-		"ImageViews": func(d *DB) (int, error) {
-			v, err := d.ImageViews(ctx)
-			return len(v), err
-		},
-		"UnpackedViews": func(d *DB) (int, error) {
-			v, err := d.UnpackedViews(ctx)
-			return len(v), err
-		},
-		"ChainViews": func(d *DB) (int, error) {
-			v, err := d.ChainViews(ctx)
-			return len(v), err
-		},
-		"SnapshotViews": func(d *DB) (int, error) {
-			v, err := d.SnapshotViews(ctx)
-			return len(v), err
-		},
-	} {
-		b.Run(name, func(b *testing.B) {
-			d := benchDB(b)
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				if n, err := list(d); err != nil || n != benchImages {
-					b.Fatalf("%s listed %d rows, %v; want %d", name, n, err, benchImages)
-				}
-			}
-		})
 	}
 }
 

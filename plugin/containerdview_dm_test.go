@@ -24,6 +24,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/inventory"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
 )
@@ -227,7 +228,7 @@ func TestContainerdViewOverSocket(t *testing.T) {
 	if id, err := pipeline.RecordsOf(svc.DB).ImageIDByName(ctx, "test/b"); err != nil || id == "" {
 		t.Errorf("b's image record after a's GC: %v; want it kept", err)
 	}
-	unpacked, err := svc.DB.ChainViews(ctx)
+	unpacked, err := inventory.Chains(ctx, svc.DB)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/inventory"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
@@ -253,7 +254,7 @@ func TestDBJSON(t *testing.T) {
 	if b.DB != src || b.Dest != dest || b.Bytes <= 0 {
 		t.Errorf("db backup --format json = %+v", b)
 	}
-	if imgs := lsJSON[metadata.ImageView](t, "images", "--db", dest, "--format", "json"); len(imgs) == 0 {
+	if imgs := lsJSON[inventory.Image](t, "images", "--db", dest, "--format", "json"); len(imgs) == 0 {
 		t.Errorf("the backup %s lists no images", dest)
 	}
 }

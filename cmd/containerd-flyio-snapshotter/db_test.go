@@ -15,6 +15,7 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/inventory"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 )
@@ -99,7 +100,7 @@ func TestDBMigrateWritesCopy(t *testing.T) {
 		t.Fatalf("db migrate (%s -> %s) = %d, %q, %q", prev, latest, code, out, errOut)
 	}
 	// The pulled image is carried over with its name and layer.
-	imgs := lsJSON[metadata.ImageView](t, "images", "--db", path, "--format", "json")
+	imgs := lsJSON[inventory.Image](t, "images", "--db", path, "--format", "json")
 	if len(imgs) != 1 || imgs[0].ImageID != "img-app" || imgs[0].S3Key != "s3://bkt/app.tar" || imgs[0].Layers != 1 ||
 		imgs[0].SizeBytes != 1024 || !reflect.DeepEqual(imgs[0].Names, []string{"registry.example/app:1"}) {
 		t.Errorf("ls images after the upgrade = %+v", imgs)
@@ -151,7 +152,7 @@ func TestDBBackup(t *testing.T) {
 		t.Errorf("db check of the copy = %d, %q", code, out)
 	}
 	code, out, _ = runCommand(t, nil, "ls", "images", "--db", dest, "--format", "json")
-	var imgs []metadata.ImageView
+	var imgs []inventory.Image
 	if code != 0 || json.Unmarshal([]byte(out), &imgs) != nil || len(imgs) != 3 {
 		t.Errorf("ls images of the copy = %d, %q", code, out)
 	}
@@ -172,7 +173,7 @@ func TestDBUnlockStaleIsGone(t *testing.T) {
 			t.Errorf("%v = %d, %q, %q; want 2 and an unknown-subcommand error", args, code, out, errOut)
 		}
 	}
-	if locks := lsJSON[metadata.LockView](t, "locks", "--db", path, "--format", "json"); len(locks) != 2 {
+	if locks := lsJSON[inventory.Lock](t, "locks", "--db", path, "--format", "json"); len(locks) != 2 {
 		t.Errorf("after the refused unlock-stale, ls locks = %+v; want the 2 running runs", locks)
 	}
 	// A config still setting the age it took is refused, naming the key.

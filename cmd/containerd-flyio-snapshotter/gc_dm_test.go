@@ -20,7 +20,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/gc"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/inventory"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 )
@@ -182,9 +182,9 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 		}
 		return names
 	}
-	listed := func() map[string]metadata.ImageView {
-		out := map[string]metadata.ImageView{}
-		for _, im := range lsJSON[metadata.ImageView](t, "images", "--db", e.cfg.Metadata.Path, "--format", "json") {
+	listed := func() map[string]inventory.Image {
+		out := map[string]inventory.Image{}
+		for _, im := range lsJSON[inventory.Image](t, "images", "--db", e.cfg.Metadata.Path, "--format", "json") {
 			for _, n := range im.Names {
 				out[n] = im
 			}
@@ -395,13 +395,13 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 	t.Logf("pool at %s; the pull was refused: %v", before, err)
 	keep()
 	// A pull that failed recorded no name: ls images lists it by source.
-	var failed *metadata.ImageView
-	for _, im := range lsJSON[metadata.ImageView](t, "images", "--db", e.cfg.Metadata.Path, "--format", "json") {
+	var failed *inventory.Image
+	for _, im := range lsJSON[inventory.Image](t, "images", "--db", e.cfg.Metadata.Path, "--format", "json") {
 		if im.S3Key == pipeline.S3URL(e.srv.Bucket, "img-11.tar") {
 			failed = &im
 		}
 	}
-	if failed == nil || !strings.Contains(failed.FailureReason, "no room in the pool") || failed.State != metadata.ImageStateFailed {
+	if failed == nil || !strings.Contains(failed.FailureReason, "no room in the pool") || failed.State != inventory.ImageStateFailed {
 		t.Errorf("ls images shows img-11 as %+v, want it failed with the headroom error", failed)
 	}
 	if im := imageOf("img-11"); im != nil && len(im.Chains) != 0 {

@@ -15,6 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/inventory"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
@@ -95,77 +96,77 @@ var boolValues = []string{"true", "false"}
 
 func yesNo(b bool) string { return strconv.FormatBool(b) }
 
-var lsImages = lsKind[metadata.ImageView]{
+var lsImages = lsKind[inventory.Image]{
 	name: "images",
-	list: func(ctx context.Context, d *metadata.DB, _ time.Time) ([]metadata.ImageView, error) {
-		return d.ImageViews(ctx)
+	list: func(ctx context.Context, d *metadata.DB, _ time.Time) ([]inventory.Image, error) {
+		return inventory.Images(ctx, d)
 	},
 	// The source, not the image id: it is a REF that rm and activate
 	// take, and every image has exactly one (names may be none or many).
-	id: func(v metadata.ImageView) string { return v.S3Key },
-	columns: []lsColumn[metadata.ImageView]{
-		{header: "IMAGE ID", key: "image_id", cell: func(v metadata.ImageView, _ time.Time) string { return v.ImageID }},
-		{header: "S3 KEY", key: "s3_key", cell: func(v metadata.ImageView, _ time.Time) string { return v.S3Key }},
-		{header: "NAMES", key: "name", cell: func(v metadata.ImageView, _ time.Time) string { return dash(strings.Join(v.Names, ",")) },
-			match: func(v metadata.ImageView, want string) bool { return slices.Contains(v.Names, want) }},
-		{header: "STATE", key: "state", values: []string{metadata.ImageStateUnpacked, metadata.ImageStateActive, metadata.ImageStateFailed},
-			cell: func(v metadata.ImageView, _ time.Time) string { return v.State }},
-		{header: "LAYERS", cell: func(v metadata.ImageView, _ time.Time) string { return strconv.Itoa(v.Layers) }},
-		{header: "DOWNLOAD", key: "download_status", values: []string{metadata.DownloadCompleted, metadata.DownloadFailed},
-			cell: func(v metadata.ImageView, _ time.Time) string { return v.DownloadStatus }},
-		{header: "ACTIVATION", key: "activation_status", values: []string{metadata.ActivationInactive, metadata.ActivationActive, metadata.ActivationFailed},
-			cell: func(v metadata.ImageView, _ time.Time) string { return dash(v.ActivationStatus) }, value: func(v metadata.ImageView) string { return v.ActivationStatus }},
-		{header: "SIZE", cell: func(v metadata.ImageView, _ time.Time) string { return humanBytes(uint64(v.SizeBytes)) }},
-		{header: "DEVICE", key: "device_name", cell: func(v metadata.ImageView, _ time.Time) string { return dash(v.DeviceName) },
-			value: func(v metadata.ImageView) string { return v.DeviceName }},
-		{header: "LOCKED BY", key: "locked", values: boolValues, cell: func(v metadata.ImageView, _ time.Time) string { return dash(v.LockedBy) },
-			value: func(v metadata.ImageView) string { return yesNo(v.LockedBy != "") }},
-		{header: "UPDATED", cell: func(v metadata.ImageView, now time.Time) string { return humanAge(now.Sub(v.UpdatedAt)) + " ago" }},
-		{header: "REASON", cell: func(v metadata.ImageView, _ time.Time) string { return dash(shorten(oneLine(v.FailureReason), 60)) }},
+	id: func(v inventory.Image) string { return v.S3Key },
+	columns: []lsColumn[inventory.Image]{
+		{header: "IMAGE ID", key: "image_id", cell: func(v inventory.Image, _ time.Time) string { return v.ImageID }},
+		{header: "S3 KEY", key: "s3_key", cell: func(v inventory.Image, _ time.Time) string { return v.S3Key }},
+		{header: "NAMES", key: "name", cell: func(v inventory.Image, _ time.Time) string { return dash(strings.Join(v.Names, ",")) },
+			match: func(v inventory.Image, want string) bool { return slices.Contains(v.Names, want) }},
+		{header: "STATE", key: "state", values: []string{inventory.ImageStateUnpacked, inventory.ImageStateActive, inventory.ImageStateFailed},
+			cell: func(v inventory.Image, _ time.Time) string { return v.State }},
+		{header: "LAYERS", cell: func(v inventory.Image, _ time.Time) string { return strconv.Itoa(v.Layers) }},
+		{header: "DOWNLOAD", key: "download_status", values: []string{inventory.DownloadCompleted, inventory.DownloadFailed},
+			cell: func(v inventory.Image, _ time.Time) string { return v.DownloadStatus }},
+		{header: "ACTIVATION", key: "activation_status", values: []string{inventory.ActivationInactive, inventory.ActivationActive, inventory.ActivationFailed},
+			cell: func(v inventory.Image, _ time.Time) string { return dash(v.ActivationStatus) }, value: func(v inventory.Image) string { return v.ActivationStatus }},
+		{header: "SIZE", cell: func(v inventory.Image, _ time.Time) string { return humanBytes(uint64(v.SizeBytes)) }},
+		{header: "DEVICE", key: "device_name", cell: func(v inventory.Image, _ time.Time) string { return dash(v.DeviceName) },
+			value: func(v inventory.Image) string { return v.DeviceName }},
+		{header: "LOCKED BY", key: "locked", values: boolValues, cell: func(v inventory.Image, _ time.Time) string { return dash(v.LockedBy) },
+			value: func(v inventory.Image) string { return yesNo(v.LockedBy != "") }},
+		{header: "UPDATED", cell: func(v inventory.Image, now time.Time) string { return humanAge(now.Sub(v.UpdatedAt)) + " ago" }},
+		{header: "REASON", cell: func(v inventory.Image, _ time.Time) string { return dash(shorten(oneLine(v.FailureReason), 60)) }},
 	},
 }
 
-var lsUnpacked = lsKind[metadata.UnpackedView]{
+var lsUnpacked = lsKind[inventory.UnpackedImage]{
 	name: "unpacked",
-	list: func(ctx context.Context, d *metadata.DB, _ time.Time) ([]metadata.UnpackedView, error) {
-		return d.UnpackedViews(ctx)
+	list: func(ctx context.Context, d *metadata.DB, _ time.Time) ([]inventory.UnpackedImage, error) {
+		return inventory.UnpackedImages(ctx, d)
 	},
-	id: func(v metadata.UnpackedView) string { return v.DeviceName },
-	columns: []lsColumn[metadata.UnpackedView]{
-		{header: "IMAGE ID", key: "image_id", cell: func(v metadata.UnpackedView, _ time.Time) string { return v.ImageID }},
-		{header: "DEVICE ID", key: "device_id", cell: func(v metadata.UnpackedView, _ time.Time) string { return v.DeviceID }},
-		{header: "DEVICE NAME", key: "device_name", cell: func(v metadata.UnpackedView, _ time.Time) string { return v.DeviceName }},
-		{header: "SIZE", cell: func(v metadata.UnpackedView, _ time.Time) string { return humanBytes(uint64(v.SizeBytes)) }},
-		{header: "FILES", cell: func(v metadata.UnpackedView, _ time.Time) string { return strconv.FormatInt(v.FileCount, 10) }},
-		{header: "VERIFIED", key: "verified", values: boolValues, cell: func(v metadata.UnpackedView, _ time.Time) string { return yesNo(v.LayoutVerified) }},
-		{header: "REFS", key: "referenced", values: boolValues, cell: func(v metadata.UnpackedView, _ time.Time) string {
+	id: func(v inventory.UnpackedImage) string { return v.DeviceName },
+	columns: []lsColumn[inventory.UnpackedImage]{
+		{header: "IMAGE ID", key: "image_id", cell: func(v inventory.UnpackedImage, _ time.Time) string { return v.ImageID }},
+		{header: "DEVICE ID", key: "device_id", cell: func(v inventory.UnpackedImage, _ time.Time) string { return v.DeviceID }},
+		{header: "DEVICE NAME", key: "device_name", cell: func(v inventory.UnpackedImage, _ time.Time) string { return v.DeviceName }},
+		{header: "SIZE", cell: func(v inventory.UnpackedImage, _ time.Time) string { return humanBytes(uint64(v.SizeBytes)) }},
+		{header: "FILES", cell: func(v inventory.UnpackedImage, _ time.Time) string { return strconv.FormatInt(v.FileCount, 10) }},
+		{header: "VERIFIED", key: "verified", values: boolValues, cell: func(v inventory.UnpackedImage, _ time.Time) string { return yesNo(v.LayoutVerified) }},
+		{header: "REFS", key: "referenced", values: boolValues, cell: func(v inventory.UnpackedImage, _ time.Time) string {
 			return fmt.Sprintf("%d (%d active)", v.RefCount, v.ActiveRefs)
-		}, value: func(v metadata.UnpackedView) string { return yesNo(v.RefCount > 0) }},
-		{header: "UNPACKED", cell: func(v metadata.UnpackedView, now time.Time) string { return humanAge(now.Sub(v.UnpackedAt)) + " ago" }},
+		}, value: func(v inventory.UnpackedImage) string { return yesNo(v.RefCount > 0) }},
+		{header: "UNPACKED", cell: func(v inventory.UnpackedImage, now time.Time) string { return humanAge(now.Sub(v.UnpackedAt)) + " ago" }},
 	},
 }
 
-var lsChains = lsKind[metadata.ChainView]{
+var lsChains = lsKind[inventory.Chain]{
 	name: "chains",
-	list: func(ctx context.Context, d *metadata.DB, _ time.Time) ([]metadata.ChainView, error) {
-		return d.ChainViews(ctx)
+	list: func(ctx context.Context, d *metadata.DB, _ time.Time) ([]inventory.Chain, error) {
+		return inventory.Chains(ctx, d)
 	},
-	id: func(v metadata.ChainView) string { return v.ChainID },
-	columns: []lsColumn[metadata.ChainView]{
-		{header: "CHAIN ID", key: "chain_id", cell: func(v metadata.ChainView, _ time.Time) string { return shortDigest(v.ChainID) },
-			value: func(v metadata.ChainView) string { return v.ChainID }},
-		{header: "PARENT", key: "parent_chain_id", cell: func(v metadata.ChainView, _ time.Time) string { return dash(shortDigest(v.Parent)) },
-			value: func(v metadata.ChainView) string { return v.Parent }},
-		{header: "DIFF ID", key: "diff_id", cell: func(v metadata.ChainView, _ time.Time) string { return shortDigest(v.DiffID) },
-			value: func(v metadata.ChainView) string { return v.DiffID }},
-		{header: "DEVICE ID", key: "device_id", cell: func(v metadata.ChainView, _ time.Time) string { return strconv.FormatUint(uint64(v.DeviceID), 10) }},
-		{header: "DEVICE NAME", cell: func(v metadata.ChainView, _ time.Time) string { return v.DeviceName }},
-		{header: "SIZE", cell: func(v metadata.ChainView, _ time.Time) string { return humanBytes(uint64(v.SizeBytes)) }},
-		{header: "FILES", cell: func(v metadata.ChainView, _ time.Time) string { return strconv.FormatInt(v.FileCount, 10) }},
-		{header: "IMAGES", key: "used", values: boolValues, cell: func(v metadata.ChainView, _ time.Time) string { return strconv.Itoa(v.Images) },
-			value: func(v metadata.ChainView) string { return yesNo(v.Images > 0) }},
-		{header: "CHILDREN", cell: func(v metadata.ChainView, _ time.Time) string { return strconv.Itoa(v.Children) }},
-		{header: "UNPACKED", cell: func(v metadata.ChainView, now time.Time) string { return humanAge(now.Sub(v.UnpackedAt)) + " ago" }},
+	id: func(v inventory.Chain) string { return v.ChainID },
+	columns: []lsColumn[inventory.Chain]{
+		{header: "CHAIN ID", key: "chain_id", cell: func(v inventory.Chain, _ time.Time) string { return shortDigest(v.ChainID) },
+			value: func(v inventory.Chain) string { return v.ChainID }},
+		{header: "PARENT", key: "parent_chain_id", cell: func(v inventory.Chain, _ time.Time) string { return dash(shortDigest(v.Parent)) },
+			value: func(v inventory.Chain) string { return v.Parent }},
+		{header: "DIFF ID", key: "diff_id", cell: func(v inventory.Chain, _ time.Time) string { return shortDigest(v.DiffID) },
+			value: func(v inventory.Chain) string { return v.DiffID }},
+		{header: "DEVICE ID", key: "device_id", cell: func(v inventory.Chain, _ time.Time) string { return strconv.FormatUint(uint64(v.DeviceID), 10) }},
+		{header: "DEVICE NAME", cell: func(v inventory.Chain, _ time.Time) string { return v.DeviceName }},
+		{header: "SIZE", cell: func(v inventory.Chain, _ time.Time) string { return humanBytes(uint64(v.SizeBytes)) }},
+		{header: "FILES", cell: func(v inventory.Chain, _ time.Time) string { return strconv.FormatInt(v.FileCount, 10) }},
+		{header: "IMAGES", key: "used", values: boolValues, cell: func(v inventory.Chain, _ time.Time) string { return strconv.Itoa(v.Images) },
+			value: func(v inventory.Chain) string { return yesNo(v.Images > 0) }},
+		{header: "CHILDREN", cell: func(v inventory.Chain, _ time.Time) string { return strconv.Itoa(v.Children) }},
+		{header: "UNPACKED", cell: func(v inventory.Chain, now time.Time) string { return humanAge(now.Sub(v.UnpackedAt)) + " ago" }},
 	},
 }
 
@@ -177,39 +178,39 @@ func shortDigest(digest string) string {
 	return digest
 }
 
-var lsSnapshots = lsKind[metadata.SnapshotView]{
+var lsSnapshots = lsKind[inventory.Snapshot]{
 	name: "snapshots",
-	list: func(ctx context.Context, d *metadata.DB, _ time.Time) ([]metadata.SnapshotView, error) {
-		return d.SnapshotViews(ctx)
+	list: func(ctx context.Context, d *metadata.DB, _ time.Time) ([]inventory.Snapshot, error) {
+		return inventory.Snapshots(ctx, d)
 	},
-	id: func(v metadata.SnapshotView) string { return v.SnapshotName },
-	columns: []lsColumn[metadata.SnapshotView]{
-		{header: "SNAPSHOT ID", key: "snapshot_id", cell: func(v metadata.SnapshotView, _ time.Time) string { return v.SnapshotID }},
-		{header: "NAME", key: "snapshot_name", cell: func(v metadata.SnapshotView, _ time.Time) string { return v.SnapshotName }},
-		{header: "IMAGE ID", key: "image_id", cell: func(v metadata.SnapshotView, _ time.Time) string { return v.ImageID }},
-		{header: "ORIGIN DEVICE", key: "origin_device_id", cell: func(v metadata.SnapshotView, _ time.Time) string {
+	id: func(v inventory.Snapshot) string { return v.SnapshotName },
+	columns: []lsColumn[inventory.Snapshot]{
+		{header: "SNAPSHOT ID", key: "snapshot_id", cell: func(v inventory.Snapshot, _ time.Time) string { return v.SnapshotID }},
+		{header: "NAME", key: "snapshot_name", cell: func(v inventory.Snapshot, _ time.Time) string { return v.SnapshotName }},
+		{header: "IMAGE ID", key: "image_id", cell: func(v inventory.Snapshot, _ time.Time) string { return v.ImageID }},
+		{header: "ORIGIN DEVICE", key: "origin_device_id", cell: func(v inventory.Snapshot, _ time.Time) string {
 			if v.OriginDeviceName == "" {
 				return v.OriginDeviceID
 			}
 			return v.OriginDeviceID + " (" + v.OriginDeviceName + ")"
-		}, value: func(v metadata.SnapshotView) string { return v.OriginDeviceID }},
-		{header: "ACTIVE", key: "active", values: boolValues, cell: func(v metadata.SnapshotView, _ time.Time) string { return yesNo(v.Active) }},
-		{header: "DEVICE PATH", cell: func(v metadata.SnapshotView, _ time.Time) string { return v.DevicePath }},
-		{header: "CREATED", cell: func(v metadata.SnapshotView, now time.Time) string { return humanAge(now.Sub(v.CreatedAt)) + " ago" }},
+		}, value: func(v inventory.Snapshot) string { return v.OriginDeviceID }},
+		{header: "ACTIVE", key: "active", values: boolValues, cell: func(v inventory.Snapshot, _ time.Time) string { return yesNo(v.Active) }},
+		{header: "DEVICE PATH", cell: func(v inventory.Snapshot, _ time.Time) string { return v.DevicePath }},
+		{header: "CREATED", cell: func(v inventory.Snapshot, now time.Time) string { return humanAge(now.Sub(v.CreatedAt)) + " ago" }},
 	},
 }
 
-var lsLocks = lsKind[metadata.LockView]{
+var lsLocks = lsKind[inventory.Lock]{
 	name: "locks",
-	list: func(ctx context.Context, d *metadata.DB, now time.Time) ([]metadata.LockView, error) {
-		return d.LockViews(ctx, now)
+	list: func(ctx context.Context, d *metadata.DB, now time.Time) ([]inventory.Lock, error) {
+		return inventory.Locks(ctx, d, now)
 	},
-	id: func(v metadata.LockView) string { return v.ImageID },
-	columns: []lsColumn[metadata.LockView]{
-		{header: "IMAGE ID", key: "image_id", cell: func(v metadata.LockView, _ time.Time) string { return v.ImageID }},
-		{header: "LOCKED BY", key: "locked_by", cell: func(v metadata.LockView, _ time.Time) string { return v.LockedBy }},
-		{header: "LOCKED AT", cell: func(v metadata.LockView, _ time.Time) string { return v.LockedAt.Format(time.RFC3339) }},
-		{header: "AGE", cell: func(v metadata.LockView, _ time.Time) string { return humanAge(v.Age) }},
+	id: func(v inventory.Lock) string { return v.ImageID },
+	columns: []lsColumn[inventory.Lock]{
+		{header: "IMAGE ID", key: "image_id", cell: func(v inventory.Lock, _ time.Time) string { return v.ImageID }},
+		{header: "LOCKED BY", key: "locked_by", cell: func(v inventory.Lock, _ time.Time) string { return v.LockedBy }},
+		{header: "LOCKED AT", cell: func(v inventory.Lock, _ time.Time) string { return v.LockedAt.Format(time.RFC3339) }},
+		{header: "AGE", cell: func(v inventory.Lock, _ time.Time) string { return humanAge(v.Age) }},
 	},
 }
 

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/inventory"
 )
 
 func lsJSON[T any](t *testing.T, args ...string) []T {
@@ -74,8 +74,8 @@ func lsTable(t *testing.T, headers []string, args ...string) []map[string]string
 func TestLsImages(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "m.db")
 	populate(t, path, time.Now())
-	imgs := lsJSON[metadata.ImageView](t, "images", "--db", path, "--format", "json")
-	byID := map[string]metadata.ImageView{}
+	imgs := lsJSON[inventory.Image](t, "images", "--db", path, "--format", "json")
+	byID := map[string]inventory.Image{}
 	for _, v := range imgs {
 		byID[v.ImageID] = v
 	}
@@ -86,11 +86,11 @@ func TestLsImages(t *testing.T) {
 		size                                int64
 		activations                         int
 	}{
-		{"img-active", metadata.ImageStateActive, "s3://bkt/images/active/", devName(devChainAB), "",
+		{"img-active", inventory.ImageStateActive, "s3://bkt/images/active/", devName(devChainAB), "",
 			[]string{"registry.example/active:1", "s3://bkt/images/active/"}, 2, 3000, 1},
-		{"img-unpacked", metadata.ImageStateUnpacked, "s3://bkt/images/unpacked.tar", devName(devChainA), "activate-image:run-new",
+		{"img-unpacked", inventory.ImageStateUnpacked, "s3://bkt/images/unpacked.tar", devName(devChainA), "activate-image:run-new",
 			[]string{"registry.example/unpacked:1"}, 1, 1000, 0},
-		{"img-failed", metadata.ImageStateFailed, "s3://bkt/images/failed.tar", "", "", []string{}, 0, 0, 0},
+		{"img-failed", inventory.ImageStateFailed, "s3://bkt/images/failed.tar", "", "", []string{}, 0, 0, 0},
 	}
 	if len(imgs) != len(want) {
 		t.Errorf("ls images listed %d images, want %d: %+v", len(imgs), len(want), imgs)
@@ -111,19 +111,19 @@ func TestLsImages(t *testing.T) {
 		t.Errorf("img-active's device id = %q, want its top chain's, %d", v.DeviceID, devChainAB)
 	}
 	// Filters: flags before and after the kind, repeated, all must match.
-	active := lsJSON[metadata.ImageView](t, "--filter", "state=active", "images", "--db", path, "--format", "json")
+	active := lsJSON[inventory.Image](t, "--filter", "state=active", "images", "--db", path, "--format", "json")
 	if len(active) != 1 || active[0].ImageID != "img-active" {
 		t.Errorf("--filter state=active = %+v", active)
 	}
-	none := lsJSON[metadata.ImageView](t, "images", "--db", path, "--format", "json", "--filter", "state=active", "--filter", "s3_key=s3://bkt/images/failed.tar")
+	none := lsJSON[inventory.Image](t, "images", "--db", path, "--format", "json", "--filter", "state=active", "--filter", "s3_key=s3://bkt/images/failed.tar")
 	if len(none) != 0 {
 		t.Errorf("two contradicting filters listed %+v", none)
 	}
-	failed := lsJSON[metadata.ImageView](t, "images", "--db", path, "--format", "json", "--filter", "s3_key=s3://bkt/images/failed.tar")
-	if len(failed) != 1 || failed[0].State != metadata.ImageStateFailed || !strings.Contains(failed[0].FailureReason, "climbs above the root") {
+	failed := lsJSON[inventory.Image](t, "images", "--db", path, "--format", "json", "--filter", "s3_key=s3://bkt/images/failed.tar")
+	if len(failed) != 1 || failed[0].State != inventory.ImageStateFailed || !strings.Contains(failed[0].FailureReason, "climbs above the root") {
 		t.Errorf("failed image = %+v", failed)
 	}
-	locked := lsJSON[metadata.ImageView](t, "images", "--db", path, "--format", "json", "--filter", "locked=true")
+	locked := lsJSON[inventory.Image](t, "images", "--db", path, "--format", "json", "--filter", "locked=true")
 	if len(locked) != 1 || locked[0].ImageID != "img-unpacked" {
 		t.Errorf("--filter locked=true = %+v", locked)
 	}
@@ -135,12 +135,12 @@ func TestLsImages(t *testing.T) {
 		"registry.example/active":     "",
 		"registry.example/nothing:1":  "",
 	} {
-		got := lsJSON[metadata.ImageView](t, "images", "--db", path, "--format", "json", "--filter", "name="+name)
+		got := lsJSON[inventory.Image](t, "images", "--db", path, "--format", "json", "--filter", "name="+name)
 		if wantID == "" && len(got) != 0 || wantID != "" && (len(got) != 1 || got[0].ImageID != wantID) {
 			t.Errorf("--filter name=%s = %+v, want %q only", name, got, wantID)
 		}
 	}
-	byName := lsJSON[metadata.ImageView](t, "images", "--db", path, "--format", "json", "--filter", "name=registry.example/active:1", "--filter", "state=unpacked")
+	byName := lsJSON[inventory.Image](t, "images", "--db", path, "--format", "json", "--filter", "name=registry.example/active:1", "--filter", "state=unpacked")
 	if len(byName) != 0 {
 		t.Errorf("name and a state the image is not in listed %+v", byName)
 	}
@@ -175,8 +175,8 @@ func TestLsImages(t *testing.T) {
 func TestLsChains(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "m.db")
 	populate(t, path, time.Now())
-	chains := lsJSON[metadata.ChainView](t, "chains", "--db", path, "--format", "json")
-	byID := map[string]metadata.ChainView{}
+	chains := lsJSON[inventory.Chain](t, "chains", "--db", path, "--format", "json")
+	byID := map[string]inventory.Chain{}
 	for _, c := range chains {
 		byID[c.ChainID] = c
 	}
@@ -205,15 +205,15 @@ func TestLsChains(t *testing.T) {
 				w.id, c, w.parent, w.diff, w.dev, devName(w.dev), w.images, w.children, w.size, w.files)
 		}
 	}
-	unused := lsJSON[metadata.ChainView](t, "chains", "--db", path, "--format", "json", "--filter", "used=false")
+	unused := lsJSON[inventory.Chain](t, "chains", "--db", path, "--format", "json", "--filter", "used=false")
 	if len(unused) != 1 || unused[0].ChainID != chainC {
 		t.Errorf("--filter used=false = %+v, want chainC only", unused)
 	}
-	children := lsJSON[metadata.ChainView](t, "chains", "--db", path, "--format", "json", "--filter", "parent_chain_id="+chainA)
+	children := lsJSON[inventory.Chain](t, "chains", "--db", path, "--format", "json", "--filter", "parent_chain_id="+chainA)
 	if len(children) != 1 || children[0].ChainID != chainAB {
 		t.Errorf("--filter parent_chain_id=chainA = %+v, want chainAB only", children)
 	}
-	byDev := lsJSON[metadata.ChainView](t, "chains", "--db", path, "--format", "json", "--filter", "device_id="+strconv.Itoa(devChainC))
+	byDev := lsJSON[inventory.Chain](t, "chains", "--db", path, "--format", "json", "--filter", "device_id="+strconv.Itoa(devChainC))
 	if len(byDev) != 1 || byDev[0].ChainID != chainC {
 		t.Errorf("--filter device_id=%d = %+v, want chainC only", devChainC, byDev)
 	}
@@ -248,7 +248,7 @@ func TestLsChains(t *testing.T) {
 func TestLsUnpackedSnapshotsLocks(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "m.db")
 	populate(t, path, time.Now())
-	unp := lsJSON[metadata.UnpackedView](t, "unpacked", "--db", path, "--format", "json")
+	unp := lsJSON[inventory.UnpackedImage](t, "unpacked", "--db", path, "--format", "json")
 	sort.Slice(unp, func(i, j int) bool { return unp[i].DeviceID < unp[j].DeviceID })
 	// One row per image whose top chain is unpacked: img-unpacked on
 	// chainA's device, img-active on chainAB's, with its activation.
@@ -257,23 +257,23 @@ func TestLsUnpackedSnapshotsLocks(t *testing.T) {
 		unp[1].SizeBytes != 12000 || unp[1].FileCount != 120 || unp[1].DevicePath != "/dev/mapper/"+devName(devChainAB) {
 		t.Errorf("ls unpacked = %+v", unp)
 	}
-	ref := lsJSON[metadata.UnpackedView](t, "unpacked", "--db", path, "--format", "json", "--filter", "referenced=true")
+	ref := lsJSON[inventory.UnpackedImage](t, "unpacked", "--db", path, "--format", "json", "--filter", "referenced=true")
 	if len(ref) != 1 || ref[0].DeviceName != devName(devChainAB) {
 		t.Errorf("--filter referenced=true = %+v", ref)
 	}
-	snaps := lsJSON[metadata.SnapshotView](t, "snapshots", "--db", path, "--format", "json")
+	snaps := lsJSON[inventory.Snapshot](t, "snapshots", "--db", path, "--format", "json")
 	if len(snaps) != 1 || snaps[0].ImageID != "img-active" || snaps[0].SnapshotName != pipeline.ActivationKey("img-active") ||
 		!snaps[0].Active || snaps[0].OriginDeviceID != strconv.Itoa(devChainAB) || snaps[0].OriginDeviceName != devName(devChainAB) ||
 		snaps[0].DevicePath != "/dev/mapper/"+devName(devActivation) || snaps[0].S3Key != "s3://bkt/images/active/" {
 		t.Errorf("ls snapshots = %+v", snaps)
 	}
-	if inactive := lsJSON[metadata.SnapshotView](t, "snapshots", "--db", path, "--format", "json", "--filter", "active=false"); len(inactive) != 0 {
+	if inactive := lsJSON[inventory.Snapshot](t, "snapshots", "--db", path, "--format", "json", "--filter", "active=false"); len(inactive) != 0 {
 		t.Errorf("ls snapshots active=false = %+v; an activation is a live snapshot", inactive)
 	}
 
 	// Locks are the running runs, newest first: not the pending nor the
 	// finished one.
-	locks := lsJSON[metadata.LockView](t, "locks", "--db", path, "--format", "json")
+	locks := lsJSON[inventory.Lock](t, "locks", "--db", path, "--format", "json")
 	if len(locks) != 2 || locks[0].ImageID != "img-unpacked" || locks[0].LockedBy != "activate-image:run-new" ||
 		locks[1].ImageID != chainC || locks[1].LockedBy != "unpack-image:run-old" {
 		t.Fatalf("ls locks = %+v", locks)
@@ -284,7 +284,7 @@ func TestLsUnpackedSnapshotsLocks(t *testing.T) {
 	if a := locks[0].Age; a < 10*time.Minute || a > 11*time.Minute {
 		t.Errorf("the 10m-old run's lock is %s old", a)
 	}
-	mine := lsJSON[metadata.LockView](t, "locks", "--db", path, "--format", "json", "--filter", "locked_by=unpack-image:run-old")
+	mine := lsJSON[inventory.Lock](t, "locks", "--db", path, "--format", "json", "--filter", "locked_by=unpack-image:run-old")
 	if len(mine) != 1 || mine[0].ImageID != chainC {
 		t.Errorf("--filter locked_by=unpack-image:run-old = %+v", mine)
 	}

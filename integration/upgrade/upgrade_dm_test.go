@@ -17,7 +17,7 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/vm/scratch"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/inventory"
 )
 
 const (
@@ -259,7 +259,7 @@ func (e *env) interruptedPull(img testImage) {
 		t.Fatal(err)
 	}
 	r, ok := rowOf(rows, img.source())
-	if ok && (r.State == metadata.ImageStateUnpacked || r.State == metadata.ImageStateActive) {
+	if ok && (r.State == inventory.ImageStateUnpacked || r.State == inventory.ImageStateActive) {
 		t.Fatalf("after the stop, %s is listed %s: the pull was not in flight", img.source(), r.State)
 	}
 	t.Logf("with the daemon stopped, ls images lists %s: %v, state %q, download %q", img.source(), ok, r.State, r.DownloadStatus)
@@ -469,7 +469,7 @@ func (e *env) checkListed(imgs ...testImage) {
 		switch {
 		case !ok:
 			e.t.Errorf("%s ls images does not list %s", e.d.Bin, img.source())
-		case r.State != metadata.ImageStateUnpacked && r.State != metadata.ImageStateActive:
+		case r.State != inventory.ImageStateUnpacked && r.State != inventory.ImageStateActive:
 			e.t.Errorf("%s ls images lists %s %s, want unpacked or active", e.d.Bin, img.source(), r.State)
 		case !slices.Contains(r.Names, img.ref()):
 			e.t.Errorf("%s ls images lists %s with names %v, want %s", e.d.Bin, img.source(), r.Names, img.ref())

@@ -1,10 +1,12 @@
-package metadata
-
-// Listings for operators (`ls`). They read the SQL views of migration 8
-// (images, unpacked_images, snapshots, image_locks), which derive every
-// field from the stored facts at read time (an image's state, a device's
-// reference count, a lock's age); each listing is one SELECT, consistent
-// even while the daemon writes.
+// Package inventory is the operator's read-only view of what the database
+// holds: the listings `ls` prints and `db` checks (images, unpacked
+// images, chains, activations, locks). They read the SQL views of
+// migration 8 (images, unpacked_images, snapshots, image_locks) and the
+// tables they join, deriving every field from the stored facts at read
+// time (an image's state, a device's reference count, a lock's age); each
+// listing is one SELECT, consistent even while the daemon writes, and none
+// writes.
+package inventory
 
 import (
 	"context"
@@ -12,13 +14,9 @@ import (
 	"fmt"
 	"strings"
 	"time"
-)
 
-// ActivationPrefix starts the key of every image's activation (its active
-// snapshot): the views of migration 0008 spell it in SQL, which a migration
-// cannot take from Go, so the owner of the activations builds its keys from
-// this one.
-const ActivationPrefix = "snap-"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+)
 
 // Values of the images view's status columns.
 const (
@@ -31,7 +29,7 @@ const (
 	ActivationFailed   = "failed"
 )
 
-// Overall image states derived by ImageState.
+// Overall image states, as Image.State derives them.
 const (
 	ImageStatePending  = "pending"  // never pulled successfully, no failure recorded
 	ImageStateUnpacked = "unpacked" // pulled; no activation now
@@ -39,10 +37,10 @@ const (
 	ImageStateFailed   = "failed"   // the last pull failed
 )
 
-// ImageState derives an image's overall state: failed when its last pull
+// imageState derives an image's overall state: failed when its last pull
 // failed; otherwise active when it has an activation; unpacked when it was
 // pulled; pending otherwise.
-func ImageState(downloadStatus, activationStatus string) string {
+func imageState(downloadStatus, activationStatus string) string {
 	switch {
 	case downloadStatus == DownloadFailed || activationStatus == ActivationFailed:
 		return ImageStateFailed
@@ -52,6 +50,18 @@ func ImageState(downloadStatus, activationStatus string) string {
 		return ImageStateUnpacked
 	}
 	return ImageStatePending
+}
+
+type rowScanner interface{ Scan(dest ...any) error }
+
+// list is metadata.QueryAll on db's statements, with rows read through
+// rowScanner and errors wrapped with what (the listing, for the message).
+func list[T any](ctx context.Context, db *metadata.DB, what string, scan func(rowScanner) (T, error), query string, args ...any) ([]T, error) {
+	out, err := metadata.QueryAll(ctx, db.Statements(), func(r *sql.Rows) (T, error) { return scan(r) }, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("inventory: %s: %w", what, err)
+	}
+	return out, nil
 }
 
 // sqlTime scans the text times of the views ("YYYY-MM-DD HH:MM:SS", UTC);
@@ -83,8 +93,8 @@ func (s *sqlTime) parse(text string) error {
 	return nil
 }
 
-// ImageView is an image with what the other records say about it.
-type ImageView struct {
+// Image is an image with what the other records say about it.
+type Image struct {
 	ImageID          string    `json:"image_id"`
 	S3Key            string    `json:"s3_key"` // the source: s3://bucket/key or s3://bucket/prefix/
 	Names            []string  `json:"names"`
@@ -104,11 +114,11 @@ type ImageView struct {
 	UpdatedAt        time.Time `json:"updated_at"`
 }
 
-// ImageViews lists every image, oldest first, with its derived state.
-func (d *DB) ImageViews(ctx context.Context) ([]ImageView, error) {
-	return queryAll(ctx, d.db, "list image views", func(s rowScanner) (ImageView, error) {
+// Images lists every image, oldest first, with its derived state.
+func Images(ctx context.Context, db *metadata.DB) ([]Image, error) {
+	return list(ctx, db, "list image views", func(s rowScanner) (Image, error) {
 		var (
-			v                  ImageView
+			v                  Image
 			created, updated   sqlTime
 			names              string
 			checksum, lockedBy sql.NullString
@@ -118,7 +128,7 @@ func (d *DB) ImageViews(ctx context.Context) ([]ImageView, error) {
 			&v.ActiveSnapshots, &lockedBy, &v.Layers, &names)
 		v.Checksum, v.LockedBy = checksum.String, lockedBy.String
 		v.CreatedAt, v.UpdatedAt = created.t, updated.t
-		v.State = ImageState(v.DownloadStatus, v.ActivationStatus)
+		v.State = imageState(v.DownloadStatus, v.ActivationStatus)
 		v.Names = []string{}
 		if names != "" {
 			v.Names = strings.Split(names, "\n")
@@ -137,9 +147,9 @@ func (d *DB) ImageViews(ctx context.Context) ([]ImageView, error) {
 		ORDER BY i.id`)
 }
 
-// UnpackedView is an unpacked image: its top chain's device, with its
+// UnpackedImage is an unpacked image: its top chain's device, with its
 // reference count.
-type UnpackedView struct {
+type UnpackedImage struct {
 	ImageID        string    `json:"image_id"`
 	DeviceID       string    `json:"device_id"`
 	DeviceName     string    `json:"device_name"`
@@ -152,12 +162,15 @@ type UnpackedView struct {
 	UnpackedAt     time.Time `json:"unpacked_at"`
 }
 
-// UnpackedViews lists every unpacked image, oldest first, with the
-// reference count of its device.
-func (d *DB) UnpackedViews(ctx context.Context) ([]UnpackedView, error) {
-	return queryAll(ctx, d.db, "list unpacked views", func(s rowScanner) (UnpackedView, error) {
+// UnpackedImages lists every unpacked image, oldest first, with the
+// reference count of its device. An activation is the active snapshot
+// keyed 'snap-' || image_id: migration 8 defines it so and its views spell
+// it so, and this count spells it the same way, since it takes the
+// activations on a device whatever image they belong to.
+func UnpackedImages(ctx context.Context, db *metadata.DB) ([]UnpackedImage, error) {
+	return list(ctx, db, "list unpacked views", func(s rowScanner) (UnpackedImage, error) {
 		var (
-			v  UnpackedView
+			v  UnpackedImage
 			at sqlTime
 		)
 		err := s.Scan(&v.ImageID, &v.DeviceID, &v.DeviceName, &v.DevicePath, &v.SizeBytes, &v.FileCount,
@@ -167,13 +180,13 @@ func (d *DB) UnpackedViews(ctx context.Context) ([]UnpackedView, error) {
 	}, `SELECT u.image_id, u.device_id, u.device_name, u.device_path, u.size_bytes,
 		u.file_count, u.layout_verified, u.unpacked_at,
 		(SELECT count(*) FROM cd_snapshots a JOIN cd_snapshots o ON o.id = a.parent_id
-			WHERE o.device_id = CAST(u.device_id AS INTEGER) AND a.kind = 'active' AND a.key LIKE ? || '%')
-		FROM unpacked_images u ORDER BY u.id`, ActivationPrefix)
+			WHERE o.device_id = CAST(u.device_id AS INTEGER) AND a.kind = 'active' AND a.key LIKE 'snap-%')
+		FROM unpacked_images u ORDER BY u.id`)
 }
 
-// ChainView is an unpacked chain: one layer on its parent chain, and its
+// Chain is an unpacked chain: one layer on its parent chain, and its
 // device.
-type ChainView struct {
+type Chain struct {
 	ChainID    string    `json:"chain_id"`
 	Parent     string    `json:"parent_chain_id"`
 	DiffID     string    `json:"diff_id"`
@@ -186,12 +199,12 @@ type ChainView struct {
 	UnpackedAt time.Time `json:"unpacked_at"`
 }
 
-// ChainViews lists every unpacked chain whose snapshot exists, oldest
+// Chains lists every unpacked chain whose snapshot exists, oldest
 // first, with the images that use it and its children.
-func (d *DB) ChainViews(ctx context.Context) ([]ChainView, error) {
-	return queryAll(ctx, d.db, "list chains", func(s rowScanner) (ChainView, error) {
+func Chains(ctx context.Context, db *metadata.DB) ([]Chain, error) {
+	return list(ctx, db, "list chains", func(s rowScanner) (Chain, error) {
 		var (
-			v  ChainView
+			v  Chain
 			ns int64
 		)
 		err := s.Scan(&v.ChainID, &v.Parent, &v.DiffID, &v.DeviceID, &v.DeviceName, &v.SizeBytes, &v.FileCount, &ns, &v.Images, &v.Children)
@@ -206,9 +219,9 @@ func (d *DB) ChainViews(ctx context.Context) ([]ChainView, error) {
 		ORDER BY c.unpacked_ns, c.chain_id`)
 }
 
-// SnapshotView is an image's activation with its image's source and origin
+// Snapshot is an image's activation with its image's source and origin
 // device.
-type SnapshotView struct {
+type Snapshot struct {
 	SnapshotID       string    `json:"snapshot_id"`
 	SnapshotName     string    `json:"snapshot_name"`
 	ImageID          string    `json:"image_id"`
@@ -220,11 +233,11 @@ type SnapshotView struct {
 	CreatedAt        time.Time `json:"created_at"`
 }
 
-// SnapshotViews lists every activation, oldest first.
-func (d *DB) SnapshotViews(ctx context.Context) ([]SnapshotView, error) {
-	return queryAll(ctx, d.db, "list snapshot views", func(s rowScanner) (SnapshotView, error) {
+// Snapshots lists every activation, oldest first.
+func Snapshots(ctx context.Context, db *metadata.DB) ([]Snapshot, error) {
+	return list(ctx, db, "list snapshot views", func(s rowScanner) (Snapshot, error) {
 		var (
-			v  SnapshotView
+			v  Snapshot
 			at sqlTime
 		)
 		err := s.Scan(&v.SnapshotID, &v.SnapshotName, &v.ImageID, &v.S3Key, &v.DevicePath, &v.OriginDeviceID,
@@ -239,20 +252,20 @@ func (d *DB) SnapshotViews(ctx context.Context) ([]SnapshotView, error) {
 		ORDER BY s.id`)
 }
 
-// LockView is what a live run holds, with its age at the time of listing.
-type LockView struct {
+// Lock is what a live run holds, with its age at the time of listing.
+type Lock struct {
 	ImageID  string        `json:"image_id"` // the run's idempotency id: an object, chain or image
 	LockedBy string        `json:"locked_by"`
 	LockedAt time.Time     `json:"locked_at"`
 	Age      time.Duration `json:"age_ns"` // derived: now - locked_at
 }
 
-// LockViews lists every lock (running run), newest first, with its age at
+// Locks lists every lock (running run), newest first, with its age at
 // now.
-func (d *DB) LockViews(ctx context.Context, now time.Time) ([]LockView, error) {
-	return queryAll(ctx, d.db, "list locks", func(s rowScanner) (LockView, error) {
+func Locks(ctx context.Context, db *metadata.DB, now time.Time) ([]Lock, error) {
+	return list(ctx, db, "list locks", func(s rowScanner) (Lock, error) {
 		var (
-			v  LockView
+			v  Lock
 			at int64
 		)
 		err := s.Scan(&v.ImageID, &at, &v.LockedBy)

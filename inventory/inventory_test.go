@@ -1,4 +1,4 @@
-package metadata
+package inventory
 
 import (
 	"context"
@@ -7,19 +7,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest/seed"
 )
 
-// TestListingViews: the ls listings show each image's state, names, layer
+// TestListings: the ls listings show each image's state, names, layer
 // count, device and lock; each unpacked device's references; each chain's
 // device, users and children; each activation; each lock with its age.
-func TestListingViews(t *testing.T) {
-	ctx, db := context.Background(), openTestDB(t)
+func TestListings(t *testing.T) {
+	ctx, db := context.Background(), metadatatest.Open(t)
 	w, t0 := seed.Listed(t, db)
 
-	imgs, err := db.ImageViews(ctx)
+	imgs, err := Images(ctx, db)
 	if err != nil || len(imgs) != 3 {
-		t.Fatalf("ImageViews = %+v, %v; want 3 images", imgs, err)
+		t.Fatalf("Images = %+v, %v; want 3 images", imgs, err)
 	}
 	type imageSummary struct {
 		ID, State, Names       string
@@ -43,12 +45,12 @@ func TestListingViews(t *testing.T) {
 		{"s3-c", ImageStateFailed, "[]", 0, 0, "", "", 0, "", `validate s3://bkt/c.tar: entry "../x" climbs above the root`, ""},
 	}
 	if !reflect.DeepEqual(got, want) {
-		t.Errorf("ImageViews:\n got  %+v\n want %+v", got, want)
+		t.Errorf("Images:\n got  %+v\n want %+v", got, want)
 	}
 
-	unp, err := db.UnpackedViews(ctx)
+	unp, err := UnpackedImages(ctx, db)
 	if err != nil || len(unp) != 2 {
-		t.Fatalf("UnpackedViews = %+v, %v", unp, err)
+		t.Fatalf("UnpackedImages = %+v, %v", unp, err)
 	}
 	if u := unp[0]; u.ImageID != "s3-a" || u.DeviceName != "pool-snap-2" || u.DevicePath != "/dev/mapper/pool-snap-2" ||
 		u.SizeBytes != 6000 || u.FileCount != 6 || !u.LayoutVerified || u.RefCount != 1 || u.ActiveRefs != 1 || u.UnpackedAt.IsZero() {
@@ -58,7 +60,7 @@ func TestListingViews(t *testing.T) {
 		t.Errorf("unpacked s3-b = %+v", u)
 	}
 
-	chains, err := db.ChainViews(ctx)
+	chains, err := Chains(ctx, db)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,29 +75,71 @@ func TestListingViews(t *testing.T) {
 		"sha256:c-b": "parent=sha256:d1 diff=sha256:d-b dev=4 pool-snap-4 size=4000 files=3 images=1 children=0",
 	}
 	if !reflect.DeepEqual(gotChains, wantChains) {
-		t.Errorf("ChainViews:\n got  %v\n want %v", gotChains, wantChains)
+		t.Errorf("Chains:\n got  %v\n want %v", gotChains, wantChains)
 	}
 
-	snaps, err := db.SnapshotViews(ctx)
-	want1 := SnapshotView{SnapshotID: "2-snap-s3-a", SnapshotName: "snap-s3-a", ImageID: "s3-a", S3Key: "s3://bkt/a/",
+	snaps, err := Snapshots(ctx, db)
+	want1 := Snapshot{SnapshotID: "2-snap-s3-a", SnapshotName: "snap-s3-a", ImageID: "s3-a", S3Key: "s3://bkt/a/",
 		DevicePath: "/dev/mapper/pool-snap-3", OriginDeviceID: "2", OriginDeviceName: "pool-snap-2", Active: true, CreatedAt: time.Unix(2, 0).UTC()}
 	if err != nil || len(snaps) != 1 || snaps[0] != want1 {
-		t.Errorf("SnapshotViews = %+v, %v; want [%+v]", snaps, err, want1)
+		t.Errorf("Snapshots = %+v, %v; want [%+v]", snaps, err, want1)
 	}
 
-	locks, err := db.LockViews(ctx, t0.Add(90*time.Second))
-	wantLock := LockView{ImageID: "s3-a", LockedBy: "activate-image:r-a", LockedAt: t0, Age: 90 * time.Second}
+	locks, err := Locks(ctx, db, t0.Add(90*time.Second))
+	wantLock := Lock{ImageID: "s3-a", LockedBy: "activate-image:r-a", LockedAt: t0, Age: 90 * time.Second}
 	if err != nil || len(locks) != 1 || locks[0] != wantLock {
-		t.Errorf("LockViews = %+v, %v; want [%+v] (the running run, not the pending one)", locks, err, wantLock)
+		t.Errorf("Locks = %+v, %v; want [%+v] (the running run, not the pending one)", locks, err, wantLock)
 	}
 
 	// Containerd removed s3-a's activation: it is unpacked again.
 	w.RemoveSnapshot(seed.ActivationKey("s3-a"))
-	imgs, _ = db.ImageViews(ctx)
+	imgs, _ = Images(ctx, db)
 	if imgs[0].State != ImageStateUnpacked || imgs[0].ActiveSnapshots != 0 {
 		t.Errorf("s3-a without its activation: state %s, %d active snapshots; want unpacked, 0", imgs[0].State, imgs[0].ActiveSnapshots)
 	}
-	if s, _ := db.SnapshotViews(ctx); len(s) != 0 {
-		t.Errorf("SnapshotViews after the activation was removed = %+v", s)
+	if s, _ := Snapshots(ctx, db); len(s) != 0 {
+		t.Errorf("Snapshots after the activation was removed = %+v", s)
+	}
+}
+
+// BenchmarkListings runs each `ls` listing once per iteration on a database
+// of 1000 pulled and activated images. Compare with metadata's
+// BenchmarkPing: a listing reads every image once, so it should cost about
+// as many round trips' worth of row reads as there are images, not grow
+// with their square.
+func BenchmarkListings(b *testing.B) {
+	const images = 1000
+	ctx := context.Background()
+	db := metadatatest.Open(b)
+	for i := range images {
+		if err := seed.WriteImage(ctx, db, i); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for name, listing := range map[string]func(d *metadata.DB) (int, error){
+		"Images": func(d *metadata.DB) (int, error) {
+			v, err := Images(ctx, d)
+			return len(v), err
+		},
+		"UnpackedImages": func(d *metadata.DB) (int, error) {
+			v, err := UnpackedImages(ctx, d)
+			return len(v), err
+		},
+		"Chains": func(d *metadata.DB) (int, error) {
+			v, err := Chains(ctx, d)
+			return len(v), err
+		},
+		"Snapshots": func(d *metadata.DB) (int, error) {
+			v, err := Snapshots(ctx, d)
+			return len(v), err
+		},
+	} {
+		b.Run(name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				if n, err := listing(db); err != nil || n != images {
+					b.Fatalf("%s listed %d rows, %v; want %d", name, n, err, images)
+				}
+			}
+		})
 	}
 }
