@@ -263,7 +263,7 @@ func newHarness(t *testing.T, total uint64, opts Options) *harness {
 	opts.DB, opts.Snapshots, opts.Usage, opts.Names, opts.Observer = db, h.pool, h.pool.usage, h.names, h.obs
 	opts.Guard = pipeline.GuardChain
 	opts.Prune = func(ctx context.Context) error {
-		res, err := db.PruneOrphans(ctx, true)
+		res, err := pipeline.RecordsOf(db).PruneOrphans(ctx, true)
 		for _, p := range res.LayerPaths {
 			os.Remove(p)
 		}

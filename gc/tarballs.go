@@ -59,7 +59,7 @@ func (c *Collector) TrimTarballs(ctx context.Context, except string) (Trimmed, e
 		c.cond.Broadcast()
 		c.pmu.Unlock()
 	}()
-	if live, err := c.opts.DB.LiveRuns(ctx); err != nil {
+	if live, err := pipeline.RecordsOf(c.opts.DB).LiveRuns(ctx); err != nil {
 		return Trimmed{}, fmt.Errorf("gc: trim tarballs: %w", err)
 	} else if live > 0 {
 		return Trimmed{Skipped: fmt.Sprintf("%d run(s) pending or running", live)}, nil

@@ -152,8 +152,8 @@ func TestConstraintsRejectBadRows(t *testing.T) {
 }
 
 // TestCascades: deleting an image removes its layers and names; the chains,
-// objects and layer files stay (other images may use them; PruneOrphans
-// decides).
+// objects and layer files stay (other images may use them; the pipeline's
+// pruning decides).
 func TestCascades(t *testing.T) {
 	ctx := context.Background()
 	d := openTestDB(t)

@@ -59,7 +59,7 @@ type Config struct {
 	Queues     pipeline.QueuesConfig     `toml:"queues"`
 	Containerd pipeline.ContainerdConfig `toml:"containerd"`
 	GC         gc.Config                 `toml:"gc"`
-	Retention  metadata.RetentionConfig  `toml:"retention"`
+	Retention  pipeline.RetentionConfig  `toml:"retention"`
 }
 
 // DaemonConfig is the [daemon] section: where the daemon listens and keeps
@@ -172,7 +172,7 @@ func defaults() *Config {
 		Queues:     pipeline.DefaultQueuesConfig(),
 		Containerd: pipeline.DefaultContainerdConfig(),
 		GC:         gc.DefaultConfig(),
-		Retention:  metadata.DefaultRetentionConfig(),
+		Retention:  pipeline.DefaultRetentionConfig(),
 	}
 }
 

@@ -295,7 +295,7 @@ failed_images_max_age = "24h"
 		Queues:     pipeline.QueuesConfig{Downloads: 8, Unpacking: 3},
 		Containerd: pipeline.ContainerdConfig{Address: "/run/k3s/containerd.sock", Namespace: "k8s.io", Snapshotter: "flyio-k3s"},
 		GC:         gc.Config{HighThreshold: 90, LowThreshold: 70.5, Interval: D(time.Minute), Pinned: []string{"base", "s3://b/base/"}},
-		Retention:  metadata.RetentionConfig{Interval: D(10 * time.Minute), RunsMaxAge: D(48 * time.Hour), RunsMaxCount: 500, FailedImagesMaxAge: D(24 * time.Hour)},
+		Retention:  pipeline.RetentionConfig{Interval: D(10 * time.Minute), RunsMaxAge: D(48 * time.Hour), RunsMaxCount: 500, FailedImagesMaxAge: D(24 * time.Hour)},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("loaded\n %+v\nwant\n %+v", c, want)

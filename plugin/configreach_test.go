@@ -240,7 +240,7 @@ func TestPackageDefaultsAreTheExample(t *testing.T) {
 		{"[queues] (pipeline.DefaultQueuesConfig)", c.Queues, pipeline.DefaultQueuesConfig()},
 		{"[containerd] (pipeline.DefaultContainerdConfig)", c.Containerd, pipeline.DefaultContainerdConfig()},
 		{"[gc] (gc.DefaultConfig)", c.GC, gc.DefaultConfig()},
-		{"[retention] (metadata.DefaultRetentionConfig)", c.Retention, metadata.DefaultRetentionConfig()},
+		{"[retention] (pipeline.DefaultRetentionConfig)", c.Retention, pipeline.DefaultRetentionConfig()},
 	} {
 		if !reflect.DeepEqual(s.example, s.code) {
 			t.Errorf("%s: config.toml.example says\n %+v\nthe package's default is\n %+v", s.name, s.example, s.code)

@@ -208,7 +208,7 @@ func (e *pullEnv) waitIdle() {
 	db := e.db()
 	deadline := time.Now().Add(5 * time.Minute)
 	for time.Now().Before(deadline) {
-		n, err := db.LiveRuns(context.Background())
+		n, err := pipeline.RecordsOf(db).LiveRuns(context.Background())
 		if err == nil && n == 0 {
 			return
 		}
@@ -257,7 +257,7 @@ func (e *pullEnv) checkClean() {
 		e.t.Errorf("temp files left: %v", tmps)
 	}
 	db := e.db()
-	if n, err := db.LiveRuns(ctx); err != nil || n != 0 {
+	if n, err := pipeline.RecordsOf(db).LiveRuns(ctx); err != nil || n != 0 {
 		e.t.Errorf("live runs left: %d %v", n, err)
 	}
 	snaps, err := snapshotter.ReadRecords(db).Snapshots(ctx)

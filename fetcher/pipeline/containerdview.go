@@ -14,7 +14,6 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 )
 
@@ -89,7 +88,7 @@ func (v *containerdView) Walk(ctx context.Context, fn snapshots.WalkFunc, filter
 }
 
 // chainFields are the request fields of the machines that name a chain a
-// live run uses (or is about to make): see metadata.LiveRunsUsing.
+// live run uses (or is about to make): see liveRunsUsing.
 var chainFields = map[string][]string{
 	FSMUnpack:   {"$.chain_id", "$.parent_chain_id"},
 	FSMActivate: {"$.layers[]"},
@@ -99,7 +98,7 @@ var chainFields = map[string][]string{
 // snapshot, the removal of chain while a live run uses it.
 func GuardChain(chain string) snapshotter.RemoveGuard {
 	return func(ctx context.Context, tx *sql.Tx) error {
-		n, err := metadata.LiveRunsUsing(ctx, tx, chain, chainFields)
+		n, err := liveRunsUsing(ctx, tx, chain, chainFields)
 		if err != nil {
 			return err
 		}
@@ -225,17 +224,17 @@ func (p *Pipelines) removeActivationsOf(ctx context.Context, parent string) erro
 }
 
 // Prune forgets the records of chains and images whose snapshots are gone
-// (metadata.PruneOrphans) and deletes the layer files no record needs any
+// (Records.PruneOrphans) and deletes the layer files no record needs any
 // more. containerd's garbage collection calls it through Cleanup; it is
 // safe to call at any time. While a pull is under way it keeps object
 // records and layer files (the result says Deferred): the pull may have
 // found them already downloaded and be about to unpack them.
-func (p *Pipelines) Prune(ctx context.Context) (metadata.PruneResult, error) {
+func (p *Pipelines) Prune(ctx context.Context) (PruneResult, error) {
 	files := p.files.TryLock()
 	if files {
 		defer p.files.Unlock()
 	}
-	res, err := p.db.PruneOrphans(ctx, files)
+	res, err := RecordsOf(p.db).PruneOrphans(ctx, files)
 	if err != nil {
 		return res, fmt.Errorf("prune: %w", err)
 	}

@@ -182,7 +182,7 @@ func (e *env) assertNothingLeft(key string) {
 	if o, err := RecordsOf(e.db).ObjectRecord(ctx, e.srv.Bucket, key); err != nil || o != nil {
 		e.t.Errorf("object record left for %s: %+v, %v", key, o, err)
 	}
-	if n, err := e.db.LiveRuns(ctx); err != nil || n != 0 {
+	if n, err := RecordsOf(e.db).LiveRuns(ctx); err != nil || n != 0 {
 		e.t.Errorf("live runs left: %d, %v", n, err)
 	}
 }

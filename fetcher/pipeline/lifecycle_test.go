@@ -14,7 +14,6 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
 // unpackRun is the one unpack run of the environment.
@@ -87,7 +86,7 @@ func TestUnpackKilledTwiceCleansUp(t *testing.T) {
 	p3 := e.reopen(nil)
 	// The unpack run ends, then the activation run waiting on it.
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		n, err := e.db.LiveRuns(context.Background())
+		n, err := RecordsOf(e.db).LiveRuns(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -353,7 +352,7 @@ func TestPruneSparesAPullBetweenDownloadAndUnpack(t *testing.T) {
 	e.srv.Put(t, "race/1.tar", layerTar(t, "r1", 3000))
 	e.srv.Put(t, "race/2.tar", layerTar(t, "r2", 3000))
 	ctx := context.Background()
-	var during metadata.PruneResult
+	var during PruneResult
 	e.p.hooks = map[string]func(){"download:awaited": func() {
 		var err error
 		if during, err = e.p.Prune(ctx); err != nil {

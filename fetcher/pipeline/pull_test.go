@@ -285,7 +285,7 @@ func TestPullOverwrittenObject(t *testing.T) {
 	if c, err := RecordsOf(e.db).GetChain(context.Background(), r3.TopChainID); err != nil || c == nil || c.DiffID != sha(v3) {
 		t.Errorf("chain record of the new layer: %+v, %v", c, err)
 	}
-	if n, err := e.db.LiveRuns(context.Background()); err != nil || n != 0 || len(e.sn.extractions(t)) != 0 {
+	if n, err := RecordsOf(e.db).LiveRuns(context.Background()); err != nil || n != 0 || len(e.sn.extractions(t)) != 0 {
 		t.Errorf("after the pulls: %d live runs (%v), extraction snapshots %v", n, err, e.sn.extractions(t))
 	}
 }
@@ -605,7 +605,7 @@ func (e *env) assertNoExtraction() {
 	if x := e.sn.extractions(e.t); len(x) != 0 {
 		e.t.Errorf("extraction snapshots left: %v", x)
 	}
-	if n, err := e.db.LiveRuns(context.Background()); err != nil || n != 0 {
+	if n, err := RecordsOf(e.db).LiveRuns(context.Background()); err != nil || n != 0 {
 		e.t.Errorf("live runs left: %d, %v", n, err)
 	}
 	if m, _ := filepath.Glob(filepath.Join(e.p.opts.MountDir, "*")); len(m) != 0 {

@@ -411,7 +411,7 @@ func (g *guest) walk() ([]snapshots.Info, error) {
 func (g *guest) waitRuns(limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for {
-		n, err := g.svc.DB.LiveRuns(g.ctx)
+		n, err := pipeline.RecordsOf(g.svc.DB).LiveRuns(g.ctx)
 		if err != nil {
 			return err
 		}

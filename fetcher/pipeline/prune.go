@@ -1,4 +1,4 @@
-package metadata
+package pipeline
 
 import (
 	"context"
@@ -6,7 +6,7 @@ import (
 	"fmt"
 )
 
-// PruneResult counts what PruneOrphans removed.
+// PruneResult counts what Records.PruneOrphans removed.
 type PruneResult struct {
 	Chains  int // chains whose committed snapshot is gone
 	Images  int // images one of whose chains is gone (with their layers and names)
@@ -44,11 +44,11 @@ const pruneBatch = 500
 // one before it is done; an error or a crash half-way leaves records the
 // next call prunes (every step's rule reads the state, not a list made
 // earlier). The result counts what the committed batches removed.
-func (d *DB) PruneOrphans(ctx context.Context, files bool) (PruneResult, error) {
-	return d.pruneOrphans(ctx, pruneBatch, files)
+func (r Records) PruneOrphans(ctx context.Context, files bool) (PruneResult, error) {
+	return r.pruneOrphans(ctx, pruneBatch, files)
 }
 
-func (d *DB) pruneOrphans(ctx context.Context, batch int, files bool) (PruneResult, error) {
+func (r Records) pruneOrphans(ctx context.Context, batch int, files bool) (PruneResult, error) {
 	var res PruneResult
 	// A chain row is written after its snapshot is committed, so a row
 	// without a committed snapshot was removed behind it. That snapshot is
@@ -60,18 +60,18 @@ func (d *DB) pruneOrphans(ctx context.Context, batch int, files bool) (PruneResu
 		AND NOT EXISTS (SELECT 1 FROM cd_snapshots c WHERE json_extract(c.labels, '$."containerd.io/snapshot.ref"') = chains.chain_id
 			AND c.kind = 'committed' AND substr(c.key, -length(chains.chain_id) - 1) = '/' || chains.chain_id)
 		AND NOT ` + fmt.Sprintf(liveRunOn, "chains.chain_id") + ` LIMIT ?)`
-	if err := d.pruneBatches(ctx, batch, &res.Chains, false, &res, func(tx *sql.Tx) (int, error) {
+	if err := r.pruneBatches(ctx, batch, &res.Chains, false, &res, func(tx *sql.Tx) (int, error) {
 		return execCount(ctx, tx, chains, batch)
 	}); err != nil {
-		return res, fmt.Errorf("metadata: prune chains: %w", err)
+		return res, fmt.Errorf("pipeline: prune chains: %w", err)
 	}
 	images := `DELETE FROM s3_images WHERE image_id IN (SELECT DISTINCT il.image_id FROM image_layers il
 		WHERE NOT EXISTS (SELECT 1 FROM chains c WHERE c.chain_id = il.chain_id)
 		AND NOT ` + fmt.Sprintf(liveRunOn, "il.image_id") + ` LIMIT ?)`
-	if err := d.pruneBatches(ctx, batch, &res.Images, false, &res, func(tx *sql.Tx) (int, error) {
+	if err := r.pruneBatches(ctx, batch, &res.Images, false, &res, func(tx *sql.Tx) (int, error) {
 		return execCount(ctx, tx, images, batch)
 	}); err != nil {
-		return res, fmt.Errorf("metadata: prune images: %w", err)
+		return res, fmt.Errorf("pipeline: prune images: %w", err)
 	}
 	if !files {
 		res.Deferred = true
@@ -81,10 +81,10 @@ func (d *DB) pruneOrphans(ctx context.Context, batch int, files bool) (PruneResu
 		(SELECT 1 FROM image_layers il JOIN s3_images i ON i.image_id = il.image_id
 		  WHERE il.key = s3_objects.key
 		    AND substr(i.source, 1, length(s3_objects.bucket) + 6) = 's3://' || s3_objects.bucket || '/') LIMIT ?)`
-	if err := d.pruneBatches(ctx, batch, &res.Objects, true, &res, func(tx *sql.Tx) (int, error) {
+	if err := r.pruneBatches(ctx, batch, &res.Objects, true, &res, func(tx *sql.Tx) (int, error) {
 		return execCount(ctx, tx, objects, batch)
 	}); err != nil {
-		return res, fmt.Errorf("metadata: prune objects: %w", err)
+		return res, fmt.Errorf("pipeline: prune objects: %w", err)
 	}
 	if res.Deferred {
 		return res, nil
@@ -92,7 +92,7 @@ func (d *DB) pruneOrphans(ctx context.Context, batch int, files bool) (PruneResu
 	unused := `SELECT digest, path FROM layers WHERE NOT EXISTS (SELECT 1 FROM s3_objects o WHERE o.digest = layers.digest)
 		AND NOT EXISTS (SELECT 1 FROM chains c WHERE c.diff_id = layers.digest) LIMIT ?`
 	var layers int
-	if err := d.pruneBatches(ctx, batch, &layers, true, &res, func(tx *sql.Tx) (int, error) {
+	if err := r.pruneBatches(ctx, batch, &layers, true, &res, func(tx *sql.Tx) (int, error) {
 		rows, err := tx.QueryContext(ctx, unused, batch)
 		if err != nil {
 			return 0, err
@@ -119,7 +119,7 @@ func (d *DB) pruneOrphans(ctx context.Context, batch int, files bool) (PruneResu
 		res.LayerPaths = append(res.LayerPaths, paths...)
 		return len(digests), nil
 	}); err != nil {
-		return res, fmt.Errorf("metadata: prune layers: %w", err)
+		return res, fmt.Errorf("pipeline: prune layers: %w", err)
 	}
 	return res, nil
 }
@@ -128,11 +128,11 @@ func (d *DB) pruneOrphans(ctx context.Context, batch int, files bool) (PruneResu
 // fewer than batch rows, adding what committed batches removed to *count.
 // When idle is true a batch first checks that no run is pending or
 // running; if one is, it stops and marks res deferred.
-func (d *DB) pruneBatches(ctx context.Context, batch int, count *int, idle bool, res *PruneResult, step func(tx *sql.Tx) (int, error)) error {
+func (r Records) pruneBatches(ctx context.Context, batch int, count *int, idle bool, res *PruneResult, step func(tx *sql.Tx) (int, error)) error {
 	for {
 		paths := len(res.LayerPaths)
 		n, deferred := 0, false
-		err := d.WithTx(ctx, func(tx *sql.Tx) error {
+		err := r.db.WithTx(ctx, func(tx *sql.Tx) error {
 			if idle {
 				var live int
 				if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM fsm_runs WHERE state IN ('pending', 'running')`).Scan(&live); err != nil {
@@ -163,20 +163,20 @@ func (d *DB) pruneBatches(ctx context.Context, batch int, count *int, idle bool,
 }
 
 // LiveRuns counts the FSM runs pending or running.
-func (d *DB) LiveRuns(ctx context.Context) (int, error) {
+func (r Records) LiveRuns(ctx context.Context) (int, error) {
 	var n int
-	if err := d.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM fsm_runs WHERE state IN ('pending', 'running')`).Scan(&n); err != nil {
-		return 0, fmt.Errorf("metadata: live runs: %w", err)
+	if err := r.db.Statements().QueryRowContext(ctx, `SELECT COUNT(*) FROM fsm_runs WHERE state IN ('pending', 'running')`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("pipeline: live runs: %w", err)
 	}
 	return n, nil
 }
 
-// LiveRunsUsing counts, through tx (so that the answer holds until tx
+// liveRunsUsing counts, through tx (so that the answer holds until tx
 // commits), the pending or running runs whose request names chainID. fields
-// maps an FSM name to the JSON paths of its request that hold a chain ID; a
-// path ending in "[]" names an array of objects whose "chain_id" member is
-// compared (the machines' request shapes belong to the pipeline package).
-func LiveRunsUsing(ctx context.Context, tx *sql.Tx, chainID string, fields map[string][]string) (int, error) {
+// maps an FSM name to the JSON paths of its request that hold a chain ID
+// (chainFields); a path ending in "[]" names an array of objects whose
+// "chain_id" member is compared.
+func liveRunsUsing(ctx context.Context, tx *sql.Tx, chainID string, fields map[string][]string) (int, error) {
 	total := 0
 	for fsm, paths := range fields {
 		for _, p := range paths {
@@ -194,7 +194,7 @@ func LiveRunsUsing(ctx context.Context, tx *sql.Tx, chainID string, fields map[s
 					fsm, p, chainID).Scan(&n)
 			}
 			if err != nil {
-				return 0, fmt.Errorf("metadata: live runs of %s using chain %s: %w", fsm, chainID, err)
+				return 0, fmt.Errorf("pipeline: live runs of %s using chain %s: %w", fsm, chainID, err)
 			}
 			total += n
 		}

@@ -1,4 +1,4 @@
-package metadata
+package pipeline
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/containerd/log"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/conf"
 )
 
 // Defaults of Retention.
@@ -51,6 +53,49 @@ func (r Retention) withDefaults() Retention {
 	return r
 }
 
+// RetentionConfig is the daemon's [retention] section (the toml tags are
+// its keys): the Retention policy and how often it runs.
+type RetentionConfig struct {
+	// Interval spaces the retention passes (Records.RetainEvery).
+	Interval conf.Duration `toml:"interval"`
+	// RunsMaxAge and RunsMaxCount bound the finished state-machine runs
+	// kept (Retention.RunsMaxAge, Retention.RunsMaxCount).
+	RunsMaxAge   conf.Duration `toml:"runs_max_age"`
+	RunsMaxCount int           `toml:"runs_max_count"`
+	// FailedImagesMaxAge is how long an image never pulled successfully is
+	// kept with its failure (Retention.FailedImagesMaxAge).
+	FailedImagesMaxAge conf.Duration `toml:"failed_images_max_age"`
+}
+
+// DefaultRetentionConfig returns the [retention] defaults.
+func DefaultRetentionConfig() RetentionConfig {
+	return RetentionConfig{
+		Interval:           conf.D(DefaultRetentionInterval),
+		RunsMaxAge:         conf.D(DefaultRunsMaxAge),
+		RunsMaxCount:       DefaultRunsMaxCount,
+		FailedImagesMaxAge: conf.D(DefaultFailedImagesMaxAge),
+	}
+}
+
+// Validate checks the [retention] keys and returns one error per bad
+// value, joined, each naming the key. The daemon keeps no record forever:
+// every bound must be positive.
+func (c RetentionConfig) Validate() error {
+	var p conf.Problems
+	p.PositiveDuration("retention.interval", c.Interval)
+	p.PositiveDuration("retention.runs_max_age", c.RunsMaxAge)
+	p.PositiveDuration("retention.failed_images_max_age", c.FailedImagesMaxAge)
+	if c.RunsMaxCount <= 0 {
+		p.Add("retention.runs_max_count", "must be positive, got %d", c.RunsMaxCount)
+	}
+	return p.Err()
+}
+
+// Policy returns the Retention that c describes.
+func (c RetentionConfig) Policy() Retention {
+	return Retention{RunsMaxAge: c.RunsMaxAge.Duration, RunsMaxCount: c.RunsMaxCount, FailedImagesMaxAge: c.FailedImagesMaxAge.Duration}
+}
+
 // RetentionResult counts what one retention pass deleted.
 type RetentionResult struct {
 	Runs         int
@@ -63,29 +108,29 @@ const finishedRunFree = `r.state IN ('complete', 'aborted', 'failed') AND NOT EX
 	SELECT 1 FROM fsm_runs l WHERE l.state IN ('pending', 'running')
 	   AND (l.parent_id = r.run_id OR ' ' || l.run_after || ' ' LIKE '% ' || r.run_id || ' %'))`
 
-// Retain deletes, as of now, the history records r says to forget, in
+// Retain deletes, as of now, the history records pol says to forget, in
 // transactions of at most pruneBatch rows (the write lock is held one batch
 // at a time). A run a live run still refers to is kept, and so is an image
 // a live run is pulling.
-func (d *DB) Retain(ctx context.Context, r Retention, now time.Time) (RetentionResult, error) {
-	return d.retain(ctx, r, now, pruneBatch)
+func (r Records) Retain(ctx context.Context, pol Retention, now time.Time) (RetentionResult, error) {
+	return r.retain(ctx, pol, now, pruneBatch)
 }
 
-func (d *DB) retain(ctx context.Context, r Retention, now time.Time, batch int) (RetentionResult, error) {
-	r = r.withDefaults()
+func (r Records) retain(ctx context.Context, pol Retention, now time.Time, batch int) (RetentionResult, error) {
+	pol = pol.withDefaults()
 	var res RetentionResult
 	var scratch PruneResult
-	if r.RunsMaxAge > 0 {
+	if pol.RunsMaxAge > 0 {
 		q := `DELETE FROM fsm_runs WHERE run_id IN (SELECT r.run_id FROM fsm_runs r
 			WHERE ` + finishedRunFree + ` AND IFNULL(r.finished_at, r.updated_at) < ? LIMIT ?)`
-		cutoff := now.Add(-r.RunsMaxAge).UnixNano()
-		if err := d.pruneBatches(ctx, batch, &res.Runs, false, &scratch, func(tx *sql.Tx) (int, error) {
+		cutoff := now.Add(-pol.RunsMaxAge).UnixNano()
+		if err := r.pruneBatches(ctx, batch, &res.Runs, false, &scratch, func(tx *sql.Tx) (int, error) {
 			return execCount(ctx, tx, q, cutoff, batch)
 		}); err != nil {
-			return res, fmt.Errorf("metadata: retention: finished runs older than %s: %w", r.RunsMaxAge, err)
+			return res, fmt.Errorf("pipeline: retention: finished runs older than %s: %w", pol.RunsMaxAge, err)
 		}
 	}
-	if r.RunsMaxCount > 0 {
+	if pol.RunsMaxCount > 0 {
 		// The newest RunsMaxCount finished runs stay; a batch deletes the
 		// oldest of the rest.
 		q := `DELETE FROM fsm_runs WHERE run_id IN (SELECT r.run_id FROM fsm_runs r
@@ -93,40 +138,40 @@ func (d *DB) retain(ctx context.Context, r Retention, now time.Time, batch int) 
 				SELECT run_id FROM fsm_runs WHERE state IN ('complete', 'aborted', 'failed')
 				 ORDER BY IFNULL(finished_at, updated_at) DESC, run_id DESC LIMIT ?)
 			ORDER BY IFNULL(r.finished_at, r.updated_at), r.run_id LIMIT ?)`
-		if err := d.pruneBatches(ctx, batch, &res.Runs, false, &scratch, func(tx *sql.Tx) (int, error) {
-			return execCount(ctx, tx, q, r.RunsMaxCount, batch)
+		if err := r.pruneBatches(ctx, batch, &res.Runs, false, &scratch, func(tx *sql.Tx) (int, error) {
+			return execCount(ctx, tx, q, pol.RunsMaxCount, batch)
 		}); err != nil {
-			return res, fmt.Errorf("metadata: retention: finished runs beyond %d: %w", r.RunsMaxCount, err)
+			return res, fmt.Errorf("pipeline: retention: finished runs beyond %d: %w", pol.RunsMaxCount, err)
 		}
 	}
-	if r.FailedImagesMaxAge > 0 {
+	if pol.FailedImagesMaxAge > 0 {
 		q := `DELETE FROM s3_images WHERE image_id IN (SELECT i.image_id FROM s3_images i
 			WHERE i.failure_reason IS NOT NULL AND i.pulled_ns IS NULL
 			  AND NOT EXISTS (SELECT 1 FROM image_layers il WHERE il.image_id = i.image_id)
 			  AND NOT ` + fmt.Sprintf(liveRunOn, "i.image_id") + `
 			  AND COALESCE(i.used_ns, i.created_ns) < ? LIMIT ?)`
-		cutoff := now.Add(-r.FailedImagesMaxAge).UnixNano()
-		if err := d.pruneBatches(ctx, batch, &res.FailedImages, false, &scratch, func(tx *sql.Tx) (int, error) {
+		cutoff := now.Add(-pol.FailedImagesMaxAge).UnixNano()
+		if err := r.pruneBatches(ctx, batch, &res.FailedImages, false, &scratch, func(tx *sql.Tx) (int, error) {
 			return execCount(ctx, tx, q, cutoff, batch)
 		}); err != nil {
-			return res, fmt.Errorf("metadata: retention: failed images older than %s: %w", r.FailedImagesMaxAge, err)
+			return res, fmt.Errorf("pipeline: retention: failed images older than %s: %w", pol.FailedImagesMaxAge, err)
 		}
 	}
 	return res, nil
 }
 
-// RetainEvery runs Retain every interval (DefaultRetentionInterval when
-// not positive), and once at once, until ctx is done, logging what each
-// pass deleted and any error (a failed pass is tried again at the next
-// tick).
-func (d *DB) RetainEvery(ctx context.Context, interval time.Duration, r Retention) {
+// RetainEvery runs Retain with pol every interval (DefaultRetentionInterval
+// when not positive), and once at once, until ctx is done, logging what
+// each pass deleted and any error (a failed pass is tried again at the
+// next tick).
+func (r Records) RetainEvery(ctx context.Context, interval time.Duration, pol Retention) {
 	if interval <= 0 {
 		interval = DefaultRetentionInterval
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		res, err := d.Retain(ctx, r, time.Now())
+		res, err := r.Retain(ctx, pol, time.Now())
 		l := log.G(ctx).WithFields(log.Fields{"runs": res.Runs, "failed_images": res.FailedImages})
 		switch {
 		case err != nil && ctx.Err() == nil:

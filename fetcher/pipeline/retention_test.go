@@ -1,4 +1,4 @@
-package metadata
+package pipeline
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest/seed"
 )
 
@@ -16,7 +17,7 @@ import (
 // enough, an image that was pulled stays whatever its last failure.
 func TestRetention(t *testing.T) {
 	ctx := context.Background()
-	db := openTestDB(t)
+	db := metadatatest.Open(t)
 	now := time.Unix(1_900_000_000, 0)
 	day := 24 * time.Hour
 	run := func(id, state string, finishedAgo time.Duration, parent string, after ...string) {
@@ -59,11 +60,11 @@ func TestRetention(t *testing.T) {
 	}
 
 	// Nothing is old yet for the images; runs: the count keeps the 3 newest.
-	res, err := db.retain(ctx, Retention{RunsMaxAge: 7 * day, RunsMaxCount: 3, FailedImagesMaxAge: -1}, now, 2)
+	res, err := RecordsOf(db).retain(ctx, Retention{RunsMaxAge: 7 * day, RunsMaxCount: 3, FailedImagesMaxAge: -1}, now, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids, err := queryAll(ctx, db.db, "list run ids", func(s rowScanner) (id string, err error) {
+	ids, err := queryAll(ctx, db.Statements(), "list run ids", func(s rowScanner) (id string, err error) {
 		return id, s.Scan(&id)
 	}, `SELECT run_id FROM fsm_runs ORDER BY run_id`)
 	if err != nil {
@@ -79,17 +80,17 @@ func TestRetention(t *testing.T) {
 
 	// An image is judged by when it was created or last used: a year on,
 	// the image that never pulled goes, the pulled one stays.
-	res, err = db.retain(ctx, Retention{RunsMaxAge: -1, RunsMaxCount: -1}, now.Add(365*day), 2)
+	res, err = RecordsOf(db).retain(ctx, Retention{RunsMaxAge: -1, RunsMaxCount: -1}, now.Add(365*day), 2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if res.FailedImages != 1 || res.Runs != 0 {
 		t.Errorf("retention a year on = %+v, want the one failed image", res)
 	}
-	if im := seed.Rows(t, db.db, `SELECT image_id FROM s3_images WHERE image_id = 's3-failed'`); len(im) != 0 {
+	if im := seed.Rows(t, db.Statements(), `SELECT image_id FROM s3_images WHERE image_id = 's3-failed'`); len(im) != 0 {
 		t.Errorf("failed image kept: %q", im)
 	}
-	if im := seed.Rows(t, db.db, `SELECT image_id FROM s3_images WHERE image_id = 's3-w1'`); len(im) != 1 {
+	if im := seed.Rows(t, db.Statements(), `SELECT image_id FROM s3_images WHERE image_id = 's3-w1'`); len(im) != 1 {
 		t.Error("the pulled image whose later pull failed was deleted")
 	}
 }
