@@ -1,7 +1,10 @@
-// Package metadata is the one SQLite database of the snapshotter: its schema
-// (embedded, numbered migrations with a SHA-256 ledger), the connection
-// settings of the design and the typed queries of every table. Other packages
-// never see SQL: each table group has its file of typed queries here.
+// Package metadata is the one SQLite database of the snapshotter: opening
+// it with the connection settings of the design ([metadata]), its schema
+// (embedded, numbered migrations with a SHA-256 ledger), transactions,
+// backups and the integrity check. It holds no table's queries: each
+// table's typed queries and record types live with the package that writes
+// it (snapshotter, fetcher/fsm, fetcher/pipeline), and the operator's
+// listings in inventory.
 package metadata
 
 import (
