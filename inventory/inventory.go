@@ -163,10 +163,8 @@ type UnpackedImage struct {
 }
 
 // UnpackedImages lists every unpacked image, oldest first, with the
-// reference count of its device. An activation is the active snapshot
-// keyed 'snap-' || image_id: migration 8 defines it so and its views spell
-// it so, and this count spells it the same way, since it takes the
-// activations on a device whatever image they belong to.
+// reference count of its device: the active snapshots on it whose key has
+// metadata.ActivationPrefix, whatever image they belong to.
 func UnpackedImages(ctx context.Context, db *metadata.DB) ([]UnpackedImage, error) {
 	return list(ctx, db, "list unpacked views", func(s rowScanner) (UnpackedImage, error) {
 		var (
@@ -180,8 +178,8 @@ func UnpackedImages(ctx context.Context, db *metadata.DB) ([]UnpackedImage, erro
 	}, `SELECT u.image_id, u.device_id, u.device_name, u.device_path, u.size_bytes,
 		u.file_count, u.layout_verified, u.unpacked_at,
 		(SELECT count(*) FROM cd_snapshots a JOIN cd_snapshots o ON o.id = a.parent_id
-			WHERE o.device_id = CAST(u.device_id AS INTEGER) AND a.kind = 'active' AND a.key LIKE 'snap-%')
-		FROM unpacked_images u ORDER BY u.id`)
+			WHERE o.device_id = CAST(u.device_id AS INTEGER) AND a.kind = 'active' AND a.key LIKE ? || '%')
+		FROM unpacked_images u ORDER BY u.id`, metadata.ActivationPrefix)
 }
 
 // Chain is an unpacked chain: one layer on its parent chain, and its

@@ -24,6 +24,12 @@ import (
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
+// ActivationPrefix starts the key of every image's activation (its active
+// snapshot): the views of migration 0008 spell it in SQL, which a migration
+// cannot take from Go, so the owner of the activations builds its keys from
+// this one.
+const ActivationPrefix = "snap-"
+
 // Migration is one embedded schema migration.
 type Migration struct {
 	Version     int

@@ -34,10 +34,9 @@ type Records struct {
 func RecordsOf(db *metadata.DB) Records { return Records{db: db} }
 
 // ActivationKey is the key of image imageID's activation (its active
-// snapshot): derived from the image id, never stored. Migration 8 of
-// package metadata defines it as 'snap-' || image_id, and its views, which
-// operators list, find the activations by it.
-func ActivationKey(imageID string) string { return "snap-" + imageID }
+// snapshot): derived from the image id, never stored, with the prefix
+// metadata's views find the activations by.
+func ActivationKey(imageID string) string { return metadata.ActivationPrefix + imageID }
 
 // LayerFile is a layer's tarball as downloaded and validated (table
 // layers).
