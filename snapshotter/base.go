@@ -4,20 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 
 	"github.com/containerd/log"
-	"golang.org/x/sys/unix"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
 // ensureBase returns the pool's base device, creating and formatting it the
-// first time: create_thin, activate, mkfs, remove lost+found (containerd
-// expects an empty root), deactivate. The outcome is recorded only after all
-// of that succeeded; until then an intent row names the id, so a crash
-// leaves nothing that reconciliation cannot roll back.
+// first time: create_thin, activate, format (the pool's Format: mkfs, and
+// the empty root containerd expects), deactivate. The outcome is recorded
+// only after all of that succeeded; until then an intent row names the id,
+// so a crash leaves nothing that reconciliation cannot roll back.
 func (s *Snapshotter) ensureBase(ctx context.Context) (*ThinDevice, error) {
 	s.baseMu.Lock()
 	defer s.baseMu.Unlock()
@@ -103,59 +100,16 @@ func (s *Snapshotter) ensureBase(ctx context.Context) (*ThinDevice, error) {
 	return s.base, nil
 }
 
-func (s *Snapshotter) formatBase(ctx context.Context, name string, id uint32) (err error) {
+func (s *Snapshotter) formatBase(ctx context.Context, name string, id uint32) error {
 	path, err := s.pool.Activate(ctx, name, id, s.cfg.BaseImageSize.Bytes())
 	if err != nil {
 		return fmt.Errorf("activate %s: %w", name, err)
 	}
-	if err := thinpool.Mkfs(ctx, path, thinpool.FSType(s.cfg.FSType), s.cfg.MkfsOptions); err != nil {
-		return fmt.Errorf("mkfs %s on %s: %w", s.cfg.FSType, path, err)
-	}
-	if err := emptyRoot(path, s.cfg.FSType, baseMountDir(s.pool.Name())); err != nil {
-		return err
+	if err := s.pool.Format(ctx, path, thinpool.FSType(s.cfg.FSType), s.cfg.MkfsOptions); err != nil {
+		return fmt.Errorf("format %s as %s: %w", path, s.cfg.FSType, err)
 	}
 	if err := s.pool.Deactivate(ctx, name); err != nil {
-		return fmt.Errorf("deactivate %s after mkfs: %w", name, err)
-	}
-	return nil
-}
-
-// baseMountDir is where the base device is mounted while it is prepared: a
-// fixed path per pool, so reconciliation can release a mount left by a
-// crash before it rolls the base back.
-func baseMountDir(pool string) string {
-	return filepath.Join(os.TempDir(), "flyio-snapshotter-base-"+pool)
-}
-
-// releaseBaseMount detaches whatever a crashed process left mounted on the
-// base's mount point and removes it. Nothing there is not an error.
-func releaseBaseMount(pool string) {
-	dir := baseMountDir(pool)
-	_ = unix.Unmount(dir, unix.MNT_DETACH)
-	_ = os.Remove(dir)
-}
-
-// emptyRoot mounts the fresh filesystem on path at dir, removes lost+found
-// and makes the root 0755, so a parentless snapshot starts as an empty
-// directory, as containerd expects.
-func emptyRoot(path, fsType, dir string) (err error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("mount %s to empty its root: %w", path, err)
-	}
-	defer os.Remove(dir)
-	if err := unix.Mount(path, dir, fsType, 0, ""); err != nil {
-		return fmt.Errorf("mount %s (%s) on %s to empty its root: %w", path, fsType, dir, err)
-	}
-	defer func() {
-		if uerr := unix.Unmount(dir, 0); uerr != nil && err == nil {
-			err = fmt.Errorf("unmount %s from %s: %w", path, dir, uerr)
-		}
-	}()
-	if err := os.Remove(filepath.Join(dir, "lost+found")); err != nil && !os.IsNotExist(err) {
-		return fmt.Errorf("remove lost+found on %s: %w", path, err)
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		return fmt.Errorf("chmod root of %s: %w", path, err)
+		return fmt.Errorf("deactivate %s after formatting it: %w", name, err)
 	}
 	return nil
 }

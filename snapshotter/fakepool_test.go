@@ -160,6 +160,14 @@ func (p *fakePool) ThinStatus(ctx context.Context, name string) (thinpool.ThinSt
 	return thinpool.ThinStatus{MappedSectors: p.mapped[id], HasMapped: p.mapped[id] > 0}, nil
 }
 
+// Format makes nothing: the fake holds no data.
+func (p *fakePool) Format(ctx context.Context, devPath string, fs thinpool.FSType, opts []string) error {
+	return nil
+}
+
+// ReleaseFormat does nothing: Format mounts nothing.
+func (p *fakePool) ReleaseFormat() {}
+
 // counts returns how many thin ids the pool holds and how many are mapped.
 func (p *fakePool) counts() (thins, active int) {
 	p.mu.Lock()

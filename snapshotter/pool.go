@@ -21,6 +21,12 @@ type devicePool interface {
 	ThinIDs(ctx context.Context) ([]uint32, error)
 	ActiveDevices(ctx context.Context) ([]thinpool.ActiveDevice, error)
 	ThinStatus(ctx context.Context, name string) (thinpool.ThinStatus, error)
+	// Format makes the filesystem fs (mkfs options opts) on the active
+	// device at devPath, its root empty: the base device, once.
+	Format(ctx context.Context, devPath string, fs thinpool.FSType, opts []string) error
+	// ReleaseFormat undoes what a Format cut short by a crash left on the
+	// host (a mount), before the device it formatted is rolled back.
+	ReleaseFormat()
 }
 
 var _ devicePool = (*thinpool.Pool)(nil)

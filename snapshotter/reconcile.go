@@ -64,7 +64,7 @@ func (s *Snapshotter) reconcile(ctx context.Context) error {
 		}
 		var derr error
 		if in.Op == intentFormatBase {
-			releaseBaseMount(s.pool.Name())
+			s.pool.ReleaseFormat()
 		}
 		// Always: a crash inside Activate can leave a device of that name
 		// with no table yet, which ActiveDevices does not list.

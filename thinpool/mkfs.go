@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
+
+	"golang.org/x/sys/unix"
 )
 
 // FSType is a filesystem Mkfs can make.
@@ -60,6 +63,64 @@ func Mkfs(ctx context.Context, devPath string, fs FSType, opts []string) error {
 	cmd.Stderr = &out
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("thinpool: mkfs %s on %s (%s %v): %w: %s", fs, devPath, bin, args, err, bytes.TrimSpace(out.Bytes()))
+	}
+	return nil
+}
+
+// Format makes a filesystem of type fs on the active thin device at
+// devPath (Mkfs, with opts), then mounts it once to empty its root:
+// lost+found is removed and the root made 0755, so that a snapshot of the
+// device starts as the empty directory containerd expects. The mount point
+// is fixed per pool, so that ReleaseFormat finds what a crash left mounted
+// there.
+func (p *Pool) Format(ctx context.Context, devPath string, fs FSType, opts []string) error {
+	if fs == "" {
+		fs = FSExt4
+	}
+	if err := Mkfs(ctx, devPath, fs, opts); err != nil {
+		return err
+	}
+	if err := emptyRoot(devPath, string(fs), p.formatDir()); err != nil {
+		return fmt.Errorf("thinpool: pool %q: %w", p.name, err)
+	}
+	return nil
+}
+
+// ReleaseFormat detaches whatever a Format cut short by a crash left
+// mounted on the pool's mount point, and removes the mount point, so
+// that the device under it can be deactivated. Nothing there is not an
+// error.
+func (p *Pool) ReleaseFormat() {
+	dir := p.formatDir()
+	_ = unix.Unmount(dir, unix.MNT_DETACH)
+	_ = os.Remove(dir)
+}
+
+// formatDir is where Format mounts the device it formats.
+func (p *Pool) formatDir() string {
+	return filepath.Join(os.TempDir(), "flyio-snapshotter-base-"+p.name)
+}
+
+// emptyRoot mounts the fresh filesystem on path at dir, removes lost+found
+// and makes the root 0755.
+func emptyRoot(path, fsType, dir string) (err error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("mount %s to empty its root: %w", path, err)
+	}
+	defer os.Remove(dir)
+	if err := unix.Mount(path, dir, fsType, 0, ""); err != nil {
+		return fmt.Errorf("mount %s (%s) on %s to empty its root: %w", path, fsType, dir, err)
+	}
+	defer func() {
+		if uerr := unix.Unmount(dir, 0); uerr != nil && err == nil {
+			err = fmt.Errorf("unmount %s from %s: %w", path, dir, uerr)
+		}
+	}()
+	if err := os.Remove(filepath.Join(dir, "lost+found")); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("remove lost+found on %s: %w", path, err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return fmt.Errorf("chmod root of %s: %w", path, err)
 	}
 	return nil
 }
