@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool/thinpooltest"
 )
 
 // cancelAt returns a step hook that cancels the caller's context when the
@@ -25,7 +27,7 @@ func cancelAt(step string, cancel context.CancelFunc) (func(string) error, *bool
 // assertSettled checks what a caller's cancellation may not leave behind:
 // an intent row, or a device in the pool that no record holds (or a record
 // whose device is gone).
-func assertSettled(t *testing.T, s *Snapshotter, pool *fakePool) {
+func assertSettled(t *testing.T, s *Snapshotter, pool *thinpooltest.FakePool) {
 	t.Helper()
 	ctx := context.Background()
 	intents, err := s.reads().Intents(ctx)
@@ -59,8 +61,8 @@ func TestCancelAtEveryStep(t *testing.T) {
 	bg := context.Background()
 	for _, step := range []string{"create:intent", "create:device", "create:activated"} {
 		t.Run("prepare/"+step, func(t *testing.T) {
-			pool := newFakePool()
-			s := newFakeSnapshotter(t, "", pool, Config{})
+			pool := thinpooltest.NewFakePool()
+			s := newFakeSnapshotter(t, pool, Config{})
 			mustParent(t, s, "parent")
 			ctx, cancel := context.WithCancel(bg)
 			defer cancel()
@@ -92,8 +94,8 @@ func TestCancelAtEveryStep(t *testing.T) {
 		})
 	}
 	t.Run("commit/commit:deactivated", func(t *testing.T) {
-		pool := newFakePool()
-		s := newFakeSnapshotter(t, "", pool, Config{})
+		pool := thinpooltest.NewFakePool()
+		s := newFakeSnapshotter(t, pool, Config{})
 		mustParent(t, s, "parent")
 		if _, err := s.Prepare(bg, "work", "parent"); err != nil {
 			t.Fatal(err)
@@ -115,7 +117,7 @@ func TestCancelAtEveryStep(t *testing.T) {
 		if _, err := s.Stat(bg, "done"); !errdefs.IsNotFound(err) {
 			t.Errorf("Stat of the cancelled commit's name: got %v, want NotFound", err)
 		}
-		if _, active := pool.counts(); active != 1 {
+		if _, active := pool.Counts(); active != 1 {
 			t.Errorf("%d devices mapped after a cancelled commit, want 1 (the active snapshot's)", active)
 		}
 		if _, err := s.Mounts(bg, "work"); err != nil {
@@ -134,8 +136,8 @@ func TestCancelAtEveryStep(t *testing.T) {
 	})
 	for _, step := range []string{"remove:marked", "reclaim:deleted"} {
 		t.Run("remove/"+step, func(t *testing.T) {
-			pool := newFakePool()
-			s := newFakeSnapshotter(t, "", pool, Config{})
+			pool := thinpooltest.NewFakePool()
+			s := newFakeSnapshotter(t, pool, Config{})
 			mustParent(t, s, "parent")
 			if _, err := s.Prepare(bg, "child", "parent"); err != nil {
 				t.Fatal(err)
@@ -171,8 +173,8 @@ func TestCancelAtEveryStep(t *testing.T) {
 // its record or still recorded for the next Cleanup.
 func TestCancelledCleanupStops(t *testing.T) {
 	bg := context.Background()
-	pool := newFakePool()
-	s := newFakeSnapshotter(t, "", pool, Config{AsyncRemove: true})
+	pool := thinpooltest.NewFakePool()
+	s := newFakeSnapshotter(t, pool, Config{AsyncRemove: true})
 	mustParent(t, s, "parent")
 	for _, k := range []string{"a", "b", "c"} {
 		if _, err := s.Prepare(bg, k, "parent"); err != nil {
@@ -221,8 +223,8 @@ func mustParent(t *testing.T, s *Snapshotter, name string) {
 // Cleanup can delete it.
 func TestCommitOfRemovedSnapshotLeavesDeviceUnmapped(t *testing.T) {
 	bg := context.Background()
-	pool := newFakePool()
-	s := newFakeSnapshotter(t, "", pool, Config{AsyncRemove: true})
+	pool := thinpooltest.NewFakePool()
+	s := newFakeSnapshotter(t, pool, Config{AsyncRemove: true})
 	if _, err := s.Prepare(bg, "work", ""); err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +239,7 @@ func TestCommitOfRemovedSnapshotLeavesDeviceUnmapped(t *testing.T) {
 	if !errdefs.IsNotFound(err) {
 		t.Fatalf("Commit of a snapshot removed meanwhile: %v, want NotFound", err)
 	}
-	if _, active := pool.counts(); active != 0 {
+	if _, active := pool.Counts(); active != 0 {
 		t.Fatalf("%d devices mapped after the failed commit; the removed device must stay unmapped", active)
 	}
 	if err := s.Cleanup(bg); err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool/thinpooltest"
 )
 
 // TestBadConfigRefusedBeforeAnyDevice: New refuses a config its Validate
@@ -29,8 +30,8 @@ func TestBadConfigRefusedBeforeAnyDevice(t *testing.T) {
 		{Config{BaseImageSize: 1 << 20}, "pool.base_image_size: must be a multiple of 512 bytes and at least 16MiB, got 1MiB"},
 		{Config{MkfsOptions: []string{"-K", ""}}, "pool.mkfs_options[1]: must not be empty"},
 	} {
-		pool := newFakePool()
-		_, err := newOn(ctx, db, pool, c.cfg)
+		pool := thinpooltest.NewFakePool()
+		_, err := New(ctx, db, pool, c.cfg)
 		if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want an invalid argument saying %q", c.cfg, err, c.want)
 		}

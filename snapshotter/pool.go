@@ -7,10 +7,12 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
-// devicePool is what the snapshotter asks of the thin pool. *thinpool.Pool
-// is the one implementation the daemon uses; the interface lets the host
-// tests and benchmarks run the bookkeeping over a pool held in memory.
-type devicePool interface {
+// DevicePool is what the snapshotter asks of the thin pool: the methods of
+// *thinpool.Pool it calls, with their meaning there. *thinpool.Pool is the
+// one implementation the daemon uses; the interface lets the host tests
+// and benchmarks run the snapshotter over a pool held in memory
+// (thinpooltest.FakePool), while the VM tests run it over the real one.
+type DevicePool interface {
 	Name() string
 	CreateThin(ctx context.Context, id uint32) error
 	CreateSnap(ctx context.Context, id, originID uint32) error
@@ -29,7 +31,7 @@ type devicePool interface {
 	ReleaseFormat()
 }
 
-var _ devicePool = (*thinpool.Pool)(nil)
+var _ DevicePool = (*thinpool.Pool)(nil)
 
 // finishTimeout bounds the work that must run to its end once a
 // device-mapper call changed the pool: recording the outcome, or rolling

@@ -32,7 +32,7 @@ func ListQuarantine(ctx context.Context, db *metadata.DB, pool *thinpool.Pool) (
 	return listQuarantine(ctx, db, pool)
 }
 
-func listQuarantine(ctx context.Context, db *metadata.DB, pool devicePool) ([]Quarantined, error) {
+func listQuarantine(ctx context.Context, db *metadata.DB, pool DevicePool) ([]Quarantined, error) {
 	qs, err := ReadRecords(db).QuarantinedIDs(ctx)
 	if err != nil {
 		return nil, err
@@ -64,7 +64,7 @@ func DeleteQuarantined(ctx context.Context, db *metadata.DB, pool *thinpool.Pool
 	return deleteQuarantined(ctx, db, pool, id)
 }
 
-func deleteQuarantined(ctx context.Context, db *metadata.DB, pool devicePool, id uint32) error {
+func deleteQuarantined(ctx context.Context, db *metadata.DB, pool DevicePool, id uint32) error {
 	q, err := quarantineOf(ctx, db, id)
 	if err != nil {
 		return err
@@ -101,7 +101,7 @@ func ReleaseQuarantined(ctx context.Context, db *metadata.DB, pool *thinpool.Poo
 	return releaseQuarantined(ctx, db, pool, id)
 }
 
-func releaseQuarantined(ctx context.Context, db *metadata.DB, pool devicePool, id uint32) error {
+func releaseQuarantined(ctx context.Context, db *metadata.DB, pool DevicePool, id uint32) error {
 	if _, err := quarantineOf(ctx, db, id); err != nil {
 		return err
 	}

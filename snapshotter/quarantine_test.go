@@ -3,10 +3,13 @@ package snapshotter
 import (
 	"context"
 	"database/sql"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool/thinpooltest"
 )
 
 // An operator reviews what start-up quarantined: lists it, cannot release
@@ -15,9 +18,9 @@ import (
 // are not quarantined, are refused with the reason.
 func TestQuarantineReview(t *testing.T) {
 	ctx := context.Background()
-	pool := newFakePool()
-	dir := t.TempDir()
-	s := newFakeSnapshotter(t, dir, pool, Config{})
+	pool := thinpooltest.NewFakePool()
+	s := newFakeSnapshotter(t, pool, Config{})
+	base := s.base.ID
 	const stray = 777
 	if err := pool.CreateThin(ctx, stray); err != nil {
 		t.Fatal(err)
@@ -25,7 +28,7 @@ func TestQuarantineReview(t *testing.T) {
 	if _, err := pool.Activate(ctx, "someone-elses", stray, 1<<20); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := newOn(ctx, s.db, pool, Config{}); err != nil { // start-up
+	if _, err := New(ctx, s.db, pool, Config{}); err != nil { // start-up
 		t.Fatal(err)
 	}
 	qs, err := listQuarantine(ctx, s.db, pool)
@@ -48,14 +51,14 @@ func TestQuarantineReview(t *testing.T) {
 	// An id the records own (here the base) is the daemon's, even if
 	// someone quarantined it.
 	if err := s.db.WithTx(ctx, func(tx *sql.Tx) error {
-		return RecordsTx(tx).Quarantine(ctx, fakeBaseID, "test", false, 1)
+		return RecordsTx(tx).Quarantine(ctx, base, "test", false, 1)
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := deleteQuarantined(ctx, s.db, pool, fakeBaseID); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "device record owns it") {
+	if err := deleteQuarantined(ctx, s.db, pool, base); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "device record owns it") {
 		t.Fatalf("delete of an id a record owns: %v, want FailedPrecondition", err)
 	}
-	if ok, _ := pool.ThinExists(ctx, fakeBaseID); !ok {
+	if ok, _ := pool.ThinExists(ctx, base); !ok {
 		t.Fatal("the base device was deleted")
 	}
 
@@ -65,18 +68,19 @@ func TestQuarantineReview(t *testing.T) {
 	if ok, _ := pool.ThinExists(ctx, stray); ok {
 		t.Fatal("quarantined device still in the pool after delete")
 	}
-	if _, active := pool.counts(); active != 0 {
+	if _, active := pool.Counts(); active != 0 {
 		t.Fatalf("%d devices still mapped after delete", active)
 	}
 	qs, _ = listQuarantine(ctx, s.db, pool)
-	if len(qs) != 2 || qs[1].DeviceID != stray || !qs[1].Deleted || qs[1].InPool {
+	i := slices.IndexFunc(qs, func(q Quarantined) bool { return q.DeviceID == stray })
+	if len(qs) != 2 || i < 0 || !qs[i].Deleted || qs[i].InPool {
 		t.Fatalf("after delete = %+v, want %d recorded deleted and still quarantined", qs, stray)
 	}
 	if err := releaseQuarantined(ctx, s.db, pool, stray); err != nil {
 		t.Fatal(err)
 	}
 	qs, _ = listQuarantine(ctx, s.db, pool)
-	if len(qs) != 1 || qs[0].DeviceID != fakeBaseID {
+	if len(qs) != 1 || qs[0].DeviceID != base {
 		t.Fatalf("after release = %+v, want only the base's test entry", qs)
 	}
 	if err := releaseQuarantined(ctx, s.db, pool, stray); !errdefs.IsNotFound(err) {

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool/thinpooltest"
 )
 
 // A snapshot whose device vanished from the pool while the daemon was
@@ -12,8 +14,8 @@ import (
 // (for the operator) when a child is.
 func TestReconcileDropsSnapshotsWhoseDeviceIsGone(t *testing.T) {
 	ctx := context.Background()
-	pool := newFakePool()
-	s := newFakeSnapshotter(t, "", pool, Config{})
+	pool := thinpooltest.NewFakePool()
+	s := newFakeSnapshotter(t, pool, Config{})
 	mustParent(t, s, "parent")
 	mustParent(t, s, "lone")
 	if _, err := s.Prepare(ctx, "child", "parent"); err != nil {
@@ -28,7 +30,7 @@ func TestReconcileDropsSnapshotsWhoseDeviceIsGone(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s, err := newOn(ctx, s.db, pool, Config{})
+	s, err := New(ctx, s.db, pool, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,12 +12,14 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool/thinpooltest"
 )
 
-// recordsOnly is a Snapshotter on a real database and an empty fakePool,
-// removing asynchronously: enough for every call that only reads or writes
-// records (Stat, Update, Walk, Remove, Exists, DeviceOf, DeviceCounts, and
-// the checks that precede device work). Records are seeded directly.
+// recordsOnly is a Snapshotter on a real database and an empty
+// thinpooltest.FakePool, removing asynchronously: enough for every call
+// that only reads or writes records (Stat, Update, Walk, Remove, Exists,
+// DeviceOf, DeviceCounts, and the checks that precede device work).
+// Records are seeded directly.
 type recordsOnly struct {
 	*Snapshotter
 	t    *testing.T
@@ -28,7 +30,7 @@ func newRecordsOnly(t *testing.T) *recordsOnly {
 	t.Helper()
 	ctx := context.Background()
 	db := metadatatest.Open(t)
-	r := &recordsOnly{Snapshotter: &Snapshotter{db: db, pool: newFakePool(), cfg: Config{FSType: "ext4", BaseImageSize: DefaultBaseImageSize, AsyncRemove: true}}, t: t, next: 100}
+	r := &recordsOnly{Snapshotter: &Snapshotter{db: db, pool: thinpooltest.NewFakePool(), cfg: Config{FSType: "ext4", BaseImageSize: DefaultBaseImageSize, AsyncRemove: true}}, t: t, next: 100}
 	r.tx(func(q Records) error {
 		return q.InsertThinDevice(ctx, ThinDevice{ID: 1, Name: "p-base-1", Role: ThinRoleBase,
 			State: ThinStateInactive, SizeBytes: DefaultBaseImageSize, FSType: "ext4", CreatedNs: 1, UpdatedNs: 1})

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool/thinpooltest"
 )
 
 // serveProxy serves s over containerd's snapshots gRPC API on a unix
@@ -49,8 +50,8 @@ func serveProxy(t *testing.T, s snapshots.Snapshotter) snapshots.Snapshotter {
 // before keeps its device throughout.
 func TestReserveRefusesNewSnapshots(t *testing.T) {
 	ctx := context.Background()
-	pool := newFakePool()
-	s := newFakeSnapshotter(t, "", pool, Config{})
+	pool := thinpooltest.NewFakePool()
+	s := newFakeSnapshotter(t, pool, Config{})
 	if _, err := s.Prepare(ctx, "layer", ""); err != nil {
 		t.Fatal(err)
 	}
@@ -63,8 +64,8 @@ func TestReserveRefusesNewSnapshots(t *testing.T) {
 	// 4096 blocks of 64 KiB, 300 free: under the 10% reserve (410 blocks).
 	under := thinpool.PoolStatus{UsedMetadataBlocks: 50, TotalMetadataBlocks: 4096, UsedDataBlocks: 4096 - 300,
 		TotalDataBlocks: 4096, BlockSizeSectors: 128, Mode: thinpool.ModeReadWrite, QueueIfNoSpace: true}
-	pool.setSpace(under, 10)
-	before, _ := pool.counts()
+	pool.SetSpace(under, 10)
+	before, _ := pool.Counts()
 	client := serveProxy(t, s)
 	for _, c := range []struct {
 		via  string
@@ -89,7 +90,7 @@ func TestReserveRefusesNewSnapshots(t *testing.T) {
 	if _, err := s.Prepare(ctx, "ctr-1", "image"); !errors.Is(err, thinpool.ErrBelowReserve) {
 		t.Fatalf("in process the refusal also matches thinpool.ErrBelowReserve (the pipelines stop a pull on it): %v", err)
 	}
-	if after, _ := pool.counts(); after != before {
+	if after, _ := pool.Counts(); after != before {
 		t.Fatalf("refused creates left devices: %d thin ids, was %d", after, before)
 	}
 	for _, key := range []string{"ctr-1", "view-1", "ctr-2", "view-2"} {
@@ -105,14 +106,14 @@ func TestReserveRefusesNewSnapshots(t *testing.T) {
 	// A pool out of data space refuses the same way (ResourceExhausted).
 	full := under
 	full.UsedDataBlocks, full.Mode = full.TotalDataBlocks, thinpool.ModeOutOfDataSpace
-	pool.setSpace(full, 10)
+	pool.SetSpace(full, 10)
 	if _, err := client.Prepare(ctx, "ctr-3", "image"); !errdefs.IsResourceExhausted(err) {
 		t.Fatalf("Prepare on a full pool: %v; want ResourceExhausted", err)
 	}
 
 	freed := under
 	freed.UsedDataBlocks = 4096 - 410
-	pool.setSpace(freed, 10)
+	pool.SetSpace(freed, 10)
 	if _, err := client.Prepare(ctx, "ctr-1", "image"); err != nil {
 		t.Fatalf("Prepare with the reserve free again: %v", err)
 	}

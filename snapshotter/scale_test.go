@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool/thinpooltest"
 )
 
 var scaleSizes = flag.String("flyio.scale-sizes", "100,1000,10000", "snapshot counts BenchmarkScale measures at (the first is the anchor of the ratios)")
@@ -64,7 +66,7 @@ func scaleKey(i, layer int) string {
 // populate records n committed snapshots (n/scaleImageDepth images of
 // scaleImageDepth layers) in one transaction, each a thin snapshot made in
 // pool, as if containerd had unpacked them.
-func populate(b *testing.B, s *Snapshotter, pool devicePool, n int) {
+func populate(b *testing.B, s *Snapshotter, pool DevicePool, n int) {
 	b.Helper()
 	ctx := context.Background()
 	base, err := s.ensureBase(ctx)
@@ -109,7 +111,7 @@ func populate(b *testing.B, s *Snapshotter, pool devicePool, n int) {
 type scaleEnv struct {
 	n                                  int
 	s                                  *Snapshotter
-	pool                               devicePool
+	pool                               DevicePool
 	prep, commit, remove, stat, lookup []time.Duration
 }
 
@@ -174,7 +176,7 @@ func measureScale(b *testing.B, envs []*scaleEnv) [][]scaleRow {
 		var startup []time.Duration
 		for range 5 {
 			var err error
-			startup = timed(startup, func() { _, err = newOn(ctx, s.db, e.pool, s.cfg) })
+			startup = timed(startup, func() { _, err = New(ctx, s.db, e.pool, s.cfg) })
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -214,15 +216,15 @@ func measureScale(b *testing.B, envs []*scaleEnv) [][]scaleRow {
 // BenchmarkScale times Prepare, Commit, Remove, Stat, one image's garbage
 // collection and start-up reconciliation with 100, 1,000 and 10,000
 // snapshots recorded (-flyio.scale-sizes), on a real database and the
-// in-memory fakePool, and prints p50 and p99 with each row's ratio to the
-// first size. It fails when a per-call row's p50 grows more than
+// in-memory thinpooltest.FakePool, and prints p50 and p99 with each row's
+// ratio to the first size. It fails when a per-call row's p50 grows more than
 // maxPerCallRatio. It measures once, whatever b.N.
 func BenchmarkScale(b *testing.B) {
 	sizes := scaleSizeList(b)
 	var envs []*scaleEnv
 	for _, n := range sizes {
-		pool := newFakePool()
-		envs = append(envs, &scaleEnv{n: n, s: newFakeSnapshotter(b, "", pool, Config{}), pool: pool})
+		pool := thinpooltest.NewFakePool()
+		envs = append(envs, &scaleEnv{n: n, s: newFakeSnapshotter(b, pool, Config{}), pool: pool})
 	}
 	reportScale(b, sizes, measureScale(b, envs))
 	for b.Loop() {

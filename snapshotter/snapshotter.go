@@ -27,7 +27,7 @@ import (
 // database or the pool: Close leaves both open.
 type Snapshotter struct {
 	db   *metadata.DB
-	pool devicePool
+	pool DevicePool
 	cfg  Config
 
 	baseMu sync.Mutex
@@ -49,18 +49,14 @@ var (
 	_ snapshots.Cleaner     = (*Snapshotter)(nil)
 )
 
-// New returns a Snapshotter on pool with its records in db, after reconciling
-// the database with the pool (see Reconcile). db must have been opened
-// read-write (migrated to include 0004_snapshotter).
-func New(ctx context.Context, db *metadata.DB, pool *thinpool.Pool, cfg Config) (*Snapshotter, error) {
+// New returns a Snapshotter on pool (the daemon's *thinpool.Pool) with its
+// records in db, after reconciling the database with the pool (the package
+// doc says how). db must have been opened read-write (migrated to include
+// 0004_snapshotter).
+func New(ctx context.Context, db *metadata.DB, pool DevicePool, cfg Config) (*Snapshotter, error) {
 	if db == nil || pool == nil {
 		return nil, fmt.Errorf("new snapshotter: database and pool are required: %w", errdefs.ErrInvalidArgument)
 	}
-	return newOn(ctx, db, pool, cfg)
-}
-
-// newOn is New over any devicePool.
-func newOn(ctx context.Context, db *metadata.DB, pool devicePool, cfg Config) (*Snapshotter, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("new snapshotter: invalid config: %w: %w", errdefs.ErrInvalidArgument, err)

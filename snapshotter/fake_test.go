@@ -1,0 +1,26 @@
+package snapshotter
+
+import (
+	"context"
+	"testing"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool/thinpooltest"
+)
+
+// newFakeSnapshotter returns a Snapshotter on a real database and pool,
+// with its base device already made (recorded and in the pool, without a
+// filesystem: the fake's Format makes none), so that the tests' first
+// parentless snapshot does no more device work than any other.
+func newFakeSnapshotter(t testing.TB, pool *thinpooltest.FakePool, cfg Config) *Snapshotter {
+	t.Helper()
+	ctx := context.Background()
+	s, err := New(ctx, metadatatest.Open(t), pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ensureBase(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}

@@ -1,0 +1,253 @@
+// Package thinpooltest holds FakePool, a fake of *thinpool.Pool for tests
+// on hosts without device-mapper: a thin pool kept in memory, driven by the
+// same methods (the ones the snapshotter's DevicePool names). Faking the
+// pool is sound because the real pool runs behind those methods in the VM
+// tests (integration/vm); what runs over FakePool on the host (the
+// snapshotter's bookkeeping, and what is built on it) is the real code.
+// Only tests import this package.
+package thinpooltest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
+)
+
+// FakePool is a thin pool held in memory: thin ids, the device-mapper
+// names mapped to them and the sectors each maps. It answers
+// with thinpool's errors where the kernel would fail (an id taken, an id
+// or a name missing, a mapped id deleted) and refuses creates as the real
+// pool does once SetSpace gave it a status line. It stores no data and
+// makes no filesystem: a device maps the sectors Write says it wrote, on
+// top of those its origin mapped when it was snapshotted. Its methods are
+// safe for concurrent use.
+type FakePool struct {
+	mu     sync.Mutex
+	thins  map[uint32]*thin  // thin id -> the device
+	active map[string]uint32 // dm name -> thin id
+	used   uint64            // sectors mapped by some device
+	// space, when set, is the pool's status line: creates are refused
+	// by the rules of the real pool (thinpool's FullError and
+	// ReserveError at reserve percent) before anything is made.
+	space   *thinpool.PoolStatus
+	reserve float64
+}
+
+// thin is one thin device: the runs of sectors it maps, shared with its
+// origin and its snapshots as a thin pool shares blocks.
+type thin struct {
+	runs []*run
+}
+
+// run is sectors written once, held by every device that maps them.
+type run struct {
+	sectors uint64
+	holders int
+}
+
+// NewFakePool returns an empty pool that refuses nothing.
+func NewFakePool() *FakePool {
+	return &FakePool{thins: map[uint32]*thin{}, active: map[string]uint32{}}
+}
+
+// SetSpace gives the pool a status line and a reserve (percent) that its
+// creates obey from now on, as thinpool.Pool's obey the kernel's status
+// and Config.MinFreeSpace.
+func (p *FakePool) SetSpace(st thinpool.PoolStatus, reserve float64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.space, p.reserve = &st, reserve
+}
+
+// creatable refuses a create as the real pool would with p.space; p.mu
+// is held.
+func (p *FakePool) creatable() error {
+	if p.space == nil {
+		return nil
+	}
+	if err := p.space.FullError(); err != nil {
+		return err
+	}
+	return p.space.ReserveError(p.reserve, "pool.min_free_space")
+}
+
+// Name is the pool's device-mapper name: "fake".
+func (p *FakePool) Name() string { return "fake" }
+
+// CreateThin makes thin id id, mapping nothing.
+func (p *FakePool) CreateThin(ctx context.Context, id uint32) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.thins[id]; ok {
+		return fmt.Errorf("fake pool: create_thin %d: %w", id, thinpool.ErrExists)
+	}
+	if err := p.creatable(); err != nil {
+		return fmt.Errorf("fake pool: create_thin %d: %w", id, err)
+	}
+	p.thins[id] = &thin{}
+	return nil
+}
+
+// CreateSnap makes thin id id a snapshot of originID: it maps what the
+// origin maps, sharing it.
+func (p *FakePool) CreateSnap(ctx context.Context, id, originID uint32) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	origin, ok := p.thins[originID]
+	if !ok {
+		return fmt.Errorf("fake pool: create_snap %d of %d: origin: %w", id, originID, thinpool.ErrNotFound)
+	}
+	if _, ok := p.thins[id]; ok {
+		return fmt.Errorf("fake pool: create_snap %d: %w", id, thinpool.ErrExists)
+	}
+	if err := p.creatable(); err != nil {
+		return fmt.Errorf("fake pool: create_snap %d of %d: %w", id, originID, err)
+	}
+	for _, r := range origin.runs {
+		r.holders++
+	}
+	p.thins[id] = &thin{runs: append([]*run(nil), origin.runs...)}
+	return nil
+}
+
+// Delete removes thin id id, freeing the sectors no other device maps; a
+// mapped id is refused with thinpool.ErrBusy.
+func (p *FakePool) Delete(ctx context.Context, id uint32) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t, ok := p.thins[id]
+	if !ok {
+		return fmt.Errorf("fake pool: delete %d: %w", id, thinpool.ErrNotFound)
+	}
+	for name, a := range p.active {
+		if a == id {
+			return fmt.Errorf("fake pool: delete %d: mapped as %s: %w", id, name, thinpool.ErrBusy)
+		}
+	}
+	for _, r := range t.runs {
+		if r.holders--; r.holders == 0 {
+			p.used -= r.sectors
+		}
+	}
+	delete(p.thins, id)
+	return nil
+}
+
+// Activate maps name to thin id id and returns its device path; mapping a
+// name again to the same id is not an error.
+func (p *FakePool) Activate(ctx context.Context, name string, id uint32, sizeBytes int64) (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.thins[id]; !ok {
+		return "", fmt.Errorf("fake pool: activate %s (%d): %w", name, id, thinpool.ErrNotFound)
+	}
+	if a, ok := p.active[name]; ok && a != id {
+		return "", fmt.Errorf("fake pool: activate %s: maps %d: %w", name, a, thinpool.ErrExists)
+	}
+	p.active[name] = id
+	return thinpool.DevicePath(name), nil
+}
+
+// Deactivate unmaps name; a name not mapped is not an error.
+func (p *FakePool) Deactivate(ctx context.Context, name string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.active, name)
+	return nil
+}
+
+// ThinExists reports whether the pool holds thin id id.
+func (p *FakePool) ThinExists(ctx context.Context, id uint32) (bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.thins[id]
+	return ok, nil
+}
+
+// ThinIDs lists the thin ids the pool holds, in no order.
+func (p *FakePool) ThinIDs(ctx context.Context) ([]uint32, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ids := make([]uint32, 0, len(p.thins))
+	for id := range p.thins {
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+// ActiveDevices lists the mapped names with their thin ids.
+func (p *FakePool) ActiveDevices(ctx context.Context) ([]thinpool.ActiveDevice, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]thinpool.ActiveDevice, 0, len(p.active))
+	for name, id := range p.active {
+		out = append(out, thinpool.ActiveDevice{Name: name, ThinID: id})
+	}
+	return out, nil
+}
+
+// ThinStatus returns the sectors the device mapped as name maps;
+// thinpool.ErrNotFound when name is not mapped.
+func (p *FakePool) ThinStatus(ctx context.Context, name string) (thinpool.ThinStatus, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	id, ok := p.active[name]
+	if !ok {
+		return thinpool.ThinStatus{}, fmt.Errorf("fake pool: status of %s: %w", name, thinpool.ErrNotFound)
+	}
+	var mapped uint64
+	for _, r := range p.thins[id].runs {
+		mapped += r.sectors
+	}
+	return thinpool.ThinStatus{MappedSectors: mapped, HasMapped: mapped > 0}, nil
+}
+
+// Format checks devPath is a mapped device of the pool
+// (thinpool.ErrNotFound otherwise) and makes nothing: the fake holds no
+// data.
+func (p *FakePool) Format(ctx context.Context, devPath string, fs thinpool.FSType, opts []string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for name := range p.active {
+		if thinpool.DevicePath(name) == devPath {
+			return nil
+		}
+	}
+	return fmt.Errorf("fake pool: format %s: not a mapped device: %w", devPath, thinpool.ErrNotFound)
+}
+
+// ReleaseFormat does nothing: Format mounts nothing.
+func (p *FakePool) ReleaseFormat() {}
+
+// Write makes thin id id map sectors more, newly allocated, as a write to
+// sectors it did not map would; thinpool.ErrNotFound when the pool has
+// no such id.
+func (p *FakePool) Write(id uint32, sectors uint64) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t, ok := p.thins[id]
+	if !ok {
+		return fmt.Errorf("fake pool: write to %d: %w", id, thinpool.ErrNotFound)
+	}
+	t.runs = append(t.runs, &run{sectors: sectors, holders: 1})
+	p.used += sectors
+	return nil
+}
+
+// UsedSectors returns the pool's data in use: the sectors some device
+// maps, each counted once however many devices share it.
+func (p *FakePool) UsedSectors() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.used
+}
+
+// Counts returns how many thin ids the pool holds and how many names are
+// mapped.
+func (p *FakePool) Counts() (thins, active int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.thins), len(p.active)
+}
