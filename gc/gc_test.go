@@ -14,152 +14,26 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
-	"github.com/containerd/containerd/v2/pkg/filters"
 	"github.com/containerd/errdefs"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter/snapshottertest"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool/thinpooltest"
 )
 
 const mib = 1 << 20
 
-// fakePool is a fake of the thin pool under the snapshotter, for host tests
-// that have no device-mapper: the snapshot and device records are real rows
-// of the metadata database, written through snapshotter.RecordsTx as
-// package snapshotter writes them, and removed the same way (RemoveIf runs
-// its guard in the removing transaction; Cleanup deletes removed devices).
-// Only the pool's blocks are fake: each device holds a number of data bytes,
-// and the pool's usage is their sum over the devices not deleted yet.
-type fakePool struct {
-	db    *metadata.DB
-	total uint64
-
-	mu    sync.Mutex
-	bytes map[uint32]uint64 // thin id → data bytes, for devices in the pool
-	next  uint32
-	reads int // usage calls
-}
-
-func (p *fakePool) usage(context.Context) (Usage, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.reads++
-	var used uint64
-	for _, b := range p.bytes {
-		used += b
-	}
-	return Usage{DataUsed: used, DataTotal: p.total, MetaUsed: 10, MetaTotal: 1000}, nil
-}
-
-// add records snapshot key on parent holding bytes of data.
-func (p *fakePool) add(t *testing.T, key, parent, kind string, labels map[string]string, bytes uint64) {
-	t.Helper()
-	ctx := context.Background()
-	p.mu.Lock()
-	p.next++
-	id := p.next
-	p.mu.Unlock()
-	err := p.db.WithTx(ctx, func(tx *sql.Tx) error {
-		q := snapshotter.RecordsTx(tx)
-		var parentID int64
-		if parent != "" {
-			r, ok, err := q.Snapshot(ctx, parent)
-			if err != nil || !ok {
-				return fmt.Errorf("parent %q: %v %v", parent, ok, err)
-			}
-			parentID = r.ID
-		}
-		now := time.Now().UnixNano()
-		if err := q.InsertThinDevice(ctx, snapshotter.ThinDevice{ID: id, Name: fmt.Sprintf("fake-%d", id), Role: snapshotter.ThinRoleSnapshot,
-			State: snapshotter.ThinStateInactive, SizeBytes: 1 << 30, FSType: "ext4", CreatedNs: now, UpdatedNs: now}); err != nil {
-			return err
-		}
-		_, err := q.InsertSnapshot(ctx, snapshotter.CDSnapshot{Key: key, Kind: kind, ParentID: parentID, DeviceID: id, Labels: labels, CreatedNs: now, UpdatedNs: now})
-		return err
-	})
-	if err != nil {
-		t.Fatalf("add snapshot %s: %v", key, err)
-	}
-	p.mu.Lock()
-	p.bytes[id] = bytes
-	p.mu.Unlock()
-}
-
-func (p *fakePool) Walk(ctx context.Context, fn snapshots.WalkFunc, fs ...string) error {
-	filter, err := filters.ParseAll(fs...)
-	if err != nil {
-		return err
-	}
-	rows, err := snapshotter.ReadRecords(p.db).Snapshots(ctx)
-	if err != nil {
-		return err
-	}
-	for _, r := range rows {
-		kind := map[string]snapshots.Kind{snapshotter.SnapKindActive: snapshots.KindActive, snapshotter.SnapKindCommitted: snapshots.KindCommitted,
-			snapshotter.SnapKindView: snapshots.KindView}[r.Kind]
-		info := snapshots.Info{Kind: kind, Name: r.Key, Parent: r.ParentKey, Labels: r.Labels}
-		if !filter.Match(filters.AdapterFunc(func(fp []string) (string, bool) {
-			if len(fp) == 1 && fp[0] == "parent" {
-				return info.Parent, true
-			}
-			return "", false
-		})) {
-			continue
-		}
-		if err := fn(ctx, info); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (p *fakePool) Remove(ctx context.Context, key string) error { return p.RemoveIf(ctx, key, nil) }
-
-func (p *fakePool) RemoveIf(ctx context.Context, key string, guard snapshotter.RemoveGuard) error {
-	return p.db.WithTx(ctx, func(tx *sql.Tx) error {
-		if guard != nil {
-			if err := guard(ctx, tx); err != nil {
-				return err
-			}
-		}
-		_, children, found, err := snapshotter.RecordsTx(tx).RemoveSnapshot(ctx, key, time.Now().UnixNano())
-		switch {
-		case err != nil:
-			return err
-		case !found:
-			return fmt.Errorf("remove %q: %w", key, errdefs.ErrNotFound)
-		case children > 0:
-			return fmt.Errorf("remove %q: %d children: %w", key, children, errdefs.ErrFailedPrecondition)
-		}
-		return nil
-	})
-}
-
-func (p *fakePool) Cleanup(ctx context.Context) error {
-	devs, err := snapshotter.ReadRecords(p.db).ThinDevices(ctx, snapshotter.ThinStateRemoved)
-	if err != nil {
-		return err
-	}
-	for _, d := range devs {
-		p.mu.Lock()
-		delete(p.bytes, d.ID)
-		p.mu.Unlock()
-		if err := p.db.WithTx(ctx, func(tx *sql.Tx) error { return snapshotter.RecordsTx(tx).DeleteThinDevice(ctx, d.ID) }); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// fakeNames is a fake of containerd, over the fake pool: it lists the
+// fakeNames is a fake of containerd, over the snapshotter: it lists the
 // images it is given (PoolImages), records the S3 names removed, and
 // removes a registry image the way containerd does: the record, then what
 // its garbage collection would remove through the proxy plugin (the
 // snapshots containerd committed in that namespace, top first, that no
 // other image of the namespace has; RemoveIf refuses one with children).
 type fakeNames struct {
-	pool *fakePool
+	snaps *snapshotter.Snapshotter
 
 	mu         sync.Mutex
 	removed    []string // S3 names unregistered
@@ -205,7 +79,7 @@ func (n *fakeNames) RemoveImage(ctx context.Context, ns, name string) error {
 		if held[ch] {
 			break
 		}
-		err := n.pool.RemoveIf(ctx, registryKey(ns, ch), nil)
+		err := n.snaps.RemoveIf(ctx, registryKey(ns, ch), nil)
 		if errdefs.IsNotFound(err) {
 			continue // not containerd's own: an S3 chain it adopted
 		}
@@ -239,28 +113,30 @@ func (c *counts) Removed(cause, source string, freed int64) {
 	c.freed += freed
 }
 
+// harness is a collector over the real snapshotter on a fake thin pool,
+// the fake containerd and a real database.
 type harness struct {
 	t     *testing.T
 	db    *metadata.DB
-	pool  *fakePool
+	snaps *snapshotter.Snapshotter
+	pool  *thinpooltest.FakePool
 	names *fakeNames
 	obs   *counts
 	c     *Collector
 	dir   string
+
+	mu    sync.Mutex
+	total uint64 // the pool's data bytes
+	reads int    // usage calls
 }
 
 func newHarness(t *testing.T, total uint64, opts Options) *harness {
 	t.Helper()
-	ctx := context.Background()
-	dir := t.TempDir()
-	db, err := metadata.Open(ctx, metadata.Options{Path: filepath.Join(dir, "meta.db")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	h := &harness{t: t, db: db, pool: &fakePool{db: db, total: total, bytes: map[uint32]uint64{}}, obs: &counts{removed: map[string]int{}}, dir: dir}
-	h.names = &fakeNames{pool: h.pool}
-	opts.DB, opts.Snapshots, opts.Usage, opts.Names, opts.Observer = db, h.pool, h.pool.usage, h.names, h.obs
+	db := metadatatest.Open(t)
+	h := &harness{t: t, db: db, total: total, obs: &counts{removed: map[string]int{}}, dir: t.TempDir()}
+	h.snaps, h.pool = snapshottertest.New(t, db, snapshotter.DefaultConfig())
+	h.names = &fakeNames{snaps: h.snaps}
+	opts.DB, opts.Snapshots, opts.Usage, opts.Names, opts.Observer = db, h.snaps, h.usage, h.names, h.obs
 	opts.Guard = pipeline.GuardChain
 	opts.Prune = func(ctx context.Context) error {
 		res, err := pipeline.RecordsOf(db).PruneOrphans(ctx, true)
@@ -269,10 +145,64 @@ func newHarness(t *testing.T, total uint64, opts Options) *harness {
 		}
 		return err
 	}
+	var err error
 	if h.c, err = New(opts); err != nil {
 		t.Fatal(err)
 	}
 	return h
+}
+
+// sectorBytes is the size of the sectors thin devices map.
+const sectorBytes = 512
+
+// add makes snapshot key on parent through the snapshotter, as containerd
+// does, its device holding bytes of data: an active one is prepared (with
+// labels) and written; a committed one is prepared, written and committed
+// (with labels).
+func (h *harness) add(key, parent, kind string, labels map[string]string, bytes uint64) {
+	h.t.Helper()
+	ctx := context.Background()
+	active := key
+	switch kind {
+	case snapshotter.SnapKindActive:
+		if _, err := h.snaps.Prepare(ctx, key, parent, snapshots.WithLabels(labels)); err != nil {
+			h.t.Fatalf("prepare %s: %v", key, err)
+		}
+	case snapshotter.SnapKindCommitted:
+		active = "extract " + key
+		if _, err := h.snaps.Prepare(ctx, active, parent); err != nil {
+			h.t.Fatalf("prepare %s to commit as %s: %v", active, key, err)
+		}
+	default:
+		h.t.Fatalf("add %s: kind %q: want active or committed", key, kind)
+	}
+	h.write(active, bytes)
+	if kind == snapshotter.SnapKindCommitted {
+		if err := h.snaps.Commit(ctx, key, active, snapshots.WithLabels(labels)); err != nil {
+			h.t.Fatalf("commit %s as %s: %v", active, key, err)
+		}
+	}
+}
+
+// write makes the device of snapshot key map bytes more of data.
+func (h *harness) write(key string, bytes uint64) {
+	h.t.Helper()
+	_, _, id, err := h.snaps.DeviceOf(context.Background(), key)
+	if err != nil {
+		h.t.Fatalf("device of %s: %v", key, err)
+	}
+	if err := h.pool.Write(id, bytes/sectorBytes); err != nil {
+		h.t.Fatalf("write %d bytes to %s: %v", bytes, key, err)
+	}
+}
+
+// usage is the pool's usage as the fake pool reports it: the data its
+// devices map, of the harness's total.
+func (h *harness) usage(context.Context) (Usage, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.reads++
+	return Usage{DataUsed: h.pool.UsedSectors() * sectorBytes, DataTotal: h.total, MetaUsed: 10, MetaTotal: 1000}, nil
 }
 
 // layer is one layer of a test image: its chain and the bytes its device
@@ -301,7 +231,7 @@ func (h *harness) image(id, name string, layers ...layer) []string {
 		if c, err := pipeline.RecordsOf(h.db).GetChain(ctx, l.chain); err != nil {
 			h.t.Fatal(err)
 		} else if c == nil {
-			h.pool.add(h.t, l.chain, prev, snapshotter.SnapKindCommitted, map[string]string{pipeline.LabelSource: source}, l.bytes)
+			h.add(l.chain, prev, snapshotter.SnapKindCommitted, map[string]string{pipeline.LabelSource: source}, l.bytes)
 			if err := pipeline.RecordsOf(h.db).StoreChain(ctx, pipeline.Chain{ChainID: l.chain, ParentChainID: prev, DiffID: digest, SizeBytes: int64(l.bytes)}); err != nil {
 				h.t.Fatal(err)
 			}
@@ -318,7 +248,7 @@ func (h *harness) image(id, name string, layers ...layer) []string {
 		recs = append(recs, pipeline.ImageLayer{Key: key, ETag: "e", SizeBytes: 7, ChainID: l.chain})
 		prev = l.chain
 	}
-	h.pool.add(h.t, pipeline.ActivationKey(id), prev, snapshotter.SnapKindActive, map[string]string{pipeline.LabelPrivate: "activation"}, mib)
+	h.add(pipeline.ActivationKey(id), prev, snapshotter.SnapKindActive, map[string]string{pipeline.LabelPrivate: "activation"}, mib)
 	if err := pipeline.RecordsOf(h.db).RecordPulledImage(ctx, id, source, recs, name); err != nil {
 		h.t.Fatal(err)
 	}
@@ -416,7 +346,7 @@ func TestCollectKeepsImagesInUse(t *testing.T) {
 	h.image("img2", "pinned-in-containerd", layer{"c2", 150 * mib})
 	h.names.images = append(h.names.images, pipeline.PoolImage{Namespace: "default", Name: "pinned-in-containerd", Ours: true, Chains: []string{"c2"}, Pinned: true})
 	h.image("img3", "with-container", layer{"c3a", 100 * mib}, layer{"c3b", 50 * mib})
-	h.pool.add(t, "default/7/container", "c3a", snapshotter.SnapKindActive, nil, mib)
+	h.add("default/7/container", "c3a", snapshotter.SnapKindActive, nil, mib)
 	h.image("img4", "being-pulled", layer{"c4", 150 * mib})
 	end := h.c.Begin("img4")
 	defer end()
@@ -512,7 +442,7 @@ func TestRemove(t *testing.T) {
 	h := newHarness(t, 10000*mib, Options{})
 	files := h.image("img1", "one", layer{"c1", 100 * mib})
 	h.image("img2", "two", layer{"c2", 100 * mib})
-	h.pool.add(t, "container", "c2", snapshotter.SnapKindActive, nil, mib)
+	h.add("container", "c2", snapshotter.SnapKindActive, nil, mib)
 	removed, err := h.c.Remove(ctx, []string{"one", "two", "three"})
 	if len(removed) != 1 || removed[0].ImageID != "img1" || removed[0].Reason != "removed by rm one" {
 		t.Errorf("removed %+v, want img1", removed)
@@ -531,8 +461,9 @@ func TestRemove(t *testing.T) {
 }
 
 func TestNewRejectsBadThresholds(t *testing.T) {
+	h := newHarness(t, 1000*mib, Options{})
 	for _, c := range [][2]float64{{80, 85}, {101, 50}, {85, -1}, {50, 50}} {
-		if _, err := New(Options{DB: &metadata.DB{}, Snapshots: &fakePool{}, Usage: (&fakePool{}).usage, Guard: pipeline.GuardChain,
+		if _, err := New(Options{DB: &metadata.DB{}, Snapshots: h.snaps, Usage: h.usage, Guard: pipeline.GuardChain,
 			Prune: func(context.Context) error { return nil }, HighThreshold: c[0], LowThreshold: c[1]}); err == nil ||
 			!strings.Contains(err.Error(), "must be 0 < low < high <= 100") {
 			t.Errorf("high %v low %v: %v", c[0], c[1], err)
@@ -595,30 +526,30 @@ func TestMakeRoomGrowsPool(t *testing.T) {
 	grows, maxTotal := 0, uint64(1600*mib)
 	var h *harness
 	h = newHarness(t, 1000*mib, Options{Grow: func(context.Context) (bool, error) {
-		h.pool.mu.Lock()
-		defer h.pool.mu.Unlock()
-		if h.pool.total+200*mib > maxTotal {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if h.total+200*mib > maxTotal {
 			return false, nil
 		}
-		h.pool.total += 200 * mib
+		h.total += 200 * mib
 		grows++
 		return true, nil
 	}})
 	for _, id := range []string{"img1", "img2"} {
 		h.image(id, "name-"+id, layer{"c-" + id, 450 * mib})
-		h.pool.add(t, "ctr-"+id, "c-"+id, snapshotter.SnapKindActive, nil, 0) // in use: nothing to collect
+		h.add("ctr-"+id, "c-"+id, snapshotter.SnapKindActive, nil, 0) // in use: nothing to collect
 	}
 	// 300 MiB with the margin: 337.5 MiB; 98 MiB free, 298 after one step.
 	if err := h.c.MakeRoom(ctx, "s3://bucket/img3/", []pipeline.LayerNeed{{Position: 1, Key: "img3/1.tar", Bytes: 300 * mib}}); err != nil {
 		t.Fatalf("MakeRoom with growth allowed: %v", err)
 	}
-	if grows != 2 || h.pool.total != 1400*mib {
-		t.Fatalf("grew %d times to %d MiB; want twice, to 1400 MiB", grows, h.pool.total/mib)
+	if grows != 2 || h.total != 1400*mib {
+		t.Fatalf("grew %d times to %d MiB; want twice, to 1400 MiB", grows, h.total/mib)
 	}
 	h.present("img1", "img2")
 	err := h.c.MakeRoom(ctx, "s3://bucket/img4/", []pipeline.LayerNeed{{Position: 1, Key: "img4/1.tar", Bytes: 800 * mib}})
-	if !errors.Is(err, ErrNoRoom) || h.pool.total != 1600*mib {
-		t.Fatalf("MakeRoom past the growth limit: %v (pool %d MiB); want ErrNoRoom at 1600 MiB", err, h.pool.total/mib)
+	if !errors.Is(err, ErrNoRoom) || h.total != 1600*mib {
+		t.Fatalf("MakeRoom past the growth limit: %v (pool %d MiB); want ErrNoRoom at 1600 MiB", err, h.total/mib)
 	}
 }
 
@@ -640,7 +571,7 @@ func (h *harness) registry(ns, name string, used time.Time, ours map[string]bool
 			if _, ok, err := snapshotter.ReadRecords(h.db).Snapshot(ctx, key); err != nil {
 				h.t.Fatal(err)
 			} else if !ok {
-				h.pool.add(h.t, key, parent, snapshotter.SnapKindCommitted, map[string]string{snapshots.LabelSnapshotRef: l.chain}, l.bytes)
+				h.add(key, parent, snapshotter.SnapKindCommitted, map[string]string{snapshots.LabelSnapshotRef: l.chain}, l.bytes)
 			}
 		}
 		pi.Chains = append(pi.Chains, l.chain)
@@ -681,7 +612,7 @@ func TestCollectCoversRegistryImages(t *testing.T) {
 	h.registry("b", "reg/label-pinned", old.Add(-7*time.Minute), nil, layer{"rp1", 100 * mib}).Pinned = true
 	h.registry("b", "reg/config-pinned", old.Add(-6*time.Minute), nil, layer{"rq1", 100 * mib})
 	h.registry("b", "reg/base", old.Add(-5*time.Minute), nil, layer{"rb1", 100 * mib}, layer{"rb2", 50 * mib})
-	h.pool.add(t, "b/9/running", registryKey("b", "rb1"), snapshotter.SnapKindActive, nil, mib)
+	h.add("b/9/running", registryKey("b", "rb1"), snapshotter.SnapKindActive, nil, mib)
 	// The unused ones: the oldest registry image, then an S3 image, then
 	// a registry image in the other namespace, then the newest S3 image.
 	h.registry("a", "reg/oldest", old.Add(-time.Minute), nil, layer{"ro1", 200 * mib}, layer{"ro2", 100 * mib})
@@ -832,18 +763,13 @@ func TestPreparingCollectsWhileApplying(t *testing.T) {
 	defer func() { cancel(); <-done }()
 
 	key := "a/3/extract-1 sha256:r2"
-	h.pool.add(t, key, "", snapshotter.SnapKindActive, map[string]string{snapshots.LabelSnapshotRef: "r2"}, 0)
-	h.pool.mu.Lock()
-	dev := h.pool.next
-	h.pool.mu.Unlock()
+	h.add(key, "", snapshotter.SnapKindActive, map[string]string{snapshots.LabelSnapshotRef: "r2"}, 0)
 	h.c.Preparing(ctx, key)
 	h.waitReads(2) // watched, under the threshold: nothing to do
 	if removed := h.names.removedRegistry(); len(removed) != 0 {
 		t.Fatalf("removed %v at 50%%", removed)
 	}
-	h.pool.mu.Lock()
-	h.pool.bytes[dev] = 400 * mib // the layer's blocks: 90%
-	h.pool.mu.Unlock()
+	h.write(key, 400*mib) // the layer's blocks: 90%
 	deadline := time.Now().Add(10 * time.Second)
 	for h.obs.ran() == 0 { // a collection done
 		if time.Now().After(deadline) {
@@ -875,14 +801,14 @@ func TestPreparingCollectsWhileApplying(t *testing.T) {
 // waitReads waits until the pool's usage was read n more times.
 func (h *harness) waitReads(n int) {
 	h.t.Helper()
-	h.pool.mu.Lock()
-	want := h.pool.reads + n
-	h.pool.mu.Unlock()
+	h.mu.Lock()
+	want := h.reads + n
+	h.mu.Unlock()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		h.pool.mu.Lock()
-		got := h.pool.reads
-		h.pool.mu.Unlock()
+		h.mu.Lock()
+		got := h.reads
+		h.mu.Unlock()
 		if got >= want {
 			return
 		}
@@ -899,13 +825,13 @@ func (h *harness) watchEnded(after string) {
 	h.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		h.pool.mu.Lock()
-		before := h.pool.reads
-		h.pool.mu.Unlock()
+		h.mu.Lock()
+		before := h.reads
+		h.mu.Unlock()
 		time.Sleep(100 * time.Millisecond)
-		h.pool.mu.Lock()
-		now := h.pool.reads
-		h.pool.mu.Unlock()
+		h.mu.Lock()
+		now := h.reads
+		h.mu.Unlock()
 		if now == before {
 			return
 		}
@@ -966,9 +892,9 @@ func TestApplyWatchBoundsOtherWrites(t *testing.T) {
 	s.c.Preparing(ctx, "a/4/extract-2 sha256:u2")
 	s.waitReads(1)
 	time.Sleep(200 * time.Millisecond) // 20 polls at ApplyPoll
-	s.pool.mu.Lock()
-	reads := s.pool.reads
-	s.pool.mu.Unlock()
+	s.mu.Lock()
+	reads := s.reads
+	s.mu.Unlock()
 	if reads > 6 {
 		t.Errorf("usage read %d times in 200 ms past the threshold with nothing to remove, want the polls slowed to one in %d", reads, applyStuckPolls)
 	}
