@@ -11,8 +11,9 @@
 //
 // Thin devices are addressed by a 24-bit thin id inside the pool
 // (CreateThin, CreateSnap, Delete, ThinExists, ThinIDs) and, once activated,
-// by a device-mapper name (Activate, Deactivate, IsActive, ThinStatus). The
-// package never chooses names or ids: that is the caller's bookkeeping.
+// by a device-mapper name (Activate, Deactivate, IsActive, ThinStatus).
+// Format makes a filesystem on an active device (Mkfs) with an empty root.
+// The package never chooses names or ids: that is the caller's bookkeeping.
 //
 // Choices worth knowing:
 //   - The pool table carries skip_block_zeroing and not error_if_no_space
