@@ -23,10 +23,17 @@ import (
 func New(t testing.TB, db *metadata.DB, cfg snapshotter.Config) (*snapshotter.Snapshotter, *thinpooltest.FakePool) {
 	t.Helper()
 	pool := thinpooltest.NewFakePool()
+	return NewOn(t, db, pool, cfg), pool
+}
+
+// NewOn is New over pool, a FakePool the test made: one from
+// thinpooltest.NewFakePoolAt gives the snapshots' devices files.
+func NewOn(t testing.TB, db *metadata.DB, pool *thinpooltest.FakePool, cfg snapshotter.Config) *snapshotter.Snapshotter {
+	t.Helper()
 	s, err := snapshotter.New(context.Background(), db, pool, cfg)
 	if err != nil {
 		t.Fatalf("snapshotter on a fake pool: %v", err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
-	return s, pool
+	return s
 }

@@ -9,7 +9,13 @@ package thinpooltest
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
 	"sync"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
@@ -19,10 +25,12 @@ import (
 // names mapped to them and the sectors each maps. It answers
 // with thinpool's errors where the kernel would fail (an id taken, an id
 // or a name missing, a mapped id deleted) and refuses creates as the real
-// pool does once SetSpace gave it a status line. It stores no data and
-// makes no filesystem: a device maps the sectors Write says it wrote, on
-// top of those its origin mapped when it was snapshotted. Its methods are
-// safe for concurrent use.
+// pool does once SetSpace gave it a status line. A device maps the sectors
+// Write says it wrote, on top of those its origin mapped when it was
+// snapshotted. A pool from NewFakePool stores no files and makes no
+// filesystem; one from NewFakePoolAt gives every device a directory that
+// stands for its filesystem (ThinDir, MappedDir). Its methods are safe for
+// concurrent use.
 type FakePool struct {
 	mu     sync.Mutex
 	thins  map[uint32]*thin  // thin id -> the device
@@ -33,6 +41,9 @@ type FakePool struct {
 	// ReserveError at reserve percent) before anything is made.
 	space   *thinpool.PoolStatus
 	reserve float64
+	// root, when set, holds a directory per thin id (dir): the files
+	// on the device.
+	root string
 }
 
 // thin is one thin device: the runs of sectors it maps, shared with its
@@ -47,9 +58,33 @@ type run struct {
 	holders int
 }
 
-// NewFakePool returns an empty pool that refuses nothing.
+// NewFakePool returns an empty pool that refuses nothing and stores no
+// files.
 func NewFakePool() *FakePool {
 	return &FakePool{thins: map[uint32]*thin{}, active: map[string]uint32{}}
+}
+
+// NewFakePoolAt returns an empty pool that refuses nothing and keeps each
+// device's files in a directory under root (which it creates): CreateThin
+// makes an empty one, CreateSnap a copy of the origin's (a thin snapshot
+// holds its origin's content), Format empties it and Delete removes it.
+// The files are not counted as mapped sectors; Write still says what a
+// device maps.
+func NewFakePoolAt(root string) (*FakePool, error) {
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return nil, fmt.Errorf("fake pool at %s: %w", root, err)
+	}
+	p := NewFakePool()
+	p.root = root
+	return p, nil
+}
+
+// dir is the directory of thin id id, "" when the pool keeps no files.
+func (p *FakePool) dir(id uint32) string {
+	if p.root == "" {
+		return ""
+	}
+	return filepath.Join(p.root, strconv.FormatUint(uint64(id), 10))
 }
 
 // SetSpace gives the pool a status line and a reserve (percent) that its
@@ -86,6 +121,11 @@ func (p *FakePool) CreateThin(ctx context.Context, id uint32) error {
 	if err := p.creatable(); err != nil {
 		return fmt.Errorf("fake pool: create_thin %d: %w", id, err)
 	}
+	if d := p.dir(id); d != "" {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return fmt.Errorf("fake pool: create_thin %d: %w", id, err)
+		}
+	}
 	p.thins[id] = &thin{}
 	return nil
 }
@@ -104,6 +144,12 @@ func (p *FakePool) CreateSnap(ctx context.Context, id, originID uint32) error {
 	}
 	if err := p.creatable(); err != nil {
 		return fmt.Errorf("fake pool: create_snap %d of %d: %w", id, originID, err)
+	}
+	if d := p.dir(id); d != "" {
+		if err := copyTree(p.dir(originID), d); err != nil {
+			_ = os.RemoveAll(d)
+			return fmt.Errorf("fake pool: create_snap %d of %d: copy the origin's files: %w", id, originID, err)
+		}
 	}
 	for _, r := range origin.runs {
 		r.holders++
@@ -124,6 +170,11 @@ func (p *FakePool) Delete(ctx context.Context, id uint32) error {
 	for name, a := range p.active {
 		if a == id {
 			return fmt.Errorf("fake pool: delete %d: mapped as %s: %w", id, name, thinpool.ErrBusy)
+		}
+	}
+	if d := p.dir(id); d != "" {
+		if err := os.RemoveAll(d); err != nil {
+			return fmt.Errorf("fake pool: delete %d: its files: %w", id, err)
 		}
 	}
 	for _, r := range t.runs {
@@ -205,17 +256,74 @@ func (p *FakePool) ThinStatus(ctx context.Context, name string) (thinpool.ThinSt
 }
 
 // Format checks devPath is a mapped device of the pool
-// (thinpool.ErrNotFound otherwise) and makes nothing: the fake holds no
-// data.
+// (thinpool.ErrNotFound otherwise) and makes no filesystem; a pool that
+// keeps files empties the device's directory, the empty root a new
+// filesystem has.
 func (p *FakePool) Format(ctx context.Context, devPath string, fs thinpool.FSType, opts []string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for name := range p.active {
-		if thinpool.DevicePath(name) == devPath {
-			return nil
+	id, ok := p.mappedAt(devPath)
+	if !ok {
+		return fmt.Errorf("fake pool: format %s: not a mapped device: %w", devPath, thinpool.ErrNotFound)
+	}
+	if d := p.dir(id); d != "" {
+		if err := os.RemoveAll(d); err != nil {
+			return fmt.Errorf("fake pool: format %s: %w", devPath, err)
+		}
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return fmt.Errorf("fake pool: format %s: %w", devPath, err)
 		}
 	}
-	return fmt.Errorf("fake pool: format %s: not a mapped device: %w", devPath, thinpool.ErrNotFound)
+	return nil
+}
+
+// mappedAt returns the thin id mapped at device path devPath; p.mu is
+// held.
+func (p *FakePool) mappedAt(devPath string) (uint32, bool) {
+	for name, id := range p.active {
+		if thinpool.DevicePath(name) == devPath {
+			return id, true
+		}
+	}
+	return 0, false
+}
+
+// Mapped reports whether devPath (thinpool.DevicePath of a name) is the
+// path of a mapped device of the pool: whether the real pool's device node
+// would be there.
+func (p *FakePool) Mapped(devPath string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.mappedAt(devPath)
+	return ok
+}
+
+// ThinDir returns the directory holding the files of thin id id, mapped
+// or not; thinpool.ErrNotFound when the pool has no such id, an error when
+// it keeps no files.
+func (p *FakePool) ThinDir(id uint32) (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.root == "" {
+		return "", errors.New("fake pool: keeps no files (NewFakePoolAt does)")
+	}
+	if _, ok := p.thins[id]; !ok {
+		return "", fmt.Errorf("fake pool: files of %d: %w", id, thinpool.ErrNotFound)
+	}
+	return p.dir(id), nil
+}
+
+// MappedDir returns the directory holding the files of the device mapped
+// at devPath, what mounting devPath would show; thinpool.ErrNotFound when
+// no device is mapped there, an error when the pool keeps no files.
+func (p *FakePool) MappedDir(devPath string) (string, error) {
+	p.mu.Lock()
+	id, ok := p.mappedAt(devPath)
+	p.mu.Unlock()
+	if !ok {
+		return "", fmt.Errorf("fake pool: files at %s: not a mapped device: %w", devPath, thinpool.ErrNotFound)
+	}
+	return p.ThinDir(id)
 }
 
 // ReleaseFormat does nothing: Format mounts nothing.
@@ -250,4 +358,57 @@ func (p *FakePool) Counts() (thins, active int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.thins), len(p.active)
+}
+
+// copyTree copies the tree at src into dst (directories, regular files,
+// symlinks), keeping modes.
+func copyTree(src, dst string) error {
+	return filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, path)
+		if err != nil {
+			return err
+		}
+		to := filepath.Join(dst, rel)
+		fi, err := os.Lstat(path)
+		if err != nil {
+			return err
+		}
+		switch {
+		case fi.IsDir():
+			if err := os.MkdirAll(to, 0o755); err != nil {
+				return err
+			}
+			return os.Chmod(to, fi.Mode().Perm())
+		case fi.Mode()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(path)
+			if err != nil {
+				return err
+			}
+			return os.Symlink(target, to)
+		case fi.Mode().IsRegular():
+			return copyFile(path, to, fi.Mode().Perm())
+		}
+		return fmt.Errorf("copy %s: unsupported file type %s", path, fi.Mode().Type())
+	})
+}
+
+// copyFile copies regular file src to the new file dst with mode perm.
+func copyFile(src, dst string, perm fs.FileMode) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, perm)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
