@@ -208,7 +208,7 @@ func (p *Pipelines) verifyImageLayout(ctx context.Context, r *ActivateRequest, k
 		ms[i].Options = append(ms[i].Options, "ro")
 	}
 	dir := filepath.Join(p.opts.MountDir, r.ImageID)
-	umount, err := mountAll(ms, dir)
+	umount, err := p.mountAt(ms, dir)
 	if err != nil {
 		return fmt.Errorf("activate %s: %w", r.Source, err)
 	}

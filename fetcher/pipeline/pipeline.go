@@ -129,6 +129,10 @@ type Pipelines struct {
 	// device-mapper device, with file-system calls only (repull);
 	// mappedDeviceLive unless a test replaces it.
 	deviceLive func(path string) error
+	// mountAt mounts what the snapshotter's Mounts returned at a directory
+	// and returns the unmount function: mountAll unless a test replaces it
+	// (the host tests' devices are directories, not block devices).
+	mountAt func(ms []mount.Mount, dir string) (func() error, error)
 	// hooks are test points (crash injection); nil in production.
 	hooks map[string]func()
 	// guard, when set, keeps the pool from filling up (SetPoolGuard).
@@ -182,7 +186,7 @@ func New(ctx context.Context, opts Options) (*Pipelines, error) {
 			return nil, fmt.Errorf("pipeline: create %s: %w", d, err)
 		}
 	}
-	p := &Pipelines{opts: opts, db: opts.DB, deviceLive: mappedDeviceLive}
+	p := &Pipelines{opts: opts, db: opts.DB, deviceLive: mappedDeviceLive, mountAt: mountAll}
 	p.hooks = faultHooks(ctx)
 	p.m = fsm.NewManager(fsm.NewSQLiteStore(opts.DB),
 		fsm.WithQueueLimit(QueueDownloads, opts.Downloads), fsm.WithQueueLimit(QueueUnpacking, opts.Unpacking),

@@ -353,7 +353,7 @@ func (p *Pipelines) extractStream(ctx context.Context, s *streamExtraction, rd i
 		return tarball.Stats{}, fmt.Errorf("mounts of %s: %w", s.key, err)
 	}
 	dir := p.mountDirOf(s.key)
-	umount, err := mountAll(ms, dir)
+	umount, err := p.mountAt(ms, dir)
 	if err != nil {
 		return tarball.Stats{}, err
 	}

@@ -373,7 +373,7 @@ func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, e
 		return nil, fmt.Errorf("unpack %s: mounts of %s: %w", r.ChainID, resp.ExtractKey, err)
 	}
 	dir := p.mountDir(r.ChainID)
-	umount, err := mountAll(ms, dir)
+	umount, err := p.mountAt(ms, dir)
 	if err != nil {
 		return nil, err
 	}
@@ -471,7 +471,7 @@ func (p *Pipelines) verifyLayout(ctx context.Context, req *upReq) (_ *upResp, er
 		return nil, err
 	}
 	dir := p.mountDir(r.ChainID)
-	umount, err := mountAll(ms, dir)
+	umount, err := p.mountAt(ms, dir)
 	if err != nil {
 		return nil, err
 	}
