@@ -89,7 +89,7 @@ type env struct {
 	db  *metadata.DB
 	p   *Pipelines
 	dir string
-	sn  *fakeSnapshots // nil for download-only environments
+	sn  *faultSnapshots // nil for download-only environments
 }
 
 // newEnv starts a fake S3, a database and the pipelines (download only:

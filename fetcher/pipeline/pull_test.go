@@ -123,19 +123,20 @@ func (r *fakeRegistrar) calls(ref string) int {
 }
 
 // newPullEnv is an environment whose pipelines unpack and activate on a
-// fakeSnapshots, registering with reg when it is not nil.
+// faultSnapshots (the real snapshotter on a fake pool), registering with
+// reg when it is not nil.
 func newPullEnv(t *testing.T, reg *fakeRegistrar) *env {
 	t.Helper()
-	var sn *fakeSnapshots
+	var sn *faultSnapshots
 	e := newEnvWith(t, func(_ *env, o *Options) {
-		sn = newFakeSnapshots(t, o.DB)
+		sn = newFaultSnapshots(t, o.DB)
 		o.Snapshots, o.ThinExists = sn, sn.ThinExists
 		if reg != nil {
 			o.Registrar = reg
 		}
 	})
 	e.sn = sn
-	e.p.deviceLive = sn.deviceLive
+	sn.attach(e.p)
 	return e
 }
 
@@ -155,7 +156,8 @@ func (e *env) reopen(hooks map[string]func()) *Pipelines {
 		defer cancel()
 		p.Close(ctx)
 	})
-	p.deviceLive, p.hooks = e.sn.deviceLive, hooks
+	e.sn.attach(p)
+	p.hooks = hooks
 	if err := p.Resume(ctx); err != nil {
 		e.t.Fatalf("resume: %v", err)
 	}
@@ -338,16 +340,17 @@ func TestPullPoisonedETag(t *testing.T) {
 	// from the environment; this server is plain HTTP.
 	t.Setenv("AWS_CA_BUNDLE", "")
 	liar := &etagLiar{next: http.DefaultTransport}
-	var sn *fakeSnapshots
+	var sn *faultSnapshots
 	e := newEnvWith(t, func(e *env, o *Options) {
-		sn = newFakeSnapshots(t, o.DB)
+		sn = newFaultSnapshots(t, o.DB)
 		o.Snapshots, o.ThinExists = sn, sn.ThinExists
 		o.Sources = func(ctx context.Context, bucket string) (*s3source.Source, error) {
 			return s3source.New(ctx, s3source.Config{Bucket: bucket, Region: "us-east-1", Endpoint: e.srv.URL, PathStyle: true,
 				Anonymous: true, HTTPClient: &http.Client{Transport: liar}})
 		}
 	})
-	e.sn, e.p.deviceLive = sn, sn.deviceLive
+	e.sn = sn
+	sn.attach(e.p)
 	good := layerTar(t, "good", 3000)
 	evil := layerTar(t, "evil", 3000)
 	evil2 := layerTar(t, "EVIL", 3000)

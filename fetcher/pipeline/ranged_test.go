@@ -28,7 +28,7 @@ func newRangedEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close(context.Background()) })
-	p.deviceLive = e.sn.deviceLive
+	e.sn.attach(p)
 	e.p = p
 	return e
 }

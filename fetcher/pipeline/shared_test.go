@@ -52,7 +52,7 @@ func containerdOver(t *testing.T, sn snapshots.Snapshotter) containerdStores {
 // chain's snapshot.ref label (AlreadyExists: the chain is there, nothing is
 // made), write the layer's files (files: path → content), Commit it as the
 // chain ID with the same labels. It returns whether it unpacked.
-func containerdUnpack(t *testing.T, sn *fakeSnapshots, st containerdStores, ns, parent, diffID string, files map[string]string) bool {
+func containerdUnpack(t *testing.T, sn *faultSnapshots, st containerdStores, ns, parent, diffID string, files map[string]string) bool {
 	t.Helper()
 	ctx := namespaces.WithNamespace(context.Background(), ns)
 	chain := ChainID(parent, diffID)
@@ -85,7 +85,7 @@ func containerdUnpack(t *testing.T, sn *fakeSnapshots, st containerdStores, ns, 
 
 // backendKeyOf is the key our snapshotter has for chain, which containerd
 // knows in ns.
-func backendKeyOf(t *testing.T, sn *fakeSnapshots, ns, chain string) string {
+func backendKeyOf(t *testing.T, sn *faultSnapshots, ns, chain string) string {
 	t.Helper()
 	for k, r := range sn.list(t) {
 		if r.Kind == snapshotter.SnapKindCommitted && (k == chain || strings.HasPrefix(k, ns+"/") && strings.HasSuffix(k, "/"+chain)) {
