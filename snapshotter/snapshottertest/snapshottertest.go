@@ -1,6 +1,7 @@
 // Package snapshottertest builds the real Snapshotter for the tests of
 // other packages, over a fake thin pool held in memory
-// (thinpooltest.FakePool), so that they run on hosts without
+// (thinpooltest.FakePool, whose devices may keep files in directories),
+// so that they run on hosts without
 // device-mapper: the snapshotter's records and rules are the daemon's,
 // only the pool is not. Only tests import this package.
 package snapshottertest

@@ -1,6 +1,7 @@
 // Package thinpooltest holds FakePool, a fake of *thinpool.Pool for tests
-// on hosts without device-mapper: a thin pool kept in memory, driven by the
-// same methods (the ones the snapshotter's DevicePool names). Faking the
+// on hosts without device-mapper: a thin pool kept in memory, its devices'
+// files (when a test wants them) in a directory each, driven by the same
+// methods (the ones the snapshotter's DevicePool names). Faking the
 // pool is sound because the real pool runs behind those methods in the VM
 // tests (integration/vm); what runs over FakePool on the host (the
 // snapshotter's bookkeeping, and what is built on it) is the real code.
