@@ -198,13 +198,13 @@ func (s *Snapshotter) reconcile(ctx context.Context) error {
 func (s *Snapshotter) dropMissing(ctx context.Context, d ThinDevice, l *log.Entry) error {
 	switch {
 	case d.State == ThinStateRemoved:
-		if err := s.withTx(ctx, func(q Records) error { return q.DeleteThinDevice(ctx, d.ID) }); err != nil {
+		if err := s.withTx(ctx, func(q Records) error { return q.deleteThinDevice(ctx, d.ID) }); err != nil {
 			return err
 		}
 		l.Info("reconcile: removed device already gone from the pool; dropped its record")
 		return nil
 	case d.Role == ThinRoleBase:
-		if err := s.withTx(ctx, func(q Records) error { return q.DeleteThinDevice(ctx, d.ID) }); err != nil {
+		if err := s.withTx(ctx, func(q Records) error { return q.deleteThinDevice(ctx, d.ID) }); err != nil {
 			return err
 		}
 		l.Error("reconcile: base device missing from the pool; dropped its record, it will be made again")
@@ -225,12 +225,12 @@ func (s *Snapshotter) dropMissing(ctx context.Context, d ThinDevice, l *log.Entr
 				children = true
 				return nil
 			}
-			if err := q.DeleteSnapshot(ctx, r.ID); err != nil {
+			if err := q.deleteSnapshot(ctx, r.ID); err != nil {
 				return err
 			}
 		}
 		dropped = true
-		return q.DeleteThinDevice(ctx, d.ID)
+		return q.deleteThinDevice(ctx, d.ID)
 	})
 	if err != nil {
 		return err

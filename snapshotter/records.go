@@ -208,13 +208,13 @@ func (s Records) snapshotOnDevice(ctx context.Context, id uint32) (snap CDSnapsh
 	return snap, true, nil
 }
 
-// RefTarget returns the key of a committed snapshot whose parent's key is parentKey ("" for none) and whose label labelKey equals
+// refTarget returns the key of a committed snapshot whose parent's key is parentKey ("" for none) and whose label labelKey equals
 // target, or failing that whose key is target; "" when there is none. It is
 // how a Prepare carrying containerd's snapshot.ref label finds a layer that
 // is already there. Both lookups are indexed (for the label, only
 // containerd.io/snapshot.ref has an index), so the cost does not grow with
 // the number of snapshots.
-func (s Records) RefTarget(ctx context.Context, labelKey, target, parentKey string) (string, error) {
+func (s Records) refTarget(ctx context.Context, labelKey, target, parentKey string) (string, error) {
 	label, err := labelExpr("s", labelKey)
 	if err != nil {
 		return "", fmt.Errorf("find ref target: %w", err)
@@ -339,10 +339,10 @@ func (s Records) InsertSnapshot(ctx context.Context, snap CDSnapshot) (int64, er
 	return res.LastInsertId()
 }
 
-// CommitSnapshot turns the active snapshot at row id into the committed
+// commitSnapshot turns the active snapshot at row id into the committed
 // snapshot named name, replacing its labels and times and recording its
 // usage.
-func (s Records) CommitSnapshot(ctx context.Context, id int64, name string, labels map[string]string, nowNs, sizeBytes, inodes int64) error {
+func (s Records) commitSnapshot(ctx context.Context, id int64, name string, labels map[string]string, nowNs, sizeBytes, inodes int64) error {
 	text, err := encodeLabels(labels)
 	if err != nil {
 		return fmt.Errorf("commit snapshot row %d as %q: %w", id, name, err)
@@ -356,8 +356,8 @@ func (s Records) CommitSnapshot(ctx context.Context, id int64, name string, labe
 	return expectOneRow(res, fmt.Sprintf("commit snapshot row %d as %q: no active snapshot with that id", id, name))
 }
 
-// UpdateSnapshotLabels replaces the labels and the update time of row id.
-func (s Records) UpdateSnapshotLabels(ctx context.Context, id int64, labels map[string]string, nowNs int64) error {
+// updateSnapshotLabels replaces the labels and the update time of row id.
+func (s Records) updateSnapshotLabels(ctx context.Context, id int64, labels map[string]string, nowNs int64) error {
 	text, err := encodeLabels(labels)
 	if err != nil {
 		return fmt.Errorf("update labels of snapshot row %d: %w", id, err)
@@ -393,19 +393,19 @@ func (s Records) RemoveSnapshot(ctx context.Context, key string, nowNs int64) (d
 	if children > 0 {
 		return dev, children, true, nil
 	}
-	if err := s.DeleteSnapshot(ctx, rowID); err != nil {
+	if err := s.deleteSnapshot(ctx, rowID); err != nil {
 		return dev, 0, true, err
 	}
-	if err := s.SetThinDeviceState(ctx, dev.ID, ThinStateRemoved, nowNs); err != nil {
+	if err := s.setThinDeviceState(ctx, dev.ID, ThinStateRemoved, nowNs); err != nil {
 		return dev, 0, true, err
 	}
 	dev.State, dev.UpdatedNs = ThinStateRemoved, nowNs
 	return dev, 0, true, nil
 }
 
-// DeleteSnapshot drops the snapshot record at row id. The caller checks for
+// deleteSnapshot drops the snapshot record at row id. The caller checks for
 // children first (the foreign key refuses otherwise).
-func (s Records) DeleteSnapshot(ctx context.Context, id int64) error {
+func (s Records) deleteSnapshot(ctx context.Context, id int64) error {
 	res, err := s.q.ExecContext(ctx, `DELETE FROM cd_snapshots WHERE id = ?`, id)
 	if err != nil {
 		return fmt.Errorf("delete snapshot row %d: %w", id, err)
@@ -413,10 +413,10 @@ func (s Records) DeleteSnapshot(ctx context.Context, id int64) error {
 	return expectOneRow(res, fmt.Sprintf("delete snapshot row %d: no such snapshot", id))
 }
 
-// MoveDevice makes snapshot row id own device deviceID (freed by the caller
+// moveDevice makes snapshot row id own device deviceID (freed by the caller
 // first: a device has one snapshot), with sizeBytes recorded as its mapped
 // bytes.
-func (s Records) MoveDevice(ctx context.Context, id int64, deviceID uint32, sizeBytes, nowNs int64) error {
+func (s Records) moveDevice(ctx context.Context, id int64, deviceID uint32, sizeBytes, nowNs int64) error {
 	res, err := s.q.ExecContext(ctx, `UPDATE cd_snapshots SET device_id = ?, size_bytes = ?, updated_ns = ? WHERE id = ?`,
 		int64(deviceID), sizeBytes, nowNs, id)
 	if err != nil {
@@ -499,8 +499,8 @@ func (s Records) ThinDevices(ctx context.Context, state string) ([]ThinDevice, e
 	return out, nil
 }
 
-// SetThinDeviceState records that device id is now in state.
-func (s Records) SetThinDeviceState(ctx context.Context, id uint32, state string, nowNs int64) error {
+// setThinDeviceState records that device id is now in state.
+func (s Records) setThinDeviceState(ctx context.Context, id uint32, state string, nowNs int64) error {
 	res, err := s.q.ExecContext(ctx, `UPDATE thin_devices SET state = ?, updated_ns = ? WHERE device_id = ?`, state, nowNs, id)
 	if err != nil {
 		return fmt.Errorf("set thin device %d state %q: %w", id, state, err)
@@ -508,9 +508,9 @@ func (s Records) SetThinDeviceState(ctx context.Context, id uint32, state string
 	return expectOneRow(res, fmt.Sprintf("set thin device %d state %q: no such device", id, state))
 }
 
-// DeleteThinDevice drops the record of device id, once the device is gone
+// deleteThinDevice drops the record of device id, once the device is gone
 // from the pool. Deleting an absent record is not an error.
-func (s Records) DeleteThinDevice(ctx context.Context, id uint32) error {
+func (s Records) deleteThinDevice(ctx context.Context, id uint32) error {
 	if _, err := s.q.ExecContext(ctx, `DELETE FROM thin_devices WHERE device_id = ?`, id); err != nil {
 		return fmt.Errorf("delete thin device %d: %w", id, err)
 	}

@@ -45,10 +45,10 @@ func TestSnapshotRecordsRoundTripAndCommit(t *testing.T) {
 		return err
 	})
 	mustSnapTx(t, ctx, db, func(q Records) error {
-		if err := q.CommitSnapshot(ctx, parentID, "sha256:aaa", map[string]string{"containerd.io/snapshot.ref": "sha256:aaa"}, 200, 4096, 0); err != nil {
+		if err := q.commitSnapshot(ctx, parentID, "sha256:aaa", map[string]string{"containerd.io/snapshot.ref": "sha256:aaa"}, 200, 4096, 0); err != nil {
 			return err
 		}
-		return q.SetThinDeviceState(ctx, 10, ThinStateInactive, 200)
+		return q.setThinDeviceState(ctx, 10, ThinStateInactive, 200)
 	})
 	mustSnapTx(t, ctx, db, func(q Records) error {
 		if err := q.InsertThinDevice(ctx, thinDev(11, ThinStateActive)); err != nil {
@@ -89,9 +89,9 @@ func TestSnapshotRecordsRoundTripAndCommit(t *testing.T) {
 		{"sha256:aaa", "other-parent", ""},
 		{"sha256:bbb", "", ""},
 	} {
-		got, err := r.RefTarget(ctx, ref, tc.target, tc.parent)
+		got, err := r.refTarget(ctx, ref, tc.target, tc.parent)
 		if err != nil || got != tc.want {
-			t.Errorf("RefTarget(%q, parent %q) = %q, %v; want %q", tc.target, tc.parent, got, err, tc.want)
+			t.Errorf("refTarget(%q, parent %q) = %q, %v; want %q", tc.target, tc.parent, got, err, tc.want)
 		}
 	}
 	if n, err := r.childCount(ctx, parentID); err != nil || n != 1 {
@@ -102,7 +102,7 @@ func TestSnapshotRecordsRoundTripAndCommit(t *testing.T) {
 		t.Fatalf("Snapshots(default) = %d rows, %v; want 2", len(all), err)
 	}
 	// A parent with children cannot be deleted (foreign key).
-	if err := snapTx(t, ctx, db, func(q Records) error { return q.DeleteSnapshot(ctx, parentID) }); err == nil {
+	if err := snapTx(t, ctx, db, func(q Records) error { return q.deleteSnapshot(ctx, parentID) }); err == nil {
 		t.Fatal("deleting a parent with a child succeeded")
 	}
 	// RemoveSnapshot refuses a parent, removes a leaf and marks its device.

@@ -204,7 +204,7 @@ func (s *Snapshotter) Update(ctx context.Context, info snapshots.Info, fieldpath
 			return fmt.Errorf("update snapshot %q: %w", info.Name, err)
 		}
 		now := nowNs()
-		if err := q.UpdateSnapshotLabels(ctx, r.ID, updated, now); err != nil {
+		if err := q.updateSnapshotLabels(ctx, r.ID, updated, now); err != nil {
 			return err
 		}
 		r.Labels = updated
@@ -473,7 +473,7 @@ func (s *Snapshotter) planCreate(ctx context.Context, kind, key, parent string, 
 	var plan createPlan
 	err := s.withTx(ctx, func(q Records) error {
 		if target := lbls[snapshots.LabelSnapshotRef]; target != "" && kind == SnapKindActive {
-			found, err := q.RefTarget(ctx, snapshots.LabelSnapshotRef, target, parent)
+			found, err := q.refTarget(ctx, snapshots.LabelSnapshotRef, target, parent)
 			if err != nil {
 				return err
 			}
@@ -647,10 +647,10 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 		} else if ok {
 			return fmt.Errorf("commit %q as %q: %w", key, name, errdefs.ErrAlreadyExists)
 		}
-		if err := q.CommitSnapshot(fctx, r.ID, name, base.Labels, nowNs(), size, 0); err != nil {
+		if err := q.commitSnapshot(fctx, r.ID, name, base.Labels, nowNs(), size, 0); err != nil {
 			return err
 		}
-		return q.SetThinDeviceState(fctx, r.DeviceID, ThinStateInactive, nowNs())
+		return q.setThinDeviceState(fctx, r.DeviceID, ThinStateInactive, nowNs())
 	})
 	if err != nil {
 		s.reactivate(fctx, r)
@@ -726,16 +726,16 @@ func (s *Snapshotter) Recommit(ctx context.Context, name, key string) error {
 		if !ok || cur.ID != r.ID {
 			return fmt.Errorf("recommit %q as %q: snapshot was removed meanwhile: %w", key, name, errdefs.ErrNotFound)
 		}
-		if err := q.DeleteSnapshot(fctx, r.ID); err != nil {
+		if err := q.deleteSnapshot(fctx, r.ID); err != nil {
 			return err
 		}
-		if err := q.MoveDevice(fctx, old.ID, r.DeviceID, size, nowNs()); err != nil {
+		if err := q.moveDevice(fctx, old.ID, r.DeviceID, size, nowNs()); err != nil {
 			return err
 		}
-		if err := q.SetThinDeviceState(fctx, r.DeviceID, ThinStateInactive, nowNs()); err != nil {
+		if err := q.setThinDeviceState(fctx, r.DeviceID, ThinStateInactive, nowNs()); err != nil {
 			return err
 		}
-		return q.DeleteThinDevice(fctx, old.DeviceID)
+		return q.deleteThinDevice(fctx, old.DeviceID)
 	})
 	if err != nil {
 		s.reactivate(fctx, r)
@@ -817,7 +817,7 @@ func (s *Snapshotter) reclaim(ctx context.Context, dev ThinDevice) error {
 	if err := s.step("reclaim:deleted"); err != nil {
 		return err
 	}
-	return s.withTx(ctx, func(q Records) error { return q.DeleteThinDevice(ctx, dev.ID) })
+	return s.withTx(ctx, func(q Records) error { return q.deleteThinDevice(ctx, dev.ID) })
 }
 
 // Cleanup deletes from the pool every device whose snapshot was removed.
