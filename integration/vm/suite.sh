@@ -1,19 +1,30 @@
 #!/usr/bin/env bash
-# Runs every device-mapper test of the repository in one VM boot (what
-# `make vmtest` runs; see integration/vm/README.md).
+# Runs every device-mapper test of the repository in VM boots running side by
+# side, one per lane (what `make vmtest` runs; see integration/vm/README.md).
 #
-#   integration/vm/suite.sh [--mem MiB] [--timeout SECONDS] [--cpus N] [--vm] [PKGDIR...]
+#   integration/vm/suite.sh [--lanes N] [--mem MiB] [--timeout SECONDS] [--cpus N] [--vm] [PKGDIR...]
 #
 # Finds every package with `//go:build dm` test files (or only the PKGDIRs
 # given), builds each on the host with
 #   go test -c -tags 'dm $BUILDTAGS' -o .cache/vmbin/<name>.test ./<pkg>
 # then, through integration/vm/run.sh (one boot), runs each binary with cwd =
 # its package folder and its own empty $VM_SCRATCH:
-#   tests:      <bin> -test.v -test.timeout 20m [args of <pkg>/testdata/vm-test-args]
+#   tests:      <bin> -test.v -test.timeout 20m -test.run '^(<dm tests>)$'
+#                     [args of <pkg>/testdata/vm-test-args]
 #   benchmarks: <bin> -test.run '^$' -test.bench . -test.benchtime 1x
 #                     [args of <pkg>/testdata/vm-bench-args]
-#   (benchmarks only when the package's test files declare a Benchmark func;
-#   a vm-bench-args file containing just "skip" turns them off).
+#   where <dm tests> are the Test funcs the package's `//go:build dm` files
+#   declare: the others are host tests, which `make unit` runs, and would only
+#   run again ten times slower under TCG. Every benchmark of the package runs
+#   (`make unit` runs none), when it declares any; a vm-bench-args file
+#   containing just "skip" turns them off.
+# The packages are dealt to --lanes boots (default 2, or $VM_SUITE_LANES),
+# longest first, each to the lane with the least work so far, by the seconds
+# integration/vm/durations gives each package (a package it does not list
+# counts as the longest one). Under TCG one boot keeps about one and a half
+# of the host's cores busy, since its tests wait on timers, containerd and the
+# kernel: two boots side by side fill the gaps. Each run writes the measured
+# seconds to .cache/vmbin/durations, in the format of integration/vm/durations.
 # Prints a summary per binary (PASS/FAIL, wall time) ending with
 # "N passed, N failed"; exits non-zero if any failed or none ran.
 set -euo pipefail
@@ -26,8 +37,11 @@ GO=${GO:-go}
 BUILDTAGS=${BUILDTAGS:-sqlite_omit_load_extension osusergo netgo}
 runargs=()
 pkgs=()
+lanes=${VM_SUITE_LANES:-2}
 while [ $# -gt 0 ]; do
   case $1 in
+    --lanes) [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || { echo "suite: --lanes needs a count, got '${2:-}'" >&2; exit 2; }
+      lanes=$2; shift 2 ;;
     --mem|--timeout|--cpus) runargs+=("$1" "${2:-}"); shift 2 ;;
     --vm|--console) runargs+=("$1"); shift ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$here/suite.sh" >&2; exit 2 ;;
@@ -38,10 +52,12 @@ done
 # The whole suite gets a generous VM timeout unless the caller set one.
 case " ${runargs[*]-} " in *" --timeout "*) ;; *) runargs+=(--timeout "${VM_SUITE_TIMEOUT:-3600}") ;; esac
 
+# A test file of the dm build: its constraint names dm, not negated.
+dmtag='^//go:build.*[^!A-Za-z0-9_]dm([^A-Za-z0-9_]|$)'
 if [ ${#pkgs[@]} -eq 0 ]; then
   mapfile -t pkgs < <(
     grep -rlE --include='*_test.go' --exclude-dir=.git --exclude-dir=.cache --exclude-dir=vendor \
-      '^//go:build.*[^!A-Za-z0-9_]dm([^A-Za-z0-9_]|$)' . |
+      "$dmtag" . |
       xargs -r -n1 dirname | sed 's|^\./||' | LC_ALL=C sort -u)
 fi
 if [ ${#pkgs[@]} -eq 0 ]; then
@@ -62,8 +78,16 @@ argsfile() {
   for w in $(sed 's/#.*//' "$1"); do printf ' %q' "$w"; done
 }
 
+# dmtests PKGDIR: a -test.run pattern matching exactly the Test funcs
+# (TestMain aside) the package's dm-tagged test files declare, or nothing
+# when there are none.
+dmtests() {
+  grep -lE "$dmtag" "$1"/*_test.go 2>/dev/null | xargs -r grep -hoE '^func Test[A-Za-z0-9_]*\(' |
+    sed -E 's/^func //; s/\($//' | { grep -vx TestMain || true; } | LC_ALL=C sort -u | paste -sd'|' | sed -E 's/.+/^(&)$/'
+}
+
 declare -a names=() buildfail=()
-guest=$work/guest.sh
+prelude=$work/prelude.sh
 {
   echo 'set -u'
   echo 'results=$1; shift'
@@ -81,7 +105,7 @@ guest=$work/guest.sh
   echo '  leftovers "$name $phase"'
   echo '  rm -rf --one-file-system "$VM_SCRATCH"'
   echo '}'
-} > "$guest"
+} > "$prelude"
 
 for p in "${pkgs[@]}"; do
   [ -d "$p" ] || { echo "suite: $p is not a folder" >&2; exit 2; }
@@ -99,14 +123,39 @@ for p in "${pkgs[@]}"; do
     continue
   fi
   names+=("$name")
-  printf 'run %q %q tests %q -test.v -test.timeout 20m%s\n' \
-    "$name" "$repo/$p" "$repo/$bin" "$(argsfile "$p/testdata/vm-test-args")" >> "$guest"
-  bench_extra=$(argsfile "$p/testdata/vm-bench-args")
+  tests=$(dmtests "$p")
+  if [ -z "$tests" ]; then
+    echo "suite: ./$p has //go:build dm files but no Test func in them" >&2
+    tests='$^'
+  fi
+  printf 'run %q %q tests %q -test.v -test.timeout 20m -test.run %q%s\n' \
+    "$name" "$repo/$p" "$repo/$bin" "$tests" "$(argsfile "$p/testdata/vm-test-args")" > "$work/$name.run"
   if [ "$(sed 's/#.*//' "$p/testdata/vm-bench-args" 2>/dev/null | tr -d ' \t\n')" != skip ] &&
      grep -qE '^func Benchmark' "$p"/*_test.go 2>/dev/null; then
     printf 'run %q %q bench %q -test.v -test.run %q -test.bench . -test.benchtime 1x%s\n' \
-      "$name" "$repo/$p" "$repo/$bin" '^$' "$bench_extra" >> "$guest"
+      "$name" "$repo/$p" "$repo/$bin" '^$' "$(argsfile "$p/testdata/vm-bench-args")" >> "$work/$name.run"
   fi
+done
+
+# Deal the packages to the lanes: longest first, each to the least loaded.
+[ ${#names[@]} -ge "$lanes" ] || lanes=${#names[@]}
+declare -a laneload=()
+for ((l = 0; l < lanes; l++)); do
+  laneload[l]=0
+  cat "$prelude" > "$work/lane$l.sh"
+done
+for n in $(for n in "${names[@]}"; do
+             awk -v n="$n" '$1 == n { s = $2 } END { print (s == "" ? 1e9 : s), n }' "$here/durations" 2>/dev/null ||
+               echo "1e9 $n"
+           done | sort -k1,1gr -k2,2 | awk '{ print $2 }'); do
+  best=0
+  for ((l = 1; l < lanes; l++)); do
+    [ "${laneload[l]}" -lt "${laneload[best]}" ] && best=$l
+  done
+  secs=$(awk -v n="$n" '$1 == n { s = $2 } END { printf "%d", (s == "" ? 1e6 : s) }' "$here/durations" 2>/dev/null || echo 1000000)
+  laneload[best]=$(( ${laneload[best]} + secs ))
+  cat "$work/$n.run" >> "$work/lane$best.sh"
+  echo "suite: lane $best: $n" >&2
 done
 
 results=$work/results
@@ -114,12 +163,30 @@ results=$work/results
 rc=0
 if [ ${#names[@]} -gt 0 ]; then
   t0=$(date +%s)
-  set +e
-  "$here/run.sh" "${runargs[@]}" -- bash "$guest" "$repo/$results"
-  rc=$?
-  set -e
+  declare -a lanepid=()
+  for ((l = 0; l < lanes; l++)); do
+    : > "$work/results$l"
+    if [ "$lanes" -gt 1 ]; then
+      # Each line of a lane's output carries its lane, so that the two logs
+      # interleaved on one terminal can be told apart.
+      "$here/run.sh" "${runargs[@]}" -- bash "$work/lane$l.sh" "$repo/$work/results$l" \
+        > >(sed -u "s/^/[lane $l] /") 2> >(sed -u "s/^/[lane $l] /" >&2) &
+    else
+      "$here/run.sh" "${runargs[@]}" -- bash "$work/lane$l.sh" "$repo/$work/results$l" &
+    fi
+    lanepid[l]=$!
+  done
+  for ((l = 0; l < lanes; l++)); do
+    set +e
+    wait "${lanepid[l]}"
+    lrc=$?
+    set -e
+    [ $lrc -eq 0 ] || { rc=$lrc; echo "suite: lane $l's VM exited $lrc" >&2; }
+    cat "$work/results$l" >> "$results"
+  done
   t1=$(date +%s)
-  echo "suite: VM run took $((t1 - t0))s (exit $rc)" >&2
+  echo "suite: VM run took $((t1 - t0))s in $lanes lane(s) (exit $rc)" >&2
+  awk '{ s[$1] += $4 } END { for (n in s) printf "%s %d\n", n, s[n] + 0.5 }' "$results" | LC_ALL=C sort > "$bindir/durations"
 fi
 
 echo
