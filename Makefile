@@ -84,7 +84,7 @@ powerloss:
 
 # The full soak (integration/soak/README.md): 10,000 Prepare/Commit/Remove
 # cycles through containerd and 200 S3 pull and remove cycles; make vmtest
-# runs 150 + 1,000 and 20.
+# runs 150 + 500 and 10.
 soak: build
 	./integration/tools/build.sh >/dev/null
 	CGO_ENABLED=1 $(GO) test -c -tags 'dm $(BUILDTAGS)' -o .cache/vmbin/integration_soak_full.test ./integration/soak
