@@ -137,6 +137,15 @@ done
 
 # Deal the packages to the lanes: longest first, each to the least loaded.
 [ ${#names[@]} -ge "$lanes" ] || lanes=${#names[@]}
+# Each lane's VM gets the host's cores shared out (at least one) unless the
+# caller chose: under TCG a guest with one vCPU does the same work in less
+# host time than one with two, whose vCPUs wait on each other (TLB
+# shootdowns, locks), so two one-vCPU guests keep a 2-core host busier with
+# useful work than two two-vCPU guests.
+case " ${runargs[*]-} " in
+  *" --cpus "*) ;;
+  *) [ -n "${VM_CPUS:-}" ] || [ "$lanes" -eq 0 ] || runargs+=(--cpus "$(( $(nproc) / lanes > 1 ? $(nproc) / lanes : 1 ))") ;;
+esac
 declare -a laneload=()
 for ((l = 0; l < lanes; l++)); do
   laneload[l]=0
