@@ -151,19 +151,19 @@ for ((l = 0; l < lanes; l++)); do
   laneload[l]=0
   cat "$prelude" > "$work/lane$l.sh"
 done
-for n in $(for n in "${names[@]}"; do
-             awk -v n="$n" '$1 == n { s = $2 } END { print (s == "" ? 1e9 : s), n }' "$here/durations" 2>/dev/null ||
-               echo "1e9 $n"
-           done | sort -k1,1gr -k2,2 | awk '{ print $2 }'); do
+# The packages as "SECONDS NAME" lines, longest first (the loop's input).
+while read -r secs n; do
   best=0
   for ((l = 1; l < lanes; l++)); do
     [ "${laneload[l]}" -lt "${laneload[best]}" ] && best=$l
   done
-  secs=$(awk -v n="$n" '$1 == n { s = $2 } END { printf "%d", (s == "" ? 1e6 : s) }' "$here/durations" 2>/dev/null || echo 1000000)
   laneload[best]=$(( ${laneload[best]} + secs ))
   cat "$work/$n.run" >> "$work/lane$best.sh"
   echo "suite: lane $best: $n" >&2
-done
+done < <(for n in "${names[@]}"; do
+           awk -v n="$n" '$1 == n { s = $2 } END { printf "%d %s\n", (s == "" ? 1e6 : s), n }' "$here/durations" 2>/dev/null ||
+             echo "1000000 $n"
+         done | sort -k1,1nr -k2,2)
 
 results=$work/results
 : > "$results"
