@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest/seed"
@@ -81,19 +80,28 @@ func checkLedgerHashes(t *testing.T, d *DB, allowEarlier bool) {
 	}
 }
 
+// openNewAndExec creates a database in a fresh directory and runs stmt
+// (with args) on it directly, to put it in a state Open never leaves. It
+// returns the open database, which the caller closes, and its path.
+func openNewAndExec(t *testing.T, stmt string, args ...any) (*DB, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "m.db")
+	d, err := Open(context.Background(), Options{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.db.ExecContext(context.Background(), stmt, args...); err != nil {
+		t.Fatal(err)
+	}
+	return d, path
+}
+
 // TestLedgerRefusesTamperedHash edits a recorded hash; every open (read-write
 // and read-only) is refused with an error naming the version, and Check
 // reports it.
 func TestLedgerRefusesTamperedHash(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "m.db")
-	d, err := Open(ctx, Options{Path: path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.db.ExecContext(ctx, `UPDATE schema_migrations SET sql_sha256 = 'deadbeef' WHERE version = 2`); err != nil {
-		t.Fatal(err)
-	}
+	d, path := openNewAndExec(t, `UPDATE schema_migrations SET sql_sha256 = 'deadbeef' WHERE version = 2`)
 	rep, err := d.Check(ctx)
 	if err != nil || rep.OK() || !strings.Contains(strings.Join(rep.Problems, "\n"), "migration 2 (image_locks)") {
 		t.Errorf("Check after tampering = %+v, %v", rep, err)
@@ -109,15 +117,8 @@ func TestLedgerRefusesTamperedHash(t *testing.T) {
 
 func TestLedgerRefusesNewerSchema(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "m.db")
-	d, err := Open(ctx, Options{Path: path})
-	if err != nil {
-		t.Fatal(err)
-	}
 	next := LatestVersion() + 1
-	if _, err := d.db.ExecContext(ctx, `INSERT INTO schema_migrations (version, description, sql_sha256) VALUES (?, 'future', 'x')`, next); err != nil {
-		t.Fatal(err)
-	}
+	d, path := openNewAndExec(t, `INSERT INTO schema_migrations (version, description, sql_sha256) VALUES (?, 'future', 'x')`, next)
 	d.Close()
 	if _, err := Open(ctx, Options{Path: path}); !errors.Is(err, ErrSchemaTooNew) || !strings.Contains(err.Error(), strconv.Itoa(next)) {
 		t.Errorf("read-write Open of a newer schema: err = %v, want ErrSchemaTooNew naming %d", err, next)
@@ -205,14 +206,8 @@ func TestUpgradeFromV1(t *testing.T) {
 		t.Errorf("the images view on the upgraded database = %q, want image img-2 named two", v)
 	}
 	// The copy is the version-1 database, rows included.
-	b, err := Open(ctx, Options{Path: path + ".pre-v2", ReadOnly: true})
-	if err != nil {
-		t.Fatalf("opening the pre-migration copy: %v", err)
-	}
+	b := openReadOnlyAtVersion(t, path+".pre-v2", 1, "the pre-v2 copy")
 	defer b.Close()
-	if v, _ := b.SchemaVersion(ctx); v != 1 {
-		t.Errorf("pre-v2 copy is at version %d, want 1", v)
-	}
 	checkV1Rows(t, b)
 	if leftovers, _ := filepath.Glob(path + ".pre-v*.tmp-*"); len(leftovers) != 0 {
 		t.Errorf("temporary backup files left: %v", leftovers)
@@ -256,6 +251,23 @@ func TestConcurrentMigration(t *testing.T) {
 	}
 }
 
+// openReadOnlyAtVersion opens the database at path read-only and checks
+// that its schema is at version want; what names the database in failures.
+// The caller closes it.
+func openReadOnlyAtVersion(t *testing.T, path string, want int, what string) *DB {
+	t.Helper()
+	ctx := context.Background()
+	r, err := Open(ctx, Options{Path: path, ReadOnly: true})
+	if err != nil {
+		t.Fatalf("read-only open of %s: %v", what, err)
+	}
+	if v, err := r.SchemaVersion(ctx); err != nil || v != want {
+		t.Errorf("%s is at version %d, %v; want %d", what, v, err, want)
+	}
+	return r
+}
+
+// allVersions lists the version of every embedded migration, in order.
 func allVersions() []int {
 	var v []int
 	for _, m := range embedded() {
@@ -272,23 +284,9 @@ func TestMigrationKilled(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "m.db")
 	buildV1(t, path)
-	cmd, out := startChild(t, "migrate-pause", "METADATA_TEST_DB="+path, "PAUSE_AT=3")
-	waitLine(t, out, "PAUSED")
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	err := cmd.Wait()
-	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		t.Fatalf("child did not die of SIGKILL: %v", err)
-	}
+	killChildPausedInMigration(t, path, 3)
 	// Migration 2 committed, 3 did not.
-	r, err := Open(ctx, Options{Path: path, ReadOnly: true})
-	if err != nil {
-		t.Fatalf("read-only open after the kill: %v", err)
-	}
-	if v, _ := r.SchemaVersion(ctx); v != 2 {
-		t.Errorf("version after kill in migration 3 = %d, want 2", v)
-	}
+	r := openReadOnlyAtVersion(t, path, 2, "the database after a kill in migration 3")
 	r.Close()
 	d, err := Open(ctx, Options{Path: path})
 	if err != nil {
@@ -298,14 +296,8 @@ func TestMigrationKilled(t *testing.T) {
 	if res := d.Migrated(); res.From != 2 || res.To != LatestVersion() || len(res.Applied) == 0 || res.Applied[0] != 3 || res.Backup != path+".pre-v3" {
 		t.Errorf("MigrateResult after the kill = %+v", res)
 	}
-	b, err := Open(ctx, Options{Path: path + ".pre-v3", ReadOnly: true})
-	if err != nil {
-		t.Fatalf("opening the copy made after the kill: %v", err)
-	}
+	b := openReadOnlyAtVersion(t, path+".pre-v3", 2, "the pre-v3 copy made after the kill")
 	defer b.Close()
-	if v, _ := b.SchemaVersion(ctx); v != 2 {
-		t.Errorf("pre-v3 copy is at version %d, want 2", v)
-	}
 	checkV1Rows(t, b)
 	if rep, err := d.Check(ctx); err != nil || !rep.OK() {
 		t.Errorf("Check after recovery = %+v, %v", rep, err)

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -57,26 +58,28 @@ func runChild(role string) error {
 				time.Sleep(10 * time.Millisecond)
 			}
 		}
-		d, err := Open(ctx, Options{Path: path, BusyTimeout: time.Minute})
-		if err != nil {
-			return err
-		}
-		fmt.Printf("APPLIED %s\n", joinInts(d.Migrated().Applied))
-		return d.Close()
+		return migrateAndPrintApplied(ctx, path)
 	case "migrate":
 		fmt.Println("OPENING")
-		d, err := Open(ctx, Options{Path: path, BusyTimeout: time.Minute})
-		if err != nil {
-			return err
-		}
-		fmt.Printf("APPLIED %s\n", joinInts(d.Migrated().Applied))
-		return d.Close()
+		return migrateAndPrintApplied(ctx, path)
 	case "writer":
 		return childWriter(ctx, path)
 	case "reader":
 		return childReader(ctx, path)
 	}
 	return fmt.Errorf("unknown role %q", role)
+}
+
+// migrateAndPrintApplied opens the database at path read-write, which
+// migrates it, waiting up to a minute for another process's migration, and
+// prints the versions this open applied on a line "APPLIED v,v,...".
+func migrateAndPrintApplied(ctx context.Context, path string) error {
+	d, err := Open(ctx, Options{Path: path, BusyTimeout: time.Minute})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("APPLIED %s\n", joinInts(d.Migrated().Applied))
+	return d.Close()
 }
 
 func exists(p string) bool {
@@ -213,6 +216,22 @@ func startChild(t *testing.T, role string, env ...string) (*exec.Cmd, *bufio.Sca
 		t.Fatal(err)
 	}
 	return cmd, bufio.NewScanner(out)
+}
+
+// killChildPausedInMigration runs a child that migrates the database at
+// path and pauses inside migration pauseAt's transaction, then kills it with
+// SIGKILL: the database is left as a crash in that migration leaves it.
+func killChildPausedInMigration(t *testing.T, path string, pauseAt int) {
+	t.Helper()
+	cmd, out := startChild(t, "migrate-pause", "METADATA_TEST_DB="+path, "PAUSE_AT="+strconv.Itoa(pauseAt))
+	waitLine(t, out, "PAUSED")
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	err := cmd.Wait()
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("child did not die of SIGKILL: %v", err)
+	}
 }
 
 // waitLine reads lines until one starts with prefix and returns it.

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest/seed"
@@ -137,6 +136,17 @@ func checkRelease0007Records(t *testing.T, d *DB) {
 	}
 }
 
+// checkVersion7PulledImages checks that d, a database at schema version 7,
+// still holds the fixture's 3 pulled images in its version-7 tables; what
+// names d in failures.
+func checkVersion7PulledImages(t *testing.T, d *DB, what string) {
+	t.Helper()
+	var n int
+	if err := d.db.QueryRowContext(context.Background(), `SELECT count(*) FROM pipeline_images`).Scan(&n); err != nil || n != 3 {
+		t.Errorf("%s has %d pulled images in the version-7 tables, %v; want 3", what, n, err)
+	}
+}
+
 // TestUpgradeFromRelease0007 opens a database written by the previous
 // release read-write: it is copied to <db>.pre-v8, migrated to the latest
 // version, its ledger verifies with the current hashes, and every pulled
@@ -163,18 +173,9 @@ func TestUpgradeFromRelease0007(t *testing.T) {
 	checkRelease0007Records(t, d)
 
 	// The copy is the previous release's database, untouched.
-	b, err := Open(ctx, Options{Path: path + ".pre-v8", ReadOnly: true})
-	if err != nil {
-		t.Fatalf("opening the pre-v8 copy: %v", err)
-	}
+	b := openReadOnlyAtVersion(t, path+".pre-v8", 7, "the pre-v8 copy")
 	defer b.Close()
-	if v, _ := b.SchemaVersion(ctx); v != 7 {
-		t.Errorf("pre-v8 copy is at version %d, want 7", v)
-	}
-	var n int
-	if err := b.db.QueryRowContext(ctx, `SELECT count(*) FROM pipeline_images`).Scan(&n); err != nil || n != 3 {
-		t.Errorf("pre-v8 copy has %d pulled images, %v; want 3", n, err)
-	}
+	checkVersion7PulledImages(t, b, "the pre-v8 copy")
 
 	// Opening again changes nothing.
 	d.Close()
@@ -193,19 +194,12 @@ func TestUpgradeFromRelease0007(t *testing.T) {
 // read-only: it is accepted (its ledger records earlier hashes of reworded
 // migrations) and nothing is written to it.
 func TestReadOnlyOpenOfRelease0007(t *testing.T) {
-	ctx := context.Background()
 	path := copyRelease0007(t)
 	before, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := Open(ctx, Options{Path: path, ReadOnly: true})
-	if err != nil {
-		t.Fatalf("read-only open of the previous release's database: %v", err)
-	}
-	if v, err := r.SchemaVersion(ctx); err != nil || v != 7 {
-		t.Errorf("SchemaVersion = %d, %v; want 7", v, err)
-	}
+	r := openReadOnlyAtVersion(t, path, 7, "the previous release's database")
 	r.Close()
 	after, err := os.ReadFile(path)
 	if err != nil {
@@ -226,26 +220,9 @@ func TestReadOnlyOpenOfRelease0007(t *testing.T) {
 func TestMigrationKilledInMigration8(t *testing.T) {
 	ctx := context.Background()
 	path := copyRelease0007(t)
-	cmd, out := startChild(t, "migrate-pause", "METADATA_TEST_DB="+path, "PAUSE_AT=8")
-	waitLine(t, out, "PAUSED")
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	err := cmd.Wait()
-	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		t.Fatalf("child did not die of SIGKILL: %v", err)
-	}
-	r, err := Open(ctx, Options{Path: path, ReadOnly: true})
-	if err != nil {
-		t.Fatalf("read-only open after the kill: %v", err)
-	}
-	var n int
-	if v, _ := r.SchemaVersion(ctx); v != 7 {
-		t.Errorf("version after a kill in migration 8 = %d, want 7", v)
-	}
-	if err := r.db.QueryRowContext(ctx, `SELECT count(*) FROM pipeline_images`).Scan(&n); err != nil || n != 3 {
-		t.Errorf("after the kill: %d pulled images in the version-7 tables, %v; want 3", n, err)
-	}
+	killChildPausedInMigration(t, path, 8)
+	r := openReadOnlyAtVersion(t, path, 7, "the database after a kill in migration 8")
+	checkVersion7PulledImages(t, r, "the database after the kill")
 	r.Close()
 	d, err := Open(ctx, Options{Path: path})
 	if err != nil {
