@@ -95,8 +95,7 @@ func TestDeprecatedSpellings(t *testing.T) {
 // TestLsQuiet: ls -q prints each listed row's id, one a line, no header,
 // for every kind, and keeps the filters.
 func TestLsQuiet(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "m.db")
-	populate(t, path, time.Now())
+	path := populatedDB(t)
 	quiet := func(args ...string) []string {
 		t.Helper()
 		code, out, errOut := runCommand(t, nil, append(append([]string{"ls"}, args...), "-q", "--db", path)...)

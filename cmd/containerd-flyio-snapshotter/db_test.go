@@ -165,8 +165,7 @@ func TestDBBackup(t *testing.T) {
 // run ends, so there is nothing to unlock by age; the subcommand is refused
 // as unknown and changes nothing.
 func TestDBUnlockStaleIsGone(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "m.db")
-	populate(t, path, time.Now())
+	path := populatedDB(t)
 	for _, args := range [][]string{{"db", "unlock-stale", "--db", path}, {"db", "unlock-stale", "--db", path, "--older-than", "1m"}, {"db", "unlock-stale", "--help"}} {
 		code, out, errOut := runCommand(t, nil, args...)
 		if code != 2 || out != "" || !strings.Contains(errOut, `unknown db subcommand "unlock-stale" (want migrate, check or backup)`) {
@@ -317,6 +316,15 @@ func populate(t *testing.T, path string, now time.Time) {
 		}
 	}
 	must(fsm.NewSQLiteStore(d).Checkpoint(ctx, fsm.Checkpoint{RunID: "run-done", State: fsm.StateComplete, Transition: "register", At: now.Add(-3 * time.Hour)}))
+}
+
+// populatedDB creates a database in a fresh directory, populated as
+// populate describes at the present time, and returns its path.
+func populatedDB(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "m.db")
+	populate(t, path, time.Now())
+	return path
 }
 
 // commitChain writes what an unpack leaves for chain c: thin device devID

@@ -16,6 +16,18 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/inventory"
 )
 
+// indexBy maps each of rows by its key, so that a test can look up the row
+// it expects whatever order the listing gave.
+func indexBy[T any, K comparable](rows []T, key func(T) K) map[K]T {
+	m := make(map[K]T, len(rows))
+	for _, r := range rows {
+		m[key(r)] = r
+	}
+	return m
+}
+
+// lsJSON runs `ls ARGS...`, which must succeed, and decodes its output as a
+// JSON array of T.
 func lsJSON[T any](t *testing.T, args ...string) []T {
 	t.Helper()
 	code, out, errOut := runCommand(t, nil, append([]string{"ls"}, args...)...)
@@ -72,13 +84,9 @@ func lsTable(t *testing.T, headers []string, args ...string) []map[string]string
 }
 
 func TestLsImages(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "m.db")
-	populate(t, path, time.Now())
+	path := populatedDB(t)
 	imgs := lsJSON[inventory.Image](t, "images", "--db", path, "--format", "json")
-	byID := map[string]inventory.Image{}
-	for _, v := range imgs {
-		byID[v.ImageID] = v
-	}
+	byID := indexBy(imgs, func(v inventory.Image) string { return v.ImageID })
 	want := []struct {
 		id, state, source, device, lockedBy string
 		names                               []string
@@ -173,13 +181,9 @@ func TestLsImages(t *testing.T) {
 }
 
 func TestLsChains(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "m.db")
-	populate(t, path, time.Now())
+	path := populatedDB(t)
 	chains := lsJSON[inventory.Chain](t, "chains", "--db", path, "--format", "json")
-	byID := map[string]inventory.Chain{}
-	for _, c := range chains {
-		byID[c.ChainID] = c
-	}
+	byID := indexBy(chains, func(c inventory.Chain) string { return c.ChainID })
 	// chainX has no snapshot, hence no device: it is not listed.
 	if len(chains) != 3 {
 		t.Errorf("ls chains listed %d chains, want chainA, chainAB and chainC: %+v", len(chains), chains)
@@ -246,8 +250,7 @@ func TestLsChains(t *testing.T) {
 }
 
 func TestLsUnpackedSnapshotsLocks(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "m.db")
-	populate(t, path, time.Now())
+	path := populatedDB(t)
 	unp := lsJSON[inventory.UnpackedImage](t, "unpacked", "--db", path, "--format", "json")
 	sort.Slice(unp, func(i, j int) bool { return unp[i].DeviceID < unp[j].DeviceID })
 	// One row per image whose top chain is unpacked: img-unpacked on
@@ -303,8 +306,7 @@ func TestLsUnpackedSnapshotsLocks(t *testing.T) {
 }
 
 func TestLsErrors(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "m.db")
-	populate(t, path, time.Now())
+	path := populatedDB(t)
 	cases := []struct {
 		args    []string
 		code    int

@@ -14,13 +14,31 @@ type clock struct{ t time.Time }
 
 func (c *clock) now() time.Time { return c.t }
 
+// newClockedProgress returns a progress display, drawn for a terminal or
+// not as tty says, whose clock c stands still until a test moves it, and
+// the buffer it writes to.
+func newClockedProgress(tty bool) (p *progress, c *clock, out *bytes.Buffer) {
+	out = &bytes.Buffer{}
+	c = &clock{t: time.Unix(1700000000, 0)}
+	p = newProgress(out, tty)
+	p.now = c.now
+	return p, c, out
+}
+
+// checkPlainLines checks that the plain (off-terminal) output got is the
+// lines want.
+func checkPlainLines(t *testing.T, got string, want []string) {
+	t.Helper()
+	lines := strings.Split(strings.TrimSpace(got), "\n")
+	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
+		t.Errorf("plain output:\n%s\nwant:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
+	}
+}
+
 // TestProgressTerminal: one line per layer, redrawn in place (cursor moved
 // up over the previous drawing), with bytes, percentage, rate and ETA.
 func TestProgressTerminal(t *testing.T) {
-	var out bytes.Buffer
-	c := &clock{t: time.Unix(1700000000, 0)}
-	p := newProgress(&out, true)
-	p.now = c.now
+	p, c, out := newClockedProgress(true)
 	p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "download", Layer: 1, Total: 100 << 20})
 	c.t = c.t.Add(2 * time.Second)
 	p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "download", Layer: 1, Bytes: 50 << 20, Total: 100 << 20})
@@ -48,10 +66,7 @@ func TestProgressTerminal(t *testing.T) {
 // and, while it only advances, at most one every plainInterval; no control
 // characters.
 func TestProgressPlain(t *testing.T) {
-	var out bytes.Buffer
-	c := &clock{t: time.Unix(1700000000, 0)}
-	p := newProgress(&out, false)
-	p.now = c.now
+	p, c, out := newClockedProgress(false)
 	p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "download", Layer: 1, Total: 8 << 20})
 	for i := 1; i <= 8; i++ {
 		c.t = c.t.Add(time.Second)
@@ -64,26 +79,19 @@ func TestProgressPlain(t *testing.T) {
 	if strings.ContainsAny(got, "\r\033") {
 		t.Errorf("plain output has terminal control characters: %q", got)
 	}
-	lines := strings.Split(strings.TrimSpace(got), "\n")
-	want := []string{
+	checkPlainLines(t, got, []string{
 		"layer 1   download          0.0 MiB / 8.0 MiB     0.0%",
 		"layer 1   download          5.0 MiB / 8.0 MiB    62.5%  1.0 MiB/s  ETA 3s",
 		"layer 1   validate          8.0 MiB / 8.0 MiB   100.0%",
 		"image     register",
-	}
-	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
-		t.Errorf("plain output:\n%s\nwant:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
-	}
+	})
 }
 
 // TestProgressBothPhases: a layer extracted while it downloads shows both
 // on its line (bytes downloaded of the total, bytes and files extracted),
 // and the extraction's events do not count as a change of step.
 func TestProgressBothPhases(t *testing.T) {
-	var out bytes.Buffer
-	c := &clock{t: time.Unix(1700000000, 0)}
-	p := newProgress(&out, false)
-	p.now = c.now
+	p, c, out := newClockedProgress(false)
 	p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "download", Layer: 1, Total: 8 << 20})
 	c.t = c.t.Add(time.Second)
 	p.event(pipeline.Event{FSM: pipeline.FSMUnpack, State: "extract-layers", Layer: 1, Bytes: 3 << 20, Files: 120})
@@ -91,14 +99,10 @@ func TestProgressBothPhases(t *testing.T) {
 	p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "download", Layer: 1, Bytes: 6 << 20, Total: 8 << 20})
 	p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "validate", Layer: 1, Bytes: 8 << 20, Total: 8 << 20})
 	p.event(pipeline.Event{FSM: pipeline.FSMUnpack, State: "extract-layers", Layer: 1, Bytes: 20 << 20, Files: 700})
-	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	want := []string{
+	checkPlainLines(t, out.String(), []string{
 		"layer 1   download          0.0 MiB / 8.0 MiB     0.0%",
 		"layer 1   download          6.0 MiB / 8.0 MiB    75.0%  1.0 MiB/s  ETA 2s  | extracted 3.0 MiB, 120 files",
 		"layer 1   validate          8.0 MiB / 8.0 MiB   100.0%",
 		"layer 1   extract-layers   20.0 MiB  700 files",
-	}
-	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
-		t.Errorf("plain output:\n%s\nwant:\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
-	}
+	})
 }
