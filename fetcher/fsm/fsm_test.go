@@ -53,6 +53,15 @@ func newManager(t testing.TB, db *metadata.DB, opts ...fsm.ManagerOption) *fsm.M
 	return m
 }
 
+// newManagerOnNewDB opens a fresh database and a manager on it with opts,
+// closed when the test ends; it returns both, the database for the test to
+// read the runs' rows.
+func newManagerOnNewDB(t testing.TB, opts ...fsm.ManagerOption) (*metadata.DB, *fsm.Manager) {
+	t.Helper()
+	db := openDB(t)
+	return db, newManager(t, db, opts...)
+}
+
 // fast is a retry policy with millisecond delays.
 func fast(attempts int) fsm.TransitionOption {
 	return fsm.WithRetry(fsm.ExponentialBackoff(attempts).WithDelays(time.Millisecond, 4*time.Millisecond))
@@ -75,6 +84,19 @@ func waitCtx(t testing.TB) context.Context {
 	return ctx
 }
 
+// startX starts a run of start, idempotency id "x" with an empty request,
+// failing the test if it does not start. It returns the context to wait
+// for the run with, which ends at the test's wait limit, and the run's id.
+func startX(t testing.TB, start fsm.StartFunc[testReq]) (context.Context, string) {
+	t.Helper()
+	ctx := waitCtx(t)
+	id, err := start(ctx, "x", &testReq{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx, id
+}
+
 func mustBuild[R, W any](t testing.TB, b *fsm.Builder[R, W]) fsm.StartFunc[R] {
 	t.Helper()
 	start, _, err := b.Build(context.Background())
@@ -85,8 +107,7 @@ func mustBuild[R, W any](t testing.TB, b *fsm.Builder[R, W]) fsm.StartFunc[R] {
 }
 
 func TestTransitionsRunInOrderAndCheckpoint(t *testing.T) {
-	db := openDB(t)
-	m := newManager(t, db)
+	db, m := newManagerOnNewDB(t)
 	start := mustBuild(t, fsm.Register[testReq, testResp](m, "ordered").
 		Start("one", step("one", nil)).
 		To("two", step("two", nil)).
@@ -131,8 +152,7 @@ func TestTransitionsRunInOrderAndCheckpoint(t *testing.T) {
 }
 
 func TestRetryWithBackoffThenSuccess(t *testing.T) {
-	db := openDB(t)
-	m := newManager(t, db)
+	db, m := newManagerOnNewDB(t)
 	var calls atomic.Int32
 	start := mustBuild(t, fsm.Register[testReq, testResp](m, "flaky").
 		Start("fetch", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
@@ -148,11 +168,7 @@ func TestRetryWithBackoffThenSuccess(t *testing.T) {
 			return fsm.NewResponse(req.Resp), nil
 		}, fast(5)).
 		End("done"))
-	ctx := waitCtx(t)
-	id, err := start(ctx, "x", &testReq{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, id := startX(t, start)
 	resp, err := fsm.Await[testResp](ctx, m, id)
 	if err != nil {
 		t.Fatalf("Await: %v", err)
@@ -167,8 +183,7 @@ func TestRetryWithBackoffThenSuccess(t *testing.T) {
 }
 
 func TestMaxAttemptsFailsWithLastError(t *testing.T) {
-	db := openDB(t)
-	m := newManager(t, db)
+	db, m := newManagerOnNewDB(t)
 	var calls, after atomic.Int32
 	start := mustBuild(t, fsm.Register[testReq, testResp](m, "broken").
 		Start("fetch", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
@@ -176,11 +191,7 @@ func TestMaxAttemptsFailsWithLastError(t *testing.T) {
 		}, fast(3)).
 		To("never", step("never", &after)).
 		End("done"))
-	ctx := waitCtx(t)
-	id, err := start(ctx, "x", &testReq{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, id := startX(t, start)
 	state, _, err := m.Wait(ctx, id)
 	if state != fsm.StateFailed || !errors.Is(err, fsm.ErrFailed) {
 		t.Fatalf("Wait = %s, %v; want failed", state, err)
@@ -210,8 +221,7 @@ func TestAbortUnrecoverableHandoff(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			db := openDB(t)
-			m := newManager(t, db)
+			db, m := newManagerOnNewDB(t)
 			var calls, after atomic.Int32
 			start := mustBuild(t, fsm.Register[testReq, testResp](m, "kinds").
 				Start("first", step("first", nil)).
@@ -221,11 +231,7 @@ func TestAbortUnrecoverableHandoff(t *testing.T) {
 				}, fast(5)).
 				To("third", step("third", &after)).
 				End("done"))
-			ctx := waitCtx(t)
-			id, err := start(ctx, "x", &testReq{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			ctx, id := startX(t, start)
 			state, raw, err := m.Wait(ctx, id)
 			if state != tc.wantState {
 				t.Fatalf("state = %s (%v), want %s", state, err, tc.wantState)
@@ -251,16 +257,14 @@ func TestAbortUnrecoverableHandoff(t *testing.T) {
 }
 
 func TestPanicFailsRun(t *testing.T) {
-	db := openDB(t)
-	m := newManager(t, db)
+	m := newManager(t, openDB(t))
 	start := mustBuild(t, fsm.Register[testReq, testResp](m, "panics").
 		Start("boom", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
 			var p *testResp
 			p.Path = "x" // nil dereference
 			return nil, nil
 		}).End("done"))
-	ctx := waitCtx(t)
-	id, _ := start(ctx, "x", &testReq{})
+	ctx, id := startX(t, start)
 	state, _, err := m.Wait(ctx, id)
 	if state != fsm.StateFailed || !strings.Contains(err.Error(), "panic") {
 		t.Fatalf("Wait = %s, %v; want failed naming the panic", state, err)
@@ -268,8 +272,7 @@ func TestPanicFailsRun(t *testing.T) {
 }
 
 func TestTimeoutIsRetryable(t *testing.T) {
-	db := openDB(t)
-	m := newManager(t, db)
+	db, m := newManagerOnNewDB(t)
 	var calls atomic.Int32
 	start := mustBuild(t, fsm.Register[testReq, testResp](m, "slow").
 		Start("download", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
@@ -283,8 +286,7 @@ func TestTimeoutIsRetryable(t *testing.T) {
 			return fsm.NewResponse(&testResp{Path: "/got/it"}), nil
 		}, fsm.WithTimeout(20*time.Millisecond), fast(3)).
 		End("done"))
-	ctx := waitCtx(t)
-	id, _ := start(ctx, "x", &testReq{})
+	ctx, id := startX(t, start)
 	resp, err := fsm.Await[testResp](ctx, m, id)
 	if err != nil || resp.Path != "/got/it" || calls.Load() != 2 {
 		t.Fatalf("Await = %+v, %v after %d calls; want success on the second call", resp, err, calls.Load())
@@ -296,16 +298,14 @@ func TestTimeoutIsRetryable(t *testing.T) {
 }
 
 func TestTimeoutExhaustedFails(t *testing.T) {
-	db := openDB(t)
-	m := newManager(t, db)
+	m := newManager(t, openDB(t))
 	start := mustBuild(t, fsm.Register[testReq, testResp](m, "slow").
 		Start("download", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
 			<-ctx.Done()
 			return nil, ctx.Err()
 		}, fsm.WithTimeout(5*time.Millisecond), fast(2)).
 		End("done"))
-	ctx := waitCtx(t)
-	id, _ := start(ctx, "x", &testReq{})
+	ctx, id := startX(t, start)
 	state, _, err := m.Wait(ctx, id)
 	if state != fsm.StateFailed || !strings.Contains(err.Error(), "timed out") {
 		t.Fatalf("Wait = %s, %v; want failed by timeout", state, err)
@@ -314,8 +314,7 @@ func TestTimeoutExhaustedFails(t *testing.T) {
 
 func TestQueueLimitRespected(t *testing.T) {
 	const limit, runs = 2, 8
-	db := openDB(t)
-	m := newManager(t, db, fsm.WithQueueLimit("unpacking", limit))
+	db, m := newManagerOnNewDB(t, fsm.WithQueueLimit("unpacking", limit))
 	var cur, maxSeen atomic.Int32
 	allStarted := make(chan struct{})
 	reached := make(chan struct{})
@@ -401,8 +400,7 @@ func chainFSMs(t *testing.T, m *fsm.Manager, downloadGate chan struct{}, downloa
 }
 
 func TestRunAfterChaining(t *testing.T) {
-	db := openDB(t)
-	m := newManager(t, db)
+	db, m := newManagerOnNewDB(t)
 	gate := make(chan struct{})
 	var unpackCalls atomic.Int32
 	download, unpack := chainFSMs(t, m, gate, nil, &unpackCalls)
@@ -438,8 +436,7 @@ func TestRunAfterChaining(t *testing.T) {
 }
 
 func TestRunAfterAbortPropagates(t *testing.T) {
-	db := openDB(t)
-	m := newManager(t, db)
+	m := newManager(t, openDB(t))
 	gate := make(chan struct{})
 	close(gate)
 	var unpackCalls atomic.Int32
@@ -466,8 +463,7 @@ func TestRunAfterAbortPropagates(t *testing.T) {
 }
 
 func TestIdempotentStart(t *testing.T) {
-	db := openDB(t)
-	m := newManager(t, db)
+	db, m := newManagerOnNewDB(t)
 	var calls atomic.Int32
 	gate := make(chan struct{})
 	start := mustBuild(t, fsm.Register[testReq, testResp](m, "download-image").
@@ -534,11 +530,7 @@ func testShutdownThenResume(t *testing.T, mode string) {
 			return nil, ctx.Err()
 		}, fast(2)).
 		End("done"))
-	ctx := waitCtx(t)
-	id, err := start(ctx, "x", &testReq{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, id := startX(t, start)
 	<-entered
 	if err := m1.Close(ctx); err != nil {
 		t.Fatal(err)
@@ -770,11 +762,7 @@ func TestRetryObserverAndOnFail(t *testing.T) {
 			}
 			return nil
 		}))
-	ctx := waitCtx(t)
-	id, err := start(ctx, "x", &testReq{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, id := startX(t, start)
 	if state, _, _ := m.Wait(ctx, id); state != fsm.StateFailed {
 		t.Fatalf("state %s, want failed", state)
 	}
