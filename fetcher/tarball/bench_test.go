@@ -62,9 +62,7 @@ func writeBenchArchive(b *testing.B, path string, size int64) {
 //
 //	go test -tags '...' -run '^$' -bench ValidateExtract -benchtime 5x ./fetcher/tarball/
 func BenchmarkValidateExtract(b *testing.B) {
-	if _, err := exec.LookPath("tar"); err != nil {
-		b.Fatal("GNU tar is the anchor of this benchmark")
-	}
+	requireGNUTar(b)
 	work := b.TempDir()
 	archive := filepath.Join(work, "bench.tar")
 	writeBenchArchive(b, archive, 200<<20)

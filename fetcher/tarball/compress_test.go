@@ -14,37 +14,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/klauspost/compress/zstd"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
 )
-
-func gzipped(tb testing.TB, b []byte) []byte {
-	tb.Helper()
-	var buf bytes.Buffer
-	zw := gzip.NewWriter(&buf)
-	if _, err := zw.Write(b); err != nil {
-		tb.Fatal(err)
-	}
-	if err := zw.Close(); err != nil {
-		tb.Fatal(err)
-	}
-	return buf.Bytes()
-}
-
-func zstded(tb testing.TB, b []byte) []byte {
-	tb.Helper()
-	var buf bytes.Buffer
-	zw, err := zstd.NewWriter(&buf)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if _, err := zw.Write(b); err != nil {
-		tb.Fatal(err)
-	}
-	if err := zw.Close(); err != nil {
-		tb.Fatal(err)
-	}
-	return buf.Bytes()
-}
 
 func sha(b []byte) string {
 	s := sha256.Sum256(b)
@@ -60,7 +31,7 @@ func TestCompressedLayers(t *testing.T) {
 	for _, c := range []struct {
 		comp Compression
 		b    []byte
-	}{{Plain, plain}, {Gzip, gzipped(t, plain)}, {Zstd, zstded(t, plain)}} {
+	}{{Plain, plain}, {Gzip, s3test.Gzip(t, plain)}, {Zstd, s3test.Zstd(t, plain)}} {
 		t.Run(c.comp.String(), func(t *testing.T) {
 			rep, err := Validate(context.Background(), bytes.NewReader(c.b), Limits{})
 			if err != nil {
@@ -94,7 +65,7 @@ func TestCompressedLayers(t *testing.T) {
 // containerd's diff ID of the same layer does.
 func TestCompressedPaddingInDiffID(t *testing.T) {
 	plain := append(build(t, file("a", "x")), make([]byte, 8192)...)
-	rep, err := Validate(context.Background(), bytes.NewReader(gzipped(t, plain)), Limits{})
+	rep, err := Validate(context.Background(), bytes.NewReader(s3test.Gzip(t, plain)), Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +79,7 @@ func TestCompressedPaddingInDiffID(t *testing.T) {
 // never retried), for Extract too (it reads the stream to its end).
 func TestCorruptCompressedRejected(t *testing.T) {
 	plain := build(t, file("a", strings.Repeat("payload ", 20000)), file("b", "end"))
-	gz, zs := gzipped(t, plain), zstded(t, plain)
+	gz, zs := s3test.Gzip(t, plain), s3test.Zstd(t, plain)
 	flip := func(b []byte, at int) []byte {
 		c := bytes.Clone(b)
 		c[at] ^= 0xff
@@ -141,7 +112,7 @@ func TestCorruptCompressedRejected(t *testing.T) {
 // decompressor stays an I/O error the caller may retry.
 func TestCompressedSourceErrorIsNotRejection(t *testing.T) {
 	plain := build(t, file("a", strings.Repeat("z", 10000)+strings.Repeat("y", 10000)))
-	for name, b := range map[string][]byte{"gzip": gzipped(t, plain), "zstd": zstded(t, plain)} {
+	for name, b := range map[string][]byte{"gzip": s3test.Gzip(t, plain), "zstd": s3test.Zstd(t, plain)} {
 		_, err := Validate(context.Background(), &failingReader{r: bytes.NewReader(b), n: len(b) / 2}, Limits{})
 		if !errors.Is(err, errSource) || IsRejection(err) {
 			t.Errorf("%s: Validate: %v; want the source's error, not a rejection", name, err)
@@ -203,7 +174,7 @@ func TestOtherCompressionNamed(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-	_, err := Validate(context.Background(), io.MultiReader(bytes.NewReader(gzipped(t, []byte("hello, not a tar")))), Limits{})
+	_, err := Validate(context.Background(), io.MultiReader(bytes.NewReader(s3test.Gzip(t, []byte("hello, not a tar")))), Limits{})
 	if !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), "gzip data that is not a tar archive") {
 		t.Errorf("gzip of text: %v", err)
 	}

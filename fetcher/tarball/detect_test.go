@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
 )
 
 // TestDetectRootfs: extracting with DetectRootfs, as a stream is before
@@ -44,7 +46,7 @@ func TestDetectRootfs(t *testing.T) {
 			if _, err := ExtractDir(context.Background(), bytes.NewReader(archive), want.target, ExtractOptions{StripRootfs: rep.HasRootfs, NoChown: true}); err != nil {
 				t.Fatal(err)
 			}
-			st, err := ExtractDir(context.Background(), bytes.NewReader(gzipped(t, archive)), got.target, ExtractOptions{DetectRootfs: true, HashStream: true, NoChown: true})
+			st, err := ExtractDir(context.Background(), bytes.NewReader(s3test.Gzip(t, archive)), got.target, ExtractOptions{DetectRootfs: true, HashStream: true, NoChown: true})
 			if err != nil {
 				t.Fatalf("DetectRootfs: %v", err)
 			}
@@ -89,7 +91,7 @@ func TestPlainHashedByCaller(t *testing.T) {
 		name     string
 		data     []byte
 		wantDiff string
-	}{{"plain", plain, ""}, {"gzip", gzipped(t, plain), full.DiffID}, {"zstd", zstded(t, plain), full.DiffID}} {
+	}{{"plain", plain, ""}, {"gzip", s3test.Gzip(t, plain), full.DiffID}, {"zstd", s3test.Zstd(t, plain), full.DiffID}} {
 		rep, err := Validate(context.Background(), bytes.NewReader(tc.data), Limits{}, CallerHashesPlain())
 		if err != nil || rep.DiffID != tc.wantDiff {
 			t.Errorf("%s: Validate with CallerHashesPlain: diff ID %q, %v; want %q", tc.name, rep.DiffID, err, tc.wantDiff)

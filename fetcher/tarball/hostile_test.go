@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
 )
 
 // sandbox is a target directory with a sibling canary directory: whatever an
@@ -207,16 +209,16 @@ func hostileCorpus() []hostile {
 			return append(build(t, file("a", "x")), make([]byte, MaxPadding+1)...)
 		}, rule: ErrTrailingData, entry: "a"},
 		{name: "trailing-non-zero-gzip", raw: func(t testing.TB) []byte {
-			return gzipped(t, append(build(t, file("a", "x")), "\x1b[32mok"...))
+			return s3test.Gzip(t, append(build(t, file("a", "x")), "\x1b[32mok"...))
 		}, rule: ErrTrailingData, entry: "a"},
 		{name: "trailing-zeros-zstd", raw: func(t testing.TB) []byte {
-			return zstded(t, append(build(t, file("a", "x")), make([]byte, 64<<20)...))
+			return s3test.Zstd(t, append(build(t, file("a", "x")), make([]byte, 64<<20)...))
 		}, rule: ErrTrailingData, entry: "a"},
 		{name: "data-after-zstd-frame", raw: func(t testing.TB) []byte {
-			return append(zstded(t, build(t, file("a", "x"))), make([]byte, 512)...)
+			return append(s3test.Zstd(t, build(t, file("a", "x"))), make([]byte, 512)...)
 		}, rule: ErrMalformed, entry: "a"},
 		{name: "data-after-gzip-member", raw: func(t testing.TB) []byte {
-			return append(gzipped(t, build(t, file("a", "x"))), "garbage"...)
+			return append(s3test.Gzip(t, build(t, file("a", "x"))), "garbage"...)
 		}, rule: ErrMalformed, entry: "a"},
 	}
 }

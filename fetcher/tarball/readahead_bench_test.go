@@ -24,9 +24,7 @@ import (
 //
 //	go test -tags '...' -run '^$' -bench ExtractStages -benchtime 3x ./fetcher/tarball/
 func BenchmarkExtractStages(b *testing.B) {
-	if _, err := exec.LookPath("tar"); err != nil {
-		b.Fatal("GNU tar is the anchor of this benchmark")
-	}
+	requireGNUTar(b)
 	work := b.TempDir()
 	archive := filepath.Join(work, "layer.tar.gz")
 	writeGzipLayer(b, archive, 96<<20)

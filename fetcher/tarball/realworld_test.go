@@ -197,13 +197,20 @@ func checkRealWorldTree(t *testing.T, root string, xattrs bool) {
 	}
 }
 
+// requireGNUTar fails tb unless GNU tar is on PATH: the tests and
+// benchmarks that call it compare this package's extraction with GNU tar's.
+func requireGNUTar(tb testing.TB) {
+	tb.Helper()
+	if _, err := exec.LookPath("tar"); err != nil {
+		tb.Fatal("GNU tar, the extraction compared with, is needed (apt-get install tar)")
+	}
+}
+
 // TestGNUTarArchive extracts archives made by GNU tar from a tree on disk
 // and compares the result with GNU tar's own extraction of the same
 // archive, and with the source tree.
 func TestGNUTarArchive(t *testing.T) {
-	if _, err := exec.LookPath("tar"); err != nil {
-		t.Fatal("GNU tar is needed by this test (apt-get install tar)")
-	}
+	requireGNUTar(t)
 	src := t.TempDir()
 	mk := func(p string, mode fs.FileMode, body string) {
 		full := filepath.Join(src, p)
