@@ -1,40 +1,13 @@
 package pipeline
 
 import (
-	"bytes"
-	"compress/gzip"
 	"context"
 	"os"
 	"strings"
 	"testing"
 
-	"github.com/klauspost/compress/zstd"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
 )
-
-func gzipLayer(t testing.TB, b []byte) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	zw := gzip.NewWriter(&buf)
-	zw.Write(b)
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
-}
-
-func zstdLayer(t testing.TB, b []byte) []byte {
-	t.Helper()
-	var buf bytes.Buffer
-	zw, err := zstd.NewWriter(&buf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	zw.Write(b)
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
-}
 
 // TestPullCompressedLayers: one two-layer image stored as .tar.gz, as
 // .tar.zst, as plain .tar, and its bottom layer gzip-compressed under a
@@ -44,17 +17,16 @@ func zstdLayer(t testing.TB, b []byte) []byte {
 // digests as diff IDs; a re-pull with --refresh (every download handed off
 // from the records) finds the same chains.
 func TestPullCompressedLayers(t *testing.T) {
-	reg := newFakeRegistrar()
-	e := newPullEnv(t, reg)
+	e, reg := newRegisteringPullEnv(t)
 	base := layerTar(t, "base", 30000)
 	top := layerTar(t, "top", 30000)
-	e.srv.Put(t, "gz/1.tar.gz", gzipLayer(t, base))
-	e.srv.Put(t, "gz/2.tar.gz", gzipLayer(t, top))
-	e.srv.Put(t, "zst/1.tar.zst", zstdLayer(t, base))
-	e.srv.Put(t, "zst/2.tar.zst", zstdLayer(t, top))
+	e.srv.Put(t, "gz/1.tar.gz", s3test.Gzip(t, base))
+	e.srv.Put(t, "gz/2.tar.gz", s3test.Gzip(t, top))
+	e.srv.Put(t, "zst/1.tar.zst", s3test.Zstd(t, base))
+	e.srv.Put(t, "zst/2.tar.zst", s3test.Zstd(t, top))
 	e.srv.Put(t, "plain/1.tar", base)
 	e.srv.Put(t, "plain/2.tar", top)
-	e.srv.Put(t, "named-tar.tar", gzipLayer(t, base))
+	e.srv.Put(t, "named-tar.tar", s3test.Gzip(t, base))
 
 	want := ChainID(sha(base), sha(top))
 	gz := e.mustPull("gz/", "")
@@ -105,7 +77,7 @@ func TestPullCompressedLayers(t *testing.T) {
 // malformed archive while it downloads; nothing of it is kept.
 func TestPullCorruptCompressedLayer(t *testing.T) {
 	e := newPullEnv(t, nil)
-	gz := gzipLayer(t, layerTar(t, "cut", 30000))
+	gz := s3test.Gzip(t, layerTar(t, "cut", 30000))
 	e.srv.Put(t, "cut/1.tar.gz", gz[:len(gz)-40])
 	_, err := e.pull("cut/", "")
 	if err == nil || !strings.Contains(err.Error(), "validate s3://"+e.srv.Bucket+"/cut/1.tar.gz") || !strings.Contains(err.Error(), "malformed tar archive") {
@@ -125,7 +97,7 @@ func TestPullCorruptCompressedLayer(t *testing.T) {
 func TestCompressedLayerValidatedAgain(t *testing.T) {
 	e := newPullEnv(t, nil)
 	base := layerTar(t, "again", 30000)
-	e.srv.Put(t, "again/1.tar.zst", zstdLayer(t, base))
+	e.srv.Put(t, "again/1.tar.zst", s3test.Zstd(t, base))
 	reads := 0
 	e.p.hooks = map[string]func(){
 		"validate:started": func() {

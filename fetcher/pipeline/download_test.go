@@ -122,6 +122,18 @@ func newEnvWith(t *testing.T, configure func(*env, *Options)) *env {
 	return e
 }
 
+// newTruncatingEnv is newEnv with a 256 KiB image tarball, generated from
+// seed, stored at key; the fake S3 cuts its next times GETs of key short
+// after 1000 bytes. It returns the tarball too.
+func newTruncatingEnv(t *testing.T, key string, seed uint64, times int) (*env, []byte) {
+	t.Helper()
+	e := newEnv(t, time.Minute)
+	data := imageTar(t, 256<<10, seed)
+	e.srv.Put(t, key, data)
+	e.srv.Faults.Truncate(times, key, 1000)
+	return e, data
+}
+
 // options are the options of the environment's pipelines: its S3, its
 // database and directory, short retry delays.
 func (e *env) options() Options {
@@ -168,6 +180,18 @@ func (e *env) downloadObj(obj s3source.Object) (*DownloadResponse, fsm.RunRecord
 		e.t.Fatal(rerr)
 	}
 	return resp, rec, err
+}
+
+// downloadNewImage stores a 64 KiB image tarball, generated from seed, at
+// key and downloads it, failing the test unless the download wrote it with
+// its entries counted.
+func (e *env) downloadNewImage(key string, seed uint64) {
+	e.t.Helper()
+	e.srv.Put(e.t, key, imageTar(e.t, 64<<10, seed))
+	resp, _, err := e.download(key)
+	if err != nil || !resp.Downloaded || resp.Entries == 0 {
+		e.t.Fatalf("download of %s: %+v, %v", key, resp, err)
+	}
 }
 
 // assertNothingLeft checks no temp file, no live run, and no record of a
@@ -259,10 +283,7 @@ func TestDownloadDroppedMidBodyResumesWithRange(t *testing.T) {
 
 func TestDownloadTruncatedObject(t *testing.T) {
 	t.Run("retried to success", func(t *testing.T) {
-		e := newEnv(t, time.Minute)
-		data := imageTar(t, 256<<10, 3)
-		e.srv.Put(t, "img/c.tar", data)
-		e.srv.Faults.Truncate(2, "img/c.tar", 1000)
+		e, data := newTruncatingEnv(t, "img/c.tar", 3, 2)
 		resp, _, err := e.download("img/c.tar")
 		if err != nil {
 			t.Fatalf("download of a twice-truncated object: %v", err)
@@ -270,10 +291,7 @@ func TestDownloadTruncatedObject(t *testing.T) {
 		e.assertStored("img/c.tar", data, resp)
 	})
 	t.Run("always truncated ends clean", func(t *testing.T) {
-		e := newEnv(t, time.Minute)
-		data := imageTar(t, 256<<10, 4)
-		e.srv.Put(t, "img/d.tar", data)
-		e.srv.Faults.Truncate(1000, "img/d.tar", 1000)
+		e, _ := newTruncatingEnv(t, "img/d.tar", 4, 1000)
 		_, rec, err := e.download("img/d.tar")
 		if !errors.Is(err, fsm.ErrFailed) && !errors.Is(err, fsm.ErrAborted) {
 			t.Fatalf("download of an always-truncated object: err %v, want the run ended", err)
@@ -357,11 +375,7 @@ func TestDownloadReadsTheTarballOnce(t *testing.T) {
 	e := newEnv(t, time.Minute)
 	reads := 0
 	e.p.hooks = map[string]func(){"validate:reading": func() { reads++ }}
-	e.srv.Put(t, "once/1.tar", imageTar(t, 64<<10, 4))
-	resp, _, err := e.download("once/1.tar")
-	if err != nil || !resp.Downloaded || resp.Entries == 0 {
-		t.Fatalf("download: %+v, %v", resp, err)
-	}
+	e.downloadNewImage("once/1.tar", 4)
 	if reads != 0 {
 		t.Errorf("validate read the tarball again %d time(s) after it was validated while downloading", reads)
 	}
@@ -420,11 +434,7 @@ func TestDownloadValidatesAgainAfterRestart(t *testing.T) {
 		"validate:started": func() { e.p.validated.Clear() },
 		"validate:reading": func() { reads++ },
 	}
-	e.srv.Put(t, "restart/1.tar", imageTar(t, 64<<10, 3))
-	resp, _, err := e.download("restart/1.tar")
-	if err != nil || !resp.Downloaded || resp.Entries == 0 {
-		t.Fatalf("download: %+v, %v", resp, err)
-	}
+	e.downloadNewImage("restart/1.tar", 3)
 	if reads != 1 {
 		t.Errorf("validate read the file %d time(s) with no record of the in-stream check, want 1", reads)
 	}

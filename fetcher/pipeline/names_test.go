@@ -14,8 +14,7 @@ import (
 // and the same prefix spelled with capitals are three images under three
 // names, each registered with its own layers; none moved another's name.
 func TestPullDefaultNamesApart(t *testing.T) {
-	reg := newFakeRegistrar()
-	e := newPullEnv(t, reg)
+	e, reg := newRegisteringPullEnv(t)
 	ctx := context.Background()
 	e.srv.Put(t, "app.tar", layerTar(t, "k", 500))
 	e.srv.Put(t, "app/1.tar", layerTar(t, "p", 500))
@@ -42,8 +41,7 @@ func TestPullDefaultNamesApart(t *testing.T) {
 // naming that image and its source, before any work (no S3 request, no
 // run, no record); --replace moves it.
 func TestPullNameOfAnotherImage(t *testing.T) {
-	reg := newFakeRegistrar()
-	e := newPullEnv(t, reg)
+	e, reg := newRegisteringPullEnv(t)
 	ctx := context.Background()
 	e.srv.Put(t, "a/1.tar", layerTar(t, "a", 500))
 	e.srv.Put(t, "b/1.tar", layerTar(t, "b", 500))
@@ -81,8 +79,7 @@ func TestPullNameOfAnotherImage(t *testing.T) {
 // any work, the image untouched; --replace takes it over, its labels
 // kept.
 func TestPullForeignContainerdName(t *testing.T) {
-	reg := newFakeRegistrar()
-	e := newPullEnv(t, reg)
+	e, reg := newRegisteringPullEnv(t)
 	ctx := context.Background()
 	const name = "registry.example/app:1"
 	pinned := map[string]string{LabelPinned: "pinned"}
@@ -117,8 +114,7 @@ func TestPullForeignContainerdName(t *testing.T) {
 // of someone else after the pull checked it is refused by the register
 // step, which aborts (no retry) and takes back the name it recorded.
 func TestRegisterStepRefusesForeignName(t *testing.T) {
-	reg := newFakeRegistrar()
-	e := newPullEnv(t, reg)
+	e, reg := newRegisteringPullEnv(t)
 	ctx := context.Background()
 	const name = "late/app"
 	e.p.hooks = map[string]func(){"register:started": func() {

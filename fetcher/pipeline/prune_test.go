@@ -23,16 +23,23 @@ func pruneWorld(t *testing.T) (*seed.World, *metadata.DB) {
 	w.Pull("s3-a", "s3://bkt/a/", "a:latest", seed.TwoLayers("a/", "a")...)
 	w.Pull("s3-b", "s3://bkt/b/", "b:latest", seed.TwoLayers("b/", "b")...)
 	w.AddName("b:v1", "s3-b")
-	res, err := RecordsOf(db).PruneOrphans(context.Background(), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if fmt.Sprint(res) != fmt.Sprint(PruneResult{}) {
-		t.Fatalf("prune with nothing removed = %+v, want nothing pruned", res)
-	}
+	checkPrune(t, db, "prune with nothing removed", PruneResult{})
 	w.RemoveSnapshot(seed.ActivationKey("s3-b"))
 	w.RemoveSnapshot("sha256:c-b")
 	return w, db
+}
+
+// checkPrune runs PruneOrphans on db and fails the test unless it pruned
+// exactly want; what says when the prune ran.
+func checkPrune(t *testing.T, db *metadata.DB, what string, want PruneResult) {
+	t.Helper()
+	res, err := RecordsOf(db).PruneOrphans(context.Background(), true)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	if fmt.Sprint(res) != fmt.Sprint(want) {
+		t.Fatalf("%s = %+v, want %+v", what, res, want)
+	}
 }
 
 // checkAIntact checks image s3-a kept everything.
@@ -61,15 +68,7 @@ func checkAIntact(t *testing.T, w *seed.World) {
 // included.
 func TestPruneOrphansAfterGC(t *testing.T) {
 	w, db := pruneWorld(t)
-	ctx := context.Background()
-	res, err := RecordsOf(db).PruneOrphans(ctx, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := PruneResult{Chains: 1, Images: 1, Objects: 2, LayerPaths: []string{seed.LayerPath("sha256:d-b")}}
-	if fmt.Sprint(res) != fmt.Sprint(want) {
-		t.Fatalf("prune = %+v, want %+v", res, want)
-	}
+	checkPrune(t, db, "prune", PruneResult{Chains: 1, Images: 1, Objects: 2, LayerPaths: []string{seed.LayerPath("sha256:d-b")}})
 	if w.Has("chains", "chain_id = 'sha256:c-b'") {
 		t.Errorf("chain c-b survived")
 	}
@@ -96,10 +95,7 @@ func TestPruneOrphansAfterGC(t *testing.T) {
 	if !w.Has("chains", "chain_id = 'sha256:d1'") {
 		t.Errorf("the shared bottom chain was pruned")
 	}
-	res, err = RecordsOf(db).PruneOrphans(ctx, true)
-	if err != nil || fmt.Sprint(res) != fmt.Sprint(PruneResult{}) {
-		t.Errorf("second prune = %+v, %v; want nothing pruned", res, err)
-	}
+	checkPrune(t, db, "second prune", PruneResult{})
 }
 
 // TestPruneOrphansWaitsForLiveRuns: a chain a live run is making again is
@@ -123,13 +119,7 @@ func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
 
 	// An unpack of c-b is under way: nothing of s3-b goes.
 	live("unpack", "unpack-layer", "sha256:c-b", "running")
-	res, err := RecordsOf(db).PruneOrphans(ctx, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := (PruneResult{Deferred: true}); fmt.Sprint(res) != fmt.Sprint(want) {
-		t.Fatalf("prune while c-b is being unpacked = %+v, want %+v", res, want)
-	}
+	checkPrune(t, db, "prune while c-b is being unpacked", PruneResult{Deferred: true})
 	if !w.Has("chains", "chain_id = 'sha256:c-b'") {
 		t.Errorf("chain c-b was forgotten while a run was making it")
 	}
@@ -137,13 +127,7 @@ func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
 
 	// A pull of s3-b is pending: the chain goes, the image stays.
 	live("pull", "pull-image", "s3-b", "pending")
-	res, err = RecordsOf(db).PruneOrphans(ctx, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := (PruneResult{Chains: 1, Deferred: true}); fmt.Sprint(res) != fmt.Sprint(want) {
-		t.Fatalf("prune while s3-b is being pulled = %+v, want %+v", res, want)
-	}
+	checkPrune(t, db, "prune while s3-b is being pulled", PruneResult{Chains: 1, Deferred: true})
 	if !w.Has("s3_images", "image_id = 's3-b'") {
 		t.Errorf("image s3-b was forgotten while a run was pulling it")
 	}
@@ -152,13 +136,7 @@ func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
 	// Another download is running: the image goes, its objects and layer
 	// file wait.
 	live("dl", "download-layer", "s3://bkt/z.tar", "running")
-	res, err = RecordsOf(db).PruneOrphans(ctx, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := (PruneResult{Images: 1, Deferred: true}); fmt.Sprint(res) != fmt.Sprint(want) {
-		t.Fatalf("prune with an unrelated live run = %+v, want %+v", res, want)
-	}
+	checkPrune(t, db, "prune with an unrelated live run", PruneResult{Images: 1, Deferred: true})
 	if !w.Has("s3_objects", "bucket = 'bkt' AND key = 'b/2.tar'") {
 		t.Errorf("object b/2.tar pruned while a run was live")
 	}
@@ -168,13 +146,7 @@ func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
 	finish("dl")
 
 	// Idle: the rest goes.
-	res, err = RecordsOf(db).PruneOrphans(ctx, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := (PruneResult{Objects: 2, LayerPaths: []string{seed.LayerPath("sha256:d-b")}}); fmt.Sprint(res) != fmt.Sprint(want) {
-		t.Fatalf("prune once idle = %+v, want %+v", res, want)
-	}
+	checkPrune(t, db, "prune once idle", PruneResult{Objects: 2, LayerPaths: []string{seed.LayerPath("sha256:d-b")}})
 	checkAIntact(t, w)
 }
 

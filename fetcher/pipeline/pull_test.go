@@ -140,6 +140,14 @@ func newPullEnv(t *testing.T, reg *fakeRegistrar) *env {
 	return e
 }
 
+// newRegisteringPullEnv is newPullEnv registering with a new fake
+// registrar, returned for the test to look at what was registered.
+func newRegisteringPullEnv(t *testing.T) (*env, *fakeRegistrar) {
+	t.Helper()
+	reg := newFakeRegistrar()
+	return newPullEnv(t, reg), reg
+}
+
 // reopen starts other pipelines on the environment's database, directory
 // and snapshotter (a restarted daemon), with hooks, and resumes them.
 func (e *env) reopen(hooks map[string]func()) *Pipelines {
@@ -181,6 +189,22 @@ func (e *env) mustPull(key, ref string) *PullResult {
 		e.t.Fatalf("pull %s as %q: %v", key, ref, err)
 	}
 	return res
+}
+
+// checkNoWorkSince notes the runs started and the snapshotter calls made
+// so far; the function it returns fails the test if a run was started or a
+// snapshotter call made since, naming the step in what.
+func (e *env) checkNoWorkSince(what string) func() {
+	runs, calls := e.runCount(), e.sn.totalCalls()
+	return func() {
+		e.t.Helper()
+		if n := e.runCount() - runs; n != 0 {
+			e.t.Errorf("%s started %d runs, want none", what, n)
+		}
+		if n := e.sn.totalCalls() - calls; n != 0 {
+			e.t.Errorf("%s made %d snapshotter calls, want none", what, n)
+		}
+	}
 }
 
 // layerTar is a layer with the canonical layout whose etc/marker says
@@ -234,7 +258,7 @@ func TestPullOverwrittenObject(t *testing.T) {
 	}
 
 	e.srv.Faults.Reset()
-	runs, calls := e.runCount(), e.sn.totalCalls()
+	checkNoWork := e.checkNoWorkSince("unchanged re-pull")
 	again := e.mustPull("app/", "app")
 	if again.TopChainID != r1.TopChainID || again.Downloaded != 0 || again.Unpacked != 0 {
 		t.Errorf("unchanged re-pull: %+v", again)
@@ -242,12 +266,7 @@ func TestPullOverwrittenObject(t *testing.T) {
 	if n, list := e.srv.TotalRequests(), e.srv.Requests("GET", ""); n != 1 || list != 1 {
 		t.Errorf("unchanged re-pull made %d S3 requests (%d LISTs), want exactly one LIST", n, list)
 	}
-	if n := e.runCount() - runs; n != 0 {
-		t.Errorf("unchanged re-pull started %d runs, want none", n)
-	}
-	if n := e.sn.totalCalls() - calls; n != 0 {
-		t.Errorf("unchanged re-pull made %d snapshotter calls, want none", n)
-	}
+	checkNoWork()
 
 	e.srv.Faults.Reset()
 	cached, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "app/", Ref: "app", Cached: true})
@@ -471,8 +490,7 @@ func TestPullOneKeyInTwoChains(t *testing.T) {
 // a second name of an image already pulled, a name unregistered behind our
 // back (`ctr image rm`) pulled again, and two names pulled at once.
 func TestPullNames(t *testing.T) {
-	reg := newFakeRegistrar()
-	e := newPullEnv(t, reg)
+	e, reg := newRegisteringPullEnv(t)
 	ctx := context.Background()
 	e.srv.Put(t, "n/1.tar", layerTar(t, "names", 1000))
 	a := e.mustPull("n/", "a")
@@ -549,26 +567,10 @@ func TestPullAbortLeavesNothing(t *testing.T) {
 	})
 	t.Run("attempts used up", func(t *testing.T) {
 		e := newPullEnv(t, nil)
-		mounts := 0
-		e.sn.mountsErr = func(key string) error {
-			if !strings.HasPrefix(key, extractPrefix) {
-				return nil
-			}
-			// The extraction while downloading fails alike, and is not
-			// an attempt of the unpack run.
-			if !strings.HasPrefix(key, streamPrefix) {
-				mounts++
-			}
-			return errors.New("injected: cannot activate the device")
-		}
-		e.srv.Put(t, "m/1.tar", layerTar(t, "m", 100))
-		if _, err := e.pull("m/", "m"); err == nil || !strings.Contains(err.Error(), "injected") {
-			t.Fatalf("pull whose extraction cannot be mounted: %v", err)
-		}
-		if mounts != 2 {
-			t.Errorf("extraction mounted %d times, want its 2 attempts", mounts)
-		}
-		e.assertNoExtraction()
+		// The unpack run mounts its extraction in each of its 2 attempts.
+		e.checkExtractionFaultLeavesNothing("m/", "injected: cannot activate the device", 2, func(fault func(key string) error) {
+			e.sn.mountsErr = fault
+		})
 	})
 }
 
@@ -577,29 +579,43 @@ func TestPullAbortLeavesNothing(t *testing.T) {
 // leaves nothing behind.
 func TestPullPrepareFailsLeavesNothing(t *testing.T) {
 	e := newPullEnv(t, nil)
-	prepares := 0
-	e.sn.prepareErr = func(key, _ string) error {
+	// create-device prepares the extraction in each of its 3 attempts.
+	e.checkExtractionFaultLeavesNothing("p/", "injected: pool busy", 3, func(fault func(key string) error) {
+		e.sn.prepareErr = func(key, _ string) error { return fault(key) }
+	})
+	if chains := e.committedChains(); len(chains) != 0 {
+		t.Errorf("chains committed: %v", chains)
+	}
+}
+
+// checkExtractionFaultLeavesNothing pulls a one-layer image stored under
+// prefix while one snapshotter call fails on every extraction with the
+// error msg: install puts fault in place of that call. The pull must fail
+// with msg once the run retrying the call has made its wantAttempts
+// attempts, and leave nothing behind.
+func (e *env) checkExtractionFaultLeavesNothing(prefix, msg string, wantAttempts int, install func(fault func(key string) error)) {
+	e.t.Helper()
+	attempts := 0
+	install(func(key string) error {
 		if !strings.HasPrefix(key, extractPrefix) {
 			return nil
 		}
 		// The extraction while downloading fails alike, and is not an
-		// attempt of create-device.
+		// attempt of the run that retries the call.
 		if !strings.HasPrefix(key, streamPrefix) {
-			prepares++
+			attempts++
 		}
-		return errors.New("injected: pool busy")
+		return errors.New(msg)
+	})
+	name := strings.TrimSuffix(prefix, "/")
+	e.srv.Put(e.t, prefix+"1.tar", layerTar(e.t, name, 100))
+	if _, err := e.pull(prefix, name); err == nil || !strings.Contains(err.Error(), msg) {
+		e.t.Fatalf("pull whose extractions fail with %q: %v", msg, err)
 	}
-	e.srv.Put(t, "p/1.tar", layerTar(t, "p", 100))
-	if _, err := e.pull("p/", "p"); err == nil || !strings.Contains(err.Error(), "injected: pool busy") {
-		t.Fatalf("pull whose extraction device cannot be made: %v", err)
-	}
-	if prepares != 3 {
-		t.Errorf("extraction prepared %d times, want the 3 attempts of create-device", prepares)
+	if attempts != wantAttempts {
+		e.t.Errorf("the failing call was made on the extraction %d times, want the run's %d attempts", attempts, wantAttempts)
 	}
 	e.assertNoExtraction()
-	if chains := e.committedChains(); len(chains) != 0 {
-		t.Errorf("chains committed: %v", chains)
-	}
 }
 
 // assertNoExtraction: no extraction snapshot, no live run, no mount point.
@@ -622,8 +638,7 @@ func (e *env) assertNoExtraction() {
 // which registers the first name): it must still register its own name
 // with what was pulled.
 func TestPullNamesFollowAnOverwrite(t *testing.T) {
-	reg := newFakeRegistrar()
-	e := newPullEnv(t, reg)
+	e, reg := newRegisteringPullEnv(t)
 	ctx := context.Background()
 	e.srv.Put(t, "o/1.tar", layerTar(t, "o1", 1000))
 	first := e.mustPull("o/", "a")
@@ -714,8 +729,7 @@ func TestPullTopLayoutCheckedForEveryImage(t *testing.T) {
 // registers it there without running anything, and a namespace containerd
 // would refuse is refused before anything starts, naming it.
 func TestPullNamespaces(t *testing.T) {
-	reg := newFakeRegistrar()
-	e := newPullEnv(t, reg)
+	e, reg := newRegisteringPullEnv(t)
 	e.srv.Put(t, "ns/1.tar", layerTar(t, "ns", 1000))
 	res, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "ns/", Namespaces: []string{"k8s.io", "team-a", "k8s.io"}})
 	if err != nil {

@@ -20,7 +20,7 @@ func TestRepullAnsweredFromTheRecords(t *testing.T) {
 	var probed []string
 	e.p.deviceLive = func(path string) error { probed = append(probed, path); return e.sn.deviceLive(path) }
 	e.srv.Faults.Reset()
-	runs, calls := e.runCount(), e.sn.totalCalls()
+	checkNoWork := e.checkNoWorkSince("re-pull")
 
 	res, err := e.p.Pull(context.Background(), PullRequest{Bucket: e.srv.Bucket, Key: "img/", Ref: "img"}, nil)
 	if err != nil {
@@ -33,12 +33,7 @@ func TestRepullAnsweredFromTheRecords(t *testing.T) {
 	if n, get := e.srv.TotalRequests(), e.srv.Requests("GET", "img/1.tar"); n != 1 || get != 0 {
 		t.Errorf("re-pull made %d S3 requests (%d GETs of the layer), want one listing", n, get)
 	}
-	if n := e.runCount() - runs; n != 0 {
-		t.Errorf("re-pull started %d FSM runs, want 0", n)
-	}
-	if n := e.sn.totalCalls() - calls; n != 0 {
-		t.Errorf("re-pull made %d snapshotter calls, want 0", n)
-	}
+	checkNoWork()
 	if len(probed) != 1 || probed[0] != first.Snapshot.DevicePath {
 		t.Errorf("device nodes looked at: %v, want the activation's %s", probed, first.Snapshot.DevicePath)
 	}

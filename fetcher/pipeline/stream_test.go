@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
 )
 
@@ -79,7 +80,7 @@ func (e *env) unpackResponses() map[string]UnpackResponse {
 // so its download checks it in-stream as before.
 func TestPullExtractsWhileDownloading(t *testing.T) {
 	e := newPullEnv(t, nil)
-	e.srv.Put(t, "s/1.tar.gz", gzipLayer(t, layerTar(t, "s1", 200_000)))
+	e.srv.Put(t, "s/1.tar.gz", s3test.Gzip(t, layerTar(t, "s1", 200_000)))
 	e.srv.Put(t, "s/2.tar", layerTar(t, "s2", 300_000, tarFile{name: "usr/two", body: []byte("2")}))
 	// Both transfers are still under way when their parents are committed:
 	// the first at once (its parent is the empty chain), the second after

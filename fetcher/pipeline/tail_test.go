@@ -4,6 +4,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
 )
 
 // TestPullRefusesDataAfterEndMarker: the download's in-stream validator
@@ -13,7 +15,7 @@ import (
 func TestPullRefusesDataAfterEndMarker(t *testing.T) {
 	e := newPullEnv(t, nil)
 	layer := layerTar(t, "tail", 3000)
-	e.srv.Put(t, "zeros/1.tar.zst", zstdLayer(t, append(layer, make([]byte, 64<<20)...)))
+	e.srv.Put(t, "zeros/1.tar.zst", s3test.Zstd(t, append(layer, make([]byte, 64<<20)...)))
 	e.srv.Put(t, "junk/1.tar", append(append(layer, make([]byte, 4096)...), "junk"...))
 	for _, key := range []string{"zeros/", "junk/"} {
 		_, err := e.pull(key, "")
