@@ -798,17 +798,20 @@ func TestPreparingCollectsWhileApplying(t *testing.T) {
 	b.watchEnded("ApplyWatch")
 }
 
+// readCount is how many times the pool's usage was read so far.
+func (h *harness) readCount() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.reads
+}
+
 // waitReads waits until the pool's usage was read n more times.
 func (h *harness) waitReads(n int) {
 	h.t.Helper()
-	h.mu.Lock()
-	want := h.reads + n
-	h.mu.Unlock()
+	want := h.readCount() + n
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		h.mu.Lock()
-		got := h.reads
-		h.mu.Unlock()
+		got := h.readCount()
 		if got >= want {
 			return
 		}
@@ -825,14 +828,9 @@ func (h *harness) watchEnded(after string) {
 	h.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		h.mu.Lock()
-		before := h.reads
-		h.mu.Unlock()
+		before := h.readCount()
 		time.Sleep(100 * time.Millisecond)
-		h.mu.Lock()
-		now := h.reads
-		h.mu.Unlock()
-		if now == before {
+		if h.readCount() == before {
 			return
 		}
 		if time.Now().After(deadline) {
