@@ -104,12 +104,8 @@ func everything(t *testing.T) *Metrics {
 // families gathers m as name -> family.
 func families(t *testing.T, m *Metrics) map[string]*dto.MetricFamily {
 	t.Helper()
-	mfs, err := m.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]*dto.MetricFamily{}
-	for _, mf := range mfs {
+	for _, mf := range gatherFamilies(t, m) {
 		out[mf.GetName()] = mf
 	}
 	return out
@@ -147,11 +143,7 @@ func TestEveryDescribedMetricIsGathered(t *testing.T) {
 // TestPromlint: the exported families follow Prometheus's naming and help
 // conventions.
 func TestPromlint(t *testing.T) {
-	mfs, err := everything(t).Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
+	problems, err := promlint.NewWithMetricFamilies(gatherFamilies(t, everything(t))).Lint()
 	if err != nil {
 		t.Fatal(err)
 	}

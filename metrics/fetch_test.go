@@ -20,25 +20,17 @@ import (
 // "name{label=value,...}" -> value (a histogram gives its sample count).
 func series(t *testing.T, m *Metrics, prefix string) map[string]float64 {
 	t.Helper()
-	mfs, err := m.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]float64{}
-	for _, mf := range mfs {
+	for _, mf := range gatherFamilies(t, m) {
 		if !strings.HasPrefix(mf.GetName(), prefix) {
 			continue
 		}
 		for _, mt := range mf.GetMetric() {
-			var labels []string
-			for _, l := range mt.GetLabel() {
-				labels = append(labels, l.GetName()+"="+l.GetValue())
-			}
 			v := mt.GetCounter().GetValue()
 			if h := mt.GetHistogram(); h != nil {
 				v = float64(h.GetSampleCount())
 			}
-			out[mf.GetName()+"{"+strings.Join(labels, ",")+"}"] = v
+			out[mf.GetName()+"{"+labelKey(mt)+"}"] = v
 		}
 	}
 	return out

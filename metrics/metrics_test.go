@@ -22,12 +22,8 @@ import (
 // counts gathers the operation histogram as "method/outcome" -> count.
 func counts(t *testing.T, m *Metrics) map[string]uint64 {
 	t.Helper()
-	mfs, err := m.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]uint64{}
-	for _, mf := range mfs {
+	for _, mf := range gatherFamilies(t, m) {
 		if mf.GetName() != Namespace+"_operation_duration_seconds" {
 			continue
 		}
@@ -47,15 +43,24 @@ func label(m *dto.Metric, name string) string {
 	return ""
 }
 
-func TestWrapTimesEveryMethodByOutcome(t *testing.T) {
-	ctx := namespaces.WithNamespace(context.Background(), "test")
-	inner, err := native.NewSnapshotter(filepath.Join(t.TempDir(), "native"))
+// newWrapped makes a snapshotter with newInner in a fresh directory and
+// wraps it in the decorator of a new Metrics, returning both; the wrapped
+// snapshotter is closed when the test ends.
+func newWrapped(t *testing.T, newInner func(root string) (snapshots.Snapshotter, error)) (*Metrics, snapshots.Snapshotter) {
+	t.Helper()
+	inner, err := newInner(filepath.Join(t.TempDir(), "inner"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := New()
 	sn := m.Wrap(inner)
-	defer sn.Close()
+	t.Cleanup(func() { sn.Close() })
+	return m, sn
+}
+
+func TestWrapTimesEveryMethodByOutcome(t *testing.T) {
+	ctx := namespaces.WithNamespace(context.Background(), "test")
+	m, sn := newWrapped(t, native.NewSnapshotter)
 	if _, ok := sn.(snapshots.Cleaner); ok {
 		t.Error("wrapping a snapshotter without Cleanup produced a Cleaner")
 	}
@@ -66,7 +71,7 @@ func TestWrapTimesEveryMethodByOutcome(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, err = sn.Prepare(ctx, "a", "")
+	_, err := sn.Prepare(ctx, "a", "")
 	must(err)
 	_, err = sn.Mounts(ctx, "a")
 	must(err)
@@ -101,13 +106,7 @@ func TestWrapTimesEveryMethodByOutcome(t *testing.T) {
 
 func TestWrapKeepsCleaner(t *testing.T) {
 	ctx := namespaces.WithNamespace(context.Background(), "test")
-	inner, err := overlay.NewSnapshotter(filepath.Join(t.TempDir(), "overlay"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := New()
-	sn := m.Wrap(inner)
-	defer sn.Close()
+	m, sn := newWrapped(t, func(root string) (snapshots.Snapshotter, error) { return overlay.NewSnapshotter(root) })
 	c, ok := sn.(snapshots.Cleaner)
 	if !ok {
 		t.Fatal("wrapping a Cleaner lost Cleanup")

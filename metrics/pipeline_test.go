@@ -15,31 +15,20 @@ import (
 // gauges gathers every gauge named name as "label=value,..." -> value.
 func gauges(t *testing.T, m *Metrics, name string) map[string]float64 {
 	t.Helper()
-	return samples(t, m, name, func(mt *dto.Metric) float64 { return mt.GetGauge().GetValue() })
+	return samples(t, m, name, gaugeValue)
 }
 
 // samples gathers every metric named name as "label=value,..." -> what
 // value reads of it.
 func samples(t *testing.T, m *Metrics, name string, value func(*dto.Metric) float64) map[string]float64 {
 	t.Helper()
-	mfs, err := m.Registry().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]float64{}
-	for _, mf := range mfs {
+	for _, mf := range gatherFamilies(t, m) {
 		if mf.GetName() != name {
 			continue
 		}
 		for _, mt := range mf.GetMetric() {
-			key := ""
-			for _, l := range mt.GetLabel() {
-				if key != "" {
-					key += ","
-				}
-				key += l.GetName() + "=" + l.GetValue()
-			}
-			out[key] = value(mt)
+			out[labelKey(mt)] = value(mt)
 		}
 	}
 	return out
