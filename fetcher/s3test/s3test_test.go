@@ -10,14 +10,34 @@ import (
 	"time"
 )
 
-func get(t *testing.T, url string) (int, []byte, error) {
+// send GETs url with header set and reads the whole body. The error is the
+// request's or the read's; with a read error, b is what came before it.
+func send(t *testing.T, url string, header map[string]string) (resp *http.Response, b []byte, err error) {
 	t.Helper()
-	resp, err := http.Get(url)
+	req, err := http.NewRequest(http.MethodGet, url, nil)
 	if err != nil {
-		return 0, nil, err
+		t.Fatal(err)
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, nil, err
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	b, err = io.ReadAll(resp.Body)
+	return resp, b, err
+}
+
+// get GETs url as send does and gives the answer's status (0 without an
+// answer), for the tests that expect the fault injector's errors.
+func get(t *testing.T, url string) (int, []byte, error) {
+	t.Helper()
+	resp, b, err := send(t, url, nil)
+	if resp == nil {
+		return 0, b, err
+	}
 	return resp.StatusCode, b, err
 }
 
@@ -53,21 +73,11 @@ func TestFaultsAndCounts(t *testing.T) {
 	}
 }
 
+// getWith GETs url with header set as send does, failing the test on any
+// error.
 func getWith(t *testing.T, url string, header map[string]string) (*http.Response, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, v := range header {
-		req.Header.Set(k, v)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	resp, b, err := send(t, url, header)
 	if err != nil {
 		t.Fatal(err)
 	}
