@@ -44,15 +44,7 @@ func (p *fakePool) set(st thinpool.PoolStatus) {
 // getHealth asks the debug endpoint at addr for /healthz.
 func getHealth(t *testing.T, addr string) (int, Health) {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/healthz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp, body := httpGet(t, "http://"+addr+"/healthz")
 	if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
 		t.Errorf("/healthz Content-Type %q, want application/json", ct)
 	}

@@ -168,10 +168,11 @@ func LoopbackListener(t *testing.T) net.Listener {
 	return l
 }
 
-// Scrape fetches http://addr/metrics.
-func Scrape(t *testing.T, addr string) string {
+// httpGet GETs url and reads the whole answer, failing the test if either
+// fails.
+func httpGet(t *testing.T, url string) (*http.Response, []byte) {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
+	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,6 +181,13 @@ func Scrape(t *testing.T, addr string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return resp, b
+}
+
+// Scrape fetches http://addr/metrics.
+func Scrape(t *testing.T, addr string) string {
+	t.Helper()
+	resp, b := httpGet(t, "http://"+addr+"/metrics")
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("GET /metrics: %s\n%s", resp.Status, b)
 	}
