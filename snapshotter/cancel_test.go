@@ -24,6 +24,23 @@ func cancelAt(step string, cancel context.CancelFunc) (func(string) error, *bool
 	}, fired
 }
 
+// callCancelledAt runs call with a context that s's hook cancels when s
+// reaches step, failing the test if it never does, and returns call's
+// error.
+func callCancelledAt(t *testing.T, s *Snapshotter, step string, call func(ctx context.Context) error) error {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var fired *bool
+	s.hook, fired = cancelAt(step, cancel)
+	err := call(ctx)
+	s.hook = nil
+	if !*fired {
+		t.Fatalf("step %s never reached", step)
+	}
+	return err
+}
+
 // assertSettled checks what a caller's cancellation may not leave behind:
 // an intent row, or a device in the pool that no record holds (or a record
 // whose device is gone).
@@ -61,18 +78,12 @@ func TestCancelAtEveryStep(t *testing.T) {
 	bg := context.Background()
 	for _, step := range []string{"create:intent", "create:device", "create:activated"} {
 		t.Run("prepare/"+step, func(t *testing.T) {
-			pool := thinpooltest.NewFakePool()
-			s := newFakeSnapshotter(t, pool, Config{})
+			s, pool := newFakeSnapshotter(t, Config{})
 			mustParent(t, s, "parent")
-			ctx, cancel := context.WithCancel(bg)
-			defer cancel()
-			var fired *bool
-			s.hook, fired = cancelAt(step, cancel)
-			_, err := s.Prepare(ctx, "child", "parent")
-			s.hook = nil
-			if !*fired {
-				t.Fatalf("step %s never reached", step)
-			}
+			err := callCancelledAt(t, s, step, func(ctx context.Context) error {
+				_, err := s.Prepare(ctx, "child", "parent")
+				return err
+			})
 			if !errors.Is(err, context.Canceled) {
 				t.Fatalf("Prepare cancelled at %s: got %v, want context.Canceled", step, err)
 			}
@@ -94,21 +105,12 @@ func TestCancelAtEveryStep(t *testing.T) {
 		})
 	}
 	t.Run("commit/commit:deactivated", func(t *testing.T) {
-		pool := thinpooltest.NewFakePool()
-		s := newFakeSnapshotter(t, pool, Config{})
+		s, pool := newFakeSnapshotter(t, Config{})
 		mustParent(t, s, "parent")
 		if _, err := s.Prepare(bg, "work", "parent"); err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithCancel(bg)
-		defer cancel()
-		var fired *bool
-		s.hook, fired = cancelAt("commit:deactivated", cancel)
-		err := s.Commit(ctx, "done", "work")
-		s.hook = nil
-		if !*fired {
-			t.Fatal("step commit:deactivated never reached")
-		}
+		err := callCancelledAt(t, s, "commit:deactivated", func(ctx context.Context) error { return s.Commit(ctx, "done", "work") })
 		if !errors.Is(err, context.Canceled) {
 			t.Fatalf("Commit cancelled: got %v, want context.Canceled", err)
 		}
@@ -136,23 +138,14 @@ func TestCancelAtEveryStep(t *testing.T) {
 	})
 	for _, step := range []string{"remove:marked", "reclaim:deleted"} {
 		t.Run("remove/"+step, func(t *testing.T) {
-			pool := thinpooltest.NewFakePool()
-			s := newFakeSnapshotter(t, pool, Config{})
+			s, pool := newFakeSnapshotter(t, Config{})
 			mustParent(t, s, "parent")
 			if _, err := s.Prepare(bg, "child", "parent"); err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithCancel(bg)
-			defer cancel()
-			var fired *bool
-			s.hook, fired = cancelAt(step, cancel)
 			// The removal is recorded before the first step: the call
 			// finishes it and reports success.
-			err := s.Remove(ctx, "child")
-			s.hook = nil
-			if !*fired {
-				t.Fatalf("step %s never reached", step)
-			}
+			err := callCancelledAt(t, s, step, func(ctx context.Context) error { return s.Remove(ctx, "child") })
 			if err != nil {
 				t.Fatalf("Remove cancelled at %s: %v", step, err)
 			}
@@ -173,8 +166,7 @@ func TestCancelAtEveryStep(t *testing.T) {
 // its record or still recorded for the next Cleanup.
 func TestCancelledCleanupStops(t *testing.T) {
 	bg := context.Background()
-	pool := thinpooltest.NewFakePool()
-	s := newFakeSnapshotter(t, pool, Config{AsyncRemove: true})
+	s, pool := newFakeSnapshotter(t, Config{AsyncRemove: true})
 	mustParent(t, s, "parent")
 	for _, k := range []string{"a", "b", "c"} {
 		if _, err := s.Prepare(bg, k, "parent"); err != nil {
@@ -184,12 +176,7 @@ func TestCancelledCleanupStops(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ctx, cancel := context.WithCancel(bg)
-	var fired *bool
-	s.hook, fired = cancelAt("reclaim:deleted", cancel)
-	err := s.Cleanup(ctx)
-	s.hook = nil
-	if !*fired || !errors.Is(err, context.Canceled) {
+	if err := callCancelledAt(t, s, "reclaim:deleted", s.Cleanup); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Cleanup cancelled at its first device: got %v, want context.Canceled", err)
 	}
 	assertSettled(t, s, pool)
@@ -223,8 +210,7 @@ func mustParent(t *testing.T, s *Snapshotter, name string) {
 // Cleanup can delete it.
 func TestCommitOfRemovedSnapshotLeavesDeviceUnmapped(t *testing.T) {
 	bg := context.Background()
-	pool := thinpooltest.NewFakePool()
-	s := newFakeSnapshotter(t, pool, Config{AsyncRemove: true})
+	s, pool := newFakeSnapshotter(t, Config{AsyncRemove: true})
 	if _, err := s.Prepare(bg, "work", ""); err != nil {
 		t.Fatal(err)
 	}

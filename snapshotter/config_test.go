@@ -3,13 +3,12 @@ package snapshotter
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/containerd/errdefs"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool/thinpooltest"
 )
 
@@ -17,11 +16,7 @@ import (
 // refuses, naming the [pool] key, before it touches the pool.
 func TestBadConfigRefusedBeforeAnyDevice(t *testing.T) {
 	ctx := context.Background()
-	db, err := metadata.Open(ctx, metadata.Options{Path: filepath.Join(t.TempDir(), "meta.db")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := metadatatest.Open(t)
 	for _, c := range []struct {
 		cfg  Config
 		want string

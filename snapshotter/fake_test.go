@@ -8,13 +8,15 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool/thinpooltest"
 )
 
-// newFakeSnapshotter returns a Snapshotter on a real database and pool,
-// with its base device already made (recorded and in the pool, without a
-// filesystem: the fake's Format makes none), so that the tests' first
-// parentless snapshot does no more device work than any other.
-func newFakeSnapshotter(t testing.TB, pool *thinpooltest.FakePool, cfg Config) *Snapshotter {
+// newFakeSnapshotter returns a Snapshotter on a real database and a new
+// fake pool, and the pool for the test to look into. Its base device is
+// already made (recorded and in the pool, without a filesystem: the fake's
+// Format makes none), so that the tests' first parentless snapshot does no
+// more device work than any other.
+func newFakeSnapshotter(t testing.TB, cfg Config) (*Snapshotter, *thinpooltest.FakePool) {
 	t.Helper()
 	ctx := context.Background()
+	pool := thinpooltest.NewFakePool()
 	s, err := New(ctx, metadatatest.Open(t), pool, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -22,5 +24,5 @@ func newFakeSnapshotter(t testing.TB, pool *thinpooltest.FakePool, cfg Config) *
 	if _, err := s.ensureBase(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return s
+	return s, pool
 }

@@ -8,8 +8,6 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
-
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool/thinpooltest"
 )
 
 // An operator reviews what start-up quarantined: lists it, cannot release
@@ -18,8 +16,7 @@ import (
 // are not quarantined, are refused with the reason.
 func TestQuarantineReview(t *testing.T) {
 	ctx := context.Background()
-	pool := thinpooltest.NewFakePool()
-	s := newFakeSnapshotter(t, pool, Config{})
+	s, pool := newFakeSnapshotter(t, Config{})
 	base := s.base.ID
 	const stray = 777
 	if err := pool.CreateThin(ctx, stray); err != nil {

@@ -5,8 +5,6 @@ import (
 	"testing"
 
 	"github.com/containerd/errdefs"
-
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool/thinpooltest"
 )
 
 // A snapshot whose device vanished from the pool while the daemon was
@@ -14,8 +12,7 @@ import (
 // (for the operator) when a child is.
 func TestReconcileDropsSnapshotsWhoseDeviceIsGone(t *testing.T) {
 	ctx := context.Background()
-	pool := thinpooltest.NewFakePool()
-	s := newFakeSnapshotter(t, pool, Config{})
+	s, pool := newFakeSnapshotter(t, Config{})
 	mustParent(t, s, "parent")
 	mustParent(t, s, "lone")
 	if _, err := s.Prepare(ctx, "child", "parent"); err != nil {

@@ -17,7 +17,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool/thinpooltest"
 )
 
 // serveProxy serves s over containerd's snapshots gRPC API on a unix
@@ -50,8 +49,7 @@ func serveProxy(t *testing.T, s snapshots.Snapshotter) snapshots.Snapshotter {
 // before keeps its device throughout.
 func TestReserveRefusesNewSnapshots(t *testing.T) {
 	ctx := context.Background()
-	pool := thinpooltest.NewFakePool()
-	s := newFakeSnapshotter(t, pool, Config{})
+	s, pool := newFakeSnapshotter(t, Config{})
 	if _, err := s.Prepare(ctx, "layer", ""); err != nil {
 		t.Fatal(err)
 	}

@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/core/snapshots"
-
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool/thinpooltest"
 )
 
 var scaleSizes = flag.String("flyio.scale-sizes", "100,1000,10000", "snapshot counts BenchmarkScale measures at (the first is the anchor of the ratios)")
@@ -223,8 +221,8 @@ func BenchmarkScale(b *testing.B) {
 	sizes := scaleSizeList(b)
 	var envs []*scaleEnv
 	for _, n := range sizes {
-		pool := thinpooltest.NewFakePool()
-		envs = append(envs, &scaleEnv{n: n, s: newFakeSnapshotter(b, pool, Config{}), pool: pool})
+		s, pool := newFakeSnapshotter(b, Config{})
+		envs = append(envs, &scaleEnv{n: n, s: s, pool: pool})
 	}
 	reportScale(b, sizes, measureScale(b, envs))
 	for b.Loop() {
