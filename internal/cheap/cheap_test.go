@@ -2,10 +2,9 @@ package cheap
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 )
 
 // TestSQLiteMemoryFollowsPageCache fills a connection's page cache by
@@ -15,11 +14,7 @@ import (
 // closes; the high-water mark keeps the peak.
 func TestSQLiteMemoryFollowsPageCache(t *testing.T) {
 	ctx := context.Background()
-	d, err := metadata.Open(ctx, metadata.Options{Path: filepath.Join(t.TempDir(), "metadata.db")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := metadatatest.Open(t)
 	before, _ := SQLiteMemory()
 	const tableBytes = 4 << 20
 	if _, err := d.Statements().ExecContext(ctx, `CREATE TABLE filler(b BLOB)`); err != nil {
