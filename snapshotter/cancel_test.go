@@ -24,12 +24,12 @@ func cancelAt(step string, cancel context.CancelFunc) (func(string) error, *bool
 	}, fired
 }
 
-// callCancelledAt runs call with a context that s's hook cancels when s
-// reaches step, failing the test if it never does, and returns call's
-// error.
-func callCancelledAt(t *testing.T, s *Snapshotter, step string, call func(ctx context.Context) error) error {
+// callCancelledAt runs call with a context derived from parent that s's
+// hook cancels when s reaches step, failing the test if it never does, and
+// returns call's error.
+func callCancelledAt(t *testing.T, parent context.Context, s *Snapshotter, step string, call func(ctx context.Context) error) error {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	var fired *bool
 	s.hook, fired = cancelAt(step, cancel)
@@ -80,7 +80,7 @@ func TestCancelAtEveryStep(t *testing.T) {
 		t.Run("prepare/"+step, func(t *testing.T) {
 			s, pool := newFakeSnapshotter(t, Config{})
 			mustParent(t, s, "parent")
-			err := callCancelledAt(t, s, step, func(ctx context.Context) error {
+			err := callCancelledAt(t, bg, s, step, func(ctx context.Context) error {
 				_, err := s.Prepare(ctx, "child", "parent")
 				return err
 			})
@@ -110,7 +110,7 @@ func TestCancelAtEveryStep(t *testing.T) {
 		if _, err := s.Prepare(bg, "work", "parent"); err != nil {
 			t.Fatal(err)
 		}
-		err := callCancelledAt(t, s, "commit:deactivated", func(ctx context.Context) error { return s.Commit(ctx, "done", "work") })
+		err := callCancelledAt(t, bg, s, "commit:deactivated", func(ctx context.Context) error { return s.Commit(ctx, "done", "work") })
 		if !errors.Is(err, context.Canceled) {
 			t.Fatalf("Commit cancelled: got %v, want context.Canceled", err)
 		}
@@ -145,7 +145,7 @@ func TestCancelAtEveryStep(t *testing.T) {
 			}
 			// The removal is recorded before the first step: the call
 			// finishes it and reports success.
-			err := callCancelledAt(t, s, step, func(ctx context.Context) error { return s.Remove(ctx, "child") })
+			err := callCancelledAt(t, bg, s, step, func(ctx context.Context) error { return s.Remove(ctx, "child") })
 			if err != nil {
 				t.Fatalf("Remove cancelled at %s: %v", step, err)
 			}
@@ -176,7 +176,7 @@ func TestCancelledCleanupStops(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := callCancelledAt(t, s, "reclaim:deleted", s.Cleanup); !errors.Is(err, context.Canceled) {
+	if err := callCancelledAt(t, bg, s, "reclaim:deleted", s.Cleanup); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Cleanup cancelled at its first device: got %v, want context.Canceled", err)
 	}
 	assertSettled(t, s, pool)
