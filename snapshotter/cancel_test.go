@@ -41,6 +41,19 @@ func callCancelledAt(t *testing.T, parent context.Context, s *Snapshotter, step 
 	return err
 }
 
+// removeAfterCancel removes keys in order, the last one the parent a
+// cancelled call (named by what) worked on, which must be removable again,
+// and checks that the pool and the records then agree.
+func removeAfterCancel(t *testing.T, s *Snapshotter, pool *thinpooltest.FakePool, what string, keys ...string) {
+	t.Helper()
+	for _, key := range keys {
+		if err := s.Remove(context.Background(), key); err != nil {
+			t.Fatalf("%s not removable after a cancelled %s: %v", key, what, err)
+		}
+	}
+	assertSettled(t, s, pool)
+}
+
 // assertSettled checks what a caller's cancellation may not leave behind:
 // an intent row, or a device in the pool that no record holds (or a record
 // whose device is gone).
@@ -95,13 +108,7 @@ func TestCancelAtEveryStep(t *testing.T) {
 			if _, err := s.Prepare(bg, "child", "parent"); err != nil {
 				t.Fatalf("Prepare again after the cancel: %v", err)
 			}
-			if err := s.Remove(bg, "child"); err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Remove(bg, "parent"); err != nil {
-				t.Fatalf("parent not removable after a cancelled Prepare on it: %v", err)
-			}
-			assertSettled(t, s, pool)
+			removeAfterCancel(t, s, pool, "Prepare", "child", "parent")
 		})
 	}
 	t.Run("commit/commit:deactivated", func(t *testing.T) {
@@ -128,13 +135,7 @@ func TestCancelAtEveryStep(t *testing.T) {
 		if err := s.Commit(bg, "done", "work"); err != nil {
 			t.Fatalf("Commit again after the cancel: %v", err)
 		}
-		if err := s.Remove(bg, "done"); err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Remove(bg, "parent"); err != nil {
-			t.Fatalf("parent not removable after a cancelled Commit on it: %v", err)
-		}
-		assertSettled(t, s, pool)
+		removeAfterCancel(t, s, pool, "Commit", "done", "parent")
 	})
 	for _, step := range []string{"remove:marked", "reclaim:deleted"} {
 		t.Run("remove/"+step, func(t *testing.T) {
@@ -153,10 +154,7 @@ func TestCancelAtEveryStep(t *testing.T) {
 			if removed, err := s.reads().ThinDevices(bg, "removed"); err != nil || len(removed) != 0 {
 				t.Errorf("devices awaiting Cleanup after a synchronous Remove: %v (%v)", removed, err)
 			}
-			if err := s.Remove(bg, "parent"); err != nil {
-				t.Fatalf("parent not removable after a cancelled Remove of its child: %v", err)
-			}
-			assertSettled(t, s, pool)
+			removeAfterCancel(t, s, pool, "Remove of its child", "parent")
 		})
 	}
 }
