@@ -123,14 +123,14 @@ func newEnvWith(t *testing.T, configure func(*env, *Options)) *env {
 }
 
 // newTruncatingEnv is newEnv with a 256 KiB image tarball, generated from
-// seed, stored at key; the fake S3 cuts its next times GETs of key short
-// after 1000 bytes. It returns the tarball too.
-func newTruncatingEnv(t *testing.T, key string, seed uint64, times int) (*env, []byte) {
+// seed, stored at key; the fake S3 cuts the next n GETs of key short after
+// 1000 bytes. It returns the tarball too.
+func newTruncatingEnv(t *testing.T, key string, seed uint64, n int) (*env, []byte) {
 	t.Helper()
 	e := newEnv(t, time.Minute)
 	data := imageTar(t, 256<<10, seed)
 	e.srv.Put(t, key, data)
-	e.srv.Faults.Truncate(times, key, 1000)
+	e.srv.Faults.Truncate(n, key, 1000)
 	return e, data
 }
 
