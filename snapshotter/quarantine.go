@@ -23,16 +23,9 @@ type Quarantined struct {
 }
 
 // ListQuarantine returns every quarantined thin id, with whether pool (when
-// not nil) still holds it.
-func ListQuarantine(ctx context.Context, db *metadata.DB, pool *thinpool.Pool) ([]Quarantined, error) {
-	// A nil *thinpool.Pool must reach listQuarantine as a nil interface.
-	if pool == nil {
-		return listQuarantine(ctx, db, nil)
-	}
-	return listQuarantine(ctx, db, pool)
-}
-
-func listQuarantine(ctx context.Context, db *metadata.DB, pool DevicePool) ([]Quarantined, error) {
+// not nil) still holds it. A pool that is not active is passed as a nil
+// interface, not as a nil *thinpool.Pool.
+func ListQuarantine(ctx context.Context, db *metadata.DB, pool DevicePool) ([]Quarantined, error) {
 	qs, err := ReadRecords(db).QuarantinedIDs(ctx)
 	if err != nil {
 		return nil, err
@@ -60,11 +53,7 @@ func listQuarantine(ctx context.Context, db *metadata.DB, pool DevicePool) ([]Qu
 // deleted; the id stays quarantined (never reused) until released. An id
 // that is not quarantined, or that a device record or an intent owns, is
 // refused: only what start-up could not explain may be deleted this way.
-func DeleteQuarantined(ctx context.Context, db *metadata.DB, pool *thinpool.Pool, id uint32) error {
-	return deleteQuarantined(ctx, db, pool, id)
-}
-
-func deleteQuarantined(ctx context.Context, db *metadata.DB, pool DevicePool, id uint32) error {
+func DeleteQuarantined(ctx context.Context, db *metadata.DB, pool DevicePool, id uint32) error {
 	q, err := quarantineOf(ctx, db, id)
 	if err != nil {
 		return err
@@ -97,11 +86,7 @@ func deleteQuarantined(ctx context.Context, db *metadata.DB, pool DevicePool, id
 // ReleaseQuarantined forgets the quarantine of thin id id, so that a new
 // device may use it. It is refused while pool still holds the id (delete
 // it first), or when a device record or an intent owns the id.
-func ReleaseQuarantined(ctx context.Context, db *metadata.DB, pool *thinpool.Pool, id uint32) error {
-	return releaseQuarantined(ctx, db, pool, id)
-}
-
-func releaseQuarantined(ctx context.Context, db *metadata.DB, pool DevicePool, id uint32) error {
+func ReleaseQuarantined(ctx context.Context, db *metadata.DB, pool DevicePool, id uint32) error {
 	if _, err := quarantineOf(ctx, db, id); err != nil {
 		return err
 	}

@@ -28,7 +28,7 @@ func TestQuarantineReview(t *testing.T) {
 	if _, err := New(ctx, s.db, pool, Config{}); err != nil { // start-up
 		t.Fatal(err)
 	}
-	qs, err := listQuarantine(ctx, s.db, pool)
+	qs, err := ListQuarantine(ctx, s.db, pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,10 +39,10 @@ func TestQuarantineReview(t *testing.T) {
 		t.Fatalf("ListQuarantine without a pool = %+v, %v", qs, err)
 	}
 
-	if err := releaseQuarantined(ctx, s.db, pool, stray); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "delete it first") {
+	if err := ReleaseQuarantined(ctx, s.db, pool, stray); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "delete it first") {
 		t.Fatalf("release of an id still in the pool: %v, want FailedPrecondition saying to delete it first", err)
 	}
-	if err := deleteQuarantined(ctx, s.db, pool, 12345); !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), "12345 is not quarantined") {
+	if err := DeleteQuarantined(ctx, s.db, pool, 12345); !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), "12345 is not quarantined") {
 		t.Fatalf("delete of an id never quarantined: %v, want NotFound naming it", err)
 	}
 	// An id the records own (here the base) is the daemon's, even if
@@ -52,14 +52,14 @@ func TestQuarantineReview(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := deleteQuarantined(ctx, s.db, pool, base); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "device record owns it") {
+	if err := DeleteQuarantined(ctx, s.db, pool, base); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "device record owns it") {
 		t.Fatalf("delete of an id a record owns: %v, want FailedPrecondition", err)
 	}
 	if ok, _ := pool.ThinExists(ctx, base); !ok {
 		t.Fatal("the base device was deleted")
 	}
 
-	if err := deleteQuarantined(ctx, s.db, pool, stray); err != nil {
+	if err := DeleteQuarantined(ctx, s.db, pool, stray); err != nil {
 		t.Fatal(err)
 	}
 	if ok, _ := pool.ThinExists(ctx, stray); ok {
@@ -68,19 +68,19 @@ func TestQuarantineReview(t *testing.T) {
 	if _, active := pool.Counts(); active != 0 {
 		t.Fatalf("%d devices still mapped after delete", active)
 	}
-	qs, _ = listQuarantine(ctx, s.db, pool)
+	qs, _ = ListQuarantine(ctx, s.db, pool)
 	i := slices.IndexFunc(qs, func(q Quarantined) bool { return q.DeviceID == stray })
 	if len(qs) != 2 || i < 0 || !qs[i].Deleted || qs[i].InPool {
 		t.Fatalf("after delete = %+v, want %d recorded deleted and still quarantined", qs, stray)
 	}
-	if err := releaseQuarantined(ctx, s.db, pool, stray); err != nil {
+	if err := ReleaseQuarantined(ctx, s.db, pool, stray); err != nil {
 		t.Fatal(err)
 	}
-	qs, _ = listQuarantine(ctx, s.db, pool)
+	qs, _ = ListQuarantine(ctx, s.db, pool)
 	if len(qs) != 1 || qs[0].DeviceID != base {
 		t.Fatalf("after release = %+v, want only the base's test entry", qs)
 	}
-	if err := releaseQuarantined(ctx, s.db, pool, stray); !errdefs.IsNotFound(err) {
+	if err := ReleaseQuarantined(ctx, s.db, pool, stray); !errdefs.IsNotFound(err) {
 		t.Fatalf("second release: %v, want NotFound", err)
 	}
 }

@@ -82,12 +82,14 @@ since when it is quarantined and why. The database is opened read-only.`)
 		return err
 	}
 	defer db.Close()
-	var pool *thinpool.Pool
+	var pool snapshotter.DevicePool // nil: the pool is not active
 	if active, err := dmDeviceExists(cfg.Pool.Name); err == nil && active {
-		if pool, err = thinpool.Open(ctx, cfg.ThinpoolConfig()); err != nil {
+		p, err := thinpool.Open(ctx, cfg.ThinpoolConfig())
+		if err != nil {
 			return err
 		}
-		defer pool.Close()
+		defer p.Close()
+		pool = p
 	}
 	qs, err := snapshotter.ListQuarantine(ctx, db, pool)
 	if err != nil {
@@ -116,7 +118,7 @@ since when it is quarantined and why. The database is opened read-only.`)
 // and applies change to each, on the active pool and the database opened
 // read-write; it goes on past an id it cannot change and fails at the end.
 func runQuarantineChange(ctx context.Context, verb string, args []string,
-	change func(context.Context, *metadata.DB, *thinpool.Pool, uint32) error) error {
+	change func(context.Context, *metadata.DB, snapshotter.DevicePool, uint32) error) error {
 	fs := newFlagSet("pool quarantine "+verb, "pool quarantine "+verb+" [--config FILE] [--db PATH] [--format table|json] ID...", map[string]string{
 		"delete": `
 Deletes the device of each quarantined thin id from the pool, after
