@@ -41,7 +41,7 @@ type env struct {
 	repo, scratch string
 	tools         string // containerd, containerd-shim-runc-v2, ctr
 	nerdctl       string
-	reg           *registry
+	reg           *stack.Registry
 	daemon        *stack.Daemon
 	ctrd          *stack.Proc
 	socket        string // containerd's
@@ -102,16 +102,16 @@ func setupPool(t *testing.T, ctx context.Context, dataSize string) *env {
 	}
 
 	e.timed(t, "start registry", func() error {
-		e.reg, err = startRegistry(ctx, regBin, filepath.Join(e.scratch, "registry"))
+		e.reg, err = stack.StartRegistry(ctx, regBin, filepath.Join(e.scratch, "registry"))
 		return err
 	})
 	t.Cleanup(func() {
-		if err := e.reg.stop(); err != nil {
+		if err := e.reg.Stop(); err != nil {
 			t.Errorf("registry: %v", err)
 		}
 	})
-	e.imageRef = e.reg.host + "/" + imageRepo + ":v1"
-	e.pauseRef = e.reg.host + "/" + pauseRepo + ":1"
+	e.imageRef = e.reg.Host + "/" + imageRepo + ":v1"
+	e.pauseRef = e.reg.Host + "/" + pauseRepo + ":1"
 	var archive []byte
 	e.timed(t, "build and push the busybox and pause images", func() error {
 		var buf bytes.Buffer
@@ -120,14 +120,14 @@ func setupPool(t *testing.T, ctx context.Context, dataSize string) *env {
 			return err
 		}
 		archive = bytes.Clone(buf.Bytes())
-		if _, err := e.reg.push(ctx, buf.Bytes(), imageRepo, "v1"); err != nil {
+		if _, err := e.reg.PushOCIArchive(ctx, buf.Bytes(), imageRepo, "v1"); err != nil {
 			return err
 		}
 		buf.Reset()
 		if _, err := ociimage.Write(&buf, ociimage.Options{Name: e.pauseRef, Applets: []string{"sleep"}, Cmd: []string{"/bin/sleep", "86400"}, Platform: host}); err != nil {
 			return err
 		}
-		_, err := e.reg.push(ctx, buf.Bytes(), pauseRepo, "1")
+		_, err := e.reg.PushOCIArchive(ctx, buf.Bytes(), pauseRepo, "1")
 		return err
 	})
 

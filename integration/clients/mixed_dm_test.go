@@ -280,7 +280,7 @@ func TestMixedPool(t *testing.T) {
 	}
 	pushRegistry := func(repo string) string {
 		t.Helper()
-		ref := e.reg.host + "/" + repo + ":v1"
+		ref := e.reg.Host + "/" + repo + ":v1"
 		var buf bytes.Buffer
 		// A payload of its own seed makes each image's second layer, so
 		// its chain and device, its own.
@@ -289,7 +289,7 @@ func TestMixedPool(t *testing.T) {
 			return err
 		})
 		e.timed(t, "push it", func() error {
-			_, err := e.reg.push(ctx, buf.Bytes(), repo, "v1")
+			_, err := e.reg.PushOCIArchive(ctx, buf.Bytes(), repo, "v1")
 			return err
 		})
 		return ref

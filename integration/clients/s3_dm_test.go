@@ -62,7 +62,7 @@ func (i s3Image) defaultRef() string {
 // plainLayers returns the uncompressed layer tarballs of an OCI archive as
 // ociimage.Write makes it, lowest first.
 func plainLayers(archive []byte) ([][]byte, error) {
-	files, index, err := readOCIArchive(archive)
+	files, index, err := stack.ReadOCIArchive(archive)
 	if err != nil {
 		return nil, err
 	}

@@ -1,7 +1,11 @@
 package stack
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +15,9 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
 // Registry is distribution's registry serving on 127.0.0.1 from a folder,
@@ -106,6 +113,12 @@ func (r *Registry) PushBlob(ctx context.Context, repo, dgst, path string) error 
 	if err != nil {
 		return fmt.Errorf("push blob %s: %w", dgst, err)
 	}
+	return r.pushBlob(ctx, repo, dgst, path, f, st.Size())
+}
+
+// pushBlob uploads size bytes from body, whose digest is dgst, to repo
+// (POST, then PUT ?digest=); what names the blob's source in errors.
+func (r *Registry) pushBlob(ctx context.Context, repo, dgst, what string, body io.Reader, size int64) error {
 	resp, err := r.do(ctx, http.MethodPost, "/v2/"+repo+"/blobs/uploads/", "", nil, 0)
 	if err != nil {
 		return err
@@ -119,13 +132,13 @@ func (r *Registry) PushBlob(ctx context.Context, repo, dgst, path string) error 
 	if strings.Contains(loc, "?") {
 		sep = "&"
 	}
-	resp, err = r.do(ctx, http.MethodPut, loc+sep+"digest="+url.QueryEscape(dgst), "application/octet-stream", f, st.Size())
+	resp, err = r.do(ctx, http.MethodPut, loc+sep+"digest="+url.QueryEscape(dgst), "application/octet-stream", body, size)
 	if err != nil {
 		return err
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusCreated {
-		return fmt.Errorf("upload %s (%s, %d bytes) to %s/%s: %s", dgst, path, st.Size(), r.Host, repo, resp.Status)
+		return fmt.Errorf("upload %s (%s, %d bytes) to %s/%s: %s", dgst, what, size, r.Host, repo, resp.Status)
 	}
 	return nil
 }
@@ -142,4 +155,72 @@ func (r *Registry) PushManifest(ctx context.Context, repo, tag, mediaType string
 		return fmt.Errorf("put manifest %s:%s to %s: %s: %s", repo, tag, r.Host, resp.Status, strings.TrimSpace(string(msg)))
 	}
 	return nil
+}
+
+// ReadOCIArchive returns the files of an OCI archive (a tar) by path and
+// its index, which must name one manifest (as ociimage.Write makes it).
+func ReadOCIArchive(archive []byte) (map[string][]byte, ocispec.Index, error) {
+	files := map[string][]byte{}
+	var index ocispec.Index
+	tr := tar.NewReader(bytes.NewReader(archive))
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, index, fmt.Errorf("read OCI archive: %w", err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			b, err := io.ReadAll(tr)
+			if err != nil {
+				return nil, index, fmt.Errorf("read OCI archive entry %s: %w", h.Name, err)
+			}
+			files[h.Name] = b
+		}
+	}
+	if err := json.Unmarshal(files[ocispec.ImageIndexFile], &index); err != nil || len(index.Manifests) != 1 {
+		return nil, index, fmt.Errorf("OCI archive: index.json with one manifest wanted (%d, %v)", len(index.Manifests), err)
+	}
+	return files, index, nil
+}
+
+// PushOCIArchive uploads the image in an OCI archive (one manifest in its
+// index.json) to repo:tag, its config and layers with PushBlob's
+// monolithic upload and then its manifest, and returns the manifest's
+// digest.
+func (r *Registry) PushOCIArchive(ctx context.Context, archive []byte, repo, tag string) (digest.Digest, error) {
+	files, index, err := ReadOCIArchive(archive)
+	if err != nil {
+		return "", err
+	}
+	md := index.Manifests[0]
+	blob := func(d digest.Digest) ([]byte, error) {
+		b, ok := files["blobs/"+d.Algorithm().String()+"/"+d.Encoded()]
+		if !ok {
+			return nil, fmt.Errorf("OCI archive has no blob %s", d)
+		}
+		return b, nil
+	}
+	manifestJSON, err := blob(md.Digest)
+	if err != nil {
+		return "", err
+	}
+	var m ocispec.Manifest
+	if err := json.Unmarshal(manifestJSON, &m); err != nil {
+		return "", fmt.Errorf("OCI archive manifest %s: %w", md.Digest, err)
+	}
+	for _, d := range append([]ocispec.Descriptor{m.Config}, m.Layers...) {
+		b, err := blob(d.Digest)
+		if err != nil {
+			return "", err
+		}
+		if err := r.pushBlob(ctx, repo, d.Digest.String(), "OCI archive", bytes.NewReader(b), int64(len(b))); err != nil {
+			return "", err
+		}
+	}
+	if err := r.PushManifest(ctx, repo, tag, md.MediaType, manifestJSON); err != nil {
+		return "", err
+	}
+	return md.Digest, nil
 }
