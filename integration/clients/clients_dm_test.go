@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/platforms"
 
@@ -327,16 +326,7 @@ func (e *env) ourThinDevices(ctx context.Context) ([]string, error) {
 // a lease synchronously waits for a full collection, which removes through
 // our proxy plugin every snapshot no image or container references.
 func (e *env) collectGarbage(ctx context.Context) error {
-	ctx = namespaces.WithNamespace(ctx, criNamespace)
-	ls := e.client.LeasesService()
-	l, err := ls.Create(ctx, leases.WithRandomID())
-	if err != nil {
-		return fmt.Errorf("create lease: %w", err)
-	}
-	if err := ls.Delete(ctx, l, leases.SynchronousDelete); err != nil {
-		return fmt.Errorf("delete lease %s synchronously (garbage collection): %w", l.ID, err)
-	}
-	return nil
+	return stack.CollectGarbage(namespaces.WithNamespace(ctx, criNamespace), e.client)
 }
 
 // TestClients pulls the registry's image with ctr, nerdctl and the CRI

@@ -14,7 +14,6 @@ import (
 
 	"github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/images"
-	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
@@ -329,16 +328,7 @@ func (e *env) runContainer(ctx context.Context, img *benchImage, ref, sn string)
 // deleting a lease synchronously waits for a full collection, which
 // removes from the snapshotters what nothing references any more.
 func (e *env) collectGarbage(ctx context.Context) error {
-	ctx = nsCtx(ctx)
-	ls := e.client.LeasesService()
-	l, err := ls.Create(ctx, leases.WithRandomID())
-	if err != nil {
-		return fmt.Errorf("create lease: %w", err)
-	}
-	if err := ls.Delete(ctx, l, leases.SynchronousDelete); err != nil {
-		return fmt.Errorf("delete lease %s synchronously (garbage collection): %w", l.ID, err)
-	}
-	return nil
+	return stack.CollectGarbage(nsCtx(ctx), e.client)
 }
 
 // removeImage deletes ref from containerd with a synchronous garbage
