@@ -382,29 +382,24 @@ func scrape(t *testing.T, addr string) sample {
 	defer resp.Body.Close()
 	var s sample
 	var idle, released float64
+	fields := map[string]*float64{
+		"process_resident_memory_bytes":         &s.rss,
+		"go_goroutines":                         &s.goroutines,
+		"go_memstats_heap_inuse_bytes":          &s.goHeap,
+		"go_memstats_heap_idle_bytes":           &idle,
+		"go_memstats_heap_released_bytes":       &released,
+		"go_memstats_next_gc_bytes":             &s.heapGoal,
+		"go_memstats_sys_bytes":                 &s.goMapped,
+		"flyio_snapshotter_sqlite_memory_bytes": &s.sqlite,
+	}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		name, val, ok := strings.Cut(sc.Text(), " ")
 		if !ok {
 			continue
 		}
-		switch name {
-		case "process_resident_memory_bytes":
-			s.rss, _ = strconv.ParseFloat(val, 64)
-		case "go_goroutines":
-			s.goroutines, _ = strconv.ParseFloat(val, 64)
-		case "go_memstats_heap_inuse_bytes":
-			s.goHeap, _ = strconv.ParseFloat(val, 64)
-		case "go_memstats_heap_idle_bytes":
-			idle, _ = strconv.ParseFloat(val, 64)
-		case "go_memstats_heap_released_bytes":
-			released, _ = strconv.ParseFloat(val, 64)
-		case "go_memstats_next_gc_bytes":
-			s.heapGoal, _ = strconv.ParseFloat(val, 64)
-		case "go_memstats_sys_bytes":
-			s.goMapped, _ = strconv.ParseFloat(val, 64)
-		case "flyio_snapshotter_sqlite_memory_bytes":
-			s.sqlite, _ = strconv.ParseFloat(val, 64)
+		if f := fields[name]; f != nil {
+			*f, _ = strconv.ParseFloat(val, 64)
 		}
 	}
 	s.goHeap += idle - released
