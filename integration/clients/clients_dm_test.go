@@ -75,20 +75,13 @@ func setup(t *testing.T, ctx context.Context) *env { return setupPool(t, ctx, "2
 
 // setupPool is setup with a pool of dataSize (pool.data_size).
 func setupPool(t *testing.T, ctx context.Context, dataSize string) *env {
-	scratch := os.Getenv("VM_SCRATCH")
-	if scratch == "" {
-		t.Fatal("VM_SCRATCH is not set: run these tests through integration/vm/run.sh or suite.sh")
-	}
-	repo, err := stack.RepoRoot()
+	repo, scratch, tools, err := stack.VMEnv()
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A folder per test: each starts its own registry, containerd and
 	// versitygw, whose stores must not hold what an earlier test made.
-	e := &env{repo: repo, scratch: filepath.Join(scratch, "clients", strings.ReplaceAll(t.Name(), "/", "_"))}
-	if e.tools, err = stack.ToolsDir(repo); err != nil {
-		t.Fatal(err)
-	}
+	e := &env{repo: repo, tools: tools, scratch: filepath.Join(scratch, "clients", strings.ReplaceAll(t.Name(), "/", "_"))}
 	if e.nerdctl, err = stack.Tool(repo, "nerdctl", "github.com/containerd/nerdctl/v2", "nerdctl", "nerdctl"); err != nil {
 		t.Fatal(err)
 	}
@@ -132,9 +125,9 @@ func setupPool(t *testing.T, ctx context.Context, dataSize string) *env {
 
 	// Our daemon runs a copy of bin/ so that a rebuild on the host during
 	// the run cannot change the binary under it.
-	bin := filepath.Join(e.scratch, "containerd-flyio-snapshotter")
-	if err := copyFile(filepath.Join(repo, "bin/containerd-flyio-snapshotter"), bin); err != nil {
-		t.Fatalf("our binary (make build): %v", err)
+	bin, err := stack.PrivateBinary(repo, e.scratch)
+	if err != nil {
+		t.Fatal(err)
 	}
 	e.timed(t, "start versitygw with the S3 images", func() error { return e.startS3(ctx, archive) })
 	t.Cleanup(func() {
@@ -181,17 +174,6 @@ func appendFile(path, text string) error {
 		return err
 	}
 	return f.Close()
-}
-
-func copyFile(from, to string) error {
-	b, err := os.ReadFile(from)
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
-		return err
-	}
-	return os.WriteFile(to, b, 0o755)
 }
 
 // containerdConfig is containerd's config for the run: version 4, the CRI

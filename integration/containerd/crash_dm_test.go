@@ -72,7 +72,7 @@ func crashKills(t *testing.T) int {
 // records in agreement. At the end everything is removed, Cleanup runs,
 // and the pool holds at most the base device.
 func TestCrashOverSocket(t *testing.T) {
-	repo, scratch, _, err := baseEnv()
+	repo, scratch, _, err := stack.VMEnv()
 	if err != nil {
 		t.Fatal(err)
 	}

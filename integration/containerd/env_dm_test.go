@@ -17,8 +17,6 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/containerd/ociimage"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
-
-	vmscratch "github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/vm/scratch"
 )
 
 const (
@@ -100,22 +98,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// baseEnv finds the repository, the scratch folder and the tools.
-func baseEnv() (repo, scratch, tools string, err error) {
-	if scratch, err = vmscratch.Root(); err != nil {
-		return "", "", "", err
-	}
-	if repo, err = stack.RepoRoot(); err != nil {
-		return "", "", "", err
-	}
-	if tools, err = stack.ToolsDir(repo); err != nil {
-		return "", "", "", err
-	}
-	return repo, scratch, tools, nil
-}
-
 func setupEnv(ctx context.Context) (*env, error) {
-	repo, scratch, tools, err := baseEnv()
+	repo, scratch, tools, err := stack.VMEnv()
 	if err != nil {
 		return nil, err
 	}

@@ -25,8 +25,6 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/conf"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
-
-	vmscratch "github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/vm/scratch"
 )
 
 const (
@@ -93,11 +91,11 @@ func versitygwBin(ctx context.Context, repo string) (string, error) {
 
 // setup starts everything and generates and publishes the images.
 func setup(ctx context.Context, specs []imageSpec, logf func(string, ...any)) (_ *env, err error) {
-	scratch, err := vmscratch.Root()
+	repo, scratch, tools, err := stack.VMEnv()
 	if err != nil {
 		return nil, err
 	}
-	e := &env{scratch: filepath.Join(scratch, "pullbench")}
+	e := &env{repo: repo, scratch: filepath.Join(scratch, "pullbench")}
 	defer func() {
 		if err != nil {
 			if cerr := e.close(); cerr != nil {
@@ -105,13 +103,6 @@ func setup(ctx context.Context, specs []imageSpec, logf func(string, ...any)) (_
 			}
 		}
 	}()
-	if e.repo, err = stack.RepoRoot(); err != nil {
-		return nil, err
-	}
-	tools, err := stack.ToolsDir(e.repo)
-	if err != nil {
-		return nil, err
-	}
 	regBin, err := stack.Tool(e.repo, "registry", "github.com/distribution/distribution/v3", "registry", "registry")
 	if err != nil {
 		return nil, err
@@ -123,15 +114,7 @@ func setup(ctx context.Context, specs []imageSpec, logf func(string, ...any)) (_
 	// The CLI and the daemon run a copy on tmpfs: an exec from the
 	// repository's 9p share reads the binary again each time, and a
 	// rebuild on the host must not change it under the run.
-	built, err := os.ReadFile(filepath.Join(e.repo, "bin/containerd-flyio-snapshotter"))
-	if err != nil {
-		return nil, fmt.Errorf("our binary (run make build first): %w", err)
-	}
-	if err := os.MkdirAll(e.scratch, 0o755); err != nil {
-		return nil, err
-	}
-	e.cli = filepath.Join(e.scratch, "containerd-flyio-snapshotter")
-	if err := os.WriteFile(e.cli, built, 0o755); err != nil {
+	if e.cli, err = stack.PrivateBinary(e.repo, e.scratch); err != nil {
 		return nil, err
 	}
 

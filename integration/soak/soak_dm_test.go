@@ -9,7 +9,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -31,8 +30,6 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
-
-	vmscratch "github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/vm/scratch"
 )
 
 var (
@@ -106,22 +103,16 @@ func TestSoak(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Hour)
 	defer cancel()
-	scratch, err := vmscratch.Root()
-	if err != nil {
-		t.Fatal(err)
-	}
-	repo, err := stack.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tools, err := stack.ToolsDir(repo)
+	repo, scratch, tools, err := stack.VMEnv()
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Exec a private copy: `make build` on the host may replace bin/ while
 	// the soak runs.
-	bin := filepath.Join(scratch, "containerd-flyio-snapshotter")
-	copyFile(t, filepath.Join(repo, "bin/containerd-flyio-snapshotter"), bin)
+	bin, err := stack.PrivateBinary(repo, scratch)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	if err := stack.LoopbackUp(ctx); err != nil {
 		t.Fatal(err)
@@ -496,23 +487,4 @@ func freeAddr(t *testing.T) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
-}
-
-func copyFile(t *testing.T, from, to string) {
-	t.Helper()
-	in, err := os.Open(from)
-	if err != nil {
-		t.Fatalf("%v (run `make build` on the host first)", err)
-	}
-	defer in.Close()
-	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		t.Fatal(err)
-	}
-	if err := out.Close(); err != nil {
-		t.Fatal(err)
-	}
 }
