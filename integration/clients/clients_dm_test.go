@@ -198,26 +198,9 @@ func (e *env) containerdConfig() string {
 
 func (e *env) startContainerd(ctx context.Context) error {
 	dir := filepath.Join(e.scratch, "containerd")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("containerd folder: %w", err)
-	}
 	e.socket = filepath.Join(dir, "containerd.sock")
-	cfg := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(cfg, []byte(e.containerdConfig()), 0o644); err != nil {
-		return fmt.Errorf("containerd config: %w", err)
-	}
-	// The shim is found on PATH, runc too (Debian's, /usr/sbin).
-	e.ctrdEnv = append(os.Environ(), "PATH="+e.tools+":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 	var err error
-	e.ctrd, err = stack.StartProc("containerd", filepath.Join(dir, "containerd.log"), e.ctrdEnv,
-		filepath.Join(e.tools, "containerd"), "--config", cfg, "--log-level", "info")
-	if err != nil {
-		return err
-	}
-	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-	defer cancel()
-	if err := stack.WaitDial(wctx, e.ctrd, "unix", e.socket); err != nil {
-		e.ctrd.Kill()
+	if e.ctrd, e.ctrdEnv, err = stack.RunContainerd(ctx, e.tools, dir, e.containerdConfig(), e.socket, "info"); err != nil {
 		return err
 	}
 	e.client, err = client.New(e.socket, client.WithTimeout(time.Minute))

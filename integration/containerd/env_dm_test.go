@@ -270,22 +270,8 @@ func (c containerdConfig) toml() string {
 
 // startContainerd writes cfg, starts containerd and connects one client.
 func startContainerd(ctx context.Context, tools string, cfg containerdConfig) (*stack.Proc, *client.Client, error) {
-	if err := os.MkdirAll(cfg.Root, 0o755); err != nil {
-		return nil, nil, fmt.Errorf("containerd root: %w", err)
-	}
-	path := filepath.Join(cfg.Root, "config.toml")
-	if err := os.WriteFile(path, []byte(cfg.toml()), 0o644); err != nil {
-		return nil, nil, fmt.Errorf("containerd config: %w", err)
-	}
-	// The shim is found on PATH, runc too (Debian's, /usr/sbin).
-	env := append(os.Environ(), "PATH="+tools+":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-	p, err := stack.StartProc("containerd", filepath.Join(cfg.Root, "containerd.log"), env,
-		filepath.Join(tools, "containerd"), "--config", path, "--log-level", "info")
+	p, _, err := stack.RunContainerd(ctx, tools, cfg.Root, cfg.toml(), cfg.socket(), "info")
 	if err != nil {
-		return nil, nil, err
-	}
-	if err := stack.WaitDial(ctx, p, "unix", cfg.socket()); err != nil {
-		p.Kill()
 		return nil, nil, err
 	}
 	c, err := client.New(cfg.socket(), client.WithDefaultNamespace(namespace), client.WithTimeout(time.Minute))

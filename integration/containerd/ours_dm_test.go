@@ -71,18 +71,9 @@ async_remove = true
 // start starts (or restarts) the daemon and waits for its socket.
 func (d *ourDaemon) start(ctx context.Context) error {
 	var err error
-	d.p, err = stack.StartProc("containerd-flyio-snapshotter", filepath.Join(d.dir, "daemon.log"), os.Environ(),
+	d.p, err = stack.StartServing(ctx, "containerd-flyio-snapshotter", filepath.Join(d.dir, "daemon.log"), os.Environ(), "unix", d.socket,
 		d.bin, "serve", "--config", d.config)
-	if err != nil {
-		return err
-	}
-	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	if err := stack.WaitDial(wctx, d.p, "unix", d.socket); err != nil {
-		d.p.Kill()
-		return err
-	}
-	return nil
+	return err
 }
 
 // stopAndLog stops the daemon with SIGTERM and reports an unclean stop,

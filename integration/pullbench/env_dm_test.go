@@ -227,26 +227,11 @@ func (e *env) containerdConfig(dir string) string {
 }
 
 func (e *env) startContainerd(ctx context.Context, tools, dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("containerd folder: %w", err)
-	}
-	cfg := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(cfg, []byte(e.containerdConfig(dir)), 0o644); err != nil {
-		return fmt.Errorf("containerd config: %w", err)
-	}
-	// The shim is found on PATH, runc too (Debian's, /usr/sbin).
-	env := append(os.Environ(), "PATH="+tools+":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 	var err error
-	if e.ctrd, err = stack.StartProc("containerd", filepath.Join(dir, "containerd.log"), env,
-		filepath.Join(tools, "containerd"), "--config", cfg, "--log-level", "warn"); err != nil {
+	if e.ctrd, _, err = stack.RunContainerd(ctx, tools, dir, e.containerdConfig(dir), e.ctrdSocket, "warn"); err != nil {
 		return err
 	}
 	e.atEnd(func() error { return e.ctrd.Stop(60 * time.Second) })
-	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-	defer cancel()
-	if err := stack.WaitDial(wctx, e.ctrd, "unix", e.ctrdSocket); err != nil {
-		return err
-	}
 	if e.client, err = client.New(e.ctrdSocket, client.WithDefaultNamespace(stack.Namespace), client.WithTimeout(time.Minute)); err != nil {
 		return fmt.Errorf("connect to containerd at %s: %w", e.ctrdSocket, err)
 	}

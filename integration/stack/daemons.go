@@ -141,9 +141,6 @@ func ToolsDir(repo string) (string, error) {
 // service's unpack_config), starts containerd and waits for its socket.
 func StartContainerd(ctx context.Context, tools, dir, proxySocket string) (*Containerd, error) {
 	c := &Containerd{Tools: tools, Root: dir, Socket: filepath.Join(dir, "containerd.sock"), Config: filepath.Join(dir, "config.toml")}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("containerd folder: %w", err)
-	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "version = 4\nroot = %q\nstate = %q\ntemp = %q\n",
 		filepath.Join(dir, "root"), filepath.Join(dir, "state"), filepath.Join(dir, "tmp"))
@@ -154,23 +151,35 @@ func StartContainerd(ctx context.Context, tools, dir, proxySocket string) (*Cont
 	// An OS-only platform, which every containerd 2.x completes with the
 	// host's architecture, as in contrib/containerd/config.toml.snippet.
 	b.WriteString("\n[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]\nplatform = \"linux\"\nsnapshotter = \"flyio\"\n")
-	if err := os.WriteFile(c.Config, []byte(b.String()), 0o644); err != nil {
-		return nil, fmt.Errorf("containerd config: %w", err)
-	}
-	// The shim is found on PATH, runc too (Debian's, /usr/sbin).
-	c.env = append(os.Environ(), "PATH="+tools+":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 	var err error
-	c.Proc, err = StartProc("containerd", filepath.Join(dir, "containerd.log"), c.env,
-		filepath.Join(tools, "containerd"), "--config", c.Config, "--log-level", "info")
-	if err != nil {
-		return nil, err
-	}
-	if err := waitDial(ctx, c.Proc, "unix", c.Socket); err != nil {
-		_ = c.Proc.Stop(10 * time.Second)
+	if c.Proc, c.env, err = RunContainerd(ctx, tools, dir, b.String(), c.Socket, "info"); err != nil {
 		return nil, err
 	}
 	c.started = time.Now()
 	return c, nil
+}
+
+// RunContainerd writes config (the text of a containerd config.toml) to
+// dir/config.toml, starts the containerd of tools (ToolsDir) on it at
+// logLevel, logging to dir/containerd.log, and waits until it listens on
+// socket (the config's grpc address). It returns the process and the
+// environment it runs in, which ctr wants too: the caller's, with tools
+// first on PATH for the runc shim (runc is Debian's, in /usr/sbin).
+func RunContainerd(ctx context.Context, tools, dir, config, socket, logLevel string) (*Proc, []string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, nil, fmt.Errorf("containerd folder: %w", err)
+	}
+	path := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
+		return nil, nil, fmt.Errorf("containerd config: %w", err)
+	}
+	env := append(os.Environ(), "PATH="+tools+":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+	p, err := StartServing(ctx, "containerd", filepath.Join(dir, "containerd.log"), env, "unix", socket,
+		filepath.Join(tools, "containerd"), "--config", path, "--log-level", logLevel)
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, env, nil
 }
 
 // Ctr runs `ctr --address SOCKET --namespace flyio-e2e ARGS...` and returns

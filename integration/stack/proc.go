@@ -110,6 +110,21 @@ func FileTail(path string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
+// StartServing is StartProc followed by a wait of up to 3 minutes (and
+// within ctx) until the process listens on network/address; a process
+// that does not is killed.
+func StartServing(ctx context.Context, name, logPath string, env []string, network, address string, argv ...string) (*Proc, error) {
+	p, err := StartProc(name, logPath, env, argv...)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitDial(ctx, p, network, address); err != nil {
+		p.Kill()
+		return nil, err
+	}
+	return p, nil
+}
+
 // waitDial is WaitDial bounded to 3 minutes, for the stack's own daemons.
 func waitDial(ctx context.Context, p *Proc, network, address string) error {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)

@@ -51,15 +51,11 @@ func StartRegistry(ctx context.Context, bin, dir string) (*Registry, error) {
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return nil, fmt.Errorf("registry config: %w", err)
 	}
-	p, err := StartProc("registry", filepath.Join(dir, "registry.log"), []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, bin, "serve", cfgPath)
+	p, err := StartServing(ctx, "registry", filepath.Join(dir, "registry.log"), []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, "tcp", host, bin, "serve", cfgPath)
 	if err != nil {
 		return nil, err
 	}
 	r := &Registry{Host: host, Proc: p}
-	if err := waitDial(ctx, p, "tcp", host); err != nil {
-		p.Kill()
-		return nil, err
-	}
 	resp, err := r.do(ctx, http.MethodGet, "/v2/", "", nil, 0)
 	if err == nil {
 		resp.Body.Close()
