@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
@@ -54,12 +54,7 @@ const fillNoSpaceTimeout = 5 * time.Second
 // container is removed the pool is rw again, the second container writes
 // new files and a new container writes. Each phase's time is logged.
 func TestContainerFillingPool(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metricsAddr := lis.Addr().String()
-	lis.Close()
+	metricsAddr := stack.MustFreeAddr(t)
 	e := newPullEnvTB(t, func(c *plugin.Config) {
 		c.Pool.DataSize = 256 << 20
 		c.Pool.NoSpaceTimeout = plugin.D(fillNoSpaceTimeout)

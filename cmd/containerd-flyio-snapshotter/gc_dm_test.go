@@ -10,7 +10,6 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -116,12 +115,7 @@ func startContainerd(t *testing.T, c *plugin.Config) *stack.Containerd {
 // the pool, the next pull fails at once with the headroom error, leaving
 // nothing behind and saying why in `ls images`.
 func TestGCKeepsPoolUnderThreshold(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metricsAddr := lis.Addr().String()
-	lis.Close()
+	metricsAddr := stack.MustFreeAddr(t)
 	var ctrd *stack.Containerd
 	e := newPullEnvTB(t, func(c *plugin.Config) {
 		c.Pool.DataSize = plugin.Size(*gcPoolMB) << 20

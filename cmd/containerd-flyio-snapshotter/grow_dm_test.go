@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
 )
@@ -65,12 +65,7 @@ func poolStatusJSON(t *testing.T, cfgPath string) poolStatusView {
 // pool online (the event is counted, the table reloaded: `pool status`
 // shows the larger size) and the pull succeeds.
 func TestPullGrowsPoolAtLowWater(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metricsAddr := lis.Addr().String()
-	lis.Close()
+	metricsAddr := stack.MustFreeAddr(t)
 	const (
 		dataSize = 256 << 20
 		blocks   = dataSize / (64 << 10)
@@ -135,12 +130,7 @@ func TestPullGrowsPoolAtLowWater(t *testing.T) {
 // a write that finds the pool full meanwhile waits instead of failing.
 // The growths are logged with the time the writer took.
 func TestContainerWritesThroughGrowth(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metricsAddr := lis.Addr().String()
-	lis.Close()
+	metricsAddr := stack.MustFreeAddr(t)
 	const dataSize = 256 << 20
 	e := newPullEnvTB(t, func(c *plugin.Config) {
 		c.Pool.DataSize = dataSize

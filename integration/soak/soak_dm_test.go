@@ -10,7 +10,6 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -122,7 +121,7 @@ func TestSoak(t *testing.T) {
 	srv.Put(t, imageKey+"1.tar", layer(t, 1, []string{"etc", "usr", "var"}))
 	srv.Put(t, imageKey+"2.tar", layer(t, 2, []string{"usr"}))
 
-	metricsAddr := freeAddr(t)
+	metricsAddr := stack.MustFreeAddr(t)
 	ctrdDir := filepath.Join(scratch, "containerd")
 	d, err := stack.WriteDaemonConfig(bin, stack.DaemonOptions{
 		Dir: filepath.Join(scratch, "daemon"), PoolName: fmt.Sprintf("soak%d", os.Getpid()), DataSize: "2GiB",
@@ -476,15 +475,4 @@ func fileSize(t *testing.T, path string) int64 {
 		t.Fatal(err)
 	}
 	return fi.Size()
-}
-
-// freeAddr is a free 127.0.0.1 port for the daemon's metrics endpoint.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -39,12 +38,10 @@ func StartRegistry(ctx context.Context, bin, dir string) (*Registry, error) {
 	if err := os.MkdirAll(filepath.Join(dir, "storage"), 0o755); err != nil {
 		return nil, fmt.Errorf("registry folder: %w", err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	host, err := FreeAddr()
 	if err != nil {
-		return nil, fmt.Errorf("free port for the registry: %w", err)
+		return nil, fmt.Errorf("registry: %w", err)
 	}
-	host := l.Addr().String()
-	l.Close()
 	cfg := fmt.Sprintf("version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\nhttp:\n  addr: %s\n  draintimeout: 2s\n",
 		filepath.Join(dir, "storage"), host)
 	cfgPath := filepath.Join(dir, "config.yml")

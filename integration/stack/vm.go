@@ -2,8 +2,10 @@ package stack
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"testing"
 
 	vmscratch "github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/vm/scratch"
 )
@@ -43,4 +45,25 @@ func PrivateBinary(repo, dir string) (string, error) {
 		return "", err
 	}
 	return bin, nil
+}
+
+// FreeAddr returns a 127.0.0.1 host:port that was free a moment ago, for
+// a server the caller starts next.
+func FreeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("find a free loopback port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// MustFreeAddr is FreeAddr for a test: it fails tb when no port is free.
+func MustFreeAddr(tb testing.TB) string {
+	tb.Helper()
+	addr, err := FreeAddr()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return addr
 }
