@@ -64,15 +64,8 @@ func daemonPulls(t *testing.T, ctx context.Context, cfg *plugin.Config) func(buc
 		t.Fatal(err)
 	}
 	t.Cleanup(stop)
-	serveCtx, stopServe := context.WithCancel(ctx)
-	ready, done := make(chan struct{}), make(chan error, 1)
-	go func() { done <- svc.Serve(serveCtx, func() { close(ready) }, nil) }()
-	t.Cleanup(func() { stopServe(); <-done })
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("Serve: %v", err)
-	}
+	stopServe := dmtest.Serve(t, ctx, svc)
+	t.Cleanup(func() { stopServe() })
 	ctl := control.NewClient(cfg.Daemon.ControlSocket)
 	return func(bucket, key string) (*pipeline.PullResult, error) {
 		return ctl.Pull(ctx, pipeline.PullRequest{Bucket: bucket, Key: key}, nil)

@@ -140,15 +140,8 @@ func TestContainerdViewOverSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stopFetcher()
-	serveCtx, stopServe := context.WithCancel(ctx)
-	ready, done := make(chan struct{}), make(chan error, 1)
-	go func() { done <- svc.Serve(serveCtx, func() { close(ready) }, nil) }()
-	defer func() { stopServe(); <-done }()
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("Serve: %v", err)
-	}
+	stopServe := dmtest.Serve(t, ctx, svc)
+	defer stopServe()
 	client := plugin.DialProxy(t, cfg.Daemon.Socket)
 	ctl := control.NewClient(cfg.Daemon.ControlSocket)
 	pull := func(prefix string) *pipeline.PullResult {

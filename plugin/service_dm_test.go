@@ -68,15 +68,8 @@ func TestServiceOverSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	serveCtx, stop := context.WithCancel(ctx)
+	stop := dmtest.Serve(t, ctx, svc)
 	defer stop()
-	ready, done := make(chan struct{}), make(chan error, 1)
-	go func() { done <- svc.Serve(serveCtx, func() { close(ready) }, nil) }()
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("Serve: %v", err)
-	}
 
 	fi, err := os.Stat(cfg.Daemon.Socket)
 	if err != nil || fi.Mode().Perm() != 0o660 {
@@ -158,8 +151,7 @@ func TestServiceOverSocket(t *testing.T) {
 		t.Errorf("pool data used = %q, want a positive value after writing", used)
 	}
 
-	stop()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatalf("Serve after stop: %v", err)
 	}
 	if _, err := os.Lstat(cfg.Daemon.Socket); !errors.Is(err, os.ErrNotExist) {

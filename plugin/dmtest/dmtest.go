@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -110,4 +111,30 @@ func DialProxy(t testing.TB, socket string) snapshots.Snapshotter {
 	}
 	t.Cleanup(func() { conn.Close() })
 	return proxy.NewSnapshotter(snapshotsapi.NewSnapshotsClient(conn), "flyio")
+}
+
+// Serve runs svc.Serve in the background and returns once the service is
+// ready to answer on its sockets; it fails t if Serve ends first. stop
+// cancels Serve, waits for it to end and returns its error; calls after
+// the first return the same error.
+func Serve(t testing.TB, ctx context.Context, svc *plugin.Service) (stop func() error) {
+	t.Helper()
+	serveCtx, cancel := context.WithCancel(ctx)
+	ready, done := make(chan struct{}), make(chan error, 1)
+	go func() { done <- svc.Serve(serveCtx, func() { close(ready) }, nil) }()
+	select {
+	case <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("Serve: %v", err)
+	}
+	var once sync.Once
+	var err error
+	return func() error {
+		once.Do(func() {
+			cancel()
+			err = <-done
+		})
+		return err
+	}
 }
