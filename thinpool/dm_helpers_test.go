@@ -205,3 +205,17 @@ func wantErr(t *testing.T, what string, err, kind error) {
 		t.Fatalf("%s: got error %v, want %v", what, err, kind)
 	}
 }
+
+// activeThin creates thin device id in p and activates it as name, of
+// size bytes, and returns the device's path.
+func activeThin(t *testing.T, ctx context.Context, p *Pool, id uint32, name string, size int64) string {
+	t.Helper()
+	if err := p.CreateThin(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	path, err := p.Activate(ctx, name, id, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path
+}

@@ -152,13 +152,7 @@ func TestSnapshotCopyOnWrite(t *testing.T) {
 	ctx := context.Background()
 	p, _ := testPool(t, 256*mib)
 	const size = 8 * mib
-	if err := p.CreateThin(ctx, 10); err != nil {
-		t.Fatal(err)
-	}
-	originPath, err := p.Activate(ctx, p.name+"-origin", 10, size)
-	if err != nil {
-		t.Fatal(err)
-	}
+	originPath := activeThin(t, ctx, p, 10, p.name+"-origin", size)
 	origin := openDirect(t, originPath)
 	base := pattern(10, size)
 	origin.mustWrite(0, base)
@@ -220,13 +214,7 @@ func TestSnapshotCopyOnWrite(t *testing.T) {
 func TestPoolFull(t *testing.T) {
 	ctx := context.Background()
 	p, _ := testPool(t, 32*mib) // 512 blocks of 64 KiB
-	if err := p.CreateThin(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	path, err := p.Activate(ctx, p.name+"-big", 1, 64*mib)
-	if err != nil {
-		t.Fatal(err)
-	}
+	path := activeThin(t, ctx, p, 1, p.name+"-big", 64*mib)
 	d := openDirect(t, path)
 	chunk := pattern(1, mib)
 	var writeErr error
@@ -386,13 +374,7 @@ func TestConcurrentCreateDelete(t *testing.T) {
 	p, _ := testPool(t, 512*mib)
 	const n = 50
 	const base = 100
-	if err := p.CreateThin(ctx, base); err != nil {
-		t.Fatal(err)
-	}
-	basePath, err := p.Activate(ctx, p.name+"-base", base, 4*mib)
-	if err != nil {
-		t.Fatal(err)
-	}
+	basePath := activeThin(t, ctx, p, base, p.name+"-base", 4*mib)
 	openDirect(t, basePath).mustWrite(0, pattern(base, 256<<10))
 
 	name := func(i int) string { return fmt.Sprintf("%s-c%02d", p.name, i) }
@@ -545,13 +527,7 @@ func TestMkfsXFS(t *testing.T) {
 	}
 	ctx := context.Background()
 	p, _ := testPool(t, 1024*mib)
-	if err := p.CreateThin(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	path, err := p.Activate(ctx, p.name+"-x", 1, 512*mib)
-	if err != nil {
-		t.Fatal(err)
-	}
+	path := activeThin(t, ctx, p, 1, p.name+"-x", 512*mib)
 	if err := Mkfs(ctx, path, FSXFS, nil); err != nil {
 		t.Fatal(err)
 	}

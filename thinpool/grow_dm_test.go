@@ -54,13 +54,7 @@ func TestLowWaterEventGrowsPool(t *testing.T) {
 		events <- s
 	})
 
-	if err := p.CreateThin(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	path, err := p.Activate(ctx, "tp-lowwater-1", 1, 128*mib)
-	if err != nil {
-		t.Fatal(err)
-	}
+	path := activeThin(t, ctx, p, 1, "tp-lowwater-1", 128*mib)
 	d := openDirect(t, path)
 	chunk := pattern(7, mib)
 	for off := int64(0); off < 20*mib; off += mib { // past 16 MiB: under 256 free blocks
@@ -334,13 +328,7 @@ func TestReserveRefusesNewDevices(t *testing.T) {
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
 	go p.Watch(wctx, func(_ context.Context, ev Event) { events <- ev })
-	if err := p.CreateThin(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	path, err := p.Activate(ctx, p.name+"-w", 1, 64*mib)
-	if err != nil {
-		t.Fatal(err)
-	}
+	path := activeThin(t, ctx, p, 1, p.name+"-w", 64*mib)
 	w := openDirect(t, path)
 	for off := int64(0); off < 25*mib; off += mib { // 7 MiB left: under the 8 MiB reserve
 		w.mustWrite(off, pattern(off, mib))

@@ -78,13 +78,7 @@ func TestRepairRunbook(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { destroyPool(t, cfg) })
-	if err := p.CreateThin(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	path, err := p.Activate(ctx, "tp-repair-1", 1, 32*mib)
-	if err != nil {
-		t.Fatal(err)
-	}
+	path := activeThin(t, ctx, p, 1, "tp-repair-1", 32*mib)
 	want := pattern(11, 4*mib)
 	d := openDirect(t, path)
 	d.mustWrite(mib, want)
