@@ -29,19 +29,11 @@ type chainRow struct {
 func inputs(t *testing.T, repo string) (images, vgw string) {
 	t.Helper()
 	path := filepath.Join(repo, ".cache/e2e/inputs")
-	b, err := os.ReadFile(path)
+	in, err := stack.ReadInputs(path, "integration/e2e/prepare.sh")
 	if err != nil {
-		t.Fatalf("the end-to-end inputs are not prepared (run integration/e2e/prepare.sh on the host first): %v", err)
+		t.Fatalf("the end-to-end inputs are not prepared: %v", err)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, _ := strings.Cut(strings.TrimSpace(line), "=")
-		switch k {
-		case "images":
-			images = v
-		case "versitygw":
-			vgw = v
-		}
-	}
+	images, vgw = in["images"], in["versitygw"]
 	for what, p := range map[string]string{"images": images, "versitygw": vgw} {
 		if _, err := os.Stat(p); p == "" || err != nil {
 			t.Fatalf("%s: %s=%q is missing (run integration/e2e/prepare.sh on the host again): %v", path, what, p, err)

@@ -31,22 +31,39 @@ func Tool(repo, modDir, module, name, bin string) (string, error) {
 	return "", fmt.Errorf("%s does not require %s", gomod, module)
 }
 
+// ReadInputs reads a file of KEY=VALUE lines, which the prepare.sh
+// scripts of integration/e2e and integration/upgrade write on the host to
+// tell the tests in the VM what they made. Without the file the error
+// says to run prepare (the script's path) first.
+func ReadInputs(path, prepare string) (map[string]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("run %s on the host first: %w", prepare, err)
+	}
+	in := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), "="); ok {
+			in[k] = v
+		}
+	}
+	return in, nil
+}
+
 // Versitygw returns the versitygw that integration/e2e/prepare.sh
 // installed on the host and recorded in .cache/e2e/inputs under repo (the
 // VM sees the host's files read-only), or an error saying how to make it.
 func Versitygw(repo string) (string, error) {
 	path := filepath.Join(repo, ".cache/e2e/inputs")
-	b, err := os.ReadFile(path)
+	in, err := ReadInputs(path, "integration/e2e/prepare.sh")
 	if err != nil {
-		return "", fmt.Errorf("versitygw: run integration/e2e/prepare.sh on the host first: %w", err)
+		return "", fmt.Errorf("versitygw: %w", err)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "versitygw="); ok {
-			if _, err := os.Stat(v); err != nil {
-				return "", fmt.Errorf("versitygw of %s: %w", path, err)
-			}
-			return v, nil
-		}
+	v, ok := in["versitygw"]
+	if !ok {
+		return "", fmt.Errorf("%s names no versitygw", path)
 	}
-	return "", fmt.Errorf("%s names no versitygw", path)
+	if _, err := os.Stat(v); err != nil {
+		return "", fmt.Errorf("versitygw of %s: %w", path, err)
+	}
+	return v, nil
 }

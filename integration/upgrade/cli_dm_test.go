@@ -3,7 +3,6 @@
 package upgrade
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -109,26 +108,12 @@ type previous struct {
 // readPrevious reads .cache/upgrade/inputs, which prepare.sh writes.
 func readPrevious(repo string) (previous, error) {
 	path := filepath.Join(repo, ".cache/upgrade/inputs")
-	f, err := os.Open(path)
+	in, err := stack.ReadInputs(path, "integration/upgrade/prepare.sh")
 	if err != nil {
-		return previous{}, fmt.Errorf("previous release: run integration/upgrade/prepare.sh on the host first: %w", err)
+		return previous{}, fmt.Errorf("previous release: %w", err)
 	}
-	defer f.Close()
-	var p previous
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, _ := strings.Cut(sc.Text(), "=")
-		switch k {
-		case "bin":
-			p.Bin = v
-		case "tag":
-			p.Tag = v
-		case "commit":
-			p.Commit = v
-		case "schema":
-			p.Schema, _ = strconv.Atoi(v)
-		}
-	}
+	p := previous{Bin: in["bin"], Tag: in["tag"], Commit: in["commit"]}
+	p.Schema, _ = strconv.Atoi(in["schema"])
 	if p.Bin == "" || p.Tag == "" || p.Commit == "" || p.Schema < 1 {
 		return previous{}, fmt.Errorf("%s: want bin=, tag=, commit= and schema=N (run integration/upgrade/prepare.sh)", path)
 	}
