@@ -188,38 +188,34 @@ func TestEndToEnd(t *testing.T) {
 	}
 
 	// The container sees the image the layers make, whiteouts applied.
-	out, err = e.RunContainer(ctx, "debian", "e2e-debian", "/usr/local/bin/flyio-hello")
-	if err != nil {
-		t.Fatal(err)
+	for _, c := range []struct {
+		family string
+		want   []string
+	}{
+		{"debian", []string{
+			"absent:  /etc/motd",                   // etc/.wh.motd over layer 1
+			"absent:  /usr/share/man",              // usr/share/.wh.man over layer 2
+			"absent:  /usr/share/doc/apt",          // usr/share/doc/.wh.apt
+			"present: /usr/share/doc/bash",         // its sibling stays
+			"absent:  /usr/share/info/sed.info.gz", // opaque usr/share/info
+			"present: /usr/share/info/flyio.info",
+			"present: /etc/issue.net",
+		}},
+		{"debian-dev", []string{
+			"present: /etc/motd", "present: /usr/share/man", "present: /usr/share/doc/apt",
+			"absent:  /etc/issue.net", "absent:  /usr/share/info/sed.info.gz", "absent:  /usr/share/info/flyio.info",
+		}},
+		{"debian-rootfs", []string{
+			"absent:  /etc/motd", "present: /etc/issue.net", "absent:  /usr/share/doc/bash",
+		}},
+	} {
+		out, err := e.RunContainer(ctx, c.family, "e2e-"+c.family, "/usr/local/bin/flyio-hello")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s container printed:\n%s", c.family, out)
+		wantLines(t, c.family, out, append([]string{"hello from Debian GNU/Linux 12 (bookworm), family " + c.family}, c.want...)...)
 	}
-	t.Logf("debian container printed:\n%s", out)
-	wantLines(t, "debian", out,
-		"hello from Debian GNU/Linux 12 (bookworm), family debian",
-		"absent:  /etc/motd",                   // etc/.wh.motd over layer 1
-		"absent:  /usr/share/man",              // usr/share/.wh.man over layer 2
-		"absent:  /usr/share/doc/apt",          // usr/share/doc/.wh.apt
-		"present: /usr/share/doc/bash",         // its sibling stays
-		"absent:  /usr/share/info/sed.info.gz", // opaque usr/share/info
-		"present: /usr/share/info/flyio.info",
-		"present: /etc/issue.net",
-	)
-	out, err = e.RunContainer(ctx, "debian-dev", "e2e-debian-dev", "/usr/local/bin/flyio-hello")
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantLines(t, "debian-dev", out,
-		"hello from Debian GNU/Linux 12 (bookworm), family debian-dev",
-		"present: /etc/motd", "present: /usr/share/man", "present: /usr/share/doc/apt",
-		"absent:  /etc/issue.net", "absent:  /usr/share/info/sed.info.gz", "absent:  /usr/share/info/flyio.info",
-	)
-	out, err = e.RunContainer(ctx, "debian-rootfs", "e2e-debian-rootfs", "/usr/local/bin/flyio-hello")
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantLines(t, "debian-rootfs", out,
-		"hello from Debian GNU/Linux 12 (bookworm), family debian-rootfs",
-		"absent:  /etc/motd", "present: /etc/issue.net", "absent:  /usr/share/doc/bash",
-	)
 
 	// A second name for the same layers is registered and runnable, and so
 	// is a name again after `ctr image rm` removed it from containerd.
