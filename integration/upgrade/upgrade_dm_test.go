@@ -75,7 +75,7 @@ func (e *env) phase(name string, f func()) {
 func TestUpgradeAndRollback(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	repo, err := stack.RepoRoot()
+	repo, _, tools, err := stack.VMEnv()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,10 +87,6 @@ func TestUpgradeAndRollback(t *testing.T) {
 	cur := filepath.Join(repo, "bin/containerd-flyio-snapshotter")
 	if _, err := os.Stat(cur); err != nil {
 		t.Fatalf("the current binary (make build): %v", err)
-	}
-	tools, err := stack.ToolsDir(repo)
-	if err != nil {
-		t.Fatal(err)
 	}
 	vgw, err := stack.Versitygw(repo)
 	if err != nil {
