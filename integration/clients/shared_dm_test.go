@@ -100,6 +100,27 @@ func TestSharedChains(t *testing.T) {
 		t.Fatalf("after removing every image and collecting garbage, our pool holds %v", thins)
 	}
 
+	// removeS3ThenRegistry removes the S3 image from ns, checks that the
+	// registry image, whose chains the S3 image shared, still runs (as
+	// container id), then removes it too and checks that the pool is
+	// left empty.
+	removeS3ThenRegistry := func(t *testing.T, ns, id string) {
+		t.Helper()
+		if _, err := e.ctr(ctx, ns, "image", "rm", "--sync", img.defaultRef()); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.collectGarbage(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if out := runs(t, ns, e.imageRef, id, ociimage.MarkerPath); out != ociimage.MarkerContent {
+			t.Errorf("registry image, after the S3 image's removal, printed %q", out)
+		}
+		if _, err := e.ctr(ctx, ns, "image", "rm", "--sync", e.imageRef); err != nil {
+			t.Fatal(err)
+		}
+		emptyPool(t)
+	}
+
 	t.Run("registry-first", func(t *testing.T) {
 		const ns = "flyio-shared-a"
 		ctrPull(t, ns)
@@ -110,19 +131,7 @@ func TestSharedChains(t *testing.T) {
 		if out := runs(t, ns, e.imageRef, "shared-a-reg", ociimage.MarkerPath); out != ociimage.MarkerContent {
 			t.Errorf("registry image printed %q, want %q", out, ociimage.MarkerContent)
 		}
-		if _, err := e.ctr(ctx, ns, "image", "rm", "--sync", img.defaultRef()); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.collectGarbage(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if out := runs(t, ns, e.imageRef, "shared-a-reg2", ociimage.MarkerPath); out != ociimage.MarkerContent {
-			t.Errorf("registry image, after the S3 image's removal, printed %q", out)
-		}
-		if _, err := e.ctr(ctx, ns, "image", "rm", "--sync", e.imageRef); err != nil {
-			t.Fatal(err)
-		}
-		emptyPool(t)
+		removeS3ThenRegistry(t, ns, "shared-a-reg2")
 	})
 
 	t.Run("s3-first", func(t *testing.T) {
@@ -138,19 +147,7 @@ func TestSharedChains(t *testing.T) {
 		if out := runs(t, ns, img.defaultRef(), "shared-b-s3", s3LayerPath, ociimage.MarkerPath); out != s3Want {
 			t.Errorf("S3 image printed %q, want %q", out, s3Want)
 		}
-		if _, err := e.ctr(ctx, ns, "image", "rm", "--sync", img.defaultRef()); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.collectGarbage(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if out := runs(t, ns, e.imageRef, "shared-b-reg2", ociimage.MarkerPath); out != ociimage.MarkerContent {
-			t.Errorf("registry image, after the S3 image's removal, printed %q", out)
-		}
-		if _, err := e.ctr(ctx, ns, "image", "rm", "--sync", e.imageRef); err != nil {
-			t.Fatal(err)
-		}
-		emptyPool(t)
+		removeS3ThenRegistry(t, ns, "shared-b-reg2")
 	})
 
 	t.Run("s3-first-across-namespaces", func(t *testing.T) {
