@@ -20,15 +20,7 @@ func TestCancelAtEveryStepDM(t *testing.T) {
 	s := e.newSnapshotter(t, Config{})
 	cancelled := func(step string, call func(ctx context.Context) error) error {
 		t.Helper()
-		ctx, cancel := context.WithCancel(bg)
-		defer cancel()
-		var fired *bool
-		s.hook, fired = cancelAt(step, cancel)
-		err := call(ctx)
-		s.hook = nil
-		if !*fired {
-			t.Fatalf("step %s never reached", step)
-		}
+		err := callCancelledAt(t, bg, s, step, call)
 		checkPoolMatchesDB(t, s)
 		return err
 	}
