@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -52,7 +51,7 @@ func StartS3(ctx context.Context, bin, dir, logDir, bucket, accessKey, secretKey
 			return nil, fmt.Errorf("versitygw folder: %w", err)
 		}
 	}
-	port, err := freePort()
+	addr, err := FreeAddr()
 	if err != nil {
 		return nil, err
 	}
@@ -60,7 +59,7 @@ func StartS3(ctx context.Context, bin, dir, logDir, bucket, accessKey, secretKey
 		accessKey, secretKey = "AK"+randHex(9), randHex(20)
 	}
 	s := &S3{
-		Endpoint:  fmt.Sprintf("http://127.0.0.1:%d", port),
+		Endpoint:  "http://" + addr,
 		Bucket:    bucket,
 		AccessKey: accessKey,
 		SecretKey: secretKey,
@@ -70,12 +69,12 @@ func StartS3(ctx context.Context, bin, dir, logDir, bucket, accessKey, secretKey
 		return nil, fmt.Errorf("versitygw log folder: %w", err)
 	}
 	s.Proc, err = StartProc("versitygw", filepath.Join(logDir, "versitygw.log"), []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
-		bin, "--port", fmt.Sprintf("127.0.0.1:%d", port), "--access", s.AccessKey, "--secret", s.SecretKey,
+		bin, "--port", addr, "--access", s.AccessKey, "--secret", s.SecretKey,
 		"--region", S3Region, "--quiet", "posix", "--sidecar", filepath.Join(dir, "meta"), filepath.Join(dir, "data"))
 	if err != nil {
 		return nil, err
 	}
-	if err := waitDial(ctx, s.Proc, "tcp", fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
+	if err := waitDial(ctx, s.Proc, "tcp", addr); err != nil {
 		_ = s.Proc.Stop(5 * time.Second)
 		return nil, err
 	}
@@ -139,15 +138,6 @@ func OpenStore(ctx context.Context, bin, dir, logDir, bucket string) (*S3, error
 
 // Stop ends versitygw.
 func (s *S3) Stop() error { return s.Proc.Stop(10 * time.Second) }
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port for the S3 server: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
 
 func randHex(n int) string {
 	b := make([]byte, n)
