@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 )
 
 // fakeStalledPuller injects a daemon whose pull reports one progress event
@@ -16,14 +16,14 @@ import (
 // ended how that context ended.
 type fakeStalledPuller struct{ ended chan error }
 
-func (p fakeStalledPuller) Pull(ctx context.Context, _ pipeline.PullRequest, progress func(pipeline.Event)) (*pipeline.PullResult, error) {
-	progress(pipeline.Event{FSM: "download-image", State: "download", Layer: 1, Bytes: 1 << 20, Total: 4 << 20})
+func (p fakeStalledPuller) Pull(ctx context.Context, _ api.PullRequest, progress func(api.Event)) (*api.PullResult, error) {
+	progress(api.Event{FSM: "download-image", State: "download", Layer: 1, Bytes: 1 << 20, Total: 4 << 20})
 	<-ctx.Done()
 	p.ended <- ctx.Err()
 	return nil, ctx.Err()
 }
 
-func (fakeStalledPuller) Activate(context.Context, string) (*pipeline.ActivateResponse, error) {
+func (fakeStalledPuller) Activate(context.Context, string) (*api.ActivateResponse, error) {
 	return nil, errors.New("not served")
 }
 
@@ -50,8 +50,8 @@ func TestClientCancelCutsThePull(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var events []pipeline.Event
-	_, err = NewClient(sock).Pull(ctx, pipeline.PullRequest{Bucket: "b", Key: "img/"}, func(e pipeline.Event) {
+	var events []api.Event
+	_, err = NewClient(sock).Pull(ctx, api.PullRequest{Bucket: "b", Key: "img/"}, func(e api.Event) {
 		events = append(events, e)
 		cancel()
 	})

@@ -27,20 +27,21 @@ import (
 
 	"github.com/containerd/log"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 )
 
 // Puller is what the control socket serves (*pipeline.Pipelines).
 type Puller interface {
-	Pull(ctx context.Context, req pipeline.PullRequest, progress func(pipeline.Event)) (*pipeline.PullResult, error)
-	Activate(ctx context.Context, ref string) (*pipeline.ActivateResponse, error)
+	Pull(ctx context.Context, req api.PullRequest, progress func(api.Event)) (*api.PullResult, error)
+	Activate(ctx context.Context, ref string) (*api.ActivateResponse, error)
 }
 
 // Line is one line of a pull's answer: exactly one field is set.
 type Line struct {
-	Event  *pipeline.Event      `json:"event,omitempty"`
-	Result *pipeline.PullResult `json:"result,omitempty"`
-	Error  string               `json:"error,omitempty"`
+	Event  *api.Event      `json:"event,omitempty"`
+	Result *api.PullResult `json:"result,omitempty"`
+	Error  string          `json:"error,omitempty"`
 }
 
 // ActivateRequest is the body of /v1/activate.
@@ -50,8 +51,8 @@ type ActivateRequest struct {
 
 // ActivateAnswer is the answer of /v1/activate.
 type ActivateAnswer struct {
-	Result *pipeline.ActivateResponse `json:"result,omitempty"`
-	Error  string                     `json:"error,omitempty"`
+	Result *api.ActivateResponse `json:"result,omitempty"`
+	Error  string                `json:"error,omitempty"`
 }
 
 // Handler serves the control API of p (and /v1/rm when p is a Remover).
@@ -66,7 +67,7 @@ func Handler(p Puller) http.Handler {
 }
 
 func servePull(p Puller, w http.ResponseWriter, r *http.Request) {
-	var req pipeline.PullRequest
+	var req api.PullRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
 		writeJSON(w, http.StatusBadRequest, Line{Error: fmt.Sprintf("pull: request body: %v", err)})
 		return
@@ -95,7 +96,7 @@ func servePull(p Puller, w http.ResponseWriter, r *http.Request) {
 	}
 	lg := log.G(r.Context()).WithField("bucket", req.Bucket).WithField("key", req.Key).WithField("ref", req.Ref).WithField("replace", req.Replace)
 	lg.Info("control: pull")
-	res, err := p.Pull(r.Context(), req, func(e pipeline.Event) { send(Line{Event: &e}) })
+	res, err := p.Pull(r.Context(), req, func(e api.Event) { send(Line{Event: &e}) })
 	if err != nil {
 		lg.WithError(err).Warn("control: pull failed")
 		send(Line{Error: err.Error()})
@@ -234,7 +235,7 @@ func (b *connBody) Close() error {
 
 // Pull asks the daemon to pull req and calls onEvent for each progress
 // event; it returns the result, or the daemon's error.
-func (c *Client) Pull(ctx context.Context, req pipeline.PullRequest, onEvent func(pipeline.Event)) (*pipeline.PullResult, error) {
+func (c *Client) Pull(ctx context.Context, req api.PullRequest, onEvent func(api.Event)) (*api.PullResult, error) {
 	resp, err := c.post(ctx, "/v1/pull", req)
 	if err != nil {
 		return nil, err
@@ -263,7 +264,7 @@ func (c *Client) Pull(ctx context.Context, req pipeline.PullRequest, onEvent fun
 }
 
 // Activate asks the daemon to activate the pulled image ref.
-func (c *Client) Activate(ctx context.Context, ref string) (*pipeline.ActivateResponse, error) {
+func (c *Client) Activate(ctx context.Context, ref string) (*api.ActivateResponse, error) {
 	resp, err := c.post(ctx, "/v1/activate", ActivateRequest{Ref: ref})
 	if err != nil {
 		return nil, err

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/gc"
@@ -55,11 +56,11 @@ func TestSocketCarriesErrors(t *testing.T) {
 		}{p, col})
 	}()
 	c := NewClient(sock)
-	_, err = c.Pull(ctx, pipeline.PullRequest{Bucket: "b", Key: "img/"}, nil)
+	_, err = c.Pull(ctx, api.PullRequest{Bucket: "b", Key: "img/"}, nil)
 	if err == nil || !strings.Contains(err.Error(), "no snapshotter") {
 		t.Errorf("pull without a snapshotter: err %v, want the daemon's reason", err)
 	}
-	_, err = c.Pull(ctx, pipeline.PullRequest{Bucket: "b", Key: "img/", Ref: "Bad Name", Replace: true}, nil)
+	_, err = c.Pull(ctx, api.PullRequest{Bucket: "b", Key: "img/", Ref: "Bad Name", Replace: true}, nil)
 	if err == nil || !strings.Contains(err.Error(), `image name "Bad Name": invalid reference format`) {
 		t.Errorf("pull under a name that is no reference: err %v, want the name and the rule", err)
 	}

@@ -10,13 +10,13 @@ import (
 
 	"github.com/containerd/log"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/gc"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 )
 
 // Remover removes pulled images (*gc.Collector). Handler serves /v1/rm when
 // the Puller it is given is one too.
 type Remover interface {
-	Remove(ctx context.Context, refs []string) ([]gc.Removed, error)
+	Remove(ctx context.Context, refs []string) ([]api.Removed, error)
 }
 
 // RmRequest is the body of /v1/rm: the names (or s3:// sources) of the
@@ -28,8 +28,8 @@ type RmRequest struct {
 // RmAnswer is the answer of /v1/rm: the images removed and, when some were
 // not (in use, never pulled, or their removal failed), why.
 type RmAnswer struct {
-	Removed []gc.Removed `json:"removed"`
-	Error   string       `json:"error,omitempty"`
+	Removed []api.Removed `json:"removed"`
+	Error   string        `json:"error,omitempty"`
 }
 
 func serveRm(rm Remover, w http.ResponseWriter, r *http.Request) {
@@ -56,7 +56,7 @@ func serveRm(rm Remover, w http.ResponseWriter, r *http.Request) {
 
 // Remove asks the daemon to remove the pulled images refs. It returns the
 // images removed, and an error saying why the others were not.
-func (c *Client) Remove(ctx context.Context, refs []string) ([]gc.Removed, error) {
+func (c *Client) Remove(ctx context.Context, refs []string) ([]api.Removed, error) {
 	resp, err := c.post(ctx, "/v1/rm", RmRequest{Refs: refs})
 	if err != nil {
 		return nil, err

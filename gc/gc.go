@@ -44,6 +44,7 @@ import (
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/conf"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
@@ -212,13 +213,6 @@ type Names interface {
 	// not an error.
 	RemoveImage(ctx context.Context, ns, name string) error
 }
-
-// Sources of the images collection removes: the label of the removal
-// metric and the kind in the logs.
-const (
-	SourceS3       = "s3"       // pulled by the pipelines from S3
-	SourceRegistry = "registry" // unpacked into the pool by containerd itself
-)
 
 // Observer counts what collection does (*metrics.GC).
 type Observer interface {
@@ -538,26 +532,11 @@ func (c *Collector) watchWrites(ctx context.Context) (watching, stuck bool) {
 	return true, rep != nil && len(rep.Removed) == 0 && over(rep.After, pending, c.opts.HighThreshold)
 }
 
-// Removed describes one removed image.
-type Removed struct {
-	// Kind is SourceS3 or SourceRegistry.
-	Kind string
-	// ImageID and Source are an S3 image's id and S3 source.
-	ImageID string
-	Source  string
-	// Namespace is the containerd namespace of a registry image.
-	Namespace string
-	Names     []string
-	Reason    string
-	// Freed is the pool data the removal freed, in bytes.
-	Freed int64
-}
-
 // Report is what one collection did.
 type Report struct {
 	Trigger       string
 	Before, After Usage
-	Removed       []Removed
+	Removed       []api.Removed
 	// Kept maps the images that would have been removed, were they not in
 	// use, to why they are in use.
 	Kept     map[string]string
@@ -720,9 +699,9 @@ func (cd *candidate) id() string {
 
 func (cd *candidate) kind() string {
 	if cd.s3 != nil {
-		return SourceS3
+		return api.SourceS3
 	}
-	return SourceRegistry
+	return api.SourceRegistry
 }
 
 func (cd *candidate) names() []string {
@@ -830,12 +809,12 @@ func (c *Collector) inUse(ctx context.Context, cd *candidate, v *poolView) (stri
 
 // remove removes image cd (removeS3, or containerd's removal of a registry
 // image), logs and counts the removal.
-func (c *Collector) remove(ctx context.Context, cd *candidate, v *poolView, cause, reason string) (*Removed, error) {
+func (c *Collector) remove(ctx context.Context, cd *candidate, v *poolView, cause, reason string) (*api.Removed, error) {
 	before, err := c.opts.Usage(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("remove image %s: pool usage: %w", cd.id(), err)
 	}
-	r := &Removed{Kind: cd.kind(), Names: cd.names(), Reason: reason}
+	r := &api.Removed{Kind: cd.kind(), Names: cd.names(), Reason: reason}
 	if cd.s3 != nil {
 		r.ImageID, r.Source = cd.s3.ImageID, cd.s3.Source
 		err = c.removeS3(ctx, cd.s3, v)
@@ -937,7 +916,7 @@ func (v *poolView) layerOn(key string, own []string) bool {
 // the way a collection does, refusing one in use with the reason (ErrInUse)
 // and one never pulled (errdefs.ErrNotFound). It goes on past a refusal
 // and returns every image removed with the errors joined.
-func (c *Collector) Remove(ctx context.Context, refs []string) ([]Removed, error) {
+func (c *Collector) Remove(ctx context.Context, refs []string) ([]api.Removed, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	pool, err := c.look(ctx)
@@ -945,7 +924,7 @@ func (c *Collector) Remove(ctx context.Context, refs []string) ([]Removed, error
 		return nil, err
 	}
 	var (
-		out  []Removed
+		out  []api.Removed
 		errs []error
 	)
 	for _, ref := range refs {

@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
@@ -353,7 +354,7 @@ func TestCollectKeepsImagesInUse(t *testing.T) {
 	h.image("img5", "live-run", layer{"c5", 150 * mib})
 	if err := h.db.WithTx(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO fsm_runs (run_id, fsm, idempotency_id, request, transition, state, created_at, updated_at)
-			VALUES ('r1', ?, 'img5', '{"layers":[{"chain_id":"c5"}]}', 'register', 'running', 1, 1)`, pipeline.FSMActivate)
+			VALUES ('r1', ?, 'img5', '{"layers":[{"chain_id":"c5"}]}', 'register', 'running', 1, 1)`, api.FSMActivate)
 		return err
 	}); err != nil {
 		t.Fatal(err)

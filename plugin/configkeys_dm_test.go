@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
@@ -47,7 +47,7 @@ func tarOf(t *testing.T, dirs []string, files map[string]int) []byte {
 // daemonPulls opens a service on cfg with its S3 pipelines, control
 // socket and metrics endpoint (as serve does) and returns a pull through
 // the control socket, the way the CLI asks.
-func daemonPulls(t *testing.T, ctx context.Context, cfg *plugin.Config) func(bucket, key string) (*pipeline.PullResult, error) {
+func daemonPulls(t *testing.T, ctx context.Context, cfg *plugin.Config) func(bucket, key string) (*api.PullResult, error) {
 	t.Helper()
 	cfg.Daemon.ControlSocket = filepath.Join(cfg.Daemon.RootDir, "run", "control.sock")
 	cfg.Daemon.MetricsAddress = loopbackAddr(t)
@@ -67,8 +67,8 @@ func daemonPulls(t *testing.T, ctx context.Context, cfg *plugin.Config) func(buc
 	stopServe := dmtest.Serve(t, ctx, svc)
 	t.Cleanup(func() { stopServe() })
 	ctl := control.NewClient(cfg.Daemon.ControlSocket)
-	return func(bucket, key string) (*pipeline.PullResult, error) {
-		return ctl.Pull(ctx, pipeline.PullRequest{Bucket: bucket, Key: key}, nil)
+	return func(bucket, key string) (*api.PullResult, error) {
+		return ctl.Pull(ctx, api.PullRequest{Bucket: bucket, Key: key}, nil)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	toml "github.com/pelletier/go-toml/v2"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
@@ -30,7 +31,7 @@ func packageViews(c *Config) map[string]any {
 	// Functions never compare equal; what they close over is checked
 	// through the views that build them (s3source: Sources).
 	po.Sources, po.ThinExists, po.OnRetry, po.PoolFree = nil, nil, nil, nil
-	resolved, err := c.ResolvePull(pipeline.PullRequest{Key: "k"})
+	resolved, err := c.ResolvePull(api.PullRequest{Key: "k"})
 	other := c.BucketAllowed("zz-other")
 	return map[string]any{
 		// [daemon] and the pull policy of [s3] are the plugin's own.

@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
@@ -144,9 +145,9 @@ func TestContainerdViewOverSocket(t *testing.T) {
 	defer stopServe()
 	client := plugin.DialProxy(t, cfg.Daemon.Socket)
 	ctl := control.NewClient(cfg.Daemon.ControlSocket)
-	pull := func(prefix string) *pipeline.PullResult {
+	pull := func(prefix string) *api.PullResult {
 		t.Helper()
-		res, err := ctl.Pull(ctx, pipeline.PullRequest{Bucket: srv.Bucket, Key: prefix, Ref: "test/" + strings.TrimSuffix(prefix, "/")}, nil)
+		res, err := ctl.Pull(ctx, api.PullRequest{Bucket: srv.Bucket, Key: prefix, Ref: "test/" + strings.TrimSuffix(prefix, "/")}, nil)
 		if err != nil {
 			t.Fatalf("pull %s: %v", prefix, err)
 		}
@@ -178,11 +179,11 @@ func TestContainerdViewOverSocket(t *testing.T) {
 		many[i] = fmt.Sprintf("f%04d", i)
 	}
 	srv.Put(t, "b/2.tar", layerTar(t, "app-b", many...))
-	bDone := make(chan *pipeline.PullResult, 1)
+	bDone := make(chan *api.PullResult, 1)
 	go func() { bDone <- pull("b/") }()
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
-		runs, err := fsm.NewSQLiteStore(svc.DB).ListRuns(ctx, fsm.RunFilter{FSM: pipeline.FSMUnpack, States: []fsm.State{fsm.StateRunning}})
+		runs, err := fsm.NewSQLiteStore(svc.DB).ListRuns(ctx, fsm.RunFilter{FSM: api.FSMUnpack, States: []fsm.State{fsm.StateRunning}})
 		if err != nil {
 			t.Fatal(err)
 		}

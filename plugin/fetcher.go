@@ -14,6 +14,7 @@ import (
 
 	"github.com/containerd/log"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
@@ -62,7 +63,7 @@ func (c *Config) BucketAllowed(bucket string) error {
 // ResolvePull completes a pull request the way the daemon serves it: a
 // request without a bucket names a path under s3.prefix in s3.bucket, and
 // the bucket must be one the [s3] section admits.
-func (c *Config) ResolvePull(req pipeline.PullRequest) (pipeline.PullRequest, error) {
+func (c *Config) ResolvePull(req api.PullRequest) (api.PullRequest, error) {
 	if req.Bucket == "" {
 		if c.S3.Bucket == "" {
 			return req, fmt.Errorf("pull %q: no bucket: name one (s3://BUCKET/KEY) or set s3.bucket in the daemon's config", req.Key)
@@ -106,7 +107,7 @@ func (p *pullsUnderWay) end() {
 }
 
 // Pull resolves req (ResolvePull) and pulls it.
-func (s s3Policy) Pull(ctx context.Context, req pipeline.PullRequest, progress func(pipeline.Event)) (res *pipeline.PullResult, err error) {
+func (s s3Policy) Pull(ctx context.Context, req api.PullRequest, progress func(api.Event)) (res *api.PullResult, err error) {
 	s.pulls.begin()
 	defer s.pulls.end()
 	if s.metrics != nil {

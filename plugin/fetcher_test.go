@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
@@ -86,7 +86,7 @@ func TestResolvePull(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := c.cfg.ResolvePull(pipeline.PullRequest{Bucket: c.bucket, Key: c.key})
+			got, err := c.cfg.ResolvePull(api.PullRequest{Bucket: c.bucket, Key: c.key})
 			switch {
 			case c.wantErr != "":
 				if err == nil || !strings.Contains(err.Error(), c.wantErr) {

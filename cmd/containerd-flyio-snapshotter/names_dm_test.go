@@ -16,6 +16,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
@@ -140,7 +141,7 @@ func TestForeignContainerdImageKept(t *testing.T) {
 	// activation (through its default name: the one taken over is the
 	// registry's now, which activate would not register over).
 	code, out, errOut = cli("activate", yName, "--format", "json")
-	var act pipeline.ActivateResponse
+	var act api.ActivateResponse
 	if err := json.Unmarshal([]byte(out), &act); code != 0 || err != nil || act.ImageID != named(yName) ||
 		act.SnapshotName != pipeline.ActivationKey(act.ImageID) || !act.Active || !strings.HasPrefix(act.DevicePath, "/dev/") {
 		t.Errorf("activate %s --format json = %d, %q, %q (%v)", yName, code, out, errOut, err)

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 )
 
 // Spacing of progress output: a terminal is redrawn at most every
@@ -56,12 +56,12 @@ func newProgress(w io.Writer, tty bool) *progress {
 }
 
 // event takes one of the daemon's progress events.
-func (p *progress) event(e pipeline.Event) {
+func (p *progress) event(e api.Event) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now()
 	l := p.byID[e.Layer]
-	if l != nil && l.fsm == pipeline.FSMDownload && l.state == "download" && e.FSM == pipeline.FSMUnpack && e.State == "extract-layers" {
+	if l != nil && l.fsm == api.FSMDownload && l.state == "download" && e.FSM == api.FSMUnpack && e.State == "extract-layers" {
 		// Both phases at once: the line stays the transfer's and shows
 		// the extraction beside it.
 		l.extracted, l.extractedFiles = e.Bytes, e.Files
@@ -181,7 +181,7 @@ func (p *progress) line(id int, l *layerProgress, now time.Time) string {
 	if l.files > 0 {
 		fmt.Fprintf(&b, "  %d files", l.files)
 	}
-	if l.fsm == pipeline.FSMDownload && l.state == "download" && (l.extracted > 0 || l.extractedFiles > 0) {
+	if l.fsm == api.FSMDownload && l.state == "download" && (l.extracted > 0 || l.extractedFiles > 0) {
 		fmt.Fprintf(&b, "  | extracted %s, %d files", mib(l.extracted), l.extractedFiles)
 	}
 	return strings.TrimRight(b.String(), " ")

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 )
 
 // clock is a settable time source for the progress display.
@@ -39,10 +39,10 @@ func checkPlainLines(t *testing.T, got string, want []string) {
 // up over the previous drawing), with bytes, percentage, rate and ETA.
 func TestProgressTerminal(t *testing.T) {
 	p, c, out := newClockedProgress(true)
-	p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "download", Layer: 1, Total: 100 << 20})
+	p.event(api.Event{FSM: api.FSMDownload, State: "download", Layer: 1, Total: 100 << 20})
 	c.t = c.t.Add(2 * time.Second)
-	p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "download", Layer: 1, Bytes: 50 << 20, Total: 100 << 20})
-	p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "download", Layer: 2, Total: 10 << 20})
+	p.event(api.Event{FSM: api.FSMDownload, State: "download", Layer: 1, Bytes: 50 << 20, Total: 100 << 20})
+	p.event(api.Event{FSM: api.FSMDownload, State: "download", Layer: 2, Total: 10 << 20})
 	p.finish()
 	frames := strings.Split(out.String(), "\033[")
 	last := out.String()[strings.LastIndex(out.String(), "\033[2A"):]
@@ -67,13 +67,13 @@ func TestProgressTerminal(t *testing.T) {
 // characters.
 func TestProgressPlain(t *testing.T) {
 	p, c, out := newClockedProgress(false)
-	p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "download", Layer: 1, Total: 8 << 20})
+	p.event(api.Event{FSM: api.FSMDownload, State: "download", Layer: 1, Total: 8 << 20})
 	for i := 1; i <= 8; i++ {
 		c.t = c.t.Add(time.Second)
-		p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "download", Layer: 1, Bytes: int64(i) << 20, Total: 8 << 20})
+		p.event(api.Event{FSM: api.FSMDownload, State: "download", Layer: 1, Bytes: int64(i) << 20, Total: 8 << 20})
 	}
-	p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "validate", Layer: 1, Bytes: 8 << 20, Total: 8 << 20})
-	p.event(pipeline.Event{FSM: pipeline.FSMActivate, State: "register"})
+	p.event(api.Event{FSM: api.FSMDownload, State: "validate", Layer: 1, Bytes: 8 << 20, Total: 8 << 20})
+	p.event(api.Event{FSM: api.FSMActivate, State: "register"})
 	p.finish()
 	got := out.String()
 	if strings.ContainsAny(got, "\r\033") {
@@ -92,13 +92,13 @@ func TestProgressPlain(t *testing.T) {
 // and the extraction's events do not count as a change of step.
 func TestProgressBothPhases(t *testing.T) {
 	p, c, out := newClockedProgress(false)
-	p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "download", Layer: 1, Total: 8 << 20})
+	p.event(api.Event{FSM: api.FSMDownload, State: "download", Layer: 1, Total: 8 << 20})
 	c.t = c.t.Add(time.Second)
-	p.event(pipeline.Event{FSM: pipeline.FSMUnpack, State: "extract-layers", Layer: 1, Bytes: 3 << 20, Files: 120})
+	p.event(api.Event{FSM: api.FSMUnpack, State: "extract-layers", Layer: 1, Bytes: 3 << 20, Files: 120})
 	c.t = c.t.Add(5 * time.Second)
-	p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "download", Layer: 1, Bytes: 6 << 20, Total: 8 << 20})
-	p.event(pipeline.Event{FSM: pipeline.FSMDownload, State: "validate", Layer: 1, Bytes: 8 << 20, Total: 8 << 20})
-	p.event(pipeline.Event{FSM: pipeline.FSMUnpack, State: "extract-layers", Layer: 1, Bytes: 20 << 20, Files: 700})
+	p.event(api.Event{FSM: api.FSMDownload, State: "download", Layer: 1, Bytes: 6 << 20, Total: 8 << 20})
+	p.event(api.Event{FSM: api.FSMDownload, State: "validate", Layer: 1, Bytes: 8 << 20, Total: 8 << 20})
+	p.event(api.Event{FSM: api.FSMUnpack, State: "extract-layers", Layer: 1, Bytes: 20 << 20, Files: 700})
 	checkPlainLines(t, out.String(), []string{
 		"layer 1   download          0.0 MiB / 8.0 MiB     0.0%",
 		"layer 1   download          6.0 MiB / 8.0 MiB    75.0%  1.0 MiB/s  ETA 2s  | extracted 3.0 MiB, 120 files",

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 )
@@ -132,7 +133,7 @@ func runPull(ctx context.Context, args []string) error {
 	if refresh && cached {
 		return usageError(fs, "--refresh and --cached contradict each other: choose one")
 	}
-	if _, err := pipeline.CheckNamespaces(nss); err != nil {
+	if _, err := api.CheckNamespaces(nss); err != nil {
 		return usageError(fs, "--namespace: "+err.Error())
 	}
 	if name != "" {
@@ -148,7 +149,7 @@ func runPull(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	req := pipeline.PullRequest{Bucket: bucket, Key: key, Ref: name, Replace: replace, Refresh: refresh, Cached: cached, Namespaces: nss}
+	req := api.PullRequest{Bucket: bucket, Key: key, Ref: name, Replace: replace, Refresh: refresh, Cached: cached, Namespaces: nss}
 	if format.json() {
 		return pullJSON(ctx, c, req, os.Stdout)
 	}
@@ -180,7 +181,7 @@ func (l *namespaceList) Set(v string) error {
 // pullJSON pulls with the daemon's stream written to w as it arrives: one
 // control.Line a line, the events, then the result or the error (which
 // also makes the exit status 1, with nothing more on stderr).
-func pullJSON(ctx context.Context, c *control.Client, req pipeline.PullRequest, w io.Writer) error {
+func pullJSON(ctx context.Context, c *control.Client, req api.PullRequest, w io.Writer) error {
 	var mu sync.Mutex
 	enc := json.NewEncoder(w)
 	write := func(l control.Line) {
@@ -188,7 +189,7 @@ func pullJSON(ctx context.Context, c *control.Client, req pipeline.PullRequest, 
 		defer mu.Unlock()
 		_ = enc.Encode(l)
 	}
-	res, err := c.Pull(ctx, req, func(e pipeline.Event) { write(control.Line{Event: &e}) })
+	res, err := c.Pull(ctx, req, func(e api.Event) { write(control.Line{Event: &e}) })
 	if err != nil {
 		write(control.Line{Error: err.Error()})
 		return &exitError{code: 1}
@@ -202,7 +203,7 @@ func pullJSON(ctx context.Context, c *control.Client, req pipeline.PullRequest, 
 // config.
 func parseImageArg(arg string) (bucket, key string, err error) {
 	if strings.Contains(arg, "://") {
-		return pipeline.ParseS3URL(arg)
+		return api.ParseS3URL(arg)
 	}
 	if arg == "" || strings.HasPrefix(arg, "/") {
 		return "", "", fmt.Errorf("image %q: a bare path must be a key or prefix under the daemon's s3.prefix, without a leading '/'", arg)
@@ -212,7 +213,7 @@ func parseImageArg(arg string) (bucket, key string, err error) {
 
 func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 
-func printPullResult(w io.Writer, r *pipeline.PullResult, took time.Duration) {
+func printPullResult(w io.Writer, r *api.PullResult, took time.Duration) {
 	fmt.Fprintf(w, "pulled %s: %d layer(s), top chain %s, snapshot %s (%s), downloaded %d, unpacked %d, %s\n",
 		r.Ref, len(r.Layers), r.TopChainID, r.Snapshot.SnapshotName, r.Snapshot.DevicePath, r.Downloaded, r.Unpacked,
 		took.Round(time.Millisecond))

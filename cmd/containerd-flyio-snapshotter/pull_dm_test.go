@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
@@ -190,11 +191,11 @@ func (e *pullEnv) restart() {
 	e.d = startDaemon(e.t, e.cfg, e.cfgPath)
 }
 
-func (e *pullEnv) pull(key, ref string) (*pipeline.PullResult, error) {
-	return e.pullReq(pipeline.PullRequest{Bucket: e.srv.Bucket, Key: key, Ref: ref})
+func (e *pullEnv) pull(key, ref string) (*api.PullResult, error) {
+	return e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: key, Ref: ref})
 }
 
-func (e *pullEnv) pullReq(req pipeline.PullRequest) (*pipeline.PullResult, error) {
+func (e *pullEnv) pullReq(req api.PullRequest) (*api.PullResult, error) {
 	c := control.NewClient(e.cfg.Daemon.ControlSocket)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -318,7 +319,7 @@ func (e *pullEnv) deviceOfChain(chain string) uint32 {
 
 // checkActive mounts the image's active snapshot device read-only and
 // checks the files of its layers are there.
-func (e *pullEnv) checkActive(res *pipeline.PullResult, want ...string) {
+func (e *pullEnv) checkActive(res *api.PullResult, want ...string) {
 	e.t.Helper()
 	dir := e.t.TempDir()
 	if out, err := exec.Command("mount", "-o", "ro,noload", res.Snapshot.DevicePath, dir).CombinedOutput(); err != nil {
@@ -389,7 +390,7 @@ func TestPullRecovery(t *testing.T) {
 		os.Unsetenv(pipeline.FaultPauseEnv)
 		errc := make(chan error, 1)
 		go func() { _, err := e.pull("b.tar", "b"); errc <- err }()
-		e.waitRun(pipeline.FSMDownload, "validate", nil)
+		e.waitRun(api.FSMDownload, "validate", nil)
 		e.d.kill()
 		<-errc
 		// A large object is read as several ranged GETs: what counts is
@@ -562,7 +563,7 @@ func TestPullRecovery(t *testing.T) {
 		c := control.NewClient(e.cfg.Daemon.ControlSocket)
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 		defer cancel()
-		healed, err := c.Pull(cctx, pipeline.PullRequest{Bucket: e.srv.Bucket, Key: "a/", Ref: "a", Refresh: true}, nil)
+		healed, err := c.Pull(cctx, api.PullRequest{Bucket: e.srv.Bucket, Key: "a/", Ref: "a", Refresh: true}, nil)
 		if err != nil {
 			t.Fatalf("pull --refresh after the chain's device vanished: %v", err)
 		}
@@ -589,7 +590,7 @@ func TestPullRecovery(t *testing.T) {
 		before, _ := e.pool.ThinIDs(context.Background())
 		start := time.Now()
 		var wg sync.WaitGroup
-		results := make([]*pipeline.PullResult, 10)
+		results := make([]*api.PullResult, 10)
 		errs := make([]error, 10)
 		for i := range 10 {
 			wg.Add(1)
@@ -616,7 +617,7 @@ func TestPullRecovery(t *testing.T) {
 		if added := len(after) - len(before); added != 3 {
 			t.Errorf("10 pulls of a 2-layer image added %d devices, want 3 (two chain positions and one active snapshot)", added)
 		}
-		runs, err := fsm.NewSQLiteStore(e.db()).ListRuns(context.Background(), fsm.RunFilter{FSM: pipeline.FSMUnpack})
+		runs, err := fsm.NewSQLiteStore(e.db()).ListRuns(context.Background(), fsm.RunFilter{FSM: api.FSMUnpack})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 )
 
 // TestPullFormatJSON runs `pull --format json` against a real daemon and
@@ -31,8 +31,8 @@ func TestPullFormatJSON(t *testing.T) {
 	}
 	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 	var (
-		events []pipeline.Event
-		result *pipeline.PullResult
+		events []api.Event
+		result *api.PullResult
 	)
 	for i, l := range lines {
 		var line control.Line
@@ -67,11 +67,11 @@ func TestPullFormatJSON(t *testing.T) {
 	var sized bool
 	for _, ev := range events {
 		seen[ev.FSM+"/"+string(rune('0'+ev.Layer))] = true
-		if ev.FSM == pipeline.FSMDownload && ev.Layer == 1 && ev.Total == int64(len(base)) {
+		if ev.FSM == api.FSMDownload && ev.Layer == 1 && ev.Total == int64(len(base)) {
 			sized = true
 		}
 	}
-	for _, want := range []string{pipeline.FSMDownload + "/1", pipeline.FSMDownload + "/2", pipeline.FSMUnpack + "/1", pipeline.FSMUnpack + "/2", pipeline.FSMActivate + "/0"} {
+	for _, want := range []string{api.FSMDownload + "/1", api.FSMDownload + "/2", api.FSMUnpack + "/1", api.FSMUnpack + "/2", api.FSMActivate + "/0"} {
 		if !seen[want] {
 			t.Errorf("no event of %s (machine/layer) among %d events", want, len(events))
 		}

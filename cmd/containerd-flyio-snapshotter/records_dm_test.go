@@ -16,6 +16,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/mount"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
@@ -34,19 +35,19 @@ func TestKillAtEveryStep(t *testing.T) {
 	// first byte, and so names the layer: the download's validate waits
 	// for it, and the kill lands there.
 	steps := []struct{ fsm, transition, point string }{
-		{pipeline.FSMDownload, "check-exists", "check-exists:started"},
-		{pipeline.FSMDownload, "download", "download:started"},
-		{pipeline.FSMDownload, "validate", "validate:started"},
-		{pipeline.FSMDownload, "store-metadata", "store-metadata:started"},
-		{pipeline.FSMUnpack, "check-unpacked", "check-unpacked:started"},
-		{pipeline.FSMUnpack, "create-device", "create-device:started"},
-		{pipeline.FSMUnpack, "extract-layers", "extract:started"},
-		{pipeline.FSMDownload, "validate", "stream-extract:started"},
-		{pipeline.FSMUnpack, "verify-layout", "verify-layout:started"},
-		{pipeline.FSMUnpack, "update-db", "update-db:started"},
-		{pipeline.FSMActivate, "check-snapshot", "check-snapshot:started"},
-		{pipeline.FSMActivate, "create-snapshot", "create-snapshot:started"},
-		{pipeline.FSMActivate, "register", "register:started"},
+		{api.FSMDownload, "check-exists", "check-exists:started"},
+		{api.FSMDownload, "download", "download:started"},
+		{api.FSMDownload, "validate", "validate:started"},
+		{api.FSMDownload, "store-metadata", "store-metadata:started"},
+		{api.FSMUnpack, "check-unpacked", "check-unpacked:started"},
+		{api.FSMUnpack, "create-device", "create-device:started"},
+		{api.FSMUnpack, "extract-layers", "extract:started"},
+		{api.FSMDownload, "validate", "stream-extract:started"},
+		{api.FSMUnpack, "verify-layout", "verify-layout:started"},
+		{api.FSMUnpack, "update-db", "update-db:started"},
+		{api.FSMActivate, "check-snapshot", "check-snapshot:started"},
+		{api.FSMActivate, "create-snapshot", "create-snapshot:started"},
+		{api.FSMActivate, "register", "register:started"},
 	}
 	// paused restarts the daemon with every run stopping at point.
 	paused := func(point string) {
@@ -86,7 +87,7 @@ func TestKillAtEveryStep(t *testing.T) {
 		paused("extract:started")
 		errc := make(chan error, 1)
 		go func() { _, err := e.pull("x/", ""); errc <- err }()
-		e.waitRun(pipeline.FSMUnpack, "extract-layers", nil)
+		e.waitRun(api.FSMUnpack, "extract-layers", nil)
 		e.d.kill()
 		<-errc
 		// The resumed run reaches extraction again (its second attempt) and
@@ -95,14 +96,14 @@ func TestKillAtEveryStep(t *testing.T) {
 		e.restart()
 		os.Unsetenv(pipeline.FaultPauseEnv)
 		secondAttempt := func() bool {
-			runs, err := fsm.NewSQLiteStore(e.db()).ListRuns(context.Background(), fsm.RunFilter{FSM: pipeline.FSMUnpack, States: []fsm.State{fsm.StateRunning}})
+			runs, err := fsm.NewSQLiteStore(e.db()).ListRuns(context.Background(), fsm.RunFilter{FSM: api.FSMUnpack, States: []fsm.State{fsm.StateRunning}})
 			return err == nil && len(runs) == 1 && runs[0].Attempts >= 2
 		}
-		e.waitRun(pipeline.FSMUnpack, "extract-layers", secondAttempt)
+		e.waitRun(api.FSMUnpack, "extract-layers", secondAttempt)
 		e.d.kill()
 		e.restart()
 		e.waitIdle()
-		runs, err := fsm.NewSQLiteStore(e.db()).ListRuns(context.Background(), fsm.RunFilter{FSM: pipeline.FSMUnpack, States: []fsm.State{fsm.StateFailed}})
+		runs, err := fsm.NewSQLiteStore(e.db()).ListRuns(context.Background(), fsm.RunFilter{FSM: api.FSMUnpack, States: []fsm.State{fsm.StateFailed}})
 		if err != nil || len(runs) != 1 {
 			t.Fatalf("failed unpack runs after two kills in one extraction: %d, %v; want the one whose attempts were used up", len(runs), err)
 		}
@@ -146,7 +147,7 @@ func layerWith(t *testing.T, version string, pad int) []byte {
 }
 
 // readActive returns the content of path in the image's activation.
-func (e *pullEnv) readActive(res *pipeline.PullResult, path string) string {
+func (e *pullEnv) readActive(res *api.PullResult, path string) string {
 	e.t.Helper()
 	dir := e.t.TempDir()
 	if out, err := exec.Command("mount", "-o", "ro,noload", res.Snapshot.DevicePath, dir).CombinedOutput(); err != nil {
@@ -245,7 +246,7 @@ func TestPullsOverTime(t *testing.T) {
 		if err := e.pool.Delete(ctx, lost); err != nil {
 			t.Fatalf("delete the top chain's thin %d behind the daemon's back: %v", lost, err)
 		}
-		healed, err := e.pullReq(pipeline.PullRequest{Bucket: e.srv.Bucket, Key: "h/", Ref: "h", Refresh: true})
+		healed, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "h/", Ref: "h", Refresh: true})
 		if err != nil {
 			t.Fatalf("pull --refresh with a container on the lost chain: %v", err)
 		}

@@ -18,8 +18,8 @@ import (
 
 	"github.com/containerd/log"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 )
 
 var (
@@ -39,16 +39,16 @@ var (
 // the VM by BenchmarkPull; here only the CLI's side of the call is.
 type stubPuller struct{}
 
-func (stubPuller) Pull(_ context.Context, req pipeline.PullRequest, progress func(pipeline.Event)) (*pipeline.PullResult, error) {
+func (stubPuller) Pull(_ context.Context, req api.PullRequest, progress func(api.Event)) (*api.PullResult, error) {
 	id := "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
-	return &pipeline.PullResult{Ref: req.Ref, Source: "s3://" + req.Bucket + "/" + req.Key, ImageID: id,
-		Layers:     []pipeline.Layer{{Key: req.Key + "01.tar"}, {Key: req.Key + "02.tar"}},
+	return &api.PullResult{Ref: req.Ref, Source: "s3://" + req.Bucket + "/" + req.Key, ImageID: id,
+		Layers:     []api.Layer{{Key: req.Key + "01.tar"}, {Key: req.Key + "02.tar"}},
 		TopChainID: "sha256:" + id,
-		Snapshot: pipeline.ActivateResponse{ImageID: id, SnapshotName: "snap-" + id, DeviceName: "flyio-pool-snap-7",
+		Snapshot: api.ActivateResponse{ImageID: id, SnapshotName: "snap-" + id, DeviceName: "flyio-pool-snap-7",
 			DevicePath: "/dev/mapper/flyio-pool-snap-7", OriginDevice: 6, Active: true, Registered: true, Ref: req.Ref}}, nil
 }
 
-func (stubPuller) Activate(context.Context, string) (*pipeline.ActivateResponse, error) {
+func (stubPuller) Activate(context.Context, string) (*api.ActivateResponse, error) {
 	return nil, errors.New("stubPuller: activate is not timed")
 }
 

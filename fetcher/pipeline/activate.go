@@ -11,53 +11,28 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
-// Layer is one layer of a pulled image: the object it was listed as and,
-// once downloaded, its diff ID and chain ID.
-type Layer struct {
-	Key     string `json:"key"`
-	Size    int64  `json:"size"`
-	ETag    string `json:"etag,omitempty"`
-	DiffID  string `json:"diff_id,omitempty"`
-	ChainID string `json:"chain_id,omitempty"`
-}
-
 // ActivateRequest is one "activate-image" run: the image, its layers and
 // the name to register it under.
 type ActivateRequest struct {
-	ImageID string  `json:"image_id"`
-	Source  string  `json:"source"` // s3://bucket/key-or-prefix
-	Ref     string  `json:"ref"`
-	Layers  []Layer `json:"layers"`
+	ImageID string      `json:"image_id"`
+	Source  string      `json:"source"` // s3://bucket/key-or-prefix
+	Ref     string      `json:"ref"`
+	Layers  []api.Layer `json:"layers"`
 	// Namespaces are the containerd namespaces to register Ref in; none
 	// means the registrar's own.
 	Namespaces []string `json:"namespaces,omitempty"`
 	// Replace lets Ref move from another image of ours and repoint a
-	// containerd image this daemon did not create (PullRequest.Replace).
+	// containerd image this daemon did not create (api.PullRequest.Replace).
 	Replace bool `json:"replace,omitempty"`
 }
 
 func (r *ActivateRequest) topChain() string { return r.Layers[len(r.Layers)-1].ChainID }
-
-// ActivateResponse is what the run produced.
-type ActivateResponse struct {
-	ImageID      string `json:"image_id"`
-	SnapshotName string `json:"snapshot_name"` // the activation's key
-	DeviceName   string `json:"device_name"`
-	DevicePath   string `json:"device_path"`
-	OriginDevice uint32 `json:"origin_device_id"` // the top chain's thin id
-	Active       bool   `json:"active"`
-	Activated    bool   `json:"activated"` // false when it already was
-	Registered   bool   `json:"registered"`
-	Ref          string `json:"ref,omitempty"` // the name register registered
-	// Namespaces are the containerd namespaces register registered Ref in
-	// (none: the registrar's own).
-	Namespaces []string `json:"namespaces,omitempty"`
-}
 
 // Registrar registers an activated image somewhere else (containerd). A
 // containerd registrar works in the namespace ctx names
@@ -76,11 +51,11 @@ type Registrar interface {
 	Registered(ctx context.Context, ref, topChain string) (bool, error)
 }
 
-type acReq = fsm.Request[ActivateRequest, ActivateResponse]
-type acResp = fsm.Response[ActivateResponse]
+type acReq = fsm.Request[ActivateRequest, api.ActivateResponse]
+type acResp = fsm.Response[api.ActivateResponse]
 
 func (p *Pipelines) buildActivate(ctx context.Context) (fsm.StartFunc[ActivateRequest], error) {
-	start, _, err := fsm.Register[ActivateRequest, ActivateResponse](p.m, FSMActivate).
+	start, _, err := fsm.Register[ActivateRequest, api.ActivateResponse](p.m, api.FSMActivate).
 		Start("check-snapshot", p.checkSnapshot, p.retry(fsm.ExponentialBackoff(3))).
 		To("create-snapshot", p.createSnapshot, p.retry(fsm.FixedRetry(3, fixedDelay))).
 		To("register", p.register, p.retry(fsm.ExponentialJitter(5))).
@@ -97,7 +72,7 @@ func (p *Pipelines) buildActivate(ctx context.Context) (fsm.StartFunc[ActivateRe
 func (p *Pipelines) checkSnapshot(ctx context.Context, req *acReq) (*acResp, error) {
 	p.hook("check-snapshot:started")
 	r := req.Msg
-	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMActivate, State: "check-snapshot"})
+	p.hub.emit(api.Event{Run: req.Run.ID, FSM: api.FSMActivate, State: "check-snapshot"})
 	if len(r.Layers) == 0 {
 		return nil, fsm.Abort(fmt.Errorf("activate %s: no layers", r.Source))
 	}
@@ -113,7 +88,7 @@ func (p *Pipelines) checkSnapshot(ctx context.Context, req *acReq) (*acResp, err
 		return nil, fsm.Abort(fmt.Errorf("activate %s: chain %s is not unpacked", r.Source, top))
 	}
 	name := ActivationKey(r.ImageID)
-	resp := &ActivateResponse{ImageID: r.ImageID, SnapshotName: name, OriginDevice: origin}
+	resp := &api.ActivateResponse{ImageID: r.ImageID, SnapshotName: name, OriginDevice: origin}
 	exists, err := p.opts.Snapshots.Exists(ctx, name)
 	if err != nil || !exists {
 		return fsm.NewResponse(resp), err
@@ -161,7 +136,7 @@ func (p *Pipelines) createSnapshot(ctx context.Context, req *acReq) (*acResp, er
 	if resp.Active {
 		return nil, nil
 	}
-	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMActivate, State: "create-snapshot"})
+	p.hub.emit(api.Event{Run: req.Run.ID, FSM: api.FSMActivate, State: "create-snapshot"})
 	top, err := p.parentKey(ctx, r.topChain())
 	if err != nil {
 		return nil, err
@@ -236,7 +211,7 @@ func (p *Pipelines) verifyImageLayout(ctx context.Context, r *ActivateRequest, k
 func (p *Pipelines) register(ctx context.Context, req *acReq) (*acResp, error) {
 	p.hook("register:started")
 	r, resp := req.Msg, req.Resp
-	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMActivate, State: "register"})
+	p.hub.emit(api.Event{Run: req.Run.ID, FSM: api.FSMActivate, State: "register"})
 	layers := make([]ImageLayer, len(r.Layers))
 	for i, l := range r.Layers {
 		layers[i] = ImageLayer{Key: l.Key, ETag: l.ETag, SizeBytes: l.Size, ChainID: l.ChainID}
@@ -290,7 +265,7 @@ func (p *Pipelines) checkName(ctx context.Context, imageID, name string, nss []s
 // recorded, then registered in containerd as the image of layers in each
 // namespace of nss. A registration refused (ErrForeignImage) takes back
 // the record this call added.
-func (p *Pipelines) nameImage(ctx context.Context, imageID, name string, nss []string, layers []Layer, replace bool) error {
+func (p *Pipelines) nameImage(ctx context.Context, imageID, name string, nss []string, layers []api.Layer, replace bool) error {
 	if name == "" {
 		return nil
 	}
@@ -316,7 +291,7 @@ func (p *Pipelines) nameImage(ctx context.Context, imageID, name string, nss []s
 // registerName registers name in containerd (when there is a registrar)
 // as the image of layers, in each of nss (none: the registrar's own
 // namespace).
-func (p *Pipelines) registerName(ctx context.Context, name string, nss []string, layers []Layer, replace bool) error {
+func (p *Pipelines) registerName(ctx context.Context, name string, nss []string, layers []api.Layer, replace bool) error {
 	if p.opts.Registrar == nil || name == "" {
 		return nil
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
 )
 
@@ -67,7 +68,7 @@ func TestPullCompressedLayers(t *testing.T) {
 		t.Errorf("zst/2.tar.zst recorded as %+v, %v; want its own digest and the top tar's diff ID", o, err)
 	}
 
-	again, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "gz/", Refresh: true})
+	again, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "gz/", Refresh: true})
 	if err != nil || again.TopChainID != want || again.Downloaded != 0 || again.Unpacked != 0 {
 		t.Errorf("gz/ --refresh: %+v, %v; want %s, nothing downloaded or unpacked", again, err, want)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 )
 
@@ -90,8 +91,8 @@ func (v *containerdView) Walk(ctx context.Context, fn snapshots.WalkFunc, filter
 // chainFields are the request fields of the machines that name a chain a
 // live run uses (or is about to make): see liveRunsUsing.
 var chainFields = map[string][]string{
-	FSMUnpack:   {"$.chain_id", "$.parent_chain_id"},
-	FSMActivate: {"$.layers[]"},
+	api.FSMUnpack:   {"$.chain_id", "$.parent_chain_id"},
+	api.FSMActivate: {"$.layers[]"},
 }
 
 // GuardChain refuses, inside the transaction that removes a chain's

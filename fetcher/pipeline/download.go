@@ -15,6 +15,7 @@ import (
 
 	"github.com/containerd/log"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
@@ -68,7 +69,7 @@ func objectRunID(r *DownloadRequest) string {
 }
 
 func (p *Pipelines) buildDownload(ctx context.Context) (fsm.StartFunc[DownloadRequest], error) {
-	start, _, err := fsm.Register[DownloadRequest, DownloadResponse](p.m, FSMDownload).
+	start, _, err := fsm.Register[DownloadRequest, DownloadResponse](p.m, api.FSMDownload).
 		Start("check-exists", p.checkExists, p.retry(fsm.ExponentialBackoff(3))).
 		To("download", p.download, fsm.WithTimeout(p.opts.DownloadTimeout), p.retry(fsm.ExponentialJitter(5))).
 		To("validate", p.validate, p.retry(fsm.FixedRetry(2, fixedDelay))).
@@ -94,7 +95,7 @@ func (p *Pipelines) checkExists(ctx context.Context, req *dlReq) (*dlResp, error
 	if err := s3source.ValidateKey(r.S3Key); err != nil {
 		return nil, fsm.Abort(fmt.Errorf("download %s: %w", url, err))
 	}
-	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMDownload, State: "check-exists", Total: r.Size})
+	p.hub.emit(api.Event{Run: req.Run.ID, FSM: api.FSMDownload, State: "check-exists", Total: r.Size})
 	obj, err := RecordsOf(p.db).ObjectRecord(ctx, r.Bucket, r.S3Key)
 	if err != nil {
 		return nil, err
@@ -245,7 +246,7 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 	rd := src.NewReader(ctx, s3source.Object{Key: r.S3Key, Size: r.Size, ETag: r.ETag}, maxResumes)
 	defer rd.Close()
 	h := sha256.New()
-	pw := &progressWriter{p: p, run: req.Run.ID, fsm: FSMDownload, state: "download", total: r.Size, th: throttle{every: progressInterval}}
+	pw := &progressWriter{p: p, run: req.Run.ID, fsm: api.FSMDownload, state: "download", total: r.Size, th: throttle{every: progressInterval}}
 	// The tarball policy checks the bytes as they arrive (one read of the
 	// object, not two); the validate transition trusts that check only for
 	// the file this process wrote (see validatedFile). When an extraction
@@ -391,7 +392,7 @@ func syncDir(dir string) error {
 // aborts with the reason (the pull records it on the image).
 func (p *Pipelines) validate(ctx context.Context, req *dlReq) (*dlResp, error) {
 	resp := req.Resp
-	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMDownload, State: "validate", Bytes: resp.SizeBytes, Total: resp.SizeBytes})
+	p.hub.emit(api.Event{Run: req.Run.ID, FSM: api.FSMDownload, State: "validate", Bytes: resp.SizeBytes, Total: resp.SizeBytes})
 	p.hook("validate:started")
 	if rep, ok, err := p.streamNames(ctx, req.Run.IdempotencyID, resp.SizeBytes); err != nil {
 		return nil, err
@@ -494,13 +495,13 @@ type progressWriter struct {
 func (w *progressWriter) Write(b []byte) (int, error) {
 	w.n += int64(len(b))
 	if w.th.ok(false) {
-		w.p.hub.emit(Event{Run: w.run, FSM: w.fsm, State: w.state, Bytes: w.n, Total: w.total})
+		w.p.hub.emit(api.Event{Run: w.run, FSM: w.fsm, State: w.state, Bytes: w.n, Total: w.total})
 	}
 	return len(b), nil
 }
 
 func (w *progressWriter) flush() {
-	w.p.hub.emit(Event{Run: w.run, FSM: w.fsm, State: w.state, Bytes: w.n, Total: w.total})
+	w.p.hub.emit(api.Event{Run: w.run, FSM: w.fsm, State: w.state, Bytes: w.n, Total: w.total})
 }
 
 // fanOutChunk is the size of copyFanOut's buffers.

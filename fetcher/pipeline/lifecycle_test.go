@@ -13,13 +13,14 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 )
 
 // unpackRun is the one unpack run of the environment.
 func (e *env) unpackRun() fsm.RunRecord {
 	e.t.Helper()
-	runs, err := fsm.NewSQLiteStore(e.db).ListRuns(context.Background(), fsm.RunFilter{FSM: FSMUnpack})
+	runs, err := fsm.NewSQLiteStore(e.db).ListRuns(context.Background(), fsm.RunFilter{FSM: api.FSMUnpack})
 	if err != nil || len(runs) != 1 {
 		e.t.Fatalf("unpack runs: %d, %v; want one", len(runs), err)
 	}
@@ -60,7 +61,7 @@ func TestUnpackKilledTwiceCleansUp(t *testing.T) {
 	// The kill comes once the pull has started all its runs (a killed
 	// daemon starts nothing more).
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		runs, err := fsm.NewSQLiteStore(e.db).ListRuns(context.Background(), fsm.RunFilter{FSM: FSMActivate})
+		runs, err := fsm.NewSQLiteStore(e.db).ListRuns(context.Background(), fsm.RunFilter{FSM: api.FSMActivate})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -162,7 +163,7 @@ func TestPullHealsLostChainKeepingContainers(t *testing.T) {
 	before := e.sn.list(t)
 	e.sn.deleteDevice(t, top)
 
-	res, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "h/", Ref: "h", Refresh: true})
+	res, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "h/", Ref: "h", Refresh: true})
 	if err != nil {
 		t.Fatalf("refresh pull with the top chain's device gone: %v", err)
 	}
@@ -268,7 +269,7 @@ func TestContainerdView(t *testing.T) {
 	}
 
 	// A run under way names x's chain (as the parent of the layer it makes).
-	end := e.startLiveRun("live-unpack", FSMUnpack, UnpackRequest{ChainID: "sha256:" + strings.Repeat("ef", 32), ParentChainID: cx})
+	end := e.startLiveRun("live-unpack", api.FSMUnpack, UnpackRequest{ChainID: "sha256:" + strings.Repeat("ef", 32), ParentChainID: cx})
 	if err := view.Remove(ctx, cx); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("remove of a chain a live run names: %v, want failed precondition", err)
 	}
@@ -302,7 +303,7 @@ func TestContainerdView(t *testing.T) {
 	end()
 
 	// An activation under way lists x's chain among its layers.
-	end = e.startLiveRun("live-activate", FSMActivate, ActivateRequest{ImageID: "other", Layers: []Layer{{Key: "k", ChainID: cx}}})
+	end = e.startLiveRun("live-activate", api.FSMActivate, ActivateRequest{ImageID: "other", Layers: []api.Layer{{Key: "k", ChainID: cx}}})
 	if err := view.Remove(ctx, cx); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("remove of a chain a live activation lists: %v, want failed precondition", err)
 	}
@@ -332,7 +333,7 @@ func TestContainerdViewRefusedRemoveKeepsActivation(t *testing.T) {
 	rx := e.mustPull("x/", "x")
 	view := e.p.ContainerdView(e.sn)
 	e.sn.beforeRemoveIf = func(string) {
-		e.startLiveRun("late-activate", FSMActivate, ActivateRequest{ImageID: rx.ImageID, Layers: []Layer{{Key: "x/1.tar", ChainID: rx.TopChainID}}})
+		e.startLiveRun("late-activate", api.FSMActivate, ActivateRequest{ImageID: rx.ImageID, Layers: []api.Layer{{Key: "x/1.tar", ChainID: rx.TopChainID}}})
 	}
 	if err := view.Remove(ctx, rx.TopChainID); !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("remove of a chain a pull started using meanwhile: %v, want failed precondition", err)

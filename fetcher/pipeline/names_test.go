@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 )
 
@@ -19,7 +20,7 @@ func TestPullDefaultNamesApart(t *testing.T) {
 	e.srv.Put(t, "app.tar", layerTar(t, "k", 500))
 	e.srv.Put(t, "app/1.tar", layerTar(t, "p", 500))
 	e.srv.Put(t, "App/1.tar", layerTar(t, "c", 500))
-	seen := map[string]*PullResult{}
+	seen := map[string]*api.PullResult{}
 	for _, key := range []string{"app.tar", "app/", "App/"} {
 		res := e.mustPull(key, "")
 		if other, ok := seen[res.Ref]; ok {
@@ -61,7 +62,7 @@ func TestPullNameOfAnotherImage(t *testing.T) {
 	if id, _ := RecordsOf(e.db).ImageIDByName(ctx, "app"); id != a.ImageID || reg.registeredTop("app") != a.TopChainID {
 		t.Errorf("after the refusal app names %q (registered %q), want %s", id, reg.registeredTop("app"), a.ImageID)
 	}
-	b, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "b/", Ref: "app", Replace: true})
+	b, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "b/", Ref: "app", Replace: true})
 	if err != nil {
 		t.Fatalf("pull of b/ as app with replace: %v", err)
 	}
@@ -85,7 +86,7 @@ func TestPullForeignContainerdName(t *testing.T) {
 	pinned := map[string]string{LabelPinned: "pinned"}
 	reg.foreign["k8s.io|"+name] = maps.Clone(pinned)
 	e.srv.Put(t, "x/1.tar", layerTar(t, "x", 500))
-	_, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "x/", Ref: name, Namespaces: []string{"default", "k8s.io"}})
+	_, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "x/", Ref: name, Namespaces: []string{"default", "k8s.io"}})
 	if !errors.Is(err, ErrForeignImage) || !strings.Contains(err.Error(), name) {
 		t.Fatalf("pull under a registry image's name: %v; want ErrForeignImage naming it", err)
 	}
@@ -100,7 +101,7 @@ func TestPullForeignContainerdName(t *testing.T) {
 	}
 	// Another namespace has no such image: the name is free there.
 	e.mustPull("x/", "")
-	res, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "x/", Ref: name, Namespaces: []string{"k8s.io"}, Replace: true})
+	res, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "x/", Ref: name, Namespaces: []string{"k8s.io"}, Replace: true})
 	if err != nil {
 		t.Fatalf("pull with replace: %v", err)
 	}
@@ -130,7 +131,7 @@ func TestRegisterStepRefusesForeignName(t *testing.T) {
 	if id, _ := RecordsOf(e.db).ImageIDByName(ctx, name); id != "" {
 		t.Errorf("the refused name stayed recorded for %s", id)
 	}
-	runs, err := fsm.NewSQLiteStore(e.db).ListRuns(ctx, fsm.RunFilter{FSM: FSMActivate})
+	runs, err := fsm.NewSQLiteStore(e.db).ListRuns(ctx, fsm.RunFilter{FSM: api.FSMActivate})
 	if err != nil || len(runs) != 1 || runs[0].State != fsm.StateAborted {
 		t.Fatalf("activate runs %+v, %v; want one, aborted", runs, err)
 	}

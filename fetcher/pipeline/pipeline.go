@@ -12,6 +12,7 @@ import (
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
@@ -19,12 +20,8 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 )
 
-// Names of the state machines and queues.
+// Names of the queues the state machines run in (their names are api.FSM*).
 const (
-	FSMDownload = "download-image"
-	FSMUnpack   = "unpack-image"
-	FSMActivate = "activate-image"
-
 	QueueDownloads = "downloads"
 	QueueUnpacking = "unpacking"
 )
@@ -240,30 +237,18 @@ func (p *Pipelines) hook(name string) {
 	}
 }
 
-// Event is the progress of a pull: which state a layer's machine is in and
-// how far its download or extraction got.
-type Event struct {
-	Run   string `json:"-"`
-	FSM   string `json:"fsm"`
-	State string `json:"state"`           // the transition under way
-	Layer int    `json:"layer,omitempty"` // 1-based layer of the pull (set by Pull)
-	Bytes int64  `json:"bytes"`           // bytes downloaded or extracted so far
-	Total int64  `json:"total,omitempty"` // size of the layer tarball
-	Files int    `json:"files"`           // files extracted so far
-}
-
 // hub fans progress events out to the pulls that watch the runs.
 type hub struct {
 	mu   sync.Mutex
 	next int
-	subs map[int]func(Event)
+	subs map[int]func(api.Event)
 }
 
-func (h *hub) subscribe(fn func(Event)) (cancel func()) {
+func (h *hub) subscribe(fn func(api.Event)) (cancel func()) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.subs == nil {
-		h.subs = map[int]func(Event){}
+		h.subs = map[int]func(api.Event){}
 	}
 	id := h.next
 	h.next++
@@ -275,9 +260,9 @@ func (h *hub) subscribe(fn func(Event)) (cancel func()) {
 	}
 }
 
-func (h *hub) emit(e Event) {
+func (h *hub) emit(e api.Event) {
 	h.mu.Lock()
-	subs := make([]func(Event), 0, len(h.subs))
+	subs := make([]func(api.Event), 0, len(h.subs))
 	for _, s := range h.subs {
 		subs = append(subs, s)
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"github.com/containerd/log"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 )
 
 // LayerNeed is a layer a pull is about to unpack on a new device.
@@ -69,7 +71,7 @@ func (p *Pipelines) used(ctx context.Context, imageID string, pulled bool) {
 
 // makeRoom asks the guard for room for the layers of a pull that are not
 // unpacked yet: the bottom layers unpackedPrefix finds need no new device.
-func (p *Pipelines) makeRoom(ctx context.Context, bucket, source string, layers []Layer) error {
+func (p *Pipelines) makeRoom(ctx context.Context, bucket, source string, layers []api.Layer) error {
 	if p.guard == nil {
 		return nil
 	}
@@ -92,9 +94,9 @@ func (p *Pipelines) makeRoom(ctx context.Context, bucket, source string, layers 
 // with the listed ETag and size, and the chain its content makes on the
 // layers below is recorded. They need neither a new device nor their
 // tarball, which may have left the download cache.
-func (p *Pipelines) unpackedPrefix(ctx context.Context, bucket string, layers []Layer) ([]Layer, error) {
+func (p *Pipelines) unpackedPrefix(ctx context.Context, bucket string, layers []api.Layer) ([]api.Layer, error) {
 	var (
-		out  []Layer
+		out  []api.Layer
 		prev string
 	)
 	for _, l := range layers {

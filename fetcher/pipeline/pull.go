@@ -11,81 +11,13 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/containerd/containerd/v2/pkg/identifiers"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 )
-
-// PullRequest names an S3 image: one layer key (".tar", ".tar.gz",
-// ".tar.zst"), or a prefix whose layer objects are its layers.
-type PullRequest struct {
-	Bucket string `json:"bucket"`
-	Key    string `json:"key"`
-	// Ref names the image (the containerd image name, CheckName); empty
-	// means DefaultRef of the bucket and key.
-	Ref string `json:"ref,omitempty"`
-	// Replace lets Ref move from another pulled image, and repoint an
-	// image containerd has under that name that this daemon did not
-	// create (its labels kept); without it either is refused, naming who
-	// has the name.
-	Replace bool `json:"replace,omitempty"`
-	// Refresh runs the pipelines even when the image is pulled and
-	// unchanged, so that every layer's device is checked in the pool.
-	Refresh bool `json:"refresh,omitempty"`
-	// Cached answers from the records alone, without asking S3 what the
-	// image is now; it fails when the image is not pulled and in place.
-	Cached bool `json:"cached,omitempty"`
-	// Namespaces are the containerd namespaces to register the image in
-	// (each a containerd namespace name, e.g. "k8s.io" for the CRI); none
-	// means the registrar's own ([containerd] namespace).
-	Namespaces []string `json:"namespaces,omitempty"`
-}
-
-// CheckNamespaces refuses a containerd namespace containerd would refuse,
-// naming it and the rule, and returns nss without repeats.
-func CheckNamespaces(nss []string) ([]string, error) {
-	var out []string
-	for _, ns := range nss {
-		if err := identifiers.Validate(ns); err != nil {
-			return nil, fmt.Errorf("containerd namespace %q: must be letters, digits and ._- separators, at most 76 characters: %w", ns, err)
-		}
-		if !slices.Contains(out, ns) {
-			out = append(out, ns)
-		}
-	}
-	return out, nil
-}
-
-// PullResult describes a pulled, unpacked and activated image.
-type PullResult struct {
-	Ref        string           `json:"ref"`
-	Source     string           `json:"source"`
-	ImageID    string           `json:"image_id"`
-	Layers     []Layer          `json:"layers"`
-	TopChainID string           `json:"top_chain_id"`
-	Snapshot   ActivateResponse `json:"snapshot"`
-	// Downloaded counts the layers whose download run fetched bytes from S3
-	// and Unpacked the chain positions whose unpack run extracted them; a
-	// run shared with a concurrent pull of the same image counts in both.
-	Downloaded int `json:"downloaded"`
-	Unpacked   int `json:"unpacked"`
-}
-
-// ParseS3URL splits s3://BUCKET/KEY-or-PREFIX.
-func ParseS3URL(u string) (bucket, key string, err error) {
-	rest, ok := strings.CutPrefix(u, "s3://")
-	if !ok {
-		return "", "", fmt.Errorf("image %q: must be s3://BUCKET/KEY-or-PREFIX", u)
-	}
-	bucket, key, _ = strings.Cut(rest, "/")
-	if bucket == "" || key == "" {
-		return "", "", fmt.Errorf("image %q: must name a bucket and a key or prefix (s3://BUCKET/KEY-or-PREFIX)", u)
-	}
-	return bucket, key, nil
-}
 
 // imageSource normalizes what was asked into the image's source and id:
 // a layer key is an image of one layer; a prefix gets "/".
@@ -110,11 +42,11 @@ var ErrImageTooLarge = errors.New("image too large")
 // Download, Unpack and Activate machines, which reuse what is already
 // there. progress, if set, receives the events of the runs of this pull,
 // from several goroutines, one at a time.
-func (p *Pipelines) Pull(ctx context.Context, req PullRequest, progress func(Event)) (*PullResult, error) {
+func (p *Pipelines) Pull(ctx context.Context, req api.PullRequest, progress func(api.Event)) (*api.PullResult, error) {
 	if p.opts.Snapshots == nil {
 		return nil, errors.New("pull: the pipelines have no snapshotter")
 	}
-	nss, err := CheckNamespaces(req.Namespaces)
+	nss, err := api.CheckNamespaces(req.Namespaces)
 	if err != nil {
 		return nil, fmt.Errorf("pull: %w", err)
 	}
@@ -222,13 +154,13 @@ func (p *Pipelines) markFailed(ctx context.Context, imageID, source string, caus
 }
 
 // runPipelines runs Download, Unpack and Activate for layers.
-func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, imageID, ref string, layers []Layer, progress func(Event)) (*PullResult, error) {
+func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, source, imageID, ref string, layers []api.Layer, progress func(api.Event)) (*api.PullResult, error) {
 	var (
 		mu   sync.Mutex
 		runs = map[string]int{} // run id → 1-based layer (0: the image)
 	)
 	if progress != nil {
-		cancel := p.hub.subscribe(func(e Event) {
+		cancel := p.hub.subscribe(func(e api.Event) {
 			mu.Lock()
 			defer mu.Unlock()
 			if l, ok := runs[e.Run]; ok {
@@ -244,7 +176,7 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 		mu.Unlock()
 	}
 	parent := newPullID()
-	res := &PullResult{Ref: ref, Source: source, ImageID: imageID}
+	res := &api.PullResult{Ref: ref, Source: source, ImageID: imageID}
 
 	// The bottom layers already unpacked as recorded are not downloaded
 	// again: their chains stand, and their tarballs may have left the
@@ -396,7 +328,7 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 		return nil, fmt.Errorf("pull %s: start activate: %w", source, err)
 	}
 	watch(acRun, 0)
-	ac, err := fsm.Await[ActivateResponse](ctx, p.m, acRun)
+	ac, err := fsm.Await[api.ActivateResponse](ctx, p.m, acRun)
 	for _, runID := range upRuns {
 		u, uerr := fsm.ResponseOf[UnpackResponse](ctx, p.m, runID)
 		if rec, rerr := p.m.Run(ctx, runID); uerr == nil && u.Unpacked && rerr == nil && rec.State == fsm.StateComplete {
@@ -425,12 +357,12 @@ func (p *Pipelines) runPipelines(ctx context.Context, req PullRequest, source, i
 
 // sameObjects reports whether two listings of an image name the same
 // objects (keys, ETags, sizes, in order).
-func sameObjects(a, b []Layer) bool {
-	return slices.EqualFunc(a, b, func(x, y Layer) bool { return x.Key == y.Key && x.ETag == y.ETag && x.Size == y.Size })
+func sameObjects(a, b []api.Layer) bool {
+	return slices.EqualFunc(a, b, func(x, y api.Layer) bool { return x.Key == y.Key && x.ETag == y.ETag && x.Size == y.Size })
 }
 
 // listLayers asks S3 what the image is now: its objects in key order.
-func (p *Pipelines) listLayers(ctx context.Context, req PullRequest, source string) ([]Layer, error) {
+func (p *Pipelines) listLayers(ctx context.Context, req api.PullRequest, source string) ([]api.Layer, error) {
 	src, err := p.opts.Sources(ctx, req.Bucket)
 	if err != nil {
 		return nil, fmt.Errorf("pull %s: %w", source, err)
@@ -439,10 +371,10 @@ func (p *Pipelines) listLayers(ctx context.Context, req PullRequest, source stri
 	if err != nil {
 		return nil, fmt.Errorf("pull %s: %w", source, err)
 	}
-	ls := make([]Layer, len(objs))
+	ls := make([]api.Layer, len(objs))
 	var total int64
 	for i, o := range objs {
-		ls[i] = Layer{Key: o.Key, Size: o.Size, ETag: o.ETag}
+		ls[i] = api.Layer{Key: o.Key, Size: o.Size, ETag: o.ETag}
 		total += o.Size
 	}
 	if limit := p.opts.MaxImageSize; limit > 0 && total > limit {
@@ -468,7 +400,7 @@ func (p *Pipelines) firstFailure(ctx context.Context, runIDs []string) error {
 // Activate runs the Activate machine again for the image ref names (one of
 // its names or its s3:// source; its activation re-created if it is gone)
 // and returns its snapshot.
-func (p *Pipelines) Activate(ctx context.Context, ref string) (*ActivateResponse, error) {
+func (p *Pipelines) Activate(ctx context.Context, ref string) (*api.ActivateResponse, error) {
 	imageID, err := RecordsOf(p.db).ImageIDByRef(ctx, ref)
 	if err != nil {
 		return nil, err
@@ -487,7 +419,7 @@ func (p *Pipelines) Activate(ctx context.Context, ref string) (*ActivateResponse
 	if img == nil || len(recorded) == 0 {
 		return nil, fmt.Errorf("activate %q: image %s has no layers recorded: pull it again: %w", ref, imageID, errdefs.ErrNotFound)
 	}
-	layers := make([]Layer, len(recorded))
+	layers := make([]api.Layer, len(recorded))
 	for i, l := range recorded {
 		c, err := RecordsOf(p.db).GetChain(ctx, l.ChainID)
 		if err != nil {
@@ -496,7 +428,7 @@ func (p *Pipelines) Activate(ctx context.Context, ref string) (*ActivateResponse
 		if c == nil {
 			return nil, fmt.Errorf("activate %q: layer %d (chain %s) is no longer unpacked: pull it again: %w", ref, i+1, l.ChainID, errdefs.ErrNotFound)
 		}
-		layers[i] = Layer{Key: l.Key, Size: l.SizeBytes, ETag: l.ETag, DiffID: c.DiffID, ChainID: l.ChainID}
+		layers[i] = api.Layer{Key: l.Key, Size: l.SizeBytes, ETag: l.ETag, DiffID: c.DiffID, ChainID: l.ChainID}
 	}
 	// Registering goes by name: a source given instead registers the
 	// image's first name again, if it has one.
@@ -514,7 +446,7 @@ func (p *Pipelines) Activate(ctx context.Context, ref string) (*ActivateResponse
 	if err != nil {
 		return nil, err
 	}
-	resp, err := fsm.Await[ActivateResponse](ctx, p.m, runID)
+	resp, err := fsm.Await[api.ActivateResponse](ctx, p.m, runID)
 	if err == nil {
 		p.used(ctx, imageID, false)
 	}

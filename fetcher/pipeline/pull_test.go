@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
@@ -172,17 +173,17 @@ func (e *env) reopen(hooks map[string]func()) *Pipelines {
 	return p
 }
 
-func (e *env) pull(key, ref string) (*PullResult, error) {
-	return e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: key, Ref: ref})
+func (e *env) pull(key, ref string) (*api.PullResult, error) {
+	return e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: key, Ref: ref})
 }
 
-func (e *env) pullReq(req PullRequest) (*PullResult, error) {
+func (e *env) pullReq(req api.PullRequest) (*api.PullResult, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	return e.p.Pull(ctx, req, nil)
 }
 
-func (e *env) mustPull(key, ref string) *PullResult {
+func (e *env) mustPull(key, ref string) *api.PullResult {
 	e.t.Helper()
 	res, err := e.pull(key, ref)
 	if err != nil {
@@ -269,11 +270,11 @@ func TestPullOverwrittenObject(t *testing.T) {
 	checkNoWork()
 
 	e.srv.Faults.Reset()
-	cached, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "app/", Ref: "app", Cached: true})
+	cached, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "app/", Ref: "app", Cached: true})
 	if err != nil || cached.TopChainID != r1.TopChainID {
 		t.Fatalf("cached pull: %+v, %v", cached, err)
 	}
-	if _, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "never/", Cached: true}); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "never/", Cached: true}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("cached pull of an image never pulled: %v, want not found", err)
 	}
 	if n := e.srv.TotalRequests(); n != 0 {
@@ -392,7 +393,7 @@ func TestPullPoisonedETag(t *testing.T) {
 		bucket, key string
 		data        []byte
 	}{{"other", "a/1.tar", evil}, {e.srv.Bucket, "b/1.tar", evil2}} {
-		res, err := e.pullReq(PullRequest{Bucket: c.bucket, Key: c.key, Ref: c.bucket + "-" + c.key})
+		res, err := e.pullReq(api.PullRequest{Bucket: c.bucket, Key: c.key, Ref: c.bucket + "-" + c.key})
 		if err != nil {
 			t.Fatalf("pull s3://%s/%s: %v", c.bucket, c.key, err)
 		}
@@ -523,7 +524,7 @@ func TestPullNames(t *testing.T) {
 	e.srv.Put(t, "c/1.tar", layerTar(t, "concurrent", 1000))
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
-	res := make([]*PullResult, 2)
+	res := make([]*api.PullResult, 2)
 	for i, ref := range []string{"c1", "c2"} {
 		wg.Add(1)
 		go func() {
@@ -661,7 +662,7 @@ func TestPullNamesFollowAnOverwrite(t *testing.T) {
 	pull(0, "a")
 	<-reached
 	downloads := func() int {
-		runs, err := fsm.NewSQLiteStore(e.db).ListRuns(ctx, fsm.RunFilter{FSM: FSMDownload, States: []fsm.State{fsm.StateComplete}})
+		runs, err := fsm.NewSQLiteStore(e.db).ListRuns(ctx, fsm.RunFilter{FSM: api.FSMDownload, States: []fsm.State{fsm.StateComplete}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -701,7 +702,7 @@ func TestPullCachedAfterS3Outage(t *testing.T) {
 	if _, err := e.pull("s/", "s"); err == nil {
 		t.Fatal("pull with S3 down succeeded")
 	}
-	res, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "s/", Ref: "s", Cached: true})
+	res, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "s/", Ref: "s", Cached: true})
 	if err != nil {
 		t.Fatalf("pull --cached of an image in place after a failed pull: %v", err)
 	}
@@ -731,7 +732,7 @@ func TestPullTopLayoutCheckedForEveryImage(t *testing.T) {
 func TestPullNamespaces(t *testing.T) {
 	e, reg := newRegisteringPullEnv(t)
 	e.srv.Put(t, "ns/1.tar", layerTar(t, "ns", 1000))
-	res, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "ns/", Namespaces: []string{"k8s.io", "team-a", "k8s.io"}})
+	res, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "ns/", Namespaces: []string{"k8s.io", "team-a", "k8s.io"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -745,7 +746,7 @@ func TestPullNamespaces(t *testing.T) {
 		t.Errorf("registered in the registrar's own namespace too (%d calls), though the pull named others", reg.calls(ref))
 	}
 	runs := e.runCount()
-	again, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "ns/", Namespaces: []string{"k8s.io", "default"}})
+	again, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "ns/", Namespaces: []string{"k8s.io", "default"}})
 	if err != nil || again.TopChainID != res.TopChainID {
 		t.Fatalf("re-pull in a new namespace: %+v, %v", again, err)
 	}
@@ -753,7 +754,7 @@ func TestPullNamespaces(t *testing.T) {
 		t.Errorf("re-pull: default has %q, k8s.io registered %d times, %d runs then %d; want default registered, k8s.io left alone, no run",
 			reg.registeredTop("default|"+ref), reg.calls("k8s.io|"+ref), runs, e.runCount())
 	}
-	if _, err := e.pullReq(PullRequest{Bucket: e.srv.Bucket, Key: "ns/", Namespaces: []string{"bad/ns"}}); err == nil || !strings.Contains(err.Error(), `namespace "bad/ns"`) {
+	if _, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "ns/", Namespaces: []string{"bad/ns"}}); err == nil || !strings.Contains(err.Error(), `namespace "bad/ns"`) {
 		t.Errorf("pull into namespace bad/ns: %v; want an error naming it", err)
 	}
 	if e.runCount() != runs {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 )
@@ -85,7 +86,7 @@ func TestPullOverwrittenBetweenParts(t *testing.T) {
 	if o, err := RecordsOf(e.db).ObjectRecord(context.Background(), e.srv.Bucket, "ow/1.tar"); err != nil || o == nil || o.Digest != sha(v2) {
 		t.Errorf("object record %+v, %v; want the new version's", o, err)
 	}
-	runs, err := fsm.NewSQLiteStore(e.db).ListRuns(context.Background(), fsm.RunFilter{FSM: FSMDownload, States: []fsm.State{fsm.StateAborted}})
+	runs, err := fsm.NewSQLiteStore(e.db).ListRuns(context.Background(), fsm.RunFilter{FSM: api.FSMDownload, States: []fsm.State{fsm.StateAborted}})
 	if err != nil || len(runs) != 1 || runs[0].Attempts != 1 || !strings.Contains(runs[0].LastError, s3source.ErrChanged.Error()) {
 		t.Errorf("aborted download runs %+v, %v; want the first version's, ended at its first attempt on the change", runs, err)
 	}
@@ -124,7 +125,7 @@ func TestPullRangedLayersInOrder(t *testing.T) {
 	if got := e.sn.readFile(t, res.Snapshot.SnapshotName, "usr/two") + e.sn.readFile(t, res.Snapshot.SnapshotName, "usr/three"); got != "23" {
 		t.Errorf("image's usr/two and usr/three: %q, want 2 and 3", got)
 	}
-	runs, err := fsm.NewSQLiteStore(e.db).ListRuns(context.Background(), fsm.RunFilter{FSM: FSMDownload})
+	runs, err := fsm.NewSQLiteStore(e.db).ListRuns(context.Background(), fsm.RunFilter{FSM: api.FSMDownload})
 	if err != nil || len(runs) != 3 {
 		t.Fatalf("download runs %d, %v; want 3", len(runs), err)
 	}

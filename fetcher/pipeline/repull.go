@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
@@ -25,7 +26,7 @@ import (
 // device-mapper call; it writes only when ref is a new name of the image or
 // a failure recorded by an earlier pull is over. ref is checked, and
 // registered when missing, in each containerd namespace of nss (none: the
-// registrar's own); replace as PullRequest.Replace.
+// registrar's own); replace as api.PullRequest.Replace.
 // It returns nil and why when anything is missing or differs: the caller
 // then runs the pipelines, which heal it.
 //
@@ -35,7 +36,7 @@ import (
 // /sys/block, and only a device-mapper call could tell. That probe stays on
 // the slow path: `pull --refresh` runs the pipelines, whose check-unpacked
 // asks the pool for each chain's device and rebuilds a missing one.
-func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string, nss []string, replace bool, listed []Layer) (*PullResult, string) {
+func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string, nss []string, replace bool, listed []api.Layer) (*api.PullResult, string) {
 	st, err := RecordsOf(p.db).pulledImageState(ctx, imageID)
 	switch {
 	case err != nil:
@@ -60,9 +61,9 @@ func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string, nss
 	if err := p.deviceLive(path); err != nil {
 		return nil, err.Error()
 	}
-	layers := make([]Layer, len(st.Layers))
+	layers := make([]api.Layer, len(st.Layers))
 	for i, l := range st.Layers {
-		layers[i] = Layer{Key: l.Key, Size: l.SizeBytes, ETag: l.ETag, DiffID: st.DiffIDs[i], ChainID: l.ChainID}
+		layers[i] = api.Layer{Key: l.Key, Size: l.SizeBytes, ETag: l.ETag, DiffID: st.DiffIDs[i], ChainID: l.ChainID}
 	}
 	top := layers[len(layers)-1].ChainID
 	registered := false
@@ -92,8 +93,8 @@ func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string, nss
 			return nil, err.Error()
 		}
 	}
-	return &PullResult{Ref: ref, Source: source, ImageID: imageID, Layers: layers, TopChainID: top,
-		Snapshot: ActivateResponse{ImageID: imageID, SnapshotName: ActivationKey(imageID), DeviceName: st.ActivationDevice,
+	return &api.PullResult{Ref: ref, Source: source, ImageID: imageID, Layers: layers, TopChainID: top,
+		Snapshot: api.ActivateResponse{ImageID: imageID, SnapshotName: ActivationKey(imageID), DeviceName: st.ActivationDevice,
 			DevicePath: path, Active: true, Registered: registered}}, ""
 }
 

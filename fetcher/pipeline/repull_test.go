@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 )
 
 // TestRepullAnsweredFromTheRecords: a pull of an image already pulled and
@@ -22,7 +24,7 @@ func TestRepullAnsweredFromTheRecords(t *testing.T) {
 	e.srv.Faults.Reset()
 	checkNoWork := e.checkNoWorkSince("re-pull")
 
-	res, err := e.p.Pull(context.Background(), PullRequest{Bucket: e.srv.Bucket, Key: "img/", Ref: "img"}, nil)
+	res, err := e.p.Pull(context.Background(), api.PullRequest{Bucket: e.srv.Bucket, Key: "img/", Ref: "img"}, nil)
 	if err != nil {
 		t.Fatalf("re-pull: %v", err)
 	}
@@ -45,16 +47,16 @@ func TestRepullFallsBack(t *testing.T) {
 	ctx := context.Background()
 	for _, c := range []struct {
 		name    string
-		breakIt func(t *testing.T, e *env, first *PullResult)
+		breakIt func(t *testing.T, e *env, first *api.PullResult)
 	}{
-		{"activation unmapped", func(t *testing.T, e *env, first *PullResult) { e.sn.unmap(t, first.Snapshot.SnapshotName) }},
-		{"activation removed", func(t *testing.T, e *env, first *PullResult) {
+		{"activation unmapped", func(t *testing.T, e *env, first *api.PullResult) { e.sn.unmap(t, first.Snapshot.SnapshotName) }},
+		{"activation removed", func(t *testing.T, e *env, first *api.PullResult) {
 			if err := e.sn.Remove(ctx, first.Snapshot.SnapshotName); err != nil {
 				t.Fatal(err)
 			}
 		}},
-		{"activation's device deleted", func(t *testing.T, e *env, first *PullResult) { e.sn.deleteDevice(t, first.Snapshot.SnapshotName) }},
-		{"chain snapshot removed", func(t *testing.T, e *env, first *PullResult) {
+		{"activation's device deleted", func(t *testing.T, e *env, first *api.PullResult) { e.sn.deleteDevice(t, first.Snapshot.SnapshotName) }},
+		{"chain snapshot removed", func(t *testing.T, e *env, first *api.PullResult) {
 			for _, k := range []string{first.Snapshot.SnapshotName, first.TopChainID} {
 				if err := e.sn.Remove(ctx, k); err != nil {
 					t.Fatal(err)
@@ -94,7 +96,7 @@ func TestRepullFallsBack(t *testing.T) {
 		e := newPullEnv(t, nil)
 		// No record of this source: Pull lists the prefix in S3 (where
 		// nothing is) and fails saying so.
-		_, err := e.p.Pull(ctx, PullRequest{Bucket: e.srv.Bucket, Key: "img2/", Ref: "img"}, nil)
+		_, err := e.p.Pull(ctx, api.PullRequest{Bucket: e.srv.Bucket, Key: "img2/", Ref: "img"}, nil)
 		if err == nil || !strings.Contains(err.Error(), "img2/") {
 			t.Fatalf("pull of an empty prefix: %v", err)
 		}
@@ -151,7 +153,7 @@ func TestRepullWithoutTarballs(t *testing.T) {
 		}
 	}
 	e.srv.Faults.Reset()
-	res, err := e.p.Pull(context.Background(), PullRequest{Bucket: e.srv.Bucket, Key: "img/", Ref: "img", Refresh: true}, nil)
+	res, err := e.p.Pull(context.Background(), api.PullRequest{Bucket: e.srv.Bucket, Key: "img/", Ref: "img", Refresh: true}, nil)
 	if err != nil {
 		t.Fatalf("refresh pull without the tarballs: %v", err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
 )
 
@@ -368,7 +369,7 @@ func (p *Pipelines) extractStream(ctx context.Context, s *streamExtraction, rd i
 		Limits: p.opts.Limits, DetectRootfs: true, HashStream: s.names, NoChown: p.opts.NoChown, MaxDataBytes: budget,
 		Progress: func(pr tarball.Progress) {
 			if th.ok(false) {
-				p.hub.emit(Event{Run: s.dlRun, FSM: FSMUnpack, State: "extract-layers", Bytes: pr.Bytes, Files: pr.Files})
+				p.hub.emit(api.Event{Run: s.dlRun, FSM: api.FSMUnpack, State: "extract-layers", Bytes: pr.Bytes, Files: pr.Files})
 			}
 		},
 	})

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
@@ -37,7 +38,7 @@ func (e *env) watchStreams() *streamWatch {
 		}
 	}
 	e.p.hooks = map[string]func(){"download:validating": count(&w.validating), "validate:reading": count(&w.rereads), "stream-extract:started": func() {
-		runs, err := fsm.NewSQLiteStore(e.db).ListRuns(context.Background(), fsm.RunFilter{FSM: FSMDownload, States: []fsm.State{fsm.StateRunning}})
+		runs, err := fsm.NewSQLiteStore(e.db).ListRuns(context.Background(), fsm.RunFilter{FSM: api.FSMDownload, States: []fsm.State{fsm.StateRunning}})
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		w.started++
@@ -55,7 +56,7 @@ func (e *env) watchStreams() *streamWatch {
 // chain.
 func (e *env) unpackResponses() map[string]UnpackResponse {
 	e.t.Helper()
-	runs, err := fsm.NewSQLiteStore(e.db).ListRuns(context.Background(), fsm.RunFilter{FSM: FSMUnpack, States: []fsm.State{fsm.StateComplete}})
+	runs, err := fsm.NewSQLiteStore(e.db).ListRuns(context.Background(), fsm.RunFilter{FSM: api.FSMUnpack, States: []fsm.State{fsm.StateComplete}})
 	if err != nil {
 		e.t.Fatal(err)
 	}

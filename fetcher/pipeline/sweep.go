@@ -11,6 +11,8 @@ import (
 
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/log"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 )
 
@@ -31,7 +33,7 @@ func (p *Pipelines) sweep(ctx context.Context) error {
 	for _, r := range runs {
 		live[r.FSM+" "+r.IdempotencyID] = true
 		var resp UnpackResponse
-		if r.FSM == FSMUnpack && json.Unmarshal(r.Response, &resp) == nil && strings.HasPrefix(resp.ExtractKey, streamPrefix) {
+		if r.FSM == api.FSMUnpack && json.Unmarshal(r.Response, &resp) == nil && strings.HasPrefix(resp.ExtractKey, streamPrefix) {
 			adopted[resp.ExtractKey] = true
 		}
 	}
@@ -46,7 +48,7 @@ func (p *Pipelines) sweep(ctx context.Context) error {
 				if !adopted[info.Name] {
 					stale = append(stale, info.Name)
 				}
-			} else if !live[FSMUnpack+" sha256:"+strings.TrimPrefix(info.Name, extractPrefix)] {
+			} else if !live[api.FSMUnpack+" sha256:"+strings.TrimPrefix(info.Name, extractPrefix)] {
 				stale = append(stale, info.Name)
 			}
 			return nil
@@ -67,7 +69,7 @@ func (p *Pipelines) sweep(ctx context.Context) error {
 	}
 	for _, e := range tmps {
 		id, ok := strings.CutSuffix(e.Name(), ".partial")
-		if !ok || live[FSMDownload+" "+id] {
+		if !ok || live[api.FSMDownload+" "+id] {
 			continue
 		}
 		path := filepath.Join(p.opts.tmpDir(), e.Name())

@@ -16,6 +16,7 @@ import (
 	"github.com/opencontainers/image-spec/identity"
 	"golang.org/x/sys/unix"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
@@ -68,7 +69,7 @@ type upResp = fsm.Response[UnpackResponse]
 // on the chain ID): that is what keeps two pulls from extracting the same
 // chain at once; there is no other lock.
 func (p *Pipelines) buildUnpack(ctx context.Context) (fsm.StartFunc[UnpackRequest], error) {
-	start, _, err := fsm.Register[UnpackRequest, UnpackResponse](p.m, FSMUnpack).
+	start, _, err := fsm.Register[UnpackRequest, UnpackResponse](p.m, api.FSMUnpack).
 		Start("check-unpacked", p.checkUnpacked, p.retry(fsm.ExponentialBackoff(3))).
 		To("create-device", p.createDevice, p.retry(fsm.FixedRetry(3, fixedDelay))).
 		To("extract-layers", p.extractLayers, fsm.WithTimeout(p.opts.ExtractTimeout), p.retry(fsm.FixedRetry(2, fixedDelay))).
@@ -165,7 +166,7 @@ func (p *Pipelines) parentKey(ctx context.Context, parent string) (string, error
 func (p *Pipelines) checkUnpacked(ctx context.Context, req *upReq) (*upResp, error) {
 	p.hook("check-unpacked:started")
 	r := req.Msg
-	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMUnpack, State: "check-unpacked"})
+	p.hub.emit(api.Event{Run: req.Run.ID, FSM: api.FSMUnpack, State: "check-unpacked"})
 	ch, err := RecordsOf(p.db).GetChain(ctx, r.ChainID)
 	if err != nil {
 		return nil, err
@@ -273,15 +274,15 @@ func (p *Pipelines) failUnpack(ctx context.Context, req *upReq, cause error) err
 func (p *Pipelines) createDevice(ctx context.Context, req *upReq) (*upResp, error) {
 	p.hook("create-device:started")
 	r, resp := req.Msg, req.Resp
-	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMUnpack, State: "create-device"})
+	p.hub.emit(api.Event{Run: req.Run.ID, FSM: api.FSMUnpack, State: "create-device"})
 	if err := p.discardExtract(ctx, r.ChainID); err != nil {
 		return nil, err
 	}
 	// The layer may have been extracted while it downloaded (in this
 	// process): that extraction's snapshot, on the same parent, is the
 	// device.
-	if dlRec, err := fsm.PredecessorRun(req.Run, FSMDownload); err == nil {
-		dl, err := fsm.PredecessorResponse[DownloadResponse](req.Run, FSMDownload)
+	if dlRec, err := fsm.PredecessorRun(req.Run, api.FSMDownload); err == nil {
+		dl, err := fsm.PredecessorResponse[DownloadResponse](req.Run, api.FSMDownload)
 		if err != nil {
 			return nil, p.failUnpack(ctx, req, fsm.Abort(err))
 		}
@@ -326,7 +327,7 @@ func (p *Pipelines) prepareExtract(ctx context.Context, r *UnpackRequest, resp *
 // crash or a failure starts again on a fresh device.
 func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, err error) {
 	r, resp := req.Msg, req.Resp
-	dl, err := fsm.PredecessorResponse[DownloadResponse](req.Run, FSMDownload)
+	dl, err := fsm.PredecessorResponse[DownloadResponse](req.Run, api.FSMDownload)
 	if err != nil {
 		return nil, p.failUnpack(ctx, req, fsm.Abort(err))
 	}
@@ -338,7 +339,7 @@ func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, e
 		// create-device adopted the extraction made while the layer
 		// downloaded; an attempt after a crash or a failure starts on a
 		// fresh device instead.
-		p.hub.emit(Event{Run: req.Run.ID, FSM: FSMUnpack, State: "extract-layers", Bytes: resp.SizeBytes, Files: resp.FileCount})
+		p.hub.emit(api.Event{Run: req.Run.ID, FSM: api.FSMUnpack, State: "extract-layers", Bytes: resp.SizeBytes, Files: resp.FileCount})
 		return fsm.NewResponse(resp), nil
 	}
 	// The file data written from a plain tar is at most its size (runs of
@@ -392,7 +393,7 @@ func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, e
 		Limits: p.opts.Limits, StripRootfs: dl.HasRootfs, NoChown: p.opts.NoChown, MaxDataBytes: budget,
 		Progress: func(pr tarball.Progress) {
 			if th.ok(false) {
-				p.hub.emit(Event{Run: req.Run.ID, FSM: FSMUnpack, State: "extract-layers", Bytes: pr.Bytes, Files: pr.Files, Total: dl.SizeBytes})
+				p.hub.emit(api.Event{Run: req.Run.ID, FSM: api.FSMUnpack, State: "extract-layers", Bytes: pr.Bytes, Files: pr.Files, Total: dl.SizeBytes})
 			}
 			p.hook("extract:progress")
 		},
@@ -407,7 +408,7 @@ func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, e
 	if err := syncFS(dir); err != nil {
 		return nil, err
 	}
-	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMUnpack, State: "extract-layers", Bytes: st.Bytes, Files: st.Files, Total: dl.SizeBytes})
+	p.hub.emit(api.Event{Run: req.Run.ID, FSM: api.FSMUnpack, State: "extract-layers", Bytes: st.Bytes, Files: st.Files, Total: dl.SizeBytes})
 	resp.SizeBytes, resp.FileCount = st.Bytes, st.Files
 	return fsm.NewResponse(resp), nil
 }
@@ -462,7 +463,7 @@ func syncFS(dir string) error {
 func (p *Pipelines) verifyLayout(ctx context.Context, req *upReq) (_ *upResp, err error) {
 	p.hook("verify-layout:started")
 	r, resp := req.Msg, req.Resp
-	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMUnpack, State: "verify-layout", Files: resp.FileCount, Bytes: resp.SizeBytes})
+	p.hub.emit(api.Event{Run: req.Run.ID, FSM: api.FSMUnpack, State: "verify-layout", Files: resp.FileCount, Bytes: resp.SizeBytes})
 	ms, err := p.opts.Snapshots.Mounts(ctx, resp.ExtractKey)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
@@ -533,7 +534,7 @@ func (p *Pipelines) updateDB(ctx context.Context, req *upReq) (*upResp, error) {
 		return nil, err
 	}
 	out := &UnpackResponse{ChainID: r.ChainID, DeviceID: id, DeviceName: name, SizeBytes: resp.SizeBytes, FileCount: resp.FileCount, Unpacked: true, Streamed: resp.Streamed}
-	p.hub.emit(Event{Run: req.Run.ID, FSM: FSMUnpack, State: "complete", Files: out.FileCount, Bytes: out.SizeBytes})
+	p.hub.emit(api.Event{Run: req.Run.ID, FSM: api.FSMUnpack, State: "complete", Files: out.FileCount, Bytes: out.SizeBytes})
 	return fsm.NewResponse(out), nil
 }
 

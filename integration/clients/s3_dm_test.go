@@ -22,8 +22,8 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"golang.org/x/sys/unix"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/containerd/ociimage"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
 )
@@ -182,7 +182,7 @@ func (e *env) startS3(ctx context.Context, archive []byte) error {
 }
 
 // pullS3 runs our CLI's pull with --format json and returns its result.
-func (e *env) pullS3(ctx context.Context, args ...string) (*pipeline.PullResult, error) {
+func (e *env) pullS3(ctx context.Context, args ...string) (*api.PullResult, error) {
 	out, err := e.daemon.CLI(ctx, []string{"pull"}, append([]string{"--format", "json"}, args...)...)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	var last control.Line
@@ -212,13 +212,13 @@ func (e *env) countRows(ctx context.Context, kind string) (int, error) {
 // third layer is on the unpacked file. The CRI subtest runs a container on
 // the first and removes it; this one removes the others.
 func (e *env) testS3(t *testing.T, ctx context.Context) {
-	var res []*pipeline.PullResult
+	var res []*api.PullResult
 	for i, img := range s3Images {
 		args := []string{img.source()}
 		if i == 0 {
 			args = append(args, "--namespace", s3NerdctlNS, "--namespace", criNamespace)
 		}
-		var r *pipeline.PullResult
+		var r *api.PullResult
 		e.timed(t, "pull "+img.source(), func() error {
 			var err error
 			r, err = e.pullS3(ctx, args...)

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
@@ -202,7 +203,7 @@ func TestSoak(t *testing.T) {
 		if c%pullEvery == 0 && pulled < *pulls {
 			pulled++
 			tp := time.Now()
-			res, err := ctl.Pull(ctx, pipeline.PullRequest{Bucket: srv.Bucket, Key: imageKey}, nil)
+			res, err := ctl.Pull(ctx, api.PullRequest{Bucket: srv.Bucket, Key: imageKey}, nil)
 			if err != nil {
 				t.Fatalf("pull %d (cycle %d): %v\ndaemon log tail:\n%s", pulled, c, err, d.Proc.LogTail(40))
 			}

@@ -62,6 +62,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
@@ -319,7 +320,7 @@ func (g *guest) remove(key string) error {
 func (g *guest) pull(n int) error {
 	key := imageKey(g.round, n)
 	return g.do(event{Op: "pull", Src: "s3://" + bucket + "/" + key}, func(e *event) error {
-		res, err := g.ctl.Pull(g.ctx, pipeline.PullRequest{Bucket: bucket, Key: key}, nil)
+		res, err := g.ctl.Pull(g.ctx, api.PullRequest{Bucket: bucket, Key: key}, nil)
 		if err != nil {
 			return err
 		}
