@@ -1,15 +1,20 @@
-// Package control is the daemon's control socket: an HTTP API over a unix
-// socket that the operator CLI uses to pull, activate and remove S3 images
-// (the daemon binds it, and checks its callers, in package plugin).
-// Requests and answers are JSON; a pull streams JSON lines, one progress
-// event per line, then one line with the result or the error.
+// Package control is the protocol of the daemon's control socket, an HTTP
+// API over a unix socket through which the operator CLI pulls, activates
+// and removes S3 images, and its client. The daemon serves it with
+// control/server and binds the socket, checking its callers, in package
+// plugin. Requests and answers are JSON; a pull streams JSON lines, one
+// progress event per line, then one line with the result or the error.
 //
 //	POST /v1/pull      {"bucket","key","ref","refresh","cached","namespaces"} → {"event":{...}}... then {"result":{...}} | {"error":"..."}
 //	POST /v1/activate  {"ref"}                          → {"result":{...}} | {"error":"..."}
-//	POST /v1/rm        {"refs":[...]}                   → {"removed":[...],"error":"..."} (served when the Puller is a Remover)
+//	POST /v1/rm        {"refs":[...]}                   → {"removed":[...],"error":"..."} (served when the daemon collects garbage)
 //
-// A pull without a bucket leaves it to the Puller (the daemon's default
-// bucket).
+// A pull without a bucket leaves it to the daemon (its default bucket). A
+// request the daemon refuses as malformed is answered with status 400, and
+// the client's error is then a *RequestError.
+//
+// The package links only the standard library, go-toml and package api,
+// so that a client built on it starts fast.
 package control
 
 import (
@@ -22,20 +27,9 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"sync"
-	"time"
-
-	"github.com/containerd/log"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 )
-
-// Puller is what the control socket serves (*pipeline.Pipelines).
-type Puller interface {
-	Pull(ctx context.Context, req api.PullRequest, progress func(api.Event)) (*api.PullResult, error)
-	Activate(ctx context.Context, ref string) (*api.ActivateResponse, error)
-}
 
 // Line is one line of a pull's answer: exactly one field is set.
 type Line struct {
@@ -53,99 +47,6 @@ type ActivateRequest struct {
 type ActivateAnswer struct {
 	Result *api.ActivateResponse `json:"result,omitempty"`
 	Error  string                `json:"error,omitempty"`
-}
-
-// Handler serves the control API of p (and /v1/rm when p is a Remover).
-func Handler(p Puller) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/pull", func(w http.ResponseWriter, r *http.Request) { servePull(p, w, r) })
-	mux.HandleFunc("POST /v1/activate", func(w http.ResponseWriter, r *http.Request) { serveActivate(p, w, r) })
-	if rm, ok := p.(Remover); ok {
-		mux.HandleFunc("POST /v1/rm", func(w http.ResponseWriter, r *http.Request) { serveRm(rm, w, r) })
-	}
-	return mux
-}
-
-func servePull(p Puller, w http.ResponseWriter, r *http.Request) {
-	var req api.PullRequest
-	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
-		writeJSON(w, http.StatusBadRequest, Line{Error: fmt.Sprintf("pull: request body: %v", err)})
-		return
-	}
-	if req.Key == "" {
-		writeJSON(w, http.StatusBadRequest, Line{Error: "pull: key is required"})
-		return
-	}
-	if req.Ref != "" {
-		if err := pipeline.CheckName(req.Ref); err != nil {
-			writeJSON(w, http.StatusBadRequest, Line{Error: "pull: " + err.Error()})
-			return
-		}
-	}
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	w.WriteHeader(http.StatusOK)
-	var mu sync.Mutex
-	enc := json.NewEncoder(w)
-	rc := http.NewResponseController(w)
-	send := func(l Line) {
-		mu.Lock()
-		defer mu.Unlock()
-		if enc.Encode(l) == nil {
-			_ = rc.Flush()
-		}
-	}
-	lg := log.G(r.Context()).WithField("bucket", req.Bucket).WithField("key", req.Key).WithField("ref", req.Ref).WithField("replace", req.Replace)
-	lg.Info("control: pull")
-	res, err := p.Pull(r.Context(), req, func(e api.Event) { send(Line{Event: &e}) })
-	if err != nil {
-		lg.WithError(err).Warn("control: pull failed")
-		send(Line{Error: err.Error()})
-		return
-	}
-	send(Line{Result: res})
-}
-
-func serveActivate(p Puller, w http.ResponseWriter, r *http.Request) {
-	var req ActivateRequest
-	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil || req.Ref == "" {
-		writeJSON(w, http.StatusBadRequest, ActivateAnswer{Error: fmt.Sprintf("activate: request must name a ref (%v)", err)})
-		return
-	}
-	res, err := p.Activate(r.Context(), req.Ref)
-	if err != nil {
-		writeJSON(w, http.StatusInternalServerError, ActivateAnswer{Error: err.Error()})
-		return
-	}
-	writeJSON(w, http.StatusOK, ActivateAnswer{Result: res})
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
-// Serve answers on lis until ctx is done, then stops (in-flight pulls are
-// cut; their state machines go on in the daemon) and removes the socket.
-func Serve(ctx context.Context, lis net.Listener, p Puller) error {
-	srv := &http.Server{Handler: Handler(p), ReadHeaderTimeout: 10 * time.Second,
-		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(lis) }()
-	log.G(ctx).WithField("socket", lis.Addr().String()).Info("serving control API")
-	select {
-	case <-ctx.Done():
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-		_ = srv.Close()
-		return nil
-	case err := <-errc:
-		if errors.Is(err, http.ErrServerClosed) {
-			return nil
-		}
-		return fmt.Errorf("control socket: %w", err)
-	}
 }
 
 // Client talks to a daemon's control socket. Each call is one HTTP/1.1
@@ -233,6 +134,25 @@ func (b *connBody) Close() error {
 	return b.conn.Close()
 }
 
+// RequestError is the daemon's refusal of a malformed request (status
+// 400): a bad image name, no key, no ref. A CLI reports it as a usage
+// error.
+type RequestError struct {
+	// Msg is the daemon's reason, naming the value and the rule it broke.
+	Msg string
+}
+
+func (e *RequestError) Error() string { return e.Msg }
+
+// answerError is the error of an answer carrying msg: a *RequestError
+// when the daemon refused the request as malformed.
+func answerError(resp *http.Response, msg string) error {
+	if resp.StatusCode == http.StatusBadRequest {
+		return &RequestError{Msg: msg}
+	}
+	return errors.New(msg)
+}
+
 // Pull asks the daemon to pull req and calls onEvent for each progress
 // event; it returns the result, or the daemon's error.
 func (c *Client) Pull(ctx context.Context, req api.PullRequest, onEvent func(api.Event)) (*api.PullResult, error) {
@@ -250,7 +170,7 @@ func (c *Client) Pull(ctx context.Context, req api.PullRequest, onEvent func(api
 		}
 		switch {
 		case l.Error != "":
-			return nil, errors.New(l.Error)
+			return nil, answerError(resp, l.Error)
 		case l.Result != nil:
 			return l.Result, nil
 		case l.Event != nil && onEvent != nil:
@@ -275,10 +195,44 @@ func (c *Client) Activate(ctx context.Context, ref string) (*api.ActivateRespons
 		return nil, fmt.Errorf("control socket %s: bad answer (status %s): %w", c.socket, resp.Status, err)
 	}
 	if a.Error != "" {
-		return nil, errors.New(a.Error)
+		return nil, answerError(resp, a.Error)
 	}
 	if a.Result == nil {
 		return nil, fmt.Errorf("control socket %s: answer without a result (status %s)", c.socket, resp.Status)
 	}
 	return a.Result, nil
+}
+
+// RmRequest is the body of /v1/rm: the names (or s3:// sources) of the
+// images to remove.
+type RmRequest struct {
+	Refs []string `json:"refs"`
+}
+
+// RmAnswer is the answer of /v1/rm: the images removed and, when some were
+// not (in use, never pulled, or their removal failed), why.
+type RmAnswer struct {
+	Removed []api.Removed `json:"removed"`
+	Error   string        `json:"error,omitempty"`
+}
+
+// Remove asks the daemon to remove the pulled images refs. It returns the
+// images removed, and an error saying why the others were not.
+func (c *Client) Remove(ctx context.Context, refs []string) ([]api.Removed, error) {
+	resp, err := c.post(ctx, "/v1/rm", RmRequest{Refs: refs})
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed {
+		return nil, fmt.Errorf("control socket %s: the daemon does not serve rm (status %s)", c.socket, resp.Status)
+	}
+	var a RmAnswer
+	if err := json.NewDecoder(resp.Body).Decode(&a); err != nil {
+		return nil, fmt.Errorf("control socket %s: bad answer (status %s): %w", c.socket, resp.Status, err)
+	}
+	if a.Error != "" {
+		return a.Removed, answerError(resp, a.Error)
+	}
+	return a.Removed, nil
 }

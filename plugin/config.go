@@ -24,6 +24,7 @@ import (
 	"github.com/containerd/log"
 	toml "github.com/pelletier/go-toml/v2"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
@@ -37,11 +38,10 @@ import (
 // Defaults of the [daemon] keys; every other section's defaults are its
 // package's (DefaultConfig).
 const (
-	DefaultRootDir       = "/var/lib/containerd-flyio-snapshotter"
-	DefaultSocket        = "/run/containerd-flyio-snapshotter/containerd-flyio-snapshotter.sock"
-	DefaultControlSocket = "/run/containerd-flyio-snapshotter/control.sock"
-	DefaultLogLevel      = "info"
-	DefaultLogFormat     = "text"
+	DefaultRootDir   = "/var/lib/containerd-flyio-snapshotter"
+	DefaultSocket    = "/run/containerd-flyio-snapshotter/containerd-flyio-snapshotter.sock"
+	DefaultLogLevel  = "info"
+	DefaultLogFormat = "text"
 )
 
 // Config is the whole daemon configuration: one TOML file with a table per
@@ -68,9 +68,9 @@ type DaemonConfig struct {
 	// Socket is the unix socket of the snapshots gRPC service that
 	// containerd's [proxy_plugins] entry names.
 	Socket string `toml:"socket"`
-	// ControlSocket is the unix socket of the daemon's operator API; empty
-	// disables it.
-	ControlSocket string `toml:"control_socket"`
+	// control_socket, the unix socket of the daemon's operator API
+	// (empty disables it), is defined with its client.
+	control.Config
 	// RootDir holds the daemon's state: the database, the loop-file pool
 	// and downloads, unless their own keys say otherwise.
 	RootDir string `toml:"root_dir"`
@@ -158,12 +158,12 @@ func (c PipelineConfig) Validate() error {
 func defaults() *Config {
 	return &Config{
 		Daemon: DaemonConfig{
-			Socket:        DefaultSocket,
-			ControlSocket: DefaultControlSocket,
-			RootDir:       DefaultRootDir,
-			LogLevel:      DefaultLogLevel,
-			LogFormat:     DefaultLogFormat,
-			SocketGroup:   DefaultSocketGroup,
+			Socket:      DefaultSocket,
+			Config:      control.Config{ControlSocket: control.DefaultSocket},
+			RootDir:     DefaultRootDir,
+			LogLevel:    DefaultLogLevel,
+			LogFormat:   DefaultLogFormat,
+			SocketGroup: DefaultSocketGroup,
 		},
 		Metadata:   metadata.DefaultOptions(),
 		Pool:       PoolConfig{thinpool.DefaultConfig(), snapshotter.DefaultConfig()},

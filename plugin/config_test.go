@@ -17,6 +17,7 @@ import (
 
 	toml "github.com/pelletier/go-toml/v2"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
@@ -588,5 +589,26 @@ func TestLargestLimitsStillAcceptLayers(t *testing.T) {
 	}
 	if _, err := tarball.Validate(context.Background(), &buf, c.TarLimits()); err != nil {
 		t.Fatalf("a one-file layer under the largest limits: %v", err)
+	}
+}
+
+// TestClientReadsTheDaemonsControlSocket checks that a client finds the
+// control socket the daemon binds: control.SocketFromConfig, which reads
+// only that key, agrees with LoadConfig on the annotated example, on a
+// file that sets the key, and on one that leaves it to the default.
+func TestClientReadsTheDaemonsControlSocket(t *testing.T) {
+	for name, path := range map[string]string{
+		"example":  "../config.toml.example",
+		"set":      writeConfig(t, "[daemon]\ncontrol_socket = \"/run/elsewhere/control.sock\"\n"),
+		"left out": writeConfig(t, "[daemon]\nlog_level = \"debug\"\n"),
+	} {
+		cfg, err := LoadConfig(path)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		got, err := control.SocketFromConfig(path, false)
+		if err != nil || got != cfg.Daemon.ControlSocket {
+			t.Errorf("%s: the client reads control socket %q (%v), the daemon binds %q", name, got, err, cfg.Daemon.ControlSocket)
+		}
 	}
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control/server"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
@@ -244,7 +244,7 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 		}
 		go func() {
 			defer close(done)
-			if err := control.Serve(sctx, lis, fetcherAPI{s3Policy{Pipelines: p, cfg: s.Config, metrics: s.fetchMetrics(), pulls: &pullsUnderWay{}}, col}); err != nil {
+			if err := server.Serve(sctx, lis, fetcherAPI{s3Policy{Pipelines: p, cfg: s.Config, metrics: s.fetchMetrics(), pulls: &pullsUnderWay{}}, col}); err != nil {
 				log.G(ctx).WithError(err).Error("control socket stopped")
 			}
 		}()

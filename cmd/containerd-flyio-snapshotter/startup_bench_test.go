@@ -19,7 +19,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control/server"
 )
 
 var (
@@ -107,7 +107,7 @@ func BenchmarkCLIStartup(b *testing.B) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- control.Serve(ctx, lis, stubPuller{}) }()
+	go func() { served <- server.Serve(ctx, lis, stubPuller{}) }()
 	defer func() {
 		cancel()
 		if err := <-served; err != nil {

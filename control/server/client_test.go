@@ -1,4 +1,4 @@
-package control
+package server
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
 )
 
 // fakeStalledPuller injects a daemon whose pull reports one progress event
@@ -51,7 +52,7 @@ func TestClientCancelCutsThePull(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var events []api.Event
-	_, err = NewClient(sock).Pull(ctx, api.PullRequest{Bucket: "b", Key: "img/"}, func(e api.Event) {
+	_, err = control.NewClient(sock).Pull(ctx, api.PullRequest{Bucket: "b", Key: "img/"}, func(e api.Event) {
 		events = append(events, e)
 		cancel()
 	})

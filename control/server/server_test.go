@@ -1,4 +1,4 @@
-package control
+package server
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/gc"
@@ -55,7 +56,7 @@ func TestSocketCarriesErrors(t *testing.T) {
 			*gc.Collector
 		}{p, col})
 	}()
-	c := NewClient(sock)
+	c := control.NewClient(sock)
 	_, err = c.Pull(ctx, api.PullRequest{Bucket: "b", Key: "img/"}, nil)
 	if err == nil || !strings.Contains(err.Error(), "no snapshotter") {
 		t.Errorf("pull without a snapshotter: err %v, want the daemon's reason", err)

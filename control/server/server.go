@@ -1,0 +1,148 @@
+// Package server serves the control API (package control) of the
+// daemon's pipelines and garbage collector on a listener the daemon binds.
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/containerd/log"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+)
+
+// Puller is what the control socket serves (*pipeline.Pipelines).
+type Puller interface {
+	Pull(ctx context.Context, req api.PullRequest, progress func(api.Event)) (*api.PullResult, error)
+	Activate(ctx context.Context, ref string) (*api.ActivateResponse, error)
+}
+
+// Remover removes pulled images (*gc.Collector). Handler serves /v1/rm when
+// the Puller it is given is one too.
+type Remover interface {
+	Remove(ctx context.Context, refs []string) ([]api.Removed, error)
+}
+
+// Handler serves the control API of p (and /v1/rm when p is a Remover).
+func Handler(p Puller) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/pull", func(w http.ResponseWriter, r *http.Request) { servePull(p, w, r) })
+	mux.HandleFunc("POST /v1/activate", func(w http.ResponseWriter, r *http.Request) { serveActivate(p, w, r) })
+	if rm, ok := p.(Remover); ok {
+		mux.HandleFunc("POST /v1/rm", func(w http.ResponseWriter, r *http.Request) { serveRm(rm, w, r) })
+	}
+	return mux
+}
+
+func servePull(p Puller, w http.ResponseWriter, r *http.Request) {
+	var req api.PullRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
+		writeJSON(w, http.StatusBadRequest, control.Line{Error: fmt.Sprintf("pull: request body: %v", err)})
+		return
+	}
+	if req.Key == "" {
+		writeJSON(w, http.StatusBadRequest, control.Line{Error: "pull: key is required"})
+		return
+	}
+	if req.Ref != "" {
+		if err := pipeline.CheckName(req.Ref); err != nil {
+			writeJSON(w, http.StatusBadRequest, control.Line{Error: "pull: " + err.Error()})
+			return
+		}
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	var mu sync.Mutex
+	enc := json.NewEncoder(w)
+	rc := http.NewResponseController(w)
+	send := func(l control.Line) {
+		mu.Lock()
+		defer mu.Unlock()
+		if enc.Encode(l) == nil {
+			_ = rc.Flush()
+		}
+	}
+	lg := log.G(r.Context()).WithField("bucket", req.Bucket).WithField("key", req.Key).WithField("ref", req.Ref).WithField("replace", req.Replace)
+	lg.Info("control: pull")
+	res, err := p.Pull(r.Context(), req, func(e api.Event) { send(control.Line{Event: &e}) })
+	if err != nil {
+		lg.WithError(err).Warn("control: pull failed")
+		send(control.Line{Error: err.Error()})
+		return
+	}
+	send(control.Line{Result: res})
+}
+
+func serveActivate(p Puller, w http.ResponseWriter, r *http.Request) {
+	var req control.ActivateRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil || req.Ref == "" {
+		writeJSON(w, http.StatusBadRequest, control.ActivateAnswer{Error: fmt.Sprintf("activate: request must name a ref (%v)", err)})
+		return
+	}
+	res, err := p.Activate(r.Context(), req.Ref)
+	if err != nil {
+		writeJSON(w, http.StatusInternalServerError, control.ActivateAnswer{Error: err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, control.ActivateAnswer{Result: res})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// Serve answers on lis until ctx is done, then stops (in-flight pulls are
+// cut; their state machines go on in the daemon) and removes the socket.
+func Serve(ctx context.Context, lis net.Listener, p Puller) error {
+	srv := &http.Server{Handler: Handler(p), ReadHeaderTimeout: 10 * time.Second,
+		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	log.G(ctx).WithField("socket", lis.Addr().String()).Info("serving control API")
+	select {
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		_ = srv.Close()
+		return nil
+	case err := <-errc:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return fmt.Errorf("control socket: %w", err)
+	}
+}
+
+func serveRm(rm Remover, w http.ResponseWriter, r *http.Request) {
+	var req control.RmRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil || len(req.Refs) == 0 {
+		writeJSON(w, http.StatusBadRequest, control.RmAnswer{Error: fmt.Sprintf("rm: request must name at least one image (%v)", err)})
+		return
+	}
+	for _, ref := range req.Refs {
+		if ref == "" {
+			writeJSON(w, http.StatusBadRequest, control.RmAnswer{Error: "rm: an image name must not be empty"})
+			return
+		}
+	}
+	removed, err := rm.Remove(r.Context(), req.Refs)
+	a := control.RmAnswer{Removed: removed}
+	status := http.StatusOK
+	if err != nil {
+		log.G(r.Context()).WithError(err).WithField("refs", req.Refs).Warn("control: rm refused or failed")
+		a.Error, status = err.Error(), http.StatusConflict
+	}
+	writeJSON(w, status, a)
+}
