@@ -5,6 +5,8 @@
 GO        ?= go
 BINDIR    ?= bin
 BIN       := $(BINDIR)/containerd-flyio-snapshotter
+# flyioctl: the light client (pull, activate, rm through the daemon), pure Go.
+CTL       := $(BINDIR)/flyioctl
 PREFIX    ?= /usr/local
 SYSCONFDIR ?= /etc
 UNITDIR   ?= /etc/systemd/system
@@ -17,8 +19,12 @@ UNITDIR   ?= /etc/systemd/system
 BUILDTAGS := sqlite_omit_load_extension osusergo netgo grpcnotrace
 VERSION   := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 COMMIT    := $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
-LDFLAGS   := -s -w -linkmode external -extldflags "-static" \
-  -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+STAMP     := -X $(shell $(GO) list -m)/cmd/internal/cli.Version=$(VERSION) \
+  -X $(shell $(GO) list -m)/cmd/internal/cli.Commit=$(COMMIT)
+LDFLAGS   := -s -w -linkmode external -extldflags "-static" $(STAMP)
+# flyioctl needs no cgo: a static pure-Go binary.
+CTLTAGS   := osusergo netgo
+CTLFLAGS  := -s -w $(STAMP)
 
 .PHONY: all build test binary-check unit vmtest e2e powerloss soak bench-pull demo lint tidy-check install install-unit clean
 .PHONY: release release-check
@@ -32,13 +38,14 @@ HOSTARCH := $(shell $(GO) env GOARCH)
 
 build:
 	CGO_ENABLED=1 CC=$(CC_$(HOSTARCH)) $(GO) build -trimpath -tags '$(BUILDTAGS)' -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/containerd-flyio-snapshotter
+	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(CTLTAGS)' -ldflags '$(CTLFLAGS)' -o $(CTL) ./cmd/flyioctl
 
 test: lint unit binary-check release-check vmtest
 
 # Fault injection lives only in the device-mapper test binaries (build tag
 # dm): the shipped binary must not carry its environment variable.
 binary-check: build
-	@if grep -aq FLYIO_FAULT $(BIN); then echo "$(BIN) carries a fault-injection variable (FLYIO_FAULT_*)"; exit 1; fi
+	@for b in $(BIN) $(CTL); do if grep -aq FLYIO_FAULT $$b; then echo "$$b carries a fault-injection variable (FLYIO_FAULT_*)"; exit 1; fi; done
 
 lint: tidy-check
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -123,7 +130,7 @@ demo:
 # out of them.
 DISTDIR        ?= dist
 RELEASE_ARCHES := amd64 arm64
-RELEASE_BINS   := $(foreach a,$(RELEASE_ARCHES),containerd-flyio-snapshotter-linux-$(a))
+RELEASE_BINS   := $(foreach a,$(RELEASE_ARCHES),containerd-flyio-snapshotter-linux-$(a) flyioctl-linux-$(a))
 CC_amd64       ?= x86_64-linux-gnu-gcc
 CC_arm64       ?= aarch64-linux-gnu-gcc
 
@@ -135,6 +142,9 @@ $(DISTDIR)/containerd-flyio-snapshotter-linux-%: FORCE
 	CGO_ENABLED=1 GOOS=linux GOARCH=$* CC=$(CC_$*) $(GO) build -trimpath -tags '$(BUILDTAGS)' -ldflags '$(LDFLAGS)' \
 	  -o $@ ./cmd/containerd-flyio-snapshotter
 
+$(DISTDIR)/flyioctl-linux-%: FORCE
+	CGO_ENABLED=0 GOOS=linux GOARCH=$* $(GO) build -trimpath -tags '$(CTLTAGS)' -ldflags '$(CTLFLAGS)' -o $@ ./cmd/flyioctl
+
 # Both release binaries run (the foreign one under qemu-user): static,
 # matching SHA256SUMS, --version naming VERSION, COMMIT and the platform,
 # validate accepting and rejecting a tarball (scripts/release-check.sh).
@@ -145,6 +155,7 @@ FORCE:
 
 install: build install-unit
 	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/containerd-flyio-snapshotter
+	install -D -m 0755 $(CTL) $(DESTDIR)$(PREFIX)/bin/flyioctl
 	@if [ ! -e $(DESTDIR)$(SYSCONFDIR)/containerd-flyio-snapshotter/config.toml ]; then \
 	  install -D -m 0644 config.toml.example $(DESTDIR)$(SYSCONFDIR)/containerd-flyio-snapshotter/config.toml; \
 	else echo "keeping existing $(DESTDIR)$(SYSCONFDIR)/containerd-flyio-snapshotter/config.toml"; fi

@@ -3,11 +3,13 @@
 # platform would find them: usage: release-check.sh DIST VERSION COMMIT ARCH...
 #
 # For each ARCH (Go's name: amd64, arm64), dist/containerd-flyio-snapshotter-linux-ARCH
-# must be statically linked (it runs on any glibc, or none), match SHA256SUMS,
-# carry no fault-injection hook, and run: natively when ARCH is the host's, otherwise under qemu-user
-# (qemu-aarch64, qemu-x86_64). --version must name VERSION, COMMIT and
-# linux/ARCH; validate must accept a small gzip layer with the diff ID
-# sha256sum computes, and reject a tar with an absolute name (exit 1).
+# and dist/flyioctl-linux-ARCH must be statically linked (they run on any
+# glibc, or none), match SHA256SUMS, carry no fault-injection hook, and run:
+# natively when ARCH is the host's, otherwise under qemu-user (qemu-aarch64,
+# qemu-x86_64). --version must name VERSION, COMMIT and linux/ARCH (and the
+# SQLite compiled into the daemon's binary); the daemon's validate must
+# accept a small gzip layer with the diff ID sha256sum computes, and reject
+# a tar with an absolute name (exit 1); flyioctl must list its subcommands.
 set -euo pipefail
 
 usage() { echo "usage: $0 DIST VERSION COMMIT ARCH..." >&2; exit 2; }
@@ -37,20 +39,41 @@ for arch in "$@"; do
     arm64) machine=aarch64 ;;
     *) fail "unknown ARCH $arch (want amd64 or arm64)" ;;
   esac
-  exe=$dist/$bin-linux-$arch
-  [ -x "$exe" ] || fail "$exe is missing (run make release)"
-  info=$(file -L "$exe")
-  case $info in
-    *"statically linked"*) ;;
-    *) fail "$exe is not statically linked: $info" ;;
+  # runner EXE: the command line that runs EXE here, after checking what
+  # every release binary must be.
+  runner() {
+    local exe=$1
+    [ -x "$exe" ] || fail "$exe is missing (run make release)"
+    local info
+    info=$(file -L "$exe")
+    case $info in
+      *"statically linked"*) ;;
+      *) fail "$exe is not statically linked: $info" ;;
+    esac
+    # Fault injection lives only in the dm test binaries (see make binary-check).
+    if grep -aq FLYIO_FAULT "$exe"; then fail "$exe carries a fault-injection variable (FLYIO_FAULT_*)"; fi
+    run=("$exe")
+    if [ "$machine" != "$host" ]; then
+      command -v "qemu-$machine" >/dev/null || fail "qemu-$machine not found: install qemu-user (scripts/install-deps.sh)"
+      run=("qemu-$machine" "$exe")
+    fi
+  }
+
+  ctl=$dist/flyioctl-linux-$arch
+  runner "$ctl"
+  got=$("${run[@]}" --version) || fail "$arch: flyioctl --version failed: $got"
+  case $got in
+    "flyioctl $version (commit $commit, go"*", linux/$arch)") ;;
+    *) fail "$arch: flyioctl --version printed '$got'; want 'flyioctl $version (commit $commit, go..., linux/$arch)'" ;;
   esac
-  # Fault injection lives only in the dm test binaries (see make binary-check).
-  if grep -aq FLYIO_FAULT "$exe"; then fail "$exe carries a fault-injection variable (FLYIO_FAULT_*)"; fi
-  run=("$exe")
-  if [ "$machine" != "$host" ]; then
-    command -v "qemu-$machine" >/dev/null || fail "qemu-$machine not found: install qemu-user (scripts/install-deps.sh)"
-    run=("qemu-$machine" "$exe")
-  fi
+  got=$("${run[@]}" --help) || fail "$arch: flyioctl --help failed: $got"
+  for sub in pull activate rm version; do
+    grep -q "^  $sub " <<<"$got" || fail "$arch: flyioctl --help does not list $sub: $got"
+  done
+  echo "release-check: $ctl: static, --version and --help ok${run[1]:+ (under ${run[0]})}"
+
+  exe=$dist/$bin-linux-$arch
+  runner "$exe"
 
   got=$("${run[@]}" --version) || fail "$arch: --version failed: $got"
   case $got in

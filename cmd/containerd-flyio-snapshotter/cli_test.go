@@ -4,6 +4,8 @@ package main
 // output that parses, ls -q, and the deprecated spellings still working.
 
 import (
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/cmd/internal/cli"
+
 	"archive/tar"
 	"encoding/json"
 	"path/filepath"
@@ -43,7 +45,7 @@ func TestFormatFlagEverywhere(t *testing.T) {
 			t.Errorf("%v --format yaml = %d, %q, %q; want 2 and %q", words, code, out, errOut, want)
 		}
 	}
-	for name := range commands {
+	for _, name := range cli.Names() {
 		if !listed[name] {
 			t.Errorf("subcommand %q is not in formatCommands: does it print a result without --format?", name)
 		}
@@ -168,9 +170,9 @@ func decodeJSON(t *testing.T, code int, v any, args ...string) string {
 }
 
 func TestVersionJSON(t *testing.T) {
-	var v buildInfo
+	var v cli.BuildInfo
 	decodeJSON(t, 0, &v, "version", "--format", "json")
-	want := buildInfo{Version: version, Commit: commit, GoVersion: runtime.Version(),
+	want := cli.BuildInfo{Version: cli.Version, Commit: cli.Commit, GoVersion: runtime.Version(),
 		SQLiteVersion: metadata.SQLiteVersion(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
 	if v != want || v.SQLiteVersion == "" {
 		t.Errorf("version --format json = %+v, want %+v", v, want)

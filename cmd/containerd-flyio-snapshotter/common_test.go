@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/cmd/internal/cli"
+
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,12 +18,8 @@ import (
 // resetConfigFlags restores the flag state a fresh process starts with.
 func resetConfigFlags(t *testing.T) {
 	t.Helper()
-	configFlags.config = configPath{path: defaultConfigPath}
-	configFlags.db = ""
-	t.Cleanup(func() {
-		configFlags.config = configPath{path: defaultConfigPath}
-		configFlags.db = ""
-	})
+	cli.Config = cli.ConfigChoice{Path: cli.DefaultConfigPath}
+	t.Cleanup(func() { cli.Config = cli.ConfigChoice{Path: cli.DefaultConfigPath} })
 }
 
 // loadWithFlags parses args as a subcommand with addConfigFlags would and
@@ -29,9 +27,9 @@ func resetConfigFlags(t *testing.T) {
 func loadWithFlags(t *testing.T, args ...string) (*plugin.Config, error) {
 	t.Helper()
 	resetConfigFlags(t)
-	fs := newFlagSet("x", "x", "x")
-	addDBFlags(fs)
-	if err := parseFlags(fs, args); err != nil {
+	fs := cli.NewFlagSet("x", "x", "x")
+	cli.AddDBFlags(fs)
+	if err := cli.ParseFlags(fs, args); err != nil {
 		t.Fatal(err)
 	}
 	return loadConfig()
@@ -88,7 +86,7 @@ func TestConfigFlags(t *testing.T) {
 	}
 	t.Run("missing default file means defaults", func(t *testing.T) {
 		resetConfigFlags(t)
-		configFlags.config.path = missing
+		cli.Config.Path = missing
 		cfg, err := loadConfig()
 		if err != nil {
 			t.Fatal(err)
@@ -179,38 +177,11 @@ func TestVersionFlag(t *testing.T) {
 		t.Errorf("--version = %d, %q, %q; want %q", code, out, errOut, want)
 	}
 	line := fmt.Sprintf("containerd-flyio-snapshotter %s (commit %s, %s, SQLite %s, %s/%s)\n",
-		version, commit, runtime.Version(), metadata.SQLiteVersion(), runtime.GOOS, runtime.GOARCH)
+		cli.Version, cli.Commit, runtime.Version(), metadata.SQLiteVersion(), runtime.GOOS, runtime.GOARCH)
 	if out != line {
 		t.Errorf("--version = %q, want %q", out, line)
 	}
 	if !regexp.MustCompile(`^3\.\d+\.\d+$`).MatchString(metadata.SQLiteVersion()) {
 		t.Errorf("SQLite version %q is not 3.x.y", metadata.SQLiteVersion())
-	}
-}
-
-// TestPullImageArgument: pull takes an s3:// URL, or a bare path that the
-// daemon resolves under its s3.bucket and s3.prefix (so the CLI sends no
-// bucket).
-func TestPullImageArgument(t *testing.T) {
-	for _, c := range []struct {
-		arg, bucket, key, err string
-	}{
-		{"s3://my-images/debian/", "my-images", "debian/", ""},
-		{"debian/", "", "debian/", ""},
-		{"base/1.tar", "", "base/1.tar", ""},
-		{"/debian/", "", "", "without a leading '/'"},
-		{"s3://only-bucket", "", "", "must name a bucket and a key"},
-		{"http://x/y", "", "", "must be s3://"},
-	} {
-		bucket, key, err := parseImageArg(c.arg)
-		if c.err != "" {
-			if err == nil || !strings.Contains(err.Error(), c.err) {
-				t.Errorf("%q: %q %q %v, want an error with %q", c.arg, bucket, key, err, c.err)
-			}
-			continue
-		}
-		if err != nil || bucket != c.bucket || key != c.key {
-			t.Errorf("%q: %q %q %v, want %q %q", c.arg, bucket, key, err, c.bucket, c.key)
-		}
 	}
 }

@@ -3,6 +3,8 @@ package main
 // `db`: maintenance of the metadata database (migrate, check, backup).
 
 import (
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/cmd/internal/cli"
+
 	"context"
 	"errors"
 	"flag"
@@ -32,13 +34,13 @@ Every subcommand takes --config FILE, --db PATH and --format table|json
 'containerd-flyio-snapshotter db SUBCOMMAND --help' for its flags.`
 
 func init() {
-	register(&command{name: "db", summary: "maintain the metadata database (migrate, check, backup)", run: runDB})
+	cli.Register(&cli.Command{Name: "db", Summary: "maintain the metadata database (migrate, check, backup)", Run: runDB})
 }
 
 func runDB(ctx context.Context, args []string) error {
-	fs := newFlagSet("db", "db migrate|check|backup [flags]", dbDescription)
+	fs := cli.NewFlagSet("db", "db migrate|check|backup [flags]", dbDescription)
 	if len(args) == 0 {
-		return usageError(fs, "name a subcommand: migrate, check or backup")
+		return cli.UsageError(fs, "name a subcommand: migrate, check or backup")
 	}
 	switch args[0] {
 	case "-h", "--help", "-help", "help":
@@ -52,23 +54,23 @@ func runDB(ctx context.Context, args []string) error {
 	case "backup":
 		return runDBBackup(ctx, args[1:])
 	}
-	return usageError(fs, fmt.Sprintf("unknown db subcommand %q (want migrate, check or backup)", args[0]))
+	return cli.UsageError(fs, fmt.Sprintf("unknown db subcommand %q (want migrate, check or backup)", args[0]))
 }
 
 // parseDBFlags parses a db subcommand's flags (which include --config,
 // --db and --format, returned) and requires exactly nargs positional
 // arguments.
-func parseDBFlags(fs *flag.FlagSet, args []string, nargs int, what string) (*formatFlag, error) {
-	addDBFlags(fs)
-	format := addFormatFlag(fs, defaultFormatUsage)
-	if err := parseFlags(fs, args); err != nil {
+func parseDBFlags(fs *flag.FlagSet, args []string, nargs int, what string) (*cli.FormatFlag, error) {
+	cli.AddDBFlags(fs)
+	format := cli.AddFormatFlag(fs, cli.DefaultFormatUsage)
+	if err := cli.ParseFlags(fs, args); err != nil {
 		return nil, err
 	}
 	if fs.NArg() != nargs {
 		if nargs == 0 {
-			return nil, usageError(fs, fmt.Sprintf("unexpected argument %q", fs.Arg(0)))
+			return nil, cli.UsageError(fs, fmt.Sprintf("unexpected argument %q", fs.Arg(0)))
 		}
-		return nil, usageError(fs, fmt.Sprintf("want %s, got %d arguments", what, fs.NArg()))
+		return nil, cli.UsageError(fs, fmt.Sprintf("want %s, got %d arguments", what, fs.NArg()))
 	}
 	return format, nil
 }
@@ -98,7 +100,7 @@ func openDBTo(ctx context.Context, readOnly bool, migrateTo int) (*metadata.DB, 
 }
 
 func runDBMigrate(ctx context.Context, args []string) error {
-	fs := newFlagSet("db migrate", "db migrate [--to N] [--create] [--format table|json] [--config FILE] [--db PATH]", `
+	fs := cli.NewFlagSet("db migrate", "db migrate [--to N] [--create] [--format table|json] [--config FILE] [--db PATH]", `
 Apply the embedded schema migrations the database lacks, each in its own
 BEGIN IMMEDIATE transaction with its ledger row (so a concurrent daemon or a
 second 'db migrate' waits, then finds the work done). Before migrating a
@@ -116,7 +118,7 @@ version this binary embeds.`)
 		return err
 	}
 	if *to < 0 || *to > metadata.LatestVersion() {
-		return usageError(fs, fmt.Sprintf("--to %d: want a schema version from 1 to %d", *to, metadata.LatestVersion()))
+		return cli.UsageError(fs, fmt.Sprintf("--to %d: want a schema version from 1 to %d", *to, metadata.LatestVersion()))
 	}
 	if !*create {
 		path, err := dbPath()
@@ -134,12 +136,12 @@ version this binary embeds.`)
 	}
 	defer d.Close()
 	res := d.Migrated()
-	if format.json() {
+	if format.JSON() {
 		applied := res.Applied
 		if applied == nil {
 			applied = []int{} // a list in JSON, even when empty
 		}
-		return writeJSON(os.Stdout, migrateJSON{DB: d.Path(), From: res.From, To: res.To, Applied: applied, Backup: res.Backup})
+		return cli.WriteJSON(os.Stdout, migrateJSON{DB: d.Path(), From: res.From, To: res.To, Applied: applied, Backup: res.Backup})
 	}
 	if len(res.Applied) == 0 {
 		fmt.Printf("%s: schema at version %d; nothing to do\n", d.Path(), res.To)
@@ -157,7 +159,7 @@ version this binary embeds.`)
 }
 
 func runDBCheck(ctx context.Context, args []string) error {
-	fs := newFlagSet("db check", "db check [--format table|json] [--config FILE] [--db PATH]", `
+	fs := cli.NewFlagSet("db check", "db check [--format table|json] [--config FILE] [--db PATH]", `
 Check the database read-only (safe while the daemon runs): SQLite's
 integrity_check, foreign_key_check, and the migration ledger (every applied
 migration's recorded SHA-256 equal to the embedded migration's, versions
@@ -174,12 +176,12 @@ status is the same, with nothing on stderr.`)
 	if err != nil {
 		// A ledger the open refuses is a check result, not a usage error.
 		if errors.Is(err, metadata.ErrLedgerMismatch) {
-			if format.json() {
+			if format.JSON() {
 				path, _ := dbPath() // openDB read it
 				return writeCheckJSON(checkJSON{DB: path, Problems: []string{"ledger: " + err.Error()}})
 			}
 			fmt.Printf("PROBLEM ledger: %v\n", err)
-			return &exitError{code: 1, msg: "1 problem found"}
+			return &cli.ExitError{Code: 1, Msg: "1 problem found"}
 		}
 		return err
 	}
@@ -188,7 +190,7 @@ status is the same, with nothing on stderr.`)
 	if err != nil {
 		return err
 	}
-	if format.json() {
+	if format.JSON() {
 		problems := append([]string{}, rep.Problems...) // a list in JSON, even when empty
 		return writeCheckJSON(checkJSON{DB: d.Path(), OK: rep.OK(), SchemaVersion: rep.SchemaVersion, Problems: problems})
 	}
@@ -196,14 +198,14 @@ status is the same, with nothing on stderr.`)
 		fmt.Printf("PROBLEM %s\n", p)
 	}
 	if !rep.OK() {
-		return &exitError{code: 1, msg: fmt.Sprintf("%d problem(s) found in %s", len(rep.Problems), d.Path())}
+		return &cli.ExitError{Code: 1, Msg: fmt.Sprintf("%d problem(s) found in %s", len(rep.Problems), d.Path())}
 	}
 	fmt.Printf("ok: %s passes integrity_check and foreign_key_check; ledger verified at version %d\n", d.Path(), rep.SchemaVersion)
 	return nil
 }
 
 func runDBBackup(ctx context.Context, args []string) error {
-	fs := newFlagSet("db backup", "db backup [--config FILE] [--db PATH] [--force] [--format table|json] DEST", `
+	fs := cli.NewFlagSet("db backup", "db backup [--config FILE] [--db PATH] [--force] [--format table|json] DEST", `
 Write a consistent copy of the database to DEST (SQLite VACUUM INTO from one
 read transaction: safe while the daemon writes). The copy is written to a
 temporary file beside DEST and renamed, so DEST is never half written.
@@ -215,7 +217,7 @@ DEST must not exist unless --force is given.`)
 	}
 	dest := fs.Arg(0)
 	if _, err := os.Stat(dest); err == nil && !*force {
-		return &exitError{code: 1, msg: fmt.Sprintf("%s exists (use --force to replace it)", dest)}
+		return &cli.ExitError{Code: 1, Msg: fmt.Sprintf("%s exists (use --force to replace it)", dest)}
 	}
 	d, err := openDB(ctx, true)
 	if err != nil {
@@ -229,8 +231,8 @@ DEST must not exist unless --force is given.`)
 	if err != nil {
 		return fmt.Errorf("backup written but not found: %w", err)
 	}
-	if format.json() {
-		return writeJSON(os.Stdout, backupJSON{DB: d.Path(), Dest: dest, Bytes: st.Size()})
+	if format.JSON() {
+		return cli.WriteJSON(os.Stdout, backupJSON{DB: d.Path(), Dest: dest, Bytes: st.Size()})
 	}
 	fmt.Printf("backed up %s to %s (%d bytes)\n", d.Path(), dest, st.Size())
 	return nil
@@ -258,11 +260,11 @@ type checkJSON struct {
 // writeCheckJSON prints c and, when it has problems, makes the exit status
 // 1 without a message: the problems are in the JSON.
 func writeCheckJSON(c checkJSON) error {
-	if err := writeJSON(os.Stdout, c); err != nil {
+	if err := cli.WriteJSON(os.Stdout, c); err != nil {
 		return err
 	}
 	if !c.OK {
-		return &exitError{code: 1}
+		return &cli.ExitError{Code: 1}
 	}
 	return nil
 }

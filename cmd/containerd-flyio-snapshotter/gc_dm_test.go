@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/cmd/internal/cli"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/gc"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
@@ -340,7 +341,7 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 		}
 	}
 	code, out, errOut := runCommand(t, nil, append([]string{"rm", "--control-socket", e.cfg.Daemon.ControlSocket, "--format", "json"}, unused...)...)
-	var rmOut rmJSON
+	var rmOut cli.RmOutput
 	if err := json.Unmarshal([]byte(out), &rmOut); code != 0 || err != nil || len(rmOut.Removed) != len(unused) || rmOut.Error != "" {
 		t.Fatalf("rm --format json %v = %d, %q, %q (%v); want every image in removed", unused, code, out, errOut, err)
 	}

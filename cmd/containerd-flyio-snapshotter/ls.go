@@ -4,6 +4,8 @@ package main
 // any number of readers); `ls runs` is in ls_runs.go.
 
 import (
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/cmd/internal/cli"
+
 	"context"
 	"fmt"
 	"io"
@@ -50,7 +52,7 @@ kind. -q prints each row's id, one a line with no header, for scripts
 (ls images -q | xargs containerd-flyio-snapshotter rm).`
 
 func init() {
-	register(&command{name: "ls", summary: "list images, unpacked devices, chains, snapshots, locks or runs (read-only)", run: runLs})
+	cli.Register(&cli.Command{Name: "ls", Summary: "list images, unpacked devices, chains, snapshots, locks or runs (read-only)", Run: runLs})
 }
 
 // filterFlag collects repeated --filter KEY=VALUE.
@@ -294,8 +296,8 @@ func runLsKind[T any](ctx context.Context, w io.Writer, d *metadata.DB, k lsKind
 		}
 	}
 	switch format {
-	case formatJSON:
-		return writeJSON(w, kept)
+	case cli.FormatJSON:
+		return cli.WriteJSON(w, kept)
 	case formatIDs:
 		for _, r := range kept {
 			if _, err := fmt.Fprintln(w, k.id(r)); err != nil {
@@ -364,18 +366,18 @@ func lsKinds() map[string]lsEntry {
 }
 
 func runLs(ctx context.Context, args []string) error {
-	fs := newFlagSet("ls", "ls images|unpacked|chains|snapshots|locks|runs [--filter KEY=VALUE]... [--format table|json | -q] [--config FILE] [--db PATH]", lsDescription)
+	fs := cli.NewFlagSet("ls", "ls images|unpacked|chains|snapshots|locks|runs [--filter KEY=VALUE]... [--format table|json | -q] [--config FILE] [--db PATH]", lsDescription)
 	var filters filterFlag
 	fs.Var(&filters, "filter", "keep rows whose `KEY=VALUE` matches (repeatable; keys per kind above)")
-	format := addFormatFlag(fs, defaultFormatUsage)
+	format := cli.AddFormatFlag(fs, cli.DefaultFormatUsage)
 	quiet := fs.Bool("q", false, "print only each row's id, one a line, without a header (ids per kind above)")
-	addDBFlags(fs)
+	cli.AddDBFlags(fs)
 	// Flags may come before or after the kind: parse, take a positional
 	// word, parse the rest again.
 	var words []string
 	rest := args
 	for {
-		if err := parseFlags(fs, rest); err != nil {
+		if err := cli.ParseFlags(fs, rest); err != nil {
 			return err
 		}
 		if fs.NArg() == 0 {
@@ -386,30 +388,30 @@ func runLs(ctx context.Context, args []string) error {
 	}
 	kinds := lsKinds()
 	if len(words) == 0 {
-		return usageError(fs, "name what to list: images, unpacked, chains, snapshots, locks or runs")
+		return cli.UsageError(fs, "name what to list: images, unpacked, chains, snapshots, locks or runs")
 	}
 	kind := words[0]
 	k, ok := kinds[kind]
 	if !ok {
-		return usageError(fs, fmt.Sprintf("unknown kind %q (want images, unpacked, chains, snapshots, locks or runs)", kind))
+		return cli.UsageError(fs, fmt.Sprintf("unknown kind %q (want images, unpacked, chains, snapshots, locks or runs)", kind))
 	}
 	all := append([]string(nil), filters...)
 	if len(words) > 1 {
 		if kind != "runs" {
-			return usageError(fs, fmt.Sprintf("unexpected argument %q (filters go in --filter KEY=VALUE)", words[1]))
+			return cli.UsageError(fs, fmt.Sprintf("unexpected argument %q (filters go in --filter KEY=VALUE)", words[1]))
 		}
 		all = append(all, words[1:]...)
 	}
-	out := format.value
+	out := format.String()
 	if *quiet {
-		if format.json() {
-			return usageError(fs, "-q and --format json contradict each other: choose one")
+		if format.JSON() {
+			return cli.UsageError(fs, "-q and --format json contradict each other: choose one")
 		}
 		out = formatIDs
 	}
 	if k.validate != nil {
 		if err := k.validate(all); err != nil {
-			return usageError(fs, err.Error())
+			return cli.UsageError(fs, err.Error())
 		}
 	}
 	cfg, err := loadConfig()

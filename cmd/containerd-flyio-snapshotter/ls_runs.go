@@ -4,6 +4,8 @@ package main
 // them; the ls command (ls.go) dispatches here.
 
 import (
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/cmd/internal/cli"
+
 	"context"
 	"encoding/json"
 	"fmt"
@@ -32,7 +34,7 @@ func lsRuns(ctx context.Context, db *metadata.DB, w io.Writer, format string, fi
 	if err != nil {
 		return err
 	}
-	if format != "" && format != formatTable && format != formatJSON && format != formatIDs {
+	if format != "" && format != cli.FormatTable && format != cli.FormatJSON && format != formatIDs {
 		return fmt.Errorf("ls runs: format %q: want table or json", format)
 	}
 	runs, err := fsm.NewSQLiteStore(db).ListRuns(ctx, f)
@@ -105,7 +107,7 @@ type runJSON struct {
 
 // writeRuns renders runs; ages are taken at now.
 func writeRuns(w io.Writer, runs []fsm.RunRecord, format string, now time.Time) error {
-	if format == formatJSON {
+	if format == cli.FormatJSON {
 		out := make([]runJSON, 0, len(runs))
 		for _, r := range runs {
 			j := runJSON{
@@ -123,7 +125,7 @@ func writeRuns(w io.Writer, runs []fsm.RunRecord, format string, now time.Time) 
 			}
 			out = append(out, j)
 		}
-		return writeJSON(w, out)
+		return cli.WriteJSON(w, out)
 	}
 	if format == formatIDs {
 		for _, r := range runs {

@@ -17,6 +17,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/cmd/internal/cli"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
@@ -70,7 +71,7 @@ func TestForeignContainerdImageKept(t *testing.T) {
 		}
 	}
 	sock := e.cfg.Daemon.ControlSocket
-	cli := func(args ...string) (int, string, string) {
+	run := func(args ...string) (int, string, string) {
 		t.Helper()
 		return runCommand(t, nil, append(args[:1:1], append([]string{"--control-socket", sock}, args[1:]...)...)...)
 	}
@@ -90,7 +91,7 @@ func TestForeignContainerdImageKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.srv.Put(t, "x/1.tar", genLayer(t, 1, "x", 1, 4096, true))
-	code, _, errOut := cli("pull", url("x/"), "--name", reg)
+	code, _, errOut := run("pull", url("x/"), "--name", reg)
 	for _, want := range []string{reg, "not created by this daemon", `"io.cri-containerd.pinned"="pinned"`, desc.Digest.String(), "--replace"} {
 		if code != 1 || !strings.Contains(errOut, want) {
 			t.Errorf("pull --name %s = %d, %q; want 1 and %q", reg, code, errOut, want)
@@ -101,13 +102,13 @@ func TestForeignContainerdImageKept(t *testing.T) {
 		t.Errorf("the refused name is recorded for image %s", id)
 	}
 	// rm of that name finds no image of ours and leaves it.
-	if code, _, errOut := cli("rm", reg); code != 1 || !strings.Contains(errOut, "no image pulled under that name") {
+	if code, _, errOut := run("rm", reg); code != 1 || !strings.Contains(errOut, "no image pulled under that name") {
 		t.Errorf("rm %s = %d, %q; want 1, no image pulled under that name", reg, code, errOut)
 	}
 	kept("after rm", reg)
 	// The same as one JSON object: nothing removed, and why.
-	code, out, errOut := cli("rm", reg, "--format", "json")
-	var rmOut rmJSON
+	code, out, errOut := run("rm", reg, "--format", "json")
+	var rmOut cli.RmOutput
 	if err := json.Unmarshal([]byte(out), &rmOut); code != 1 || err != nil || errOut != "" || len(rmOut.Removed) != 0 ||
 		!strings.Contains(rmOut.Error, "no image pulled under that name") {
 		t.Errorf("rm %s --format json = %d, %q, %q (%v); want 1 and the reason in the JSON only", reg, code, out, errOut, err)
@@ -140,13 +141,13 @@ func TestForeignContainerdImageKept(t *testing.T) {
 	// activate --format json: the daemon's answer, naming the image's
 	// activation (through its default name: the one taken over is the
 	// registry's now, which activate would not register over).
-	code, out, errOut = cli("activate", yName, "--format", "json")
+	code, out, errOut = run("activate", yName, "--format", "json")
 	var act api.ActivateResponse
 	if err := json.Unmarshal([]byte(out), &act); code != 0 || err != nil || act.ImageID != named(yName) ||
 		act.SnapshotName != pipeline.ActivationKey(act.ImageID) || !act.Active || !strings.HasPrefix(act.DevicePath, "/dev/") {
 		t.Errorf("activate %s --format json = %d, %q, %q (%v)", yName, code, out, errOut, err)
 	}
-	if code, out, errOut := cli("rm", taken); code != 0 || !strings.Contains(out, "removed ") {
+	if code, out, errOut := run("rm", taken); code != 0 || !strings.Contains(out, "removed ") {
 		t.Fatalf("rm %s = %d, %q, %q", taken, code, out, errOut)
 	}
 	kept("after rm of the S3 image", taken)

@@ -1,8 +1,9 @@
 package main
 
 import (
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/cmd/internal/cli"
+
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -33,13 +34,13 @@ Subcommands:
 `
 
 func init() {
-	register(&command{name: "pool", summary: "inspect the thin pool (status, ls, quarantine)", run: runPool})
+	cli.Register(&cli.Command{Name: "pool", Summary: "inspect the thin pool (status, ls, quarantine)", Run: runPool})
 }
 
 func runPool(ctx context.Context, args []string) error {
-	fs := newFlagSet("pool", "pool status|ls|quarantine [flags]", poolDescription)
+	fs := cli.NewFlagSet("pool", "pool status|ls|quarantine [flags]", poolDescription)
 	if len(args) == 0 {
-		return usageError(fs, "name a subcommand: status, ls or quarantine")
+		return cli.UsageError(fs, "name a subcommand: status, ls or quarantine")
 	}
 	switch args[0] {
 	case "-h", "--help", "-help", "help":
@@ -53,18 +54,18 @@ func runPool(ctx context.Context, args []string) error {
 	case "quarantine":
 		return runPoolQuarantine(ctx, args[1:])
 	default:
-		return usageError(fs, fmt.Sprintf("unknown pool subcommand %q (want status, ls or quarantine)", args[0]))
+		return cli.UsageError(fs, fmt.Sprintf("unknown pool subcommand %q (want status, ls or quarantine)", args[0]))
 	}
 }
 
 // parsePoolFlags parses a pool subcommand's flags, which take no
 // positional arguments.
 func parsePoolFlags(fs *flag.FlagSet, args []string) error {
-	if err := parseFlags(fs, args); err != nil {
+	if err := cli.ParseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return usageError(fs, fmt.Sprintf("unexpected argument %q", fs.Arg(0)))
+		return cli.UsageError(fs, fmt.Sprintf("unexpected argument %q", fs.Arg(0)))
 	}
 	return nil
 }
@@ -156,10 +157,10 @@ func newPoolStatusView(name string, st thinpool.PoolStatus, reserve float64) poo
 }
 
 func runPoolStatus(ctx context.Context, args []string) error {
-	fs := newFlagSet("pool status", "pool status [--config FILE] [--format table|json]",
+	fs := cli.NewFlagSet("pool status", "pool status [--config FILE] [--format table|json]",
 		"Prints the thin pool's mode (ro when the metadata is full or needs_check is set), block size, data and metadata space used and total, as the kernel reports them, its low-water mark, its reserve (pool.min_free_space) and whether new devices are refused for it, what writes do on a full pool (wait for the no-space timeout, or fail) and what they do now, and for loop files the free space of their filesystem.")
-	addConfigFlags(fs)
-	format := addFormatFlag(fs, defaultFormatUsage)
+	cli.AddConfigFlags(fs)
+	format := cli.AddFormatFlag(fs, cli.DefaultFormatUsage)
 	if err := parsePoolFlags(fs, args); err != nil {
 		return err
 	}
@@ -189,8 +190,8 @@ func runPoolStatus(ctx context.Context, args []string) error {
 		return err
 	}
 	v.BackingFSFreeBytes, v.LoopFilesVirtualBytes = b.FSFree, b.Virtual
-	if format.json() {
-		return writeJSON(os.Stdout, v)
+	if format.JSON() {
+		return cli.WriteJSON(os.Stdout, v)
 	}
 	return writePoolStatusTable(os.Stdout, v, b.Loop)
 }
@@ -273,12 +274,6 @@ func humanBytes(n uint64) string {
 	return fmt.Sprintf("%.1f %s", v, units[i])
 }
 
-func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
 // thinRow is one thin id of `pool ls`: what the pool and the database each
 // say about it.
 type thinRow struct {
@@ -299,14 +294,14 @@ type thinRow struct {
 }
 
 func runPoolLs(ctx context.Context, args []string) error {
-	fs := newFlagSet("pool ls", "pool ls [--config FILE] [--db PATH] [--format table|json] [--check]", `
+	fs := cli.NewFlagSet("pool ls", "pool ls [--config FILE] [--db PATH] [--format table|json] [--check]", `
 Lists every thin id in the pool's metadata next to the database's record of
 it (device name, role, state, pending intent, quarantine) and the active
 device-mapper device mapping it, and flags each disagreement: an id in the
 pool that the database does not explain, or a device record whose id is not
 in the pool. The database is opened read-only.`)
-	addDBFlags(fs)
-	format := addFormatFlag(fs, defaultFormatUsage)
+	cli.AddDBFlags(fs)
+	format := cli.AddFormatFlag(fs, cli.DefaultFormatUsage)
 	check := fs.Bool("check", false, "exit with status 1 when pool and database disagree")
 	if err := parsePoolFlags(fs, args); err != nil {
 		return err
@@ -329,8 +324,8 @@ in the pool. The database is opened read-only.`)
 	if err != nil {
 		return err
 	}
-	if format.json() {
-		if err := writeJSON(os.Stdout, rows); err != nil {
+	if format.JSON() {
+		if err := cli.WriteJSON(os.Stdout, rows); err != nil {
 			return err
 		}
 	} else {
@@ -352,7 +347,7 @@ in the pool. The database is opened read-only.`)
 	if *check {
 		for _, r := range rows {
 			if r.Problem != "" {
-				return &exitError{code: 1, msg: fmt.Sprintf("pool %s and database %s disagree (first: thin id %d: %s)", pool.Name(), cfg.Metadata.Path, r.ID, r.Problem)}
+				return &cli.ExitError{Code: 1, Msg: fmt.Sprintf("pool %s and database %s disagree (first: thin id %d: %s)", pool.Name(), cfg.Metadata.Path, r.ID, r.Problem)}
 			}
 		}
 	}

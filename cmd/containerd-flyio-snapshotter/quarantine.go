@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/cmd/internal/cli"
+
 	"context"
 	"fmt"
 	"os"
@@ -33,9 +35,9 @@ delete and release need the pool active (the daemon activates it).
 
 func runPoolQuarantine(ctx context.Context, args []string) error {
 	const synopsis = "pool quarantine ls|delete|release [flags] [ID...]"
-	fs := newFlagSet("pool quarantine", synopsis, quarantineDescription)
+	fs := cli.NewFlagSet("pool quarantine", synopsis, quarantineDescription)
 	if len(args) == 0 {
-		return usageError(fs, "name a subcommand: ls, delete or release")
+		return cli.UsageError(fs, "name a subcommand: ls, delete or release")
 	}
 	switch args[0] {
 	case "-h", "--help", "-help", "help":
@@ -49,7 +51,7 @@ func runPoolQuarantine(ctx context.Context, args []string) error {
 	case "release":
 		return runQuarantineChange(ctx, "release", args[1:], snapshotter.ReleaseQuarantined)
 	default:
-		return usageError(fs, fmt.Sprintf("unknown pool quarantine subcommand %q (want ls, delete or release)", args[0]))
+		return cli.UsageError(fs, fmt.Sprintf("unknown pool quarantine subcommand %q (want ls, delete or release)", args[0]))
 	}
 }
 
@@ -64,12 +66,12 @@ type quarantineView struct {
 }
 
 func runQuarantineLs(ctx context.Context, args []string) error {
-	fs := newFlagSet("pool quarantine ls", "pool quarantine ls [--config FILE] [--db PATH] [--format table|json]", `
+	fs := cli.NewFlagSet("pool quarantine ls", "pool quarantine ls [--config FILE] [--db PATH] [--format table|json]", `
 Lists every quarantined thin id with whether the pool still holds it
 ("unknown" when the pool is not active), whether its device was deleted,
 since when it is quarantined and why. The database is opened read-only.`)
-	addDBFlags(fs)
-	format := addFormatFlag(fs, defaultFormatUsage)
+	cli.AddDBFlags(fs)
+	format := cli.AddFormatFlag(fs, cli.DefaultFormatUsage)
 	if err := parsePoolFlags(fs, args); err != nil {
 		return err
 	}
@@ -103,8 +105,8 @@ since when it is quarantined and why. The database is opened read-only.`)
 		}
 		rows = append(rows, quarantineView{ThinID: q.DeviceID, InPool: in, Deleted: q.Deleted, Since: time.Unix(0, q.QuarantinedNs).UTC(), Reason: q.Reason})
 	}
-	if format.json() {
-		return writeJSON(os.Stdout, rows)
+	if format.JSON() {
+		return cli.WriteJSON(os.Stdout, rows)
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tIN POOL\tDELETED\tSINCE\tREASON")
@@ -119,7 +121,7 @@ since when it is quarantined and why. The database is opened read-only.`)
 // read-write; it goes on past an id it cannot change and fails at the end.
 func runQuarantineChange(ctx context.Context, verb string, args []string,
 	change func(context.Context, *metadata.DB, snapshotter.DevicePool, uint32) error) error {
-	fs := newFlagSet("pool quarantine "+verb, "pool quarantine "+verb+" [--config FILE] [--db PATH] [--format table|json] ID...", map[string]string{
+	fs := cli.NewFlagSet("pool quarantine "+verb, "pool quarantine "+verb+" [--config FILE] [--db PATH] [--format table|json] ID...", map[string]string{
 		"delete": `
 Deletes the device of each quarantined thin id from the pool, after
 removing any device-mapper device mapping it; the id stays quarantined,
@@ -133,19 +135,19 @@ Prints a line per id changed, and the reason for each id not changed on
 stderr; with --format json, a JSON list with an object per id: thin_id,
 ok, and the error when not ok (nothing on stderr). Exit status 1 when an
 id was not changed.`)
-	addDBFlags(fs)
-	format := addFormatFlag(fs, defaultFormatUsage)
-	if err := parseFlags(fs, args); err != nil {
+	cli.AddDBFlags(fs)
+	format := cli.AddFormatFlag(fs, cli.DefaultFormatUsage)
+	if err := cli.ParseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() == 0 {
-		return usageError(fs, "name at least one quarantined thin id (pool quarantine ls lists them)")
+		return cli.UsageError(fs, "name at least one quarantined thin id (pool quarantine ls lists them)")
 	}
 	var ids []uint32
 	for _, a := range fs.Args() {
 		id, err := strconv.ParseUint(a, 10, 32)
 		if err != nil || id == 0 || id > thinpool.MaxThinID {
-			return usageError(fs, fmt.Sprintf("thin id %q: must be a number from 1 to %d", a, thinpool.MaxThinID))
+			return cli.UsageError(fs, fmt.Sprintf("thin id %q: must be a number from 1 to %d", a, thinpool.MaxThinID))
 		}
 		ids = append(ids, uint32(id))
 	}
@@ -171,26 +173,26 @@ id was not changed.`)
 		if err != nil {
 			failed++
 			results[len(results)-1].Error = err.Error()
-			if !format.json() {
+			if !format.JSON() {
 				fmt.Fprintf(os.Stderr, "%s: %v\n", verb, err)
 			}
 			continue
 		}
-		if !format.json() {
+		if !format.JSON() {
 			fmt.Printf("%s %d\n", map[string]string{"delete": "deleted", "release": "released"}[verb], id)
 		}
 	}
-	if format.json() {
-		if err := writeJSON(os.Stdout, results); err != nil {
+	if format.JSON() {
+		if err := cli.WriteJSON(os.Stdout, results); err != nil {
 			return err
 		}
 		if failed > 0 {
-			return &exitError{code: 1}
+			return &cli.ExitError{Code: 1}
 		}
 		return nil
 	}
 	if failed > 0 {
-		return &exitError{code: 1, msg: fmt.Sprintf("pool quarantine %s: %d of %d ids not changed", verb, failed, len(ids))}
+		return &cli.ExitError{Code: 1, Msg: fmt.Sprintf("pool quarantine %s: %d of %d ids not changed", verb, failed, len(ids))}
 	}
 	return nil
 }

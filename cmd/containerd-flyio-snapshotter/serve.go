@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/cmd/internal/cli"
+
 	"context"
 	"fmt"
 	"os"
@@ -48,7 +50,7 @@ refused by policy rule.
 `
 
 func init() {
-	register(&command{name: "serve", summary: "run the snapshotter daemon (containerd proxy plugin)", run: runServe})
+	cli.Register(&cli.Command{Name: "serve", Summary: "run the snapshotter daemon (containerd proxy plugin)", Run: runServe})
 }
 
 // serveFlags are serve's flags beyond --config and --db; each overrides
@@ -58,8 +60,8 @@ type serveFlags struct {
 }
 
 func newServeFlagSet() (*serveFlags, func(args []string) error) {
-	fs := newFlagSet("serve", "serve [--config FILE] [flags]", serveDescription)
-	addDBFlags(fs)
+	fs := cli.NewFlagSet("serve", "serve [--config FILE] [flags]", serveDescription)
+	cli.AddDBFlags(fs)
 	f := &serveFlags{}
 	fs.StringVar(&f.socket, "socket", "", "unix socket `PATH` of the snapshots gRPC API containerd's proxy plugin calls, overriding daemon.socket (the control socket is --control-socket)")
 	fs.StringVar(&f.controlSocket, "control-socket", "", "unix socket `PATH` of the control API (pull, rm, activate), overriding daemon.control_socket")
@@ -67,11 +69,11 @@ func newServeFlagSet() (*serveFlags, func(args []string) error) {
 	fs.StringVar(&f.logLevel, "log-level", "", "log `LEVEL` (trace, debug, info, warn, error), overriding daemon.log_level")
 	fs.StringVar(&f.logFormat, "log-format", "", "log `FORMAT` (text or json), overriding daemon.log_format")
 	return f, func(args []string) error {
-		if err := parseFlags(fs, args); err != nil {
+		if err := cli.ParseFlags(fs, args); err != nil {
 			return err
 		}
 		if fs.NArg() > 0 {
-			return usageError(fs, fmt.Sprintf("unexpected argument %q (serve takes only flags)", fs.Arg(0)))
+			return cli.UsageError(fs, fmt.Sprintf("unexpected argument %q (serve takes only flags)", fs.Arg(0)))
 		}
 		return nil
 	}
@@ -99,7 +101,7 @@ func (f *serveFlags) serveConfig() (*plugin.Config, error) {
 		cfg.Daemon.LogFormat = f.logFormat
 	}
 	if err := cfg.Validate(); err != nil {
-		return nil, &exitError{code: 2, msg: fmt.Sprintf("invalid configuration after flags: %v", err)}
+		return nil, &cli.ExitError{Code: 2, Msg: fmt.Sprintf("invalid configuration after flags: %v", err)}
 	}
 	return cfg, nil
 }
@@ -119,7 +121,7 @@ func runServe(ctx context.Context, args []string) (err error) {
 	if err := log.SetFormat(log.OutputFormat(cfg.Daemon.LogFormat)); err != nil {
 		return fmt.Errorf("daemon.log_format %q: %w", cfg.Daemon.LogFormat, err)
 	}
-	l := log.G(ctx).WithField("version", version)
+	l := log.G(ctx).WithField("version", cli.Version)
 	boundResidentMemory(l)
 	l.WithField("socket", cfg.Daemon.Socket).WithField("db", cfg.Metadata.Path).WithField("pool", cfg.Pool.Name).Info("starting")
 
@@ -127,7 +129,7 @@ func runServe(ctx context.Context, args []string) (err error) {
 	if err != nil {
 		return err
 	}
-	svc.Build = metrics.BuildInfo{Version: version, Commit: commit}
+	svc.Build = metrics.BuildInfo{Version: cli.Version, Commit: cli.Commit}
 	defer func() {
 		if cerr := svc.Close(); cerr != nil {
 			l.WithError(cerr).Error("closing the service")

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -25,6 +26,8 @@ import (
 var (
 	startupCLI = flag.String("flyio.cli", "../../bin/containerd-flyio-snapshotter",
 		"BenchmarkCLIStartup: the binary to time (make build writes the default)")
+	startupCtl = flag.String("flyio.ctl", "../../bin/flyioctl",
+		"BenchmarkCLIStartup: the light client to time beside it (make build writes the default)")
 	startupBase = flag.String("flyio.cli-base", "",
 		"BenchmarkCLIStartup: a second binary timed in the same run (e.g. main's build), for a before/after")
 	startupRounds = flag.Int("flyio.startup-rounds", 100, "BenchmarkCLIStartup: runs of each command")
@@ -111,7 +114,7 @@ func BenchmarkCLIStartup(b *testing.B) {
 	defer func() {
 		cancel()
 		if err := <-served; err != nil {
-			b.Errorf("control.Serve: %v", err)
+			b.Errorf("server.Serve: %v", err)
 		}
 	}()
 	cfg := filepath.Join(dir, "config.toml")
@@ -138,7 +141,7 @@ func BenchmarkCLIStartup(b *testing.B) {
 			b.Fatalf("the CLI binary %s (run make build first, or pass -flyio.cli): %v", abs, err)
 		}
 		cmds = append(cmds,
-			&timedCmd{label: name + " version", args: []string{abs, "version"}, want: "containerd-flyio-snapshotter "},
+			&timedCmd{label: name + " version", args: []string{abs, "version"}, want: " (commit "},
 			&timedCmd{label: name + " pull --control-socket (re-pull)", args: []string{abs, "pull", "--control-socket", sock, image, "--name", "app"}, want: result},
 			&timedCmd{label: name + " pull --config (re-pull)", args: []string{abs, "pull", "--config", cfg, image, "--name", "app"}, want: result})
 	}
@@ -146,6 +149,9 @@ func BenchmarkCLIStartup(b *testing.B) {
 		addCLI("base:", *startupBase)
 	}
 	addCLI("cli:", *startupCLI)
+	full := cmds[len(cmds)-3:]
+	addCLI("flyioctl:", *startupCtl)
+	light := cmds[len(cmds)-3:]
 
 	wrap := strings.Fields(*startupWrap)
 	for _, c := range cmds { // warm the page cache and the emulator's first run
@@ -171,13 +177,22 @@ func BenchmarkCLIStartup(b *testing.B) {
 		fmt.Fprintf(w, "| %s | %s | %.2f | %s | %.2f |\n", c.label, mw.Round(10*time.Microsecond), float64(mw)/float64(aw),
 			mc.Round(10*time.Microsecond), float64(mc)/float64(ac))
 	}
-	last := cmds[len(cmds)-3:]
-	b.ReportMetric(float64(median(last[0].wall))/float64(aw), "version/hello")
-	b.ReportMetric(float64(median(last[2].wall))/float64(aw), "repull/hello")
-	b.ReportMetric(float64(median(last[2].wall).Microseconds())/1000, "repull-ms")
+	b.ReportMetric(float64(median(full[0].wall))/float64(aw), "version/hello")
+	b.ReportMetric(float64(median(full[2].wall))/float64(aw), "repull/hello")
+	b.ReportMetric(float64(median(full[2].wall).Microseconds())/1000, "repull-ms")
+	b.ReportMetric(float64(median(light[2].wall))/float64(aw), "ctl-repull/hello")
+	b.ReportMetric(float64(median(light[2].wall).Microseconds())/1000, "ctl-repull-ms")
 
-	inits := initCosts(b, wrap, last[0].args, 9)
-	fmt.Fprintf(w, "\nwhere `%s version` spends its package initialisers (GODEBUG=inittrace=1, median of 9 runs per package, grouped by module):\n", filepath.Base(last[0].args[0]))
+	for _, c := range []*timedCmd{full[0], light[0]} {
+		printInitCosts(b, w, wrap, c.args)
+	}
+}
+
+// printInitCosts prints where the command args (a binary's version)
+// spends its package initialisers, grouped by module.
+func printInitCosts(b *testing.B, w io.Writer, wrap, args []string) {
+	inits := initCosts(b, wrap, args, 9)
+	fmt.Fprintf(w, "\nwhere `%s version` spends its package initialisers (GODEBUG=inittrace=1, median of 9 runs per package, grouped by module):\n", filepath.Base(args[0]))
 	fmt.Fprintf(w, "| module | init clock | share |\n|---|---|---|\n")
 	var total float64
 	for _, c := range inits {

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/cmd/internal/cli"
+
 	"context"
 	"errors"
 	"fmt"
@@ -11,10 +13,10 @@ import (
 )
 
 func init() {
-	register(&command{
-		name:    "validate",
-		summary: "check a tarball offline against the extraction policy",
-		run: func(ctx context.Context, args []string) error {
+	cli.Register(&cli.Command{
+		Name:    "validate",
+		Summary: "check a tarball offline against the extraction policy",
+		Run: func(ctx context.Context, args []string) error {
 			return runValidate(ctx, args, os.Stdin, os.Stdout, os.Stderr)
 		},
 	})
@@ -52,20 +54,20 @@ rejected one (nothing on stderr then); the exit status is the same.
 
 // runValidate is the validate subcommand with its streams as parameters.
 func runValidate(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-	fs := newFlagSet("validate", "validate [--config FILE] [--allow-setid] [--format table|json] FILE.tar[.gz|.zst]|-", validateHelp)
-	addConfigFlags(fs)
-	format := addFormatFlag(fs, defaultFormatUsage)
+	fs := cli.NewFlagSet("validate", "validate [--config FILE] [--allow-setid] [--format table|json] FILE.tar[.gz|.zst]|-", validateHelp)
+	cli.AddConfigFlags(fs)
+	format := cli.AddFormatFlag(fs, cli.DefaultFormatUsage)
 	allowSetID := fs.Bool("allow-setid", false, "accept setuid/setgid files and file capabilities even when the config's pipeline.allow_setid does not")
-	pos, err := parseInterspersed(fs, args)
+	pos, err := cli.ParseInterspersed(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 {
-		return usageError(fs, "expected exactly one FILE.tar (or - for standard input)")
+		return cli.UsageError(fs, "expected exactly one FILE.tar (or - for standard input)")
 	}
 	cfg, err := loadConfig()
 	if err != nil {
-		return &exitError{code: 2, msg: err.Error()}
+		return &cli.ExitError{Code: 2, Msg: err.Error()}
 	}
 	limits := cfg.TarLimits()
 	limits.AllowSetID = limits.AllowSetID || *allowSetID
@@ -75,7 +77,7 @@ func runValidate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	if name != "-" {
 		f, err := os.Open(name)
 		if err != nil {
-			return &exitError{code: 2, msg: tarball.Escape(err.Error())}
+			return &cli.ExitError{Code: 2, Msg: tarball.Escape(err.Error())}
 		}
 		defer f.Close()
 		in = f
@@ -83,22 +85,22 @@ func runValidate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	rep, err := tarball.Validate(ctx, in, limits)
 	if err != nil {
 		if tarball.IsRejection(err) {
-			if format.json() {
-				if werr := writeJSON(stdout, validateJSON{File: name, Rejection: err.Error()}); werr != nil {
+			if format.JSON() {
+				if werr := cli.WriteJSON(stdout, validateJSON{File: name, Rejection: err.Error()}); werr != nil {
 					return werr
 				}
 			} else {
 				fmt.Fprintf(stderr, "%s: %v\n", shown, err)
 			}
-			return &exitError{code: 1}
+			return &cli.ExitError{Code: 1}
 		}
 		if errors.Is(err, context.Canceled) {
-			return &exitError{code: 2, msg: "interrupted"}
+			return &cli.ExitError{Code: 2, Msg: "interrupted"}
 		}
-		return &exitError{code: 2, msg: fmt.Sprintf("%s: %v", shown, err)}
+		return &cli.ExitError{Code: 2, Msg: fmt.Sprintf("%s: %v", shown, err)}
 	}
-	if format.json() {
-		return writeJSON(stdout, validateJSON{File: name, Accepted: true, ValidateReport: &ValidateReport{
+	if format.JSON() {
+		return cli.WriteJSON(stdout, validateJSON{File: name, Accepted: true, ValidateReport: &ValidateReport{
 			Entries: rep.Entries, Files: rep.Files, Dirs: rep.Dirs,
 			Symlinks: rep.Symlinks, Hardlinks: rep.Hardlinks, Whiteouts: rep.Whiteouts, FileBytes: rep.TotalBytes,
 			HasRootfs: rep.HasRootfs, Compression: rep.Compression.String(), DiffID: rep.DiffID,

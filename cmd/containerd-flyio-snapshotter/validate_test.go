@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/cmd/internal/cli"
+
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
@@ -48,7 +50,7 @@ func TestValidateCommandHelperProcess(t *testing.T) {
 			break
 		}
 	}
-	os.Exit(run(args))
+	os.Exit(cli.Main(args))
 }
 
 // runCommand runs `containerd-flyio-snapshotter ARGS...` as a process (this

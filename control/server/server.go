@@ -55,7 +55,7 @@ func servePull(p Puller, w http.ResponseWriter, r *http.Request) {
 	}
 	if req.Ref != "" {
 		if err := pipeline.CheckName(req.Ref); err != nil {
-			writeJSON(w, http.StatusBadRequest, control.Line{Error: "pull: " + err.Error()})
+			writeJSON(w, http.StatusBadRequest, control.Line{Error: err.Error()})
 			return
 		}
 	}

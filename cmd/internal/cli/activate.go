@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -16,21 +16,21 @@ reason on failure, 2 on a usage error.
 `
 
 func init() {
-	register(&command{name: "activate", summary: "(re)activate a pulled image's snapshot (via the daemon)", run: runActivate})
+	Register(&Command{Name: "activate", Summary: "(re)activate a pulled image's snapshot (via the daemon)", Run: runActivate})
 }
 
 func runActivate(ctx context.Context, args []string) error {
-	fs := newFlagSet("activate", "activate REF [--format table|json] [--config FILE] [--control-socket PATH]", activateDescription)
-	addConfigFlags(fs)
+	fs := NewFlagSet("activate", "activate REF [--format table|json] [--config FILE] [--control-socket PATH]", activateDescription)
+	AddConfigFlags(fs)
 	var socket string
 	addControlSocketFlag(fs, &socket)
-	format := addFormatFlag(fs, defaultFormatUsage)
-	pos, err := parseInterspersed(fs, args)
+	format := AddFormatFlag(fs, DefaultFormatUsage)
+	pos, err := ParseInterspersed(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 {
-		return usageError(fs, "activate takes exactly one REF argument (the name given to pull, or its s3:// source)")
+		return UsageError(fs, "activate takes exactly one REF argument (the name given to pull, or its s3:// source)")
 	}
 	c, err := controlClient(socket)
 	if err != nil {
@@ -40,8 +40,8 @@ func runActivate(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if format.json() {
-		return writeJSON(os.Stdout, res)
+	if format.JSON() {
+		return WriteJSON(os.Stdout, res)
 	}
 	fmt.Fprintf(os.Stdout, "active %s: snapshot %s on device %s, origin device %d\n",
 		pos[0], res.SnapshotName, res.DevicePath, res.OriginDevice)

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -23,25 +23,25 @@ every REF was removed, 1 with the reasons otherwise, 2 on a usage error.
 `
 
 func init() {
-	register(&command{name: "rm", summary: "remove pulled images not in use (via the daemon)", run: runRm})
+	Register(&Command{Name: "rm", Summary: "remove pulled images not in use (via the daemon)", Run: runRm})
 }
 
 func runRm(ctx context.Context, args []string) error {
-	fs := newFlagSet("rm", "rm REF... [--format table|json] [--config FILE] [--control-socket PATH]", rmDescription)
-	addConfigFlags(fs)
+	fs := NewFlagSet("rm", "rm REF... [--format table|json] [--config FILE] [--control-socket PATH]", rmDescription)
+	AddConfigFlags(fs)
 	var socket string
 	addControlSocketFlag(fs, &socket)
-	format := addFormatFlag(fs, defaultFormatUsage)
-	pos, err := parseInterspersed(fs, args)
+	format := AddFormatFlag(fs, DefaultFormatUsage)
+	pos, err := ParseInterspersed(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) == 0 {
-		return usageError(fs, "rm takes at least one REF argument (a name given to pull, or its s3:// source)")
+		return UsageError(fs, "rm takes at least one REF argument (a name given to pull, or its s3:// source)")
 	}
 	for _, ref := range pos {
 		if ref == "" {
-			return usageError(fs, "a REF must not be empty")
+			return UsageError(fs, "a REF must not be empty")
 		}
 	}
 	c, err := controlClient(socket)
@@ -49,25 +49,25 @@ func runRm(ctx context.Context, args []string) error {
 		return err
 	}
 	removed, err := c.Remove(ctx, pos)
-	if format.json() {
-		out := rmJSON{Removed: make([]removedJSON, 0, len(removed))}
+	if format.JSON() {
+		out := RmOutput{Removed: make([]RemovedOutput, 0, len(removed))}
 		for _, r := range removed {
 			names := r.Names
 			if names == nil {
 				names = []string{} // a list in JSON, even when empty
 			}
-			out.Removed = append(out.Removed, removedJSON{ImageID: r.ImageID, Source: r.Source, Names: names, FreedBytes: r.Freed})
+			out.Removed = append(out.Removed, RemovedOutput{ImageID: r.ImageID, Source: r.Source, Names: names, FreedBytes: r.Freed})
 		}
 		if err != nil {
 			out.Error = err.Error()
 		}
-		if werr := writeJSON(os.Stdout, out); werr != nil {
+		if werr := WriteJSON(os.Stdout, out); werr != nil {
 			return werr
 		}
 		if err != nil {
 			// The reasons are in the JSON: stderr stays quiet, as for
 			// pull --format json.
-			return &exitError{code: 1}
+			return &ExitError{Code: 1}
 		}
 		return nil
 	}
@@ -77,15 +77,15 @@ func runRm(ctx context.Context, args []string) error {
 	return err
 }
 
-// rmJSON is what `rm --format json` prints: the images removed, and why
+// RmOutput is what `rm --format json` prints: the images removed, and why
 // the others were not.
-type rmJSON struct {
-	Removed []removedJSON `json:"removed"`
-	Error   string        `json:"error,omitempty"`
+type RmOutput struct {
+	Removed []RemovedOutput `json:"removed"`
+	Error   string          `json:"error,omitempty"`
 }
 
-// removedJSON is one image rm removed.
-type removedJSON struct {
+// RemovedOutput is one image rm removed.
+type RemovedOutput struct {
 	ImageID    string   `json:"image_id"`
 	Source     string   `json:"source"`
 	Names      []string `json:"names"`

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -16,7 +16,6 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 )
 
 const pullDescription = `
@@ -69,30 +68,29 @@ files), then {"result":{...}} or {"error":"..."}. Exit status 0 on success,
 `
 
 func init() {
-	register(&command{name: "pull", summary: "pull an S3 image into the thin pool (via the daemon)", run: runPull})
+	Register(&Command{Name: "pull", Summary: "pull an S3 image into the thin pool (via the daemon)", Run: runPull})
 }
 
 // controlClient returns the client of the daemon's control socket.
 func controlClient(socket string) (*control.Client, error) {
 	if socket == "" {
-		cfg, err := loadConfig()
-		if err != nil {
+		var err error
+		if socket, err = control.SocketFromConfig(Config.Path, !Config.Explicit); err != nil {
 			return nil, err
 		}
-		socket = cfg.Daemon.ControlSocket
 	}
 	if socket == "" {
-		return nil, &exitError{code: 2, msg: "no control socket: set daemon.control_socket or pass --control-socket"}
+		return nil, &ExitError{Code: 2, Msg: "no control socket: set daemon.control_socket or pass --control-socket"}
 	}
 	return control.NewClient(socket), nil
 }
 
 // parseInterspersed parses args with fs allowing flags after positional
 // arguments (pull s3://b/k --name REF), and returns the positional ones.
-func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+func ParseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
-		if err := parseFlags(fs, args); err != nil {
+		if err := ParseFlags(fs, args); err != nil {
 			return nil, err
 		}
 		if fs.NArg() == 0 {
@@ -109,11 +107,11 @@ func isTerminal(f *os.File) bool {
 }
 
 func runPull(ctx context.Context, args []string) error {
-	fs := newFlagSet("pull", "pull s3://BUCKET/KEY-or-PREFIX|PATH [--name REF [--replace]] [--namespace NS]... [--refresh|--cached] [--format table|json] [--config FILE] [--control-socket PATH]", pullDescription)
-	addConfigFlags(fs)
+	fs := NewFlagSet("pull", "pull s3://BUCKET/KEY-or-PREFIX|PATH [--name REF [--replace]] [--namespace NS]... [--refresh|--cached] [--format table|json] [--config FILE] [--control-socket PATH]", pullDescription)
+	AddConfigFlags(fs)
 	var socket, name string
 	var refresh, cached bool
-	format := addFormatFlag(fs, "output `FORMAT`: table (progress on stderr, the result on stdout) or json (the daemon's events and result as JSON lines on stdout); text, the former name of table, is deprecated and will be removed in the next release")
+	format := AddFormatFlag(fs, "output `FORMAT`: table (progress on stderr, the result on stdout) or json (the daemon's events and result as JSON lines on stdout); text, the former name of table, is deprecated and will be removed in the next release")
 	format.textAlias = true
 	addControlSocketFlag(fs, &socket)
 	fs.StringVar(&name, "name", "", "image `REF` to register the result under, an image reference (default: s3.local/BUCKET/KEY-or-PREFIX, tagged latest or, when the path is not already a reference path, with the image id)")
@@ -123,45 +121,54 @@ func runPull(ctx context.Context, args []string) error {
 	var nss namespaceList
 	fs.Var(&nss, "namespace", "containerd `NAMESPACE` to register the image in; repeat it for several (default: the daemon's containerd.namespace)")
 	fs.BoolVar(&cached, "cached", false, "answer from the records alone, without asking S3 what the image is now (fails if it is not pulled)")
-	pos, err := parseInterspersed(fs, args)
+	pos, err := ParseInterspersed(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 {
-		return usageError(fs, "pull takes exactly one s3://BUCKET/KEY-or-PREFIX or PATH argument")
+		return UsageError(fs, "pull takes exactly one s3://BUCKET/KEY-or-PREFIX or PATH argument")
 	}
 	if refresh && cached {
-		return usageError(fs, "--refresh and --cached contradict each other: choose one")
+		return UsageError(fs, "--refresh and --cached contradict each other: choose one")
 	}
 	if _, err := api.CheckNamespaces(nss); err != nil {
-		return usageError(fs, "--namespace: "+err.Error())
-	}
-	if name != "" {
-		if err := pipeline.CheckName(name); err != nil {
-			return usageError(fs, "--name: "+err.Error())
-		}
+		return UsageError(fs, "--namespace: "+err.Error())
 	}
 	bucket, key, err := parseImageArg(pos[0])
 	if err != nil {
-		return usageError(fs, err.Error())
+		return UsageError(fs, err.Error())
 	}
 	c, err := controlClient(socket)
 	if err != nil {
 		return err
 	}
 	req := api.PullRequest{Bucket: bucket, Key: key, Ref: name, Replace: replace, Refresh: refresh, Cached: cached, Namespaces: nss}
-	if format.json() {
-		return pullJSON(ctx, c, req, os.Stdout)
+	if format.JSON() {
+		return refusedAsUsage(fs, name, pullJSON(ctx, c, req, os.Stdout))
 	}
 	start := time.Now()
 	pr := newProgress(os.Stderr, isTerminal(os.Stderr))
 	res, err := c.Pull(ctx, req, pr.event)
 	pr.finish()
 	if err != nil {
-		return err
+		return refusedAsUsage(fs, name, err)
 	}
 	printPullResult(os.Stdout, res, time.Since(start))
 	return nil
+}
+
+// refusedAsUsage makes the daemon's refusal of a malformed request (the
+// image name, which the daemon checks with the rules containerd's clients
+// use) the usage error it is; other errors pass as they are.
+func refusedAsUsage(fs *flag.FlagSet, name string, err error) error {
+	var re *control.RequestError
+	if !errors.As(err, &re) {
+		return err
+	}
+	if name != "" {
+		return UsageError(fs, "--name: "+re.Msg)
+	}
+	return UsageError(fs, re.Msg)
 }
 
 // namespaceList is a repeatable string flag.
@@ -190,9 +197,13 @@ func pullJSON(ctx context.Context, c *control.Client, req api.PullRequest, w io.
 		_ = enc.Encode(l)
 	}
 	res, err := c.Pull(ctx, req, func(e api.Event) { write(control.Line{Event: &e}) })
+	var refused *control.RequestError
+	if errors.As(err, &refused) {
+		return err // a usage error, on stderr, as before any request
+	}
 	if err != nil {
 		write(control.Line{Error: err.Error()})
-		return &exitError{code: 1}
+		return &ExitError{Code: 1}
 	}
 	write(control.Line{Result: res})
 	return nil
