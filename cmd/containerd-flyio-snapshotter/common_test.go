@@ -22,7 +22,7 @@ func resetConfigFlags(t *testing.T) {
 	t.Cleanup(func() { cli.Config = cli.ConfigChoice{Path: cli.DefaultConfigPath} })
 }
 
-// loadWithFlags parses args as a subcommand with addConfigFlags would and
+// loadWithFlags parses args as a subcommand with cli.AddDBFlags would and
 // returns loadConfig's result.
 func loadWithFlags(t *testing.T, args ...string) (*plugin.Config, error) {
 	t.Helper()

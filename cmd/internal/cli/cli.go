@@ -70,10 +70,10 @@ type ExitError struct {
 
 func (e *ExitError) Error() string { return e.Msg }
 
-// newFlagSet returns a flag set for a subcommand whose usage (the synopsis
+// NewFlagSet returns a flag set for a subcommand whose usage (the synopsis
 // line, the description and the flags, each spelled --name) goes to stdout
 // when asked for with -h/--help; a usage error prints only its message and
-// where to find this usage (see run).
+// where to find this usage (see Main).
 func NewFlagSet(name, synopsis, description string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(os.Stderr)
@@ -111,7 +111,7 @@ func printFlags(w io.Writer, fs *flag.FlagSet) {
 	})
 }
 
-// parseFlags parses args: -h/--help prints the usage to stdout and becomes
+// ParseFlags parses args: -h/--help prints the usage to stdout and becomes
 // a clean exit 0; a bad flag becomes a usage error (exit 2) with the
 // parser's message.
 func ParseFlags(fs *flag.FlagSet, args []string) error {
@@ -148,7 +148,7 @@ func flagMessage(err error) string {
 	return msg
 }
 
-// usageError is exit status 2 with msg on stderr and a pointer to the
+// UsageError is exit status 2 with msg on stderr and a pointer to the
 // --help of fs's subcommand.
 func UsageError(fs *flag.FlagSet, msg string) error {
 	return &ExitError{Code: 2, Msg: msg, Usage: fs.Name()}

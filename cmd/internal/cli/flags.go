@@ -78,7 +78,7 @@ const (
 	formatText = "text"
 )
 
-// formatFlag is --format: table or json (and, where textAlias is set,
+// FormatFlag is --format: table or json (and, where textAlias is set,
 // text as a deprecated spelling of table).
 type FormatFlag struct {
 	value     string
@@ -86,7 +86,7 @@ type FormatFlag struct {
 	cmd       string // the subcommand, for the deprecation warning
 }
 
-// addFormatFlag registers --format FORMAT (default table) on fs with usage
+// AddFormatFlag registers --format FORMAT (default table) on fs with usage
 // describing what each format prints.
 func AddFormatFlag(fs *flag.FlagSet, usage string) *FormatFlag {
 	f := &FormatFlag{value: FormatTable, cmd: fs.Name()}
@@ -94,10 +94,11 @@ func AddFormatFlag(fs *flag.FlagSet, usage string) *FormatFlag {
 	return f
 }
 
-// defaultFormatUsage is --format's usage for a subcommand whose JSON is
+// DefaultFormatUsage is --format's usage for a subcommand whose JSON is
 // one document on stdout.
 const DefaultFormatUsage = "output `FORMAT`: table (for people) or json (one JSON document on stdout, for scripts)"
 
+// String is the format chosen (flag.Value).
 func (f *FormatFlag) String() string {
 	if f == nil {
 		return ""

@@ -85,7 +85,7 @@ func controlClient(socket string) (*control.Client, error) {
 	return control.NewClient(socket), nil
 }
 
-// parseInterspersed parses args with fs allowing flags after positional
+// ParseInterspersed parses args with fs allowing flags after positional
 // arguments (pull s3://b/k --name REF), and returns the positional ones.
 func ParseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
