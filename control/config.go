@@ -1,9 +1,7 @@
 package control
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 
 	"github.com/pelletier/go-toml/v2"
@@ -22,15 +20,16 @@ type Config struct {
 }
 
 // SocketFromConfig returns daemon.control_socket as the daemon's TOML file
-// at path sets it, or DefaultSocket when the file leaves it out. With
-// optional, a missing file is no error and also gives DefaultSocket. Only
-// this key is read: the daemon validates the whole file when it starts, and
-// a client that only talks to it need not link the rules of every section.
-func SocketFromConfig(path string, optional bool) (string, error) {
-	data, err := os.ReadFile(path)
-	if optional && errors.Is(err, fs.ErrNotExist) {
+// at path sets it, or DefaultSocket when the file leaves it out or path is
+// empty (no file: the built-in defaults, as the daemon's LoadConfig reads
+// ""). Only this key is read: the daemon validates the whole file when it
+// starts, and a client that only talks to it need not link the rules of
+// every section.
+func SocketFromConfig(path string) (string, error) {
+	if path == "" {
 		return DefaultSocket, nil
 	}
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return "", fmt.Errorf("config: %w", err)
 	}

@@ -22,17 +22,16 @@ func TestSocketFromConfig(t *testing.T) {
 	bad := write("bad.toml", "[daemon\n")
 	for _, c := range []struct {
 		name, path string
-		optional   bool
 		want, err  string
 	}{
-		{"set, other keys and sections around it", set, false, "/run/x/c.sock", ""},
-		{"left out", unset, false, DefaultSocket, ""},
-		{"disabled", disabled, false, "", ""},
-		{"missing default file", filepath.Join(dir, "none.toml"), true, DefaultSocket, ""},
-		{"missing file named with --config", filepath.Join(dir, "none.toml"), false, "", "none.toml"},
-		{"not TOML", bad, false, "", "config " + bad},
+		{"set, other keys and sections around it", set, "/run/x/c.sock", ""},
+		{"left out", unset, DefaultSocket, ""},
+		{"disabled", disabled, "", ""},
+		{"no file: the built-in defaults", "", DefaultSocket, ""},
+		{"missing file", filepath.Join(dir, "none.toml"), "", "none.toml"},
+		{"not TOML", bad, "", "config " + bad},
 	} {
-		got, err := SocketFromConfig(c.path, c.optional)
+		got, err := SocketFromConfig(c.path)
 		switch {
 		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
 			t.Errorf("%s: SocketFromConfig = %q, %v; want an error naming %q", c.name, got, err, c.err)

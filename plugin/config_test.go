@@ -606,7 +606,7 @@ func TestClientReadsTheDaemonsControlSocket(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		got, err := control.SocketFromConfig(path, false)
+		got, err := control.SocketFromConfig(path)
 		if err != nil || got != cfg.Daemon.ControlSocket {
 			t.Errorf("%s: the client reads control socket %q (%v), the daemon binds %q", name, got, err, cfg.Daemon.ControlSocket)
 		}

@@ -1,10 +1,7 @@
 package main
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"path/filepath"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/cmd/internal/cli"
@@ -15,13 +12,7 @@ import (
 // defaults when the flag was not given and the default file does not exist)
 // and applies --db over metadata.path.
 func loadConfig() (*plugin.Config, error) {
-	path := cli.Config.Path
-	if !cli.Config.Explicit {
-		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-			path = ""
-		}
-	}
-	cfg, err := plugin.LoadConfig(path)
+	cfg, err := plugin.LoadConfig(cli.Config.File())
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 )
 
@@ -23,6 +24,18 @@ type ConfigChoice struct {
 	// DB is --db, the database path overriding metadata.path; empty when
 	// not given.
 	DB string
+}
+
+// File is the configuration file to read: Path, or "" (the built-in
+// defaults) when Path is the default file and does not exist. A missing
+// file named with --config stays an error for the reader.
+func (c ConfigChoice) File() string {
+	if !c.Explicit {
+		if _, err := os.Stat(c.Path); errors.Is(err, fs.ErrNotExist) {
+			return ""
+		}
+	}
+	return c.Path
 }
 
 // Config holds the values of the flags AddConfigFlags and AddDBFlags

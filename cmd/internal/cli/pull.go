@@ -75,7 +75,7 @@ func init() {
 func controlClient(socket string) (*control.Client, error) {
 	if socket == "" {
 		var err error
-		if socket, err = control.SocketFromConfig(Config.Path, !Config.Explicit); err != nil {
+		if socket, err = control.SocketFromConfig(Config.File()); err != nil {
 			return nil, err
 		}
 	}
