@@ -19,8 +19,8 @@ UNITDIR   ?= /etc/systemd/system
 BUILDTAGS := sqlite_omit_load_extension osusergo netgo grpcnotrace
 VERSION   := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 COMMIT    := $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
-STAMP     := -X $(shell $(GO) list -m)/cmd/internal/cli.Version=$(VERSION) \
-  -X $(shell $(GO) list -m)/cmd/internal/cli.Commit=$(COMMIT)
+CLIPKG    := $(shell $(GO) list -m)/cmd/internal/cli
+STAMP     := -X $(CLIPKG).Version=$(VERSION) -X $(CLIPKG).Commit=$(COMMIT)
 LDFLAGS   := -s -w -linkmode external -extldflags "-static" $(STAMP)
 # flyioctl needs no cgo: a static pure-Go binary.
 CTLTAGS   := osusergo netgo

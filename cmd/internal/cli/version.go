@@ -41,9 +41,9 @@ func RegisterVersion(sqlite func() string) {
 	})
 }
 
-// CurrentBuild is this binary's BuildInfo, with the SQLite version sqlite
+// currentBuild is this binary's BuildInfo, with the SQLite version sqlite
 // gives (none when nil).
-func CurrentBuild(sqlite func() string) BuildInfo {
+func currentBuild(sqlite func() string) BuildInfo {
 	b := BuildInfo{Version: Version, Commit: Commit, GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
 	if sqlite != nil {
 		b.SQLiteVersion = sqlite()
@@ -66,7 +66,7 @@ and the platform. --version before any command is the same as 'version'.`, what)
 	if fs.NArg() > 0 {
 		return UsageError(fs, fmt.Sprintf("unexpected argument %q (version takes only flags)", fs.Arg(0)))
 	}
-	b := CurrentBuild(sqlite)
+	b := currentBuild(sqlite)
 	if format.JSON() {
 		return WriteJSON(stdout, b)
 	}
