@@ -42,6 +42,11 @@ var (
 	flagImageA = flag.String("pullbench.image-a", "45,30,20,15", "image A's layer sizes in MB, lowest first (comma separated)")
 	flagImageB = flag.Int("pullbench.image-b", 100, "image B's single layer size in MB")
 	flagRounds = flag.Int("pullbench.rounds", 3, "rounds: each way pulls each image once per round")
+	// flagProfile names a folder for the daemon's CPU profile over the
+	// last round's S3 pull of each image (s3-<image>.pprof), read with
+	// `go tool pprof BINARY FILE`.
+	flagProfile        = flag.String("pullbench.cpuprofile", "", "folder for the daemon's CPU profiles of the last round's S3 pulls (empty: none)")
+	flagProfileSeconds = flag.Int("pullbench.cpuprofile-seconds", 60, "length of each CPU profile: longer than an S3 pull, which it waits for")
 )
 
 // The ways a round pulls an image, and the floor, in the order of the
@@ -241,7 +246,15 @@ func (e *env) measure(ctx context.Context, img *benchImage, w string, s *samples
 				return fmt.Errorf("reset the daemon's peak RSS: %w", err)
 			}
 		}
+		var profiled chan error
+		if last && *flagProfile != "" {
+			profiled = make(chan error, 1)
+			go func() { profiled <- e.daemonProfile(ctx, filepath.Join(*flagProfile, "s3-"+img.spec.name+".pprof")) }()
+		}
 		p, err := e.s3Pull(ctx, img, ref)
+		if profiled != nil {
+			err = errors.Join(err, <-profiled)
+		}
 		if err != nil {
 			return err
 		}
@@ -282,6 +295,36 @@ func (e *env) measure(ctx context.Context, img *benchImage, w string, s *samples
 		}
 		return e.checkCold(ctx, img, w)
 	}
+}
+
+// daemonProfile writes to file the daemon's CPU profile over the next
+// -pullbench.cpuprofile-seconds.
+func (e *env) daemonProfile(ctx context.Context, file string) error {
+	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", e.daemon.Debug, *flagProfileSeconds)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("daemon's CPU profile: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("daemon's CPU profile: %s", resp.Status)
+	}
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return fmt.Errorf("daemon's CPU profile: %w", err)
+	}
+	return f.Close()
 }
 
 // dropCaches writes the dirty pages out and drops the page cache, dentries

@@ -167,11 +167,17 @@ func setup(ctx context.Context, specs []imageSpec, logf func(string, ...any)) (_
 	t = time.Now()
 	ctrdDir := filepath.Join(e.scratch, "containerd")
 	e.ctrdSocket = filepath.Join(ctrdDir, "containerd.sock")
+	var debug string
+	if *flagProfile != "" {
+		if debug, err = stack.FreeAddr(); err != nil {
+			return nil, err
+		}
+	}
 	// Every pull of ours starts from nothing: no tarball is kept once
 	// its layer is unpacked.
 	if e.daemon, err = stack.WriteDaemonConfig(e.cli, stack.DaemonOptions{
 		Dir: filepath.Join(e.scratch, "flyio"), PoolName: ourPool, DataSize: poolDataSize,
-		S3: e.s3, Containerd: e.ctrdSocket,
+		S3: e.s3, Containerd: e.ctrdSocket, Debug: debug,
 		ExtraTOML: "[pipeline]\ntarball_cache_size = \"0\"\n",
 	}); err != nil {
 		return nil, err

@@ -22,6 +22,7 @@ type Daemon struct {
 	Control string // control socket (pull, activate)
 	Pool    string // dm name of its pool
 	Metrics string // host:port of its /metrics endpoint, if any
+	Debug   string // host:port of its pprof endpoint, if any
 	Proc    *Proc
 }
 
@@ -34,6 +35,7 @@ type DaemonOptions struct {
 	S3         *S3    // the bucket pull reads, anonymously
 	Containerd string // containerd's socket, where pull registers images
 	Metrics    string // daemon.metrics_address (host:port), empty for none
+	Debug      string // daemon.debug_address (host:port: pprof), empty for none
 	// ExtraTOML is appended to the config as is: whole tables a test sets
 	// beyond these (say, a [retention] compressed to a test's time scale).
 	ExtraTOML string
@@ -52,8 +54,8 @@ func WriteDaemonConfig(bin string, opts DaemonOptions) (*Daemon, error) {
 		Control: filepath.Join(opts.Dir, "run", "control.sock"),
 	}
 	var b strings.Builder
-	d.Metrics = opts.Metrics
-	fmt.Fprintf(&b, "[daemon]\nsocket = %q\ncontrol_socket = %q\nroot_dir = %q\nlog_level = \"info\"\nmetrics_address = %q\n\n", d.Socket, d.Control, d.Root, opts.Metrics)
+	d.Metrics, d.Debug = opts.Metrics, opts.Debug
+	fmt.Fprintf(&b, "[daemon]\nsocket = %q\ncontrol_socket = %q\nroot_dir = %q\nlog_level = \"info\"\nmetrics_address = %q\ndebug_address = %q\n\n", d.Socket, d.Control, d.Root, opts.Metrics, opts.Debug)
 	fmt.Fprintf(&b, "[pool]\nname = %q\ndata_size = %q\nmetadata_size = \"64MiB\"\nbase_image_size = \"1GiB\"\n\n", opts.PoolName, opts.DataSize)
 	if opts.S3 != nil {
 		fmt.Fprintf(&b, "[s3]\nbucket = %q\nregion = %q\nendpoint = %q\npath_style = true\nanonymous = true\n\n", opts.S3.Bucket, S3Region, opts.S3.Endpoint)
