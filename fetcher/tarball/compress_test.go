@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -177,5 +178,63 @@ func TestOtherCompressionNamed(t *testing.T) {
 	_, err := Validate(context.Background(), io.MultiReader(bytes.NewReader(s3test.Gzip(t, []byte("hello, not a tar")))), Limits{})
 	if !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), "gzip data that is not a tar archive") {
 		t.Errorf("gzip of text: %v", err)
+	}
+}
+
+// failAfter accepts n bytes, then fails every write: a spool whose disk
+// filled up.
+type failAfter struct {
+	n   int
+	buf bytes.Buffer
+}
+
+func (f *failAfter) Write(p []byte) (int, error) {
+	if f.buf.Len()+len(p) > f.n {
+		return 0, errors.New("no space left on the spool")
+	}
+	return f.buf.Write(p)
+}
+
+// TestTeeTar: Validate with TeeTar hands over a compressed layer's whole
+// tar stream, the bytes the diff ID names (end padding included), so that
+// it can be extracted without decompressing the layer again; with and
+// without the stages; a plain layer hands over nothing; a copy that fails
+// leaves the validation and its diff ID as they would be without it.
+func TestTeeTar(t *testing.T) {
+	plain := build(t, realWorld()...)
+	plain = append(plain, make([]byte, 8<<10)...) // a tar writer's record padding
+	want := sha(plain)
+	for _, stages := range []bool{true, false} {
+		for _, c := range []struct {
+			comp Compression
+			b    []byte
+		}{{Plain, plain}, {Gzip, s3test.Gzip(t, plain)}, {Zstd, s3test.Zstd(t, plain)}} {
+			t.Run(fmt.Sprintf("%s/stages=%v", c.comp, stages), func(t *testing.T) {
+				defer func(old bool) { readaheadEnabled = old }(readaheadEnabled)
+				readaheadEnabled = stages
+				var tee bytes.Buffer
+				rep, err := Validate(context.Background(), bytes.NewReader(c.b), Limits{}, CallerHashesPlain(), TeeTar(&tee))
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				if c.comp == Plain {
+					if tee.Len() != 0 {
+						t.Fatalf("a plain layer's tee got %d bytes, want none", tee.Len())
+					}
+					return
+				}
+				if rep.DiffID != want || !bytes.Equal(tee.Bytes(), plain) {
+					t.Fatalf("tee got %d bytes hashing to %s, diff ID %s; want the %d-byte tar stream, %s", tee.Len(), sha(tee.Bytes()), rep.DiffID, len(plain), want)
+				}
+				broken := &failAfter{n: len(plain) / 3}
+				rep, err = Validate(context.Background(), bytes.NewReader(c.b), Limits{}, CallerHashesPlain(), TeeTar(broken))
+				if err != nil || rep.DiffID != want {
+					t.Fatalf("with a failing tee: diff ID %s, %v; want %s and no error", rep.DiffID, err, want)
+				}
+				if broken.buf.Len() > len(plain)/3 {
+					t.Fatalf("the failing tee kept %d bytes, more than it accepted", broken.buf.Len())
+				}
+			})
+		}
 	}
 }

@@ -148,7 +148,7 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 	if opts.HashStream {
 		hash = hashCompressed
 	}
-	s := newStream(ctx, r, opts.Limits, hash)
+	s := newStream(ctx, r, opts.Limits, hash, nil)
 	x.st.Compression = s.comp
 	defer s.close()
 	// held are the headers read before DetectRootfs could decide (the

@@ -2,7 +2,6 @@ package tarball
 
 import (
 	"errors"
-	"hash"
 	"io"
 	"sync"
 )
@@ -36,8 +35,9 @@ type chunk struct {
 	err error // after b: io.EOF at the stream's end, or the read's failure
 }
 
-// readahead reads r (and hashes what it read into h, unless nil) on
-// goroutines of their own. Read hands the bytes over in order, then r's
+// readahead reads r (and writes what it read to sink, unless nil: the
+// diff ID's hash, and a copy of the tar stream when asked) on goroutines
+// of their own. Read hands the bytes over in order, then r's
 // error; it must be called from one goroutine. done, unless nil, runs once
 // r is read for the last time, before its final error is handed over.
 type readahead struct {
@@ -50,16 +50,16 @@ type readahead struct {
 	off  int
 }
 
-func newReadahead(r io.Reader, h hash.Hash, done func()) *readahead {
+func newReadahead(r io.Reader, sink io.Writer, done func()) *readahead {
 	ra := &readahead{out: make(chan chunk, readaheadBuffers), free: make(chan []byte, readaheadBuffers), stop: make(chan struct{})}
 	for range readaheadBuffers {
 		ra.free <- make([]byte, readaheadChunk)
 	}
 	filled := ra.out
-	if h != nil {
+	if sink != nil {
 		filled = make(chan chunk, readaheadBuffers)
 		ra.wg.Add(1)
-		go ra.hash(h, filled)
+		go ra.sink(sink, filled)
 	}
 	ra.wg.Add(1)
 	go ra.fill(r, filled, done)
@@ -119,13 +119,14 @@ func (ra *readahead) fill(r io.Reader, to chan<- chunk, done func()) {
 	}
 }
 
-// hash adds every chunk to h before passing it on, so that h holds the
-// whole stream once the reader has met its end.
-func (ra *readahead) hash(h hash.Hash, from <-chan chunk) {
+// sink writes every chunk to w before passing it on, so that w has had
+// the whole stream once the reader has met its end. w's errors are not
+// looked at: a hash never fails, and a tee stops itself (teeWriter).
+func (ra *readahead) sink(w io.Writer, from <-chan chunk) {
 	defer ra.wg.Done()
 	defer close(ra.out)
 	for c := range from {
-		h.Write(c.b)
+		w.Write(c.b)
 		select {
 		case ra.out <- c:
 		case <-ra.stop:

@@ -74,13 +74,14 @@ func maxStreamBytes(l Limits) int64 {
 	return l.MaxTotalSize + int64(l.MaxEntries+1)*entryAllowance
 }
 
-// counter counts the bytes of tar stream archive/tar consumes, hashes them
-// when asked (the diff ID), and refuses to give more than max.
+// counter counts the bytes of tar stream archive/tar consumes, writes them
+// to sink when asked (the diff ID's hash, a tee), and refuses to give more
+// than max.
 type counter struct {
-	r   io.Reader
-	n   int64
-	max int64
-	h   hash.Hash // nil: not hashed
+	r    io.Reader
+	n    int64
+	max  int64
+	sink io.Writer // nil: nothing sees the bytes
 }
 
 // errStreamTooLong is counter's refusal; stream.wrap turns it into a
@@ -95,8 +96,8 @@ func (c *counter) Read(p []byte) (int, error) {
 		p = p[:rest]
 	}
 	n, err := c.r.Read(p)
-	if c.h != nil {
-		c.h.Write(p[:n])
+	if c.sink != nil {
+		c.sink.Write(p[:n])
 	}
 	c.n += int64(n)
 	return n, err
@@ -183,8 +184,9 @@ const (
 )
 
 // newStream reads r, decompressed when its first bytes say it is gzip or
-// zstd; the tar stream's SHA-256 is kept (diffID) as hash says.
-func newStream(ctx context.Context, r io.Reader, limits Limits, hash hashing) *stream {
+// zstd; the tar stream's SHA-256 is kept (diffID) as hash says, and the
+// tar stream of a compressed r is copied to tee unless it is nil.
+func newStream(ctx context.Context, r io.Reader, limits Limits, hash hashing, tee io.Writer) *stream {
 	src := &source{r: r}
 	br := bufio.NewReaderSize(src, readBufferSize)
 	s := &stream{ctx: ctx, raw: br}
@@ -222,20 +224,46 @@ func newStream(ctx context.Context, r io.Reader, limits Limits, hash hashing) *s
 	if hash == hashAll || hash == hashCompressed && s.comp != Plain {
 		s.h = sha256.New()
 	}
-	if readaheadEnabled && s.err == nil && (s.comp != Plain || s.h != nil) {
+	var sink io.Writer
+	switch {
+	case tee != nil && s.comp != Plain && s.h != nil:
+		sink = io.MultiWriter(s.h, &teeWriter{w: tee})
+	case tee != nil && s.comp != Plain:
+		sink = &teeWriter{w: tee}
+	case s.h != nil:
+		sink = s.h
+	}
+	if readaheadEnabled && s.err == nil && (s.comp != Plain || sink != nil) {
 		// Decompressing and hashing run on goroutines of their own; the
 		// decompressor is closed by the stage that reads it.
 		var done func()
 		if s.zr != nil {
 			done = s.zr.Close
 		}
-		s.ra = newReadahead(tarBytes, s.h, done)
+		s.ra = newReadahead(tarBytes, sink, done)
 		s.cnt.r = s.ra
 	} else {
-		s.cnt.h = s.h
+		s.cnt.sink = sink
 	}
 	s.tr = tar.NewReader(s.cnt)
 	return s
+}
+
+// teeWriter copies a tar stream to w until w fails once, then drops the
+// rest; it never fails itself, so a copy that cannot be kept (a full disk)
+// never stops the reading it rides on.
+type teeWriter struct {
+	w      io.Writer
+	failed bool
+}
+
+func (t *teeWriter) Write(p []byte) (int, error) {
+	if !t.failed {
+		if _, err := t.w.Write(p); err != nil {
+			t.failed = true
+		}
+	}
+	return len(p), nil
 }
 
 func (s *stream) openErr(src *source, err error) error {

@@ -41,13 +41,27 @@ type Report struct {
 // ValidateOption tunes Validate.
 type ValidateOption func(*validateConfig)
 
-type validateConfig struct{ callerHashesPlain bool }
+type validateConfig struct {
+	callerHashesPlain bool
+	tee               io.Writer
+}
 
 // CallerHashesPlain tells Validate that the caller computes the SHA-256 of
 // the bytes it reads: a plain layer's Report.DiffID is then left empty
 // (it is the caller's digest), so those bytes are hashed once.
 func CallerHashesPlain() ValidateOption {
 	return func(c *validateConfig) { c.callerHashesPlain = true }
+}
+
+// TeeTar has Validate write the tar stream of a compressed layer to w as
+// it decompresses it, padding after the end marker included: once Validate
+// returns nil, w has had exactly the bytes whose SHA-256 is Report.DiffID.
+// A plain layer writes nothing (its bytes are its tar stream already). The
+// copy may run ahead of the checks, so after a rejection w holds bytes
+// nobody may use. A Write error of w stops the copy, not the validation:
+// the caller learns of it from its own writer.
+func TeeTar(w io.Writer) ValidateOption {
+	return func(c *validateConfig) { c.tee = w }
 }
 
 // Validate reads a whole tar stream once (decompressing a gzip or zstd
@@ -71,7 +85,7 @@ func Validate(ctx context.Context, r io.Reader, limits Limits, opts ...ValidateO
 		hash = hashCompressed
 	}
 	var rep Report
-	s := newStream(ctx, r, limits, hash)
+	s := newStream(ctx, r, limits, hash, cfg.tee)
 	defer s.close()
 	rep.Compression = s.comp
 	chk := newChecker(limits, false)
