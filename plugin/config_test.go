@@ -239,6 +239,7 @@ connections_per_object = 8
 [pipeline]
 download_dir = "/srv/dl"
 tarball_cache_size = "1GiB"
+spool_size = "512MiB"
 max_image_size = "2GB"
 download_timeout = "90s"
 extract_timeout = "1h"
@@ -289,7 +290,7 @@ failed_images_max_age = "24h"
 				PartSize: 16 << 20, ConnectionsPerObject: 8}},
 		Pipeline: PipelineConfig{
 			pipeline.Config{DownloadDir: "/srv/dl", MaxImageSize: 2_000_000_000,
-				DownloadTimeout: D(90 * time.Second), ExtractTimeout: D(time.Hour), MaxLayers: 64},
+				DownloadTimeout: D(90 * time.Second), ExtractTimeout: D(time.Hour), MaxLayers: 64, SpoolSize: 512 << 20},
 			gc.TarballCacheConfig{TarballCacheSize: 1 << 30},
 			tarball.PolicyConfig{AllowSetID: true, MaxEntries: 500, MaxFileSize: 2 << 20, MaxTotalSize: 8 << 20,
 				MaxXattrsPerEntry: 16, MaxXattrBytesPerEntry: 8 << 10, RequiredDirs: []string{}}},
@@ -456,6 +457,7 @@ func TestValidateRules(t *testing.T) {
 		{"max file size huge", func(c *Config) { c.Pipeline.MaxFileSize = tarball.MaxLimitBytes + 1 }, "pipeline.max_file_size: must be positive and at most 1048576TiB"},
 		{"max image size huge", func(c *Config) { c.Pipeline.MaxImageSize = math.MaxInt64 }, "pipeline.max_image_size: must be positive and at most 1048576TiB"},
 		{"tarball cache huge", func(c *Config) { c.Pipeline.TarballCacheSize = math.MaxInt64 }, "pipeline.tarball_cache_size: must be at least 0 and at most 1048576TiB"},
+		{"spool size negative", func(c *Config) { c.Pipeline.SpoolSize = -1 }, "pipeline.spool_size: must be at least 0 (none) and at most 1048576TiB, got -1"},
 		{"max xattrs zero", func(c *Config) { c.Pipeline.MaxXattrsPerEntry = 0 }, "pipeline.max_xattrs_per_entry: must be positive and at most 2147483647"},
 		{"max xattrs huge", func(c *Config) { c.Pipeline.MaxXattrsPerEntry = math.MaxInt }, "pipeline.max_xattrs_per_entry: must be positive and at most 2147483647"},
 		{"max xattr bytes negative", func(c *Config) { c.Pipeline.MaxXattrBytesPerEntry = -1 }, "pipeline.max_xattr_bytes_per_entry: must be positive and at most 1048576TiB"},

@@ -133,6 +133,7 @@ func TestEveryKeyReachesItsPackage(t *testing.T) {
 		{"s3.connections_per_object", `8`, "s3source", nil},
 		{"pipeline.download_dir", `"/srv/dl"`, "pipeline", nil},
 		{"pipeline.tarball_cache_size", `"1GiB"`, "gc", nil},
+		{"pipeline.spool_size", `"512MiB"`, "pipeline", nil},
 		{"pipeline.max_image_size", `"5GiB"`, "pipeline", nil},
 		{"pipeline.download_timeout", `"1m0s"`, "pipeline", nil},
 		{"pipeline.extract_timeout", `"1h0m0s"`, "pipeline", nil},

@@ -19,6 +19,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
 )
 
@@ -56,6 +57,28 @@ func TestKillAtEveryStep(t *testing.T) {
 		e.restart()
 		os.Unsetenv(pipeline.FaultPauseEnv)
 	}
+	// killAt pulls prefix with every run stopping at point, kills the
+	// daemon once a run of fsmName is in transition (and extra holds),
+	// restarts it with no fault and no pull (the runs resume alone), then
+	// pulls prefix again: nothing half-made is left either time, and the
+	// image shows files.
+	killAt := func(t *testing.T, prefix, fsmName, transition, point string, extra func() bool, files ...string) {
+		paused(point)
+		errc := make(chan error, 1)
+		go func() { _, err := e.pull(prefix, ""); errc <- err }()
+		e.waitRun(fsmName, transition, extra)
+		e.d.kill()
+		<-errc
+		e.restart()
+		e.waitIdle()
+		e.checkClean()
+		res, err := e.pull(prefix, "")
+		if err != nil {
+			t.Fatalf("pull after the kill at %s: %v", point, err)
+		}
+		e.checkActive(res, files...)
+		e.checkClean()
+	}
 	for i, s := range steps {
 		t.Run(s.fsm+"/"+s.transition+"/"+s.point, func(t *testing.T) {
 			prefix := fmt.Sprintf("k%02d/", i)
@@ -64,21 +87,29 @@ func TestKillAtEveryStep(t *testing.T) {
 			if strings.HasPrefix(s.point, "stream-") {
 				e.srv.Faults.Delay(1, prefix+"1.tar", time.Second)
 			}
-			paused(s.point)
-			errc := make(chan error, 1)
-			go func() { _, err := e.pull(prefix, ""); errc <- err }()
-			e.waitRun(s.fsm, s.transition, nil)
-			e.d.kill()
-			<-errc
-			e.restart() // no fault this time, and no pull: the runs resume alone
-			e.waitIdle()
-			e.checkClean()
-			res, err := e.pull(prefix, "")
-			if err != nil {
-				t.Fatalf("pull after the kill at %s: %v", s.transition, err)
+			killAt(t, prefix, s.fsm, s.transition, s.point, nil, "k1/f00007", "k2/f00007")
+		})
+	}
+
+	// A gzip layer that is in before the layer below it is unpacked keeps
+	// its tar stream in a spool file: killed while it is written, or while
+	// the unpack reads it, the next daemon removes it before any run
+	// starts, and the resumed runs decompress the layer file.
+	for i, point := range []struct{ fsm, transition, point string }{
+		{api.FSMDownload, "download", "download:spooling"},
+		{api.FSMUnpack, "extract-layers", "extract:spooled"},
+	} {
+		t.Run("spool/"+point.point, func(t *testing.T) {
+			prefix := fmt.Sprintf("sp%d/", i)
+			e.srv.Put(t, prefix+"1.tar", genLayer(t, uint64(300+2*i), "s1", 8, 16<<10, true))
+			e.srv.Put(t, prefix+"2.tar.gz", s3test.Gzip(t, genLayer(t, uint64(301+2*i), "s2", 8, 16<<10, false)))
+			// The bottom layer arrives last, so the top one waits for it.
+			e.srv.Faults.Delay(1, prefix+"1.tar", 2*time.Second)
+			spooled := func() bool {
+				m, _ := filepath.Glob(filepath.Join(e.cfg.Pipeline.DownloadDir, "tmp", "*.spool"))
+				return len(m) == 1
 			}
-			e.checkActive(res, "k1/f00007", "k2/f00007")
-			e.checkClean()
+			killAt(t, prefix, point.fsm, point.transition, point.point, spooled, "s1/f00007", "s2/f00007")
 		})
 	}
 

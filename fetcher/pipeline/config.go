@@ -37,6 +37,9 @@ type Config struct {
 	// MaxLayers is the most layers (tarballs) one image may have; the S3
 	// source enforces it when it lists an image (s3source.Config.MaxLayers).
 	MaxLayers int `toml:"max_layers"`
+	// SpoolSize bounds the decompressed tar streams kept for the layers
+	// that wait for their parent (Options.SpoolSize); 0 keeps none.
+	SpoolSize conf.Size `toml:"spool_size"`
 }
 
 // DefaultConfig returns the pipelines' [pipeline] defaults, with
@@ -47,6 +50,7 @@ func DefaultConfig() Config {
 		DownloadTimeout: conf.D(DefaultDownloadTimeout),
 		ExtractTimeout:  conf.D(DefaultExtractTimeout),
 		MaxLayers:       s3source.DefaultMaxLayers,
+		SpoolSize:       DefaultSpoolSize,
 	}
 }
 
@@ -58,6 +62,9 @@ func (c Config) Validate() error {
 	tarball.LimitBytes(&p, "pipeline.max_image_size", c.MaxImageSize)
 	p.PositiveDuration("pipeline.download_timeout", c.DownloadTimeout)
 	p.PositiveDuration("pipeline.extract_timeout", c.ExtractTimeout)
+	if c.SpoolSize < 0 || c.SpoolSize > tarball.MaxLimitBytes {
+		p.Add("pipeline.spool_size", "must be at least 0 (none) and at most %s, got %s", conf.Size(tarball.MaxLimitBytes), c.SpoolSize)
+	}
 	if c.MaxLayers < 1 {
 		p.Add("pipeline.max_layers", "must be at least 1, got %d", c.MaxLayers)
 	}
@@ -68,6 +75,10 @@ func (c Config) Validate() error {
 // policy pc describe; the caller adds what the pipelines work on (DB,
 // Sources, Snapshots, ThinExists and the optional hooks).
 func (c Config) Options(q QueuesConfig, pc tarball.PolicyConfig) Options {
+	spool := c.SpoolSize.Bytes()
+	if spool == 0 {
+		spool = -1 // the key's 0 is none; the Options' 0 is the default
+	}
 	return Options{
 		DownloadDir:     c.DownloadDir,
 		MaxLayerSize:    c.MaxImageSize.Bytes(),
@@ -78,6 +89,7 @@ func (c Config) Options(q QueuesConfig, pc tarball.PolicyConfig) Options {
 		RequiredDirs:    pc.RequiredDirs,
 		Downloads:       q.Downloads,
 		Unpacking:       q.Unpacking,
+		SpoolSize:       spool,
 	}
 }
 

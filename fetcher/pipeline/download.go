@@ -255,15 +255,26 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 	writers := []io.Writer{h}
 	vdone := make(chan streamValidation, 1)
 	var vw *io.PipeWriter
+	var sv streamValidation
+	final := ""
 	if named {
 		vdone <- streamValidation{}
 	} else {
 		var vr *io.PipeReader
 		vr, vw = io.Pipe()
 		writers = append(writers, vw)
+		vopts := []tarball.ValidateOption{tarball.CallerHashesPlain()}
+		// A layer that waits for its parent keeps its tar stream for its
+		// unpack (spool.go), which then need not decompress it again.
+		if sw := p.openSpool(ctx, req.Run.IdempotencyID, grow); sw != nil {
+			vopts = append(vopts, tarball.TeeTar(sw))
+			p.hook("download:spooling")
+			// Every return below comes after the validation ended.
+			defer func() { sw.finish(ctx, err == nil && sv.done && sv.err == nil, final, sv.report) }()
+		}
 		p.hook("download:validating")
 		go func() {
-			rep, verr := tarball.Validate(ctx, vr, p.opts.Limits, tarball.CallerHashesPlain())
+			rep, verr := tarball.Validate(ctx, vr, p.opts.Limits, vopts...)
 			// Validate read the stream to its end (the padding after the
 			// end-of-archive marker is bounded there) or refused it:
 			// nothing more is read, and a rejection stops the download.
@@ -275,7 +286,7 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 	if vw != nil {
 		vw.CloseWithError(err)
 	}
-	sv := <-vdone
+	sv = <-vdone
 	// A rejection counts when the bytes were all there or the validator
 	// itself stopped the copy; a transfer that failed on its own is retried.
 	if sv.err != nil && tarball.IsRejection(sv.err) && n <= p.opts.MaxLayerSize && (err == nil || err == sv.err) {
@@ -304,7 +315,7 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 	}
 	f = nil
 	digest := digestOf(h)
-	final := p.blobPath(digest)
+	final = p.blobPath(digest)
 	if err := os.Rename(tmp, final); err != nil {
 		return nil, diskErr(fmt.Errorf("download %s: rename to %s: %w", url, final, err))
 	}

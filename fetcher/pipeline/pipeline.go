@@ -33,6 +33,9 @@ const (
 	DefaultMaxLayerSize    = 10 << 30
 	DefaultDownloads       = 5
 	DefaultUnpacking       = 2
+	// DefaultSpoolSize is Options.SpoolSize's default: the tar streams of
+	// a few large layers.
+	DefaultSpoolSize = 2 << 30
 	// maxResumes bounds the Range resumes of one download attempt.
 	maxResumes = 5
 	// fixedDelay is the wait of the "fixed retry" transitions.
@@ -106,6 +109,10 @@ type Options struct {
 	// PoolFree, when set, returns the pool's free data space: a layer's
 	// extraction may write at most that much (and MaxLayerSize).
 	PoolFree func(ctx context.Context) (int64, error)
+	// SpoolSize bounds the bytes of decompressed tar streams kept in the
+	// temp directory for the layers that wait for their parent (spool.go);
+	// 0 means DefaultSpoolSize, a negative value keeps none.
+	SpoolSize int64
 }
 
 // Pipelines runs the three state machines of one daemon.
@@ -122,6 +129,9 @@ type Pipelines struct {
 	// validated holds the blobs this process validated while downloading
 	// them (local path → validatedFile).
 	validated sync.Map
+	// spools are the decompressed tar streams of the layers that wait for
+	// their parent (spool.go).
+	spools spools
 	// deviceLive says whether an activation's device node is a live
 	// device-mapper device, with file-system calls only (repull);
 	// mappedDeviceLive unless a test replaces it.
@@ -172,6 +182,9 @@ func New(ctx context.Context, opts Options) (*Pipelines, error) {
 	if opts.Unpacking <= 0 {
 		opts.Unpacking = DefaultUnpacking
 	}
+	if opts.SpoolSize == 0 {
+		opts.SpoolSize = DefaultSpoolSize
+	}
 	if opts.MountDir == "" {
 		opts.MountDir = filepath.Join(opts.DownloadDir, "mnt")
 	}
@@ -184,6 +197,10 @@ func New(ctx context.Context, opts Options) (*Pipelines, error) {
 		}
 	}
 	p := &Pipelines{opts: opts, db: opts.DB, deviceLive: mappedDeviceLive, mountAt: mountAll}
+	p.spools.limit = opts.SpoolSize
+	if err := p.removeSpools(ctx); err != nil {
+		return nil, fmt.Errorf("pipeline: %w", err)
+	}
 	p.hooks = faultHooks(ctx)
 	p.m = fsm.NewManager(fsm.NewSQLiteStore(opts.DB),
 		fsm.WithQueueLimit(QueueDownloads, opts.Downloads), fsm.WithQueueLimit(QueueUnpacking, opts.Unpacking),

@@ -210,12 +210,21 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 	dlIDs := make([]string, len(layers))            // the download runs' idempotency ids
 	dlStarted := make([]chan struct{}, len(layers)) // closed once dlRuns[i] or dlErrs[i] is set
 	dlErrs := make([]error, len(layers))
+	downloadRequest := func(i int) *DownloadRequest {
+		l := layers[i]
+		return &DownloadRequest{Bucket: req.Bucket, S3Key: l.Key, Size: l.Size, ETag: l.ETag}
+	}
+	for i := len(known); i < len(layers); i++ {
+		dlIDs[i] = objectRunID(downloadRequest(i))
+		// Every layer above the bottom one may have to wait for its
+		// parent: its validation keeps its tar stream (spool.go).
+		if i > 0 {
+			defer p.wantSpool(ctx, dlIDs[i])()
+		}
+	}
 	startDownload := func(i int) {
 		defer close(dlStarted[i])
-		l := layers[i]
-		dr := &DownloadRequest{Bucket: req.Bucket, S3Key: l.Key, Size: l.Size, ETag: l.ETag}
-		dlIDs[i] = objectRunID(dr)
-		runID, err := p.startDownload(ctx, dlIDs[i], dr, fsm.WithQueue(QueueDownloads), fsm.WithParent(parent))
+		runID, err := p.startDownload(ctx, dlIDs[i], downloadRequest(i), fsm.WithQueue(QueueDownloads), fsm.WithParent(parent))
 		if err != nil {
 			dlErrs[i] = fmt.Errorf("pull %s: start download of layer %d: %w", source, i+1, err)
 			return

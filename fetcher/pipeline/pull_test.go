@@ -128,12 +128,21 @@ func (r *fakeRegistrar) calls(ref string) int {
 // reg when it is not nil.
 func newPullEnv(t *testing.T, reg *fakeRegistrar) *env {
 	t.Helper()
+	return newPullEnvWith(t, reg, nil)
+}
+
+// newPullEnvWith is newPullEnv with the options changed by configure too.
+func newPullEnvWith(t *testing.T, reg *fakeRegistrar, configure func(*Options)) *env {
+	t.Helper()
 	var sn *faultSnapshots
 	e := newEnvWith(t, func(_ *env, o *Options) {
 		sn = newFaultSnapshots(t, o.DB)
 		o.Snapshots, o.ThinExists = sn, sn.ThinExists
 		if reg != nil {
 			o.Registrar = reg
+		}
+		if configure != nil {
+			configure(o)
 		}
 	})
 	e.sn = sn

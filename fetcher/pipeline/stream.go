@@ -60,6 +60,8 @@ type growingFile struct {
 	n    int64
 	done bool
 	err  error
+	// followed: an extraction reads the file as it grows.
+	followed bool
 }
 
 func newGrowingFile(path string) *growingFile {
@@ -86,6 +88,13 @@ func (g *growingFile) finish(err error) {
 	g.cond.Broadcast()
 }
 
+// isFollowed reports whether an extraction reads the file as it grows.
+func (g *growingFile) isFollowed() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.followed
+}
+
 // errDownloadEnded: a follower was asked for after the download ended.
 var errDownloadEnded = errors.New("the download already ended")
 
@@ -105,6 +114,7 @@ func (g *growingFile) follow(ctx context.Context) (*follower, error) {
 	if err != nil {
 		return nil, fmt.Errorf("follow %s: %w", g.path, err)
 	}
+	g.followed = true
 	r := &follower{ctx: ctx, g: g, f: f}
 	r.stop = context.AfterFunc(ctx, func() {
 		g.mu.Lock()

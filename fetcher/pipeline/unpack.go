@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -383,13 +384,24 @@ func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, e
 			err = fmt.Errorf("unpack %s: unmount %s: %w", r.ChainID, dir, uerr)
 		}
 	}()
-	f, err := os.Open(dl.LocalPath)
-	if err != nil {
-		return nil, fmt.Errorf("unpack %s: open %s: %w", r.ChainID, dl.LocalPath, err)
+	var src io.Reader
+	if spooled, done := p.takeSpool(ctx, dl.LocalPath); spooled != nil {
+		// The download kept the layer's tar stream as it validated it:
+		// extracting that spares decompressing the layer again.
+		defer done()
+		src = spooled
+		p.hook("extract:spooled")
+		log.G(ctx).WithField("chain", r.ChainID).WithField("spool", spooled.Name()).Debug("unpack: extracting the tar stream spooled by the download")
+	} else {
+		f, err := os.Open(dl.LocalPath)
+		if err != nil {
+			return nil, fmt.Errorf("unpack %s: open %s: %w", r.ChainID, dl.LocalPath, err)
+		}
+		defer f.Close()
+		src = f
 	}
-	defer f.Close()
 	th := throttle{every: progressInterval}
-	st, err := tarball.ExtractDir(ctx, f, dir, tarball.ExtractOptions{
+	st, err := tarball.ExtractDir(ctx, src, dir, tarball.ExtractOptions{
 		Limits: p.opts.Limits, StripRootfs: dl.HasRootfs, NoChown: p.opts.NoChown, MaxDataBytes: budget,
 		Progress: func(pr tarball.Progress) {
 			if th.ok(false) {
