@@ -303,7 +303,7 @@ func (e *env) daemonProfile(ctx context.Context, file string) error {
 	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", e.daemon.Debug, *flagProfileSeconds)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return err
+		return fmt.Errorf("daemon's CPU profile: %w", err)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -313,18 +313,17 @@ func (e *env) daemonProfile(ctx context.Context, file string) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("daemon's CPU profile: %s", resp.Status)
 	}
-	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
-		return err
-	}
-	f, err := os.Create(file)
+	prof, err := io.ReadAll(resp.Body) // a few tens of KiB
 	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
-		f.Close()
 		return fmt.Errorf("daemon's CPU profile: %w", err)
 	}
-	return f.Close()
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		return fmt.Errorf("daemon's CPU profile: %w", err)
+	}
+	if err := os.WriteFile(file, prof, 0o644); err != nil {
+		return fmt.Errorf("daemon's CPU profile: %w", err)
+	}
+	return nil
 }
 
 // dropCaches writes the dirty pages out and drops the page cache, dentries
