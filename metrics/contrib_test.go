@@ -87,6 +87,7 @@ func everything(t *testing.T) *Metrics {
 	m.AddPoolEvents(NewPoolEvents("p1"))
 	m.AddDevices(deviceCounts{db})
 	m.AddPipeline(pipeline.RecordsOf(db))
+	m.AddSpools(spoolBytes(64 << 20))
 	g := NewGC()
 	m.AddGC(g)
 	g.SetThresholds(85, 80)
@@ -100,6 +101,11 @@ func everything(t *testing.T) *Metrics {
 	}
 	return m
 }
+
+// spoolBytes stands in for the pipelines' spools.
+type spoolBytes int64
+
+func (b spoolBytes) SpoolBytes() int64 { return int64(b) }
 
 // families gathers m as name -> family.
 func families(t *testing.T, m *Metrics) map[string]*dto.MetricFamily {

@@ -67,3 +67,19 @@ func (c *pipelineCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(unpackedBytesDesc, float64(st.UnpackedBytes))
 	gauge(activationsDesc, float64(st.Activations))
 }
+
+// SpoolSizer is what AddSpools reads: *pipeline.Pipelines.
+type SpoolSizer interface {
+	SpoolBytes() int64
+}
+
+// AddSpools exports flyio_snapshotter_pipeline_spool_bytes: the bytes of
+// decompressed layers the pulls under way keep in the download folder
+// (pipeline.spool_size bounds it), read on each scrape.
+func (m *Metrics) AddSpools(s SpoolSizer) {
+	m.register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: Namespace,
+		Name:      "pipeline_spool_bytes",
+		Help:      "Bytes of decompressed tar streams kept in the download folder for the layers that wait for the layer below them to be unpacked; at most pipeline.spool_size.",
+	}, func() float64 { return float64(s.SpoolBytes()) }))
+}

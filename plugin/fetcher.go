@@ -211,6 +211,7 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 		log.G(ctx).WithError(err).Warn("fetcher: pruning records of removed snapshots")
 	}
 	s.served = p.ContainerdView(s.Snapshotter)
+	s.pipelines = p
 	col, err := s.newCollector(p)
 	if err != nil {
 		p.Close(ctx)

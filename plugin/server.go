@@ -423,6 +423,9 @@ func (s *Service) Serve(ctx context.Context, ready, stopping func()) error {
 		if s.poolEvents != nil {
 			m.AddPoolEvents(s.poolEvents)
 		}
+		if s.pipelines != nil {
+			m.AddSpools(s.pipelines)
+		}
 		sn = m.Wrap(sn)
 		opts.MetricsAddress, opts.Metrics = addr, m
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/log"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metrics"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
@@ -58,6 +59,8 @@ type Service struct {
 	// poolEvents counts low-water events and growth once StartFetcher has
 	// run.
 	poolEvents *metrics.PoolEvents
+	// pipelines are the S3 pipelines once StartFetcher has run.
+	pipelines *pipeline.Pipelines
 
 	// Build names the running binary in the build_info metric; set it
 	// before Serve.

@@ -66,6 +66,14 @@ type spools struct {
 	byID  map[string]*spool
 }
 
+// SpoolBytes is what the spools of this process hold, or have reserved
+// while they are written, in bytes: at most Options.SpoolSize.
+func (p *Pipelines) SpoolBytes() int64 {
+	p.spools.mu.Lock()
+	defer p.spools.mu.Unlock()
+	return p.spools.used
+}
+
 func (p *Pipelines) spoolPath(dlID string) string {
 	return filepath.Join(p.opts.tmpDir(), dlID+spoolSuffix)
 }

@@ -19,6 +19,8 @@ import (
 type spoolWatch struct {
 	mu                         sync.Mutex
 	spooling, spooled, rereads int
+	// held is what SpoolBytes said when the last spooled extraction began.
+	held int64
 }
 
 func (e *env) watchSpools() *spoolWatch {
@@ -30,7 +32,13 @@ func (e *env) watchSpools() *spoolWatch {
 			*n++
 		}
 	}
-	e.p.hooks = map[string]func(){"download:spooling": count(&w.spooling), "extract:spooled": count(&w.spooled), "validate:reading": count(&w.rereads)}
+	e.p.hooks = map[string]func(){"download:spooling": count(&w.spooling), "validate:reading": count(&w.rereads), "extract:spooled": func() {
+		held := e.p.SpoolBytes()
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.spooled++
+		w.held = held
+	}}
 	return w
 }
 
@@ -61,8 +69,9 @@ func waitingLayers(t *testing.T, e *env, prefix string, top []byte) {
 // its parent is still being unpacked keeps its tar stream from the
 // download's validation, and its unpack extracts that instead of
 // decompressing the file again: the image is whole (its whiteout applied),
-// the layer file is not read again, and once the pull is over no spool is
-// left on disk or counted.
+// the layer file is not read again, the spool counts its tar stream while
+// it is read, and once the pull is over no spool is left on disk or
+// counted.
 func TestPullSpoolsWaitingLayer(t *testing.T) {
 	e := newPullEnv(t, nil)
 	top := layerTar(t, "w2", 300_000, tarFile{name: "usr/two", body: []byte("2")}, tarFile{name: "etc/.wh.gone"})
@@ -71,6 +80,9 @@ func TestPullSpoolsWaitingLayer(t *testing.T) {
 	res := e.mustPull("w/", "w")
 	if w.spooling != 1 || w.spooled != 1 || w.rereads != 0 {
 		t.Errorf("spooling validations %d, spooled extractions %d, layer files read again %d; want 1, 1, 0", w.spooling, w.spooled, w.rereads)
+	}
+	if w.held != int64(len(top)) {
+		t.Errorf("SpoolBytes while the spool was read: %d, want the top layer's %d-byte tar stream", w.held, len(top))
 	}
 	if want := sha(top); res.Layers[1].DiffID != want {
 		t.Errorf("top layer's diff ID %s, want %s", res.Layers[1].DiffID, want)
