@@ -198,9 +198,6 @@ func New(ctx context.Context, opts Options) (*Pipelines, error) {
 	}
 	p := &Pipelines{opts: opts, db: opts.DB, deviceLive: mappedDeviceLive, mountAt: mountAll}
 	p.spools.limit = opts.SpoolSize
-	if err := p.removeSpools(ctx); err != nil {
-		return nil, fmt.Errorf("pipeline: %w", err)
-	}
 	p.hooks = faultHooks(ctx)
 	p.m = fsm.NewManager(fsm.NewSQLiteStore(opts.DB),
 		fsm.WithQueueLimit(QueueDownloads, opts.Downloads), fsm.WithQueueLimit(QueueUnpacking, opts.Unpacking),

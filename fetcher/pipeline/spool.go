@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 
 	"github.com/containerd/log"
@@ -28,8 +27,8 @@ import (
 //
 // A spool is the process's own, like the in-stream validation it comes
 // from (validatedFile): it is used only when this process wrote it whole
-// from the layer file that is still in place, and every one is removed at
-// start-up. It lives no longer than the pulls that asked for it: the
+// from the layer file that is still in place, and start-up's sweep removes
+// every one (only a pull asks for a spool, and Resume runs before any). It lives no longer than the pulls that asked for it: the
 // extraction that reads it removes it, and so does the end of the last of
 // those pulls, whatever happened. Their sum on disk is bounded
 // (Options.SpoolSize): a layer that would go past it, a stream extraction
@@ -41,9 +40,8 @@ const spoolSuffix = ".spool"
 
 // spool is the spooled tar stream of one download's layer.
 type spool struct {
-	id   string // the download's idempotency id
-	path string
-	refs int // pulls holding it
+	id   string // the download's idempotency id; the file is tmp/<id>.spool
+	refs int    // pulls holding it
 	// reserved is what the file holds or may hold, counted against
 	// Options.SpoolSize.
 	reserved int64
@@ -93,7 +91,7 @@ func (p *Pipelines) wantSpool(ctx context.Context, dlID string) (release func())
 	}
 	s := sp.byID[dlID]
 	if s == nil {
-		s = &spool{id: dlID, path: p.spoolPath(dlID)}
+		s = &spool{id: dlID}
 		sp.byID[dlID] = s
 	}
 	s.refs++
@@ -117,8 +115,9 @@ func (p *Pipelines) wantSpool(ctx context.Context, dlID string) (release func())
 // spools.mu.
 func (p *Pipelines) dropSpoolLocked(ctx context.Context, s *spool) {
 	// An extraction that took the spool reads it through its open file.
-	if err := os.Remove(s.path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		log.G(ctx).WithError(err).WithField("file", s.path).Warn("spool: could not remove the spooled tar stream")
+	path := p.spoolPath(s.id)
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		log.G(ctx).WithError(err).WithField("file", path).Warn("spool: could not remove the spooled tar stream")
 	}
 	p.spools.used -= s.reserved
 	s.reserved, s.ready = 0, false
@@ -151,9 +150,10 @@ func (p *Pipelines) openSpool(ctx context.Context, dlID string, grow *growingFil
 		return nil
 	}
 	p.dropSpoolLocked(ctx, s) // what an earlier attempt left
-	f, err := os.OpenFile(s.path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	path := p.spoolPath(s.id)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
-		log.G(ctx).WithError(err).WithField("file", s.path).Warn("spool: could not create the spool; the layer will be decompressed again to extract it")
+		log.G(ctx).WithError(err).WithField("file", path).Warn("spool: could not create the spool; the layer will be decompressed again to extract it")
 		return nil
 	}
 	s.writing = true
@@ -193,14 +193,15 @@ func (w *spoolWriter) Write(b []byte) (int, error) {
 // every byte of its tar stream went in; otherwise it is removed. ok false
 // means the download failed or the validation was not its own.
 func (w *spoolWriter) finish(ctx context.Context, ok bool, blob string, rep tarball.Report) {
+	spoolFI, statErr := w.f.Stat()
 	closeErr := w.f.Close()
-	keep := ok && w.failed == nil && closeErr == nil && rep.Compression != tarball.Plain
-	var blobFI, spoolFI os.FileInfo
+	keep := ok && w.failed == nil && statErr == nil && closeErr == nil &&
+		rep.Compression != tarball.Plain && spoolFI.Size() == rep.ArchiveBytes
+	var blobFI os.FileInfo
 	if keep {
-		var err1, err2 error
-		blobFI, err1 = os.Stat(blob)
-		spoolFI, err2 = os.Stat(w.s.path)
-		keep = err1 == nil && err2 == nil && spoolFI.Size() == rep.ArchiveBytes
+		var err error
+		blobFI, err = os.Stat(blob)
+		keep = err == nil
 	}
 	sp := &w.p.spools
 	sp.mu.Lock()
@@ -212,7 +213,7 @@ func (w *spoolWriter) finish(ctx context.Context, ok bool, blob string, rep tarb
 		case errors.Is(w.failed, errSpoolFollowed):
 		case w.failed != nil:
 			// The operator's business: pipeline.spool_size or the disk.
-			log.G(ctx).WithField("file", w.s.path).WithField("reason", w.failed.Error()).Info("spool: layer not spooled; its unpack will decompress it again")
+			log.G(ctx).WithField("file", w.f.Name()).WithField("reason", w.failed.Error()).Info("spool: layer not spooled; its unpack will decompress it again")
 		}
 		w.p.dropSpoolLocked(ctx, w.s)
 		return
@@ -234,7 +235,8 @@ func (p *Pipelines) takeSpool(ctx context.Context, blob string) (*os.File, func(
 			continue
 		}
 		bfi, err1 := os.Stat(blob)
-		f, err2 := os.Open(s.path)
+		path := p.spoolPath(s.id)
+		f, err2 := os.Open(path)
 		var sfi os.FileInfo
 		var err3 error
 		if err2 == nil {
@@ -244,7 +246,7 @@ func (p *Pipelines) takeSpool(ctx context.Context, blob string) (*os.File, func(
 			if f != nil {
 				f.Close()
 			}
-			log.G(ctx).WithField("file", s.path).Warn("spool: the layer file or its spool changed since the download; extracting the layer file")
+			log.G(ctx).WithField("file", path).Warn("spool: the layer file or its spool changed since the download; extracting the layer file")
 			p.dropSpoolLocked(ctx, s)
 			return nil, nil
 		}
@@ -264,24 +266,4 @@ func (p *Pipelines) takeSpool(ctx context.Context, blob string) (*os.File, func(
 		}
 	}
 	return nil, nil
-}
-
-// removeSpools removes every spool in the temp directory: at start-up,
-// before any run, none can be used (a spool is its process's own).
-func (p *Pipelines) removeSpools(ctx context.Context) error {
-	ents, err := os.ReadDir(p.opts.tmpDir())
-	if err != nil {
-		return fmt.Errorf("remove spools: %w", err)
-	}
-	for _, e := range ents {
-		if !strings.HasSuffix(e.Name(), spoolSuffix) {
-			continue
-		}
-		path := filepath.Join(p.opts.tmpDir(), e.Name())
-		log.G(ctx).WithField("file", path).Info("spool: removing the spool of an earlier process")
-		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("remove spools: %w", err)
-		}
-	}
-	return nil
 }

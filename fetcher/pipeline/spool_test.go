@@ -144,8 +144,8 @@ func TestPullSpoolParentRejected(t *testing.T) {
 }
 
 // TestSpoolsRemovedAtStart: a spool an earlier process left (it was
-// killed) is removed when the pipelines start, before any run could
-// mistake it for its own.
+// killed) is removed by start-up's sweep, before any pull could ask for
+// it.
 func TestSpoolsRemovedAtStart(t *testing.T) {
 	e := newPullEnv(t, nil)
 	stray := filepath.Join(e.p.opts.tmpDir(), "sha256:0123"+spoolSuffix)

@@ -19,7 +19,8 @@ import (
 // sweep removes, at start-up after Resume, what runs that are no longer
 // live left behind: a run's own cleanup removes what it made when it ends,
 // but a process killed at the wrong moment (or a cleanup that failed) can
-// leave an extraction snapshot, its mount point or a download's temp file.
+// leave an extraction snapshot, its mount point, a download's temp file or
+// a spool.
 // Those of live runs are theirs to use and are kept.
 func (p *Pipelines) sweep(ctx context.Context) error {
 	live := map[string]bool{} // FSM + " " + idempotency id
@@ -68,12 +69,16 @@ func (p *Pipelines) sweep(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("sweep: %w", err))
 	}
 	for _, e := range tmps {
-		id, ok := strings.CutSuffix(e.Name(), ".partial")
-		if !ok || live[api.FSMDownload+" "+id] {
+		path := filepath.Join(p.opts.tmpDir(), e.Name())
+		if strings.HasSuffix(e.Name(), spoolSuffix) {
+			// Only a pull asks for a spool, and none has been served yet:
+			// every spool here is an earlier process's (spool.go).
+			log.G(ctx).WithField("file", path).Info("sweep: removing the spool of an earlier process")
+		} else if id, ok := strings.CutSuffix(e.Name(), ".partial"); ok && !live[api.FSMDownload+" "+id] {
+			log.G(ctx).WithField("file", path).Warn("sweep: removing the temp file of a download that is no longer live")
+		} else {
 			continue
 		}
-		path := filepath.Join(p.opts.tmpDir(), e.Name())
-		log.G(ctx).WithField("file", path).Warn("sweep: removing the temp file of a download that is no longer live")
 		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("sweep: %w", err))
 		}
