@@ -384,6 +384,7 @@ type s3PullRun struct {
 	start  time.Time
 	took   time.Duration
 	events []timedEvent
+	cpu    cpuUse
 }
 
 // s3Pull runs `pull --format json --name REF s3://bucket/images/<name>/`
@@ -395,6 +396,12 @@ func (e *env) s3Pull(ctx context.Context, img *benchImage, ref string) (*s3PullR
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	pids := map[string]int{"our daemon": e.daemon.Proc.Pid(), "versitygw": e.s3.Proc.Pid(), "containerd": e.ctrd.Pid()}
+	order := []string{"our daemon", "the CLI", "versitygw", "containerd"}
+	cpu0, err := takeCPUSnapshot(pids)
 	if err != nil {
 		return nil, err
 	}
@@ -421,6 +428,12 @@ func (e *env) s3Pull(ctx context.Context, img *benchImage, ref string) (*s3PullR
 	if werr != nil || last.Result == nil {
 		return nil, fmt.Errorf("pull %s: %v %s: %s", src, werr, last.Error, strings.TrimSpace(stderr.String()))
 	}
+	cpu1, err := takeCPUSnapshot(pids)
+	if err != nil {
+		return nil, err
+	}
+	p.cpu = cpuBetween(cpu0, cpu1, order)
+	p.cpu.procs["the CLI"] = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	if last.Result.Downloaded != len(img.layers) {
 		return nil, fmt.Errorf("pull %s downloaded %d layers, want all %d (a cold pull)", src, last.Result.Downloaded, len(img.layers))
 	}

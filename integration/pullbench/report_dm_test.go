@@ -154,6 +154,7 @@ func breakdown(img *benchImage, p *s3PullRun, runs []fsm.RunRecord) string {
 	}
 	fmt.Fprintf(&b, "where the time goes, last round's S3 pull of image %s: %s from the CLI's start to its exit; first event at %s, last at %s\n\n",
 		strings.ToUpper(img.spec.name), secs(p.took), firstAt(p.events), lastAt(p.events))
+	fmt.Fprintf(&b, "%s\n\n", p.cpu)
 	fmt.Fprintf(&b, "| layer | machine | run queued | started | finished | run took | state |\n|---|---|---|---|---|---|---|\n")
 	// finished is when each machine's run for a layer finished, and
 	// finishedFSM when a machine's only run did: the events of a
