@@ -19,7 +19,6 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/yield"
 )
 
 // DownloadRequest is the request of one "download-image" run: one S3 object
@@ -253,8 +252,7 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 	// the file this process wrote (see validatedFile). When an extraction
 	// follows the transfer from its start, it names the layer instead
 	// (streamNames): the bytes are decompressed and parsed once.
-	// The hash is the transfer's CPU work: it yields between slices of it.
-	writers := []io.Writer{yield.Writer(h)}
+	writers := []io.Writer{h}
 	vdone := make(chan streamValidation, 1)
 	var vw *io.PipeWriter
 	var sv streamValidation

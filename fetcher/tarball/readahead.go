@@ -4,8 +4,6 @@ import (
 	"errors"
 	"io"
 	"sync"
-
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/yield"
 )
 
 // A layer's tar stream costs three kinds of work per byte: decompressing
@@ -14,11 +12,6 @@ import (
 // of their own, so a pull's extraction runs at the speed of the slowest
 // of the three instead of their sum. Under the VM's emulation SHA-256
 // alone costs as much as the rest (docs/benchmarks.md).
-//
-// Both stages yield their processor between slices of their work
-// (internal/yield): a pull keeps more goroutines busy than there are
-// cores, and where a buffer's work outlasts the runtime's preemption
-// interval a signal would otherwise cut in.
 //
 // The stages hand fixed buffers along channels: at most readaheadBuffers
 // buffers of readaheadChunk bytes are ever allocated, so a consumer that
@@ -66,7 +59,7 @@ func newReadahead(r io.Reader, sink io.Writer, done func()) *readahead {
 	if sink != nil {
 		filled = make(chan chunk, readaheadBuffers)
 		ra.wg.Add(1)
-		go ra.sink(yield.Writer(sink), filled)
+		go ra.sink(sink, filled)
 	}
 	ra.wg.Add(1)
 	go ra.fill(r, filled, done)
@@ -96,7 +89,6 @@ func (ra *readahead) fill(r io.Reader, to chan<- chunk, done func()) {
 		}
 	}
 	defer end()
-	var work yield.Counter
 	for {
 		var b []byte
 		select {
@@ -109,7 +101,6 @@ func (ra *readahead) fill(r io.Reader, to chan<- chunk, done func()) {
 			var m int
 			m, err = r.Read(b[n:])
 			n += m
-			work.Add(m)
 		}
 		if err == nil && n < len(b)/2 {
 			return // stopped
