@@ -42,10 +42,12 @@ var (
 	flagImageA = flag.String("pullbench.image-a", "45,30,20,15", "image A's layer sizes in MB, lowest first (comma separated)")
 	flagImageB = flag.Int("pullbench.image-b", 100, "image B's single layer size in MB")
 	flagRounds = flag.Int("pullbench.rounds", 3, "rounds: each way pulls each image once per round")
-	// flagProfile names a folder for the daemon's CPU profile over the
-	// last round's S3 pull of each image (s3-<image>.pprof), read with
-	// `go tool pprof BINARY FILE`.
-	flagProfile        = flag.String("pullbench.cpuprofile", "", "folder for the daemon's CPU profiles of the last round's S3 pulls (empty: none)")
+	// flagProfile names a folder for the daemon's CPU profile over one
+	// more S3 pull of each image after the rounds (s3-<image>.pprof), read
+	// with `go tool pprof BINARY FILE`. The profiler's signals cost the
+	// emulated guest a tenth of a pull's CPU, so that pull stays out of
+	// the medians.
+	flagProfile        = flag.String("pullbench.cpuprofile", "", "folder for the daemon's CPU profiles of one more S3 pull of each image after the rounds, not in the medians (empty: none)")
 	flagProfileSeconds = flag.Int("pullbench.cpuprofile-seconds", 60, "length of each CPU profile: longer than an S3 pull, which it waits for")
 )
 
@@ -117,6 +119,9 @@ type samples struct {
 	floors []floorParts
 	// breakdown is the last round's S3 pull, step by step.
 	breakdown string
+	// profiled is the S3 pull run under the CPU profiler after the rounds
+	// (nil: none).
+	profiled *s3PullRun
 	// peakRSS is the daemon's highest VmHWM over the S3 pulls, in KiB.
 	peakRSS int64
 }
@@ -131,7 +136,7 @@ var warmSpec = imageSpec{name: "warm", layersMB: []int{1}}
 func (e *env) warmUp(ctx context.Context) error {
 	s := &samples{pulls: map[string][]time.Duration{}}
 	for _, w := range ways {
-		if err := e.measure(ctx, e.warm, w, s, false, false); err != nil {
+		if err := e.measure(ctx, e.warm, w, s, false, false, false); err != nil {
 			return fmt.Errorf("warm-up, %s: %w", w, err)
 		}
 	}
@@ -202,7 +207,7 @@ func BenchmarkPull(b *testing.B) {
 				}
 				last := r == *flagRounds-1
 				t := time.Now()
-				if err := e.measure(ctx, img, w, res[i], i == 0, last); err != nil {
+				if err := e.measure(ctx, img, w, res[i], i == 0, last, false); err != nil {
 					// What the rounds before measured is still worth
 					// reading.
 					fmt.Print(report(fmt.Sprintf("%d rounds of %d, the last cut short", r, *flagRounds), setupTime, e.images, res))
@@ -213,6 +218,16 @@ func BenchmarkPull(b *testing.B) {
 			}
 		}
 		b.Logf("round %d done after %s", r+1, time.Since(start).Round(time.Second))
+	}
+	if *flagProfile != "" {
+		for i, img := range e.images {
+			if err := dropCaches(); err != nil {
+				b.Fatal(err)
+			}
+			if err := e.measure(ctx, img, wayS3, res[i], false, false, true); err != nil {
+				b.Fatalf("image %s, the profiled S3 pull: %v\nour daemon's log tail:\n%s", img.spec.name, err, e.daemon.Proc.LogTail(20))
+			}
+		}
 	}
 	b.StopTimer()
 
@@ -227,8 +242,9 @@ func BenchmarkPull(b *testing.B) {
 
 // measure runs way w once on img, cold, and records it in s; the S3 pull
 // of the last round also records where its time went, and those of the
-// multi-layer image the daemon's peak RSS.
-func (e *env) measure(ctx context.Context, img *benchImage, w string, s *samples, multi, last bool) error {
+// multi-layer image the daemon's peak RSS. A profiled S3 pull (profile)
+// writes the daemon's CPU profile and is recorded apart from the rounds.
+func (e *env) measure(ctx context.Context, img *benchImage, w string, s *samples, multi, last, profile bool) error {
 	switch w {
 	case wayFloor:
 		f, err := e.measureFloor(ctx, img)
@@ -247,7 +263,7 @@ func (e *env) measure(ctx context.Context, img *benchImage, w string, s *samples
 			}
 		}
 		var profiled chan error
-		if last && *flagProfile != "" {
+		if profile {
 			profiled = make(chan error, 1)
 			go func() { profiled <- e.daemonProfile(ctx, filepath.Join(*flagProfile, "s3-"+img.spec.name+".pprof")) }()
 		}
@@ -258,7 +274,11 @@ func (e *env) measure(ctx context.Context, img *benchImage, w string, s *samples
 		if err != nil {
 			return err
 		}
-		s.pulls[w] = append(s.pulls[w], p.took)
+		if profile {
+			s.profiled = p
+		} else {
+			s.pulls[w] = append(s.pulls[w], p.took)
+		}
 		if multi {
 			hwm, err := procStatusKiB(pid, "VmHWM")
 			if err != nil {

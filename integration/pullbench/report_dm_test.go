@@ -113,6 +113,9 @@ func writeTable(out *strings.Builder, img *benchImage, s *samples) {
 	if s.breakdown != "" {
 		fmt.Fprintf(out, "\n%s", s.breakdown)
 	}
+	if p := s.profiled; p != nil {
+		fmt.Fprintf(out, "\none more S3 pull, under our daemon's CPU profiler, after the rounds (not in the medians): %s; %s\n", secs(p.took), p.cpu)
+	}
 }
 
 // stepGroup is the events of one state machine for one layer (0: the
