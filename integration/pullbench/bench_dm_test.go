@@ -44,9 +44,8 @@ var (
 	flagRounds = flag.Int("pullbench.rounds", 3, "rounds: each way pulls each image once per round")
 	// flagProfile names a folder for the daemon's CPU profile over one
 	// more S3 pull of each image after the rounds (s3-<image>.pprof), read
-	// with `go tool pprof BINARY FILE`. The profiler's signals cost the
-	// emulated guest a tenth of a pull's CPU, so that pull stays out of
-	// the medians.
+	// with `go tool pprof BINARY FILE`. That pull stays out of the medians,
+	// so the profiler's own signals never weigh on them.
 	flagProfile        = flag.String("pullbench.cpuprofile", "", "folder for the daemon's CPU profiles of one more S3 pull of each image after the rounds, not in the medians (empty: none)")
 	flagProfileSeconds = flag.Int("pullbench.cpuprofile-seconds", 60, "length of each CPU profile: longer than an S3 pull, which it waits for")
 )
@@ -419,9 +418,8 @@ func (e *env) s3Pull(ctx context.Context, img *benchImage, ref string) (*s3PullR
 	if err != nil {
 		return nil, err
 	}
-	pids := map[string]int{"our daemon": e.daemon.Proc.Pid(), "versitygw": e.s3.Proc.Pid(), "containerd": e.ctrd.Pid()}
-	order := []string{"our daemon", "the CLI", "versitygw", "containerd"}
-	cpu0, err := takeCPUSnapshot(pids)
+	procs := []namedPID{{"our daemon", e.daemon.Proc.Pid()}, {"versitygw", e.s3.Proc.Pid()}, {"containerd", e.ctrd.Pid()}}
+	cpu0, err := takeCPUSnapshot(procs)
 	if err != nil {
 		return nil, err
 	}
@@ -448,12 +446,12 @@ func (e *env) s3Pull(ctx context.Context, img *benchImage, ref string) (*s3PullR
 	if werr != nil || last.Result == nil {
 		return nil, fmt.Errorf("pull %s: %v %s: %s", src, werr, last.Error, strings.TrimSpace(stderr.String()))
 	}
-	cpu1, err := takeCPUSnapshot(pids)
+	cpu1, err := takeCPUSnapshot(procs)
 	if err != nil {
 		return nil, err
 	}
-	p.cpu = cpuBetween(cpu0, cpu1, order)
-	p.cpu.procs["the CLI"] = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	p.cpu = cpuBetween(cpu0, cpu1)
+	p.cpu.procs = append(p.cpu.procs, namedCPU{"the CLI", cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()})
 	if last.Result.Downloaded != len(img.layers) {
 		return nil, fmt.Errorf("pull %s downloaded %d layers, want all %d (a cold pull)", src, last.Result.Downloaded, len(img.layers))
 	}

@@ -16,18 +16,34 @@ const userHZ = 100
 
 func ticks(n int64) time.Duration { return time.Duration(n) * time.Second / userHZ }
 
-// cpuSnapshot is where the guest's CPU time had gone at one moment: the
-// whole machine's (/proc/stat) and that of the processes a pull keeps
-// busy (/proc/PID/stat).
-type cpuSnapshot struct {
-	busy, idle, iowait time.Duration
-	procs              map[string]time.Duration
+// namedPID is a process whose CPU time the report shows, by name.
+type namedPID struct {
+	name string
+	pid  int
 }
 
-// takeCPUSnapshot reads the machine's counters and those of pids (a name
-// for each, as the report shows it).
-func takeCPUSnapshot(pids map[string]int) (cpuSnapshot, error) {
-	s := cpuSnapshot{procs: map[string]time.Duration{}}
+// namedCPU is a process's CPU time, by the name the report shows.
+type namedCPU struct {
+	name string
+	cpu  time.Duration
+}
+
+// cpuSnapshot is where the guest's CPU time had gone at one moment: the
+// whole machine's (/proc/stat) and that of the processes a pull keeps
+// busy (/proc/PID/stat), in the order they were asked for.
+type cpuSnapshot struct {
+	busy, idle, iowait time.Duration
+	procs              []namedCPU
+}
+
+// cpuUse is where the guest's CPU time went between two snapshots; the
+// caller may add processes measured otherwise (the CLI, a child that has
+// exited by then).
+type cpuUse cpuSnapshot
+
+// takeCPUSnapshot reads the machine's counters and those of procs.
+func takeCPUSnapshot(procs []namedPID) (cpuSnapshot, error) {
+	var s cpuSnapshot
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
 		return s, err
@@ -52,12 +68,12 @@ func takeCPUSnapshot(pids map[string]int) (cpuSnapshot, error) {
 			s.busy += ticks(n)
 		}
 	}
-	for name, pid := range pids {
-		t, err := procCPU(pid)
+	for _, p := range procs {
+		t, err := procCPU(p.pid)
 		if err != nil {
-			return s, fmt.Errorf("CPU time of %s: %w", name, err)
+			return s, fmt.Errorf("CPU time of %s: %w", p.name, err)
 		}
-		s.procs[name] = t
+		s.procs = append(s.procs, namedCPU{p.name, t})
 	}
 	return s, nil
 }
@@ -90,18 +106,12 @@ func procCPU(pid int) (time.Duration, error) {
 	return ticks(sum), nil
 }
 
-// cpuUse is where the guest's CPU time went between two snapshots, with
-// the CLI's own time (a child that has exited by then) beside.
-type cpuUse struct {
-	busy, idle, iowait time.Duration
-	procs              map[string]time.Duration
-	order              []string
-}
-
-func cpuBetween(a, b cpuSnapshot, order []string) cpuUse {
-	u := cpuUse{busy: b.busy - a.busy, idle: b.idle - a.idle, iowait: b.iowait - a.iowait, procs: map[string]time.Duration{}, order: order}
-	for _, name := range order {
-		u.procs[name] = b.procs[name] - a.procs[name]
+// cpuBetween is what each counter of a grew by in b; both were taken of
+// the same processes.
+func cpuBetween(a, b cpuSnapshot) cpuUse {
+	u := cpuUse{busy: b.busy - a.busy, idle: b.idle - a.idle, iowait: b.iowait - a.iowait}
+	for i, p := range b.procs {
+		u.procs = append(u.procs, namedCPU{p.name, p.cpu - a.procs[i].cpu})
 	}
 	return u
 }
@@ -112,9 +122,9 @@ func cpuBetween(a, b cpuSnapshot, order []string) cpuUse {
 func (u cpuUse) String() string {
 	var parts []string
 	rest := u.busy
-	for _, name := range u.order {
-		parts = append(parts, fmt.Sprintf("%s %s", name, secs(u.procs[name])))
-		rest -= u.procs[name]
+	for _, p := range u.procs {
+		parts = append(parts, fmt.Sprintf("%s %s", p.name, secs(p.cpu)))
+		rest -= p.cpu
 	}
 	parts = append(parts, fmt.Sprintf("everything else (the guest kernel's threads, writeback among them) %s", secs(max(rest, 0))))
 	return fmt.Sprintf("the guest's CPUs over the pull (/proc/stat): busy %s: %s; idle %s, waiting on I/O %s",
