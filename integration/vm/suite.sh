@@ -25,8 +25,11 @@
 # of the host's cores busy, since its tests wait on timers, containerd and the
 # kernel: two boots side by side fill the gaps. Each run writes the measured
 # seconds to .cache/vmbin/durations, in the format of integration/vm/durations.
-# Prints a summary per binary (PASS/FAIL, wall time) ending with
-# "N passed, N failed"; exits non-zero if any failed or none ran.
+# Prints a summary per binary (PASS/FAIL, wall time), then for each binary
+# that failed its failing test's last log lines and its "--- FAIL" lines
+# (each run's whole output is kept beside the results while the suite
+# runs), ending with "N passed, N failed"; exits non-zero if any failed or
+# none ran.
 set -euo pipefail
 { # Parsed whole before it runs: editing this file cannot upset running copies.
 
@@ -100,7 +103,7 @@ prelude=$work/prelude.sh
   echo '  local name=$1 dir=$2 phase=$3 t0 t1 rc; shift 3'
   echo '  echo "=== vm-suite: $name $phase ($dir) ==="'
   echo '  export VM_SCRATCH=$base/$name.$phase; mkdir -p "$VM_SCRATCH"'
-  echo '  t0=$(now); (cd "$dir" && "$@"); rc=$?; t1=$(now)'
+  echo '  t0=$(now); (cd "$dir" && "$@") 2>&1 | tee "$results.$name.$phase.log"; rc=${PIPESTATUS[0]}; t1=$(now)'
   echo '  printf "%s %s %s %s\n" "$name" "$phase" "$rc" "$(awk -v a=$t0 -v b=$t1 "BEGIN{printf \"%.1f\", b-a}")" >> "$results"'
   echo '  echo "=== vm-suite: $name $phase exit $rc ==="'
   echo '  leftovers "$name $phase"'
@@ -214,6 +217,22 @@ for n in "${names[@]}"; do
     printf '  FAIL  %-28s %s\n' "$n" "$line"; fail=$((fail + 1))
   fi
 done
+# What failed, where a log shows only its end (CI keeps the last lines):
+# for each binary that exited non-zero, the last 15 log lines (file:line,
+# tables left out) of the top-level test its first "--- FAIL" or panic
+# ends, which hold the failing test's error lines, and its "--- FAIL" lines.
+while read -r n phase prc _; do
+  [ "$prc" != 0 ] || continue
+  l=$(ls "$work"/results*."$n.$phase.log" 2>/dev/null | head -1)
+  [ -n "$l" ] || continue
+  echo
+  echo "$n $phase (exit $prc), its last test log lines before the first failure:"
+  awk '/^=== RUN +[^\/]+$/ { k = 0 }
+       /^ *--- FAIL|^panic:/ { if (/^panic:/) buf[k++ % 15] = $0; exit }
+       /^ +[A-Za-z0-9_]+\.go:[0-9]+: / && !/\.go:[0-9]+: +\|/ { buf[k++ % 15] = $0 }
+       END { for (i = (k > 15 ? k - 15 : 0); i < k; i++) print "  " substr(buf[i % 15], 1, 300) }' "$l"
+  grep -E -- '^ *--- FAIL' "$l" | sed 's/^/  /' | head -8
+done < "$results"
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ] && [ $pass -gt 0 ] && [ $rc -eq 0 ]
 exit
