@@ -142,6 +142,7 @@ type RequestError struct {
 	Msg string
 }
 
+// Error returns the daemon's reason, as it sent it.
 func (e *RequestError) Error() string { return e.Msg }
 
 // answerError is the error of an answer carrying msg: a *RequestError

@@ -11,7 +11,7 @@
 #   <out>/images/debian-rootfs/1.tar   byte for byte debian/1.tar
 #   <out>/images/debian-rootfs/2.tar   byte for byte debian/2.tar
 #   <out>/images/debian-rootfs/3.tar   whiteouts + flyio files under a
-#                                      top-level rootfs/ (the seeds' layout)
+#                                      top-level rootfs/ (docs/images.md)
 #   <out>/SHA256SUMS                   sha256sum of every tarball
 #
 # <out> is <repo>/.cache/e2e/image-<hash>, <hash> covering this script and
@@ -159,7 +159,8 @@ whiteout "$s/e3" usr/share/info
 flyio "$s/e3" debian-dev
 mktar "$img/debian-dev/3.tar" "$s/e3"
 
-# debian-rootfs/3.tar: the seeds' canonical layout, under rootfs/.
+# debian-rootfs/3.tar: the layer under a top-level rootfs/ folder, which
+# extraction strips (docs/images.md).
 mkdir -p "$s/r3"
 whiteout "$s/r3" etc/motd
 whiteout "$s/r3" usr/share/doc/bash

@@ -68,6 +68,7 @@ type ExitError struct {
 	Usage string
 }
 
+// Error returns Msg, the text Main prints.
 func (e *ExitError) Error() string { return e.Msg }
 
 // NewFlagSet returns a flag set for a subcommand whose usage (the synopsis
