@@ -231,6 +231,12 @@ type Options struct {
 	Snapshots Snapshots
 	// Usage reads how full the pool is now.
 	Usage func(ctx context.Context) (Usage, error)
+	// Glance, when set, reads how full the pool is without making the
+	// kernel commit its metadata first (thinpool.Pool.Peek): never less
+	// used than Usage says. The watch of containerd's writes polls with
+	// it, and reads Usage, whose commit costs a superblock write and its
+	// flushes, only once a glance is past the high threshold.
+	Glance func(ctx context.Context) (Usage, error)
 	// Guard refuses the removal of a chain a live run uses
 	// (pipeline.GuardChain).
 	Guard func(chain string) snapshotter.RemoveGuard
@@ -511,9 +517,17 @@ func (c *Collector) watchWrites(ctx context.Context) (watching, stuck bool) {
 	if n == 0 {
 		return false, false
 	}
+	glance := c.opts.Glance
+	if glance == nil {
+		glance = c.opts.Usage
+	}
+	u, err := glance(ctx)
+	if err != nil {
+		log.G(ctx).WithError(err).Warn("gc: pool usage while containerd writes a layer")
+		return true, false
+	}
 	var pending uint64
 	if c.opts.Pending != nil {
-		var err error
 		if pending, err = c.opts.Pending(ctx); err != nil {
 			log.G(ctx).WithError(err).Warn("gc: bytes not yet written to the pool: counting none")
 		}
@@ -521,9 +535,10 @@ func (c *Collector) watchWrites(ctx context.Context) (watching, stuck bool) {
 		// pool's: at most the band between the thresholds counts, so that
 		// another workload's writes can start a collection no earlier than
 		// the low threshold, and make it go at most that band below it.
-		if u, err := c.opts.Usage(ctx); err == nil {
-			pending = min(pending, uint64(float64(u.DataTotal)*(c.opts.HighThreshold-c.opts.LowThreshold)/100))
-		}
+		pending = min(pending, uint64(float64(u.DataTotal)*(c.opts.HighThreshold-c.opts.LowThreshold)/100))
+	}
+	if !over(u, pending, c.opts.HighThreshold) {
+		return true, false
 	}
 	rep, err := c.Collect(ctx, "apply", pending)
 	if err != nil {

@@ -126,9 +126,10 @@ type harness struct {
 	c     *Collector
 	dir   string
 
-	mu    sync.Mutex
-	total uint64 // the pool's data bytes
-	reads int    // usage calls
+	mu      sync.Mutex
+	total   uint64 // the pool's data bytes
+	reads   int    // usage calls
+	glances int    // glance calls
 }
 
 func newHarness(t *testing.T, total uint64, opts Options) *harness {
@@ -203,7 +204,22 @@ func (h *harness) usage(context.Context) (Usage, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.reads++
-	return Usage{DataUsed: h.pool.UsedSectors() * sectorBytes, DataTotal: h.total, MetaUsed: 10, MetaTotal: 1000}, nil
+	return h.now(), nil
+}
+
+// glance is the harness's Options.Glance: the same usage as usage's (the
+// fake pool has no commits to skip), counted apart. Set it in the options
+// given to newHarness through a variable holding the harness.
+func (h *harness) glance(context.Context) (Usage, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.glances++
+	return h.now(), nil
+}
+
+// now is the fake pool's usage; the caller holds h.mu.
+func (h *harness) now() Usage {
+	return Usage{DataUsed: h.pool.UsedSectors() * sectorBytes, DataTotal: h.total, MetaUsed: 10, MetaTotal: 1000}
 }
 
 // layer is one layer of a test image: its chain and the bytes its device
@@ -797,6 +813,62 @@ func TestPreparingCollectsWhileApplying(t *testing.T) {
 	b.c.Preparing(ctx, "a/6/extract-3 sha256:r4")
 	b.waitReads(1)
 	b.watchEnded("ApplyWatch")
+}
+
+// TestApplyWatchGlances: with Options.Glance set, the watch of
+// containerd's write polls with it alone while the pool is under the high
+// threshold, so no poll makes the kernel commit the pool's metadata
+// (Usage); once a glance is past the threshold, the collection reads Usage
+// and removes what it must.
+func TestApplyWatchGlances(t *testing.T) {
+	var h *harness
+	h = newHarness(t, 1000*mib, Options{Interval: time.Hour, ApplyPoll: 10 * time.Millisecond,
+		Glance: func(ctx context.Context) (Usage, error) { return h.glance(ctx) }})
+	h.registry("a", "reg/old", time.Now().Add(-time.Hour), nil, layer{"r1", 500 * mib})
+	ctx := h.runLoop()
+	key := "a/3/extract-1 sha256:r2"
+	h.add(key, "", snapshotter.SnapKindActive, map[string]string{snapshots.LabelSnapshotRef: "r2"}, 0)
+	reads := h.readCount()
+	h.c.Preparing(ctx, key)
+	deadline := time.Now().Add(10 * time.Second)
+	for h.glanceCount() < 5 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d glances in 10 s of containerd's write, want 5: the watch does not poll with Glance", h.glanceCount())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := h.readCount() - reads; n != 0 {
+		t.Errorf("Usage read %d times over %d polls at 50%%, want none: the polls make the kernel commit", n, h.glanceCount())
+	}
+	h.write(key, 400*mib) // the layer's blocks: 90%
+	for h.obs.ran() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no collection 10 s after a glance showed the pool past the high threshold")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if removed := h.names.removedRegistry(); !slices.Equal(removed, []string{"a/reg/old"}) {
+		t.Fatalf("removed %v, want a/reg/old", removed)
+	}
+	if h.readCount() == reads {
+		t.Error("the collection removed an image without reading Usage")
+	}
+}
+
+// runLoop runs h's Loop until the test ends, and returns its context.
+func (h *harness) runLoop() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); h.c.Loop(ctx) }()
+	h.t.Cleanup(func() { cancel(); <-done })
+	return ctx
+}
+
+// glanceCount is how many times the pool's usage was glanced at so far.
+func (h *harness) glanceCount() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.glances
 }
 
 // readCount is how many times the pool's usage was read so far.

@@ -8,6 +8,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/gc"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metrics"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
 // newCollector builds the image garbage collector of [gc] over the
@@ -27,19 +28,22 @@ func (s *Service) newCollector(p *pipeline.Pipelines) (*gc.Collector, error) {
 	}
 	o := s.Config.GC.Options(s.Config.Pipeline.TarballCacheConfig)
 	o.DB, o.Snapshots = s.DB, s.Snapshotter
-	o.Usage = func(ctx context.Context) (gc.Usage, error) {
-		st, err := s.Pool.Status(ctx)
-		if err != nil {
-			return gc.Usage{}, err
+	usage := func(status func(context.Context) (thinpool.PoolStatus, error)) func(context.Context) (gc.Usage, error) {
+		return func(ctx context.Context) (gc.Usage, error) {
+			st, err := status(ctx)
+			if err != nil {
+				return gc.Usage{}, err
+			}
+			u := gc.UsageOf(st)
+			paths := []string{s.Config.Pipeline.DownloadDir}
+			if s.Config.Pool.DataDevice == "" {
+				paths = append(paths, s.Config.Pool.RootDir)
+			}
+			u.HostUsed, u.HostTotal, err = gc.HostUsage(paths...)
+			return u, err
 		}
-		u := gc.UsageOf(st)
-		paths := []string{s.Config.Pipeline.DownloadDir}
-		if s.Config.Pool.DataDevice == "" {
-			paths = append(paths, s.Config.Pool.RootDir)
-		}
-		u.HostUsed, u.HostTotal, err = gc.HostUsage(paths...)
-		return u, err
 	}
+	o.Usage, o.Glance = usage(s.Pool.Status), usage(s.Pool.Peek)
 	o.Guard = pipeline.GuardChain
 	o.Pending = gc.DirtyBytes
 	o.Prune = func(ctx context.Context) error {

@@ -591,11 +591,24 @@ func (p *Pool) ActiveDevices(ctx context.Context) ([]ActiveDevice, error) {
 
 // Status returns the pool's parsed status line (after the kernel commits
 // outstanding metadata changes).
-func (p *Pool) Status(ctx context.Context) (PoolStatus, error) {
+func (p *Pool) Status(ctx context.Context) (PoolStatus, error) { return p.usableStatus(false) }
+
+// Peek returns the pool's parsed status line as the kernel holds it,
+// without asking it to commit outstanding metadata changes first (a
+// superblock write and its flushes). Blocks allocated since the last
+// commit count as used; blocks freed since then (by discards: a device's
+// deletion commits at once) still count as used until the next commit.
+// So the data and metadata used it reports are never below what Status
+// would report: a pool under a threshold by Peek is under it.
+func (p *Pool) Peek(ctx context.Context) (PoolStatus, error) { return p.usableStatus(true) }
+
+// usableStatus is status for the exported readers: refused on a pool
+// that is not usable, and its error named for the pool.
+func (p *Pool) usableStatus(noflush bool) (PoolStatus, error) {
 	if err := p.usable(); err != nil {
 		return PoolStatus{}, err
 	}
-	st, err := p.status(false)
+	st, err := p.status(noflush)
 	if err != nil {
 		return PoolStatus{}, p.errf(nil, err, "status")
 	}
