@@ -732,10 +732,7 @@ func TestCommittedWakesLoop(t *testing.T) {
 	h := newHarness(t, 1000*mib, Options{Interval: time.Hour})
 	h.registry("a", "reg/old", time.Now().Add(-time.Hour), nil, layer{"r1", 500 * mib})
 	h.registry("a", "reg/new", time.Now(), nil, layer{"r2", 400 * mib}) // 90%
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); h.c.Loop(ctx) }()
-	defer func() { cancel(); <-done }()
+	ctx := h.runLoop()
 	for range 10 {
 		h.c.Committed(ctx, "a/2/r2", "a/3/extract-1 r2")
 	}
@@ -774,10 +771,7 @@ func removedKinds(rep *Report) []string {
 func TestPreparingCollectsWhileApplying(t *testing.T) {
 	h := newHarness(t, 1000*mib, Options{Interval: time.Hour, ApplyPoll: 10 * time.Millisecond})
 	h.registry("a", "reg/old", time.Now().Add(-time.Hour), nil, layer{"r1", 500 * mib})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); h.c.Loop(ctx) }()
-	defer func() { cancel(); <-done }()
+	ctx := h.runLoop()
 
 	key := "a/3/extract-1 sha256:r2"
 	h.add(key, "", snapshotter.SnapKindActive, map[string]string{snapshots.LabelSnapshotRef: "r2"}, 0)
@@ -807,9 +801,7 @@ func TestPreparingCollectsWhileApplying(t *testing.T) {
 	h.watchEnded("the removal")
 
 	b := newHarness(t, 1000*mib, Options{Interval: time.Hour, ApplyPoll: 10 * time.Millisecond, ApplyWatch: 50 * time.Millisecond})
-	bdone := make(chan struct{})
-	go func() { defer close(bdone); b.c.Loop(ctx) }()
-	defer func() { cancel(); <-bdone }()
+	b.runLoop()
 	b.c.Preparing(ctx, "a/6/extract-3 sha256:r4")
 	b.waitReads(1)
 	b.watchEnded("ApplyWatch")
@@ -944,10 +936,7 @@ func TestApplyWatchBoundsOtherWrites(t *testing.T) {
 	h := newHarness(t, 1000*mib, Options{Interval: time.Hour, ApplyPoll: 10 * time.Millisecond,
 		Pending: func(context.Context) (uint64, error) { return 100 << 30, nil }})
 	h.registry("a", "reg/old", time.Now().Add(-time.Hour), nil, layer{"r1", 500 * mib})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); h.c.Loop(ctx) }()
-	defer func() { cancel(); <-done }()
+	ctx := h.runLoop()
 	h.c.Preparing(ctx, "a/3/extract-1 sha256:r2")
 	h.waitReads(6) // three polls
 	if removed := h.names.removedRegistry(); len(removed) != 0 {
@@ -957,9 +946,7 @@ func TestApplyWatchBoundsOtherWrites(t *testing.T) {
 	// Past the threshold, the only image has a container: nothing to remove.
 	s := newHarness(t, 1000*mib, Options{Interval: time.Hour, ApplyPoll: 10 * time.Millisecond})
 	s.registry("a", "reg/used", time.Now().Add(-time.Hour), nil, layer{"u1", 900 * mib}).Containers = []string{"c1"}
-	sdone := make(chan struct{})
-	go func() { defer close(sdone); s.c.Loop(ctx) }()
-	defer func() { cancel(); <-sdone }()
+	s.runLoop()
 	s.c.Preparing(ctx, "a/4/extract-2 sha256:u2")
 	s.waitReads(1)
 	time.Sleep(200 * time.Millisecond) // 20 polls at ApplyPoll
