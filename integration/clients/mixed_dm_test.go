@@ -149,15 +149,20 @@ func collectionsBegun(path string, from, to time.Time) ([]collectionBegun, error
 		if at.Before(from) || !at.Before(to) {
 			continue
 		}
-		c := collectionBegun{at: at}
-		for _, f := range strings.Fields(line) {
-			if v, ok := strings.CutPrefix(f, "trigger="); ok {
-				c.trigger = v
-			}
-		}
-		began = append(began, c)
+		began = append(began, collectionBegun{at: at, trigger: logTrigger(line)})
 	}
 	return began, nil
+}
+
+// logTrigger is the trigger field of a collector's line of the daemon's
+// text log, or "" when it has none.
+func logTrigger(line string) string {
+	for _, f := range strings.Fields(line) {
+		if v, ok := strings.CutPrefix(f, "trigger="); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 // logTime is the time of a line of the daemon's text log.
@@ -495,8 +500,8 @@ func TestMixedPool(t *testing.T) {
 	} else {
 		triggers := map[string]int{}
 		for _, line := range strings.Split(string(b), "\n") {
-			if _, rest, ok := strings.Cut(line, "trigger="); ok && strings.Contains(line, "gc: collection done") {
-				triggers[strings.Fields(rest)[0]]++
+			if tr := logTrigger(line); tr != "" && strings.Contains(line, "gc: collection done") {
+				triggers[tr]++
 			}
 		}
 		t.Logf("collections by trigger: %v", triggers)
