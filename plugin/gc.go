@@ -28,6 +28,12 @@ func (s *Service) newCollector(p *pipeline.Pipelines) (*gc.Collector, error) {
 	}
 	o := s.Config.GC.Options(s.Config.Pipeline.TarballCacheConfig)
 	o.DB, o.Snapshots = s.DB, s.Snapshotter
+	// The host filesystems whose space the collection watches: the
+	// downloads', and the pool's loop files' when it has them.
+	hostPaths := []string{s.Config.Pipeline.DownloadDir}
+	if s.Config.Pool.DataDevice == "" {
+		hostPaths = append(hostPaths, s.Config.Pool.RootDir)
+	}
 	usage := func(status func(context.Context) (thinpool.PoolStatus, error)) func(context.Context) (gc.Usage, error) {
 		return func(ctx context.Context) (gc.Usage, error) {
 			st, err := status(ctx)
@@ -35,11 +41,7 @@ func (s *Service) newCollector(p *pipeline.Pipelines) (*gc.Collector, error) {
 				return gc.Usage{}, err
 			}
 			u := gc.UsageOf(st)
-			paths := []string{s.Config.Pipeline.DownloadDir}
-			if s.Config.Pool.DataDevice == "" {
-				paths = append(paths, s.Config.Pool.RootDir)
-			}
-			u.HostUsed, u.HostTotal, err = gc.HostUsage(paths...)
+			u.HostUsed, u.HostTotal, err = gc.HostUsage(hostPaths...)
 			return u, err
 		}
 	}
