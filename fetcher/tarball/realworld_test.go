@@ -417,6 +417,49 @@ func TestReplacements(t *testing.T) {
 	checkRejection(t, "Validate", err, hostile{rule: ErrHardlinkTarget, entry: "h"})
 }
 
+// TestReplacingLowerNames: a file or symlink whose name a lower layer
+// already holds (a symlink to outside the target, one left dangling, a
+// file, a directory) replaces that name and nothing else: the old symlink
+// is not followed, and what it pointed at is left as it was.
+func TestReplacingLowerNames(t *testing.T) {
+	s := newSandbox(t)
+	lower := func(name string, make func(string) error) {
+		if err := make(filepath.Join(s.target, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	secret := filepath.Join(s.canary, "secret")
+	lower("to-secret", func(p string) error { return os.Symlink(secret, p) })
+	lower("dangling", func(p string) error { return os.Symlink(filepath.Join(s.canary, "new"), p) })
+	lower("to-canary", func(p string) error { return os.Symlink(s.canary, p) })
+	lower("was-file", func(p string) error { return os.WriteFile(p, []byte("lower"), 0o644) })
+	lower("was-dir", func(p string) error { return os.MkdirAll(filepath.Join(p, "sub"), 0o755) })
+	b := build(t,
+		file("to-secret", "mine"), file("dangling", "mine too"),
+		symlink("to-canary", "elsewhere"), symlink("was-file", "t"), symlink("was-dir", "t"),
+	)
+	if _, err := ExtractDir(context.Background(), bytes.NewReader(b), s.target, ExtractOptions{}); err != nil {
+		t.Fatalf("Extract: %v", err)
+	}
+	s.intact(t)
+	for name, want := range map[string]string{"to-secret": "mine", "dangling": "mine too"} {
+		p := filepath.Join(s.target, name)
+		fi, err := os.Lstat(p)
+		if err != nil || !fi.Mode().IsRegular() {
+			t.Errorf("%s: %v %v, want the archive's regular file", name, fi, err)
+			continue
+		}
+		if got, err := os.ReadFile(p); err != nil || string(got) != want {
+			t.Errorf("%s = %q (%v), want %q", name, got, err, want)
+		}
+	}
+	for name, want := range map[string]string{"to-canary": "elsewhere", "was-file": "t", "was-dir": "t"} {
+		if got, err := os.Readlink(filepath.Join(s.target, name)); err != nil || got != want {
+			t.Errorf("%s -> %q (%v), want a symlink to %q", name, got, err, want)
+		}
+	}
+}
+
 func TestRootfsDetection(t *testing.T) {
 	cases := []struct {
 		name string
