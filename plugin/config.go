@@ -25,6 +25,7 @@ import (
 	toml "github.com/pelletier/go-toml/v2"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/differ"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
@@ -58,6 +59,7 @@ type Config struct {
 	Pipeline   PipelineConfig            `toml:"pipeline"`
 	Queues     pipeline.QueuesConfig     `toml:"queues"`
 	Containerd pipeline.ContainerdConfig `toml:"containerd"`
+	Differ     differ.Config             `toml:"differ"`
 	GC         gc.Config                 `toml:"gc"`
 	Retention  pipeline.RetentionConfig  `toml:"retention"`
 }
@@ -171,6 +173,7 @@ func defaults() *Config {
 		Pipeline:   PipelineConfig{pipeline.DefaultConfig(), gc.DefaultTarballCacheConfig(), tarball.DefaultPolicyConfig()},
 		Queues:     pipeline.DefaultQueuesConfig(),
 		Containerd: pipeline.DefaultContainerdConfig(),
+		Differ:     differ.DefaultConfig(),
 		GC:         gc.DefaultConfig(),
 		Retention:  pipeline.DefaultRetentionConfig(),
 	}

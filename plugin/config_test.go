@@ -18,6 +18,7 @@ import (
 	toml "github.com/pelletier/go-toml/v2"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/differ"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
@@ -258,6 +259,8 @@ unpacking = 3
 address = "/run/k3s/containerd.sock"
 namespace = "k8s.io"
 snapshotter = "flyio-k3s"
+[differ]
+allow_setid = false
 [gc]
 enabled = false
 high_threshold = 90
@@ -296,6 +299,7 @@ failed_images_max_age = "24h"
 				MaxXattrsPerEntry: 16, MaxXattrBytesPerEntry: 8 << 10, RequiredDirs: []string{}}},
 		Queues:     pipeline.QueuesConfig{Downloads: 8, Unpacking: 3},
 		Containerd: pipeline.ContainerdConfig{Address: "/run/k3s/containerd.sock", Namespace: "k8s.io", Snapshotter: "flyio-k3s"},
+		Differ:     differ.Config{AllowSetID: false},
 		GC:         gc.Config{HighThreshold: 90, LowThreshold: 70.5, Interval: D(time.Minute), Pinned: []string{"base", "s3://b/base/"}},
 		Retention:  pipeline.RetentionConfig{Interval: D(10 * time.Minute), RunsMaxAge: D(48 * time.Hour), RunsMaxCount: 500, FailedImagesMaxAge: D(24 * time.Hour)},
 	}

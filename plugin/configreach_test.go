@@ -42,6 +42,7 @@ func packageViews(c *Config) map[string]any {
 		"snapshotter": c.SnapshotterConfig(),
 		"s3source":    c.S3SourceConfig("b-one"),
 		"tarball":     c.TarLimits(),
+		"differ":      c.DifferLimits(),
 		"pipeline":    po,
 		"gc":          c.GC.Options(c.Pipeline.TarballCacheConfig),
 	}
@@ -150,6 +151,7 @@ func TestEveryKeyReachesItsPackage(t *testing.T) {
 		{"containerd.address", `"/run/k3s/containerd.sock"`, "pipeline", nil},
 		{"containerd.namespace", `"k8s.io"`, "pipeline", nil},
 		{"containerd.snapshotter", `"flyio-k3s"`, "pipeline", nil},
+		{"differ.allow_setid", `false`, "differ", nil},
 		{"gc.enabled", `false`, "gc", nil},
 		{"gc.high_threshold", `88.0`, "gc", nil},
 		{"gc.low_threshold", `70.0`, "gc", nil},

@@ -15,13 +15,19 @@ import (
 	"strings"
 	"time"
 
+	diffapi "github.com/containerd/containerd/api/services/diff/v1"
 	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
+	"github.com/containerd/containerd/v2/contrib/diffservice"
 	"github.com/containerd/containerd/v2/contrib/snapshotservice"
+	contentproxy "github.com/containerd/containerd/v2/core/content/proxy"
+	"github.com/containerd/containerd/v2/core/diff"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/differ"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metrics"
 )
@@ -69,6 +75,9 @@ type ServeOptions struct {
 	Ready func()
 	// Stopping, when set, is called when the graceful stop begins.
 	Stopping func()
+	// Applier, when set, is served beside the snapshotter as containerd's
+	// diff API (Apply only), for a [proxy_plugins] entry of type "diff".
+	Applier diff.Applier
 }
 
 // httpEndpoint is one of Serve's optional HTTP listeners.
@@ -144,6 +153,9 @@ func Serve(ctx context.Context, sn snapshots.Snapshotter, opts ServeOptions) (er
 
 	srv := grpc.NewServer()
 	snapshotsapi.RegisterSnapshotsServer(srv, snapshotservice.FromSnapshotter(sn))
+	if opts.Applier != nil {
+		diffapi.RegisterDiffServer(srv, diffservice.FromApplierAndComparer(opts.Applier, nil))
+	}
 
 	errc := make(chan error, 1+len(eps))
 	go func() {
@@ -162,7 +174,7 @@ func Serve(ctx context.Context, sn snapshots.Snapshotter, opts ServeOptions) (er
 		}()
 		l = l.WithField(e.name, e.lis.Addr().String())
 	}
-	l.Info("serving snapshots API")
+	l.WithField("diff", opts.Applier != nil).Info("serving snapshots API")
 	if opts.Ready != nil {
 		opts.Ready()
 	}
@@ -406,7 +418,12 @@ func (s *Service) Serve(ctx context.Context, ready, stopping func()) error {
 	if err != nil {
 		return err
 	}
-	opts := ServeOptions{Socket: s.Config.Daemon.Socket, SocketGID: gid, Ready: ready, Stopping: stopping}
+	applier, closeApplier, err := s.applier()
+	if err != nil {
+		return err
+	}
+	defer closeApplier()
+	opts := ServeOptions{Socket: s.Config.Daemon.Socket, SocketGID: gid, Ready: ready, Stopping: stopping, Applier: applier}
 	if addr := s.Config.Daemon.DebugAddress; addr != "" {
 		opts.DebugAddress, opts.Debug = addr, DebugHandler(s.healthSources())
 	}
@@ -430,4 +447,19 @@ func (s *Service) Serve(ctx context.Context, ready, stopping func()) error {
 		opts.MetricsAddress, opts.Metrics = addr, m
 	}
 	return Serve(ctx, sn, opts)
+}
+
+// applier is the diff service's Applier: registry layers read from
+// containerd's content store (containerd.address, dialled at the first
+// call, so containerd may start after the daemon) and extracted under the
+// [pipeline] extraction rules with [differ]'s setuid rule. close releases
+// the connection.
+func (s *Service) applier() (diff.Applier, func(), error) {
+	addr := "unix://" + strings.TrimPrefix(s.Config.Containerd.Address, "unix://")
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, nil, fmt.Errorf("serve: containerd's content store at %s: %w", addr, err)
+	}
+	a := &differ.Applier{Content: contentproxy.NewContentStore(conn), Limits: s.Config.DifferLimits()}
+	return a, func() { conn.Close() }, nil
 }

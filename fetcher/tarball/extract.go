@@ -95,6 +95,10 @@ type Stats struct {
 	// StrippedRootfs reports that rootfs/ was extracted as the root
 	// (StripRootfs, or what DetectRootfs decided).
 	StrippedRootfs bool
+	// StreamBytes is the length of the tar stream (decompressed, for a
+	// gzip or zstd layer), its padding included: set when Extract returns
+	// nil.
+	StreamBytes int64
 	// DiffID is "sha256:<hex>" of the whole decompressed tar stream, as
 	// Validate's Report has it: set with HashStream for a compressed layer
 	// when Extract returns nil.
@@ -195,7 +199,7 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 	if err := x.finish(); err != nil {
 		return x.st, err
 	}
-	x.st.DiffID = s.diffID()
+	x.st.DiffID, x.st.StreamBytes = s.diffID(), s.cnt.n
 	log.G(ctx).WithField("root", root.Name()).WithField("entries", x.st.Entries).
 		WithField("bytes", x.st.Bytes).Debug("tarball extracted")
 	return x.st, nil

@@ -1,0 +1,172 @@
+package differ
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/diff"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/plugins/content/local"
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
+)
+
+// entry is one member of a test layer: a file with body, a directory (name
+// ending in /) or a whiteout (.wh. name, empty body).
+type entry struct{ name, body string }
+
+func tarOf(t *testing.T, entries ...entry) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	for _, e := range entries {
+		h := &tar.Header{Name: e.name, Mode: 0o644, Size: int64(len(e.body)), Typeflag: tar.TypeReg, ModTime: time.Unix(1.7e9, 0)}
+		if strings.HasSuffix(e.name, "/") {
+			h.Typeflag, h.Mode, h.Size = tar.TypeDir, 0o755, 0
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write([]byte(e.body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// fixture is a real content store (containerd's local store on disk)
+// holding the layers, and a lower layer's tree that Apply writes over
+// through a bind mount, as it writes over a snapshot's device mount.
+type fixture struct {
+	ctx    context.Context
+	cs     content.Store
+	parent string // holds lower and nothing else
+	lower  string
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("Apply mounts the snapshot it writes: run the tests as root")
+	}
+	dir := t.TempDir()
+	cs, err := local.NewStore(filepath.Join(dir, "content"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{ctx: context.Background(), cs: cs, parent: filepath.Join(dir, "snapshot"), lower: filepath.Join(dir, "snapshot", "fs")}
+	if err := os.MkdirAll(filepath.Join(f.lower, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range map[string]string{"etc/old": "old", "etc/keep": "keep"} {
+		if err := os.WriteFile(filepath.Join(f.lower, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return f
+}
+
+// blob stores b under mediaType and returns its descriptor.
+func (f *fixture) blob(t *testing.T, mediaType string, b []byte) ocispec.Descriptor {
+	t.Helper()
+	desc := ocispec.Descriptor{MediaType: mediaType, Digest: digest.FromBytes(b), Size: int64(len(b))}
+	if err := content.WriteBlob(f.ctx, f.cs, desc.Digest.String(), bytes.NewReader(b), desc); err != nil {
+		t.Fatal(err)
+	}
+	return desc
+}
+
+func (f *fixture) apply(desc ocispec.Descriptor, opts ...diff.ApplyOpt) (ocispec.Descriptor, error) {
+	a := &Applier{Content: f.cs, Limits: tarball.Limits{AllowSetID: true}}
+	return a.Apply(f.ctx, desc, []mount.Mount{{Type: "bind", Source: f.lower, Options: []string{"rbind", "rw"}}}, opts...)
+}
+
+func (f *fixture) read(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(f.lower, name))
+	if err != nil {
+		return "<" + err.Error() + ">"
+	}
+	return string(b)
+}
+
+// TestApply: a gzip layer and a plain one, in OCI's and Docker's media
+// types, land on the lower tree (whiteouts removing what they name), and
+// the descriptor returned names the uncompressed layer: the digest
+// containerd checks against the image config's diff ID, and its size.
+func TestApply(t *testing.T) {
+	layer := tarOf(t, entry{"etc/", ""}, entry{"etc/new", "new"}, entry{"etc/.wh.old", ""}, entry{"usr/", ""}, entry{"usr/bin/tool", "#!/bin/sh\n"})
+	want := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayer, Digest: digest.FromBytes(layer), Size: int64(len(layer))}
+	cases := []struct {
+		name, mediaType string
+		blob            []byte
+	}{
+		{"oci-gzip", ocispec.MediaTypeImageLayerGzip, s3test.Gzip(t, layer)},
+		{"oci-plain", ocispec.MediaTypeImageLayer, layer},
+		{"oci-zstd", ocispec.MediaTypeImageLayerZstd, s3test.Zstd(t, layer)},
+		{"docker-gzip", images.MediaTypeDockerSchema2LayerGzip, s3test.Gzip(t, layer)},
+		// Docker's plain type is also used for compressed layers, and
+		// what the bytes are decides, as for containerd's own applier.
+		{"docker-plain-name-gzip-bytes", images.MediaTypeDockerSchema2Layer, s3test.Gzip(t, layer)},
+		{"oci-gzip-name-plain-bytes", ocispec.MediaTypeImageLayerGzip, layer},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t)
+			got, err := f.apply(f.blob(t, c.mediaType, c.blob), diff.WithSyncFs(true))
+			if err != nil {
+				t.Fatalf("Apply: %v", err)
+			}
+			if got.Digest != want.Digest || got.Size != want.Size || got.MediaType != want.MediaType {
+				t.Errorf("Apply returned %+v, want %+v", got, want)
+			}
+			for name, body := range map[string]string{"etc/new": "new", "etc/keep": "keep", "usr/bin/tool": "#!/bin/sh\n"} {
+				if got := f.read(t, name); got != body {
+					t.Errorf("%s = %q, want %q", name, got, body)
+				}
+			}
+			if _, err := os.Lstat(filepath.Join(f.lower, "etc/old")); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("etc/old, whited out by the layer, is still there (%v)", err)
+			}
+		})
+	}
+}
+
+// TestApplyRefuses: what Apply will not apply fails with an error that
+// says why, and writes nothing outside the snapshot.
+func TestApplyRefuses(t *testing.T) {
+	f := newFixture(t)
+	layer := tarOf(t, entry{"etc/new", "new"})
+	for _, mt := range []string{images.MediaTypeImageLayerGzipEncrypted, "application/vnd.example.unknown"} {
+		_, err := f.apply(f.blob(t, mt, s3test.Gzip(t, layer)))
+		if !errdefs.IsNotImplemented(err) || !strings.Contains(err.Error(), mt) {
+			t.Errorf("media type %s: %v, want a not-implemented error naming it", mt, err)
+		}
+	}
+	_, err := f.apply(f.blob(t, ocispec.MediaTypeImageLayerGzip, s3test.Gzip(t, tarOf(t, entry{"etc/ok", "ok"}, entry{"../escaped", "x"}))))
+	if !errors.Is(err, tarball.ErrTraversal) || !strings.Contains(err.Error(), "../escaped") {
+		t.Errorf("a layer with ../escaped: %v, want %v naming the entry", err, tarball.ErrTraversal)
+	}
+	if es, err := os.ReadDir(f.parent); err != nil || len(es) != 1 {
+		t.Errorf("the snapshot's parent folder holds %v (%v), want only the snapshot", es, err)
+	}
+	if got := f.read(t, "etc/new"); !strings.HasPrefix(got, "<") {
+		t.Errorf("etc/new = %q: a layer of a refused media type was applied", got)
+	}
+}
