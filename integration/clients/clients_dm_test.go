@@ -178,9 +178,11 @@ func appendFile(path, text string) error {
 
 // containerdConfig is containerd's config for the run: version 4, the CRI
 // plugin on with flyio as its image snapshotter and the registry's pause
-// image as its sandbox image, our daemon as proxy plugin "flyio", and flyio
-// in the transfer service's unpack list for this host's platform (the
-// transfer service does the pulls of ctr and of the CRI plugin).
+// image as its sandbox image, our daemon as proxy snapshotter "flyio" and
+// proxy differ "flyio-diff", and flyio in the transfer service's unpack
+// list for this host's platform with flyio-diff applying its layers, as
+// contrib/containerd/config.toml.snippet sets it up (the transfer service
+// does the pulls of ctr and of the CRI plugin).
 func (e *env) containerdConfig() string {
 	dir := filepath.Join(e.scratch, "containerd")
 	var b strings.Builder
@@ -190,7 +192,8 @@ func (e *env) containerdConfig() string {
 	fmt.Fprintf(&b, "\n[plugins.'io.containerd.server.v1.grpc']\naddress = %q\n", e.socket)
 	fmt.Fprintf(&b, "\n[plugins.'io.containerd.server.v1.ttrpc']\naddress = %q\n", e.socket+".ttrpc")
 	fmt.Fprintf(&b, "\n[proxy_plugins.flyio]\ntype = \"snapshot\"\naddress = %q\n", e.daemon.Socket)
-	b.WriteString("\n[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]\nplatform = \"linux\"\nsnapshotter = \"flyio\"\n")
+	fmt.Fprintf(&b, "\n[proxy_plugins.flyio-diff]\ntype = \"diff\"\naddress = %q\n", e.daemon.Socket)
+	b.WriteString("\n[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]\nplatform = \"linux\"\nsnapshotter = \"flyio\"\ndiffer = \"flyio-diff\"\n")
 	b.WriteString("\n[plugins.'io.containerd.cri.v1.images']\nsnapshotter = \"flyio\"\n")
 	fmt.Fprintf(&b, "\n[plugins.'io.containerd.cri.v1.images'.pinned_images]\nsandbox = %q\n", e.pauseRef)
 	return b.String()
@@ -351,6 +354,18 @@ func (e *env) testCtr(t *testing.T, ctx context.Context) {
 	}
 	if len(thins) != len(e.image.Layers) {
 		t.Errorf("after ctr pull our pool holds thin devices %v, want one per layer (%d)", thins, len(e.image.Layers))
+	}
+	// containerd handed every layer to our diff service, which found the
+	// diff ID the image's config names.
+	logged, err := os.ReadFile(e.daemon.Proc.LogPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, l := range e.image.Layers {
+		want := fmt.Sprintf("diff_id=%q", e.image.DiffIDs[i])
+		if !strings.Contains(string(logged), fmt.Sprintf("layer=%q", l.Digest)) || !strings.Contains(string(logged), want) {
+			t.Errorf("the daemon's log has no \"differ: layer applied\" line for layer %s with %s: containerd applied it itself", l.Digest, want)
+		}
 	}
 	var out string
 	e.timed(t, "ctr run --rm --snapshotter flyio", func() error {

@@ -66,7 +66,7 @@ var ways = []string{wayDevmapper, wayOverlay, wayFlyio, wayS3, wayFloor}
 var wayTitle = map[string]string{
 	wayDevmapper: "registry pull into containerd's devmapper (anchor)",
 	wayOverlay:   "registry pull into overlayfs",
-	wayFlyio:     "registry pull into flyio (our daemon as proxy plugin)",
+	wayFlyio:     "registry pull into flyio (our daemon as proxy snapshotter and differ)",
 	wayS3:        "`containerd-flyio-snapshotter pull s3://` from versitygw (the CLI binary)",
 	wayFloor:     "floor: the slowest of (a), (b), (c) below",
 }

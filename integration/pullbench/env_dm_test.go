@@ -214,8 +214,12 @@ func setup(ctx context.Context, specs []imageSpec, logf func(string, ...any)) (_
 
 // containerdConfig: version 4, CRI off, the built-in devmapper snapshotter
 // on anchorPool with our base image size and file system, our daemon as
-// proxy plugin flyio, and the three snapshotters in the transfer service's
-// unpack list (what `ctr pull --snapshotter` needs).
+// proxy snapshotter flyio and proxy differ flyio-diff, and the three
+// snapshotters in the transfer service's unpack list (what `ctr pull
+// --snapshotter` needs): flyio's layers applied by flyio-diff, as
+// contrib/containerd/config.toml.snippet sets it up, the others by
+// containerd's own applier (walking, named so that containerd need not
+// choose between the two differs).
 func (e *env) containerdConfig(dir string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "version = 4\nroot = %q\nstate = %q\ntemp = %q\n",
@@ -226,8 +230,9 @@ func (e *env) containerdConfig(dir string) string {
 	fmt.Fprintf(&b, "\n[plugins.'io.containerd.snapshotter.v1.devmapper']\npool_name = %q\nroot_path = %q\nbase_image_size = %q\nasync_remove = false\ndiscard_blocks = false\nfs_type = \"ext4\"\n",
 		anchorPool, filepath.Join(dir, "devmapper"), baseImageSize)
 	fmt.Fprintf(&b, "\n[proxy_plugins.flyio]\ntype = \"snapshot\"\naddress = %q\n", e.daemon.Socket)
-	for _, sn := range []string{"devmapper", "overlayfs", "flyio"} {
-		fmt.Fprintf(&b, "\n[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]\nplatform = \"linux\"\nsnapshotter = %q\n", sn)
+	fmt.Fprintf(&b, "\n[proxy_plugins.flyio-diff]\ntype = \"diff\"\naddress = %q\n", e.daemon.Socket)
+	for _, u := range [][2]string{{"devmapper", "walking"}, {"overlayfs", "walking"}, {"flyio", "flyio-diff"}} {
+		fmt.Fprintf(&b, "\n[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]\nplatform = \"linux\"\nsnapshotter = %q\ndiffer = %q\n", u[0], u[1])
 	}
 	return b.String()
 }

@@ -14,6 +14,10 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 )
 
+// differID is the name the snippet gives the daemon as containerd's diff
+// plugin.
+const differID = "flyio-diff"
+
 // TestContainerdSnippetLoads reads contrib/containerd/config.toml.snippet
 // with containerd's own config loader, prefixed with each config version
 // it claims to support, and checks the entries containerd will act on.
@@ -36,10 +40,15 @@ func TestContainerdSnippetLoads(t *testing.T) {
 			if !ok || p.Type != "snapshot" || p.Address != plugin.DefaultSocket {
 				t.Errorf("proxy_plugins.%s = %+v (present %v), want a snapshot plugin on %s", ID, p, ok, plugin.DefaultSocket)
 			}
+			d, ok := cc.ProxyPlugins[differID]
+			if !ok || d.Type != "diff" || d.Address != plugin.DefaultSocket {
+				t.Errorf("proxy_plugins.%s = %+v (present %v), want a diff plugin on %s", differID, d, ok, plugin.DefaultSocket)
+			}
 			var transfer struct {
 				UnpackConfig []struct {
 					Platform    string `toml:"platform"`
 					Snapshotter string `toml:"snapshotter"`
+					Differ      string `toml:"differ"`
 					Optional    bool   `toml:"optional"`
 				} `toml:"unpack_config"`
 			}
@@ -59,6 +68,14 @@ func TestContainerdSnippetLoads(t *testing.T) {
 				}
 				if u.Snapshotter == ID && !u.Optional && platforms.Only(p).Match(host) {
 					found = true
+					if u.Differ != differID {
+						t.Errorf("the %s unpack_config entry's differ is %q, want %q (the daemon's diff service)", ID, u.Differ, differID)
+					}
+				}
+				// With two diff plugins for the platform, an entry that
+				// names none makes containerd warn at every start.
+				if u.Differ == "" {
+					t.Errorf("unpack_config entry %+v names no differ", u)
 				}
 			}
 			if !found {
