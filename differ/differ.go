@@ -103,18 +103,20 @@ func (a *Applier) Apply(ctx context.Context, desc ocispec.Descriptor, mounts []m
 		rawHash = sha256.New()
 		r = io.TeeReader(r, rawHash)
 	}
-	var st tarball.Stats
+	var (
+		st         tarball.Stats
+		extractErr error // kept apart: WithTempMount's wrapping names its temporary folder
+	)
 	err = mount.WithTempMount(ctx, mounts, func(root string) error {
-		var err error
-		st, err = tarball.ExtractDir(ctx, r, root, tarball.ExtractOptions{Limits: a.Limits, HashStream: true})
-		if err != nil {
-			return err
+		st, extractErr = tarball.ExtractDir(ctx, r, root, tarball.ExtractOptions{Limits: a.Limits, HashStream: true})
+		if extractErr == nil && cfg.SyncFs {
+			extractErr = syncFS(root)
 		}
-		if cfg.SyncFs {
-			return syncFS(root)
-		}
-		return nil
+		return extractErr
 	})
+	if extractErr != nil {
+		return ocispec.Descriptor{}, fmt.Errorf("apply layer %s: %w", desc.Digest, extractErr)
+	}
 	if err != nil {
 		return ocispec.Descriptor{}, fmt.Errorf("apply layer %s: %w", desc.Digest, err)
 	}

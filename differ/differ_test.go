@@ -163,6 +163,15 @@ func TestApplyRefuses(t *testing.T) {
 	if !errors.Is(err, tarball.ErrTraversal) || !strings.Contains(err.Error(), "../escaped") {
 		t.Errorf("a layer with ../escaped: %v, want %v naming the entry", err, tarball.ErrTraversal)
 	}
+	var dev bytes.Buffer
+	tw := tar.NewWriter(&dev)
+	tw.WriteHeader(&tar.Header{Name: "dev/console", Typeflag: tar.TypeChar, Devmajor: 5, Devminor: 1, Mode: 0o600})
+	tw.Close()
+	_, err = f.apply(f.blob(t, ocispec.MediaTypeImageLayer, dev.Bytes()))
+	if !errors.Is(err, tarball.ErrDeviceNode) || !strings.Contains(err.Error(), "dev/console") {
+		t.Errorf("a layer with a device node: %v, want %v naming the entry", err, tarball.ErrDeviceNode)
+	}
+	t.Logf("a device node: %v", err)
 	if es, err := os.ReadDir(f.parent); err != nil || len(es) != 1 {
 		t.Errorf("the snapshot's parent folder holds %v (%v), want only the snapshot", es, err)
 	}
