@@ -53,9 +53,10 @@ func New() *Metrics {
 		ops: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: Namespace,
 			Name:      "operation_duration_seconds",
-			Help:      "Latency of snapshotter methods, by method and outcome (ok, not_found, already_exists, failed_precondition, invalid_argument, canceled, error).",
+			Help:      "Latency of snapshotter methods and of the diff service's Apply, by method and outcome (ok, not_found, already_exists, failed_precondition, invalid_argument, canceled, error).",
 			// 0.5 ms to ~33 s: device-mapper calls take milliseconds, a
-			// first Prepare that formats the base device takes seconds.
+			// first Prepare that formats the base device takes seconds, as
+			// does applying a layer.
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 17),
 		}, []string{"method", "outcome"}),
 	}

@@ -4,14 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"testing"
 
+	"github.com/containerd/containerd/v2/core/diff"
+	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/plugins/snapshots/native"
 	"github.com/containerd/containerd/v2/plugins/snapshots/overlay"
 	"github.com/containerd/errdefs"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -139,5 +143,28 @@ func TestOutcome(t *testing.T) {
 		if got := outcome(err); got != want {
 			t.Errorf("outcome(%v) = %s, want %s", err, got, want)
 		}
+	}
+}
+
+// applyFunc is a fake diff.Applier answering with its function: what
+// WrapApplier times is the decorator's own logic.
+type applyFunc func() error
+
+func (f applyFunc) Apply(context.Context, ocispec.Descriptor, []mount.Mount, ...diff.ApplyOpt) (ocispec.Descriptor, error) {
+	return ocispec.Descriptor{}, f()
+}
+
+func TestWrapApplierTimesApplyByOutcome(t *testing.T) {
+	m := New()
+	ctx := context.Background()
+	for _, err := range []error{nil, nil, fmt.Errorf("layer refused: %w", errdefs.ErrInvalidArgument), errors.New("read failed")} {
+		if _, got := m.WrapApplier(applyFunc(func() error { return err })).Apply(ctx, ocispec.Descriptor{}, nil); got != err {
+			t.Fatalf("Apply returned %v, want the wrapped applier's %v", got, err)
+		}
+	}
+	got := counts(t, m)
+	want := map[string]uint64{"Apply/ok": 2, "Apply/invalid_argument": 1, "Apply/error": 1}
+	if !maps.Equal(got, want) {
+		t.Errorf("operation counts = %v, want %v", got, want)
 	}
 }

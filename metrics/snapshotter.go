@@ -4,8 +4,10 @@ import (
 	"context"
 	"time"
 
+	"github.com/containerd/containerd/v2/core/diff"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
 // timed is the latency decorator Wrap returns; each method forwards to next
@@ -76,4 +78,20 @@ var _ snapshots.Cleaner = (*timedCleaner)(nil)
 func (t *timedCleaner) Cleanup(ctx context.Context) (err error) {
 	defer func(start time.Time) { t.m.observe("Cleanup", start, err) }(time.Now())
 	return t.cleaner.Cleanup(ctx)
+}
+
+// WrapApplier returns a with every Apply timed into the operation
+// histogram as method "Apply": the layers the daemon's diff service
+// applies for containerd.
+func (m *Metrics) WrapApplier(a diff.Applier) diff.Applier { return &timedApplier{next: a, m: m} }
+
+// timedApplier is the latency decorator WrapApplier returns.
+type timedApplier struct {
+	next diff.Applier
+	m    *Metrics
+}
+
+func (t *timedApplier) Apply(ctx context.Context, desc ocispec.Descriptor, mounts []mount.Mount, opts ...diff.ApplyOpt) (_ ocispec.Descriptor, err error) {
+	defer func(start time.Time) { t.m.observe("Apply", start, err) }(time.Now())
+	return t.next.Apply(ctx, desc, mounts, opts...)
 }

@@ -423,7 +423,7 @@ func (s *Service) Serve(ctx context.Context, ready, stopping func()) error {
 		return err
 	}
 	defer closeApplier()
-	opts := ServeOptions{Socket: s.Config.Daemon.Socket, SocketGID: gid, Ready: ready, Stopping: stopping, Applier: applier}
+	opts := ServeOptions{Socket: s.Config.Daemon.Socket, SocketGID: gid, Ready: ready, Stopping: stopping}
 	if addr := s.Config.Daemon.DebugAddress; addr != "" {
 		opts.DebugAddress, opts.Debug = addr, DebugHandler(s.healthSources())
 	}
@@ -444,8 +444,10 @@ func (s *Service) Serve(ctx context.Context, ready, stopping func()) error {
 			m.AddSpools(s.pipelines)
 		}
 		sn = m.Wrap(sn)
+		applier = m.WrapApplier(applier)
 		opts.MetricsAddress, opts.Metrics = addr, m
 	}
+	opts.Applier = applier
 	return Serve(ctx, sn, opts)
 }
 
