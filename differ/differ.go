@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"hash"
 	"io"
-	"os"
 	"time"
 
 	"github.com/containerd/containerd/v2/core/content"
@@ -27,7 +26,6 @@ import (
 	"github.com/containerd/log"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"golang.org/x/sys/unix"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
 )
@@ -110,7 +108,7 @@ func (a *Applier) Apply(ctx context.Context, desc ocispec.Descriptor, mounts []m
 	err = mount.WithTempMount(ctx, mounts, func(root string) error {
 		st, extractErr = tarball.ExtractDir(ctx, r, root, tarball.ExtractOptions{Limits: a.Limits, HashStream: true})
 		if extractErr == nil && cfg.SyncFs {
-			extractErr = syncFS(root)
+			extractErr = tarball.SyncFS(root)
 		}
 		return extractErr
 	})
@@ -135,18 +133,4 @@ func (a *Applier) Apply(ctx context.Context, desc ocispec.Descriptor, mounts []m
 	log.G(ctx).WithFields(log.Fields{"layer": desc.Digest, "diff_id": applied.Digest, "compression": st.Compression,
 		"entries": st.Entries, "took": time.Since(start).Round(time.Millisecond)}).Info("differ: layer applied")
 	return applied, nil
-}
-
-// syncFS writes back the filesystem holding dir, as containerd's own
-// applier does when its caller asks (diff.WithSyncFs).
-func syncFS(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	defer f.Close()
-	if err := unix.Syncfs(int(f.Fd())); err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	return nil
 }

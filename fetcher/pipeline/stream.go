@@ -386,7 +386,7 @@ func (p *Pipelines) extractStream(ctx context.Context, s *streamExtraction, rd i
 	if err != nil {
 		return st, err
 	}
-	return st, syncFS(dir)
+	return st, tarball.SyncFS(dir)
 }
 
 // adoptStream returns the stream extraction of download run dlID on

@@ -417,7 +417,7 @@ func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, e
 		}
 		return nil, fmt.Errorf("unpack %s: extract: %w", r.ChainID, err)
 	}
-	if err := syncFS(dir); err != nil {
+	if err := tarball.SyncFS(dir); err != nil {
 		return nil, err
 	}
 	p.hub.emit(api.Event{Run: req.Run.ID, FSM: api.FSMUnpack, State: "extract-layers", Bytes: st.Bytes, Files: st.Files, Total: dl.SizeBytes})
@@ -454,18 +454,6 @@ func (p *Pipelines) adoptExtraction(ctx context.Context, req *upReq, s *streamEx
 	resp.SizeBytes, resp.FileCount = s.stats.Bytes, s.stats.Files
 	log.G(ctx).WithField("chain", r.ChainID).WithField("snapshot", s.key).Debug("unpack: adopted the extraction made while downloading")
 	return fsm.NewResponse(resp), nil
-}
-
-func syncFS(dir string) error {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	defer unix.Close(fd)
-	if err := unix.Syncfs(fd); err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	return nil
 }
 
 // verifyLayout: the chain's root must be a readable directory (the image's

@@ -117,6 +117,22 @@ func ExtractDir(ctx context.Context, r io.Reader, dir string, opts ExtractOption
 	return Extract(ctx, r, root, opts)
 }
 
+// SyncFS writes back the filesystem holding dir, an extraction's root: an
+// extracted tree is only durable once its filesystem is synced, which
+// Extract leaves to its caller (one sync for the whole tree, when the
+// caller needs it).
+func SyncFS(dir string) error {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return nil
+}
+
 // Extract streams the tar archive r (plain, gzip or zstd, told by its first
 // bytes) into root, applying the same policy as
 // Validate entry by entry, so it is safe on an archive that was never
