@@ -59,15 +59,10 @@ func (c PolicyConfig) Limits() Limits {
 // MaxLimitBytes and MaxLimitCount keep those sums far from overflowing.
 func (c PolicyConfig) Validate() error {
 	var p conf.Problems
-	count := func(key string, v int) {
-		if v <= 0 || v > MaxLimitCount {
-			p.Add(key, "must be positive and at most %d (larger counts overflow the byte counts derived from it), got %d", MaxLimitCount, v)
-		}
-	}
-	count("pipeline.max_entries", c.MaxEntries)
+	LimitCount(&p, "pipeline.max_entries", c.MaxEntries)
 	LimitBytes(&p, "pipeline.max_file_size", c.MaxFileSize)
 	LimitBytes(&p, "pipeline.max_total_size", c.MaxTotalSize)
-	count("pipeline.max_xattrs_per_entry", c.MaxXattrsPerEntry)
+	LimitCount(&p, "pipeline.max_xattrs_per_entry", c.MaxXattrsPerEntry)
 	LimitBytes(&p, "pipeline.max_xattr_bytes_per_entry", c.MaxXattrBytesPerEntry)
 	for i, d := range c.RequiredDirs {
 		if d == "" || d == "." || d == ".." || strings.ContainsRune(d, '/') {
@@ -75,6 +70,14 @@ func (c PolicyConfig) Validate() error {
 		}
 	}
 	return p.Err()
+}
+
+// LimitCount records a problem in p unless v is a count limit the
+// extraction's arithmetic takes: positive and at most MaxLimitCount.
+func LimitCount(p *conf.Problems, key string, v int) {
+	if v <= 0 || v > MaxLimitCount {
+		p.Add(key, "must be positive and at most %d (larger counts overflow the byte counts derived from it), got %d", MaxLimitCount, v)
+	}
 }
 
 // LimitBytes records a problem in p unless v is a byte limit the

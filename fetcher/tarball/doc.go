@@ -19,10 +19,13 @@
 //     comes from the archive or from a lower layer already in the target;
 //   - hard links must point at an earlier non-directory entry of the same
 //     archive (ErrHardlinkTarget), inside the root (ErrHardlinkEscape);
+//     with Limits.LowerHardlinks also at a file of the tree extracted
+//     onto, which Extract finds there, through directories only;
 //   - no setuid bit, no setgid bit except on directories, no
 //     security.capability xattr (ErrSetID, ErrFileCapability), unless
 //     Limits.AllowSetID;
-//   - no character or block devices (ErrDeviceNode). Named pipes (FIFOs) are
+//   - no character or block devices (ErrDeviceNode), unless
+//     Limits.AllowDeviceNodes. Named pipes (FIFOs) are
 //     allowed: they give no access to any device or kernel object, and
 //     images occasionally carry them; they are created, never opened;
 //   - at most Limits.MaxEntries entries, Limits.MaxFileSize per file,

@@ -53,7 +53,9 @@ var (
 	// the archive root (or lies outside rootfs/ when it is stripped).
 	ErrHardlinkEscape = newRule("hard link target outside the archive root")
 	// ErrHardlinkTarget: a hard link whose target is not an earlier
-	// non-directory entry of the same archive (unknown, a directory, itself).
+	// non-directory entry of the same archive (unknown, a directory, itself),
+	// or, with Limits.LowerHardlinks, not a non-directory of the tree
+	// extracted onto either.
 	ErrHardlinkTarget = newRule("hard link target is not an earlier non-directory entry of the archive")
 	// ErrSetID: a setuid bit on any entry, or a setgid bit on anything but a
 	// directory (setgid directories only make new files inherit the group).

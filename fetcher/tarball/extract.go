@@ -72,6 +72,7 @@ type Stats struct {
 	Symlinks  int   // symlinks made
 	Hardlinks int   // hard links made
 	Fifos     int   // named pipes made
+	Devices   int   // character and block devices made (Limits.AllowDeviceNodes)
 	Whiteouts int   // whiteout entries applied (.wh.<name>, .wh..wh..opq)
 	Removed   int   // names removed by whiteouts (lower-layer content)
 	Bytes     int64 // file content extracted, holes included
@@ -295,7 +296,14 @@ func (x *extractor) apply(s *stream, e entry) error {
 		err = x.hardlink(raw, e)
 	case opFifo:
 		x.st.Fifos++
-		err = x.fifo(raw, e)
+		err = x.node(raw, e, unix.S_IFIFO, 0)
+	case opDevice:
+		x.st.Devices++
+		typ := uint32(unix.S_IFCHR)
+		if e.hdr.Typeflag == tar.TypeBlock {
+			typ = unix.S_IFBLK
+		}
+		err = x.node(raw, e, typ, int(unix.Mkdev(uint32(e.hdr.Devmajor), uint32(e.hdr.Devminor))))
 	case opWhiteout:
 		x.st.Whiteouts++
 		err = x.whiteout(raw, e.name)
@@ -704,7 +712,9 @@ func (x *extractor) hardlink(raw string, e entry) error {
 	return nil
 }
 
-func (x *extractor) fifo(raw string, e entry) error {
+// node makes a named pipe or a device (typ, one of S_IFIFO, S_IFCHR and
+// S_IFBLK, with dev its number), private until its owner and mode are set.
+func (x *extractor) node(raw string, e entry, typ uint32, dev int) error {
 	l, base, _, err := x.slot(raw, e.name, false)
 	if err != nil {
 		return err
@@ -713,8 +723,8 @@ func (x *extractor) fifo(raw string, e entry) error {
 	if err != nil {
 		return err
 	}
-	if err := unix.Mkfifoat(fd, base, 0o600); err != nil {
-		return &fs.PathError{Op: "mkfifoat", Path: e.name, Err: err}
+	if err := unix.Mknodat(fd, base, typ|0o600, dev); err != nil {
+		return &fs.PathError{Op: "mknodat", Path: e.name, Err: err}
 	}
 	if err := x.chown(l, base, e.hdr); err != nil {
 		return err

@@ -70,6 +70,22 @@ type Limits struct {
 	// (su, passwd, mount) carry setuid files, so an operator who trusts the
 	// source may need it.
 	AllowSetID bool
+	// AllowDeviceNodes turns off the ErrDeviceNode rule: character and
+	// block devices are admitted, and Extract makes them (which takes
+	// CAP_MKNOD). Off by default: an image has no need of a device the
+	// runtime does not give its containers, and one the runtime's device
+	// rules let through is a way to the host's disks. containerd's own
+	// applier makes them, so registry layers may carry them.
+	AllowDeviceNodes bool
+	// LowerHardlinks admits a hard link whose target this archive did not
+	// write: a file of the tree the archive is extracted onto, a lower
+	// layer's. Extract checks it at the link, in that tree (ErrHardlinkTarget
+	// when the target is missing or a directory, ErrThroughSymlink when a
+	// directory on its way is a symlink), and links it without following
+	// anything; Validate, which has no tree, admits it unchecked. A target
+	// this archive wrote, whited out or made a directory is still held to
+	// the archive's own record.
+	LowerHardlinks bool
 }
 
 func (l Limits) withDefaults() Limits {
@@ -99,6 +115,7 @@ const (
 	opSymlink            // make a symlink (never followed)
 	opHardlink           // link to an earlier entry
 	opFifo               // make a named pipe
+	opDevice             // make a character or block device (Limits.AllowDeviceNodes)
 	opWhiteout           // remove name (a lower layer's entry)
 	opOpaque             // remove the lower content of directory name
 )
@@ -113,6 +130,7 @@ const (
 	kSymlink
 	kHardlink
 	kFifo
+	kDevice
 	kRemoved // whited out; a later implicit or explicit entry re-creates it
 )
 
@@ -343,7 +361,10 @@ func (c *checker) admit(hdr *tar.Header) (entry, error) {
 	case tar.TypeFifo:
 		e.op, k = opFifo, kFifo
 	case tar.TypeChar, tar.TypeBlock:
-		return entry{}, reject(raw, ErrDeviceNode, "%d:%d", hdr.Devmajor, hdr.Devminor)
+		if !c.limits.AllowDeviceNodes {
+			return entry{}, reject(raw, ErrDeviceNode, "%d:%d", hdr.Devmajor, hdr.Devminor)
+		}
+		e.op, k = opDevice, kDevice
 	default:
 		return entry{}, reject(raw, ErrUnsupportedType, "type %q", hdr.Typeflag)
 	}
@@ -432,7 +453,7 @@ func (c *checker) admitWhiteout(raw, name, base string, hdr *tar.Header) (entry,
 			switch n.kind {
 			case kSymlink:
 				return entry{}, reject(raw, ErrThroughSymlink, "%s is a symlink", quote(dir))
-			case kReg, kHardlink, kFifo:
+			case kReg, kHardlink, kFifo, kDevice:
 				return entry{}, reject(raw, ErrParentNotDir, "%s", quote(dir))
 			}
 		}
@@ -487,7 +508,7 @@ func (c *checker) ancestors(raw, dir string, record bool) (uint32, error) {
 		switch {
 		case ok && n.kind == kSymlink:
 			return 0, reject(raw, ErrThroughSymlink, "%s is a symlink", quote(dir[:end]))
-		case ok && (n.kind == kReg || n.kind == kHardlink || n.kind == kFifo):
+		case ok && (n.kind == kReg || n.kind == kHardlink || n.kind == kFifo || n.kind == kDevice):
 			return 0, reject(raw, ErrParentNotDir, "%s", quote(dir[:end]))
 		case (!ok || n.kind == kRemoved) && record:
 			c.implicit++
@@ -557,7 +578,9 @@ func (c *checker) set(name string, key uint64, n node) {
 }
 
 // linkTarget checks a hard link's target: inside the root, an earlier
-// non-directory entry still in place, not under the link itself.
+// non-directory entry still in place (or, with Limits.LowerHardlinks, a
+// name this archive has not written, left to Extract to find in the
+// tree), not under the link itself.
 func (c *checker) linkTarget(raw, name, linkname string) (string, error) {
 	t, err := cleanName(linkname)
 	if err != nil {
@@ -577,14 +600,15 @@ func (c *checker) linkTarget(raw, name, linkname string) (string, error) {
 		return "", reject(raw, ErrHardlinkTarget, "-> %s replaces its own target", quote(t))
 	}
 	n, ok := c.nodes[c.key(t)]
-	if !ok || n.kind == kRemoved || n.kind == kDir || t == "." {
+	lower := !ok && c.limits.LowerHardlinks
+	if (!ok && !lower) || n.kind == kRemoved || n.kind == kDir || t == "." {
 		return "", reject(raw, ErrHardlinkTarget, "-> %s", quote(t))
 	}
 	newest, err := c.ancestors(raw, path.Dir(t), false)
 	if err != nil {
 		return "", err
 	}
-	if newest > n.serial {
+	if !lower && newest > n.serial {
 		// A directory on the target's path was replaced after it was written.
 		return "", reject(raw, ErrHardlinkTarget, "-> %s no longer exists", quote(t))
 	}

@@ -16,6 +16,7 @@ type Report struct {
 	Symlinks     int   // symbolic links
 	Hardlinks    int   // hard links
 	Fifos        int   // named pipes
+	Devices      int   // character and block devices (Limits.AllowDeviceNodes)
 	Whiteouts    int   // OCI whiteouts (.wh.<name> and .wh..wh..opq)
 	TotalBytes   int64 // sum of the regular files' sizes
 	XattrBytes   int64 // sum of the entries' extended attributes (names and values), counted with TotalBytes against Limits.MaxTotalSize
@@ -138,6 +139,8 @@ func Validate(ctx context.Context, r io.Reader, limits Limits, opts ...ValidateO
 			rep.Hardlinks++
 		case opFifo:
 			rep.Fifos++
+		case opDevice:
+			rep.Devices++
 		case opWhiteout, opOpaque:
 			rep.Whiteouts++
 		}
