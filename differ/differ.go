@@ -5,8 +5,8 @@
 // plugin, Applier extracts each layer onto the snapshot containerd
 // prepared, decompressing, hashing the diff ID and writing on goroutines
 // of their own (fetcher/tarball), where containerd's own applier does the
-// three one after another on one. The layer is held to the same extraction
-// rules as an image pulled from S3, setuid bits aside (Config).
+// three one after another on one. The layer is held to Config's rules,
+// which take what containerd's applier takes, confined to the snapshot.
 package differ
 
 import (

@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sys/unix"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
@@ -92,8 +93,13 @@ func (f *fixture) blob(t *testing.T, mediaType string, b []byte) ocispec.Descrip
 	return desc
 }
 
+// apply applies desc with the [differ] defaults.
 func (f *fixture) apply(desc ocispec.Descriptor, opts ...diff.ApplyOpt) (ocispec.Descriptor, error) {
-	a := &Applier{Content: f.cs, Limits: tarball.Limits{AllowSetID: true}}
+	return f.applyWith(DefaultConfig(), desc, opts...)
+}
+
+func (f *fixture) applyWith(c Config, desc ocispec.Descriptor, opts ...diff.ApplyOpt) (ocispec.Descriptor, error) {
+	a := &Applier{Content: f.cs, Limits: c.Limits()}
 	return a.Apply(f.ctx, desc, []mount.Mount{{Type: "bind", Source: f.lower, Options: []string{"rbind", "rw"}}}, opts...)
 }
 
@@ -163,19 +169,61 @@ func TestApplyRefuses(t *testing.T) {
 	if !errors.Is(err, tarball.ErrTraversal) || !strings.Contains(err.Error(), "../escaped") {
 		t.Errorf("a layer with ../escaped: %v, want %v naming the entry", err, tarball.ErrTraversal)
 	}
-	var dev bytes.Buffer
-	tw := tar.NewWriter(&dev)
-	tw.WriteHeader(&tar.Header{Name: "dev/console", Typeflag: tar.TypeChar, Devmajor: 5, Devminor: 1, Mode: 0o600})
-	tw.Close()
-	_, err = f.apply(f.blob(t, ocispec.MediaTypeImageLayer, dev.Bytes()))
+	_, err = f.applyWith(Config{AllowDeviceNodes: false, MaxEntries: 10, MaxFileSize: 1 << 20, MaxTotalSize: 1 << 20},
+		f.blob(t, ocispec.MediaTypeImageLayer, deviceLayer(t)))
 	if !errors.Is(err, tarball.ErrDeviceNode) || !strings.Contains(err.Error(), "dev/console") {
-		t.Errorf("a layer with a device node: %v, want %v naming the entry", err, tarball.ErrDeviceNode)
+		t.Errorf("a layer with a device node, differ.allow_device_nodes off: %v, want %v naming the entry", err, tarball.ErrDeviceNode)
 	}
-	t.Logf("a device node: %v", err)
+	t.Logf("a device node refused: %v", err)
 	if es, err := os.ReadDir(f.parent); err != nil || len(es) != 1 {
 		t.Errorf("the snapshot's parent folder holds %v (%v), want only the snapshot", es, err)
 	}
 	if got := f.read(t, "etc/new"); !strings.HasPrefix(got, "<") {
 		t.Errorf("etc/new = %q: a layer of a refused media type was applied", got)
+	}
+}
+
+// deviceLayer is a layer holding the character device dev/console (5:1).
+func deviceLayer(t *testing.T) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	if err := tw.WriteHeader(&tar.Header{Name: "dev/console", Typeflag: tar.TypeChar, Devmajor: 5, Devminor: 1, Mode: 0o600}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// TestApplyTakesWhatContainerdTakes: with the [differ] defaults a registry
+// layer may carry a device node and a hard link to a lower layer's file,
+// as containerd's own applier takes them; both land in the snapshot.
+func TestApplyTakesWhatContainerdTakes(t *testing.T) {
+	f := newFixture(t)
+	if _, err := f.apply(f.blob(t, ocispec.MediaTypeImageLayer, deviceLayer(t))); err != nil {
+		t.Fatalf("a layer with a device node: %v", err)
+	}
+	var sb unix.Stat_t
+	if err := unix.Lstat(filepath.Join(f.lower, "dev/console"), &sb); err != nil || sb.Mode&unix.S_IFMT != unix.S_IFCHR || unix.Major(sb.Rdev) != 5 || unix.Minor(sb.Rdev) != 1 {
+		t.Errorf("dev/console: mode %o rdev %d:%d (%v), want the character device 5:1", sb.Mode, unix.Major(sb.Rdev), unix.Minor(sb.Rdev), err)
+	}
+
+	var link bytes.Buffer
+	tw := tar.NewWriter(&link)
+	if err := tw.WriteHeader(&tar.Header{Name: "etc/keep.bak", Typeflag: tar.TypeLink, Linkname: "etc/keep", Mode: 0o644}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.apply(f.blob(t, ocispec.MediaTypeImageLayerGzip, s3test.Gzip(t, link.Bytes()))); err != nil {
+		t.Fatalf("a layer linking a lower layer's file: %v", err)
+	}
+	a, errA := os.Lstat(filepath.Join(f.lower, "etc/keep.bak"))
+	b, errB := os.Lstat(filepath.Join(f.lower, "etc/keep"))
+	if errA != nil || errB != nil || !os.SameFile(a, b) {
+		t.Errorf("etc/keep.bak: %v %v, want a second name of the lower layer's etc/keep", errA, errB)
 	}
 }

@@ -435,6 +435,7 @@ func (c *Config) Validate() error {
 	p.Join(c.Pipeline.Validate())
 	p.Join(c.Queues.Validate())
 	p.Join(c.Containerd.Validate())
+	p.Join(c.Differ.Validate())
 	p.Join(c.GC.Validate())
 	p.Join(c.Retention.Validate())
 

@@ -261,6 +261,10 @@ namespace = "k8s.io"
 snapshotter = "flyio-k3s"
 [differ]
 allow_setid = false
+allow_device_nodes = false
+max_entries = 200000
+max_file_size = "4GiB"
+max_total_size = "40GiB"
 [gc]
 enabled = false
 high_threshold = 90
@@ -299,7 +303,7 @@ failed_images_max_age = "24h"
 				MaxXattrsPerEntry: 16, MaxXattrBytesPerEntry: 8 << 10, RequiredDirs: []string{}}},
 		Queues:     pipeline.QueuesConfig{Downloads: 8, Unpacking: 3},
 		Containerd: pipeline.ContainerdConfig{Address: "/run/k3s/containerd.sock", Namespace: "k8s.io", Snapshotter: "flyio-k3s"},
-		Differ:     differ.Config{AllowSetID: false},
+		Differ:     differ.Config{AllowSetID: false, AllowDeviceNodes: false, MaxEntries: 200_000, MaxFileSize: 4 << 30, MaxTotalSize: 40 << 30},
 		GC:         gc.Config{HighThreshold: 90, LowThreshold: 70.5, Interval: D(time.Minute), Pinned: []string{"base", "s3://b/base/"}},
 		Retention:  pipeline.RetentionConfig{Interval: D(10 * time.Minute), RunsMaxAge: D(48 * time.Hour), RunsMaxCount: 500, FailedImagesMaxAge: D(24 * time.Hour)},
 	}
@@ -467,6 +471,9 @@ func TestValidateRules(t *testing.T) {
 		{"max xattr bytes negative", func(c *Config) { c.Pipeline.MaxXattrBytesPerEntry = -1 }, "pipeline.max_xattr_bytes_per_entry: must be positive and at most 1048576TiB"},
 		{"max xattr bytes huge", func(c *Config) { c.Pipeline.MaxXattrBytesPerEntry = math.MaxInt64 }, "pipeline.max_xattr_bytes_per_entry: must be positive and at most 1048576TiB"},
 		{"max file size", func(c *Config) { c.Pipeline.MaxFileSize = -1 }, "pipeline.max_file_size: must be positive and at most"},
+		{"differ max entries", func(c *Config) { c.Differ.MaxEntries = 0 }, "differ.max_entries: must be positive and at most 2147483647"},
+		{"differ max file size", func(c *Config) { c.Differ.MaxFileSize = 0 }, "differ.max_file_size: must be positive and at most"},
+		{"differ max total size", func(c *Config) { c.Differ.MaxTotalSize = tarball.MaxLimitBytes + 1 }, "differ.max_total_size: must be positive and at most 1048576TiB"},
 		{"max total size", func(c *Config) { c.Pipeline.MaxTotalSize = 0 }, "pipeline.max_total_size: must be positive"},
 		{"required dir path", func(c *Config) { c.Pipeline.RequiredDirs = []string{"etc", "usr/bin"} }, `pipeline.required_dirs[1]: must be one top-level directory name such as "etc" (no '/', not "." or ".."), got "usr/bin"`},
 		{"required dir dotdot", func(c *Config) { c.Pipeline.RequiredDirs = []string{".."} }, `pipeline.required_dirs[0]: must be one top-level directory name`},

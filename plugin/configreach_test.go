@@ -12,6 +12,7 @@ import (
 	toml "github.com/pelletier/go-toml/v2"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/differ"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
@@ -42,7 +43,7 @@ func packageViews(c *Config) map[string]any {
 		"snapshotter": c.SnapshotterConfig(),
 		"s3source":    c.S3SourceConfig("b-one"),
 		"tarball":     c.TarLimits(),
-		"differ":      c.DifferLimits(),
+		"differ":      c.Differ.Limits(),
 		"pipeline":    po,
 		"gc":          c.GC.Options(c.Pipeline.TarballCacheConfig),
 	}
@@ -152,6 +153,10 @@ func TestEveryKeyReachesItsPackage(t *testing.T) {
 		{"containerd.namespace", `"k8s.io"`, "pipeline", nil},
 		{"containerd.snapshotter", `"flyio-k3s"`, "pipeline", nil},
 		{"differ.allow_setid", `false`, "differ", nil},
+		{"differ.allow_device_nodes", `false`, "differ", nil},
+		{"differ.max_entries", `5000`, "differ", nil},
+		{"differ.max_file_size", `"2GiB"`, "differ", nil},
+		{"differ.max_total_size", `"20GiB"`, "differ", nil},
 		{"gc.enabled", `false`, "gc", nil},
 		{"gc.high_threshold", `88.0`, "gc", nil},
 		{"gc.low_threshold", `70.0`, "gc", nil},
@@ -243,6 +248,7 @@ func TestPackageDefaultsAreTheExample(t *testing.T) {
 		{"[pipeline] (tarball.DefaultPolicyConfig)", c.Pipeline.PolicyConfig, tarball.DefaultPolicyConfig()},
 		{"[queues] (pipeline.DefaultQueuesConfig)", c.Queues, pipeline.DefaultQueuesConfig()},
 		{"[containerd] (pipeline.DefaultContainerdConfig)", c.Containerd, pipeline.DefaultContainerdConfig()},
+		{"[differ] (differ.DefaultConfig)", c.Differ, differ.DefaultConfig()},
 		{"[gc] (gc.DefaultConfig)", c.GC, gc.DefaultConfig()},
 		{"[retention] (pipeline.DefaultRetentionConfig)", c.Retention, pipeline.DefaultRetentionConfig()},
 	} {

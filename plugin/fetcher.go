@@ -44,15 +44,6 @@ func (s *Service) fetchMetrics() *metrics.Fetch {
 // one the daemon's validate step applies to every layer.
 func (c *Config) TarLimits() tarball.Limits { return c.Pipeline.Limits() }
 
-// DifferLimits returns the extraction policy of the registry layers the
-// diff service applies: the [pipeline] section's, with [differ]'s setuid
-// rule.
-func (c *Config) DifferLimits() tarball.Limits {
-	l := c.TarLimits()
-	l.AllowSetID = c.Differ.AllowSetID
-	return l
-}
-
 // ErrBucketNotAllowed: a pull named a bucket that the [s3] section does not
 // admit.
 var ErrBucketNotAllowed = errors.New("bucket not allowed")

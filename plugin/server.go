@@ -462,6 +462,6 @@ func (s *Service) applier() (diff.Applier, func(), error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("serve: containerd's content store at %s: %w", addr, err)
 	}
-	a := &differ.Applier{Content: contentproxy.NewContentStore(conn), Limits: s.Config.DifferLimits()}
+	a := &differ.Applier{Content: contentproxy.NewContentStore(conn), Limits: s.Config.Differ.Limits()}
 	return a, func() { conn.Close() }, nil
 }
