@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -28,7 +29,10 @@ const (
 	// imageRepo and pauseRepo are the repositories the test pushes to the
 	// local registry: a busybox image and the pods' sandbox image.
 	imageRepo = "flyio-it/busybox"
-	pauseRepo = "flyio-it/pause"
+	// specialsRepo holds an image whose upper layer carries a device node
+	// and a hard link to a lower layer's file (ociimage.Options.Specials).
+	specialsRepo = "flyio-it/specials"
+	pauseRepo    = "flyio-it/pause"
 	// criNamespace is where containerd's CRI plugin keeps Kubernetes'
 	// images and containers.
 	criNamespace = "k8s.io"
@@ -49,6 +53,8 @@ type env struct {
 	image         ociimage.Image
 	imageRef      string // the busybox image in the registry
 	pauseRef      string // the sandbox image in the registry
+	specials      ociimage.Image
+	specialsRef   string // the image with a device node and a lower-layer hard link
 	s3            *stack.S3
 	s3DiffIDs     []string // the S3 images' layers, uncompressed
 	s3Ref         string   // the S3 image registered in the CRI namespace
@@ -104,6 +110,7 @@ func setupPool(t *testing.T, ctx context.Context, dataSize string) *env {
 	})
 	e.imageRef = e.reg.Host + "/" + imageRepo + ":v1"
 	e.pauseRef = e.reg.Host + "/" + pauseRepo + ":1"
+	e.specialsRef = e.reg.Host + "/" + specialsRepo + ":v1"
 	var archive []byte
 	e.timed(t, "build and push the busybox and pause images", func() error {
 		var buf bytes.Buffer
@@ -119,7 +126,15 @@ func setupPool(t *testing.T, ctx context.Context, dataSize string) *env {
 		if _, err := ociimage.Write(&buf, ociimage.Options{Name: e.pauseRef, Applets: []string{"sleep"}, Cmd: []string{"/bin/sleep", "86400"}, Platform: host}); err != nil {
 			return err
 		}
-		_, err := e.reg.PushOCIArchive(ctx, buf.Bytes(), pauseRepo, "1")
+		if _, err := e.reg.PushOCIArchive(ctx, buf.Bytes(), pauseRepo, "1"); err != nil {
+			return err
+		}
+		buf.Reset()
+		applets := append(slices.Clone(ociimage.DefaultApplets), "stat")
+		if e.specials, err = ociimage.Write(&buf, ociimage.Options{Name: e.specialsRef, Applets: applets, Specials: true, Platform: host}); err != nil {
+			return err
+		}
+		_, err := e.reg.PushOCIArchive(ctx, buf.Bytes(), specialsRepo, "v1")
 		return err
 	})
 
@@ -339,6 +354,7 @@ func TestClients(t *testing.T) {
 
 func (e *env) testCtr(t *testing.T, ctx context.Context) {
 	const ns = "flyio-ctr"
+	mark := e.daemonLogMark(t)
 	e.timed(t, "ctr image pull --snapshotter flyio --plain-http", func() error {
 		out, err := e.ctr(ctx, ns, "image", "pull", "--snapshotter", "flyio", "--plain-http", e.imageRef)
 		t.Logf("ctr image pull:\n%s", lastLines(out, 3))
@@ -355,18 +371,7 @@ func (e *env) testCtr(t *testing.T, ctx context.Context) {
 	if len(thins) != len(e.image.Layers) {
 		t.Errorf("after ctr pull our pool holds thin devices %v, want one per layer (%d)", thins, len(e.image.Layers))
 	}
-	// containerd handed every layer to our diff service, which found the
-	// diff ID the image's config names.
-	logged, err := os.ReadFile(e.daemon.Proc.LogPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, l := range e.image.Layers {
-		want := fmt.Sprintf("diff_id=%q", e.image.DiffIDs[i])
-		if !strings.Contains(string(logged), fmt.Sprintf("layer=%q", l.Digest)) || !strings.Contains(string(logged), want) {
-			t.Errorf("the daemon's log has no \"differ: layer applied\" line for layer %s with %s: containerd applied it itself", l.Digest, want)
-		}
-	}
+	e.appliedByDaemon(t, e.image, mark)
 	var out string
 	e.timed(t, "ctr run --rm --snapshotter flyio", func() error {
 		out, err = e.containerOutput(ctx, e.ctrArgv(ns, "run", "--rm", "--snapshotter", "flyio", e.imageRef, "ctr-hello", "/bin/cat", ociimage.MarkerPath))
@@ -380,6 +385,69 @@ func (e *env) testCtr(t *testing.T, ctx context.Context) {
 		_, err := e.ctr(ctx, ns, "image", "rm", "--sync", e.imageRef)
 		return err
 	})
+	e.testSpecials(t, ctx, ns)
+}
+
+// daemonLogMark returns the length of the daemon's log: appliedByDaemon
+// reads what was logged after it.
+func (e *env) daemonLogMark(t *testing.T) int {
+	t.Helper()
+	fi, err := os.Stat(e.daemon.Proc.LogPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int(fi.Size())
+}
+
+// appliedByDaemon checks that, since the daemon's log was at mark,
+// containerd handed every layer of img to our diff service, which found the
+// diff ID the image's config names: one "differ: layer applied" line of
+// the daemon's log names both.
+func (e *env) appliedByDaemon(t *testing.T, img ociimage.Image, mark int) {
+	t.Helper()
+	logged, err := os.ReadFile(e.daemon.Proc.LogPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(logged[mark:]), "\n")
+	for i, l := range img.Layers {
+		layer, diffID := fmt.Sprintf("layer=%q", l.Digest), fmt.Sprintf("diff_id=%q", img.DiffIDs[i])
+		if !slices.ContainsFunc(lines, func(line string) bool {
+			return strings.Contains(line, "differ: layer applied") && strings.Contains(line, layer) && strings.Contains(line, diffID)
+		}) {
+			t.Errorf("the daemon's log has no \"differ: layer applied\" line for layer %s with %s: containerd applied it itself", l.Digest, diffID)
+		}
+	}
+}
+
+// testSpecials pulls with ctr, into flyio, an image whose upper layer holds
+// a device node and a hard link to its lower layer's busybox, as
+// containerd's own applier takes them: the daemon applies both layers, and
+// a container sees the device and one file under the two names.
+func (e *env) testSpecials(t *testing.T, ctx context.Context, ns string) {
+	mark := e.daemonLogMark(t)
+	e.timed(t, "ctr image pull (device node, lower-layer hard link)", func() error {
+		out, err := e.ctr(ctx, ns, "image", "pull", "--snapshotter", "flyio", "--plain-http", e.specialsRef)
+		t.Logf("ctr image pull:\n%s", lastLines(out, 3))
+		return err
+	})
+	if err := e.unpackedInFlyio(ctx, ns, e.specialsRef); err != nil {
+		t.Fatal(err)
+	}
+	e.appliedByDaemon(t, e.specials, mark)
+	script := fmt.Sprintf("stat -c '%%F %%t:%%T' %s; stat -c '%%i %%h' /bin/busybox %s", ociimage.DevicePath, ociimage.LowerLinkPath)
+	out, err := e.containerOutput(ctx, e.ctrArgv(ns, "run", "--rm", "--snapshotter", "flyio", e.specialsRef, "ctr-specials", "/bin/sh", "-c", script))
+	if err != nil {
+		t.Fatalf("ctr run: %v\n%s", err, out)
+	}
+	t.Logf("ctr run printed %q", out)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 || lines[0] != "character special file 1:3" || lines[1] != lines[2] || !strings.HasSuffix(lines[1], " 2") {
+		t.Errorf("in the container: %q, want %s the character device 1:3 and /bin/busybox with two names, one of them %s", out, ociimage.DevicePath, ociimage.LowerLinkPath)
+	}
+	if _, err := e.ctr(ctx, ns, "image", "rm", "--sync", e.specialsRef); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (e *env) testNerdctl(t *testing.T, ctx context.Context) {
@@ -392,6 +460,9 @@ func (e *env) testNerdctl(t *testing.T, ctx context.Context) {
 	if err := e.unpackedInFlyio(ctx, ns, e.imageRef); err != nil {
 		t.Fatal(err)
 	}
+	// nerdctl unpacks with containerd's client-side unpacker, whose differ
+	// is the diff service's default (walking), not the transfer service's
+	// unpack configuration: containerd applies these layers itself.
 	var out string
 	e.timed(t, "nerdctl --snapshotter flyio run --rm --net none", func() error {
 		var err error

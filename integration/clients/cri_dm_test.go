@@ -51,6 +51,16 @@ func (e *env) testCRI(t *testing.T, ctx context.Context) {
 	if err := e.unpackedInFlyio(ctx, criNamespace, e.imageRef); err != nil {
 		t.Fatal(err)
 	}
+	// The S3 subtest left this image's chains in the CRI's namespace, so
+	// the pull above applied nothing. The CRI pulls through containerd's
+	// transfer service, whose unpack configuration names flyio-diff: an
+	// image of new chains shows it.
+	mark := e.daemonLogMark(t)
+	e.timed(t, "CRI PullImage (new chains: device node, lower-layer hard link)", func() error {
+		_, err := images.PullImage(ctx, &runtimeapi.PullImageRequest{Image: &runtimeapi.ImageSpec{Image: e.specialsRef}})
+		return err
+	})
+	e.appliedByDaemon(t, e.specials, mark)
 
 	logDir := filepath.Join(e.scratch, "pods", "flyio-pod")
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
@@ -101,7 +111,7 @@ func (e *env) testCRI(t *testing.T, ctx context.Context) {
 		return err
 	})
 	e.timed(t, "CRI RemoveImage (images and pause)", func() error {
-		refs := []string{e.imageRef, e.pauseRef}
+		refs := []string{e.imageRef, e.pauseRef, e.specialsRef}
 		if e.s3Ref != "" {
 			refs = append(refs, e.s3Ref)
 		}

@@ -74,7 +74,18 @@ type Options struct {
 	// sandbox ("pause") image needs one that does not exit, such as
 	// ["/bin/sleep", "86400"] with the sleep applet.
 	Cmd []string
+	// Specials adds to the second layer a character device at DevicePath
+	// (1:3, as /dev/null) and a hard link at LowerLinkPath to the first
+	// layer's /bin/busybox: entries containerd's own applier takes and the
+	// extraction policy of S3 images refuses.
+	Specials bool
 }
+
+// Where Options.Specials puts its entries.
+const (
+	DevicePath    = "/opt/null"
+	LowerLinkPath = "/bin/busybox.link"
+)
 
 // Image describes what Write wrote.
 type Image struct {
@@ -120,7 +131,7 @@ func Write(w io.Writer, opts Options) (Image, error) {
 	if err != nil {
 		return Image{}, err
 	}
-	upper, err := layerTwo(opts.PayloadBytes, opts.PayloadSeed)
+	upper, err := layerTwo(opts.PayloadBytes, opts.PayloadSeed, opts.Specials)
 	if err != nil {
 		return Image{}, err
 	}
@@ -277,11 +288,21 @@ func layerOne(busybox []byte, applets []string) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-func layerTwo(payload int64, seed string) ([]byte, error) {
+func layerTwo(payload int64, seed string, specials bool) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	if err := writeDir(tw, "etc/"); err != nil {
 		return nil, err
+	}
+	if specials {
+		for _, hdr := range []*tar.Header{
+			{Typeflag: tar.TypeChar, Name: DevicePath[1:], Devmajor: 1, Devminor: 3, Mode: 0o666, ModTime: fixedTime, Format: tar.FormatPAX},
+			{Typeflag: tar.TypeLink, Name: LowerLinkPath[1:], Linkname: "bin/busybox", Mode: 0o755, ModTime: fixedTime, Format: tar.FormatPAX},
+		} {
+			if err := tw.WriteHeader(hdr); err != nil {
+				return nil, fmt.Errorf("ociimage: layer two: %s: %w", hdr.Name, err)
+			}
+		}
 	}
 	if err := writeFile(tw, MarkerPath[1:], []byte(MarkerContent), 0o644); err != nil {
 		return nil, err

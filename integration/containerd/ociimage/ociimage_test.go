@@ -114,7 +114,7 @@ func TestLayerContents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	upper, err := layerTwo(10, "")
+	upper, err := layerTwo(10, "", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,6 +132,15 @@ func TestLayerContents(t *testing.T) {
 		if _, ok := upperNames[want]; !ok {
 			t.Errorf("layer two lacks %q (has %v)", want, upperNames)
 		}
+	}
+	if h := upperNames[DevicePath[1:]]; h == nil || h.Typeflag != tar.TypeChar || h.Devmajor != 1 || h.Devminor != 3 {
+		t.Errorf("layer two's %s is %+v, want the character device 1:3", DevicePath, h)
+	}
+	if h := upperNames[LowerLinkPath[1:]]; h == nil || h.Typeflag != tar.TypeLink || h.Linkname != "bin/busybox" {
+		t.Errorf("layer two's %s is %+v, want a hard link to layer one's bin/busybox", LowerLinkPath, h)
+	}
+	if plain, err := layerTwo(10, "", false); err != nil || bytes.Equal(plain, upper) {
+		t.Errorf("layer two without Specials: %v, or the same bytes as with them", err)
 	}
 }
 
@@ -205,7 +214,7 @@ func TestCmd(t *testing.T) {
 func TestPayloadSeed(t *testing.T) {
 	layer := func(seed string) []byte {
 		t.Helper()
-		b, err := layerTwo(4096, seed)
+		b, err := layerTwo(4096, seed, false)
 		if err != nil {
 			t.Fatal(err)
 		}
