@@ -12,9 +12,13 @@ package differ
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"hash"
 	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/containerd/containerd/v2/core/content"
@@ -133,4 +137,40 @@ func (a *Applier) Apply(ctx context.Context, desc ocispec.Descriptor, mounts []m
 	log.G(ctx).WithFields(log.Fields{"layer": desc.Digest, "diff_id": applied.Digest, "compression": st.Compression,
 		"entries": st.Entries, "took": time.Since(start).Round(time.Millisecond)}).Info("differ: layer applied")
 	return applied, nil
+}
+
+// SetMountDir makes dir the folder Apply mounts snapshots under, and
+// unmounts and removes what an earlier run of the daemon left there. A run
+// killed during an apply leaves its mount behind, and that mount holds the
+// snapshot's device open: containerd could never remove the snapshot. The
+// daemon calls it once, before serving; it sets the location for every
+// temporary mount of containerd's mount package in the process, as
+// containerd does for its own under its root.
+func SetMountDir(ctx context.Context, dir string) error {
+	if err := mount.SetTempMountLocation(dir); err != nil {
+		return fmt.Errorf("differ: mount folder %s: %w", dir, err)
+	}
+	left, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("differ: mount folder %s: %w", dir, err)
+	}
+	warnings, err := mount.CleanupTempMounts(0)
+	if err != nil {
+		return fmt.Errorf("differ: unmount what an earlier run left in %s: %w", dir, err)
+	}
+	for _, w := range warnings {
+		log.G(ctx).WithError(w).WithField("dir", dir).Warn("differ: a mount an earlier run left stays")
+	}
+	// A run killed between making a mount point and mounting it, or
+	// between unmounting and removing it, leaves it empty; Remove takes
+	// only an empty folder.
+	for _, e := range left {
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			log.G(ctx).WithError(err).WithField("dir", dir).Warn("differ: a mount point an earlier run left stays")
+		}
+	}
+	if len(left) > 0 {
+		log.G(ctx).WithFields(log.Fields{"dir": dir, "mounts": len(left)}).Info("differ: cleared the mounts an earlier run left")
+	}
+	return nil
 }

@@ -227,3 +227,37 @@ func TestApplyTakesWhatContainerdTakes(t *testing.T) {
 		t.Errorf("etc/keep.bak: %v %v, want a second name of the lower layer's etc/keep", errA, errB)
 	}
 }
+
+// TestSetMountDir: what a killed run left in the mount folder (a snapshot
+// still mounted, an empty mount point) is unmounted and removed, and the
+// mounted tree itself is left as it was.
+func TestSetMountDir(t *testing.T) {
+	f := newFixture(t)
+	dir := filepath.Join(t.TempDir(), "tmpmounts")
+	t.Cleanup(func() { _ = mount.SetTempMountLocation(os.TempDir()) })
+	mounted, empty := filepath.Join(dir, "containerd-mount1"), filepath.Join(dir, "containerd-mount2")
+	for _, d := range []string{mounted, empty} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := mount.All([]mount.Mount{{Type: "bind", Source: f.lower, Options: []string{"rbind", "rw"}}}, mounted); err != nil {
+		t.Fatal(err)
+	}
+	if err := SetMountDir(f.ctx, dir); err != nil {
+		t.Fatalf("SetMountDir: %v", err)
+	}
+	if es, err := os.ReadDir(dir); err != nil || len(es) != 0 {
+		t.Errorf("the mount folder holds %v (%v), want nothing", es, err)
+	}
+	if got := f.read(t, "etc/keep"); got != "keep" {
+		t.Errorf("the tree that was mounted: etc/keep = %q, want it untouched", got)
+	}
+	// Apply mounts under the folder now, and leaves nothing there.
+	if _, err := f.apply(f.blob(t, ocispec.MediaTypeImageLayer, tarOf(t, entry{"etc/new", "new"}))); err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	if es, err := os.ReadDir(dir); err != nil || len(es) != 0 {
+		t.Errorf("after an Apply the mount folder holds %v (%v), want nothing", es, err)
+	}
+}

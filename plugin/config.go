@@ -209,6 +209,10 @@ func ResolveBuiltin(c *Config, pluginRoot string) error {
 	return c.Validate()
 }
 
+// MountDir is where the diff service mounts the snapshots it applies
+// layers onto, under daemon.root_dir: the daemon clears it at its start.
+func (c *Config) MountDir() string { return filepath.Join(c.Daemon.RootDir, "tmpmounts") }
+
 // resolve fills the keys whose defaults derive from other keys and
 // normalizes empty lists to nil.
 func (c *Config) resolve() {

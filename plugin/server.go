@@ -418,7 +418,7 @@ func (s *Service) Serve(ctx context.Context, ready, stopping func()) error {
 	if err != nil {
 		return err
 	}
-	applier, closeApplier, err := s.applier()
+	applier, closeApplier, err := s.applier(ctx)
 	if err != nil {
 		return err
 	}
@@ -453,10 +453,13 @@ func (s *Service) Serve(ctx context.Context, ready, stopping func()) error {
 
 // applier is the diff service's Applier: registry layers read from
 // containerd's content store (containerd.address, dialled at the first
-// call, so containerd may start after the daemon) and extracted under the
-// [pipeline] extraction rules with [differ]'s setuid rule. close releases
-// the connection.
-func (s *Service) applier() (diff.Applier, func(), error) {
+// call, so containerd may start after the daemon) and extracted under
+// [differ]'s rules, onto snapshots mounted under MountDir (cleared of what
+// an earlier run left first). close releases the connection.
+func (s *Service) applier(ctx context.Context) (diff.Applier, func(), error) {
+	if err := differ.SetMountDir(ctx, s.Config.MountDir()); err != nil {
+		return nil, nil, fmt.Errorf("serve: %w", err)
+	}
 	addr := "unix://" + strings.TrimPrefix(s.Config.Containerd.Address, "unix://")
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
