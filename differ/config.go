@@ -20,7 +20,7 @@ const (
 // ([pipeline]) are stricter: a registry layer is checked by its digest
 // before it reaches the daemon, and an image that pulls into overlayfs
 // should pull into flyio. What both keep is the confinement: no name,
-// link or whiteout reaches outside the snapshot or through a symlink.
+// link or whiteout reaches outside the snapshot.
 type Config struct {
 	// AllowSetID keeps setuid and setgid bits and file capabilities
 	// (tarball.Limits.AllowSetID): base images carry su, passwd and ping
@@ -44,11 +44,13 @@ func DefaultConfig() Config {
 		MaxFileSize: DefaultMaxSize, MaxTotalSize: DefaultMaxSize}
 }
 
-// Limits returns the extraction policy c describes. A hard link may also
-// name a lower layer's file (tarball.Limits.LowerHardlinks), which the
-// extraction finds in the snapshot: containerd's applier takes such links,
-// and only an extraction onto the lower layers can check them. The
-// extended attribute limits are tarball's defaults, Linux's own bounds.
+// Limits returns the extraction policy c describes. As containerd's
+// applier does, a hard link may also name a lower layer's file
+// (tarball.Limits.LowerHardlinks), which the extraction finds in the
+// snapshot, and a lower layer's symlink on an entry's way is followed
+// inside the snapshot (tarball.Limits.LowerSymlinks): only an extraction
+// onto the lower layers can check either. The extended attribute limits
+// are tarball's defaults, Linux's own bounds.
 func (c Config) Limits() tarball.Limits {
 	return tarball.Limits{
 		MaxEntries:       c.MaxEntries,
@@ -57,6 +59,7 @@ func (c Config) Limits() tarball.Limits {
 		AllowSetID:       c.AllowSetID,
 		AllowDeviceNodes: c.AllowDeviceNodes,
 		LowerHardlinks:   true,
+		LowerSymlinks:    true,
 	}
 }
 

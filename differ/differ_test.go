@@ -261,3 +261,33 @@ func TestSetMountDir(t *testing.T) {
 		t.Errorf("after an Apply the mount folder holds %v (%v), want nothing", es, err)
 	}
 }
+
+// TestApplyFollowsLowerSymlinks: a layer naming lib/x.so over a lower
+// layer's lib -> usr/lib (a merged /usr) writes usr/lib/x.so, as
+// containerd's applier does; a lower symlink to an absolute path leads
+// inside the snapshot, not to the host's directory of that name.
+func TestApplyFollowsLowerSymlinks(t *testing.T) {
+	f := newFixture(t)
+	if err := os.MkdirAll(filepath.Join(f.lower, "usr/lib"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	host := t.TempDir()
+	for name, target := range map[string]string{"lib": "usr/lib", "hostdir": host} {
+		if err := os.Symlink(target, filepath.Join(f.lower, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	layer := tarOf(t, entry{"lib/x.so", "x"}, entry{"hostdir/planted", "p"})
+	if _, err := f.apply(f.blob(t, ocispec.MediaTypeImageLayerGzip, s3test.Gzip(t, layer))); err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	if got := f.read(t, "usr/lib/x.so"); got != "x" {
+		t.Errorf("usr/lib/x.so = %q, want the layer's lib/x.so", got)
+	}
+	if got := f.read(t, filepath.Join(host, "planted")); got != "p" {
+		t.Errorf("%s/planted inside the snapshot = %q, want the layer's hostdir/planted", host, got)
+	}
+	if es, err := os.ReadDir(host); err != nil || len(es) != 0 {
+		t.Errorf("the host's %s holds %v (%v), want it untouched", host, es, err)
+	}
+}

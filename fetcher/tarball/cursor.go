@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"path"
 	"strings"
 )
 
@@ -21,7 +22,15 @@ import (
 // nearest open one above it when the cursor climbs back to it.
 type cursor struct {
 	stack []level // stack[0] is the root itself
+	// follow resolves a symlink met on the way (a lower layer's, as the
+	// checker refuses a way through the archive's own) inside the root
+	// instead of refusing it: Limits.LowerSymlinks.
+	follow bool
 }
+
+// maxSymlinkHops bounds the symlinks one cd follows, as the kernel's
+// ELOOP bound does a path lookup.
+const maxSymlinkHops = 40
 
 // maxOpenLevels bounds the directories the cursor keeps open below the
 // root: enough for the depth real images reach, far below the usual limit
@@ -35,8 +44,8 @@ type level struct {
 	f    *os.File // the directory as a file, for *at calls; opened on demand
 }
 
-func newCursor(root *os.Root) *cursor {
-	return &cursor{stack: []level{{name: ".", r: root}}}
+func newCursor(root *os.Root, follow bool) *cursor {
+	return &cursor{stack: []level{{name: ".", r: root}}, follow: follow}
 }
 
 func (c *cursor) top() *level { return &c.stack[len(c.stack)-1] }
@@ -79,8 +88,14 @@ func (c *cursor) close() { c.pop(0) }
 // enters is a real directory: a symlink is a rejection (ErrThroughSymlink),
 // a non-directory too (ErrParentNotDir). With create, missing directories
 // are made (mode 0755); without, a missing one returns (nil, nil). raw is
-// the entry named in a rejection.
+// the entry named in a rejection. With follow, a symlink is followed
+// instead, inside the root (inRoot), and the levels are those of the
+// directories it leads to.
 func (c *cursor) cd(raw, dir string, create bool) (*level, error) {
+	return c.walk(raw, dir, create, 0)
+}
+
+func (c *cursor) walk(raw, dir string, create bool, hops int) (*level, error) {
 	var comps []string
 	if dir != "." {
 		comps = strings.Split(dir, "/")
@@ -93,7 +108,7 @@ func (c *cursor) cd(raw, dir string, create bool) (*level, error) {
 	if err := c.reopen(raw); err != nil {
 		return nil, err
 	}
-	for _, comp := range comps[k:] {
+	for i, comp := range comps[k:] {
 		t := c.top()
 		name := comp
 		if t.name != "." {
@@ -110,6 +125,16 @@ func (c *cursor) cd(raw, dir string, create bool) (*level, error) {
 			}
 		case err != nil:
 			return nil, err
+		case fi.Mode()&fs.ModeSymlink != 0 && c.follow:
+			if hops == maxSymlinkHops {
+				return nil, reject(raw, ErrThroughSymlink, "%s: more than %d symlinks on the way", quote(name), maxSymlinkHops)
+			}
+			target, err := t.r.Readlink(comp)
+			if err != nil {
+				return nil, err
+			}
+			rest := path.Join(append([]string{inRoot(t.name, target)}, comps[k+i+1:]...)...)
+			return c.walk(raw, rest, create, hops+1)
 		case fi.Mode()&fs.ModeSymlink != 0:
 			return nil, reject(raw, ErrThroughSymlink, "%s is a symlink", quote(name))
 		case !fi.IsDir():
@@ -122,6 +147,21 @@ func (c *cursor) cd(raw, dir string, create bool) (*level, error) {
 		c.push(level{name: name, comp: comp, r: sub})
 	}
 	return c.top(), nil
+}
+
+// inRoot is where a symlink in directory dir (root-relative) pointing at
+// target leads, as a clean root-relative path: an absolute target is taken
+// from the root, and ".." stops at the root, as a path lookup does inside
+// a container's root (and containerd's applier resolves it). So no target
+// leads outside the root.
+func inRoot(dir, target string) string {
+	if !path.IsAbs(target) {
+		target = path.Join("/", dir, target)
+	}
+	if p := strings.TrimPrefix(path.Clean(target), "/"); p != "" {
+		return p
+	}
+	return "."
 }
 
 // push adds an open level below the top, closing the descriptor of the

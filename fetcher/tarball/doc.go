@@ -16,11 +16,13 @@
 //     above rootfs/ when that folder is stripped. No symlink is ever
 //     followed while extracting: an entry, hard link target or whiteout
 //     below a symlink is rejected (ErrThroughSymlink), whether the symlink
-//     comes from the archive or from a lower layer already in the target;
+//     comes from the archive or from a lower layer already in the target
+//     (with Limits.LowerSymlinks a lower layer's is followed, its target
+//     resolved inside the root);
 //   - hard links must point at an earlier non-directory entry of the same
 //     archive (ErrHardlinkTarget), inside the root (ErrHardlinkEscape);
 //     with Limits.LowerHardlinks also at a file of the tree extracted
-//     onto, which Extract finds there, through directories only;
+//     onto, which Extract finds there;
 //   - no setuid bit, no setgid bit except on directories, no
 //     security.capability xattr (ErrSetID, ErrFileCapability), unless
 //     Limits.AllowSetID;

@@ -156,7 +156,7 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 	x := &extractor{
 		root:    root,
 		opts:    opts,
-		cur:     newCursor(root),
+		cur:     newCursor(root, opts.Limits.LowerSymlinks),
 		buf:     make([]byte, readBufferSize),
 		cleared: make(map[uint64]struct{}),
 	}

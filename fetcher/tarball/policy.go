@@ -81,11 +81,22 @@ type Limits struct {
 	// write: a file of the tree the archive is extracted onto, a lower
 	// layer's. Extract checks it at the link, in that tree (ErrHardlinkTarget
 	// when the target is missing or a directory, ErrThroughSymlink when a
-	// directory on its way is a symlink), and links it without following
-	// anything; Validate, which has no tree, admits it unchecked. A target
+	// directory on its way is a symlink, unless LowerSymlinks), and links
+	// the target itself, never what it may point at; Validate, which has no tree, admits it unchecked. A target
 	// this archive wrote, whited out or made a directory is still held to
 	// the archive's own record.
 	LowerHardlinks bool
+	// LowerSymlinks makes Extract follow a symlink of the tree extracted
+	// onto (a lower layer's) on the way to an entry, a hard link's target
+	// or a whiteout, as containerd's applier does, instead of refusing it
+	// (ErrThroughSymlink): a layer naming lib/x.so over a lower lib ->
+	// usr/lib writes usr/lib/x.so. The target is resolved inside the root
+	// (an absolute one from the root, ".." stopping at the root), so
+	// nothing is written outside it; more than 40 symlinks on one way are
+	// refused. A way through a symlink this archive made is still refused,
+	// and an entry's own name is never followed: a symlink there is
+	// replaced. Validate, which has no tree, is not concerned.
+	LowerSymlinks bool
 }
 
 func (l Limits) withDefaults() Limits {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -151,5 +152,95 @@ func TestLowerHardlinks(t *testing.T) {
 	_, err := ExtractDir(context.Background(), bytes.NewReader(build(t, hardlink("h", "usr/bin/python3.12"))), s.target, ExtractOptions{})
 	if !errors.Is(err, ErrHardlinkTarget) {
 		t.Errorf("Extract without LowerHardlinks: %v, want %v", err, ErrHardlinkTarget)
+	}
+}
+
+// TestLowerSymlinks: with Limits.LowerSymlinks a lower layer's symlink on
+// the way to an entry, a whiteout or a hard link's target is followed
+// inside the root: relative, absolute (taken from the root, not the host's)
+// and climbing ones all land under the target, a loop is refused, and a
+// symlink the archive made is still refused.
+func TestLowerSymlinks(t *testing.T) {
+	limits := Limits{LowerSymlinks: true, LowerHardlinks: true}
+	lowerTree := func(t *testing.T) sandbox {
+		s := newSandbox(t)
+		mk := func(name string, f func(p string) error) {
+			p := filepath.Join(s.target, name)
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := f(p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		mk("usr/lib/old.so", func(p string) error { return os.WriteFile(p, []byte("old"), 0o644) })
+		mk("lib", func(p string) error { return os.Symlink("usr/lib", p) })
+		mk("abs", func(p string) error { return os.Symlink("/usr/lib", p) })
+		mk("host", func(p string) error { return os.Symlink(s.canary, p) })
+		mk("deep/up", func(p string) error { return os.Symlink("../../../../..", p) })
+		mk("loop1", func(p string) error { return os.Symlink("loop2", p) })
+		mk("loop2", func(p string) error { return os.Symlink("loop1", p) })
+		return s
+	}
+	read := func(t *testing.T, s sandbox, name string) string {
+		b, err := os.ReadFile(filepath.Join(s.target, name))
+		if err != nil {
+			return "<" + err.Error() + ">"
+		}
+		return string(b)
+	}
+
+	s := lowerTree(t)
+	b := build(t,
+		file("lib/new.so", "new"), file("abs/abs.so", "abs"), file("host/secret", "mine"),
+		file("deep/up/top", "top"), dir("lib/sub/"), file("lib/sub/x", "x"),
+		file("lib/.wh.old.so", ""), hardlink("abs/new2.so", "lib/new.so"),
+	)
+	st, err := ExtractDir(context.Background(), bytes.NewReader(b), s.target, ExtractOptions{Limits: limits})
+	if err != nil {
+		t.Fatalf("Extract: %v", err)
+	}
+	s.intact(t)
+	for name, want := range map[string]string{
+		"usr/lib/new.so": "new", "usr/lib/abs.so": "abs", "usr/lib/sub/x": "x", "top": "top", "usr/lib/new2.so": "new",
+		strings.TrimPrefix(filepath.Join(s.canary, "secret"), "/"): "mine",
+	} {
+		if got := read(t, s, name); got != want {
+			t.Errorf("%s = %q, want %q", name, got, want)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(s.target, "usr/lib/old.so")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("usr/lib/old.so, whited out as lib/.wh.old.so: %v, want it gone", err)
+	}
+	if got, err := os.Readlink(filepath.Join(s.target, "lib")); err != nil || got != "usr/lib" {
+		t.Errorf("lib -> %q (%v), want the lower symlink kept", got, err)
+	}
+	if st.Hardlinks != 1 || st.Whiteouts != 1 {
+		t.Errorf("Stats %+v: want 1 hard link and 1 whiteout", st)
+	}
+
+	for _, c := range []struct {
+		name string
+		ents []ent
+		rule error
+	}{
+		{"loop", []ent{file("loop1/x", "x")}, ErrThroughSymlink},
+		{"archive-symlink", []ent{symlink("mine", "usr"), file("mine/x", "x")}, ErrThroughSymlink},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := lowerTree(t)
+			_, err := ExtractDir(context.Background(), bytes.NewReader(build(t, c.ents...)), s.target, ExtractOptions{Limits: limits})
+			if !errors.Is(err, c.rule) {
+				t.Errorf("Extract: %v, want %v", err, c.rule)
+			}
+			s.intact(t)
+		})
+	}
+
+	// Without LowerSymlinks the same way is refused.
+	s = lowerTree(t)
+	_, err = ExtractDir(context.Background(), bytes.NewReader(build(t, file("lib/new.so", "new"))), s.target, ExtractOptions{})
+	if !errors.Is(err, ErrThroughSymlink) {
+		t.Errorf("Extract without LowerSymlinks: %v, want %v", err, ErrThroughSymlink)
 	}
 }
