@@ -421,9 +421,10 @@ func (e *env) appliedByDaemon(t *testing.T, img ociimage.Image, mark int) {
 }
 
 // testSpecials pulls with ctr, into flyio, an image whose upper layer holds
-// a device node and a hard link to its lower layer's busybox, as
-// containerd's own applier takes them: the daemon applies both layers, and
-// a container sees the device and one file under the two names.
+// a device node, a hard link to its lower layer's busybox and a file
+// written through the lower layer's lib -> usr/lib, as containerd's own
+// applier takes them: the daemon applies both layers, and a container sees
+// the device, one file under the two names, and the file in usr/lib.
 func (e *env) testSpecials(t *testing.T, ctx context.Context, ns string) {
 	mark := e.daemonLogMark(t)
 	e.timed(t, "ctr image pull (device node, lower-layer hard link)", func() error {
@@ -435,15 +436,16 @@ func (e *env) testSpecials(t *testing.T, ctx context.Context, ns string) {
 		t.Fatal(err)
 	}
 	e.appliedByDaemon(t, e.specials, mark)
-	script := fmt.Sprintf("stat -c '%%F %%t:%%T' %s; stat -c '%%i %%h' /bin/busybox %s", ociimage.DevicePath, ociimage.LowerLinkPath)
+	script := fmt.Sprintf("stat -c '%%F %%t:%%T' %s; stat -c '%%i %%h' /bin/busybox %s; cat %s", ociimage.DevicePath, ociimage.LowerLinkPath, ociimage.ThroughSymlinkPath)
 	out, err := e.containerOutput(ctx, e.ctrArgv(ns, "run", "--rm", "--snapshotter", "flyio", e.specialsRef, "ctr-specials", "/bin/sh", "-c", script))
 	if err != nil {
 		t.Fatalf("ctr run: %v\n%s", err, out)
 	}
 	t.Logf("ctr run printed %q", out)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 3 || lines[0] != "character special file 1:3" || lines[1] != lines[2] || !strings.HasSuffix(lines[1], " 2") {
-		t.Errorf("in the container: %q, want %s the character device 1:3 and /bin/busybox with two names, one of them %s", out, ociimage.DevicePath, ociimage.LowerLinkPath)
+	if len(lines) != 4 || lines[0] != "character special file 1:3" || lines[1] != lines[2] || !strings.HasSuffix(lines[1], " 2") || lines[3] != ociimage.ThroughSymlinkFile {
+		t.Errorf("in the container: %q, want %s the character device 1:3, /bin/busybox with two names, one of them %s, and %s written through lib -> usr/lib",
+			out, ociimage.DevicePath, ociimage.LowerLinkPath, ociimage.ThroughSymlinkPath)
 	}
 	if _, err := e.ctr(ctx, ns, "image", "rm", "--sync", e.specialsRef); err != nil {
 		t.Fatal(err)

@@ -75,16 +75,20 @@ type Options struct {
 	// ["/bin/sleep", "86400"] with the sleep applet.
 	Cmd []string
 	// Specials adds to the second layer a character device at DevicePath
-	// (1:3, as /dev/null) and a hard link at LowerLinkPath to the first
-	// layer's /bin/busybox: entries containerd's own applier takes and the
-	// extraction policy of S3 images refuses.
+	// (1:3, as /dev/null), a hard link at LowerLinkPath to the first
+	// layer's /bin/busybox, and a file written as lib/ThroughSymlinkFile
+	// over the first layer's symlink lib -> usr/lib (a merged /usr), so
+	// that it lands in ThroughSymlinkPath: entries containerd's own applier
+	// takes and the extraction policy of S3 images refuses.
 	Specials bool
 }
 
 // Where Options.Specials puts its entries.
 const (
-	DevicePath    = "/opt/null"
-	LowerLinkPath = "/bin/busybox.link"
+	DevicePath         = "/opt/null"
+	LowerLinkPath      = "/bin/busybox.link"
+	ThroughSymlinkFile = "specials.txt"
+	ThroughSymlinkPath = "/usr/lib/" + ThroughSymlinkFile
 )
 
 // Image describes what Write wrote.
@@ -127,7 +131,7 @@ func Write(w io.Writer, opts Options) (Image, error) {
 		return Image{}, fmt.Errorf("ociimage: read busybox %q: %w", opts.BusyboxPath, err)
 	}
 
-	lower, err := layerOne(busybox, opts.Applets)
+	lower, err := layerOne(busybox, opts.Applets, opts.Specials)
 	if err != nil {
 		return Image{}, err
 	}
@@ -256,7 +260,7 @@ func chainIDs(diffIDs []digest.Digest) []digest.Digest {
 	return out
 }
 
-func layerOne(busybox []byte, applets []string) ([]byte, error) {
+func layerOne(busybox []byte, applets []string, specials bool) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	for _, d := range []string{"bin/", "dev/", "etc/", "proc/", "sys/", "tmp/", "opt/", "root/", "run/"} {
@@ -282,6 +286,17 @@ func layerOne(busybox []byte, applets []string) ([]byte, error) {
 	if err := writeFile(tw, WhiteoutVictim[1:], []byte("the second layer deletes this file\n"), 0o644); err != nil {
 		return nil, err
 	}
+	if specials {
+		if err := writeDir(tw, "usr/"); err != nil {
+			return nil, err
+		}
+		if err := writeDir(tw, "usr/lib/"); err != nil {
+			return nil, err
+		}
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: "lib", Linkname: "usr/lib", Mode: 0o777, ModTime: fixedTime, Format: tar.FormatPAX}); err != nil {
+			return nil, fmt.Errorf("ociimage: layer one: lib: %w", err)
+		}
+	}
 	if err := tw.Close(); err != nil {
 		return nil, fmt.Errorf("ociimage: layer one: %w", err)
 	}
@@ -302,6 +317,9 @@ func layerTwo(payload int64, seed string, specials bool) ([]byte, error) {
 			if err := tw.WriteHeader(hdr); err != nil {
 				return nil, fmt.Errorf("ociimage: layer two: %s: %w", hdr.Name, err)
 			}
+		}
+		if err := writeFile(tw, "lib/"+ThroughSymlinkFile, []byte(ThroughSymlinkFile+"\n"), 0o644); err != nil {
+			return nil, err
 		}
 	}
 	if err := writeFile(tw, MarkerPath[1:], []byte(MarkerContent), 0o644); err != nil {

@@ -110,7 +110,7 @@ func TestContainerdImportsArchive(t *testing.T) {
 // TestLayerContents checks the files a container relies on: busybox and its
 // applets in the first layer, the marker and the whiteout in the second.
 func TestLayerContents(t *testing.T) {
-	lower, err := layerOne([]byte("not really busybox"), []string{"sh", "echo"})
+	lower, err := layerOne([]byte("not really busybox"), []string{"sh", "echo"}, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,6 +127,9 @@ func TestLayerContents(t *testing.T) {
 	if h := lowerNames["bin/sh"]; h != nil && (h.Typeflag != tar.TypeSymlink || h.Linkname != "busybox") {
 		t.Errorf("bin/sh is %c -> %q, want a symlink to busybox", h.Typeflag, h.Linkname)
 	}
+	if h := lowerNames["lib"]; h == nil || h.Typeflag != tar.TypeSymlink || h.Linkname != "usr/lib" {
+		t.Errorf("layer one's lib is %+v, want a symlink to usr/lib", h)
+	}
 	upperNames := tarNames(t, upper)
 	for _, want := range []string{"etc/flyio-marker", "etc/.wh.deleted-by-layer-two", "opt/payload.bin"} {
 		if _, ok := upperNames[want]; !ok {
@@ -135,6 +138,9 @@ func TestLayerContents(t *testing.T) {
 	}
 	if h := upperNames[DevicePath[1:]]; h == nil || h.Typeflag != tar.TypeChar || h.Devmajor != 1 || h.Devminor != 3 {
 		t.Errorf("layer two's %s is %+v, want the character device 1:3", DevicePath, h)
+	}
+	if _, ok := upperNames["lib/"+ThroughSymlinkFile]; !ok {
+		t.Errorf("layer two lacks lib/%s", ThroughSymlinkFile)
 	}
 	if h := upperNames[LowerLinkPath[1:]]; h == nil || h.Typeflag != tar.TypeLink || h.Linkname != "bin/busybox" {
 		t.Errorf("layer two's %s is %+v, want a hard link to layer one's bin/busybox", LowerLinkPath, h)
