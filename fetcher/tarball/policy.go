@@ -82,9 +82,9 @@ type Limits struct {
 	// layer's. Extract checks it at the link, in that tree (ErrHardlinkTarget
 	// when the target is missing or a directory, ErrThroughSymlink when a
 	// directory on its way is a symlink, unless LowerSymlinks), and links
-	// the target itself, never what it may point at; Validate, which has no tree, admits it unchecked. A target
-	// this archive wrote, whited out or made a directory is still held to
-	// the archive's own record.
+	// the target itself, never what it may point at; Validate, which has
+	// no tree, admits it unchecked. A target this archive wrote, whited out
+	// or made a directory is still held to the archive's own record.
 	LowerHardlinks bool
 	// LowerSymlinks makes Extract follow a symlink of the tree extracted
 	// onto (a lower layer's) on the way to an entry, a hard link's target
@@ -144,6 +144,12 @@ const (
 	kDevice
 	kRemoved // whited out; a later implicit or explicit entry re-creates it
 )
+
+// leaf reports whether k is a name nothing can be below: a file, hard
+// link, named pipe or device the archive made.
+func (k kind) leaf() bool {
+	return k == kReg || k == kHardlink || k == kFifo || k == kDevice
+}
 
 type node struct {
 	kind   kind
@@ -461,10 +467,10 @@ func (c *checker) admitWhiteout(raw, name, base string, hdr *tar.Header) (entry,
 	if dir != "." {
 		// The whited-out directory itself must not be a symlink either.
 		if n, ok := c.nodes[c.key(dir)]; ok {
-			switch n.kind {
-			case kSymlink:
+			switch {
+			case n.kind == kSymlink:
 				return entry{}, reject(raw, ErrThroughSymlink, "%s is a symlink", quote(dir))
-			case kReg, kHardlink, kFifo, kDevice:
+			case n.kind.leaf():
 				return entry{}, reject(raw, ErrParentNotDir, "%s", quote(dir))
 			}
 		}
@@ -519,7 +525,7 @@ func (c *checker) ancestors(raw, dir string, record bool) (uint32, error) {
 		switch {
 		case ok && n.kind == kSymlink:
 			return 0, reject(raw, ErrThroughSymlink, "%s is a symlink", quote(dir[:end]))
-		case ok && (n.kind == kReg || n.kind == kHardlink || n.kind == kFifo || n.kind == kDevice):
+		case ok && n.kind.leaf():
 			return 0, reject(raw, ErrParentNotDir, "%s", quote(dir[:end]))
 		case (!ok || n.kind == kRemoved) && record:
 			c.implicit++
