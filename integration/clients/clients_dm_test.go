@@ -262,6 +262,26 @@ func (e *env) containerOutput(ctx context.Context, argv []string) (string, error
 	return stack.RunStdout(ctx, e.ctrdEnv, argv...)
 }
 
+// ctrPull pulls ref into flyio with ctr, from the test's registry over
+// plain HTTP; an error carries ctr's last lines of output.
+func (e *env) ctrPull(ctx context.Context, ns, ref string) error {
+	out, err := e.ctr(ctx, ns, "image", "pull", "--snapshotter", "flyio", "--plain-http", ref)
+	if err != nil {
+		return fmt.Errorf("%w\n%s", err, lastLines(out, 5))
+	}
+	return nil
+}
+
+// pullWithCtr is ctrPull timed as the step what, followed by the check
+// that containerd sees ref unpacked in flyio.
+func (e *env) pullWithCtr(t *testing.T, ctx context.Context, what, ns, ref string) {
+	t.Helper()
+	e.timed(t, what, func() error { return e.ctrPull(ctx, ns, ref) })
+	if err := e.unpackedInFlyio(ctx, ns, ref); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // unpackedInFlyio checks what a run relies on: containerd holds ref in ns
 // and sees its layers unpacked in the flyio snapshotter.
 func (e *env) unpackedInFlyio(ctx context.Context, ns, ref string) error {
@@ -355,14 +375,7 @@ func TestClients(t *testing.T) {
 func (e *env) testCtr(t *testing.T, ctx context.Context) {
 	const ns = "flyio-ctr"
 	mark := e.daemonLogMark(t)
-	e.timed(t, "ctr image pull --snapshotter flyio --plain-http", func() error {
-		out, err := e.ctr(ctx, ns, "image", "pull", "--snapshotter", "flyio", "--plain-http", e.imageRef)
-		t.Logf("ctr image pull:\n%s", lastLines(out, 3))
-		return err
-	})
-	if err := e.unpackedInFlyio(ctx, ns, e.imageRef); err != nil {
-		t.Fatal(err)
-	}
+	e.pullWithCtr(t, ctx, "ctr image pull --snapshotter flyio --plain-http", ns, e.imageRef)
 	// Each of the image's layers is a thin device of ours.
 	thins, err := e.ourThinDevices(ctx)
 	if err != nil {
@@ -427,14 +440,7 @@ func (e *env) appliedByDaemon(t *testing.T, img ociimage.Image, mark int) {
 // the device, one file under the two names, and the file in usr/lib.
 func (e *env) testSpecials(t *testing.T, ctx context.Context, ns string) {
 	mark := e.daemonLogMark(t)
-	e.timed(t, "ctr image pull (device node, lower-layer hard link)", func() error {
-		out, err := e.ctr(ctx, ns, "image", "pull", "--snapshotter", "flyio", "--plain-http", e.specialsRef)
-		t.Logf("ctr image pull:\n%s", lastLines(out, 3))
-		return err
-	})
-	if err := e.unpackedInFlyio(ctx, ns, e.specialsRef); err != nil {
-		t.Fatal(err)
-	}
+	e.pullWithCtr(t, ctx, "ctr image pull (device node, lower-layer hard link)", ns, e.specialsRef)
 	e.appliedByDaemon(t, e.specials, mark)
 	script := fmt.Sprintf("stat -c '%%F %%t:%%T' %s; stat -c '%%i %%h' /bin/busybox %s; cat %s", ociimage.DevicePath, ociimage.LowerLinkPath, ociimage.ThroughSymlinkPath)
 	out, err := e.containerOutput(ctx, e.ctrArgv(ns, "run", "--rm", "--snapshotter", "flyio", e.specialsRef, "ctr-specials", "/bin/sh", "-c", script))

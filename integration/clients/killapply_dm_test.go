@@ -54,13 +54,7 @@ func TestKillDuringApply(t *testing.T) {
 		t.Fatal(err)
 	}
 	const ns = "flyio-kill"
-	pull := func() error {
-		out, err := e.ctr(ctx, ns, "image", "pull", "--snapshotter", "flyio", "--plain-http", ref)
-		if err != nil {
-			return fmt.Errorf("%w\n%s", err, lastLines(out, 5))
-		}
-		return nil
-	}
+	pull := func() error { return e.ctrPull(ctx, ns, ref) }
 
 	// Kill once the second layer (the 128 MiB one) is being extracted: the
 	// first has been applied and a snapshot is mounted for the next.

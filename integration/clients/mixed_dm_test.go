@@ -357,13 +357,7 @@ func TestMixedPool(t *testing.T) {
 			switch kind {
 			case "ctr":
 				ns, ref = mixedCtrNS, pushRegistry("flyio-it/"+name)
-				pull = func() error {
-					out, err := e.ctr(ctx, ns, "image", "pull", "--snapshotter", "flyio", "--plain-http", ref)
-					if err != nil {
-						return fmt.Errorf("%w: %s", err, lastLines(out, 5))
-					}
-					return nil
-				}
+				pull = func() error { return e.ctrPull(ctx, ns, ref) }
 			case "nerdctl":
 				ns, ref = mixedNerdctlNS, pushRegistry("flyio-it/"+name)
 				pull = func() error {

@@ -40,14 +40,7 @@ func TestSharedChains(t *testing.T) {
 	}
 	ctrPull := func(t *testing.T, ns string) {
 		t.Helper()
-		e.timed(t, "ctr image pull in "+ns, func() error {
-			out, err := e.ctr(ctx, ns, "image", "pull", "--snapshotter", "flyio", "--plain-http", e.imageRef)
-			t.Logf("ctr image pull in %s:\n%s", ns, lastLines(out, 3))
-			return err
-		})
-		if err := e.unpackedInFlyio(ctx, ns, e.imageRef); err != nil {
-			t.Fatal(err)
-		}
+		e.pullWithCtr(t, ctx, "ctr image pull in "+ns, ns, e.imageRef)
 	}
 	s3Pull := func(t *testing.T, ns string, wantUnpacked int) {
 		t.Helper()
