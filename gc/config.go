@@ -22,7 +22,8 @@ type Config struct {
 	LowThreshold  float64 `toml:"low_threshold"`
 	// Interval spaces the collections between pulls.
 	Interval conf.Duration `toml:"interval"`
-	// Pinned names images never removed.
+	// Pinned names images never removed: by a name, or an S3 image by its
+	// s3:// source.
 	Pinned []string `toml:"pinned"`
 }
 
@@ -36,8 +37,11 @@ func DefaultConfig() Config {
 // joined, each naming the key.
 func (c Config) Validate() error {
 	var p conf.Problems
-	if err := ValidateThresholds(c.HighThreshold, c.LowThreshold); err != nil {
-		p.Add("gc.high_threshold", "%v", err)
+	switch {
+	case !(c.HighThreshold > 0 && c.HighThreshold <= 100):
+		p.Add("gc.high_threshold", "must be a percent above 0 and at most 100, got %v", c.HighThreshold)
+	case !(c.LowThreshold > 0 && c.LowThreshold < c.HighThreshold):
+		p.Add("gc.low_threshold", "must be a percent above 0 and below gc.high_threshold (%v), got %v", c.HighThreshold, c.LowThreshold)
 	}
 	p.PositiveDuration("gc.interval", c.Interval)
 	for i, n := range c.Pinned {

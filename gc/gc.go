@@ -28,6 +28,7 @@
 package gc
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -252,7 +253,9 @@ type Options struct {
 	// metadata: collection starts at High and stops under Low (defaults
 	// 85 and 80).
 	HighThreshold, LowThreshold float64
-	// Pinned names images never removed.
+	// Pinned names images never removed: by one of their names, or an
+	// S3 image by its source (s3://bucket/key, a prefix with or without
+	// its final '/').
 	Pinned []string
 	// Interval spaces the collections Loop runs between pulls (default 5
 	// minutes).
@@ -294,7 +297,7 @@ type Collector struct {
 	cond     *sync.Cond
 	pulling  map[string]int // image id → pulls under way
 	removing string         // image id being removed
-	trimming bool           // TrimTarballs is removing files
+	holding  bool           // pulls wait in Begin (holdPulls)
 
 	// committed wakes Loop for a collection after containerd committed
 	// a snapshot (Committed); one pending wake-up stands for any number.
@@ -352,10 +355,11 @@ func ValidateThresholds(high, low float64) error {
 
 // Begin implements pipeline.PoolGuard: image imageID is in use until end
 // is called. It waits while a removal of that image is under way, so that
-// the pull starts after it and makes the image again.
+// the pull starts after it and makes the image again, and while pulls are
+// held (holdPulls).
 func (c *Collector) Begin(imageID string) (end func()) {
 	c.pmu.Lock()
-	for c.removing == imageID || c.trimming {
+	for c.removing == imageID || c.holding {
 		c.cond.Wait()
 	}
 	c.pulling[imageID]++
@@ -370,6 +374,27 @@ func (c *Collector) Begin(imageID string) (end func()) {
 			c.pmu.Unlock()
 		})
 	}
+}
+
+// holdPulls makes every pull starting from now wait in Begin until
+// release is called, and reports false (holding nothing) when a pull other
+// than one of image except is under way: what the caller removes (a layer
+// file, a chain of no image) is what such a pull may be about to use.
+func (c *Collector) holdPulls(except string) (release func(), ok bool) {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	for id, n := range c.pulling {
+		if id != except || n > 1 {
+			return nil, false
+		}
+	}
+	c.holding = true
+	return func() {
+		c.pmu.Lock()
+		c.holding = false
+		c.cond.Broadcast()
+		c.pmu.Unlock()
+	}, true
 }
 
 // Pulled implements pipeline.PoolGuard: a collection and a trim of the
@@ -600,6 +625,14 @@ func (c *Collector) Collect(ctx context.Context, trigger string, need uint64) (*
 		return rep, fmt.Errorf("gc: %w", err)
 	}
 	var errs []error
+	if freed, err := c.sweepOrphans(ctx, pool.orphans(imgs, ""), "usage"); err != nil {
+		errs = append(errs, err)
+	} else if freed != 0 {
+		if u, err = c.opts.Usage(ctx); err != nil {
+			return rep, fmt.Errorf("gc: pool usage: %w", err)
+		}
+		rep.After = u
+	}
 	for _, cd := range pool.candidates(imgs) {
 		if !over(u, need, c.opts.LowThreshold) {
 			break
@@ -635,8 +668,8 @@ type poolView struct {
 	// children maps a snapshot key to the snapshots on it.
 	children map[string][]snapshots.Info
 	// ours are the chains the pipelines committed (their key is the
-	// chain ID).
-	ours map[string]bool
+	// chain ID), with what the snapshotter says of each.
+	ours map[string]snapshots.Info
 	// theirs maps a namespace and a chain ID (nsChain) to the key of the
 	// chain's snapshot containerd's unpacker committed in that namespace,
 	// and a chain ID alone to the first such key in any namespace (the one
@@ -651,7 +684,7 @@ func nsChain(ns, chain string) string { return ns + "\x00" + chain }
 
 // look walks the pool's snapshots and asks containerd for its images.
 func (c *Collector) look(ctx context.Context) (*poolView, error) {
-	v := &poolView{children: map[string][]snapshots.Info{}, ours: map[string]bool{}, theirs: map[string]string{}}
+	v := &poolView{children: map[string][]snapshots.Info{}, ours: map[string]snapshots.Info{}, theirs: map[string]string{}}
 	err := c.opts.Snapshots.Walk(ctx, func(_ context.Context, info snapshots.Info) error {
 		if info.Parent != "" {
 			v.children[info.Parent] = append(v.children[info.Parent], info)
@@ -660,7 +693,7 @@ func (c *Collector) look(ctx context.Context) (*poolView, error) {
 			return nil
 		}
 		if _, ours := info.Labels[pipeline.LabelSource]; ours {
-			v.ours[info.Name] = true
+			v.ours[info.Name] = info
 			return nil
 		}
 		// containerd names its snapshots in its proxy plugins
@@ -757,7 +790,7 @@ func (v *poolView) candidates(imgs []*Image) []*candidate {
 		for _, ch := range pi.Chains {
 			if k, ok := v.theirs[nsChain(pi.Namespace, ch)]; ok {
 				cd.keys = append(cd.keys, k)
-			} else if v.ours[ch] {
+			} else if _, ok := v.ours[ch]; ok {
 				cd.keys = append(cd.keys, ch)
 			} else if k, ok := v.theirs[ch]; ok {
 				cd.keys = append(cd.keys, k)
@@ -774,6 +807,16 @@ func (c *Collector) inUse(ctx context.Context, cd *candidate, v *poolView) (stri
 	for _, n := range cd.names() {
 		if slices.Contains(c.opts.Pinned, n) {
 			return fmt.Sprintf("pinned: %q is in [gc] pinned", n), nil
+		}
+	}
+	if cd.s3 != nil {
+		// A source pins with or without a prefix's final '/', as rm
+		// names it.
+		src := strings.TrimSuffix(cd.s3.Source, "/")
+		for _, p := range c.opts.Pinned {
+			if strings.TrimSuffix(p, "/") == src {
+				return fmt.Sprintf("pinned: its source %q is in [gc] pinned", p), nil
+			}
 		}
 	}
 	if cd.s3 != nil {
@@ -882,6 +925,16 @@ func (c *Collector) removeS3(ctx context.Context, im *Image, v *poolView) error 
 		c.pmu.Unlock()
 	}()
 	what := fmt.Sprintf("remove image %s (%s)", im.ImageID, im.Source)
+	// The image's chains and which of them another image shares are read
+	// again now: a collection lists every image before its first removal,
+	// and an image removed since may have been the one sharing a chain.
+	im, err := ImageByID(ctx, c.opts.DB, im.ImageID)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if im == nil {
+		return nil
+	}
 	if c.opts.Names != nil {
 		for _, n := range im.Names {
 			if err := c.opts.Names.Unregister(ctx, n); err != nil {
@@ -914,6 +967,92 @@ func (c *Collector) removeS3(ctx context.Context, im *Image, v *poolView) error 
 		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
+}
+
+// orphans are the chains the pipelines committed that no image has (no S3
+// image of imgs, no containerd image in the pool), top first; with source
+// set, only those a pull of that s3:// source made. A pull that failed
+// after its unpacks (its layout refused, its name taken or refused by
+// containerd) leaves such chains: no image's removal ever reaches them.
+func (v *poolView) orphans(imgs []*Image, source string) []string {
+	had := map[string]bool{}
+	for _, im := range imgs {
+		for _, ch := range im.Chains {
+			had[ch] = true
+		}
+	}
+	for _, pi := range v.images {
+		for _, ch := range pi.Chains {
+			had[ch] = true
+		}
+	}
+	depth := func(ch string) int {
+		n := 0
+		for info, ok := v.ours[ch]; ok && info.Parent != ""; info, ok = v.ours[info.Parent] {
+			n++
+		}
+		return n
+	}
+	var out []string
+	for ch, info := range v.ours {
+		if !had[ch] && (source == "" || info.Labels[pipeline.LabelSource] == source) {
+			out = append(out, ch)
+		}
+	}
+	slices.SortFunc(out, func(a, b string) int { return cmp.Or(depth(b)-depth(a), strings.Compare(a, b)) })
+	return out
+}
+
+// sweepOrphans removes the orphan chains given (top first), each guarded
+// like an image's chain, while no pull runs: a pull under way may be about
+// to name one in its image. A chain something was put on, or a live run
+// uses, stays. It reports the pool data freed.
+func (c *Collector) sweepOrphans(ctx context.Context, chains []string, cause string) (int64, error) {
+	if len(chains) == 0 {
+		return 0, nil
+	}
+	release, ok := c.holdPulls("")
+	if !ok {
+		return 0, nil
+	}
+	defer release()
+	before, err := c.opts.Usage(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("gc: pool usage: %w", err)
+	}
+	removed := 0
+	for _, ch := range chains {
+		err := c.opts.Snapshots.RemoveIf(ctx, ch, c.opts.Guard(ch))
+		switch {
+		case err == nil:
+			removed++
+		case errdefs.IsNotFound(err):
+		case errdefs.IsFailedPrecondition(err):
+			log.G(ctx).WithField("chain", ch).WithError(err).Debug("gc: chain of no image kept")
+		default:
+			return 0, fmt.Errorf("gc: remove chain %s of no image: %w", ch, err)
+		}
+	}
+	if removed == 0 {
+		return 0, nil
+	}
+	if err := c.opts.Snapshots.Cleanup(ctx); err != nil {
+		log.G(ctx).WithError(err).Warn("gc: deleting the removed devices (the next cleanup retries)")
+	}
+	if err := c.opts.Prune(ctx); err != nil {
+		log.G(ctx).WithError(err).Warn("gc: pruning the records of the removed chains")
+	}
+	after, err := c.opts.Usage(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("gc: pool usage: %w", err)
+	}
+	freed := int64(before.DataUsed) - int64(after.DataUsed)
+	log.G(ctx).WithField("chains", removed).WithField("cause", cause).WithField("freed", bytesOf(uint64(max(freed, 0)))).
+		WithField("usage", after.String()).Info("gc: chains of no image removed (left by failed pulls)")
+	if c.opts.Observer != nil {
+		c.opts.Observer.Removed(cause, api.SourceS3, freed)
+	}
+	return freed, nil
 }
 
 // layerOn reports whether a committed snapshot other than the chains own
@@ -974,6 +1113,17 @@ func (c *Collector) Remove(ctx context.Context, refs []string) ([]api.Removed, e
 			errs = append(errs, fmt.Errorf("rm %s: %w", ref, err))
 			continue
 		}
+		// A pull of the source that failed after its unpacks left chains
+		// that no image names: they go with the image.
+		imgs, err := Images(ctx, c.opts.DB)
+		if err == nil {
+			var freed int64
+			freed, err = c.sweepOrphans(ctx, pool.orphans(imgs, im.Source), "rm")
+			r.Freed += freed
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("rm %s: %w", ref, err))
+		}
 		out = append(out, *r)
 	}
 	return out, errors.Join(errs...)
@@ -993,29 +1143,23 @@ func (c *Collector) MakeRoom(ctx context.Context, source string, needs []pipelin
 	for _, n := range needs {
 		total += need(n.Bytes)
 	}
+	// A pull larger than the pool's whole data space, grown as far as it
+	// may, would not fit with every image removed: refuse it before the
+	// collection empties the pool for nothing.
+	u, err := c.grow(ctx, source, func(u Usage) bool { return u.DataTotal >= total })
+	if err != nil {
+		return err
+	}
+	if total > u.DataTotal {
+		return fmt.Errorf("pull %s: its layers need %s, more than the pool's whole data space (%s) even with every image removed: %w",
+			source, bytesOf(total), bytesOf(u.DataTotal), ErrNoRoom)
+	}
 	rep, err := c.Collect(log.WithLogger(ctx, log.G(ctx).WithField("source", source)), "room", total)
 	if err != nil {
 		log.G(ctx).WithError(err).WithField("source", source).Warn("gc: collection before a pull")
 	}
-	var u Usage
-	if rep != nil {
-		u = rep.After
-	} else if u, err = c.opts.Usage(ctx); err != nil {
-		return fmt.Errorf("pull %s: pool usage: %w", source, err)
-	}
-	if c.opts.Grow != nil {
-		for u.DataFree() < total {
-			grew, err := c.opts.Grow(ctx)
-			if err != nil {
-				log.G(ctx).WithError(err).WithField("source", source).Warn("gc: growing the pool for a pull")
-			}
-			if !grew {
-				break
-			}
-			if u, err = c.opts.Usage(ctx); err != nil {
-				return fmt.Errorf("pull %s: pool usage: %w", source, err)
-			}
-		}
+	if u, err = c.grow(ctx, source, func(u Usage) bool { return u.DataFree() >= total }); err != nil {
+		return err
 	}
 	kept := ""
 	if rep != nil && len(rep.Kept) > 0 {
@@ -1035,6 +1179,28 @@ func (c *Collector) MakeRoom(ctx context.Context, source string, needs []pipelin
 		}
 	}
 	return nil
+}
+
+// grow grows the pool (Options.Grow) one step at a time until enough says
+// its usage is enough or it cannot grow, and returns the usage then.
+func (c *Collector) grow(ctx context.Context, source string, enough func(Usage) bool) (Usage, error) {
+	u, err := c.opts.Usage(ctx)
+	if err != nil {
+		return u, fmt.Errorf("pull %s: pool usage: %w", source, err)
+	}
+	for c.opts.Grow != nil && !enough(u) {
+		grew, err := c.opts.Grow(ctx)
+		if err != nil {
+			log.G(ctx).WithError(err).WithField("source", source).Warn("gc: growing the pool for a pull")
+		}
+		if !grew {
+			break
+		}
+		if u, err = c.opts.Usage(ctx); err != nil {
+			return u, fmt.Errorf("pull %s: pool usage: %w", source, err)
+		}
+	}
+	return u, nil
 }
 
 // need is what a layer tarball of n bytes is taken to take in the pool.

@@ -957,3 +957,154 @@ func TestApplyWatchBoundsOtherWrites(t *testing.T) {
 		t.Errorf("usage read %d times in 200 ms past the threshold with nothing to remove, want the polls slowed to one in %d", reads, applyStuckPolls)
 	}
 }
+
+// TestCollectKeepsImagePinnedBySource: [gc] pinned names an S3 image by its
+// source, with or without a prefix's final '/'.
+func TestCollectKeepsImagePinnedBySource(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 1000*mib, Options{Pinned: []string{"s3://bucket/img1/", "s3://bucket/img2"}})
+	h.image("img1", "one", layer{"c1", 300 * mib})
+	h.image("img2", "two", layer{"c2", 300 * mib})
+	files := h.image("img3", "three", layer{"c3", 300 * mib}) // 90.3%
+	rep, err := h.c.Collect(ctx, "test", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Removed) != 1 || rep.Removed[0].ImageID != "img3" {
+		t.Fatalf("removed %+v, want img3 alone", rep.Removed)
+	}
+	h.gone("img3", "three", []string{"c3"}, files)
+	h.present("img1", "img2")
+	for id, want := range map[string]string{"img1": `source "s3://bucket/img1/" is in [gc] pinned`, "img2": `source "s3://bucket/img2" is in [gc] pinned`} {
+		if !strings.Contains(rep.Kept[id], want) {
+			t.Errorf("image %s kept because %q, want it to say %q", id, rep.Kept[id], want)
+		}
+	}
+}
+
+// TestCollectRemovesChainSharedByRemovedImages: one collection removing two
+// images that share a chain removes the chain with the second.
+func TestCollectRemovesChainSharedByRemovedImages(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 1000*mib, Options{Pinned: []string{"keep"}})
+	a := h.image("imgA", "a", layer{"base", 400 * mib})
+	b := h.image("imgB", "b", layer{"base", 400 * mib}, layer{"b2", 100 * mib})
+	h.image("imgK", "keep", layer{"k", 400 * mib}) // pinned; 90.3% in all
+	rep, err := h.c.Collect(ctx, "test", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Removed) != 2 {
+		t.Fatalf("removed %+v, want imgA and imgB", rep.Removed)
+	}
+	h.gone("imgA", "a", []string{"base"}, a)
+	h.gone("imgB", "b", []string{"base", "b2"}, b)
+	h.present("imgK")
+	if got := rep.After.DataUsed; got != 401*mib {
+		t.Errorf("pool data after = %d MiB, want 401 (the pinned image alone)", got/mib)
+	}
+}
+
+// failedPull records what a pull of source leaves when it fails after
+// unpacking its layers (its layout refused, its name taken): committed
+// chains with their rows, and the image with its failure only.
+func (h *harness) failedPull(id, source string, layers ...layer) {
+	h.t.Helper()
+	ctx := context.Background()
+	prev := ""
+	for _, l := range layers {
+		h.add(l.chain, prev, snapshotter.SnapKindCommitted, map[string]string{pipeline.LabelSource: source}, l.bytes)
+		if err := pipeline.RecordsOf(h.db).StoreChain(ctx, pipeline.Chain{ChainID: l.chain, ParentChainID: prev, DiffID: "sha256:diff-" + l.chain}); err != nil {
+			h.t.Fatal(err)
+		}
+		prev = l.chain
+	}
+	if err := pipeline.RecordsOf(h.db).MarkImageFailed(ctx, id, source, "activate: image layout: no etc/"); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// TestCollectRemovesChainsOfNoImage: the chains a failed pull left, which
+// no image names, go first when the pool is past the high threshold, but
+// not while a pull is under way (it may be about to name them), and not
+// one a container's snapshot is on.
+func TestCollectRemovesChainsOfNoImage(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 1000*mib, Options{})
+	h.failedPull("failed", "s3://bucket/distroless/", layer{"f1", 500 * mib}, layer{"f2", 300 * mib})
+	h.image("img1", "one", layer{"c1", 100 * mib}) // 90.1%
+	h.add("container", "f1", snapshotter.SnapKindActive, nil, 0)
+
+	end := h.c.Begin("other")
+	rep, err := h.c.Collect(ctx, "test", 0)
+	end()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.snapshotPresent("f1", "f2")
+	if len(rep.Removed) != 1 || rep.Removed[0].ImageID != "img1" {
+		t.Fatalf("removed %+v during a pull, want img1 alone (the chains of no image wait)", rep.Removed)
+	}
+
+	h.image("img2", "two", layer{"c2", 100 * mib}) // 90.1% again
+	if rep, err = h.c.Collect(ctx, "test", 0); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Removed) != 0 {
+		t.Errorf("removed %+v, want no image: the failed pull's top chain frees enough", rep.Removed)
+	}
+	h.snapshotGone("f2")
+	h.snapshotPresent("f1") // a container's snapshot is on it
+	h.present("img2")
+	if got := rep.After.DataUsed; got != 601*mib {
+		t.Errorf("pool data after = %d MiB, want 601 (f1 and img2)", got/mib)
+	}
+	if c, _ := pipeline.RecordsOf(h.db).GetChain(ctx, "f2"); c != nil {
+		t.Errorf("chain f2 still recorded")
+	}
+	if c, _ := pipeline.RecordsOf(h.db).GetChain(ctx, "f1"); c == nil {
+		t.Errorf("chain f1, under a container's snapshot, forgotten")
+	}
+}
+
+// TestRemoveTakesChainsOfItsFailedPull: rm of an image whose pull failed
+// after its unpacks removes the chains that pull left, and only those.
+func TestRemoveTakesChainsOfItsFailedPull(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 10000*mib, Options{})
+	h.failedPull("failed", "s3://bucket/distroless/", layer{"f1", 500 * mib}, layer{"f2", 300 * mib})
+	h.failedPull("other", "s3://bucket/other/", layer{"o1", 100 * mib})
+	removed, err := h.c.Remove(ctx, []string{"s3://bucket/distroless"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(removed) != 1 || removed[0].ImageID != "failed" || removed[0].Freed != 800*mib {
+		t.Errorf("removed %+v, want image failed with 800 MiB freed", removed)
+	}
+	h.snapshotGone("f1", "f2")
+	h.snapshotPresent("o1")
+}
+
+// TestMakeRoomRefusesPullLargerThanPoolAtOnce: a pull that would not fit
+// even in an empty pool is refused before any image is removed.
+func TestMakeRoomRefusesPullLargerThanPoolAtOnce(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 1000*mib, Options{})
+	for i := 1; i <= 4; i++ {
+		h.image(fmt.Sprintf("img%d", i), fmt.Sprintf("name%d", i), layer{fmt.Sprintf("c%d", i), 150 * mib})
+	}
+	err := h.c.MakeRoom(ctx, "s3://bucket/huge/", []pipeline.LayerNeed{{Position: 1, Key: "huge/1.tar", Bytes: 2000 * mib}})
+	if !errors.Is(err, ErrNoRoom) || !strings.Contains(err.Error(), "pull s3://bucket/huge/: its layers need 2.20 GiB, more than the pool's whole data space (1000.0 MiB)") {
+		t.Fatalf("MakeRoom = %v, want ErrNoRoom naming the pull, its need and the pool's size", err)
+	}
+	h.present("img1", "img2", "img3", "img4")
+}
+
+func (h *harness) snapshotPresent(keys ...string) {
+	h.t.Helper()
+	for _, k := range keys {
+		if _, ok, err := snapshotter.ReadRecords(h.db).Snapshot(context.Background(), k); err != nil || !ok {
+			h.t.Errorf("snapshot %s was removed (%v)", k, err)
+		}
+	}
+}

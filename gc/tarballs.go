@@ -1,6 +1,7 @@
 package gc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -44,21 +45,11 @@ type Trimmed struct {
 func (c *Collector) TrimTarballs(ctx context.Context, except string) (Trimmed, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.pmu.Lock()
-	for id, n := range c.pulling {
-		if id != except || n > 1 {
-			c.pmu.Unlock()
-			return Trimmed{Skipped: "a pull is under way"}, nil
-		}
+	release, ok := c.holdPulls(except)
+	if !ok {
+		return Trimmed{Skipped: "a pull is under way"}, nil
 	}
-	c.trimming = true
-	c.pmu.Unlock()
-	defer func() {
-		c.pmu.Lock()
-		c.trimming = false
-		c.cond.Broadcast()
-		c.pmu.Unlock()
-	}()
+	defer release()
 	if live, err := pipeline.RecordsOf(c.opts.DB).LiveRuns(ctx); err != nil {
 		return Trimmed{}, fmt.Errorf("gc: trim tarballs: %w", err)
 	} else if live > 0 {
@@ -106,7 +97,9 @@ func (c *Collector) TrimTarballs(ctx context.Context, except string) (Trimmed, e
 			continue // already removed
 		}
 		tr.Kept += fi.Size()
-		used, unpacked := lastUse[f.Digest]
+		// A compressed tarball's digest is that of its compressed bytes;
+		// its layer, unpacked, is known by its diff ID.
+		used, unpacked := lastUse[cmp.Or(f.DiffID, f.Digest)]
 		if !unpacked {
 			continue
 		}

@@ -67,3 +67,47 @@ func TestTrimTarballsKeepsBudget(t *testing.T) {
 		t.Errorf("second trim = %+v, %v; want nothing more to do", tr, err)
 	}
 }
+
+// TestTrimTarballsTrimsCompressedLayers: a compressed tarball is recorded
+// under the digest of its compressed bytes and its layer under its diff
+// ID; once the layer is unpacked, its tarball is trimmed like a plain one.
+func TestTrimTarballsTrimsCompressedLayers(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 1000*mib, Options{TarballCache: 7}) // one 7-byte test tarball
+	var files []string
+	for _, id := range []string{"img1", "img2", "img3"} {
+		chain := "c-" + id
+		h.image(id, "name-"+id, layer{chain, mib})
+		// The layer's tarball as a .tar.gz would leave it: the file and
+		// object under the compressed digest, the diff ID beside it.
+		path := filepath.Join(h.dir, "gz-"+chain)
+		if err := os.WriteFile(path, []byte("tarball"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := pipeline.RecordsOf(h.db).StoreDownload(ctx,
+			pipeline.Object{Bucket: "bucket", Key: id + "/1.tar", ETag: "e", SizeBytes: 7, Digest: "sha256:gz-" + chain},
+			pipeline.LayerFile{Digest: "sha256:gz-" + chain, DiffID: "sha256:diff-" + chain, Path: path, SizeBytes: 7}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.db.Statements().ExecContext(ctx, `DELETE FROM layers WHERE digest = ?`, "sha256:diff-"+chain); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(filepath.Join(h.dir, "blob-"+chain)); err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, path)
+	}
+	tr, err := h.c.TrimTarballs(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Files != 2 || tr.Kept != 7 {
+		t.Errorf("trim = %+v; want 2 compressed tarballs removed, 7 bytes kept", tr)
+	}
+	for i, f := range files {
+		_, err := os.Stat(f)
+		if removed, want := errors.Is(err, os.ErrNotExist), i < 2; removed != want {
+			t.Errorf("tarball %s removed = %v, want %v (least recently used first)", f, removed, want)
+		}
+	}
+}

@@ -449,6 +449,13 @@ func (c *Config) Validate() error {
 		p.Add("gc.high_threshold", "must be at most %v%% (100%% less %s %s): collection starts at the low-water event of the reserve, and must find the pool past this threshold there, got %v%%",
 			edge, thinpool.KeyMinFreeSpace, c.Pool.MinFreeSpace, c.GC.HighThreshold)
 	}
+	// New devices are refused from the metadata threshold on; collection
+	// frees metadata only from its high threshold on, so it must start
+	// first or the pool stays stuck in between.
+	if c.GC.Enabled && c.GC.HighThreshold > c.Pool.MetadataThreshold && c.Pool.Validate() == nil && c.GC.Validate() == nil {
+		p.Add("gc.high_threshold", "must be at most pool.metadata_threshold (%v): new devices are refused from that metadata use on, and collection frees metadata only from this threshold on, got %v",
+			c.Pool.MetadataThreshold, c.GC.HighThreshold)
+	}
 	return p.Err()
 }
 

@@ -445,8 +445,10 @@ func TestValidateRules(t *testing.T) {
 		{"base size small", func(c *Config) { c.Pool.BaseImageSize = 1 << 20 }, "pool.base_image_size: must be a multiple of 512 bytes and at least 16MiB, got 1MiB"},
 		{"base size unaligned", func(c *Config) { c.Pool.BaseImageSize = 20<<20 + 3 }, "pool.base_image_size: must be a multiple of 512 bytes"},
 		{"fs type", func(c *Config) { c.Pool.FSType = "btrfs" }, `pool.fs_type: must be "ext4" or "xfs", got "btrfs"`},
-		{"gc low above high", func(c *Config) { c.GC.HighThreshold, c.GC.LowThreshold = 80, 85 }, "gc.high_threshold: thresholds high 80% and low 85%: must be 0 < low < high <= 100"},
-		{"gc high above 100", func(c *Config) { c.GC.HighThreshold = 120 }, "gc.high_threshold: thresholds high 120% and low 80%: must be 0 < low < high <= 100"},
+		{"gc low above high", func(c *Config) { c.GC.HighThreshold, c.GC.LowThreshold = 80, 85 }, "gc.low_threshold: must be a percent above 0 and below gc.high_threshold (80), got 85"},
+		{"gc low zero", func(c *Config) { c.GC.LowThreshold = 0 }, "gc.low_threshold: must be a percent above 0 and below gc.high_threshold (85), got 0"},
+		{"gc high above the metadata threshold", func(c *Config) { c.Pool.MetadataThreshold = 50 }, "gc.high_threshold: must be at most pool.metadata_threshold (50): new devices are refused from that metadata use on, and collection frees metadata only from this threshold on, got 85"},
+		{"gc high above 100", func(c *Config) { c.GC.HighThreshold = 120 }, "gc.high_threshold: must be a percent above 0 and at most 100, got 120"},
 		{"gc interval", func(c *Config) { c.GC.Interval = D(0) }, `gc.interval: must be a positive duration such as "30m", got "0s"`},
 		{"retention interval", func(c *Config) { c.Retention.Interval = D(0) }, `retention.interval: must be a positive duration such as "30m", got "0s"`},
 		{"retention runs age", func(c *Config) { c.Retention.RunsMaxAge = D(-time.Hour) }, `retention.runs_max_age: must be a positive duration`},
@@ -511,7 +513,8 @@ func TestValidateRules(t *testing.T) {
 
 func TestValidateAcceptsVariants(t *testing.T) {
 	c := DefaultConfig()
-	c.Pool.MinFreeSpace = Pct(0) // no reserve: any gc.high_threshold
+	c.Pool.MinFreeSpace = Pct(0) // no reserve: any gc.high_threshold up to the metadata threshold
+	c.Pool.MetadataThreshold = 99
 	c.GC.HighThreshold = 99
 	c.Daemon.ControlSocket = ""
 	c.Daemon.MetricsAddress = ":9123"
