@@ -971,7 +971,8 @@ func (c *Collector) removeS3(ctx context.Context, im *Image, v *poolView) error 
 
 // orphans are the chains the pipelines committed that no image has (no S3
 // image of imgs, no containerd image in the pool), top first; with source
-// set, only those a pull of that s3:// source made. A pull that failed
+// set, only those whose layer came from one of that s3:// source's
+// objects. A pull that failed
 // after its unpacks (its layout refused, its name taken or refused by
 // containerd) leaves such chains: no image's removal ever reaches them.
 func (v *poolView) orphans(imgs []*Image, source string) []string {
@@ -995,12 +996,19 @@ func (v *poolView) orphans(imgs []*Image, source string) []string {
 	}
 	var out []string
 	for ch, info := range v.ours {
-		if !had[ch] && (source == "" || info.Labels[pipeline.LabelSource] == source) {
+		if !had[ch] && (source == "" || fromSource(info.Labels[pipeline.LabelSource], source)) {
 			out = append(out, ch)
 		}
 	}
 	slices.SortFunc(out, func(a, b string) int { return cmp.Or(depth(b)-depth(a), strings.Compare(a, b)) })
 	return out
+}
+
+// fromSource reports whether the S3 object url (a chain's LabelSource) is
+// one of source's layers: source itself, or an object under a prefix
+// source.
+func fromSource(url, source string) bool {
+	return url == source || strings.HasSuffix(source, "/") && strings.HasPrefix(url, source)
 }
 
 // sweepOrphans removes the orphan chains given (top first), each guarded

@@ -1012,8 +1012,8 @@ func (h *harness) failedPull(id, source string, layers ...layer) {
 	h.t.Helper()
 	ctx := context.Background()
 	prev := ""
-	for _, l := range layers {
-		h.add(l.chain, prev, snapshotter.SnapKindCommitted, map[string]string{pipeline.LabelSource: source}, l.bytes)
+	for i, l := range layers {
+		h.add(l.chain, prev, snapshotter.SnapKindCommitted, map[string]string{pipeline.LabelSource: fmt.Sprintf("%s%d.tar", source, i+1)}, l.bytes)
 		if err := pipeline.RecordsOf(h.db).StoreChain(ctx, pipeline.Chain{ChainID: l.chain, ParentChainID: prev, DiffID: "sha256:diff-" + l.chain}); err != nil {
 			h.t.Fatal(err)
 		}
@@ -1074,6 +1074,7 @@ func TestRemoveTakesChainsOfItsFailedPull(t *testing.T) {
 	h := newHarness(t, 10000*mib, Options{})
 	h.failedPull("failed", "s3://bucket/distroless/", layer{"f1", 500 * mib}, layer{"f2", 300 * mib})
 	h.failedPull("other", "s3://bucket/other/", layer{"o1", 100 * mib})
+	h.failedPull("near", "s3://bucket/distroless-2/", layer{"n1", 100 * mib})
 	removed, err := h.c.Remove(ctx, []string{"s3://bucket/distroless"})
 	if err != nil {
 		t.Fatal(err)
@@ -1082,7 +1083,7 @@ func TestRemoveTakesChainsOfItsFailedPull(t *testing.T) {
 		t.Errorf("removed %+v, want image failed with 800 MiB freed", removed)
 	}
 	h.snapshotGone("f1", "f2")
-	h.snapshotPresent("o1")
+	h.snapshotPresent("o1", "n1")
 }
 
 // TestMakeRoomRefusesPullLargerThanPoolAtOnce: a pull that would not fit

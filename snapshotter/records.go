@@ -517,6 +517,22 @@ func (s Records) deleteThinDevice(ctx context.Context, id uint32) error {
 	return nil
 }
 
+// deleteRemovedThinDevice drops the record of device id only while it is
+// still the removed device name, and reports whether it did. A reclaim
+// deletes the row of the device it deleted from the pool, never a record
+// that has since taken the same id.
+func (s Records) deleteRemovedThinDevice(ctx context.Context, id uint32, name string) (bool, error) {
+	res, err := s.q.ExecContext(ctx, `DELETE FROM thin_devices WHERE device_id = ? AND name = ? AND state = 'removed'`, id, name)
+	if err != nil {
+		return false, fmt.Errorf("delete removed thin device %d (%s): %w", id, name, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("delete removed thin device %d (%s): %w", id, name, err)
+	}
+	return n == 1, nil
+}
+
 // insertIntent records device work about to be done. It fails when the
 // device id, or the key, is already reserved by another
 // intent.

@@ -33,6 +33,9 @@ type Snapshotter struct {
 	baseMu sync.Mutex
 	base   *ThinDevice // set once the base device is formatted
 
+	// reclaiming serialises the reclaims of one thin id (see reclaim).
+	reclaiming keyedMutex
+
 	closed atomic.Bool
 
 	// hook, when set (by tests only), is called at named points between the
@@ -408,7 +411,7 @@ func (s *Snapshotter) create(ctx context.Context, kind, key, parent string, opts
 			}
 			continue
 		}
-		s.rollbackCreate(fctx, plan, false, err)
+		s.rollbackCreate(fctx, plan, snapMayExist(err), err)
 		return nil, exhausted(fmt.Errorf("create snapshot %q: create_snap %d of %d: %w", key, plan.id, plan.origin, err))
 	}
 	if err := s.step("create:device"); err != nil {
@@ -452,6 +455,26 @@ func (s *Snapshotter) create(ctx context.Context, kind, key, parent string, opts
 	}
 	logger.WithFields(log.Fields{"thin_id": plan.id, "device": plan.name}).Debug("snapshot created")
 	return s.mounts(plan.fsType, path, kind == SnapKindView), nil
+}
+
+// snapMayExist reports whether a failed CreateSnap may have left its new
+// device in the pool, so that its rollback must delete it. The pool's
+// typed errors mean create_snap was refused (before the message, or by the
+// kernel) and made nothing: ErrExists (the id holds a device that is not
+// this call's, never to be touched), ErrNotFound (no origin), ErrPoolFull
+// and the reserves, ErrBusy, ErrInvalid. Any other error may come after a
+// create_snap that succeeded (resuming a suspended origin failed), so the
+// device may exist. Deleting it then is safe: the id was free of records,
+// intents and quarantine, reconcile quarantines at start-up every device
+// nothing explains, and a device already absent is not an error to
+// destroy.
+func snapMayExist(err error) bool {
+	for _, refused := range []error{thinpool.ErrExists, thinpool.ErrNotFound, thinpool.ErrPoolFull, thinpool.ErrBusy, thinpool.ErrInvalid} {
+		if errors.Is(err, refused) {
+			return false
+		}
+	}
+	return true
 }
 
 // exhausted puts err, when the pool refused a device for want of space
@@ -810,14 +833,86 @@ func (s *Snapshotter) RemoveIf(ctx context.Context, key string, guard RemoveGuar
 // reclaim deletes a removed device from the pool and then its record. ctx
 // should be detached from a caller's cancellation: a reclaim cut between
 // the deletion and the record leaves the record for Cleanup.
+//
+// dev may be stale: Cleanup lists the removed devices once, and a
+// synchronous Remove races with any Cleanup. Once another reclaim has
+// deleted the device and its record, the thin id is free, and a create of
+// the same key gets the same id and dm name back (ids derive from the key),
+// so acting on dev could delete that new device. reclaim therefore holds
+// the id's lock and goes on only while the record still says dev is the
+// removed device: a create cannot take the id while that record exists,
+// and once the Snapshotter is in use (reconcile is done) a removed
+// device's record is only dropped here, under the same lock. No path takes
+// the lock while holding a database transaction, so waiting for one inside
+// it cannot deadlock; a reclaim that finds the device gone returns without
+// touching the pool, so a Cleanup behind another one costs one read per
+// device.
 func (s *Snapshotter) reclaim(ctx context.Context, dev ThinDevice) error {
+	unlock := s.reclaiming.lock(dev.ID)
+	defer unlock()
+	cur, ok, err := s.reads().thinDevice(ctx, dev.ID)
+	if err != nil {
+		return fmt.Errorf("reclaim %s: %w", dev.Name, err)
+	}
+	if !ok || cur.State != ThinStateRemoved || cur.Name != dev.Name {
+		log.G(ctx).WithFields(log.Fields{"device": dev.Name, "thin_id": dev.ID, "recorded": ok, "state": cur.State}).
+			Debug("reclaim: device already reclaimed by another caller; its id is left to its new record")
+		return nil
+	}
 	if err := s.destroy(ctx, dev.Name, dev.ID); err != nil {
 		return err
 	}
 	if err := s.step("reclaim:deleted"); err != nil {
 		return err
 	}
-	return s.withTx(ctx, func(q Records) error { return q.deleteThinDevice(ctx, dev.ID) })
+	var deleted bool
+	err = s.withTx(ctx, func(q Records) error {
+		deleted, err = q.deleteRemovedThinDevice(ctx, dev.ID, dev.Name)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if !deleted {
+		return fmt.Errorf("reclaim %s: thin id %d was deleted but its record is no longer that removed device; record left in place: %w",
+			dev.Name, dev.ID, errdefs.ErrConflict)
+	}
+	return nil
+}
+
+// keyedMutex serialises callers per thin id; the zero value is ready to use.
+type keyedMutex struct {
+	mu    sync.Mutex
+	locks map[uint32]*keyedEntry
+}
+
+type keyedEntry struct {
+	mu   sync.Mutex
+	refs int
+}
+
+// lock locks id and returns its unlock function.
+func (k *keyedMutex) lock(id uint32) func() {
+	k.mu.Lock()
+	if k.locks == nil {
+		k.locks = make(map[uint32]*keyedEntry)
+	}
+	e := k.locks[id]
+	if e == nil {
+		e = &keyedEntry{}
+		k.locks[id] = e
+	}
+	e.refs++
+	k.mu.Unlock()
+	e.mu.Lock()
+	return func() {
+		e.mu.Unlock()
+		k.mu.Lock()
+		if e.refs--; e.refs == 0 {
+			delete(k.locks, id)
+		}
+		k.mu.Unlock()
+	}
 }
 
 // Cleanup deletes from the pool every device whose snapshot was removed.
