@@ -79,7 +79,10 @@ type Config struct {
 	// Name is the device-mapper name of the pool, e.g. "flyio-pool".
 	Name string `toml:"name"`
 	// RootDir holds the loop-backed files "data" and "metadata" of a
-	// loop-file pool. Unused when both devices are given.
+	// loop-file pool, and for any pool the lock file of its metadata
+	// snapshot (MetadataSnapLockFileName). It may be empty when both
+	// devices are given: the lock file is then kept under
+	// /dev/mapper/.thinpool.
 	RootDir string `toml:"root_dir"`
 	// DataDevice and MetadataDevice name existing block devices to use
 	// instead of loop files. Both or neither must be set.

@@ -409,6 +409,15 @@ type devInfo struct {
 	TargetCount uint32
 	Flags       uint32
 	EventNr     uint32
+	// UUID is the device's dm uuid, empty when it has none: the kernel
+	// writes it into the header of every reply that names a device.
+	UUID string
+}
+
+// infoOf reads the device's state from a reply header.
+func infoOf(hdr *unix.DmIoctl) devInfo {
+	return devInfo{Dev: hdr.Dev, OpenCount: hdr.Open_count, TargetCount: hdr.Target_count, Flags: hdr.Flags,
+		EventNr: hdr.Event_nr, UUID: cString(hdr.Uuid[:])}
 }
 
 func (i devInfo) suspended() bool      { return i.Flags&unix.DM_SUSPEND_FLAG != 0 }
@@ -420,7 +429,7 @@ func (c *dmControl) info(name string) (devInfo, error) {
 	if err != nil {
 		return devInfo{}, err
 	}
-	return devInfo{Dev: r.hdr.Dev, OpenCount: r.hdr.Open_count, TargetCount: r.hdr.Target_count, Flags: r.hdr.Flags, EventNr: r.hdr.Event_nr}, nil
+	return infoOf(&r.hdr), nil
 }
 
 // table returns the live table (table=true) or the targets' status lines
@@ -438,7 +447,7 @@ func (c *dmControl) tableStatus(name string, table, noflush bool) ([]dmTarget, d
 	if err != nil {
 		return nil, devInfo{}, err
 	}
-	info := devInfo{Dev: r.hdr.Dev, OpenCount: r.hdr.Open_count, TargetCount: r.hdr.Target_count, Flags: r.hdr.Flags, EventNr: r.hdr.Event_nr}
+	info := infoOf(&r.hdr)
 	t, err := parseTargets(r.data, r.hdr.Target_count)
 	if err != nil {
 		return nil, info, fmt.Errorf("%s %q: %w", dmCmdName(unix.DM_TABLE_STATUS), name, err)

@@ -255,8 +255,11 @@ func (p *Pool) idFromUUID(uuid, name string) (uint32, bool) {
 // to whole sectors) of thin id, and returns its node path (DevicePath(name)).
 // It is idempotent: when name is already active on the same id it returns
 // the path; when name is active on another id or as another kind of device
-// it returns ErrExists. A missing thin id is ErrNotFound. On any failure the
-// half-made device is removed.
+// it returns ErrExists. A device of that name without a live table that
+// carries the uuid Activate gives name and id (what a process killed
+// between creating the device and resuming its table leaves) is finished:
+// its table is loaded and resumed. A missing thin id is ErrNotFound. On any
+// failure the half-made device is removed.
 func (p *Pool) Activate(ctx context.Context, name string, id uint32, sizeBytes int64) (path string, err error) {
 	if err := p.usable(); err != nil {
 		return "", err
@@ -275,10 +278,17 @@ func (p *Pool) Activate(ctx context.Context, name string, id uint32, sizeBytes i
 	}
 	sectors := (uint64(sizeBytes) + 511) / 512
 	if _, err := p.ctl.create(name, p.thinUUID(name, id)); err != nil {
-		if errors.Is(err, unix.EBUSY) || errors.Is(err, unix.EEXIST) {
-			return p.alreadyActive(ctx, name, id, sizeBytes, err)
+		if !errors.Is(err, unix.EBUSY) && !errors.Is(err, unix.EEXIST) {
+			return "", p.errf(nil, err, "activate %q (thin %d)", name, id)
 		}
-		return "", p.errf(nil, err, "activate %q (thin %d)", name, id)
+		existing, finish, aerr := p.alreadyActive(ctx, name, id, sizeBytes, err)
+		if !finish {
+			return existing, aerr
+		}
+		// The device is one of ours left without a live table: loading
+		// (which replaces any inactive table) and resuming below is what
+		// the interrupted Activate had still to do, and can itself be
+		// interrupted and redone any number of times.
 	}
 	defer func() {
 		if err != nil {
@@ -305,15 +315,31 @@ func (p *Pool) Activate(ctx context.Context, name string, id uint32, sizeBytes i
 	return path, nil
 }
 
-// alreadyActive handles DEV_CREATE refusing name (or its uuid).
-func (p *Pool) alreadyActive(ctx context.Context, name string, id uint32, sizeBytes int64, createErr error) (string, error) {
+// alreadyActive handles DEV_CREATE refusing name (or its uuid). It returns
+// the path when name is already active on id, and finish true (with no
+// error) when name is a device of ours for id without a live table, which
+// the caller is to load and resume.
+func (p *Pool) alreadyActive(ctx context.Context, name string, id uint32, sizeBytes int64, createErr error) (path string, finish bool, err error) {
 	targets, info, err := p.ctl.tableStatus(name, true, false)
 	if errors.Is(err, unix.ENXIO) {
 		// The name is free: the uuid is taken by a device of another name.
-		return "", p.errf(ErrExists, createErr, "activate %q (thin %d): a device with the same uuid exists", name, id)
+		return "", false, p.errf(ErrExists, createErr, "activate %q (thin %d): a device with the same uuid exists", name, id)
 	}
 	if err != nil {
-		return "", p.errf(nil, err, "activate %q (thin %d): inspect existing device", name, id)
+		return "", false, p.errf(nil, err, "activate %q (thin %d): inspect existing device", name, id)
+	}
+	if !info.hasLiveTable() {
+		// Only a device carrying the uuid this package gives name and id
+		// is ours to finish; thinUUID is empty when it would not fit, and
+		// such a device cannot be told from another tool's.
+		if want := p.thinUUID(name, id); want != "" && info.UUID == want {
+			log.G(ctx).WithField("pool", p.name).WithField("device", name).WithField("thin_id", id).
+				WithField("inactive_table", info.hasInactiveTbl()).
+				Warn("thinpool: finishing the activation of a device left without a live table")
+			return "", true, nil
+		}
+		return "", false, p.errf(ErrExists, createErr, "activate %q (thin %d): name in use by a device without a live table and with uuid %q, not %q",
+			name, id, info.UUID, p.thinUUID(name, id))
 	}
 	if len(targets) == 1 && targets[0].Type == "thin" {
 		if t, perr := parseThinTable(targets[0].Params); perr == nil && t.PoolDev == p.devStr && t.ID == id {
@@ -323,17 +349,17 @@ func (p *Pool) alreadyActive(ctx context.Context, name string, id uint32, sizeBy
 			}
 			if info.suspended() {
 				if _, err := p.ctl.resume(name); err != nil {
-					return "", p.errf(nil, err, "activate %q (thin %d): resume suspended device", name, id)
+					return "", false, p.errf(nil, err, "activate %q (thin %d): resume suspended device", name, id)
 				}
 			}
 			path, err := ensureNode(name, info.Dev)
 			if err != nil {
-				return "", p.errf(nil, err, "activate %q (thin %d)", name, id)
+				return "", false, p.errf(nil, err, "activate %q (thin %d)", name, id)
 			}
-			return path, nil
+			return path, false, nil
 		}
 	}
-	return "", p.errf(ErrExists, createErr, "activate %q (thin %d): name in use with table %v", name, id, targets)
+	return "", false, p.errf(ErrExists, createErr, "activate %q (thin %d): name in use with table %v", name, id, targets)
 }
 
 // Deactivate removes device-mapper device name, retrying with backoff while
@@ -453,9 +479,12 @@ func (p *Pool) ThinExists(ctx context.Context, id uint32) (bool, error) {
 // ThinIDs returns every thin id the pool metadata holds, in increasing
 // order. It reserves a metadata snapshot, reads the ids of its
 // device-details btree from the metadata device (see thinmeta.go) and
-// releases the snapshot, always. A read-only pool (metadata full) refuses
-// messages but changes nothing, so its committed superblock is read
-// instead.
+// releases the snapshot, always, all under a host-wide lock
+// (MetadataSnapLockFileName) that ThinIDs of other processes wait for, up
+// to ctx. A snapshot found held while the lock is free was left by a
+// reader that died, and is released. A read-only pool (metadata full)
+// refuses messages but changes nothing, so its committed superblock is
+// read instead, without the lock.
 func (p *Pool) ThinIDs(ctx context.Context) (ids []uint32, err error) {
 	if err := p.usable(); err != nil {
 		return nil, err
@@ -471,10 +500,18 @@ func (p *Pool) ThinIDs(ctx context.Context) (ids []uint32, err error) {
 		}
 		return ids, nil
 	}
+	unlock, err := p.lockMetaSnap(ctx)
+	if err != nil {
+		return nil, p.errf(nil, err, "list thin ids")
+	}
+	defer unlock()
 	err = p.ctl.message(p.name, "reserve_metadata_snap")
 	if errors.Is(err, unix.EBUSY) || errors.Is(err, unix.EINVAL) {
-		// A snapshot left held by a crashed reader: drop it and retry.
-		log.G(ctx).WithField("pool", p.name).Warn("thinpool: releasing a metadata snapshot left held")
+		// Every reader holds the lock for as long as its snapshot is held,
+		// and the lock is ours: the snapshot was left by a reader that
+		// died (or by another tool). Drop it and retry.
+		log.G(ctx).WithField("pool", p.name).WithField("lock", p.metaSnapLockPath()).
+			Warn("thinpool: releasing a metadata snapshot left held")
 		_ = p.ctl.message(p.name, "release_metadata_snap")
 		err = p.ctl.message(p.name, "reserve_metadata_snap")
 	}
