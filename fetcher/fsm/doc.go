@@ -37,5 +37,6 @@
 //   - Close cancels in-flight attempts and leaves runs live for the next
 //     Resume; an attempt cut by Close does not count against MaxAttempts,
 //     one cut by a crash does (so a transition that crashes the process
-//     every time ends failed instead of looping).
+//     every time ends failed instead of looping); a crash during the delay
+//     between two attempts costs none, the next attempt runs after restart.
 package fsm

@@ -10,7 +10,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -316,5 +319,165 @@ func verifyKilledRun(t *testing.T, dbPath, journal, idem string) {
 	}
 	if r.FinishedAt.IsZero() {
 		t.Fatalf("%s: finished_at not recorded", idem)
+	}
+}
+
+// The retry-kill tests: a child process (this test binary, re-executed)
+// runs one transition allowed two attempts whose first attempt fails with a
+// transient error and whose later attempts hang; the parent SIGKILLs the
+// child at a chosen moment and resumes the run itself.
+
+const retryKillFSM = "retry-kill"
+
+// TestRetryKillChild is the child side of the retry-kill tests; it does
+// nothing unless one of them started it.
+func TestRetryKillChild(t *testing.T) {
+	dbPath, journal := os.Getenv("FSM_RETRY_KILL_DB"), os.Getenv("FSM_RETRY_KILL_JOURNAL")
+	if dbPath == "" {
+		t.Skip("helper process of the retry-kill tests")
+	}
+	delay, err := time.ParseDuration(os.Getenv("FSM_RETRY_KILL_DELAY"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	db, err := metadata.Open(ctx, metadata.Options{Path: dbPath})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := fsm.NewManager(fsm.NewSQLiteStore(db))
+	start := mustBuild(t, fsm.Register[testReq, testResp](m, retryKillFSM).
+		Start("work", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
+			if err := appendJournal(journal, fmt.Sprintf("attempt=%d", req.Run.Attempt)); err != nil {
+				return nil, err
+			}
+			if req.Run.Attempt == 1 {
+				return nil, errors.New("connection reset by peer")
+			}
+			<-ctx.Done() // hang until killed
+			return nil, ctx.Err()
+		}, fsm.WithRetry(fsm.FixedRetry(2, delay))).
+		End("done"))
+	id, err := start(ctx, "x", &testReq{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = m.Wait(ctx, id)
+	t.Fatalf("run %s ended (%v) before the parent killed this process", id, err)
+}
+
+// killRetryChild starts TestRetryKillChild on a fresh database with delay
+// between the attempts, SIGKILLs it as soon as killNow accepts the run's row
+// and the attempts the journal shows started, and returns the database and
+// the row as the kill left it.
+func killRetryChild(t *testing.T, delay time.Duration, killNow func(r fsm.RunRecord, started []string) bool) (*metadata.DB, fsm.RunRecord) {
+	t.Helper()
+	dir := t.TempDir()
+	dbPath, journal := filepath.Join(dir, "metadata.db"), filepath.Join(dir, "journal")
+	ctx := waitCtx(t)
+	db := openDBAt(t, dbPath)
+	var stderr bytes.Buffer
+	cmd := exec.Command(os.Args[0], "-test.run=^TestRetryKillChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "FSM_RETRY_KILL_DB="+dbPath, "FSM_RETRY_KILL_JOURNAL="+journal,
+		"FSM_RETRY_KILL_DELAY="+delay.String())
+	cmd.Stdout, cmd.Stderr = &stderr, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	for {
+		select {
+		case err := <-done:
+			t.Fatalf("child ended before it was killed: %v\n%s", err, stderr.String())
+		case <-ctx.Done():
+			_ = cmd.Process.Signal(syscall.SIGKILL)
+			<-done
+			t.Fatalf("child never reached the moment to kill it\n%s", stderr.String())
+		case <-time.After(2 * time.Millisecond):
+		}
+		runs, err := fsm.NewSQLiteStore(db).ListRuns(ctx, fsm.RunFilter{FSM: retryKillFSM})
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := os.ReadFile(journal)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Fatal(err)
+		}
+		if len(runs) == 1 && killNow(runs[0], strings.Fields(string(raw))) {
+			break
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	runs, err := fsm.NewSQLiteStore(db).ListRuns(ctx, fsm.RunFilter{FSM: retryKillFSM})
+	if err != nil || len(runs) != 1 {
+		t.Fatalf("runs after the kill: %v, %v; want one", runs, err)
+	}
+	return db, runs[0]
+}
+
+// resumeRetryKill resumes the killed child's run on db with a transition
+// that succeeds, and returns how the run ended and how often the resumed
+// transition ran.
+func resumeRetryKill(t *testing.T, db *metadata.DB, id string) (fsm.RunRecord, int32) {
+	t.Helper()
+	ctx := waitCtx(t)
+	m := newManager(t, db)
+	var calls atomic.Int32
+	_, resume, err := fsm.Register[testReq, testResp](m, retryKillFSM).
+		Start("work", step("work", &calls), fsm.WithRetry(fsm.FixedRetry(2, time.Millisecond))).
+		End("done").Build(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, _, _ = m.Wait(ctx, id)
+	r, err := fsm.NewSQLiteStore(db).GetRun(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, calls.Load()
+}
+
+// TestKillDuringRetryDelayCostsNoAttempt: a transition allowed two attempts
+// fails once with a transient error and the process is SIGKILLed while it
+// waits to retry. The row shows the one attempt that ran, and after the
+// restart the second attempt runs and the run completes: a crash between
+// attempts does not turn a transient error into a failed run.
+func TestKillDuringRetryDelayCostsNoAttempt(t *testing.T) {
+	db, killed := killRetryChild(t, time.Minute, func(r fsm.RunRecord, _ []string) bool {
+		return r.LastError != ""
+	})
+	if killed.State != fsm.StateRunning || killed.Attempts != 1 || !strings.Contains(killed.LastError, "connection reset by peer") {
+		t.Fatalf("row killed during the retry delay: %s, attempts %d, last error %q; want running, 1 attempt, the transient error",
+			killed.State, killed.Attempts, killed.LastError)
+	}
+	r, calls := resumeRetryKill(t, db, killed.ID)
+	if r.State != fsm.StateComplete || calls != 1 || r.Attempts != 2 {
+		t.Fatalf("after a kill during the retry delay the run ended %s (%q) with %d further attempts and attempts %d; "+
+			"want complete after its second attempt", r.State, r.LastError, calls, r.Attempts)
+	}
+}
+
+// TestKillDuringRetriedAttemptCounts: the same transition's second (last)
+// attempt is cut by a SIGKILL. That attempt counts, so the resumed run fails
+// naming the interruption instead of running the transition a third time.
+func TestKillDuringRetriedAttemptCounts(t *testing.T) {
+	db, killed := killRetryChild(t, time.Millisecond, func(_ fsm.RunRecord, started []string) bool {
+		return slices.Contains(started, "attempt=2")
+	})
+	if killed.State != fsm.StateRunning || killed.Attempts != 2 {
+		t.Fatalf("row killed during the second attempt: %s, attempts %d; want running, 2 attempts", killed.State, killed.Attempts)
+	}
+	r, calls := resumeRetryKill(t, db, killed.ID)
+	if r.State != fsm.StateFailed || calls != 0 || !strings.Contains(r.LastError, "interrupted 2 times (max 2 attempts)") {
+		t.Fatalf("after a kill during the last attempt the run ended %s (%q) with %d further attempts; "+
+			"want failed, interrupted, and no third attempt", r.State, r.LastError, calls)
 	}
 }

@@ -153,7 +153,9 @@ func (f *machine[R, W]) execute(ctx context.Context, rec RunRecord) {
 }
 
 // runFrom executes transitions from idx on; the first attempt made here
-// is attempt rec.Attempts+1 (earlier ones were interrupted by a crash).
+// is attempt rec.Attempts+1 (rec.Attempts counts the current transition's
+// attempts that failed or that a crash cut short; one cut by shutdown is
+// not counted).
 func (f *machine[R, W]) runFrom(ctx context.Context, rec *RunRecord, idx int, info RunInfo) {
 	attempt := rec.Attempts + 1
 	t := f.transitions[idx]
@@ -226,8 +228,9 @@ func (f *machine[R, W]) runFrom(ctx context.Context, rec *RunRecord, idx int, in
 			if f.m.onRetry != nil {
 				f.m.onRetry(f.name, t.name)
 			}
-			// Record the error and count the coming attempt before waiting.
-			if err := f.m.checkpoint(ctx, f.cp(*rec, t.name, attempt+1, nil)); err != nil {
+			// The row counts only attempts that started: a crash during the
+			// wait resumes with the next attempt, not as an interrupted one.
+			if err := f.m.checkpoint(ctx, f.cp(*rec, t.name, attempt, nil)); err != nil {
 				f.stall(ctx, *rec, err)
 				return
 			}
@@ -235,11 +238,19 @@ func (f *machine[R, W]) runFrom(ctx context.Context, rec *RunRecord, idx int, in
 			select {
 			case <-timer.C:
 			case <-ctx.Done():
+				// Shutdown during the wait: the row already holds the
+				// attempts that ran.
 				timer.Stop()
-				f.interrupted(ctx, *rec, t.name, attempt)
 				return
 			}
+			// Count the next attempt before it starts, so a crash inside it
+			// counts against MaxAttempts and a crashing transition cannot loop.
 			attempt++
+			rec.Attempts = attempt
+			if err := f.m.checkpoint(ctx, f.cp(*rec, t.name, attempt, nil)); err != nil {
+				f.stall(ctx, *rec, err)
+				return
+			}
 		}
 	}
 }
