@@ -917,12 +917,17 @@ func (k *keyedMutex) lock(id uint32) func() {
 
 // Cleanup deletes from the pool every device whose snapshot was removed.
 // It carries on past a device it cannot delete and returns all the errors.
+// Cleanup and Remove may run concurrently: each removed device is deleted
+// once, and a device made later under the same thin id is never touched.
 func (s *Snapshotter) Cleanup(ctx context.Context) error {
 	if s.closed.Load() {
 		return fmt.Errorf("snapshotter on pool %s is closed: %w", s.pool.Name(), errdefs.ErrFailedPrecondition)
 	}
 	devs, err := s.reads().ThinDevices(ctx, ThinStateRemoved)
 	if err != nil {
+		return err
+	}
+	if err := s.step("cleanup:listed"); err != nil {
 		return err
 	}
 	var errs []error
