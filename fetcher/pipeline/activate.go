@@ -54,21 +54,31 @@ type Registrar interface {
 type acReq = fsm.Request[ActivateRequest, api.ActivateResponse]
 type acResp = fsm.Response[api.ActivateResponse]
 
+// LabelLayoutVerified is set on an image's activation once its layout
+// passed the policy (verifyImageLayout), its value the top chain ID the
+// activation was prepared on. Only an activation carrying it for the
+// image's current top chain is kept by a later run; any other is removed
+// and made (and checked) again.
+const LabelLayoutVerified = "flyio.io/layout-verified"
+
 func (p *Pipelines) buildActivate(ctx context.Context) (fsm.StartFunc[ActivateRequest], error) {
 	start, _, err := fsm.Register[ActivateRequest, api.ActivateResponse](p.m, api.FSMActivate).
 		Start("check-snapshot", p.checkSnapshot, p.retry(fsm.ExponentialBackoff(3))).
 		To("create-snapshot", p.createSnapshot, p.retry(fsm.FixedRetry(3, fixedDelay))).
 		To("register", p.register, p.retry(fsm.ExponentialJitter(5))).
 		End("complete").
+		OnFail(p.discardActivation).
 		Build(ctx)
 	return start, err
 }
 
 // checkSnapshot: an activation on the top chain whose device is in the
-// pool is kept (its device mapped again if only the mapping was removed)
-// and the run goes on to register the name; one on another parent or whose
-// device is gone is removed and made again. Nothing else is removed: a
-// container's snapshot is never the activation.
+// pool and whose layout was verified for that chain (LabelLayoutVerified)
+// is kept (its device mapped again if only the mapping was removed) and
+// the run goes on to register the name; one on another parent, whose
+// device is gone or whose layout was never verified (a run that failed
+// before or during the check left it) is removed and made again. Nothing
+// else is removed: a container's snapshot is never the activation.
 func (p *Pipelines) checkSnapshot(ctx context.Context, req *acReq) (*acResp, error) {
 	p.hook("check-snapshot:started")
 	r := req.Msg
@@ -101,7 +111,20 @@ func (p *Pipelines) checkSnapshot(ctx context.Context, req *acReq) (*acResp, err
 	if err != nil {
 		return nil, err
 	}
-	if alive && info.Parent == top && info.Kind == snapshots.KindActive {
+	verified := info.Labels[LabelLayoutVerified] == r.topChain()
+	if _, labelled := info.Labels[LabelLayoutVerified]; !labelled && !verified {
+		// An older release made activations without the label; it
+		// recorded an image's layers only after checking its layout
+		// through the activation, so one on the top chain the records
+		// name for the image was checked. (This release labels the
+		// activation before recording the image.)
+		layers, err := RecordsOf(p.db).imageLayers(ctx, r.ImageID)
+		if err != nil {
+			return nil, err
+		}
+		verified = len(layers) > 0 && layers[len(layers)-1].ChainID == r.topChain()
+	}
+	if alive && verified && info.Parent == top && info.Kind == snapshots.KindActive {
 		devName, path, _, err := p.opts.Snapshots.DeviceOf(ctx, name)
 		if err != nil {
 			return nil, err
@@ -118,7 +141,7 @@ func (p *Pipelines) checkSnapshot(ctx context.Context, req *acReq) (*acResp, err
 		return fsm.NewResponse(resp), nil
 	}
 	log.G(ctx).WithField("snapshot", name).WithField("parent", info.Parent).WithField("device_alive", alive).
-		Warn("activate: the activation is stale; making it again")
+		WithField("layout_verified", verified).Warn("activate: the activation is stale or its layout was never verified; making it again")
 	if err := p.opts.Snapshots.Remove(ctx, name); err != nil && !errdefs.IsNotFound(err) {
 		return nil, fmt.Errorf("activate %s: remove stale activation %s: %w", r.Source, name, err)
 	}
@@ -129,7 +152,9 @@ func (p *Pipelines) checkSnapshot(ctx context.Context, req *acReq) (*acResp, err
 }
 
 // createSnapshot: Prepare the image's activation on the top chain (kept
-// when check-snapshot found it in place).
+// when check-snapshot found it in place), check the image's layout through
+// it and label it verified for the top chain. An activation an interrupted
+// attempt left on the top chain is checked again.
 func (p *Pipelines) createSnapshot(ctx context.Context, req *acReq) (*acResp, error) {
 	p.hook("create-snapshot:started")
 	r, resp := req.Msg, req.Resp
@@ -162,6 +187,13 @@ func (p *Pipelines) createSnapshot(ctx context.Context, req *acReq) (*acResp, er
 	if err := p.verifyImageLayout(ctx, r, resp.SnapshotName); err != nil {
 		return nil, err
 	}
+	// Labelled only now: a later run keeps an activation (check-snapshot)
+	// only when it carries this label, so one whose check never ended is
+	// never adopted unchecked.
+	if _, err := p.opts.Snapshots.Update(ctx, snapshots.Info{Name: resp.SnapshotName,
+		Labels: map[string]string{LabelLayoutVerified: r.topChain()}}, "labels."+LabelLayoutVerified); err != nil {
+		return nil, fmt.Errorf("activate %s: label %s verified for %s: %w", r.Source, resp.SnapshotName, r.topChain(), err)
+	}
 	name, path, _, err := p.opts.Snapshots.DeviceOf(ctx, resp.SnapshotName)
 	if err != nil {
 		return nil, err
@@ -173,7 +205,8 @@ func (p *Pipelines) createSnapshot(ctx context.Context, req *acReq) (*acResp, er
 // verifyImageLayout checks the layout of the image whole, read-only
 // through its activation: the layers of every image are checked, whichever
 // image first made its chains. A violation removes the activation and
-// aborts.
+// aborts; when the removal fails the error is retryable (the next attempt
+// checks and removes again, and the run's cleanup tries last).
 func (p *Pipelines) verifyImageLayout(ctx context.Context, r *ActivateRequest, key string) error {
 	ms, err := p.opts.Snapshots.Mounts(ctx, key)
 	if err != nil {
@@ -195,11 +228,49 @@ func (p *Pipelines) verifyImageLayout(ctx context.Context, r *ActivateRequest, k
 	if errors.As(verr, &le) {
 		log.G(ctx).WithField("image", r.Source).WithError(verr).Warn("security: image layout rejected")
 		if err := p.opts.Snapshots.Remove(ctx, key); err != nil && !errdefs.IsNotFound(err) {
-			log.G(ctx).WithError(err).WithField("snapshot", key).Error("activate: removing the rejected activation")
+			return fmt.Errorf("activate %s: remove activation %s of a rejected layout (%w): %w", r.Source, key, verr, err)
 		}
 		return fsm.Abort(fmt.Errorf("activate %s: %w", r.Source, verr))
 	}
 	return verr
+}
+
+// discardActivation removes what an activate run that stopped in
+// create-snapshot may have left: the image's activation unless its layout
+// was verified for the request's top chain (a verified one is as good for
+// the next run as for this one), and its mount point. check-snapshot had
+// removed any activation it did not keep, and only one activate run per
+// image is live, so an unverified activation there is this run's. A run
+// that stopped before create-snapshot made nothing, and leaves the
+// activation of the image as pulled before alone.
+func (p *Pipelines) discardActivation(ctx context.Context, req *acReq) error {
+	if req.Run.Transition != "create-snapshot" {
+		return nil
+	}
+	r := req.Msg
+	name := ActivationKey(r.ImageID)
+	dir := filepath.Join(p.opts.MountDir, r.ImageID)
+	if err := unmountDir(dir); err != nil {
+		log.G(ctx).WithError(err).WithField("dir", dir).Warn("activate: removing the activation's mount point")
+	}
+	info, err := p.opts.Snapshots.Stat(ctx, name)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("activate %s: stat activation %s: %w", r.Source, name, err)
+	}
+	if len(r.Layers) > 0 && info.Labels[LabelLayoutVerified] == r.topChain() {
+		return nil
+	}
+	log.G(ctx).WithField("snapshot", name).Warn("activate: removing the unverified activation of a run that did not complete")
+	if err := p.opts.Snapshots.Remove(ctx, name); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("activate %s: remove unverified activation %s: %w", r.Source, name, err)
+	}
+	if err := p.opts.Snapshots.Cleanup(ctx); err != nil {
+		log.G(ctx).WithError(err).Warn("activate: cleanup after removing an unverified activation")
+	}
+	return nil
 }
 
 // register: the image's records (its layers as pulled), then its name:

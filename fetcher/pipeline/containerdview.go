@@ -226,10 +226,12 @@ func (p *Pipelines) removeActivationsOf(ctx context.Context, parent string) erro
 
 // Prune forgets the records of chains and images whose snapshots are gone
 // (Records.PruneOrphans) and deletes the layer files no record needs any
-// more. containerd's garbage collection calls it through Cleanup; it is
-// safe to call at any time. While a pull is under way it keeps object
-// records and layer files (the result says Deferred): the pull may have
-// found them already downloaded and be about to unpack them.
+// more, and those no layer row names at all (a download that failed after
+// renaming its file into place). containerd's garbage collection calls it
+// through Cleanup; it is safe to call at any time. While a pull is under
+// way it keeps object records and layer files (the result says Deferred):
+// the pull may have found them already downloaded and be about to unpack
+// them.
 func (p *Pipelines) Prune(ctx context.Context) (PruneResult, error) {
 	files := p.files.TryLock()
 	if files {
@@ -245,9 +247,42 @@ func (p *Pipelines) Prune(ctx context.Context) (PruneResult, error) {
 			errs = append(errs, fmt.Errorf("prune: remove layer file %s: %w", path, err))
 		}
 	}
-	if res.Chains+res.Images+res.Objects+len(res.LayerPaths) > 0 {
+	if files && !res.Deferred {
+		// p.files is held and no run was live: no download is between
+		// renaming its file into place and recording it.
+		n, err := p.removeStrayLayerFiles(ctx)
+		res.StrayFiles = n
+		if err != nil {
+			errs = append(errs, fmt.Errorf("prune: %w", err))
+		}
+	}
+	if res.Chains+res.Images+res.Objects+len(res.LayerPaths)+res.StrayFiles > 0 {
 		log.G(ctx).WithField("chains", res.Chains).WithField("images", res.Images).WithField("objects", res.Objects).
-			WithField("layer_files", len(res.LayerPaths)).WithField("deferred", res.Deferred).Info("pruned records of removed snapshots")
+			WithField("layer_files", len(res.LayerPaths)).WithField("stray_files", res.StrayFiles).
+			WithField("deferred", res.Deferred).Info("pruned records of removed snapshots")
 	}
 	return res, errors.Join(errs...)
+}
+
+// removeStrayLayerFiles removes the files in blobs/sha256 that no layer row
+// names (Records.strayLayerFiles) and returns how many it removed. The
+// caller holds p.files exclusively and has seen no run live: a download
+// renames its file into place before it records it, so a file of a live
+// download would look stray.
+func (p *Pipelines) removeStrayLayerFiles(ctx context.Context) (int, error) {
+	stray, err := RecordsOf(p.db).strayLayerFiles(ctx, p.opts.blobDir())
+	if err != nil {
+		return 0, err
+	}
+	var errs []error
+	n := 0
+	for _, path := range stray {
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove layer file %s that no layer row names: %w", path, err))
+			continue
+		}
+		n++
+		log.G(ctx).WithField("file", path).Warn("removed a layer file no layer row names (a download that did not complete)")
+	}
+	return n, errors.Join(errs...)
 }

@@ -485,8 +485,10 @@ func (p *Pipelines) storeMetadata(ctx context.Context, req *dlReq) (*dlResp, err
 }
 
 // cleanupDownload removes what a download run that did not complete may
-// have left: its temp file. A layer file it renamed into place stays: it
-// is content-addressed, and pruning removes it once nothing refers to it.
+// have left: its temp file. A layer file it renamed into place stays:
+// another live download of the same content may have renamed onto the same
+// path and not yet recorded it. Pruning (and the start-up sweep) removes it
+// when no run is live and no layer row names it.
 func (p *Pipelines) cleanupDownload(ctx context.Context, req *dlReq) error {
 	if err := os.Remove(p.tmpPath(req.Run.IdempotencyID)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("download %s: remove temp file: %w", S3URL(req.Msg.Bucket, req.Msg.S3Key), err)

@@ -23,9 +23,9 @@ import (
 // Snapshotter, its records in the test's database, over a fake thin pool
 // whose devices are directories (thinpooltest.NewFakePoolAt), wrapped in a
 // fault injector. The wrapper counts the pipeline's calls and, at the
-// boundaries the tests break (prepareErr, mountsErr, beforeRemoveIf),
-// fails or interleaves a call before delegating it; everything else is the
-// snapshotter's. attach makes pipelines mount the fake devices' mounts as
+// boundaries the tests break (prepareErr, mountsErr, removeErr,
+// beforeRemoveIf), fails or interleaves a call before delegating it;
+// everything else is the snapshotter's. attach makes pipelines mount the fake devices' mounts as
 // bind mounts of their directories and probe the pool for a device's node.
 type faultSnapshots struct {
 	*snapshotter.Snapshotter
@@ -41,6 +41,9 @@ type faultSnapshots struct {
 	// mountsErr, when set, is asked before every Mounts; a non-nil error
 	// fails it.
 	mountsErr func(key string) error
+	// removeErr, when set, is asked before every Remove; a non-nil error
+	// fails it (nothing removed).
+	removeErr func(key string) error
 	// beforeRemoveIf, when set, runs when RemoveIf is called, before the
 	// snapshotter's transaction (what another process may do meanwhile).
 	beforeRemoveIf func(key string)
@@ -128,6 +131,11 @@ func (f *faultSnapshots) Commit(ctx context.Context, name, key string, opts ...s
 
 func (f *faultSnapshots) Remove(ctx context.Context, key string) error {
 	f.call("Remove")
+	if f.removeErr != nil {
+		if err := f.removeErr(key); err != nil {
+			return err
+		}
+	}
 	return f.Snapshotter.Remove(ctx, key)
 }
 

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -391,5 +392,105 @@ func TestPruneSparesAPullBetweenDownloadAndUnpack(t *testing.T) {
 		if _, err := os.Stat(path); !os.IsNotExist(err) {
 			t.Errorf("layer file %s still there after the prune (%v)", path, err)
 		}
+	}
+}
+
+// failStoreMetadata downloads the object at key while the database refuses
+// to record layers (a full disk: SQLITE_FULL is retried, then the run
+// fails), so the download renames its file into place and never records
+// it. It returns that file's path.
+func (e *env) failStoreMetadata(key string, data []byte) string {
+	e.t.Helper()
+	ctx := context.Background()
+	exec := func(q string) {
+		e.t.Helper()
+		if err := e.db.WithTx(ctx, func(tx *sql.Tx) error { _, err := tx.ExecContext(ctx, q); return err }); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	exec(`CREATE TRIGGER test_disk_full BEFORE INSERT ON layers BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END`)
+	if _, rec, err := e.download(key); err == nil || !strings.Contains(err.Error(), "disk is full") {
+		e.t.Fatalf("download with the database refusing writes: %v (%+v); want it failed, disk full", err, rec)
+	}
+	exec(`DROP TRIGGER test_disk_full`)
+	if f, err := RecordsOf(e.db).LayerFile(ctx, sha(data)); err != nil || f != nil {
+		e.t.Fatalf("layer row: %+v, %v; want none", f, err)
+	}
+	blob := e.p.blobPath(sha(data))
+	if _, err := os.Stat(blob); err != nil {
+		e.t.Fatalf("the failed download's file: %v; want it renamed into place", err)
+	}
+	return blob
+}
+
+// TestPruneRemovesUnrecordedLayerFile: a download that renamed its file
+// into blobs/sha256 and then could not record it leaves a file no layer
+// row names; the next prune with no run live deletes it, and the object
+// downloads and is recorded again afterwards.
+func TestPruneRemovesUnrecordedLayerFile(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, 0)
+	data := imageTar(t, 64<<10, 7)
+	e.srv.Put(t, "s/1.tar", data)
+	blob := e.failStoreMetadata("s/1.tar", data)
+	res, err := e.p.Prune(ctx)
+	if err != nil || res.Deferred || res.StrayFiles != 1 {
+		t.Fatalf("prune: %+v, %v; want the one unrecorded layer file removed, not deferred", res, err)
+	}
+	if _, err := os.Stat(blob); !os.IsNotExist(err) {
+		t.Errorf("layer file %s no row names is still there after the prune (%v)", blob, err)
+	}
+	resp, _, err := e.download("s/1.tar")
+	if err != nil {
+		t.Fatalf("download again: %v", err)
+	}
+	if f, err := RecordsOf(e.db).LayerFile(ctx, sha(data)); err != nil || f == nil || f.Path != resp.LocalPath {
+		t.Errorf("layer row after downloading again: %+v, %v; want it naming %s", f, err, resp.LocalPath)
+	}
+}
+
+// TestResumeSweepsUnrecordedLayerFile: start-up removes a layer file no
+// layer row names, left by a download that failed to record it.
+func TestResumeSweepsUnrecordedLayerFile(t *testing.T) {
+	e := newPullEnv(t, nil)
+	data := imageTar(t, 64<<10, 8)
+	e.srv.Put(t, "s/1.tar", data)
+	blob := e.failStoreMetadata("s/1.tar", data)
+	e.p = e.reopen(nil)
+	if _, err := os.Stat(blob); !os.IsNotExist(err) {
+		t.Errorf("layer file %s no row names is still there after start-up (%v)", blob, err)
+	}
+}
+
+// TestPruneKeepsLayerFileOfLiveDownload: a download's file is in place
+// before its row is: a prune and a sweep while that download is live keep
+// it, and the download completes with its file.
+func TestPruneKeepsLayerFileOfLiveDownload(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, 0)
+	data := imageTar(t, 64<<10, 9)
+	e.srv.Put(t, "s/1.tar", data)
+	var during PruneResult
+	e.p.hooks = map[string]func(){"store-metadata:started": func() {
+		var err error
+		if during, err = e.p.Prune(ctx); err != nil {
+			t.Errorf("prune during the download: %v", err)
+		}
+		if err := e.p.sweep(ctx); err != nil {
+			t.Errorf("sweep during the download: %v", err)
+		}
+	}}
+	resp, _, err := e.download("s/1.tar")
+	if err != nil {
+		t.Fatalf("download with a prune and a sweep before its record: %v", err)
+	}
+	if !during.Deferred || during.StrayFiles != 0 {
+		t.Errorf("prune during the download: %+v; want it deferred, no file removed", during)
+	}
+	if _, err := os.Stat(resp.LocalPath); err != nil {
+		t.Errorf("layer file of the download: %v", err)
+	}
+	if f, err := RecordsOf(e.db).LayerFile(ctx, sha(data)); err != nil || f == nil {
+		t.Errorf("layer row: %+v, %v; want it recorded", f, err)
 	}
 }

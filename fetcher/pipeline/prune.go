@@ -3,7 +3,11 @@ package pipeline
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 )
 
 // PruneResult counts what Records.PruneOrphans removed.
@@ -18,6 +22,10 @@ type PruneResult struct {
 	// Deferred is true when live runs kept the objects and layers part from
 	// running (a pull under way may be about to use them).
 	Deferred bool
+	// StrayFiles counts the files of the download directory's blobs that
+	// no layer row named, removed by Pipelines.Prune (PruneOrphans leaves
+	// it zero).
+	StrayFiles int
 }
 
 // liveRunOn is true when a pending or running run has idempotency id ?.
@@ -160,6 +168,50 @@ func (r Records) pruneBatches(ctx context.Context, batch int, count *int, idle b
 			return nil
 		}
 	}
+}
+
+// strayLayerFiles lists the files in dir (the download directory's
+// blobs/sha256) that no layer row names, by path or by digest: what a
+// download left when it renamed its file into place and then failed to
+// record it. Only a download run puts files there, so when no run is live
+// none of them is on its way to being recorded.
+func (r Records) strayLayerFiles(ctx context.Context, dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: list layer files in %s: %w", dir, err)
+	}
+	if len(entries) == 0 {
+		return nil, nil
+	}
+	named := map[string]bool{}
+	rows, err := r.db.Statements().QueryContext(ctx, `SELECT digest, path FROM layers`)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: layer rows: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var digest, path string
+		if err := rows.Scan(&digest, &path); err != nil {
+			return nil, fmt.Errorf("pipeline: layer rows: %w", err)
+		}
+		named["digest "+strings.TrimPrefix(digest, "sha256:")] = true
+		named["path "+filepath.Clean(path)] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("pipeline: layer rows: %w", err)
+	}
+	var stray []string
+	for _, e := range entries {
+		path := filepath.Join(dir, e.Name())
+		if e.IsDir() || named["digest "+e.Name()] || named["path "+path] {
+			continue
+		}
+		stray = append(stray, path)
+	}
+	return stray, nil
 }
 
 // LiveRuns counts the FSM runs pending or running.

@@ -16,12 +16,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 )
 
@@ -731,6 +733,148 @@ func TestPullTopLayoutCheckedForEveryImage(t *testing.T) {
 	e.mustPull("p/", "whole")
 	if res, err := e.pull("p/1.tar", "lower-alone"); err == nil {
 		t.Errorf("a layer without var/ pulled as an image of its own was accepted (chain %s, already unpacked as a lower layer)", res.TopChainID)
+	}
+}
+
+// noVarTar is a one-layer image the layout policy refuses: no var/.
+func noVarTar(t *testing.T) []byte {
+	return buildTar(t, []tarFile{{name: "etc/", typ: tar.TypeDir}, {name: "usr/", typ: tar.TypeDir}, {name: "etc/x", body: []byte("x")}})
+}
+
+// TestPullFailedActivationCheckedAgain: an activate run that made the
+// image's activation and failed before its layout check ended (the
+// activation cannot be mounted) removes that activation, and the next pull
+// checks the layout again: an image without var/ is refused, never
+// registered. An activation some failed run left unlabelled (its removal
+// failed too) is not adopted either.
+func TestPullFailedActivationCheckedAgain(t *testing.T) {
+	ctx := context.Background()
+	for _, removeFails := range []bool{false, true} {
+		t.Run(fmt.Sprintf("cleanup removal fails %v", removeFails), func(t *testing.T) {
+			e, reg := newRegisteringPullEnv(t)
+			e.srv.Put(t, "bad/1.tar", noVarTar(t))
+			_, imageID := imageSource(e.srv.Bucket, "bad/")
+			act := ActivationKey(imageID)
+			isAct := func(key string) bool { return strings.HasPrefix(key, metadata.ActivationPrefix) }
+			e.sn.mountsErr = func(key string) error {
+				if isAct(key) {
+					return errors.New("injected: mount busy")
+				}
+				return nil
+			}
+			if removeFails {
+				e.sn.removeErr = func(key string) error {
+					if isAct(key) {
+						return errors.New("injected: device busy")
+					}
+					return nil
+				}
+			}
+			if _, err := e.pull("bad/", "bad"); err == nil || !strings.Contains(err.Error(), "mount busy") {
+				t.Fatalf("pull whose activation cannot be mounted: %v; want the mount failure", err)
+			}
+			e.sn.mountsErr, e.sn.removeErr = nil, nil
+			if ok, err := e.sn.Exists(ctx, act); err != nil || ok != removeFails {
+				t.Errorf("activation %s exists after the failed pull: %v, %v; want %v", act, ok, err, removeFails)
+			}
+			if m, _ := filepath.Glob(filepath.Join(e.p.opts.MountDir, "*")); len(m) != 0 {
+				t.Errorf("mount points left: %v", m)
+			}
+			res, err := e.pull("bad/", "bad")
+			if err == nil {
+				t.Fatalf("second pull of an image without var/ succeeded (snapshot %s, registered top %q): its layout was never checked",
+					res.Snapshot.SnapshotName, reg.registeredTop("bad"))
+			}
+			if !strings.Contains(err.Error(), "var") {
+				t.Errorf("second pull: %v; want the layout error naming var", err)
+			}
+			if top := reg.registeredTop("bad"); top != "" {
+				t.Errorf("image without var/ registered with top %s", top)
+			}
+			if ok, err := e.sn.Exists(ctx, act); err != nil || ok {
+				t.Errorf("rejected activation %s left: %v, %v", act, ok, err)
+			}
+		})
+	}
+}
+
+// TestPullRejectedActivationRemovalRetried: when removing the activation
+// of a rejected layout fails, the step is tried again rather than the run
+// aborting with the activation in place: the pull is refused naming var,
+// and no activation is left.
+func TestPullRejectedActivationRemovalRetried(t *testing.T) {
+	ctx := context.Background()
+	e, reg := newRegisteringPullEnv(t)
+	e.srv.Put(t, "bad/1.tar", noVarTar(t))
+	_, imageID := imageSource(e.srv.Bucket, "bad/")
+	act := ActivationKey(imageID)
+	removes := 0
+	e.sn.removeErr = func(key string) error {
+		if key != act {
+			return nil
+		}
+		removes++
+		if removes == 1 {
+			return errors.New("injected: device busy")
+		}
+		return nil
+	}
+	_, err := e.pull("bad/", "bad")
+	if err == nil || !strings.Contains(err.Error(), "var") {
+		t.Fatalf("pull of an image without var/: %v; want the layout error naming var", err)
+	}
+	if ok, err := e.sn.Exists(ctx, act); err != nil || ok {
+		t.Errorf("rejected activation %s left after its first removal failed: %v, %v", act, ok, err)
+	}
+	if removes < 2 {
+		t.Errorf("the rejected activation's removal was tried %d times, want it tried again", removes)
+	}
+	if top := reg.registeredTop("bad"); top != "" {
+		t.Errorf("image without var/ registered with top %s", top)
+	}
+}
+
+// TestPullActivationLabelledVerified: a pulled image's activation carries
+// LabelLayoutVerified naming its top chain, and a pull of it again keeps
+// that activation (same device).
+func TestPullActivationLabelledVerified(t *testing.T) {
+	ctx := context.Background()
+	e := newPullEnv(t, nil)
+	e.srv.Put(t, "ok/1.tar", layerTar(t, "ok", 100))
+	res := e.mustPull("ok/", "ok")
+	info, err := e.sn.Stat(ctx, res.Snapshot.SnapshotName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := info.Labels[LabelLayoutVerified]; got != res.TopChainID {
+		t.Errorf("activation label %s = %q, want the top chain %s", LabelLayoutVerified, got, res.TopChainID)
+	}
+	again, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "ok/", Ref: "ok", Refresh: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Snapshot.DeviceName != res.Snapshot.DeviceName {
+		t.Errorf("pull again made the activation again: device %s, was %s", again.Snapshot.DeviceName, res.Snapshot.DeviceName)
+	}
+	// An activation without the label, as an older release left one, on
+	// the top chain the image is recorded with was checked before it was
+	// recorded: kept too, not made again.
+	if _, err := e.sn.Update(ctx, snapshots.Info{Name: res.Snapshot.SnapshotName}, "labels."+LabelLayoutVerified); err != nil {
+		t.Fatal(err)
+	}
+	before, err := e.sn.Stat(ctx, res.Snapshot.SnapshotName)
+	if err != nil || before.Labels[LabelLayoutVerified] != "" {
+		t.Fatalf("label not removed: %+v, %v", before.Labels, err)
+	}
+	if _, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "ok/", Ref: "ok", Refresh: true}); err != nil {
+		t.Fatal(err)
+	}
+	after, err := e.sn.Stat(ctx, res.Snapshot.SnapshotName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !after.Created.Equal(before.Created) {
+		t.Errorf("pull of a recorded image with an unlabelled activation made it again (created %s, was %s)", after.Created, before.Created)
 	}
 }
 

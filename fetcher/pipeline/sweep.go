@@ -19,9 +19,10 @@ import (
 // sweep removes, at start-up after Resume, what runs that are no longer
 // live left behind: a run's own cleanup removes what it made when it ends,
 // but a process killed at the wrong moment (or a cleanup that failed) can
-// leave an extraction snapshot, its mount point, a download's temp file or
-// a spool.
-// Those of live runs are theirs to use and are kept.
+// leave an extraction snapshot, its mount point, a download's temp file,
+// a spool, or a layer file renamed into place that no layer row names.
+// Those of live runs are theirs to use and are kept: layer files are
+// looked at only when no run is live and no pull under way.
 func (p *Pipelines) sweep(ctx context.Context) error {
 	live := map[string]bool{} // FSM + " " + idempotency id
 	// adopted are the stream extractions live unpack runs took as theirs
@@ -83,5 +84,24 @@ func (p *Pipelines) sweep(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("sweep: %w", err))
 		}
 	}
+	if err := p.sweepStrayLayerFiles(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("sweep: %w", err))
+	}
 	return errors.Join(errs...)
+}
+
+// sweepStrayLayerFiles removes the layer files no layer row names when no
+// pull holds p.files and no run is live (Pipelines.removeStrayLayerFiles);
+// otherwise it leaves them to the next Prune.
+func (p *Pipelines) sweepStrayLayerFiles(ctx context.Context) error {
+	if !p.files.TryLock() {
+		return nil
+	}
+	defer p.files.Unlock()
+	live, err := RecordsOf(p.db).LiveRuns(ctx)
+	if err != nil || live > 0 {
+		return err
+	}
+	_, err = p.removeStrayLayerFiles(ctx)
+	return err
 }
