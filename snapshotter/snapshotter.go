@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/keyed"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
@@ -34,7 +35,7 @@ type Snapshotter struct {
 	base   *ThinDevice // set once the base device is formatted
 
 	// reclaiming serialises the reclaims of one thin id (see reclaim).
-	reclaiming keyedMutex
+	reclaiming keyed.Mutex[uint32]
 
 	closed atomic.Bool
 
@@ -848,7 +849,7 @@ func (s *Snapshotter) RemoveIf(ctx context.Context, key string, guard RemoveGuar
 // touching the pool, so a Cleanup behind another one costs one read per
 // device.
 func (s *Snapshotter) reclaim(ctx context.Context, dev ThinDevice) error {
-	unlock := s.reclaiming.lock(dev.ID)
+	unlock := s.reclaiming.Lock(dev.ID)
 	defer unlock()
 	cur, ok, err := s.reads().thinDevice(ctx, dev.ID)
 	if err != nil {
@@ -878,41 +879,6 @@ func (s *Snapshotter) reclaim(ctx context.Context, dev ThinDevice) error {
 			dev.Name, dev.ID, errdefs.ErrConflict)
 	}
 	return nil
-}
-
-// keyedMutex serialises callers per thin id; the zero value is ready to use.
-type keyedMutex struct {
-	mu    sync.Mutex
-	locks map[uint32]*keyedEntry
-}
-
-type keyedEntry struct {
-	mu   sync.Mutex
-	refs int
-}
-
-// lock locks id and returns its unlock function.
-func (k *keyedMutex) lock(id uint32) func() {
-	k.mu.Lock()
-	if k.locks == nil {
-		k.locks = make(map[uint32]*keyedEntry)
-	}
-	e := k.locks[id]
-	if e == nil {
-		e = &keyedEntry{}
-		k.locks[id] = e
-	}
-	e.refs++
-	k.mu.Unlock()
-	e.mu.Lock()
-	return func() {
-		e.mu.Unlock()
-		k.mu.Lock()
-		if e.refs--; e.refs == 0 {
-			delete(k.locks, id)
-		}
-		k.mu.Unlock()
-	}
 }
 
 // Cleanup deletes from the pool every device whose snapshot was removed.

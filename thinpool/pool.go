@@ -3,6 +3,8 @@ package thinpool
 import (
 	"sync"
 	"sync/atomic"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/keyed"
 )
 
 // MaxThinID is the largest thin device id a pool accepts: the kernel's thin
@@ -20,9 +22,9 @@ type Pool struct {
 	metaPath  string // a node of the metadata device, for ThinIDs
 	blockSize uint32
 
-	metaSnapMu sync.Mutex // one metadata snapshot at a time
-	growMu     sync.Mutex // one table reload at a time
-	originMu   keyedMutex // one suspend/create_snap/resume per origin id
+	metaSnapMu sync.Mutex          // one metadata snapshot at a time
+	growMu     sync.Mutex          // one table reload at a time
+	originMu   keyed.Mutex[uint32] // one suspend/create_snap/resume per origin id
 	probeSeq   atomic.Uint64
 	closed     atomic.Bool
 }

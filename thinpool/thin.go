@@ -8,7 +8,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/containerd/log"
@@ -178,7 +177,7 @@ func (p *Pool) CreateSnap(ctx context.Context, id, originID uint32) (err error) 
 	// Concurrent snapshots of one origin would suspend and resume the
 	// same devices under each other (the kernel refuses a second suspend
 	// or resume with EINVAL): one at a time per origin.
-	unlock := p.originMu.lock(originID)
+	unlock := p.originMu.Lock(originID)
 	defer unlock()
 	names, err := p.activeNamesOf(originID)
 	if err != nil {
@@ -693,39 +692,4 @@ func (p *Pool) ThinStatus(ctx context.Context, name string) (ThinStatus, error) 
 		return ThinStatus{}, p.errf(nil, err, "thin status %q", name)
 	}
 	return st, nil
-}
-
-// keyedMutex serialises callers per key; the zero value is ready to use.
-type keyedMutex struct {
-	mu    sync.Mutex
-	locks map[uint32]*keyedEntry
-}
-
-type keyedEntry struct {
-	mu   sync.Mutex
-	refs int
-}
-
-// lock locks key and returns its unlock function.
-func (k *keyedMutex) lock(key uint32) func() {
-	k.mu.Lock()
-	if k.locks == nil {
-		k.locks = make(map[uint32]*keyedEntry)
-	}
-	e := k.locks[key]
-	if e == nil {
-		e = &keyedEntry{}
-		k.locks[key] = e
-	}
-	e.refs++
-	k.mu.Unlock()
-	e.mu.Lock()
-	return func() {
-		e.mu.Unlock()
-		k.mu.Lock()
-		if e.refs--; e.refs == 0 {
-			delete(k.locks, key)
-		}
-		k.mu.Unlock()
-	}
 }
