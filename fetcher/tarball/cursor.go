@@ -22,10 +22,15 @@ import (
 // nearest open one above it when the cursor climbs back to it.
 type cursor struct {
 	stack []level // stack[0] is the root itself
-	// follow resolves a symlink met on the way (a lower layer's, as the
-	// checker refuses a way through the archive's own) inside the root
-	// instead of refusing it: Limits.LowerSymlinks.
+	// follow resolves a symlink met on the way (a lower layer's) inside
+	// the root instead of refusing it: Limits.LowerSymlinks.
 	follow bool
+	// made reports whether a name is a symlink this archive made. The
+	// checker refuses a way through one by the name the archive gives;
+	// reached through a lower layer's symlink it has another name, so a
+	// symlink is looked up here by where it really is before it is
+	// followed, and refused if the archive made it.
+	made func(name string) bool
 }
 
 // maxSymlinkHops bounds the symlinks one cd follows, as the kernel's
@@ -44,8 +49,8 @@ type level struct {
 	f    *os.File // the directory as a file, for *at calls; opened on demand
 }
 
-func newCursor(root *os.Root, follow bool) *cursor {
-	return &cursor{stack: []level{{name: ".", r: root}}, follow: follow}
+func newCursor(root *os.Root, follow bool, made func(name string) bool) *cursor {
+	return &cursor{stack: []level{{name: ".", r: root}}, follow: follow, made: made}
 }
 
 func (c *cursor) top() *level { return &c.stack[len(c.stack)-1] }
@@ -90,7 +95,8 @@ func (c *cursor) close() { c.pop(0) }
 // are made (mode 0755); without, a missing one returns (nil, nil). raw is
 // the entry named in a rejection. With follow, a symlink is followed
 // instead, inside the root (inRoot), and the levels are those of the
-// directories it leads to.
+// directories it leads to, unless the archive made it (made): that is
+// refused (ErrThroughSymlink) wherever it is met.
 func (c *cursor) cd(raw, dir string, create bool) (*level, error) {
 	return c.walk(raw, dir, create, 0)
 }
@@ -126,6 +132,9 @@ func (c *cursor) walk(raw, dir string, create bool, hops int) (*level, error) {
 		case err != nil:
 			return nil, err
 		case fi.Mode()&fs.ModeSymlink != 0 && c.follow:
+			if c.made != nil && c.made(name) {
+				return nil, reject(raw, ErrThroughSymlink, "%s is a symlink this archive made", quote(name))
+			}
 			if hops == maxSymlinkHops {
 				return nil, reject(raw, ErrThroughSymlink, "%s: more than %d symlinks on the way", quote(name), maxSymlinkHops)
 			}

@@ -1,11 +1,15 @@
 package tarball
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
+	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
@@ -32,6 +36,7 @@ func TestDetectRootfs(t *testing.T) {
 		{"rootfs", append([]ent{dir("rootfs/").mode(0o700)}, prefixed("rootfs/", tree)...), true, true},
 		{"rootfs with the archive root first", append([]ent{rootEntry, dir("rootfs/").mode(0o700)}, prefixed("rootfs/", tree)...), true, true},
 		{"rootfs without its own entry", prefixed("rootfs/", tree), true, false},
+		{"plain with its root entry twice, with PAX records", append([]ent{rootEntry.pax("comment", strings.Repeat("c", 5000)), dir("./").mode(0o750).pax("SCHILY.xattr.user.a", "1")}, tree...), false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			archive := build(t, tc.ents...)
@@ -103,5 +108,134 @@ func TestPlainHashedByCaller(t *testing.T) {
 	}
 	if want := "sha256:" + fmt.Sprintf("%x", sha256.Sum256(plain)); full.DiffID != want {
 		t.Errorf("Validate of the plain layer: diff ID %s, want its SHA-256 %s", full.DiffID, want)
+	}
+}
+
+// rootEntries is an archive of n bodiless root entries ("./"), each with
+// the PAX records pax, and then a file: what DetectRootfs reads before it
+// can decide.
+func rootEntries(n int, pax map[string]string) []ent {
+	var ents []ent
+	for range n {
+		e := dir("./")
+		for k, v := range pax {
+			e = e.pax(k, v)
+		}
+		ents = append(ents, e)
+	}
+	return append(ents, file("etc/hostname", "box\n"))
+}
+
+// records is n PAX records of size bytes each, keys prefix and a number.
+func records(prefix string, n, size int) map[string]string {
+	m := make(map[string]string, n)
+	for i := range n {
+		m[fmt.Sprintf("%s%04d", prefix, i)] = strings.Repeat("x", size)
+	}
+	return m
+}
+
+// TestDetectRootfsChecksRootEntries: the root entries DetectRootfs reads
+// before it decides are checked as they are read, by every rule that
+// holds whatever the decision (the entry count, the PAX record and
+// extended attribute limits, the number of root entries, the root's own
+// mode), and refused at the entry that breaks one, with the rule and
+// entry Validate names and Extract with StripRootfs names too.
+func TestDetectRootfsChecksRootEntries(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		ents   []ent
+		limits Limits
+		rule   error
+		read   int // entries read when refused
+	}{
+		{"PAX records over the limit", rootEntries(300, records("k", 1000, 80)), Limits{MaxEntries: 5}, ErrTooManyPAXRecords, 1},
+		{"extended attributes over the limit", rootEntries(300, records("SCHILY.xattr.user.k", 10, 10)), Limits{MaxXattrs: 4}, ErrTooManyXattrs, 1},
+		{"past MaxEntries", rootEntries(300, nil), Limits{MaxEntries: 5}, ErrTooManyEntries, 6},
+		{"root listed too often", rootEntries(300, nil), Limits{}, ErrTooManyRootEntries, MaxRootEntries + 1},
+		{"setuid root over rootfs/", append([]ent{dir("./").mode(0o4755)}, prefixed("rootfs/", []ent{file("a", "x")})...), Limits{}, ErrSetID, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want := hostile{rule: tc.rule, entry: "./"}
+			archive := s3test.Gzip(t, build(t, tc.ents...))
+			_, err := Validate(context.Background(), bytes.NewReader(archive), tc.limits)
+			checkRejection(t, "Validate", err, want)
+			_, err = ExtractDir(context.Background(), bytes.NewReader(archive), newSandbox(t).target, ExtractOptions{Limits: tc.limits, StripRootfs: true, NoChown: true})
+			checkRejection(t, "Extract with StripRootfs", err, want)
+			st, err := ExtractDir(context.Background(), bytes.NewReader(archive), newSandbox(t).target, ExtractOptions{Limits: tc.limits, DetectRootfs: true, NoChown: true})
+			checkRejection(t, "Extract with DetectRootfs", err, want)
+			if st.Entries != tc.read {
+				t.Errorf("Extract with DetectRootfs read %d entries before refusing, want %d", st.Entries, tc.read)
+			}
+		})
+	}
+}
+
+// heapPeak passes r through and, every sampleEvery bytes, records the
+// live heap (after a collection) above base: what the reader's consumer
+// holds while it reads.
+type heapPeak struct {
+	r          io.Reader
+	base, peak uint64
+	n, next    int64
+}
+
+const sampleEvery = 4 << 20
+
+func liveHeap() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+func (p *heapPeak) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	if p.n += int64(n); p.n >= p.next {
+		p.next = p.n + sampleEvery
+		if h := liveHeap(); h > p.base {
+			p.peak = max(p.peak, h-p.base)
+		}
+	}
+	return n, err
+}
+
+// TestDetectRootfsRootEntriesBoundedMemory: a layer of 200 root entries,
+// each behind a PAX header of about 900 KB that every limit admits (~180
+// MB of tar stream), is refused by Extract with DetectRootfs at the root
+// entry past MaxRootEntries, having held no more than a few MiB: the
+// root entries read before the decision are kept without their PAX
+// records, and bounded in number. (Held whole and without bound, they
+// were ~180 MB at the stream's end.)
+func TestDetectRootfsRootEntriesBoundedMemory(t *testing.T) {
+	const entries, bound = 200, 32 << 20
+	pax := records("comment.", 300, 3000)
+	gen := func(tw *tar.Writer) error {
+		for range entries {
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "./", Mode: 0o755, ModTime: testTime, Format: tar.FormatPAX, PAXRecords: pax}); err != nil {
+				return err
+			}
+		}
+		return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "etc/hostname", Mode: 0o644, ModTime: testTime})
+	}
+	r, stop := streamed(gen)
+	_, err := Validate(context.Background(), r, Limits{})
+	stop()
+	checkRejection(t, "Validate", err, hostile{rule: ErrTooManyRootEntries, entry: "./"})
+
+	r, stop = streamed(gen)
+	defer stop()
+	probe := &heapPeak{r: r, base: liveHeap()}
+	st, err := ExtractDir(context.Background(), probe, newSandbox(t).target, ExtractOptions{DetectRootfs: true, NoChown: true})
+	checkRejection(t, "Extract with DetectRootfs", err, hostile{rule: ErrTooManyRootEntries, entry: "./"})
+	if !strings.Contains(err.Error(), fmt.Sprintf("more than %d", MaxRootEntries)) {
+		t.Errorf("message %q does not give the bound %d", err, MaxRootEntries)
+	}
+	t.Logf("read %d entries, %d bytes of tar; live heap at most +%d bytes", st.Entries, probe.n, probe.peak)
+	if st.Entries != MaxRootEntries+1 {
+		t.Errorf("Extract read %d entries, want it to stop at the root entry past %d", st.Entries, MaxRootEntries)
+	}
+	if probe.peak > bound {
+		t.Errorf("live heap grew by %d bytes while reading the root entries, want at most %d", probe.peak, bound)
 	}
 }

@@ -33,7 +33,9 @@
 //   - at most Limits.MaxEntries entries, Limits.MaxFileSize per file,
 //     Limits.MaxTotalSize of files and extended attributes in total, and
 //     at most MaxEntries parent directories implied by names but not
-//     listed (ErrTooManyDirs); the defaults are the Default* constants;
+//     listed (ErrTooManyDirs), at most MaxRootEntries entries for the
+//     archive root "./" (ErrTooManyRootEntries); the defaults are the
+//     Default* constants;
 //   - per entry, at most Limits.MaxXattrs extended attributes
 //     (ErrTooManyXattrs) of Limits.MaxXattrBytes together
 //     (ErrXattrsTooLarge), and a PAX header of no more

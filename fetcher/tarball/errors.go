@@ -73,6 +73,9 @@ var (
 	ErrBadOwner = newRule("invalid owner")
 	// ErrTooManyEntries: more entries than Limits.MaxEntries.
 	ErrTooManyEntries = newRule("too many entries")
+	// ErrTooManyRootEntries: more than MaxRootEntries entries for the
+	// archive root ("." or "./").
+	ErrTooManyRootEntries = newRule("too many entries for the archive root")
 	// ErrTooManyDirs: more parent directories implied by entry names (not
 	// listed as entries themselves) than Limits.MaxEntries. Without it, a
 	// small archive of deep unique paths would make millions of directories.

@@ -25,7 +25,8 @@ type ExtractOptions struct {
 	Limits Limits
 	// StripRootfs extracts rootfs/<x> as <x> (Report.HasRootfs said the
 	// archive has that layout); an entry outside rootfs/ is then rejected
-	// with ErrOutsideRootfs, and the archive root entry "./" is ignored.
+	// with ErrOutsideRootfs, and the archive root entry "./" is checked as
+	// Validate checks it but not applied.
 	StripRootfs bool
 	// DetectRootfs decides StripRootfs from the archive itself, for a
 	// stream extracted before Validate has seen it whole: the first entry
@@ -156,14 +157,16 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 	x := &extractor{
 		root:    root,
 		opts:    opts,
-		cur:     newCursor(root, opts.Limits.LowerSymlinks),
 		buf:     make([]byte, readBufferSize),
 		cleared: make(map[uint64]struct{}),
 	}
-	if !opts.DetectRootfs {
-		x.chk = newChecker(opts.Limits, opts.StripRootfs)
-		x.st.StrippedRootfs = opts.StripRootfs
-	}
+	// With DetectRootfs the checker starts without stripping and is told
+	// the decision once made: the entries admitted before it (the archive
+	// root, global headers) get the same verdict and leave the same record
+	// either way (checker.admit).
+	x.chk = newChecker(opts.Limits, opts.StripRootfs && !opts.DetectRootfs)
+	x.st.StrippedRootfs = x.chk.strip
+	x.cur = newCursor(root, opts.Limits.LowerSymlinks, x.chk.madeSymlink)
 	defer x.cur.close()
 	hash := hashNone
 	if opts.HashStream {
@@ -172,9 +175,13 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 	s := newStream(ctx, r, opts.Limits, hash, nil)
 	x.st.Compression = s.comp
 	defer s.close()
-	// held are the headers read before DetectRootfs could decide (the
-	// archive root, global headers): bodiless, admitted once it has.
-	var held []*tar.Header
+	// held are the archive root's entries read before DetectRootfs could
+	// decide: admitted at once, so every rule and limit applies to them as
+	// they are read, and applied once it has (to the root, or not at all
+	// when rootfs/ is the root). The checker admits at most MaxRootEntries
+	// of them, and each is kept reduced to what applying it needs.
+	var held []entry
+	deciding := opts.DetectRootfs
 	for {
 		hdr, err := s.next()
 		if err == io.EOF {
@@ -184,16 +191,22 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 			return x.st, err
 		}
 		x.st.Entries++
-		if x.chk == nil {
-			if name, err := cleanName(hdr.Name); err == nil && hdr.Size == 0 && (name == "." || hdr.Typeflag == tar.TypeXGlobalHeader) {
-				held = append(held, hdr)
-				continue
-			}
-			x.decideRootfs(hdr)
-			for _, h := range held {
-				if err := x.admitApply(s, h); err != nil {
+		if deciding {
+			if hdr.Typeflag == tar.TypeXGlobalHeader || isRootEntry(hdr) {
+				e, err := x.chk.admit(hdr)
+				if err != nil {
 					return x.st, err
 				}
+				if e.op == opSkip {
+					x.progress(hdr.Name)
+				} else {
+					held = append(held, rootEntry(e))
+				}
+				continue
+			}
+			deciding = false
+			if err := x.decideRootfs(s, hdr, held); err != nil {
+				return x.st, err
 			}
 			held = nil
 		}
@@ -201,12 +214,9 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 			return x.st, err
 		}
 	}
-	if x.chk == nil { // an archive of nothing but its root
-		x.decideRootfs(nil)
-		for _, h := range held {
-			if err := x.admitApply(s, h); err != nil {
-				return x.st, err
-			}
+	if deciding { // an archive of nothing but its root
+		if err := x.decideRootfs(s, nil, held); err != nil {
+			return x.st, err
 		}
 	}
 	// A compressed stream's end (gzip's checksum) comes after the archive's.
@@ -222,18 +232,57 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 	return x.st, nil
 }
 
-// decideRootfs makes the checker DetectRootfs asked for: rootfs/ is the
-// root when the first entry other than the archive root is rootfs/ or
-// under it (first is nil for an archive of nothing else).
-func (x *extractor) decideRootfs(first *tar.Header) {
+// isRootEntry reports whether hdr is a bodiless entry for the archive
+// root, which DetectRootfs holds until it decides.
+func isRootEntry(hdr *tar.Header) bool {
+	name, err := cleanName(hdr.Name)
+	return err == nil && name == "." && hdr.Size == 0
+}
+
+// rootEntry is e, an admitted entry for the archive root, with a header
+// that keeps only what dir applies (owner, mode, times, extended
+// attributes), copied out of the archive's PAX records so that the rest
+// of them, up to 1 MiB per header, is not held with it.
+func rootEntry(e entry) entry {
+	h := e.hdr
+	c := &tar.Header{
+		Typeflag: h.Typeflag, Name: strings.Clone(h.Name), Mode: h.Mode, Uid: h.Uid, Gid: h.Gid,
+		ModTime: h.ModTime, AccessTime: h.AccessTime,
+	}
+	for k, v := range h.PAXRecords {
+		if strings.HasPrefix(k, xattrPAXPrefix) {
+			if c.PAXRecords == nil {
+				c.PAXRecords = make(map[string]string)
+			}
+			c.PAXRecords[strings.Clone(k)] = strings.Clone(v)
+		}
+	}
+	e.hdr = c
+	return e
+}
+
+// decideRootfs tells the checker what DetectRootfs decided: rootfs/ is
+// the root when the first entry other than the archive root is rootfs/
+// or under it (first is nil for an archive of nothing else). It then
+// applies the held root entries, unless rootfs/ is the root.
+func (x *extractor) decideRootfs(s *stream, first *tar.Header, held []entry) error {
 	strip := false
 	if first != nil {
 		if name, err := cleanName(first.Name); err == nil {
 			_, strip = underRootfs(name)
 		}
 	}
-	x.chk = newChecker(x.opts.Limits, strip)
+	x.chk.strip = strip
 	x.st.StrippedRootfs = strip
+	for _, e := range held {
+		if !strip {
+			if err := x.apply(s, e); err != nil {
+				return err
+			}
+		}
+		x.progress(e.hdr.Name)
+	}
+	return nil
 }
 
 // admitApply checks hdr against the policy, applies it and drains what

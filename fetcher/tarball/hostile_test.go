@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -372,16 +373,21 @@ func TestTruncatedLeavesNoPartialFile(t *testing.T) {
 	}
 }
 
-// failingReader returns an I/O error (not a format problem) after n bytes.
+// failingReader returns an I/O error (not a format problem) after n bytes:
+// err, or errSource when err is nil.
 type failingReader struct {
-	r io.Reader
-	n int
+	r   io.Reader
+	n   int
+	err error
 }
 
 var errSource = errors.New("connection reset by faulty source")
 
 func (f *failingReader) Read(p []byte) (int, error) {
 	if f.n <= 0 {
+		if f.err != nil {
+			return 0, f.err
+		}
 		return 0, errSource
 	}
 	p = p[:min(len(p), f.n)]
@@ -405,6 +411,33 @@ func TestSourceErrorIsNotRejection(t *testing.T) {
 	}
 	if _, err := os.Lstat(filepath.Join(s.target, "a")); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("partial file left behind (%v)", err)
+	}
+}
+
+// TestSourceUnexpectedEOFIsNotRejection: a source whose transfer was cut
+// fails with an error wrapping io.ErrUnexpectedEOF (as net/http and the
+// S3 readers do once their resumes are spent); read plain, gzip or zstd,
+// that stays an I/O error the caller may retry, with its cause, and not a
+// truncated archive. The same bytes ending cleanly are a truncated
+// archive (ErrMalformed).
+func TestSourceUnexpectedEOFIsNotRejection(t *testing.T) {
+	plain := build(t, file("a", strings.Repeat("z", 10000)+strings.Repeat("y", 10000)))
+	cut := fmt.Errorf("read s3://b/k: body ended at 3000 of 20480 bytes after 3 resumes: %w", io.ErrUnexpectedEOF)
+	for name, b := range map[string][]byte{"plain": plain, "gzip": s3test.Gzip(t, plain), "zstd": s3test.Zstd(t, plain)} {
+		t.Run(name, func(t *testing.T) {
+			n := len(b) / 2
+			_, verr := Validate(context.Background(), &failingReader{r: bytes.NewReader(b), n: n, err: cut}, Limits{})
+			_, xerr := ExtractDir(context.Background(), &failingReader{r: bytes.NewReader(b), n: n, err: cut}, newSandbox(t).target, ExtractOptions{NoChown: true})
+			for what, err := range map[string]error{"Validate": verr, "Extract": xerr} {
+				if !errors.Is(err, cut) || IsRejection(err) || IsPermanent(err) {
+					t.Errorf("%s: %v (rejection %v, permanent %v); want the source's error, neither a rejection nor permanent", what, err, IsRejection(err), IsPermanent(err))
+				}
+			}
+			_, err := Validate(context.Background(), bytes.NewReader(b[:n]), Limits{})
+			if !errors.Is(err, ErrMalformed) {
+				t.Errorf("Validate of the first %d bytes, ending cleanly: %v, want %v", n, err, ErrMalformed)
+			}
+		})
 	}
 }
 

@@ -33,6 +33,14 @@ const (
 	MaxLimitBytes = 1 << 60 // 1 EiB
 	MaxLimitCount = 1<<31 - 1
 
+	// MaxRootEntries is the most entries an archive may give for its root
+	// ("." or "./"; ErrTooManyRootEntries past it). An archive lists its
+	// root once, or once for each archive concatenated into it; Extract
+	// with DetectRootfs holds the root entries it reads before the first
+	// other entry, so their number is bounded by this rather than by
+	// Limits.MaxEntries.
+	MaxRootEntries = 16
+
 	maxNameLen      = 4095 // PATH_MAX without its NUL
 	maxComponentLen = 255  // NAME_MAX
 	maxOwnerID      = 1<<32 - 2
@@ -94,8 +102,9 @@ type Limits struct {
 	// (an absolute one from the root, ".." stopping at the root), so
 	// nothing is written outside it; more than 40 symlinks on one way are
 	// refused. A way through a symlink this archive made is still refused,
-	// and an entry's own name is never followed: a symlink there is
-	// replaced. Validate, which has no tree, is not concerned.
+	// also where a lower layer's symlink leads to it, and an entry's own
+	// name is never followed: a symlink there is replaced. Validate, which
+	// has no tree, is not concerned.
 	LowerSymlinks bool
 }
 
@@ -185,6 +194,7 @@ type checker struct {
 	anc    ancestorCache
 
 	entries  int
+	roots    int // entries naming the archive root ("." cleaned)
 	implicit int // directories recorded because an entry implied them
 	total    int64
 }
@@ -314,10 +324,20 @@ func (c *checker) admit(hdr *tar.Header) (entry, error) {
 		return entry{}, reject(raw, err, "")
 	}
 	clean := name
-	if c.strip {
-		if name == "." {
-			return entry{op: opSkip, hdr: hdr, clean: clean}, nil // the archive root above rootfs/
+	if clean == "." {
+		// Extract with DetectRootfs holds the root entries it reads
+		// before deciding: their number is bounded whatever the decision.
+		c.roots++
+		if c.roots > MaxRootEntries {
+			return entry{}, reject(raw, ErrTooManyRootEntries, "more than %d", MaxRootEntries)
 		}
+	}
+	// above is the archive root above a stripped rootfs/: it is checked
+	// and recorded as the root is without stripping, so that the verdict on
+	// it and what the checker remembers do not depend on the strip
+	// decision (DetectRootfs admits it before deciding), and then skipped.
+	above := c.strip && clean == "."
+	if c.strip && !above {
 		s, ok := underRootfs(name)
 		if !ok {
 			return entry{}, reject(raw, ErrOutsideRootfs, "")
@@ -400,6 +420,9 @@ func (c *checker) admit(hdr *tar.Header) (entry, error) {
 	if old, ok := c.nodes[key]; !(ok && old.kind == kDir && k == kDir) {
 		c.serial++
 		c.set(name, key, node{kind: k, serial: c.serial})
+	}
+	if above {
+		e.op = opSkip
 	}
 	return e, nil
 }
@@ -630,6 +653,13 @@ func (c *checker) linkTarget(raw, name, linkname string) (string, error) {
 		return "", reject(raw, ErrHardlinkTarget, "-> %s no longer exists", quote(t))
 	}
 	return t, nil
+}
+
+// madeSymlink reports whether name (root-relative, as entries are
+// extracted) is a symlink this archive made and did not replace since.
+func (c *checker) madeSymlink(name string) bool {
+	n, ok := c.nodes[c.key(name)]
+	return ok && n.kind == kSymlink
 }
 
 // written reports whether this archive wrote name (explicitly, or as an

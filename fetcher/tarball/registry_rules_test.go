@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -243,4 +244,60 @@ func TestLowerSymlinks(t *testing.T) {
 	if !errors.Is(err, ErrThroughSymlink) {
 		t.Errorf("Extract without LowerSymlinks: %v, want %v", err, ErrThroughSymlink)
 	}
+}
+
+// TestLowerSymlinksRefuseArchiveSymlinks: with Limits.LowerSymlinks, a
+// symlink the archive made is not followed when it is reached through a
+// lower layer's symlink, where its name in the archive differs from the
+// way taken (lower lib -> usr/lib, the archive's usr/lib/evil -> /etc
+// reached as lib/evil): an entry written that way is refused
+// (ErrThroughSymlink) and etc/passwd is left alone, and the time of a
+// directory the archive made at lib/evil, replaced since by that symlink,
+// is not set on etc.
+func TestLowerSymlinksRefuseArchiveSymlinks(t *testing.T) {
+	lowerEtc := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	lowerTree := func(t *testing.T) sandbox {
+		s := newSandbox(t)
+		for _, d := range []string{"usr/lib", "etc"} {
+			if err := os.MkdirAll(filepath.Join(s.target, d), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Symlink("usr/lib", filepath.Join(s.target, "lib")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(s.target, "etc/passwd"), []byte("root:x:0:0\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(filepath.Join(s.target, "etc"), lowerEtc, lowerEtc); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	opts := ExtractOptions{Limits: Limits{LowerSymlinks: true}, NoChown: true}
+
+	t.Run("entry", func(t *testing.T) {
+		s := lowerTree(t)
+		b := build(t, symlink("usr/lib/evil", "/etc"), file("lib/evil/passwd", "owned\n"))
+		_, err := ExtractDir(context.Background(), bytes.NewReader(b), s.target, opts)
+		if got, err := os.ReadFile(filepath.Join(s.target, "etc/passwd")); err != nil || string(got) != "root:x:0:0\n" {
+			t.Errorf("etc/passwd = %q (%v), want the lower layer's", got, err)
+		}
+		s.intact(t)
+		checkRejection(t, "Extract", err, hostile{rule: ErrThroughSymlink, entry: "lib/evil/passwd"})
+		if !strings.Contains(err.Error(), `"usr/lib/evil" is a symlink this archive made`) {
+			t.Errorf("message %q does not name the archive's symlink", err)
+		}
+	})
+	t.Run("directory times", func(t *testing.T) {
+		s := lowerTree(t)
+		b := build(t, dir("lib/evil/"), symlink("usr/lib/evil", "/etc"))
+		if _, err := ExtractDir(context.Background(), bytes.NewReader(b), s.target, opts); err != nil {
+			t.Fatalf("Extract: %v", err)
+		}
+		if fi, err := os.Stat(filepath.Join(s.target, "etc")); err != nil || !fi.ModTime().Equal(lowerEtc) {
+			t.Errorf("etc: mtime %v (%v), want the lower layer's %v: the time of lib/evil was set through the archive's symlink", fi.ModTime(), err, lowerEtc)
+		}
+		s.intact(t)
+	})
 }

@@ -105,7 +105,10 @@ func (c *counter) Read(p []byte) (int, error) {
 
 // source remembers the error of the underlying reader, so that an error of
 // a decompressor can be told apart: the source failing (worth a retry) or
-// corrupt compressed data (a malformed archive).
+// corrupt compressed data (a malformed archive). It returns that error as
+// a *sourceError, which stream.wrap tells from archive/tar's own errors
+// whatever the source's error wraps (io.ErrUnexpectedEOF for a cut
+// transfer, which from archive/tar means a truncated archive).
 type source struct {
 	r   io.Reader
 	err error
@@ -114,10 +117,18 @@ type source struct {
 func (s *source) Read(p []byte) (int, error) {
 	n, err := s.r.Read(p)
 	if err != nil && err != io.EOF {
+		err = &sourceError{err}
 		s.err = err
 	}
 	return n, err
 }
+
+// sourceError is a failure of the reader an archive is read from, not a
+// verdict on the archive; it reads as, and unwraps to, that failure.
+type sourceError struct{ err error }
+
+func (e *sourceError) Error() string { return e.err.Error() }
+func (e *sourceError) Unwrap() error { return e.err }
 
 // decoded is a decompressor's output; its errors are classified with src.
 type decoded struct {
@@ -386,14 +397,18 @@ func (s *stream) next() (*tar.Header, error) {
 
 // wrap classifies an error from archive/tar: structural errors and
 // corrupt compressed data become a *FormatError, a stream longer than the
-// limits a *PolicyError; anything else (the source failing) is wrapped with
-// where it happened and stays retryable.
+// limits a *PolicyError; anything else (the source failing, whatever its
+// error wraps) is wrapped with where it happened and stays retryable.
 func (s *stream) wrap(err error) error {
 	if errors.Is(err, errStreamTooLong) {
 		return reject(s.cur, ErrStreamTooLong, "more than %d bytes of tar stream", s.cnt.max)
 	}
+	var se *sourceError
 	var ce *corruptError
-	if errors.As(err, &ce) {
+	switch {
+	case errors.As(err, &se):
+		return s.ioErr(err)
+	case errors.As(err, &ce):
 		return s.formatErr(err)
 	}
 	if errors.Is(err, tar.ErrHeader) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, tar.ErrFieldTooLong) {
@@ -409,6 +424,11 @@ func (s *stream) wrap(err error) error {
 		}
 		return s.formatErr(err)
 	}
+	return s.ioErr(err)
+}
+
+// ioErr is err, a failure to read the stream, with where it happened.
+func (s *stream) ioErr(err error) error {
 	if s.cur == "" {
 		return fmt.Errorf("read tar at offset %d: %w", s.cnt.n, err)
 	}
