@@ -3,7 +3,7 @@
 # Idempotent: skips apt entirely when everything is already present.
 set -euo pipefail
 pkgs=(qemu-system-x86 linux-image-amd64 busybox-static e2fsprogs xfsprogs cpio kmod
-      runc libseccomp2 thin-provisioning-tools dmsetup gcc make
+      runc libseccomp2 thin-provisioning-tools dmsetup gcc libc6-dev make
       debootstrap
       xz-utils mount util-linux)  # VM harness: PVH kernel unpacking, losetup/blockdev/mountpoint
 # make release / release-check: the arm64 cross gcc and libc for the static
