@@ -133,7 +133,7 @@ type Event struct {
 	State string `json:"state"`           // the transition under way
 	Layer int    `json:"layer,omitempty"` // 1-based layer of the pull (set by the pull)
 	Bytes int64  `json:"bytes"`           // bytes downloaded or extracted so far
-	Total int64  `json:"total,omitempty"` // size of the layer tarball
+	Total int64  `json:"total,omitempty"` // what Bytes counts towards, when known: the layer tarball's size while downloading
 	Files int    `json:"files"`           // files extracted so far
 }
 

@@ -400,12 +400,15 @@ func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, e
 		defer f.Close()
 		src = f
 	}
+	// The events count the file content written, whose total the tar
+	// does not say up front (the layer file's size is of its compressed
+	// bytes), so they carry none.
 	th := throttle{every: progressInterval}
 	st, err := tarball.ExtractDir(ctx, src, dir, tarball.ExtractOptions{
 		Limits: p.opts.Limits, StripRootfs: dl.HasRootfs, NoChown: p.opts.NoChown, MaxDataBytes: budget,
 		Progress: func(pr tarball.Progress) {
 			if th.ok(false) {
-				p.hub.emit(api.Event{Run: req.Run.ID, FSM: api.FSMUnpack, State: "extract-layers", Bytes: pr.Bytes, Files: pr.Files, Total: dl.SizeBytes})
+				p.hub.emit(api.Event{Run: req.Run.ID, FSM: api.FSMUnpack, State: "extract-layers", Bytes: pr.Bytes, Files: pr.Files})
 			}
 			p.hook("extract:progress")
 		},
@@ -420,7 +423,7 @@ func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, e
 	if err := tarball.SyncFS(dir); err != nil {
 		return nil, err
 	}
-	p.hub.emit(api.Event{Run: req.Run.ID, FSM: api.FSMUnpack, State: "extract-layers", Bytes: st.Bytes, Files: st.Files, Total: dl.SizeBytes})
+	p.hub.emit(api.Event{Run: req.Run.ID, FSM: api.FSMUnpack, State: "extract-layers", Bytes: st.Bytes, Files: st.Files})
 	resp.SizeBytes, resp.FileCount = st.Bytes, st.Files
 	return fsm.NewResponse(resp), nil
 }

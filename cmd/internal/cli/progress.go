@@ -74,11 +74,9 @@ func (p *progress) event(e api.Event) {
 		p.byID[e.Layer] = l
 	}
 	if changed {
-		if l.fsm != e.FSM {
-			// Another machine's bytes: the download's total is not the
-			// unpack's until an event says so.
-			l.total = 0
-		}
+		// Another step's bytes: the last step's total is not this one's
+		// until an event says so.
+		l.total = 0
 		l.fsm, l.state, l.since, l.sinceBytes = e.FSM, e.State, now, e.Bytes
 	}
 	l.bytes, l.files = e.Bytes, e.Files

@@ -106,3 +106,21 @@ func TestProgressBothPhases(t *testing.T) {
 		"layer 1   extract-layers   20.0 MiB  700 files",
 	})
 }
+
+// TestProgressTotalPerStep: a step's total is not carried into the next
+// step, whose bytes count something else (an extraction's file content,
+// of a layer whose total is its compressed size).
+func TestProgressTotalPerStep(t *testing.T) {
+	p, c, out := newClockedProgress(false)
+	p.event(api.Event{FSM: api.FSMDownload, State: "validate", Layer: 1, Bytes: 8 << 20, Total: 8 << 20})
+	p.event(api.Event{FSM: api.FSMDownload, State: "store-metadata", Layer: 1})
+	c.t = c.t.Add(time.Second)
+	p.event(api.Event{FSM: api.FSMUnpack, State: "extract-layers", Layer: 1, Bytes: 15 << 20, Files: 300})
+	p.event(api.Event{FSM: api.FSMUnpack, State: "verify-layout", Layer: 1})
+	checkPlainLines(t, out.String(), []string{
+		"layer 1   validate          8.0 MiB / 8.0 MiB   100.0%",
+		"layer 1   store-metadata",
+		"layer 1   extract-layers   15.0 MiB  300 files",
+		"layer 1   verify-layout",
+	})
+}
