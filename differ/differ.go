@@ -65,11 +65,15 @@ var layerTypes = map[string]bool{
 // extracts it onto the filesystem mounts describes (mounted for the call
 // and unmounted before it returns) and returns the uncompressed layer's
 // descriptor, whose digest is the diff ID containerd then checks against
-// the image's config. A media type other than a tar layer's (an encrypted
-// layer, say) or a layer that needs stream processors' payloads is
-// refused as not implemented, before anything is read; a layer the
-// extraction rules refuse fails naming its entry and the rule, and what it
-// wrote is left to containerd, which removes the snapshot it prepared.
+// the image's config. The layer's entry for its root ("./") is checked but
+// not applied (tarball.ExtractOptions.KeepRootMetadata): the snapshot's
+// root keeps its mode, owner, extended attributes and times, as with
+// containerd's applier, which ignores that entry. A media type other than
+// a tar layer's (an encrypted layer, say) or a layer that needs stream
+// processors' payloads is refused as not implemented, before anything is
+// read; a layer the extraction rules refuse fails naming its entry and the
+// rule, and what it wrote is left to containerd, which removes the
+// snapshot it prepared.
 func (a *Applier) Apply(ctx context.Context, desc ocispec.Descriptor, mounts []mount.Mount, opts ...diff.ApplyOpt) (ocispec.Descriptor, error) {
 	var cfg diff.ApplyConfig
 	for _, o := range opts {
@@ -110,7 +114,7 @@ func (a *Applier) Apply(ctx context.Context, desc ocispec.Descriptor, mounts []m
 		extractErr error // kept apart: WithTempMount's wrapping names its temporary folder
 	)
 	err = mount.WithTempMount(ctx, mounts, func(root string) error {
-		st, extractErr = tarball.ExtractDir(ctx, r, root, tarball.ExtractOptions{Limits: a.Limits, HashStream: true})
+		st, extractErr = tarball.ExtractDir(ctx, r, root, tarball.ExtractOptions{Limits: a.Limits, HashStream: true, KeepRootMetadata: true})
 		if extractErr == nil && cfg.SyncFs {
 			extractErr = tarball.SyncFS(root)
 		}

@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/diff"
+	"github.com/containerd/containerd/v2/core/diff/apply"
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/plugins/content/local"
@@ -289,5 +292,201 @@ func TestApplyFollowsLowerSymlinks(t *testing.T) {
 	}
 	if es, err := os.ReadDir(host); err != nil || len(es) != 0 {
 		t.Errorf("the host's %s holds %v (%v), want it untouched", host, es, err)
+	}
+}
+
+// layerOf is a plain layer of the headers hdrs, each with an empty body:
+// entries of any type, as builders other than archive/tar's users write.
+func layerOf(t *testing.T, hdrs ...*tar.Header) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	for _, h := range hdrs {
+		if h.ModTime.IsZero() {
+			h.ModTime = time.Unix(1.7e9, 0)
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// applyContainerd applies desc with containerd's own applier (the one
+// containerd uses without the flyio differ) onto f's lower tree.
+func (f *fixture) applyContainerd(desc ocispec.Descriptor) (ocispec.Descriptor, error) {
+	return apply.NewFileSystemApplier(f.cs).Apply(f.ctx, desc, []mount.Mount{{Type: "bind", Source: f.lower, Options: []string{"rbind", "rw"}}})
+}
+
+// tree describes every name under root, root included: type, mode,
+// owner, link count, and a file's content or a symlink's target. Times
+// are left out: those of the directories an apply writes in are the
+// time of the apply.
+func tree(t *testing.T, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(root, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		d := fmt.Sprintf("%07o %d:%d nlink=%d", st.Mode, st.Uid, st.Gid, st.Nlink)
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFREG:
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			d += fmt.Sprintf(" %q", b)
+		case unix.S_IFLNK:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			d += " -> " + target
+		case unix.S_IFDIR:
+			d = fmt.Sprintf("%07o %d:%d", st.Mode, st.Uid, st.Gid)
+		}
+		out[rel] = d
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// applyBoth applies layer with containerd's applier onto one fixture and
+// with the daemon's onto another, both from the same lower tree; it fails
+// the test unless both take it, give the same diff ID and leave the same
+// tree. It returns the daemon's fixture.
+func applyBoth(t *testing.T, layer []byte, prepare func(lower string)) *fixture {
+	t.Helper()
+	ctrd, f := newFixture(t), newFixture(t)
+	prepare(ctrd.lower)
+	prepare(f.lower)
+	want, err := ctrd.applyContainerd(ctrd.blob(t, ocispec.MediaTypeImageLayer, layer))
+	if err != nil {
+		t.Fatalf("containerd's applier: %v", err)
+	}
+	got, err := f.apply(f.blob(t, ocispec.MediaTypeImageLayer, layer))
+	if err != nil {
+		t.Fatalf("Apply of a layer containerd's applier takes: %v", err)
+	}
+	if got.Digest != want.Digest {
+		t.Errorf("diff ID %s, containerd's applier %s", got.Digest, want.Digest)
+	}
+	w, g := tree(t, ctrd.lower), tree(t, f.lower)
+	for name, d := range w {
+		if g[name] != d {
+			t.Errorf("%s: %q after Apply, %q after containerd's applier", name, g[name], d)
+		}
+	}
+	for name, d := range g {
+		if _, ok := w[name]; !ok {
+			t.Errorf("%s: %q after Apply, absent after containerd's applier", name, d)
+		}
+	}
+	return f
+}
+
+func noPrepare(string) {}
+
+// TestApplyHardlinkedWhiteouts: Docker on aufs wrote the second and later
+// whiteouts of a layer as hard links to the first (aufs makes every
+// whiteout a hard link of one inode), and a whiteout may be of any other
+// type. Each removes the name it whites out, as with containerd's applier,
+// and nothing of them is created: no link, whatever its target.
+func TestApplyHardlinkedWhiteouts(t *testing.T) {
+	layer := layerOf(t,
+		&tar.Header{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755},
+		&tar.Header{Name: "etc/.wh.old", Typeflag: tar.TypeReg, Mode: 0o444},
+		&tar.Header{Name: "etc/.wh.keep", Typeflag: tar.TypeLink, Linkname: "etc/.wh.old", Mode: 0o444},
+		&tar.Header{Name: "etc/.wh.gone", Typeflag: tar.TypeLink, Linkname: "../../outside", Mode: 0o444},
+		&tar.Header{Name: "etc/.wh.sub/", Typeflag: tar.TypeDir, Mode: 0o755},
+	)
+	f := applyBoth(t, layer, func(lower string) {
+		if err := os.MkdirAll(filepath.Join(lower, "etc/sub"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(lower, "etc/gone"), []byte("gone"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if es, err := os.ReadDir(filepath.Join(f.lower, "etc")); err != nil || len(es) != 0 {
+		t.Errorf("etc holds %v (%v), want every lower file whited out and no whiteout made", es, err)
+	}
+}
+
+// TestApplyAufsMetadata: layers Docker made on aufs carry aufs's metadata
+// directory .wh..wh.plnk/, and may hold a file there that another of the
+// layer's entries is a hard link to. As with containerd's applier, the
+// .wh..wh. entries themselves create nothing, and what is below them is
+// written like any entry, so the hard link finds its target.
+func TestApplyAufsMetadata(t *testing.T) {
+	layer := layerOf(t,
+		&tar.Header{Name: ".wh..wh.aufs", Typeflag: tar.TypeReg, Mode: 0o444},
+		&tar.Header{Name: ".wh..wh.orph/", Typeflag: tar.TypeDir, Mode: 0o700},
+		&tar.Header{Name: ".wh..wh.plnk/", Typeflag: tar.TypeDir, Mode: 0o700},
+		&tar.Header{Name: ".wh..wh.plnk/262.1234", Typeflag: tar.TypeReg, Mode: 0o755},
+		&tar.Header{Name: "usr/", Typeflag: tar.TypeDir, Mode: 0o755},
+		&tar.Header{Name: "usr/bin/", Typeflag: tar.TypeDir, Mode: 0o755},
+		&tar.Header{Name: "usr/bin/tool", Typeflag: tar.TypeLink, Linkname: ".wh..wh.plnk/262.1234", Mode: 0o755},
+		&tar.Header{Name: "etc/new", Typeflag: tar.TypeReg, Mode: 0o644},
+	)
+	f := applyBoth(t, layer, noPrepare)
+	a, errA := os.Lstat(filepath.Join(f.lower, "usr/bin/tool"))
+	b, errB := os.Lstat(filepath.Join(f.lower, ".wh..wh.plnk/262.1234"))
+	if errA != nil || errB != nil || !os.SameFile(a, b) {
+		t.Errorf("usr/bin/tool: %v %v, want the file kept under .wh..wh.plnk", errA, errB)
+	}
+	for _, n := range []string{".wh..wh.aufs", ".wh..wh.orph"} {
+		if _, err := os.Lstat(filepath.Join(f.lower, n)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s: %v, want nothing made of aufs's metadata", n, err)
+		}
+	}
+}
+
+// TestApplyKeepsRootMetadata: a layer made with `tar -C dir -c .` by a
+// build user lists ./ with the user's owner and mode 0700. containerd's
+// applier ignores an entry that resolves to the snapshot's root; so does
+// Apply, so the container's / stays 0755 and root's instead of locking
+// every other user out and handing / to uid 1000. The root's times stay
+// too.
+func TestApplyKeepsRootMetadata(t *testing.T) {
+	lowerTime := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	layer := layerOf(t,
+		&tar.Header{Name: "./", Typeflag: tar.TypeDir, Mode: 0o700, Uid: 1000, Gid: 1000, Format: tar.FormatPAX,
+			PAXRecords: map[string]string{"SCHILY.xattr.user.root": "layer"}},
+		&tar.Header{Name: "./etc/new", Typeflag: tar.TypeReg, Mode: 0o644},
+	)
+	f := applyBoth(t, layer, func(lower string) {
+		if err := os.Chmod(lower, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(lower, lowerTime, lowerTime); err != nil {
+			t.Fatal(err)
+		}
+	})
+	var st unix.Stat_t
+	if err := unix.Stat(f.lower, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode&0o7777 != 0o755 || st.Uid != 0 || st.Gid != 0 || !time.Unix(st.Mtim.Unix()).Equal(lowerTime) {
+		t.Errorf("the snapshot's root: mode %04o owner %d:%d mtime %v, want 0755 0:0 %v as before the layer",
+			st.Mode&0o7777, st.Uid, st.Gid, time.Unix(st.Mtim.Unix()).UTC(), lowerTime)
+	}
+	if n, err := unix.Getxattr(f.lower, "user.root", make([]byte, 16)); !errors.Is(err, unix.ENODATA) {
+		t.Errorf("the snapshot's root has the layer's user.root (%d bytes, %v), want none", n, err)
+	}
+	if got := f.read(t, "etc/new"); got != "" {
+		t.Errorf("etc/new = %q, want the layer's empty file", got)
 	}
 }

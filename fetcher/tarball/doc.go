@@ -45,9 +45,10 @@
 //     space budget of extraction (ExtractOptions.MaxDataBytes) too;
 //   - OCI whiteouts: ".wh.<name>" removes <name> from the lower layers,
 //     ".wh..wh..opq" empties its directory of lower content; a whiteout
-//     must be a regular file and must not name "", "." or ".."
+//     is told by its name, whatever its type (a hard link among them
+//     links nothing), and must not name "", "." or ".."
 //     (ErrWhiteoutEscape); other ".wh..wh." names (aufs metadata) are
-//     ignored;
+//     ignored, whatever their type;
 //   - the stream must be a complete tar archive, end-of-archive marker
 //     included, and compressed data must decode to its end (a
 //     *FormatError, matching ErrMalformed, otherwise); after the marker

@@ -66,8 +66,8 @@ var (
 	// ErrDeviceNode: a character or block device entry.
 	ErrDeviceNode = newRule("device node")
 	// ErrUnsupportedType: an entry type the extractor does not create
-	// (volume headers, multi-volume continuations, GNU dumpdirs, ...), or a
-	// whiteout that is not a regular file.
+	// (volume headers, multi-volume continuations, GNU dumpdirs, ...). A
+	// whiteout of such a type is not one: it creates nothing.
 	ErrUnsupportedType = newRule("unsupported entry type")
 	// ErrBadOwner: a uid or gid outside 0..4294967294.
 	ErrBadOwner = newRule("invalid owner")

@@ -49,6 +49,14 @@ type ExtractOptions struct {
 	// archive. The entry that would write more is refused (ErrOverBudget)
 	// before its excess is written, and removed.
 	MaxDataBytes int64
+	// KeepRootMetadata leaves the mode, owner, extended attributes and
+	// times of root as they are: an entry naming the archive root ("./",
+	// or rootfs/ when stripped) is checked and counted as any other but
+	// not applied, as containerd's applier ignores an entry that resolves
+	// to the root. It is for extracting onto a snapshot whose root belongs
+	// to the layers below, where a layer made with `tar -c .` by a build
+	// user would otherwise make the image's / private to that user.
+	KeepRootMetadata bool
 	// NoChown leaves every entry owned by the extracting user instead of the
 	// archive's uid/gid (for unprivileged tools and tests).
 	NoChown bool
@@ -332,6 +340,9 @@ func (x *extractor) apply(s *stream, e entry) error {
 	case opSkip:
 		return nil
 	case opDir:
+		if e.name == "." && x.opts.KeepRootMetadata {
+			return nil
+		}
 		x.st.Dirs++
 		err = x.dir(raw, e)
 	case opReg:

@@ -169,8 +169,19 @@ func hostileCorpus() []hostile {
 		{name: "opaque-through-symlink", ents: func(c string) []ent {
 			return []ent{symlink("abs", c), file("abs/.wh..wh..opq", "")}
 		}, rule: ErrThroughSymlink, entry: "abs/.wh..wh..opq"},
-		{name: "whiteout-not-a-file", ents: func(string) []ent { return []ent{dir(".wh.x/")} },
-			rule: ErrUnsupportedType, entry: ".wh.x/"},
+		// A whiteout of another type than a regular file is held to the
+		// same confinement.
+		{name: "hardlinked-whiteout-escaping-dir", ents: func(string) []ent {
+			return []ent{dir("a/"), file("a/.wh.x", ""), hardlink("a/.wh..", "a/.wh.x")}
+		}, rule: ErrWhiteoutEscape, entry: "a/.wh.."},
+		{name: "hardlinked-whiteout-through-symlink", ents: func(c string) []ent {
+			return []ent{file(".wh.x", ""), symlink("abs", c), hardlink("abs/.wh.secret", ".wh.x")}
+		}, rule: ErrThroughSymlink, entry: "abs/.wh.secret"},
+		{name: "dir-whiteout-traversal", ents: func(string) []ent { return []ent{dir("../canary/.wh.secret/")} },
+			rule: ErrTraversal, entry: "../canary/.wh.secret/"},
+		{name: "aufs-metadata-through-symlink", ents: func(c string) []ent {
+			return []ent{symlink("abs", c), dir("abs/.wh..wh.plnk/")}
+		}, rule: ErrThroughSymlink, entry: "abs/.wh..wh.plnk/"},
 		{name: "parent-not-dir", ents: func(string) []ent { return []ent{file("f", "x"), file("f/g", "y")} },
 			rule: ErrParentNotDir, entry: "f/g"},
 		{name: "root-as-symlink", ents: func(c string) []ent { return []ent{symlink("./", c)} },

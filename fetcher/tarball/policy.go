@@ -479,10 +479,17 @@ func (c *checker) add(raw string, n int64) error {
 	return nil
 }
 
+// admitWhiteout checks a whiteout: an entry whose base name starts with
+// ".wh.". What it is follows from the name alone, whatever the entry's
+// type, as containerd's applier decides it: Docker on aufs wrote the
+// second and later whiteouts of a layer as hard links to the first, and
+// its layers carry the aufs metadata directory ".wh..wh.plnk/". So a
+// whiteout's type, link target, mode and body are never used: it removes
+// what it names and creates nothing, and a hard link among them links
+// nothing. Its confinement is checked as any entry's: its directory must
+// be one the archive may write in, and the name it removes one entry of
+// that directory.
 func (c *checker) admitWhiteout(raw, name, base string, hdr *tar.Header) (entry, error) {
-	if hdr.Typeflag != tar.TypeReg && hdr.Typeflag != tar.TypeRegA {
-		return entry{}, reject(raw, ErrUnsupportedType, "whiteout of type %q, want a regular file", hdr.Typeflag)
-	}
 	dir := path.Dir(name)
 	if _, err := c.ancestors(raw, dir, false); err != nil {
 		return entry{}, err
@@ -502,7 +509,11 @@ func (c *checker) admitWhiteout(raw, name, base string, hdr *tar.Header) (entry,
 		return entry{op: opOpaque, name: dir, hdr: hdr}, nil
 	}
 	if strings.HasPrefix(base, whiteoutMeta) {
-		return entry{op: opSkip, hdr: hdr}, nil // aufs metadata (.wh..wh.plnk, ...): ignored
+		// aufs metadata (.wh..wh.plnk/, .wh..wh.aufs): nothing to create
+		// or remove. Entries below such a directory are ordinary ones,
+		// written as containerd's applier writes them: a layer's hard
+		// links may name the files aufs kept in .wh..wh.plnk/.
+		return entry{op: opSkip, hdr: hdr}, nil
 	}
 	target := strings.TrimPrefix(base, whiteoutPrefix)
 	if target == "" || target == "." || target == ".." {

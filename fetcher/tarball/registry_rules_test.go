@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -300,4 +301,164 @@ func TestLowerSymlinksRefuseArchiveSymlinks(t *testing.T) {
 		}
 		s.intact(t)
 	})
+}
+
+// TestWhiteoutsOfAnyType: a whiteout is told by its name alone, as
+// containerd's applier tells it, under the S3 layers' rules and the
+// registry layers' alike. Docker on aufs wrote the second and later
+// whiteouts of a layer as hard links to the first, and its layers carry
+// the aufs metadata directory .wh..wh.plnk/, whose files the layer's hard
+// links may name. Each .wh.<name>, whatever its type, removes <name> and
+// creates nothing (a hard link among them links nothing, whatever its
+// target); the other .wh..wh. names are skipped whatever their type, and
+// what is below them is written as any entry.
+func TestWhiteoutsOfAnyType(t *testing.T) {
+	removed := []string{"etc/a", "etc/b", "etc/c", "etc/d", "etc/e", "etc/f", "etc/sub"}
+	lowerTree := func(t *testing.T) sandbox {
+		s := newSandbox(t)
+		if err := os.MkdirAll(filepath.Join(s.target, "etc/sub"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range append(removed[:len(removed)-1:len(removed)-1], "etc/sub/x", "etc/kept") {
+			if err := os.WriteFile(filepath.Join(s.target, n), []byte("lower"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return s
+	}
+	b := build(t,
+		dir("etc/"),
+		file("etc/.wh.a", "").mode(0o444),
+		hardlink("etc/.wh.b", "etc/.wh.a"),
+		hardlink("etc/.wh.c", "../../canary/secret"), // never a link: its target is not looked at
+		dir("etc/.wh.sub/"),
+		symlink("etc/.wh.d", "/etc/shadow"),
+		special("etc/.wh.e", tar.TypeFifo),
+		special("etc/.wh.f", tar.TypeChar), // creates nothing: not a device node to refuse
+		dir(".wh..wh.plnk/").mode(0o700),
+		file(".wh..wh.plnk/1234.5678", "aufs"),
+		hardlink("usr/bin/tool", ".wh..wh.plnk/1234.5678"),
+		file(".wh..wh.aufs", ""),
+		symlink(".wh..wh.orph", "/"),
+	)
+	for _, c := range []struct {
+		name   string
+		limits Limits
+	}{
+		{"s3", Limits{}},
+		{"registry", Limits{AllowSetID: true, AllowDeviceNodes: true, LowerHardlinks: true, LowerSymlinks: true}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rep, err := Validate(context.Background(), bytes.NewReader(b), c.limits)
+			if err != nil || rep.Whiteouts != len(removed) || rep.Hardlinks != 1 {
+				t.Fatalf("Validate: %+v, %v; want %d whiteouts and 1 hard link admitted", rep, err, len(removed))
+			}
+			s := lowerTree(t)
+			st, err := ExtractDir(context.Background(), bytes.NewReader(b), s.target, ExtractOptions{Limits: c.limits})
+			if err != nil {
+				t.Fatalf("Extract: %v", err)
+			}
+			s.intact(t)
+			if st.Whiteouts != len(removed) || st.Removed != len(removed) || st.Hardlinks != 1 {
+				t.Errorf("Stats %+v: want %d whiteouts removing %d names, 1 hard link", st, len(removed), len(removed))
+			}
+			for _, n := range append(removed, "etc/.wh.a", "etc/.wh.b", "etc/.wh.c", "etc/.wh.sub", "etc/.wh.d", "etc/.wh.e", "etc/.wh.f", ".wh..wh.aufs", ".wh..wh.orph") {
+				if _, err := os.Lstat(filepath.Join(s.target, n)); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("%s: %v, want it absent", n, err)
+				}
+			}
+			if got, err := os.ReadFile(filepath.Join(s.target, "etc/kept")); err != nil || string(got) != "lower" {
+				t.Errorf("etc/kept = %q (%v), want the lower layer's", got, err)
+			}
+			a, errA := os.Lstat(filepath.Join(s.target, "usr/bin/tool"))
+			p, errP := os.Lstat(filepath.Join(s.target, ".wh..wh.plnk/1234.5678"))
+			if errA != nil || errP != nil || !os.SameFile(a, p) {
+				t.Errorf("usr/bin/tool: %v %v, want a second name of .wh..wh.plnk/1234.5678", errA, errP)
+			}
+		})
+	}
+}
+
+// TestKeepRootMetadata: with ExtractOptions.KeepRootMetadata an entry
+// naming the archive root (./, or rootfs/ when that is the root) leaves
+// the root's mode, owner, extended attributes and times as they were, as
+// containerd's applier leaves them: a layer made with `tar -c .` by a
+// build user does not make / private to that user. The entry is still
+// checked and counted. Without the option (S3 layers, whose first layer
+// gives the device's root) it is applied.
+func TestKeepRootMetadata(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("the root entry gives an owner: run the tests as root")
+	}
+	lowerTime := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	root := func(name string) ent {
+		return dir(name).mode(0o700).owner(1000, 1000).pax("SCHILY.xattr.user.root", "layer")
+	}
+	cases := []struct {
+		name string
+		ents []ent
+		opts ExtractOptions
+	}{
+		{"root", []ent{root("./"), file("./etc/new", "n")}, ExtractOptions{}},
+		{"detected", []ent{root("./"), file("./etc/new", "n")}, ExtractOptions{DetectRootfs: true}},
+		{"rootfs", []ent{root("rootfs/"), file("rootfs/etc/new", "n")}, ExtractOptions{StripRootfs: true}},
+	}
+	for _, c := range cases {
+		for _, keep := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/keep=%v", c.name, keep), func(t *testing.T) {
+				s := newSandbox(t)
+				if err := os.Mkdir(filepath.Join(s.target, "etc"), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Chmod(s.target, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Chtimes(s.target, lowerTime, lowerTime); err != nil {
+					t.Fatal(err)
+				}
+				opts := c.opts
+				opts.KeepRootMetadata = keep
+				st, err := ExtractDir(context.Background(), bytes.NewReader(build(t, c.ents...)), s.target, opts)
+				if err != nil {
+					t.Fatalf("Extract: %v", err)
+				}
+				s.intact(t)
+				if b, err := os.ReadFile(filepath.Join(s.target, "etc/new")); err != nil || string(b) != "n" {
+					t.Errorf("etc/new = %q (%v), want the layer's", b, err)
+				}
+				var sb unix.Stat_t
+				if err := unix.Stat(s.target, &sb); err != nil {
+					t.Fatal(err)
+				}
+				buf := make([]byte, 16)
+				n, xerr := unix.Getxattr(s.target, "user.root", buf)
+				got := fmt.Sprintf("mode %04o uid %d gid %d mtime %v xattr %q (%v)", sb.Mode&0o7777, sb.Uid, sb.Gid,
+					time.Unix(sb.Mtim.Unix()).UTC(), buf[:max(n, 0)], xerr)
+				want := fmt.Sprintf("mode 0755 uid 0 gid 0 mtime %v xattr \"\" (%v)", lowerTime, unix.ENODATA)
+				if !keep {
+					want = fmt.Sprintf("mode 0700 uid 1000 gid 1000 mtime %v xattr \"layer\" (<nil>)", testTime)
+				}
+				if got != want {
+					t.Errorf("root after the extraction: %s, want %s", got, want)
+				}
+				if wantDirs := map[bool]int{true: 0, false: 1}[keep]; st.Entries != 2 || st.Dirs != wantDirs {
+					t.Errorf("Stats %+v: want 2 entries read, %d directories applied", st, wantDirs)
+				}
+			})
+		}
+	}
+
+	// Kept or not, the root entry is held to the rules.
+	for _, h := range []hostile{
+		{name: "symlink", ents: func(c string) []ent { return []ent{symlink("./", c)} }, rule: ErrRootNotDir, entry: "./"},
+		{name: "setuid", ents: func(string) []ent { return []ent{dir("./").mode(0o4755)} }, rule: ErrSetID, entry: "./"},
+		{name: "too-many", ents: func(string) []ent { return rootEntries(MaxRootEntries+1, nil) }, rule: ErrTooManyRootEntries},
+	} {
+		t.Run("refused/"+h.name, func(t *testing.T) {
+			s := newSandbox(t)
+			_, err := ExtractDir(context.Background(), bytes.NewReader(h.archive(t, s)), s.target, ExtractOptions{KeepRootMetadata: true})
+			checkRejection(t, "Extract", err, h)
+			s.intact(t)
+		})
+	}
 }
