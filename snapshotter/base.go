@@ -67,7 +67,9 @@ func (s *Snapshotter) ensureBase(ctx context.Context) (*ThinDevice, error) {
 		if errors.Is(err, thinpool.ErrExists) {
 			// Not ours: never touch it, never reuse the id. The next call
 			// chooses another.
-			s.quarantineAndDrop(fctx, plan, "found in pool while creating the base device; no record explains it")
+			if qerr := s.quarantineAndDrop(fctx, plan, "found in pool while creating the base device; no record explains it"); qerr != nil {
+				err = errors.Join(err, fmt.Errorf("quarantine thin id %d: %w", id, qerr))
+			}
 		} else {
 			s.rollbackCreate(fctx, plan, false, err)
 		}

@@ -105,6 +105,7 @@ func (s *Snapshotter) reconcile(ctx context.Context) error {
 	}
 	known := make(map[uint32]bool, len(devs))
 	knownNames := make(map[string]bool, len(devs))
+	var missing []ThinDevice
 	for _, d := range devs {
 		known[d.ID] = true
 		knownNames[d.Name] = true
@@ -112,9 +113,7 @@ func (s *Snapshotter) reconcile(ctx context.Context) error {
 		l := logger.WithFields(log.Fields{"thin_id": d.ID, "device": d.Name, "role": d.Role, "state": d.State})
 		switch {
 		case !inPool[d.ID]:
-			if err := s.dropMissing(ctx, d, l); err != nil {
-				errs = append(errs, err)
-			}
+			missing = append(missing, d)
 		case d.State == ThinStateRemoved:
 			if !s.cfg.AsyncRemove {
 				if err := s.reclaim(ctx, d); err != nil {
@@ -138,6 +137,29 @@ func (s *Snapshotter) reconcile(ctx context.Context) error {
 				l.Info("reconcile: activated device recorded active")
 			}
 		}
+	}
+
+	// A missing snapshot with children keeps its record for the operator;
+	// its children may be missing too, so the drops are repeated until a
+	// pass drops nothing, whatever the order of the ids.
+	for len(missing) > 0 {
+		var kept []ThinDevice
+		for _, d := range missing {
+			dropped, err := s.dropMissing(ctx, d, logger.WithFields(log.Fields{"thin_id": d.ID, "device": d.Name, "role": d.Role, "state": d.State}))
+			if err != nil {
+				errs = append(errs, err)
+			} else if !dropped {
+				kept = append(kept, d)
+			}
+		}
+		if len(kept) == len(missing) {
+			for _, d := range kept {
+				logger.WithFields(log.Fields{"thin_id": d.ID, "device": d.Name}).
+					Error("reconcile: snapshot device missing from the pool but the snapshot has children; record kept for the operator")
+			}
+			break
+		}
+		missing = kept
 	}
 
 	// 3. Thin ids in the pool that nothing explains.
@@ -194,21 +216,23 @@ func (s *Snapshotter) reconcile(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// dropMissing handles a recorded device that is not in the pool.
-func (s *Snapshotter) dropMissing(ctx context.Context, d ThinDevice, l *log.Entry) error {
+// dropMissing handles a recorded device that is not in the pool, and
+// reports whether it dropped the records: it keeps those of a snapshot
+// that has children.
+func (s *Snapshotter) dropMissing(ctx context.Context, d ThinDevice, l *log.Entry) (bool, error) {
 	switch {
 	case d.State == ThinStateRemoved:
 		if err := s.withTx(ctx, func(q Records) error { return q.deleteThinDevice(ctx, d.ID) }); err != nil {
-			return err
+			return false, err
 		}
 		l.Info("reconcile: removed device already gone from the pool; dropped its record")
-		return nil
+		return true, nil
 	case d.Role == ThinRoleBase:
 		if err := s.withTx(ctx, func(q Records) error { return q.deleteThinDevice(ctx, d.ID) }); err != nil {
-			return err
+			return false, err
 		}
 		l.Error("reconcile: base device missing from the pool; dropped its record, it will be made again")
-		return nil
+		return true, nil
 	}
 	var dropped, children bool
 	err := s.withTx(ctx, func(q Records) error {
@@ -233,12 +257,10 @@ func (s *Snapshotter) dropMissing(ctx context.Context, d ThinDevice, l *log.Entr
 		return q.deleteThinDevice(ctx, d.ID)
 	})
 	if err != nil {
-		return err
+		return false, err
 	}
-	if children {
-		l.Error("reconcile: snapshot device missing from the pool but the snapshot has children; record kept for the operator")
-	} else if dropped {
+	if dropped {
 		l.Error("reconcile: snapshot device missing from the pool; its data is gone, dropped its records")
 	}
-	return nil
+	return dropped && !children, nil
 }

@@ -41,3 +41,43 @@ func TestReconcileDropsSnapshotsWhoseDeviceIsGone(t *testing.T) {
 		t.Errorf("child of the snapshot whose device is gone: %v", err)
 	}
 }
+
+// TestReconcileDropsMissingParentAndChild: a committed snapshot and the
+// active one on it, both gone from the pool, are both dropped at start-up,
+// whichever has the smaller thin id (records are walked in id order).
+func TestReconcileDropsMissingParentAndChild(t *testing.T) {
+	ctx := context.Background()
+	seen := map[bool]bool{}
+	for i := 0; i < 40 && len(seen) < 2; i++ {
+		s, pool := newFakeSnapshotter(t, Config{})
+		p, c := "p"+string(rune('a'+i)), "c"+string(rune('a'+i))
+		mustParent(t, s, p)
+		if _, err := s.Prepare(ctx, c, p); err != nil {
+			t.Fatal(err)
+		}
+		_, _, pid, _ := s.DeviceOf(ctx, p)
+		_, _, cid, _ := s.DeviceOf(ctx, c)
+		if seen[pid < cid] {
+			continue
+		}
+		seen[pid < cid] = true
+		for _, id := range []uint32{pid, cid} {
+			_ = pool.Deactivate(ctx, deviceName(pool.Name(), id))
+			if err := pool.Delete(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s2, err := New(ctx, s.db, pool, Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, key := range []string{c, p} {
+			if _, err := s2.Stat(ctx, key); !errdefs.IsNotFound(err) {
+				t.Errorf("parent id %d, child id %d: Stat(%s) = %v after start-up, want not found", pid, cid, key, err)
+			}
+		}
+	}
+	if len(seen) < 2 {
+		t.Fatalf("40 tries gave only one order of the ids: %v", seen)
+	}
+}
