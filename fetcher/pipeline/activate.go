@@ -46,9 +46,11 @@ type Registrar interface {
 	// refused as Check refuses, keeping the labels of an image it
 	// repoints.
 	Register(ctx context.Context, ref string, diffIDs []string, replace bool) error
-	// Registered reports whether ref is registered with topChain as its
-	// unpacked chain (true when there is nowhere to register).
-	Registered(ctx context.Context, ref, topChain string) (bool, error)
+	// Registered reports whether ref is registered as Register would
+	// leave it for diffIDs: an image this daemon created, whose rootfs is
+	// those layers, unpacked (true when there is nowhere to register). A
+	// name that exists but points at another image is not registered.
+	Registered(ctx context.Context, ref string, diffIDs []string) (bool, error)
 }
 
 type acReq = fsm.Request[ActivateRequest, api.ActivateResponse]
@@ -335,7 +337,10 @@ func (p *Pipelines) checkName(ctx context.Context, imageID, name string, nss []s
 // nameImage gives image imageID the name name: checked (checkName),
 // recorded, then registered in containerd as the image of layers in each
 // namespace of nss. A registration refused (ErrForeignImage) takes back
-// the record this call added.
+// the record this call added. The record and the registration of one name
+// are done under that name's lock (Pipelines.names), so two namings of it
+// (two --replace pulls) leave the records and containerd naming the same
+// image: the one named last.
 func (p *Pipelines) nameImage(ctx context.Context, imageID, name string, nss []string, layers []api.Layer, replace bool) error {
 	if name == "" {
 		return nil
@@ -343,6 +348,8 @@ func (p *Pipelines) nameImage(ctx context.Context, imageID, name string, nss []s
 	if err := p.checkName(ctx, imageID, name, nss, replace); err != nil {
 		return err
 	}
+	unlock := p.names.Lock(name)
+	defer unlock()
 	had, err := RecordsOf(p.db).ImageIDByName(ctx, name)
 	if err != nil {
 		return err

@@ -130,19 +130,27 @@ type containerdStores struct {
 	snapshots snapshots.Snapshotter
 }
 
-// register writes ref's config and manifest, makes containerd adopt every
-// chain under it, and only then names it: the name is created or repointed
-// last, so a registration that fails anywhere leaves no name behind (and
-// an image of that name that was there stays as it was). What was written
-// before the failure is held only by the caller's lease, and containerd's
-// garbage collector removes it once the lease ends.
-func register(ctx context.Context, st containerdStores, snapshotter, ns, ref string, diffIDs []string, replace bool) error {
+// registeredImage is what register writes for an image: its OCI config
+// and manifest (bytes and descriptors) and its chain IDs, bottom first.
+type registeredImage struct {
+	cfgRaw, manRaw   []byte
+	cfgDesc, manDesc ocispec.Descriptor
+	chain            []digest.Digest
+}
+
+// imageFor builds the config and manifest register writes for the layers
+// diffIDs: the same diff IDs give the same bytes, so the manifest digest
+// says whether an image in containerd is the one register would make.
+func imageFor(ref string, diffIDs []string) (registeredImage, error) {
+	if len(diffIDs) == 0 {
+		return registeredImage{}, fmt.Errorf("register %s: an image needs at least one layer: %w", ref, errdefs.ErrInvalidArgument)
+	}
 	diffs := make([]digest.Digest, len(diffIDs))
 	layers := make([]ocispec.Descriptor, len(diffIDs))
 	for i, d := range diffIDs {
 		dg, err := digest.Parse(d)
 		if err != nil {
-			return fmt.Errorf("register %s: layer %d diff id %q: %w", ref, i+1, d, err)
+			return registeredImage{}, fmt.Errorf("register %s: layer %d diff id %q: %w", ref, i+1, d, err)
 		}
 		diffs[i] = dg
 		layers[i] = ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayer, Digest: dg}
@@ -156,38 +164,51 @@ func register(ctx context.Context, st containerdStores, snapshotter, ns, ref str
 	}
 	cfgRaw, err := json.Marshal(cfg)
 	if err != nil {
-		return err
+		return registeredImage{}, fmt.Errorf("register %s: config: %w", ref, err)
 	}
 	cfgDesc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageConfig, Digest: digest.FromBytes(cfgRaw), Size: int64(len(cfgRaw))}
 	man := ocispec.Manifest{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest, Config: cfgDesc, Layers: layers}
 	manRaw, err := json.Marshal(man)
 	if err != nil {
-		return err
+		return registeredImage{}, fmt.Errorf("register %s: manifest: %w", ref, err)
 	}
 	manDesc := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: digest.FromBytes(manRaw), Size: int64(len(manRaw))}
-	chain := identity.ChainIDs(diffs)
-	top := chain[len(chain)-1].String()
+	return registeredImage{cfgRaw: cfgRaw, manRaw: manRaw, cfgDesc: cfgDesc, manDesc: manDesc, chain: identity.ChainIDs(diffs)}, nil
+}
+
+// register writes ref's config and manifest, makes containerd adopt every
+// chain under it, and only then names it: the name is created or repointed
+// last, so a registration that fails anywhere leaves no name behind (and
+// an image of that name that was there stays as it was). What was written
+// before the failure is held only by the caller's lease, and containerd's
+// garbage collector removes it once the lease ends.
+func register(ctx context.Context, st containerdStores, snapshotter, ns, ref string, diffIDs []string, replace bool) error {
+	im, err := imageFor(ref, diffIDs)
+	if err != nil {
+		return err
+	}
+	top := im.chain[len(im.chain)-1].String()
 	cs := st.content
 	gcRef := gcRefSnapshot(snapshotter)
 	cfgLabels := map[string]string{gcRef: top}
-	if err := content.WriteBlob(ctx, cs, "flyio-config-"+cfgDesc.Digest.Encoded(), bytes.NewReader(cfgRaw), cfgDesc, content.WithLabels(cfgLabels)); err != nil {
+	if err := content.WriteBlob(ctx, cs, "flyio-config-"+im.cfgDesc.Digest.Encoded(), bytes.NewReader(im.cfgRaw), im.cfgDesc, content.WithLabels(cfgLabels)); err != nil {
 		return fmt.Errorf("register %s: write config: %w", ref, err)
 	}
 	// WriteBlob keeps the labels of a blob that exists already.
-	if _, err := cs.Update(ctx, content.Info{Digest: cfgDesc.Digest, Labels: cfgLabels}, "labels."+gcRef); err != nil {
+	if _, err := cs.Update(ctx, content.Info{Digest: im.cfgDesc.Digest, Labels: cfgLabels}, "labels."+gcRef); err != nil {
 		return fmt.Errorf("register %s: label config: %w", ref, err)
 	}
-	gcLabels := map[string]string{"containerd.io/gc.ref.content.config": cfgDesc.Digest.String()}
-	if err := content.WriteBlob(ctx, cs, "flyio-manifest-"+manDesc.Digest.Encoded(), bytes.NewReader(manRaw), manDesc, content.WithLabels(gcLabels)); err != nil {
+	gcLabels := map[string]string{"containerd.io/gc.ref.content.config": im.cfgDesc.Digest.String()}
+	if err := content.WriteBlob(ctx, cs, "flyio-manifest-"+im.manDesc.Digest.Encoded(), bytes.NewReader(im.manRaw), im.manDesc, content.WithLabels(gcLabels)); err != nil {
 		return fmt.Errorf("register %s: write manifest: %w", ref, err)
 	}
-	if err := adopt(ctx, st.snapshots, chain); err != nil {
+	if err := adopt(ctx, st.snapshots, im.chain); err != nil {
 		return fmt.Errorf("register %s in containerd namespace %s: %w (no image of that name was made or changed)", ref, ns, err)
 	}
-	if err := putImage(ctx, st.images, ns, ref, manDesc, replace); err != nil {
+	if err := putImage(ctx, st.images, ns, ref, im.manDesc, replace); err != nil {
 		return err
 	}
-	log.G(ctx).WithField("ref", ref).WithField("namespace", ns).WithField("snapshotter", snapshotter).WithField("manifest", manDesc.Digest).WithField("top_chain", top).Info("image registered in containerd")
+	log.G(ctx).WithField("ref", ref).WithField("namespace", ns).WithField("snapshotter", snapshotter).WithField("manifest", im.manDesc.Digest).WithField("top_chain", top).Info("image registered in containerd")
 	return nil
 }
 
@@ -206,10 +227,10 @@ func (c *ContainerdRegistrar) Check(ctx context.Context, ref string, replace boo
 
 // Registered implements Registrar: ref exists in containerd (in the
 // context's namespace, or c.Namespace), is an image this daemon created,
-// and containerd knows its top chain in our snapshotter. A containerd
-// socket that does not exist counts as registered (nothing to register
-// in).
-func (c *ContainerdRegistrar) Registered(ctx context.Context, ref, topChain string) (bool, error) {
+// targets the manifest Register writes for diffIDs, and containerd knows
+// its top chain in our snapshotter. A containerd socket that does not
+// exist counts as registered (nothing to register in).
+func (c *ContainerdRegistrar) Registered(ctx context.Context, ref string, diffIDs []string) (bool, error) {
 	cl, err := c.client(ctx, ref)
 	if err != nil {
 		return false, err
@@ -218,18 +239,36 @@ func (c *ContainerdRegistrar) Registered(ctx context.Context, ref, topChain stri
 		return true, nil // no containerd: nothing to register in
 	}
 	defer cl.Close()
-	ctx = namespaces.WithNamespace(ctx, c.namespace(ctx))
-	if img, err := cl.ImageService().Get(ctx, ref); errdefs.IsNotFound(err) {
+	ns := c.namespace(ctx)
+	st := containerdStores{images: cl.ImageService(), snapshots: cl.SnapshotService(c.snapshotter())}
+	return registered(namespaces.WithNamespace(ctx, ns), st, ns, ref, diffIDs)
+}
+
+// registered says whether namespace ns of st has ref as register would
+// leave it for diffIDs: an image of ours whose target is that very
+// manifest (an image of ours repointed at another image's manifest, or
+// left on an older one, is not), with the top chain known to the snapshot
+// service. The manifest digest is computed, not read, so this costs one
+// image lookup and one snapshot stat.
+func registered(ctx context.Context, st containerdStores, ns, ref string, diffIDs []string) (bool, error) {
+	im, err := imageFor(ref, diffIDs)
+	if err != nil {
+		return false, err
+	}
+	img, err := st.images.Get(ctx, ref)
+	switch {
+	case errdefs.IsNotFound(err):
 		return false, nil
-	} else if err != nil {
-		return false, fmt.Errorf("image %s in containerd: %w", ref, err)
-	} else if !ownImage(img) {
+	case err != nil:
+		return false, fmt.Errorf("image %s in containerd namespace %s: %w", ref, ns, err)
+	case !ownImage(img) || img.Target.Digest != im.manDesc.Digest:
 		return false, nil
 	}
-	if _, err := cl.SnapshotService(c.snapshotter()).Stat(ctx, topChain); errdefs.IsNotFound(err) {
+	top := im.chain[len(im.chain)-1].String()
+	if _, err := st.snapshots.Stat(ctx, top); errdefs.IsNotFound(err) {
 		return false, nil
 	} else if err != nil {
-		return false, fmt.Errorf("chain %s of %s in containerd: %w", topChain, ref, err)
+		return false, fmt.Errorf("chain %s of %s in containerd namespace %s: %w", top, ref, ns, err)
 	}
 	return true, nil
 }

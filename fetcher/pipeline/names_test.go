@@ -6,6 +6,9 @@ import (
 	"maps"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
@@ -138,4 +141,133 @@ func TestRegisterStepRefusesForeignName(t *testing.T) {
 	if reg.calls(name) != 0 {
 		t.Errorf("Register reached containerd %d times", reg.calls(name))
 	}
+}
+
+// nameIs fails the test unless name gives image want both in the records
+// and in containerd's namespace "default" (its config's top chain).
+func nameIs(t *testing.T, e *env, reg *storesRegistrar, when, name string, want *api.PullResult) {
+	t.Helper()
+	id, err := RecordsOf(e.db).ImageIDByName(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if top := reg.topOf(t, name); id != want.ImageID || top != want.TopChainID {
+		t.Errorf("%s: the records give %s to image %q and containerd's %s runs top chain %s; want both %s (%s, top chain %s)",
+			when, name, id, name, top, want.Source, want.ImageID, want.TopChainID)
+	}
+}
+
+// TestPullNameMovedBackRepointsContainerd, on containerd's metadata
+// store: a name moved to another image and back (--replace twice) runs
+// the image the records give it, although the first image's chain stayed
+// known to containerd under its default name. A name containerd has for
+// another image than the records say (a registration that failed after
+// its record moved) is repointed by the next pull of the recorded image,
+// and the pull after that is answered from the records, containerd's
+// image left untouched.
+func TestPullNameMovedBackRepointsContainerd(t *testing.T) {
+	e, reg := newContainerdPullEnv(t)
+	e.srv.Put(t, "a/1.tar", layerTar(t, "a", 500))
+	e.srv.Put(t, "b/1.tar", layerTar(t, "b", 500))
+	a := e.mustPull("a/", "") // its default name keeps a's chain in containerd
+	e.mustPull("a/", "app")
+	b, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "b/", Ref: "app", Replace: true})
+	if err != nil {
+		t.Fatalf("pull b/ as app with replace: %v", err)
+	}
+	nameIs(t, e, reg, "app moved to b/", "app", b)
+	if _, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "a/", Ref: "app", Replace: true}); err != nil {
+		t.Fatalf("pull a/ as app with replace: %v", err)
+	}
+	nameIs(t, e, reg, "app moved back to a/", "app", a)
+
+	ctx := namespaces.WithNamespace(context.Background(), "default")
+	diffs := make([]string, len(b.Layers))
+	for i, l := range b.Layers {
+		diffs[i] = l.DiffID
+	}
+	if err := register(ctx, reg.st, DefaultSnapshotter, "default", "app", diffs, false); err != nil {
+		t.Fatal(err)
+	}
+	e.mustPull("a/", "app")
+	nameIs(t, e, reg, "a/ pulled as app while containerd's app ran b/", "app", a)
+	runs := e.runCount()
+	before, err := reg.st.images.Get(ctx, "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.mustPull("a/", "app")
+	if after, err := reg.st.images.Get(ctx, "app"); err != nil || !after.UpdatedAt.Equal(before.UpdatedAt) || e.runCount() != runs {
+		t.Errorf("pull of a/ as app, in place, started %d runs and left containerd's app updated at %v (%v); want no run and %v",
+			e.runCount()-runs, after.UpdatedAt, err, before.UpdatedAt)
+	}
+	nameIs(t, e, reg, "a/ pulled as app again", "app", a)
+}
+
+// namingWait is how long a test lets a concurrent naming of the same name
+// run before the naming it interrupted goes on: ample for a naming that
+// does not wait for the other, and what a naming that does wait costs.
+const namingWait = 500 * time.Millisecond
+
+// interleave makes reg run pull at the start of its next registration,
+// giving it namingWait to end; the returned channel yields pull's error.
+func interleave(reg *storesRegistrar, pull func() error) <-chan error {
+	done := make(chan error, 1)
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	reg.beforeRegister = func() {
+		finished := make(chan error, 1)
+		go func() { finished <- pull() }()
+		select {
+		case err := <-finished:
+			done <- err
+		case <-time.After(namingWait):
+			go func() { done <- <-finished }()
+		}
+	}
+	return done
+}
+
+// TestPullsOfOneNewNameRace, on containerd's metadata store: two pulls of
+// different images, both pulled, under one new name and without
+// --replace, the second while the first registers the name: the first has
+// the name in the records and in containerd, and the second is refused
+// (errNameTaken) before writing to containerd.
+func TestPullsOfOneNewNameRace(t *testing.T) {
+	e, reg := newContainerdPullEnv(t)
+	e.srv.Put(t, "a/1.tar", layerTar(t, "a", 500))
+	e.srv.Put(t, "b/1.tar", layerTar(t, "b", 500))
+	a := e.mustPull("a/", "")
+	e.mustPull("b/", "")
+	bDone := interleave(reg, func() error { _, err := e.pull("b/", "app"); return err })
+	if _, err := e.pull("a/", "app"); err != nil {
+		t.Errorf("pull a/ as app: %v", err)
+	}
+	if err := <-bDone; !errors.Is(err, errNameTaken) {
+		t.Errorf("pull b/ as app while a/ was named app: %v; want errNameTaken", err)
+	}
+	nameIs(t, e, reg, "after both pulls", "app", a)
+}
+
+// TestPullsReplacingOneNameRace, on containerd's metadata store: two
+// --replace pulls of different images under one name, the second while
+// the first registers it, both succeed and leave the name to the second
+// in the records and in containerd alike.
+func TestPullsReplacingOneNameRace(t *testing.T) {
+	e, reg := newContainerdPullEnv(t)
+	e.srv.Put(t, "a/1.tar", layerTar(t, "a", 500))
+	e.srv.Put(t, "b/1.tar", layerTar(t, "b", 500))
+	e.mustPull("a/", "")
+	b := e.mustPull("b/", "")
+	bDone := interleave(reg, func() error {
+		_, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "b/", Ref: "app", Replace: true})
+		return err
+	})
+	if _, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "a/", Ref: "app", Replace: true}); err != nil {
+		t.Errorf("pull a/ as app with replace: %v", err)
+	}
+	if err := <-bDone; err != nil {
+		t.Errorf("pull b/ as app with replace, while a/ registered app: %v", err)
+	}
+	nameIs(t, e, reg, "after both pulls", "app", b)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/keyed"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 )
@@ -159,6 +160,11 @@ type Pipelines struct {
 	growing         map[string]*growingFile
 	streams         map[string]*streamExtraction
 	transferWaiters map[string][]chan struct{}
+	// names is held per image name while nameImage records the name and
+	// registers it in containerd: without it one naming could record
+	// between another's record and registration, and the records and
+	// containerd would end naming different images.
+	names keyed.Mutex[string]
 }
 
 // New builds the manager, the queues and the three machines over opts.DB.

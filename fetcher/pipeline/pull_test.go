@@ -87,7 +87,7 @@ func (r *fakeRegistrar) Register(ctx context.Context, ref string, diffIDs []stri
 	return nil
 }
 
-func (r *fakeRegistrar) Registered(ctx context.Context, ref, topChain string) (bool, error) {
+func (r *fakeRegistrar) Registered(ctx context.Context, ref string, diffIDs []string) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ref = fakeKey(ctx, ref)
@@ -95,11 +95,7 @@ func (r *fakeRegistrar) Registered(ctx context.Context, ref, topChain string) (b
 	if _, foreign := r.foreign[ref]; !ok || foreign {
 		return false, nil
 	}
-	chain := ""
-	for _, d := range diffs {
-		chain = ChainID(chain, d)
-	}
-	return chain == topChain, nil
+	return slices.Equal(diffs, diffIDs), nil
 }
 
 func (r *fakeRegistrar) unregister(ref string) {

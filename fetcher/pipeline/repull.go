@@ -20,13 +20,15 @@ import (
 // stat of the activation's device node and a sysfs read saying the node is
 // still that live device-mapper device (how an activation removed behind
 // our back, `dmsetup remove`, is noticed) and, with a registrar, one look at
-// containerd's image. listed, when not nil, is what S3 says the image is
-// now: the records answer only if they were pulled from the same objects
-// (keys, ETags and sizes, in order). It starts no run and makes no
-// device-mapper call; it writes only when ref is a new name of the image or
-// a failure recorded by an earlier pull is over. ref is checked, and
-// registered when missing, in each containerd namespace of nss (none: the
-// registrar's own); replace as api.PullRequest.Replace.
+// containerd's image per namespace. listed, when not nil, is what S3 says
+// the image is now: the records answer only if they were pulled from the
+// same objects (keys, ETags and sizes, in order). It starts no run and
+// makes no device-mapper call; it writes only when ref is not yet a name
+// of the image in the records, or is missing or names another image in a
+// containerd namespace of nss (none: the registrar's own), and then names
+// it as the activate run does (Pipelines.nameImage: recorded, then
+// registered), or when a failure recorded by an earlier pull is over;
+// replace as api.PullRequest.Replace.
 // It returns nil and why when anything is missing or differs: the caller
 // then runs the pipelines, which heal it.
 //
@@ -66,24 +68,41 @@ func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string, nss
 		layers[i] = api.Layer{Key: l.Key, Size: l.SizeBytes, ETag: l.ETag, DiffID: st.DiffIDs[i], ChainID: l.ChainID}
 	}
 	top := layers[len(layers)-1].ChainID
-	registered := false
-	if p.opts.Registrar != nil {
-		// A new name or namespace, or a name removed from containerd (`ctr
-		// image rm`) while its layers stayed: register it again there.
-		err := inNamespaces(ctx, nss, func(ctx context.Context, _ string) error {
-			ok, err := p.opts.Registrar.Registered(ctx, ref, top)
-			if err != nil || ok {
-				return err
+	// The name is in place when the records give it to this image and, in
+	// each namespace, containerd has it for this very image: one lookup
+	// per namespace. Otherwise it is named as the activate run names it
+	// (recorded before containerd is written to, so that a name another
+	// image took meanwhile is refused before it is repointed there): in
+	// every namespace when the records do not give it to this image yet,
+	// else in those where containerd lost it (`ctr image rm`) or has it for
+	// another image.
+	named := slices.Contains(st.Names, ref)
+	var missing []string
+	lost := !named
+	if named && p.opts.Registrar != nil {
+		diffs := make([]string, len(layers))
+		for i, l := range layers {
+			diffs[i] = l.DiffID
+		}
+		err := inNamespaces(ctx, nss, func(ctx context.Context, ns string) error {
+			ok, err := p.opts.Registrar.Registered(ctx, ref, diffs)
+			if err == nil && !ok {
+				lost = true
+				if ns != "" {
+					missing = append(missing, ns)
+				}
 			}
-			return p.registerName(ctx, ref, nil, layers, replace)
+			return err
 		})
 		if err != nil {
 			return nil, err.Error()
 		}
-		registered = true
 	}
-	if !slices.Contains(st.Names, ref) {
-		if err := RecordsOf(p.db).AddImageName(ctx, ref, imageID, replace); err != nil {
+	if lost {
+		if !named {
+			missing = nss
+		}
+		if err := p.nameImage(ctx, imageID, ref, missing, layers, replace); err != nil {
 			return nil, err.Error()
 		}
 	}
@@ -95,7 +114,7 @@ func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string, nss
 	}
 	return &api.PullResult{Ref: ref, Source: source, ImageID: imageID, Layers: layers, TopChainID: top,
 		Snapshot: api.ActivateResponse{ImageID: imageID, SnapshotName: ActivationKey(imageID), DeviceName: st.ActivationDevice,
-			DevicePath: path, Active: true, Registered: registered}}, ""
+			DevicePath: path, Active: true, Registered: p.opts.Registrar != nil}}, ""
 }
 
 // sysDevBlock is where sysfs lists block devices by device number.

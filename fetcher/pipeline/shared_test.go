@@ -3,7 +3,9 @@ package pipeline
 import (
 	"context"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	cdmeta "github.com/containerd/containerd/v2/core/metadata"
@@ -11,6 +13,8 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/plugins/content/local"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/platforms"
+	"github.com/opencontainers/image-spec/identity"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
@@ -45,6 +49,78 @@ func containerdOver(t *testing.T, sn snapshots.Snapshotter) containerdStores {
 		st.snapshots = db.Snapshotter(DefaultSnapshotter)
 	}
 	return st
+}
+
+// storesRegistrar is ContainerdRegistrar on containerd's metadata store
+// (containerdOver) instead of a socket: the same checkOwner, register and
+// registered, in the context's namespace or "default". beforeRegister,
+// when set, runs once at the start of the next Register (a test point for
+// what another pull does meanwhile).
+type storesRegistrar struct {
+	st             containerdStores
+	mu             sync.Mutex
+	beforeRegister func()
+}
+
+// newContainerdPullEnv is newPullEnv registering, through a
+// storesRegistrar, in containerd's metadata store over the pipelines'
+// ContainerdView.
+func newContainerdPullEnv(t *testing.T) (*env, *storesRegistrar) {
+	t.Helper()
+	e := newPullEnv(t, nil)
+	reg := &storesRegistrar{st: containerdOver(t, e.p.ContainerdView(e.sn))}
+	e.p.opts.Registrar = reg
+	return e, reg
+}
+
+func (r *storesRegistrar) ns(ctx context.Context) (context.Context, string) {
+	ns, ok := namespaces.Namespace(ctx)
+	if !ok || ns == "" {
+		ns = "default"
+	}
+	return namespaces.WithNamespace(ctx, ns), ns
+}
+
+func (r *storesRegistrar) Check(ctx context.Context, ref string, replace bool) error {
+	ctx, ns := r.ns(ctx)
+	return checkOwner(ctx, r.st.images, ns, ref, replace)
+}
+
+func (r *storesRegistrar) Register(ctx context.Context, ref string, diffIDs []string, replace bool) error {
+	r.mu.Lock()
+	hook := r.beforeRegister
+	r.beforeRegister = nil
+	r.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+	ctx, ns := r.ns(ctx)
+	if err := checkOwner(ctx, r.st.images, ns, ref, replace); err != nil {
+		return err
+	}
+	return register(ctx, r.st, DefaultSnapshotter, ns, ref, diffIDs, replace)
+}
+
+func (r *storesRegistrar) Registered(ctx context.Context, ref string, diffIDs []string) (bool, error) {
+	ctx, ns := r.ns(ctx)
+	return registered(ctx, r.st, ns, ref, diffIDs)
+}
+
+// topOf is the top chain of the image containerd has as ref in namespace
+// "default", read from its config's rootfs as `ctr run` unpacks it.
+func (r *storesRegistrar) topOf(t *testing.T, ref string) string {
+	t.Helper()
+	ctx := namespaces.WithNamespace(context.Background(), "default")
+	img, err := r.st.images.Get(ctx, ref)
+	if err != nil {
+		t.Fatalf("containerd image %s: %v", ref, err)
+	}
+	diffs, err := img.RootFS(ctx, r.st.content, platforms.Default())
+	if err != nil {
+		t.Fatalf("rootfs of containerd image %s: %v", ref, err)
+	}
+	chain := identity.ChainIDs(slices.Clone(diffs))
+	return chain[len(chain)-1].String()
 }
 
 // containerdUnpack does, through st's snapshot service in ns, what
