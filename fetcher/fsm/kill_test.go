@@ -56,13 +56,7 @@ func TestKillChild(t *testing.T) {
 		t.Skip("helper process of TestKillResume")
 	}
 	idem, life := os.Getenv("FSM_KILL_ID"), os.Getenv("FSM_KILL_LIFE")
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	db, err := metadata.Open(ctx, metadata.Options{Path: dbPath})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := fsm.NewManager(fsm.NewSQLiteStore(db))
+	ctx, db, m := childManager(t, dbPath)
 	b := fsm.Register[killReq, killResp](m, killFSM)
 	for i, name := range killSteps {
 		fn := func(ctx context.Context, req *fsm.Request[killReq, killResp]) (*fsm.Response[killResp], error) {
@@ -340,13 +334,7 @@ func TestRetryKillChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	db, err := metadata.Open(ctx, metadata.Options{Path: dbPath})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := fsm.NewManager(fsm.NewSQLiteStore(db))
+	ctx, _, m := childManager(t, dbPath)
 	start := mustBuild(t, fsm.Register[testReq, testResp](m, retryKillFSM).
 		Start("work", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
 			if err := appendJournal(journal, fmt.Sprintf("attempt=%d", req.Run.Attempt)); err != nil {
@@ -480,4 +468,18 @@ func TestKillDuringRetriedAttemptCounts(t *testing.T) {
 		t.Fatalf("after a kill during the last attempt the run ended %s (%q) with %d further attempts; "+
 			"want failed, interrupted, and no third attempt", r.State, r.LastError, calls)
 	}
+}
+
+// childManager opens the database at dbPath for a child process of a kill
+// test, bounded by waitLimit, and returns the context, the database and a
+// manager on it.
+func childManager(t *testing.T, dbPath string) (context.Context, *metadata.DB, *fsm.Manager) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	t.Cleanup(cancel)
+	db, err := metadata.Open(ctx, metadata.Options{Path: dbPath})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx, db, fsm.NewManager(fsm.NewSQLiteStore(db))
 }
