@@ -186,27 +186,19 @@ func (r Records) strayLayerFiles(ctx context.Context, dir string) ([]string, err
 	if len(entries) == 0 {
 		return nil, nil
 	}
-	named := map[string]bool{}
-	rows, err := r.db.Statements().QueryContext(ctx, `SELECT digest, path FROM layers`)
+	files, err := r.ListLayerFiles(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("pipeline: layer rows: %w", err)
+		return nil, err
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var digest, path string
-		if err := rows.Scan(&digest, &path); err != nil {
-			return nil, fmt.Errorf("pipeline: layer rows: %w", err)
-		}
-		named["digest "+strings.TrimPrefix(digest, "sha256:")] = true
-		named["path "+filepath.Clean(path)] = true
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("pipeline: layer rows: %w", err)
+	byDigest, byPath := map[string]bool{}, map[string]bool{}
+	for _, f := range files {
+		byDigest[strings.TrimPrefix(f.Digest, "sha256:")] = true
+		byPath[filepath.Clean(f.Path)] = true
 	}
 	var stray []string
 	for _, e := range entries {
 		path := filepath.Join(dir, e.Name())
-		if e.IsDir() || named["digest "+e.Name()] || named["path "+path] {
+		if e.IsDir() || byDigest[e.Name()] || byPath[path] {
 			continue
 		}
 		stray = append(stray, path)
