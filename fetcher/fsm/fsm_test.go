@@ -654,7 +654,7 @@ func TestResumeOfLeftoverRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	for id, want := range map[string]string{
-		"crashloop": "interrupted 3 times (max 3 attempts)",
+		"crashloop": "no attempt left: 3 counted of 3 allowed",
 		"renamed":   `"fetch-old-name" is not one of leftover's transitions (fetch)`,
 	} {
 		state, _, err := m.Wait(ctx, id)

@@ -160,7 +160,14 @@ func (f *machine[R, W]) runFrom(ctx context.Context, rec *RunRecord, idx int, in
 	attempt := rec.Attempts + 1
 	t := f.transitions[idx]
 	if max := t.cfg.retry.attempts(); attempt > max {
-		f.finish(ctx, rec, StateFailed, fmt.Sprintf("transition %q was interrupted %d times (max %d attempts); last error: %s", t.name, rec.Attempts, max, rec.LastError))
+		// Counted attempts failed or were cut short by a crash of the
+		// process (a failed last attempt ends the run where it fails, so
+		// one resumed here lost at least its last attempt to a crash).
+		last := rec.LastError
+		if last == "" {
+			last = "none, every attempt was cut short"
+		}
+		f.finish(ctx, rec, StateFailed, fmt.Sprintf("transition %q has no attempt left: %d counted of %d allowed, each failed or cut short by a crash of the process; last error: %s", t.name, rec.Attempts, max, last))
 		return
 	}
 	rec.State = StateRunning

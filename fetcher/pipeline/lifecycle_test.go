@@ -100,8 +100,8 @@ func TestUnpackKilledTwiceCleansUp(t *testing.T) {
 		}
 	}
 	r := e.unpackRun()
-	if r.State != fsm.StateFailed || !strings.Contains(r.LastError, "interrupted 2 times") {
-		t.Errorf("unpack run %s: %q; want failed, interrupted twice", r.State, r.LastError)
+	if r.State != fsm.StateFailed || !strings.Contains(r.LastError, "no attempt left: 2 counted of 2 allowed") {
+		t.Errorf("unpack run %s: %q; want failed with both attempts counted", r.State, r.LastError)
 	}
 	e.p = p3
 	e.assertNoExtraction()
