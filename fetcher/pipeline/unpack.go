@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -393,9 +394,9 @@ func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, e
 		p.hook("extract:spooled")
 		log.G(ctx).WithField("chain", r.ChainID).WithField("spool", spooled.Name()).Debug("unpack: extracting the tar stream spooled by the download")
 	} else {
-		f, err := os.Open(dl.LocalPath)
+		f, err := p.openLayerFile(ctx, req, dl)
 		if err != nil {
-			return nil, fmt.Errorf("unpack %s: open %s: %w", r.ChainID, dl.LocalPath, err)
+			return nil, err
 		}
 		defer f.Close()
 		src = f
@@ -426,6 +427,71 @@ func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, e
 	p.hub.emit(api.Event{Run: req.Run.ID, FSM: api.FSMUnpack, State: "extract-layers", Bytes: st.Bytes, Files: st.Files})
 	resp.SizeBytes, resp.FileCount = st.Bytes, st.Files
 	return fsm.NewResponse(resp), nil
+}
+
+// openLayerFile opens the layer file the download recorded for dl, checked
+// to be the file that download verified: the open file, not the path, is
+// checked and then read, so a file renamed over it later is not extracted.
+// A file that no longer has its recorded size and digest (changed on disk,
+// by an operator or by corruption) fails the run, and its records are
+// forgotten so that the next pull downloads the object again.
+func (p *Pipelines) openLayerFile(ctx context.Context, req *upReq, dl *DownloadResponse) (*os.File, error) {
+	r := req.Msg
+	b, err := RecordsOf(p.db).LayerFile(ctx, dl.Checksum)
+	if err != nil {
+		return nil, fmt.Errorf("unpack %s: %w", r.ChainID, err)
+	}
+	if b == nil {
+		return nil, p.failUnpack(ctx, req, fsm.Abort(fmt.Errorf("unpack %s from %s: layer file %s has no record any more: it was forgotten after its download; pull again to download it",
+			r.ChainID, r.S3URL, dl.LocalPath)))
+	}
+	f, err := os.Open(b.Path)
+	if err != nil {
+		return nil, fmt.Errorf("unpack %s: open layer file: %w", r.ChainID, err)
+	}
+	ok, err := p.verifyOpenLayerFile(ctx, f, b)
+	if err == nil && ok {
+		_, err = f.Seek(0, io.SeekStart)
+	}
+	if err == nil && !ok {
+		f.Close()
+		if err := RecordsOf(p.db).forgetLayer(ctx, b.Digest); err != nil {
+			return nil, fmt.Errorf("unpack %s: %w", r.ChainID, err)
+		}
+		return nil, p.failUnpack(ctx, req, fsm.Abort(fmt.Errorf("unpack %s from %s: layer file %s no longer has the size %d and digest %s its download verified: it changed on disk; pull again to download it",
+			r.ChainID, r.S3URL, b.Path, b.SizeBytes, b.Digest)))
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("unpack %s: %w", r.ChainID, err)
+	}
+	return f, nil
+}
+
+// verifyOpenLayerFile reports whether the open file f has b's size and
+// SHA-256. A file whose size, mtime and inode are those recorded when it was
+// last hashed is trusted without reading it; otherwise it is hashed again
+// (and the stamp refreshed if it matches). f's offset is left anywhere.
+func (p *Pipelines) verifyOpenLayerFile(ctx context.Context, f *os.File, b *LayerFile) (bool, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return false, fmt.Errorf("verify layer file %s: %w", b.Path, err)
+	}
+	size, mtime, ino := fileStamp(fi)
+	if size != b.SizeBytes {
+		return false, nil
+	}
+	if size == b.StatSize && mtime == b.StatMtimeNs && ino == b.StatIno {
+		return true, nil
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, ctxReader{ctx, f}); err != nil {
+		return false, fmt.Errorf("verify layer file %s: %w", b.Path, err)
+	}
+	if digestOf(h) != b.Digest {
+		return false, nil
+	}
+	return true, RecordsOf(p.db).updateLayerStat(ctx, b.Digest, size, mtime, ino)
 }
 
 // extractBudget is the most file content one extraction may write: the
