@@ -803,6 +803,9 @@ func (v *poolView) candidates(imgs []*Image) []*candidate {
 }
 
 // inUse says why image cd must be kept, or "" when nothing uses it.
+// pullRunsLive says why an image whose activate run is live is kept.
+const pullRunsLive = "a pull of it is under way in the daemon (its runs go on after the pull's client left); try again once `ls runs` shows them ended"
+
 func (c *Collector) inUse(ctx context.Context, cd *candidate, v *poolView) (string, error) {
 	for _, n := range cd.names() {
 		if slices.Contains(c.opts.Pinned, n) {
@@ -825,6 +828,13 @@ func (c *Collector) inUse(ctx context.Context, cd *candidate, v *poolView) (stri
 		c.pmu.Unlock()
 		if pulling > 0 {
 			return "a pull of it is under way", nil
+		}
+		live, err := pipeline.RecordsOf(c.opts.DB).ActivationLive(ctx, cd.s3.ImageID)
+		if err != nil {
+			return "", err
+		}
+		if live {
+			return pullRunsLive, nil
 		}
 	}
 	for _, r := range cd.records {
@@ -911,10 +921,21 @@ func (c *Collector) remove(ctx context.Context, cd *candidate, v *poolView, caus
 // removeS3 removes S3 image im: its names, activation, the chains no other
 // image has (top first), their devices, then its records.
 func (c *Collector) removeS3(ctx context.Context, im *Image, v *poolView) error {
+	// A pull starting from here on waits in Begin while c.removing names
+	// the image, so runs that are not live now do not start before the
+	// removal ends.
+	live, err := pipeline.RecordsOf(c.opts.DB).ActivationLive(ctx, im.ImageID)
+	if err != nil {
+		return fmt.Errorf("remove image %s (%s): %w", im.ImageID, im.Source, err)
+	}
 	c.pmu.Lock()
 	if c.pulling[im.ImageID] > 0 {
 		c.pmu.Unlock()
 		return fmt.Errorf("remove image %s (%s): a pull of it is under way: %w", im.ImageID, im.Source, ErrInUse)
+	}
+	if live {
+		c.pmu.Unlock()
+		return fmt.Errorf("remove image %s (%s): %s: %w", im.ImageID, im.Source, pullRunsLive, ErrInUse)
 	}
 	c.removing = im.ImageID
 	c.pmu.Unlock()
@@ -928,7 +949,7 @@ func (c *Collector) removeS3(ctx context.Context, im *Image, v *poolView) error 
 	// The image's chains and which of them another image shares are read
 	// again now: a collection lists every image before its first removal,
 	// and an image removed since may have been the one sharing a chain.
-	im, err := ImageByID(ctx, c.opts.DB, im.ImageID)
+	im, err = ImageByID(ctx, c.opts.DB, im.ImageID)
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}

@@ -370,7 +370,7 @@ func TestCollectKeepsImagesInUse(t *testing.T) {
 	h.image("img5", "live-run", layer{"c5", 150 * mib})
 	if err := h.db.WithTx(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO fsm_runs (run_id, fsm, idempotency_id, request, transition, state, created_at, updated_at)
-			VALUES ('r1', ?, 'img5', '{"layers":[{"chain_id":"c5"}]}', 'register', 'running', 1, 1)`, api.FSMActivate)
+			VALUES ('r1', ?, 'c5', '{"chain_id":"c5"}', 'verify-layout', 'running', 1, 1)`, api.FSMUnpack)
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -474,6 +474,43 @@ func TestRemove(t *testing.T) {
 	h.present("img2")
 	if h.obs.removed["rm"] != 1 {
 		t.Errorf("observed removals %v, want one rm", h.obs.removed)
+	}
+}
+
+// TestRemoveRefusesImageWhosePullRunsGoOn: a pull whose client went away
+// (Ctrl-C) leaves its runs going on in the daemon, and its activate run
+// records and registers the image when it ends. rm of that image refuses
+// until then instead of answering "removed" for an image that comes back;
+// once the runs have ended, rm removes it.
+func TestRemoveRefusesImageWhosePullRunsGoOn(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 10000*mib, Options{})
+	const source = "s3://bucket/undo/"
+	if err := pipeline.RecordsOf(h.db).MarkImageFailed(ctx, "undo", source, "pull s3://bucket/undo/: context canceled"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.db.WithTx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO fsm_runs (run_id, fsm, idempotency_id, request, transition, state, created_at, updated_at)
+			VALUES ('r1', ?, 'undo', '{"image_id":"undo","layers":[]}', 'check-snapshot', 'pending', 1, 1)`, api.FSMActivate)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	removed, err := h.c.Remove(ctx, []string{source})
+	if len(removed) != 0 || !errors.Is(err, ErrInUse) || !strings.Contains(err.Error(), "its runs go on") {
+		t.Fatalf("rm of an image whose pull's runs go on: removed %+v, %v; want refused as in use, saying its runs go on", removed, err)
+	}
+	if im, err := pipeline.RecordsOf(h.db).GetImage(ctx, "undo"); err != nil || im == nil {
+		t.Fatalf("image record after the refused rm: %+v, %v; want it kept", im, err)
+	}
+	if err := h.db.WithTx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `UPDATE fsm_runs SET state = 'failed' WHERE run_id = 'r1'`)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if removed, err := h.c.Remove(ctx, []string{source}); err != nil || len(removed) != 1 || removed[0].ImageID != "undo" {
+		t.Fatalf("rm once the runs ended: removed %+v, %v; want the image removed", removed, err)
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 )
 
 // PruneResult counts what Records.PruneOrphans removed.
@@ -213,6 +215,19 @@ func (r Records) LiveRuns(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("pipeline: live runs: %w", err)
 	}
 	return n, nil
+}
+
+// ActivationLive reports whether an activate run of imageID is pending or
+// running. A pull whose client went away leaves the runs it started going
+// on in the daemon, and the activate run then records and registers the
+// image: until it ends, the image is a pull's work in progress.
+func (r Records) ActivationLive(ctx context.Context, imageID string) (bool, error) {
+	var n int
+	if err := r.db.Statements().QueryRowContext(ctx, `SELECT COUNT(*) FROM fsm_runs WHERE fsm = ? AND idempotency_id = ? AND state IN ('pending', 'running')`,
+		api.FSMActivate, imageID).Scan(&n); err != nil {
+		return false, fmt.Errorf("pipeline: live activation of image %s: %w", imageID, err)
+	}
+	return n > 0, nil
 }
 
 // liveRunsUsing counts, through tx (so that the answer holds until tx
