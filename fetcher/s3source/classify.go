@@ -25,8 +25,9 @@ const (
 	// KindChanged: the object changed between two ranged reads (412 on
 	// If-Match): start the download over.
 	KindChanged
-	// KindInvalid: a bad key or a request S3 refuses as malformed (other
-	// 4xx): abort.
+	// KindInvalid: a bad key, a request S3 refuses as malformed (other
+	// 4xx), or an answer that breaks S3's rules (a listing that never
+	// ends, an ETag that cannot tie a read to its version): abort.
 	KindInvalid
 	// KindCanceled: the caller's context was canceled.
 	KindCanceled
@@ -69,7 +70,8 @@ func Classify(err error) Kind {
 	if errors.Is(err, ErrNoLayers) {
 		return KindNotFound
 	}
-	if errors.Is(err, ErrListLoop) || errors.Is(err, ErrListTooLong) || errors.Is(err, ErrTooManyLayers) {
+	if errors.Is(err, ErrListLoop) || errors.Is(err, ErrListTooLong) || errors.Is(err, ErrTooManyLayers) ||
+		errors.Is(err, ErrWeakETag) || errors.Is(err, ErrNoETag) {
 		return KindInvalid
 	}
 	if errors.Is(err, ErrTimeout) {

@@ -31,6 +31,7 @@ import (
 	"net"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -148,7 +149,7 @@ func orDefault(v, def int) int {
 type Object struct {
 	Key          string
 	Size         int64
-	ETag         string // as S3 returns it, quotes included
+	ETag         string // in S3's quoted form ("…"), see normalizeETag; empty if the server gave none
 	LastModified time.Time
 }
 
@@ -405,7 +406,11 @@ func (s *Source) list(ctx context.Context, prefix string, limit int) ([]Object, 
 			if !IsLayerKey(k) {
 				continue
 			}
-			out = append(out, Object{Key: k, Size: size, ETag: aws.ToString(o.ETag), LastModified: aws.ToTime(o.LastModified)})
+			etag, err := normalizeETag(aws.ToString(o.ETag))
+			if err != nil {
+				return nil, fmt.Errorf("%s: object %q: %w", where, k, err)
+			}
+			out = append(out, Object{Key: k, Size: size, ETag: etag, LastModified: aws.ToTime(o.LastModified)})
 			if limit > 0 && len(out) > limit {
 				return nil, fmt.Errorf("%s: %w: more than %d", where, ErrTooManyLayers, limit)
 			}
@@ -459,7 +464,52 @@ func (s *Source) Stat(ctx context.Context, key string) (Object, error) {
 	if aws.ToInt64(h.ContentLength) < 0 {
 		return Object{}, fmt.Errorf("stat s3://%s/%s: %w", s.bucket, key, &KeyError{Key: key, Rule: ErrNegativeSize})
 	}
-	return Object{Key: key, Size: aws.ToInt64(h.ContentLength), ETag: aws.ToString(h.ETag), LastModified: aws.ToTime(h.LastModified)}, nil
+	etag, err := normalizeETag(aws.ToString(h.ETag))
+	if err != nil {
+		return Object{}, fmt.Errorf("stat s3://%s/%s: %w", s.bucket, key, err)
+	}
+	return Object{Key: key, Size: aws.ToInt64(h.ContentLength), ETag: etag, LastModified: aws.ToTime(h.LastModified)}, nil
+}
+
+// Errors of an ETag that cannot tie a read to the version listed.
+var (
+	// ErrWeakETag: the server, or a proxy on the way that re-encodes
+	// bodies, gave a weak ETag (W/"…"). It promises only equivalent
+	// content, not the same bytes, and S3 compares If-Match strongly
+	// (RFC 9110: a weak tag never matches), so a read could neither be
+	// tied to the listed version nor resumed safely: it is refused
+	// instead of being stripped to a strong tag it does not promise.
+	ErrWeakETag = errors.New(`weak ETag (W/"…"): S3 compares If-Match strongly, so no read can be tied to the listed version`)
+	// ErrNoETag: a GET carrying If-Match was answered without an ETag
+	// header. S3 always sends one; a server that does not cannot be told
+	// apart from one that ignored If-Match, and accepting its answer
+	// could splice two versions of an object into one download.
+	ErrNoETag = errors.New("GET with If-Match answered without an ETag header, so the bytes cannot be shown to be the listed version")
+)
+
+// normalizeETag returns etag in S3's quoted form ("…"): the form S3 lists,
+// sends and expects in If-Match, and the form the pipeline's records
+// hold, so an ETag recorded from a standard server still equals a fresh
+// listing. Servers that list ETags unquoted (NetApp ONTAP, some Ceph
+// releases) while sending them quoted on GET and HEAD are brought to the
+// same form. Empty stays empty (no ETag); a weak ETag is ErrWeakETag.
+// Every ETag this package reads or sends goes through it.
+func normalizeETag(etag string) (string, error) {
+	etag = strings.TrimSpace(etag)
+	if strings.HasPrefix(etag, "W/") {
+		return "", fmt.Errorf("ETag %q: %w", etag, ErrWeakETag)
+	}
+	tag := strings.TrimSuffix(strings.TrimPrefix(etag, `"`), `"`)
+	if tag == "" {
+		return "", nil
+	}
+	return `"` + tag + `"`, nil
+}
+
+// shownETag is a normalised ETag for a message: quoted once, with any
+// control character a server put in it escaped.
+func shownETag(etag string) string {
+	return strconv.Quote(strings.TrimSuffix(strings.TrimPrefix(etag, `"`), `"`))
 }
 
 // ErrNoLayers is returned (wrapped, and classified KindNotFound) by
@@ -521,7 +571,7 @@ type Body struct {
 	io.ReadCloser
 	Offset int64  // where this body starts in the object
 	Size   int64  // the whole object's size
-	ETag   string // the object's ETag
+	ETag   string // the object's ETag, in S3's quoted form (see Object.ETag)
 }
 
 // OpenOption tunes Open.
@@ -530,7 +580,10 @@ type OpenOption func(*s3.GetObjectInput)
 // IfMatch makes Open fail with ErrChanged (KindChanged) if the object's ETag
 // is no longer etag: a resumed download must not splice two versions of an
 // object. S3 enforces it (412); the ETag of the answer is checked here too,
-// for S3-compatible servers that ignore If-Match.
+// for S3-compatible servers that ignore If-Match. etag is sent quoted and
+// compared with the answer's quoted or not (see Object.ETag); an answer
+// without an ETag fails with ErrNoETag, a weak etag or answer with
+// ErrWeakETag.
 func IfMatch(etag string) OpenOption {
 	return func(in *s3.GetObjectInput) { in.IfMatch = aws.String(etag) }
 }
@@ -567,6 +620,16 @@ func (s *Source) open(ctx context.Context, key string, offset, length int64, opt
 	for _, o := range opts {
 		o(in)
 	}
+	if in.IfMatch != nil {
+		want, err := normalizeETag(*in.IfMatch)
+		if err != nil {
+			return nil, fmt.Errorf("get s3://%s/%s: If-Match: %w", s.bucket, key, err)
+		}
+		in.IfMatch = nil // no ETag to hold the read to
+		if want != "" {
+			in.IfMatch = aws.String(want)
+		}
+	}
 	// The request lives as long as the body; a body that stops coming
 	// for s.idleTimeout cancels it.
 	rctx, cancel := context.WithCancel(ctx)
@@ -585,10 +648,20 @@ func (s *Source) open(ctx context.Context, key string, offset, length int64, opt
 		return nil, fmt.Errorf("get s3://%s/%s: %w", s.bucket, key, &KeyError{Key: key, Rule: ErrNegativeSize})
 	}
 	out.Body = &idleBody{rc: out.Body, cancel: cancel, d: s.idleTimeout, what: fmt.Sprintf("read s3://%s/%s", s.bucket, key)}
-	b := &Body{ReadCloser: out.Body, Offset: offset, ETag: aws.ToString(out.ETag)}
-	if in.IfMatch != nil && b.ETag != *in.IfMatch {
+	etag, err := normalizeETag(aws.ToString(out.ETag))
+	if err != nil {
 		out.Body.Close()
-		return nil, fmt.Errorf("get s3://%s/%s: ETag %q, want %q: %w", s.bucket, key, b.ETag, *in.IfMatch, ErrChanged)
+		return nil, fmt.Errorf("get s3://%s/%s from offset %d: %w", s.bucket, key, offset, err)
+	}
+	b := &Body{ReadCloser: out.Body, Offset: offset, ETag: etag}
+	switch want := aws.ToString(in.IfMatch); {
+	case want == "":
+	case etag == "":
+		out.Body.Close()
+		return nil, fmt.Errorf("get s3://%s/%s from offset %d with If-Match %s: %w", s.bucket, key, offset, shownETag(want), ErrNoETag)
+	case etag != want:
+		out.Body.Close()
+		return nil, fmt.Errorf("get s3://%s/%s: ETag %s, want %s: %w", s.bucket, key, shownETag(etag), shownETag(want), ErrChanged)
 	}
 	size := aws.ToInt64(out.ContentLength)
 	if cr := aws.ToString(out.ContentRange); in.Range != nil && cr != "" {
