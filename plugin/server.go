@@ -22,6 +22,7 @@ import (
 	contentproxy "github.com/containerd/containerd/v2/core/content/proxy"
 	"github.com/containerd/containerd/v2/core/diff"
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
@@ -152,7 +153,7 @@ func Serve(ctx context.Context, sn snapshots.Snapshotter, opts ServeOptions) (er
 	defer lis.Close()
 
 	srv := grpc.NewServer()
-	snapshotsapi.RegisterSnapshotsServer(srv, snapshotservice.FromSnapshotter(sn))
+	snapshotsapi.RegisterSnapshotsServer(srv, snapshotsServer{snapshotservice.FromSnapshotter(sn)})
 	if opts.Applier != nil {
 		diffapi.RegisterDiffServer(srv, diffservice.FromApplierAndComparer(opts.Applier, nil))
 	}
@@ -467,4 +468,15 @@ func (s *Service) applier(ctx context.Context) (diff.Applier, func(), error) {
 	}
 	a := &differ.Applier{Content: contentproxy.NewContentStore(conn), Limits: s.Config.Differ.Limits()}
 	return a, func() { conn.Close() }, nil
+}
+
+// snapshotsServer is containerd's snapshots service over a snapshotter,
+// with List's error sent by its errdefs class as every other method's is:
+// containerd's service returns Walk's error as it is, which reaches the
+// client as Unknown (an invalid filter, a closed snapshotter).
+type snapshotsServer struct{ snapshotsapi.SnapshotsServer }
+
+// List is the service's List, its error converted for the wire.
+func (s snapshotsServer) List(req *snapshotsapi.ListSnapshotsRequest, ss snapshotsapi.Snapshots_ListServer) error {
+	return errgrpc.ToGRPC(s.SnapshotsServer.List(req, ss))
 }
