@@ -63,6 +63,15 @@ type acResp = fsm.Response[api.ActivateResponse]
 // and made (and checked) again.
 const LabelLayoutVerified = "flyio.io/layout-verified"
 
+// verifyPrefix starts the key of the read-only view of a new top chain
+// through which an activate run checks the image's layout while the
+// image's activation of its previous top chain stays in place
+// (replacePrevious).
+const verifyPrefix = "flyio-verify-"
+
+// verifyKey is the key of image imageID's verification view.
+func verifyKey(imageID string) string { return verifyPrefix + imageID }
+
 func (p *Pipelines) buildActivate(ctx context.Context) (fsm.StartFunc[ActivateRequest], error) {
 	start, _, err := fsm.Register[ActivateRequest, api.ActivateResponse](p.m, api.FSMActivate).
 		Start("check-snapshot", p.checkSnapshot, p.retry(fsm.ExponentialBackoff(3))).
@@ -77,10 +86,14 @@ func (p *Pipelines) buildActivate(ctx context.Context) (fsm.StartFunc[ActivateRe
 // checkSnapshot: an activation on the top chain whose device is in the
 // pool and whose layout was verified for that chain (LabelLayoutVerified)
 // is kept (its device mapped again if only the mapping was removed) and
-// the run goes on to register the name; one on another parent, whose
-// device is gone or whose layout was never verified (a run that failed
-// before or during the check left it) is removed and made again. Nothing
-// else is removed: a container's snapshot is never the activation.
+// the run goes on to register the name. One on another chain that was
+// verified for the chain it sits on is the image as pulled before: it
+// stays, still usable, until create-snapshot has checked the new top
+// (replacePrevious), so that a version refused or a device the pool
+// cannot make leaves the image as it was. Any other (its device gone, its
+// layout never verified: a run that failed before or during the check
+// left it) is removed and made again. Nothing else is removed: a
+// container's snapshot is never the activation.
 func (p *Pipelines) checkSnapshot(ctx context.Context, req *acReq) (*acResp, error) {
 	p.hook("check-snapshot:started")
 	r := req.Msg
@@ -142,6 +155,17 @@ func (p *Pipelines) checkSnapshot(ctx context.Context, req *acReq) (*acResp, err
 		resp.DeviceName, resp.DevicePath, resp.Active = devName, path, true
 		return fsm.NewResponse(resp), nil
 	}
+	if alive && info.Parent != top && info.Kind == snapshots.KindActive {
+		previous, err := p.verifiedOnParent(ctx, r.ImageID, info)
+		if err != nil {
+			return nil, err
+		}
+		if previous {
+			log.G(ctx).WithField("snapshot", name).WithField("parent", info.Parent).WithField("top", top).
+				Info("activate: the image's activation of its previous top chain stays until the new top's layout is verified")
+			return fsm.NewResponse(resp), nil
+		}
+	}
 	log.G(ctx).WithField("snapshot", name).WithField("parent", info.Parent).WithField("device_alive", alive).
 		WithField("layout_verified", verified).Warn("activate: the activation is stale or its layout was never verified; making it again")
 	if err := p.opts.Snapshots.Remove(ctx, name); err != nil && !errdefs.IsNotFound(err) {
@@ -155,8 +179,12 @@ func (p *Pipelines) checkSnapshot(ctx context.Context, req *acReq) (*acResp, err
 
 // createSnapshot: Prepare the image's activation on the top chain (kept
 // when check-snapshot found it in place), check the image's layout through
-// it and label it verified for the top chain. An activation an interrupted
-// attempt left on the top chain is checked again.
+// it and label it verified for the top chain. An activation of the image's
+// previous top chain is replaced only once the new top passed the check
+// (replacePrevious); the new activation is then made labelled verified. An
+// activation an interrupted attempt left on the top chain is checked
+// again unless it carries the label; a verification view it left is
+// removed.
 func (p *Pipelines) createSnapshot(ctx context.Context, req *acReq) (*acResp, error) {
 	p.hook("create-snapshot:started")
 	r, resp := req.Msg, req.Resp
@@ -168,8 +196,17 @@ func (p *Pipelines) createSnapshot(ctx context.Context, req *acReq) (*acResp, er
 	if err != nil {
 		return nil, err
 	}
-	_, err = p.opts.Snapshots.Prepare(ctx, resp.SnapshotName, top,
-		snapshots.WithLabels(map[string]string{LabelPrivate: privateActivation, LabelSource: r.Source}))
+	verified, err := p.replacePrevious(ctx, r, resp.SnapshotName, top)
+	if err != nil {
+		return nil, err
+	}
+	labels := map[string]string{LabelPrivate: privateActivation, LabelSource: r.Source}
+	if verified {
+		// The view showed the same committed chain the activation is made
+		// on: its layout is the one just checked.
+		labels[LabelLayoutVerified] = r.topChain()
+	}
+	_, err = p.opts.Snapshots.Prepare(ctx, resp.SnapshotName, top, snapshots.WithLabels(labels))
 	switch {
 	case err == nil:
 		resp.Activated = true
@@ -181,20 +218,26 @@ func (p *Pipelines) createSnapshot(ctx context.Context, req *acReq) (*acResp, er
 		if info.Parent != top {
 			return nil, fsm.Abort(fmt.Errorf("activate %s: snapshot %s exists on %q, not on %s", r.Source, resp.SnapshotName, info.Parent, top))
 		}
+		verified = info.Labels[LabelLayoutVerified] == r.topChain()
 	case errors.Is(err, thinpool.ErrPoolFull) || errdefs.IsNotFound(err):
 		return nil, fsm.Abort(fmt.Errorf("activate %s: %w", r.Source, err))
 	default:
 		return nil, err
 	}
-	if err := p.verifyImageLayout(ctx, r, resp.SnapshotName); err != nil {
-		return nil, err
+	if !verified {
+		if err := p.verifyImageLayout(ctx, r, resp.SnapshotName); err != nil {
+			return nil, err
+		}
+		// Labelled only now: a later run keeps an activation
+		// (check-snapshot) only when it carries this label, so one whose
+		// check never ended is never adopted unchecked.
+		if _, err := p.opts.Snapshots.Update(ctx, snapshots.Info{Name: resp.SnapshotName,
+			Labels: map[string]string{LabelLayoutVerified: r.topChain()}}, "labels."+LabelLayoutVerified); err != nil {
+			return nil, fmt.Errorf("activate %s: label %s verified for %s: %w", r.Source, resp.SnapshotName, r.topChain(), err)
+		}
 	}
-	// Labelled only now: a later run keeps an activation (check-snapshot)
-	// only when it carries this label, so one whose check never ended is
-	// never adopted unchecked.
-	if _, err := p.opts.Snapshots.Update(ctx, snapshots.Info{Name: resp.SnapshotName,
-		Labels: map[string]string{LabelLayoutVerified: r.topChain()}}, "labels."+LabelLayoutVerified); err != nil {
-		return nil, fmt.Errorf("activate %s: label %s verified for %s: %w", r.Source, resp.SnapshotName, r.topChain(), err)
+	if err := p.discardVerifyView(ctx, r.ImageID); err != nil {
+		return nil, fmt.Errorf("activate %s: %w", r.Source, err)
 	}
 	name, path, _, err := p.opts.Snapshots.DeviceOf(ctx, resp.SnapshotName)
 	if err != nil {
@@ -204,11 +247,128 @@ func (p *Pipelines) createSnapshot(ctx context.Context, req *acReq) (*acResp, er
 	return fsm.NewResponse(resp), nil
 }
 
+// replacePrevious: when image r's activation name sits on another chain
+// than top (the image as pulled before, which check-snapshot kept), the
+// image's layout on top is checked first, read-only, through a view of top
+// (verifyKey), and that activation is removed only once the check passed.
+// A layout refused or a view the pool cannot make aborts the run with the
+// previous activation in place. It reports whether it checked top so; the
+// caller removes the view once the new activation is made
+// (discardVerifyView), so that the pool had room for a device until then.
+// Each step finds what a crashed attempt left: a view on top is used
+// again, and an attempt that finds the activation already removed makes
+// and checks the new one as on a first pull.
+func (p *Pipelines) replacePrevious(ctx context.Context, r *ActivateRequest, name, top string) (bool, error) {
+	info, err := p.opts.Snapshots.Stat(ctx, name)
+	if errdefs.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("activate %s: stat activation %s: %w", r.Source, name, err)
+	}
+	if info.Parent == top {
+		return false, nil
+	}
+	view := verifyKey(r.ImageID)
+	if err := p.viewTop(ctx, r, view, top); err != nil {
+		return false, err
+	}
+	if err := p.verifyImageLayout(ctx, r, view); err != nil {
+		return false, err
+	}
+	p.hook("create-snapshot:verified")
+	log.G(ctx).WithField("snapshot", name).WithField("parent", info.Parent).WithField("top", top).
+		Info("activate: the new top's layout is verified; replacing the activation of the previous one")
+	if err := p.opts.Snapshots.Remove(ctx, name); err != nil && !errdefs.IsNotFound(err) {
+		return false, fmt.Errorf("activate %s: remove the activation %s of the previous top chain %s: %w", r.Source, name, info.Parent, err)
+	}
+	if err := p.opts.Snapshots.Cleanup(ctx); err != nil {
+		log.G(ctx).WithError(err).Warn("activate: cleanup after replacing an activation")
+	}
+	p.hook("create-snapshot:replaced")
+	return true, nil
+}
+
+// viewTop makes view, a read-only view of top for replacePrevious; one an
+// earlier attempt left on top is used again, one on another chain made
+// again. A pool too full for it (or top gone) aborts the run.
+func (p *Pipelines) viewTop(ctx context.Context, r *ActivateRequest, view, top string) error {
+	_, err := p.opts.Snapshots.View(ctx, view, top,
+		snapshots.WithLabels(map[string]string{LabelPrivate: privateVerify, LabelSource: r.Source}))
+	if errdefs.IsAlreadyExists(err) {
+		info, serr := p.opts.Snapshots.Stat(ctx, view)
+		if serr != nil {
+			return fmt.Errorf("activate %s: stat verification view %s: %w", r.Source, view, serr)
+		}
+		if info.Parent == top {
+			return nil
+		}
+		if err := p.discardVerifyView(ctx, r.ImageID); err != nil {
+			return fmt.Errorf("activate %s: %w", r.Source, err)
+		}
+		_, err = p.opts.Snapshots.View(ctx, view, top,
+			snapshots.WithLabels(map[string]string{LabelPrivate: privateVerify, LabelSource: r.Source}))
+	}
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, thinpool.ErrPoolFull) || errdefs.IsNotFound(err):
+		return fsm.Abort(fmt.Errorf("activate %s: view %s of the new top chain %s to check it: %w", r.Source, view, top, err))
+	default:
+		return fmt.Errorf("activate %s: view %s of the new top chain %s to check it: %w", r.Source, view, top, err)
+	}
+}
+
+// discardVerifyView removes image imageID's verification view, if any,
+// and its mount point.
+func (p *Pipelines) discardVerifyView(ctx context.Context, imageID string) error {
+	ctx = context.WithoutCancel(ctx)
+	view := verifyKey(imageID)
+	if err := unmountDir(filepath.Join(p.opts.MountDir, imageID)); err != nil {
+		log.G(ctx).WithError(err).WithField("snapshot", view).Warn("activate: removing the verification view's mount point")
+	}
+	err := p.opts.Snapshots.Remove(ctx, view)
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("remove verification view %s: %w", view, err)
+	}
+	if err := p.opts.Snapshots.Cleanup(ctx); err != nil {
+		log.G(ctx).WithError(err).Warn("activate: cleanup after removing a verification view")
+	}
+	return nil
+}
+
+// verifiedOnParent reports whether info, image imageID's activation, had
+// its layout verified for the chain it sits on: labelled so
+// (LabelLayoutVerified), or, unlabelled as an older release made it, on
+// the top chain the records name for the image.
+func (p *Pipelines) verifiedOnParent(ctx context.Context, imageID string, info snapshots.Info) (bool, error) {
+	chain, labelled := info.Labels[LabelLayoutVerified]
+	if !labelled {
+		layers, err := RecordsOf(p.db).imageLayers(ctx, imageID)
+		if err != nil || len(layers) == 0 {
+			return false, err
+		}
+		chain = layers[len(layers)-1].ChainID
+	}
+	if chain == "" {
+		return false, nil
+	}
+	key, err := p.parentKey(ctx, chain)
+	if err != nil {
+		return false, err
+	}
+	return key == info.Parent, nil
+}
+
 // verifyImageLayout checks the layout of the image whole, read-only
-// through its activation: the layers of every image are checked, whichever
-// image first made its chains. A violation removes the activation and
-// aborts; when the removal fails the error is retryable (the next attempt
-// checks and removes again, and the run's cleanup tries last).
+// through key (its activation, or the verification view of its new top):
+// the layers of every image are checked, whichever image first made its
+// chains. A violation removes key and aborts; when the removal fails the
+// error is retryable (the next attempt checks and removes again, and the
+// run's cleanup tries last).
 func (p *Pipelines) verifyImageLayout(ctx context.Context, r *ActivateRequest, key string) error {
 	ms, err := p.opts.Snapshots.Mounts(ctx, key)
 	if err != nil {
@@ -230,7 +390,7 @@ func (p *Pipelines) verifyImageLayout(ctx context.Context, r *ActivateRequest, k
 	if errors.As(verr, &le) {
 		log.G(ctx).WithField("image", r.Source).WithError(verr).Warn("security: image layout rejected")
 		if err := p.opts.Snapshots.Remove(ctx, key); err != nil && !errdefs.IsNotFound(err) {
-			return fmt.Errorf("activate %s: remove activation %s of a rejected layout (%w): %w", r.Source, key, verr, err)
+			return fmt.Errorf("activate %s: remove %s of a rejected layout (%w): %w", r.Source, key, verr, err)
 		}
 		return fsm.Abort(fmt.Errorf("activate %s: %w", r.Source, verr))
 	}
@@ -238,13 +398,15 @@ func (p *Pipelines) verifyImageLayout(ctx context.Context, r *ActivateRequest, k
 }
 
 // discardActivation removes what an activate run that stopped in
-// create-snapshot may have left: the image's activation unless its layout
-// was verified for the request's top chain (a verified one is as good for
-// the next run as for this one), and its mount point. check-snapshot had
-// removed any activation it did not keep, and only one activate run per
-// image is live, so an unverified activation there is this run's. A run
-// that stopped before create-snapshot made nothing, and leaves the
-// activation of the image as pulled before alone.
+// create-snapshot may have left: its verification view, the image's
+// activation on the request's top chain unless its layout was verified for
+// that chain (a verified one is as good for the next run as for this one),
+// and its mount point. check-snapshot had removed any activation it did
+// not keep, and only one activate run per image is live, so an unverified
+// activation on the top chain is this run's; one on another chain is the
+// image as pulled before, which check-snapshot kept as verified, and
+// stays. A run that stopped before create-snapshot made nothing, and
+// leaves the activation of the image as pulled before alone.
 func (p *Pipelines) discardActivation(ctx context.Context, req *acReq) error {
 	if req.Run.Transition != "create-snapshot" {
 		return nil
@@ -255,6 +417,9 @@ func (p *Pipelines) discardActivation(ctx context.Context, req *acReq) error {
 	if err := unmountDir(dir); err != nil {
 		log.G(ctx).WithError(err).WithField("dir", dir).Warn("activate: removing the activation's mount point")
 	}
+	if err := p.discardVerifyView(ctx, r.ImageID); err != nil {
+		return fmt.Errorf("activate %s: %w", r.Source, err)
+	}
 	info, err := p.opts.Snapshots.Stat(ctx, name)
 	if errdefs.IsNotFound(err) {
 		return nil
@@ -264,6 +429,15 @@ func (p *Pipelines) discardActivation(ctx context.Context, req *acReq) error {
 	}
 	if len(r.Layers) > 0 && info.Labels[LabelLayoutVerified] == r.topChain() {
 		return nil
+	}
+	if len(r.Layers) > 0 {
+		top, err := p.parentKey(ctx, r.topChain())
+		if err != nil {
+			return fmt.Errorf("activate %s: %w", r.Source, err)
+		}
+		if info.Parent != top {
+			return nil
+		}
 	}
 	log.G(ctx).WithField("snapshot", name).Warn("activate: removing the unverified activation of a run that did not complete")
 	if err := p.opts.Snapshots.Remove(ctx, name); err != nil && !errdefs.IsNotFound(err) {

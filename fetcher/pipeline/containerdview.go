@@ -18,8 +18,10 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 )
 
-// LabelPrivate marks the pipeline's own active snapshots: "extract" on a
-// layer's extraction snapshot, "activation" on an image's active snapshot.
+// LabelPrivate marks the pipeline's own snapshots: "extract" on a layer's
+// extraction snapshot, "activation" on an image's active snapshot,
+// "verify" on the read-only view through which an activate run checks a
+// new top chain before it replaces the image's activation.
 // containerd's metadata store does not know them, and its garbage collector
 // removes every backend snapshot it does not know (core/metadata's
 // garbageCollect walks the backend and prunes the rest), so the view
@@ -30,6 +32,7 @@ const LabelPrivate = "flyio.io/pipeline"
 const (
 	privateExtract    = "extract"
 	privateActivation = "activation"
+	privateVerify     = "verify"
 )
 
 // ContainerdView returns the snapshotter to serve to containerd when these

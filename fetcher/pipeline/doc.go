@@ -23,7 +23,9 @@
 //     mount, Commit(chain ID).
 //   - "activate-image" per image: check-snapshot → create-snapshot →
 //     register. The activation is Prepare("snap-<image id>", top chain);
-//     register records the image's layers and name and registers the name
+//     an activation of the image's previous top chain is removed only once
+//     the new top's layout passed its check through View("flyio-verify-<image
+//     id>", top chain); register records the image's layers and name and registers the name
 //     in containerd.
 //
 // Pull asks S3 what the image is now, answers an unchanged, pulled image
@@ -31,5 +33,6 @@
 // pull; Unpack n runs after Download n and Unpack n-1; Activate after the
 // last Unpack. Every start is idempotent (one live run per object, chain or
 // image), so concurrent pulls of one image share one download, one unpack
-// and one device per chain.
+// and one device per chain; a pull that finds the image's activate run live
+// for other layers waits for it to end and starts its own.
 package pipeline

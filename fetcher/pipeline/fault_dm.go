@@ -16,7 +16,8 @@ import (
 // FaultPauseEnv names an environment variable for crash tests: when set
 // to a test point ("<transition>:started" for every transition of the three
 // machines, "extract:started", "stream-extract:started", "validate:reading",
-// "download:spooling", "extract:spooled"),
+// "download:spooling", "extract:spooled", "create-snapshot:verified",
+// "create-snapshot:replaced"),
 // every run that reaches that point blocks there until the process is
 // killed, so that a test can SIGKILL the daemon at exactly that step.
 const FaultPauseEnv = "FLYIO_FAULT_PAUSE_AT"

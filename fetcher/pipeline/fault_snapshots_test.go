@@ -23,7 +23,7 @@ import (
 // Snapshotter, its records in the test's database, over a fake thin pool
 // whose devices are directories (thinpooltest.NewFakePoolAt), wrapped in a
 // fault injector. The wrapper counts the pipeline's calls and, at the
-// boundaries the tests break (prepareErr, mountsErr, removeErr,
+// boundaries the tests break (prepareErr, viewErr, mountsErr, removeErr,
 // beforeRemoveIf), fails or interleaves a call before delegating it;
 // everything else is the snapshotter's. attach makes pipelines mount the fake devices' mounts as
 // bind mounts of their directories and probe the pool for a device's node.
@@ -38,6 +38,9 @@ type faultSnapshots struct {
 	// prepareErr, when set, is asked before every Prepare; a non-nil error
 	// fails it (nothing made).
 	prepareErr func(key, parent string) error
+	// viewErr, when set, is asked before every View; a non-nil error
+	// fails it (nothing made).
+	viewErr func(key, parent string) error
 	// mountsErr, when set, is asked before every Mounts; a non-nil error
 	// fails it.
 	mountsErr func(key string) error
@@ -121,6 +124,11 @@ func (f *faultSnapshots) Prepare(ctx context.Context, key, parent string, opts .
 
 func (f *faultSnapshots) View(ctx context.Context, key, parent string, opts ...snapshots.Opt) ([]mount.Mount, error) {
 	f.call("View")
+	if f.viewErr != nil {
+		if err := f.viewErr(key, parent); err != nil {
+			return nil, err
+		}
+	}
 	return f.Snapshotter.View(ctx, key, parent, opts...)
 }
 

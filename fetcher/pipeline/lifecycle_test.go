@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -116,13 +117,105 @@ func TestUnpackKilledTwiceCleansUp(t *testing.T) {
 	e.assertNoExtraction()
 }
 
-// TestResumeSweeps: start-up removes the extraction snapshot and the
-// download temp file that runs no longer live left behind.
+// TestActivateReplacementKilled: a daemon killed while an activate run
+// replaces an image's activation with one on a new top chain (after the
+// new top was checked through the verification view, and after the old
+// activation was removed) resumes the run at the next start, which ends
+// with the new activation, verified, and the image recorded on it. A run
+// killed there until its attempts are used up ends failed, and its
+// cleanup leaves the old activation in place. No verification view is
+// left either way.
+func TestActivateReplacementKilled(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		at    string
+		kills int
+	}{
+		{"create-snapshot:verified", 1},
+		{"create-snapshot:replaced", 1},
+		// create-snapshot has 3 attempts.
+		{"create-snapshot:verified", 3},
+	} {
+		t.Run(fmt.Sprintf("%s killed %d", tc.at, tc.kills), func(t *testing.T) {
+			e := newPullEnv(t, nil)
+			e.srv.Put(t, "r/1.tar", layerTar(t, "old", 500))
+			first := e.mustPull("r/", "r")
+			next := layerTar(t, "new", 500)
+			e.srv.Put(t, "r/1.tar", next)
+			release := make(chan struct{})
+			defer close(release)
+			reached := make(chan string, 4)
+			stopAt := func(name string) map[string]func() {
+				return map[string]func(){tc.at: func() { reached <- name; <-release }}
+			}
+			e.p.hooks = stopAt("kill 1")
+			go e.pull("r/", "r") //nolint:errcheck // the killed daemon never answers
+			waitReached(t, reached, "kill 1")
+			if ok, err := e.sn.Exists(ctx, verifyKey(first.ImageID)); err != nil || !ok {
+				t.Fatalf("at %s the verification view exists=%v (%v)", tc.at, ok, err)
+			}
+			for k := 2; k <= tc.kills; k++ {
+				e.reopen(stopAt(fmt.Sprintf("kill %d", k)))
+				waitReached(t, reached, fmt.Sprintf("kill %d", k))
+			}
+			e.p = e.reopen(nil)
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				n, err := RecordsOf(e.db).LiveRuns(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d runs still live 30 s after the restart", n)
+				}
+			}
+			if ok, err := e.sn.Exists(ctx, verifyKey(first.ImageID)); err != nil || ok {
+				t.Errorf("verification view left after the restart: %v, %v", ok, err)
+			}
+			if m, _ := filepath.Glob(filepath.Join(e.p.opts.MountDir, "*")); len(m) != 0 {
+				t.Errorf("mount points left: %v", m)
+			}
+			act := first.Snapshot.SnapshotName
+			info, err := e.sn.Stat(ctx, act)
+			if err != nil {
+				t.Fatalf("no activation after the restart: %v", err)
+			}
+			layers, err := RecordsOf(e.db).imageLayers(ctx, first.ImageID)
+			if err != nil || len(layers) != 1 {
+				t.Fatalf("image layers %+v, %v", layers, err)
+			}
+			want, shows := sha(next), "new"
+			if tc.kills == 3 {
+				want, shows = first.TopChainID, "old"
+			}
+			if info.Parent != want || info.Labels[LabelLayoutVerified] != want || layers[0].ChainID != want {
+				t.Errorf("activation on %s labelled %v, image recorded on %s; want all %s", info.Parent, info.Labels, layers[0].ChainID, want)
+			}
+			if got := e.sn.readFile(t, act, "etc/marker"); got != shows {
+				t.Errorf("activation shows %q, want %q", got, shows)
+			}
+			res := e.mustPull("r/", "r")
+			if got := e.sn.readFile(t, res.Snapshot.SnapshotName, "etc/marker"); got != "new" {
+				t.Errorf("pull after the restart: activation shows %q, want new", got)
+			}
+		})
+	}
+}
+
+// TestResumeSweeps: start-up removes the extraction snapshot, the
+// verification view and the download temp file that runs no longer live
+// left behind.
 func TestResumeSweeps(t *testing.T) {
 	e := newPullEnv(t, nil)
 	ctx := context.Background()
 	stale := extractKey("sha256:" + strings.Repeat("ab", 32))
 	if _, err := e.sn.Prepare(ctx, stale, "", snapshots.WithLabels(map[string]string{LabelPrivate: privateExtract})); err != nil {
+		t.Fatal(err)
+	}
+	view := verifyKey("s3-" + strings.Repeat("cd", 12))
+	if _, err := e.sn.View(ctx, view, "", snapshots.WithLabels(map[string]string{LabelPrivate: privateVerify})); err != nil {
 		t.Fatal(err)
 	}
 	_, _, id, err := e.sn.DeviceOf(ctx, stale)
@@ -139,6 +232,9 @@ func TestResumeSweeps(t *testing.T) {
 	}
 	if ok, _ := e.sn.ThinExists(ctx, id); ok {
 		t.Errorf("its device %d is still in the pool", id)
+	}
+	if ok, _ := e.sn.Exists(ctx, view); ok {
+		t.Errorf("verification view %s of no live run kept", view)
 	}
 	if _, err := os.Stat(tmp); !os.IsNotExist(err) {
 		t.Errorf("temp file of no live run kept (stat: %v)", err)

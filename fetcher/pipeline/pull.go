@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -96,17 +97,33 @@ func (p *Pipelines) Pull(ctx context.Context, req api.PullRequest, progress func
 		return nil, err
 	}
 	res, err := p.runPipelines(ctx, req, source, imageID, ref, layers, progress)
-	if err != nil {
-		// An object overwritten in S3 during the pull ends its download
-		// (every request carries the listed ETag): pull the image once
-		// more as S3 lists it now, never mixing the two versions.
-		if errors.Is(err, s3source.ErrChanged) {
-			if now, lerr := p.listLayers(ctx, req, source); lerr == nil && !sameObjects(now, layers) {
-				lg.WithError(err).Warn("the image changed in S3 during the pull; pulling it as it is now")
-				layers = now
-				if err = p.makeRoom(ctx, req.Bucket, source, layers); err == nil {
-					res, err = p.runPipelines(ctx, req, source, imageID, ref, layers, progress)
-				}
+	// An object overwritten in S3 during the pull ends its download (every
+	// request carries the listed ETag), and so does one deleted (a
+	// republish that removes layers, `aws s3 sync --delete`): pull the
+	// image once more as S3 lists it now, never mixing the two versions.
+	var oe *objectError
+	changed := errors.Is(err, s3source.ErrChanged)
+	if gone := !changed && errors.As(err, &oe) && s3source.IsNotFound(err); changed || gone {
+		now, lerr := p.listLayers(ctx, req, source)
+		switch {
+		case gone && s3source.IsNotFound(lerr):
+			// The image itself is gone (no layers left under the prefix,
+			// the key deleted): that is what the pull failed on.
+			err = lerr
+		case lerr != nil:
+		case !sameObjects(now, layers):
+			lg.WithError(err).Warn("the image changed in S3 during the pull; pulling it as it is now")
+			layers = now
+			if err = p.makeRoom(ctx, req.Bucket, source, layers); err == nil {
+				res, err = p.runPipelines(ctx, req, source, imageID, ref, layers, progress)
+			}
+		case gone:
+			// Listed again unchanged: a store whose GET lags its listing.
+			// One more GET; a listed object must be readable.
+			lg.WithError(err).WithField("object", oe.url).Warn("an object S3 lists was not found on GET; pulling once more")
+			if res, err = p.runPipelines(ctx, req, source, imageID, ref, layers, progress); errors.As(err, &oe) && s3source.IsNotFound(err) {
+				err = fmt.Errorf("pull %s: %s is listed in S3 but its GET says it does not exist, twice, the image listed again unchanged in between; every object a listing names must be readable: %w",
+					source, oe.url, err)
 			}
 		}
 	}
@@ -303,7 +320,7 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 			}
 			d, err := fsm.Await[DownloadResponse](ctx, p.m, dlRuns[i])
 			if err != nil {
-				return nil, fmt.Errorf("pull %s: layer %d (%s): %w", source, i+1, l.Key, err)
+				return nil, fmt.Errorf("pull %s: layer %d (%s): %w", source, i+1, l.Key, &objectError{url: S3URL(req.Bucket, l.Key), err: err})
 			}
 			if d.Downloaded {
 				res.Downloaded++
@@ -331,10 +348,13 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 	}
 	top := layers[len(layers)-1].ChainID
 	res.Layers, res.TopChainID = layers, top
-	acRun, err := p.startActivate(ctx, imageID, &ActivateRequest{ImageID: imageID, Source: source, Ref: ref, Layers: layers, Namespaces: req.Namespaces, Replace: req.Replace},
-		fsm.WithRunAfter(upRuns[len(upRuns)-1]), fsm.WithParent(parent))
-	if err != nil {
-		return nil, fmt.Errorf("pull %s: start activate: %w", source, err)
+	var acRun string
+	for ours := false; !ours; {
+		acRun, ours, err = p.startOwnActivate(ctx, &ActivateRequest{ImageID: imageID, Source: source, Ref: ref, Layers: layers, Namespaces: req.Namespaces, Replace: req.Replace},
+			fsm.WithRunAfter(upRuns[len(upRuns)-1]), fsm.WithParent(parent))
+		if err != nil {
+			return nil, fmt.Errorf("pull %s: start activate: %w", source, err)
+		}
 	}
 	watch(acRun, 0)
 	ac, err := fsm.Await[api.ActivateResponse](ctx, p.m, acRun)
@@ -362,6 +382,60 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 	}
 	res.Snapshot.Registered = p.opts.Registrar != nil
 	return res, nil
+}
+
+// startOwnActivate starts the activate run of r.ImageID (one live run per
+// image) and returns its id, ours true, when that run activates r's
+// layers: a new one, or a live one of the same layers, joined. A live run
+// of other layers (a pull of another version of the image, an activate of
+// the image as recorded before) is not this caller's: its result would
+// report one version while the image is left on the other. It is waited
+// for to end, whatever its end, and its id returned with ours false; the
+// caller starts again (from what is true once it ended).
+func (p *Pipelines) startOwnActivate(ctx context.Context, r *ActivateRequest, opts ...fsm.StartOption) (runID string, ours bool, err error) {
+	runID, err = p.startActivate(ctx, r.ImageID, r, opts...)
+	if err != nil {
+		return "", false, err
+	}
+	rec, err := p.m.Run(ctx, runID)
+	if err != nil {
+		return "", false, err
+	}
+	var live ActivateRequest
+	if err := json.Unmarshal(rec.Request, &live); err != nil {
+		return "", false, fmt.Errorf("activate %s: request of run %s: %w", r.Source, runID, err)
+	}
+	if sameActivation(live.Layers, r.Layers) {
+		return runID, true, nil
+	}
+	log.G(ctx).WithField("source", r.Source).WithField("run", runID).WithField("top", r.topChain()).
+		Info("activate: another version's activate run of the image is live; waiting for it to end to activate this one")
+	if _, _, err := p.m.Wait(ctx, runID); err != nil && !errors.Is(err, fsm.ErrAborted) && !errors.Is(err, fsm.ErrFailed) {
+		// Not the run's end (ctx ended, or its checkpoints could not be
+		// written and it stays live): starting again would join it again.
+		return "", false, fmt.Errorf("activate %s: waiting for the activate run %s of other layers: %w", r.Source, runID, err)
+	}
+	return runID, false, nil
+}
+
+// objectError is a pull's failure to download one object of the image
+// (url, its s3:// URL): what Pull lists the image again for when S3 says
+// the object changed or is gone.
+type objectError struct {
+	url string
+	err error
+}
+
+func (e *objectError) Error() string { return e.err.Error() }
+func (e *objectError) Unwrap() error { return e.err }
+
+// sameActivation reports whether two activate requests' layers are the
+// same: the same objects (keys, ETags, sizes) unpacked into the same
+// chains, in order.
+func sameActivation(a, b []api.Layer) bool {
+	return slices.EqualFunc(a, b, func(x, y api.Layer) bool {
+		return x.ChainID == y.ChainID && x.Key == y.Key && x.ETag == y.ETag && x.Size == y.Size
+	})
 }
 
 // sameObjects reports whether two listings of an image name the same

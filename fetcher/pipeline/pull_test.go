@@ -25,6 +25,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
 // fakeRegistrar is a fake of the containerd side of Registrar: it records
@@ -356,6 +357,53 @@ func (e *env) putObject(bucket, key string, data []byte) {
 	if resp.StatusCode != http.StatusOK {
 		e.t.Fatalf("put s3://%s/%s: %s", bucket, key, resp.Status)
 	}
+}
+
+// TestPullObjectDeletedBetweenListAndGet: an image republished between
+// the pull's LIST and its GET of a layer (`aws s3 sync --delete`: 2.tar
+// removed, 3.tar added) is listed again and pulled as S3 lists it now,
+// like an overwrite there, with no failure recorded on the image. An
+// object S3 keeps listing while its GET says it does not exist fails the
+// pull after one more GET, naming the object and the rule.
+func TestPullObjectDeletedBetweenListAndGet(t *testing.T) {
+	ctx := context.Background()
+	t.Run("republished", func(t *testing.T) {
+		e := newPullEnv(t, nil)
+		e.srv.Put(t, "pub/1.tar", layerTar(t, "one", 300))
+		e.srv.Put(t, "pub/2.tar", layerTar(t, "two", 300, tarFile{name: "usr/two", body: []byte("2")}))
+		e.srv.Faults.BeforeGet("pub/2.tar", "", func() {
+			e.srv.Delete(t, "pub/2.tar")
+			e.srv.Put(t, "pub/3.tar", layerTar(t, "three", 300, tarFile{name: "usr/three", body: []byte("3")}))
+		})
+		res, err := e.pull("pub/", "pub")
+		if err != nil {
+			t.Fatalf("pull of an image republished between LIST and GET: %v", err)
+		}
+		if got := e.sn.readFile(t, res.Snapshot.SnapshotName, "etc/marker"); got != "three" {
+			t.Errorf("image shows %q, want three", got)
+		}
+		layers, err := RecordsOf(e.db).imageLayers(ctx, res.ImageID)
+		if err != nil || len(layers) != 2 || layers[0].Key != "pub/1.tar" || layers[1].Key != "pub/3.tar" {
+			t.Errorf("image layers %+v, %v; want pub/1.tar and pub/3.tar", layers, err)
+		}
+		if img, err := RecordsOf(e.db).GetImage(ctx, res.ImageID); err != nil || img == nil || img.FailureReason != "" {
+			t.Errorf("image record %+v, %v; want no failure", img, err)
+		}
+	})
+	t.Run("listed but not found", func(t *testing.T) {
+		e := newPullEnv(t, nil)
+		e.srv.Put(t, "nf/1.tar", layerTar(t, "one", 300))
+		e.srv.Put(t, "nf/2.tar", layerTar(t, "two", 300))
+		e.srv.Faults.FailNext(100, "nf/2.tar", http.StatusNotFound, "NoSuchKey")
+		_, err := e.pull("nf/", "nf")
+		if err == nil || !strings.Contains(err.Error(), S3URL(e.srv.Bucket, "nf/2.tar")+" is listed in S3 but its GET says it does not exist") {
+			t.Fatalf("pull of an image whose listed object GET never finds: %v; want the object and the rule named", err)
+		}
+		if n := e.srv.Requests(http.MethodGet, "nf/2.tar"); n != 2 {
+			t.Errorf("GETs of the object: %d, want 2 (one more after listing again)", n)
+		}
+		e.assertNoExtraction()
+	})
 }
 
 // TestPullPoisonedETag: an object listed (by another bucket, or under
@@ -698,6 +746,88 @@ func TestPullNamesFollowAnOverwrite(t *testing.T) {
 	}
 }
 
+// TestPullJoiningAnotherVersionsActivationActivatesItsOwn: two pulls of
+// one source straddle an overwrite in S3. The second lists the new
+// version, downloads and unpacks it while the first pull's activate run
+// (of the old version; one live activate run per image) is still
+// registering. The second pull waits for that run to end and activates
+// its own version: it reports the new top chain, and the image's
+// activation, its records and its name in containerd are that version.
+func TestPullJoiningAnotherVersionsActivationActivatesItsOwn(t *testing.T) {
+	ctx := context.Background()
+	e, reg := newRegisteringPullEnv(t)
+	v1 := layerTar(t, "v1", 4000)
+	v2 := layerTar(t, "v2", 4000)
+	e.srv.Put(t, "app/1.tar", v1)
+
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	e.p.hooks = map[string]func(){"register:started": func() {
+		first := false
+		once.Do(func() { first = true })
+		if first {
+			close(entered)
+			<-release
+		}
+	}}
+	var (
+		r1, r2     *api.PullResult
+		err1, err2 error
+		wg         sync.WaitGroup
+	)
+	wg.Add(1)
+	go func() { defer wg.Done(); r1, err1 = e.pull("app/", "app") }()
+	<-entered // the first pull's activate run (v1) is registering
+
+	e.srv.Put(t, "app/1.tar", v2)
+	wg.Add(1)
+	go func() { defer wg.Done(); r2, err2 = e.pull("app/", "app2") }()
+	// The second pull unpacks v2, then starts its activate run while the
+	// first one is live.
+	unpackedV2 := func() int {
+		runs, err := fsm.NewSQLiteStore(e.db).ListRuns(ctx, fsm.RunFilter{FSM: api.FSMUnpack, States: []fsm.State{fsm.StateComplete}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, r := range runs {
+			if r.IdempotencyID == sha(v2) {
+				n++
+			}
+		}
+		return n
+	}
+	for deadline := time.Now().Add(20 * time.Second); unpackedV2() == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			close(release)
+			wg.Wait()
+			t.Fatalf("the second pull never unpacked v2 (its error: %v)", err2)
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // it starts (joins) the activate run
+	close(release)
+	wg.Wait()
+	if err1 != nil || r1.TopChainID != sha(v1) {
+		t.Fatalf("first pull: %+v, %v; want v1 (%s)", r1, err1, sha(v1))
+	}
+	if err2 != nil {
+		t.Fatalf("second pull: %v", err2)
+	}
+	if r2.TopChainID != sha(v2) {
+		t.Errorf("second pull reports top %s, want v2 %s", r2.TopChainID, sha(v2))
+	}
+	if got := e.sn.readFile(t, r2.Snapshot.SnapshotName, "etc/marker"); got != "v2" {
+		t.Errorf("after the second pull the activation %s shows %q, want v2", r2.Snapshot.SnapshotName, got)
+	}
+	layers, err := RecordsOf(e.db).imageLayers(ctx, r2.ImageID)
+	if err != nil || len(layers) != 1 || layers[0].ChainID != sha(v2) {
+		t.Errorf("image layers after the second pull: %+v, %v; want v2 %s", layers, err, sha(v2))
+	}
+	if got := reg.registeredTop("app2"); got != sha(v2) {
+		t.Errorf("containerd's app2 is on %s, want v2 %s", got, sha(v2))
+	}
+}
+
 // TestPullCachedAfterS3Outage: a pull that fails because S3 cannot be
 // reached leaves the image it had pulled before usable: `pull --cached`
 // (what one runs while S3 is down) still answers from the records.
@@ -715,6 +845,87 @@ func TestPullCachedAfterS3Outage(t *testing.T) {
 	}
 	if res.TopChainID != first.TopChainID {
 		t.Errorf("cached pull: %+v", res)
+	}
+}
+
+// TestPullRefusedVersionKeepsImageInPlace: an image pulled and in place
+// whose object is overwritten in S3 by a version that cannot be activated
+// (its layout refused, or the pool too full for one more device) fails
+// the pull of that version, and the image as pulled before stays usable:
+// its activation, device and content, its records and its name in
+// containerd, `pull --cached`. No verification view is left. A good
+// version pulled next replaces the activation, labelled verified.
+func TestPullRefusedVersionKeepsImageInPlace(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		next    func(t *testing.T) []byte
+		install func(e *env)
+		want    string
+	}{
+		{name: "layout refused", next: noVarTar, want: "var"},
+		{name: "pool full", next: func(t *testing.T) []byte { return layerTar(t, "next", 500) },
+			install: func(e *env) {
+				full := func(key, _ string) error {
+					if strings.HasPrefix(key, metadata.ActivationPrefix) || strings.HasPrefix(key, verifyPrefix) {
+						return fmt.Errorf("injected: %w", thinpool.ErrPoolFull)
+					}
+					return nil
+				}
+				e.sn.prepareErr, e.sn.viewErr = full, full
+			}, want: "injected"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, reg := newRegisteringPullEnv(t)
+			e.srv.Put(t, "w/1.tar", layerTar(t, "good", 500))
+			first := e.mustPull("w/", "w")
+			e.srv.Put(t, "w/1.tar", tc.next(t))
+			if tc.install != nil {
+				tc.install(e)
+			}
+			if _, err := e.pull("w/", "w"); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("pull of a version that cannot be activated: %v, want an error naming %q", err, tc.want)
+			}
+			e.sn.prepareErr, e.sn.viewErr = nil, nil
+			act := first.Snapshot.SnapshotName
+			if ok, err := e.sn.Exists(ctx, act); err != nil || !ok {
+				t.Fatalf("after the failed pull the activation %s of the image in place exists=%v (%v)", act, ok, err)
+			}
+			if _, path, _, err := e.sn.DeviceOf(ctx, act); err != nil || path != first.Snapshot.DevicePath {
+				t.Errorf("activation device %s (%v), was %s", path, err, first.Snapshot.DevicePath)
+			}
+			if got := e.sn.readFile(t, act, "etc/marker"); got != "good" {
+				t.Errorf("activation shows %q, want good", got)
+			}
+			res, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "w/", Ref: "w", Cached: true})
+			if err != nil || res.TopChainID != first.TopChainID {
+				t.Errorf("pull --cached after the failed pull: %+v, %v; want the image in place (%s)", res, err, first.TopChainID)
+			}
+			layers, err := RecordsOf(e.db).imageLayers(ctx, first.ImageID)
+			if err != nil || len(layers) != 1 || layers[0].ChainID != first.TopChainID {
+				t.Errorf("image layers after the failed pull: %+v, %v; want the chain pulled before", layers, err)
+			}
+			if got := reg.registeredTop("w"); got != first.TopChainID {
+				t.Errorf("containerd's w is on %s, want %s", got, first.TopChainID)
+			}
+			if ok, err := e.sn.Exists(ctx, verifyKey(first.ImageID)); err != nil || ok {
+				t.Errorf("verification view left: %v, %v", ok, err)
+			}
+			e.assertNoExtraction()
+
+			next := layerTar(t, "next2", 500)
+			e.srv.Put(t, "w/1.tar", next)
+			res = e.mustPull("w/", "w")
+			if got := e.sn.readFile(t, res.Snapshot.SnapshotName, "etc/marker"); got != "next2" || res.TopChainID != sha(next) {
+				t.Errorf("pull of a good version after: top %s, activation shows %q", res.TopChainID, got)
+			}
+			if info, err := e.sn.Stat(ctx, res.Snapshot.SnapshotName); err != nil || info.Labels[LabelLayoutVerified] != sha(next) {
+				t.Errorf("replaced activation's labels %v (%v), want %s verified", info.Labels, err, sha(next))
+			}
+			if ok, err := e.sn.Exists(ctx, verifyKey(first.ImageID)); err != nil || ok {
+				t.Errorf("verification view left after the replacement: %v, %v", ok, err)
+			}
+		})
 	}
 }
 

@@ -19,8 +19,9 @@ import (
 // sweep removes, at start-up after Resume, what runs that are no longer
 // live left behind: a run's own cleanup removes what it made when it ends,
 // but a process killed at the wrong moment (or a cleanup that failed) can
-// leave an extraction snapshot, its mount point, a download's temp file,
-// a spool, or a layer file renamed into place that no layer row names.
+// leave an extraction snapshot, its mount point, an activate run's
+// verification view, a download's temp file, a spool, or a layer file
+// renamed into place that no layer row names.
 // Those of live runs are theirs to use and are kept: layer files are
 // looked at only when no run is live and no pull under way.
 func (p *Pipelines) sweep(ctx context.Context) error {
@@ -61,6 +62,24 @@ func (p *Pipelines) sweep(ctx context.Context) error {
 		for _, key := range stale {
 			log.G(ctx).WithField("snapshot", key).Warn("sweep: removing the extraction snapshot of a run that is no longer live")
 			if err := p.discardKey(ctx, key); err != nil {
+				errs = append(errs, fmt.Errorf("sweep: %w", err))
+			}
+		}
+		// A verification view belongs to its image's live activate run
+		// (replacePrevious), which removes it when it ends.
+		var views []string
+		err = p.opts.Snapshots.Walk(ctx, func(_ context.Context, info snapshots.Info) error {
+			if id, ok := strings.CutPrefix(info.Name, verifyPrefix); ok && info.Labels[LabelPrivate] == privateVerify && !live[api.FSMActivate+" "+id] {
+				views = append(views, id)
+			}
+			return nil
+		}, fmt.Sprintf(`labels.%q==%s`, LabelPrivate, privateVerify))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("sweep: verification views: %w", err))
+		}
+		for _, id := range views {
+			log.G(ctx).WithField("snapshot", verifyKey(id)).Warn("sweep: removing the verification view of an activate run that is no longer live")
+			if err := p.discardVerifyView(ctx, id); err != nil {
 				errs = append(errs, fmt.Errorf("sweep: %w", err))
 			}
 		}
