@@ -1124,7 +1124,15 @@ func (c *Collector) Remove(ctx context.Context, refs []string) ([]api.Removed, e
 			}
 		}
 		if im == nil {
-			errs = append(errs, fmt.Errorf("rm %s: no image pulled under that name: %w", ref, errdefs.ErrNotFound))
+			live, err := pipeline.RecordsOf(c.opts.DB).ActivationLiveOfRef(ctx, ref)
+			switch {
+			case err != nil:
+				errs = append(errs, fmt.Errorf("rm %s: %w", ref, err))
+			case live:
+				errs = append(errs, fmt.Errorf("rm %s: %s: %w", ref, pullRunsLive, ErrInUse))
+			default:
+				errs = append(errs, fmt.Errorf("rm %s: no image pulled under that name: %w", ref, errdefs.ErrNotFound))
+			}
 			continue
 		}
 		cd := pool.s3Candidate(im)

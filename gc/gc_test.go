@@ -500,6 +500,20 @@ func TestRemoveRefusesImageWhosePullRunsGoOn(t *testing.T) {
 	if len(removed) != 0 || !errors.Is(err, ErrInUse) || !strings.Contains(err.Error(), "its runs go on") {
 		t.Fatalf("rm of an image whose pull's runs go on: removed %+v, %v; want refused as in use, saying its runs go on", removed, err)
 	}
+	// A first pull's runs record the image only when they end: its source
+	// and its name are refused alike meanwhile.
+	if err := h.db.WithTx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO fsm_runs (run_id, fsm, idempotency_id, request, transition, state, created_at, updated_at)
+			VALUES ('r2', ?, 'first', '{"image_id":"first","source":"s3://bucket/first/","ref":"first:v1","layers":[]}', 'check-snapshot', 'pending', 1, 1)`, api.FSMActivate)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, ref := range []string{"s3://bucket/first", "s3://bucket/first/", "first:v1"} {
+		if _, err := h.c.Remove(ctx, []string{ref}); !errors.Is(err, ErrInUse) || !strings.Contains(err.Error(), "its runs go on") {
+			t.Errorf("rm %s while the first pull's runs go on: %v; want refused as in use, saying its runs go on", ref, err)
+		}
+	}
 	if im, err := pipeline.RecordsOf(h.db).GetImage(ctx, "undo"); err != nil || im == nil {
 		t.Fatalf("image record after the refused rm: %+v, %v; want it kept", im, err)
 	}

@@ -94,7 +94,7 @@ func TestFailureOutcomesStartAtZero(t *testing.T) {
 		}
 	}
 	pulls := samples(t, m, Namespace+"_pull_duration_seconds", func(mt *dto.Metric) float64 { return float64(mt.GetHistogram().GetSampleCount()) })
-	if len(pulls) != 3 || pulls["outcome=error"] != 0 || pulls["outcome=rejected"] != 0 {
-		t.Errorf("pull_duration_seconds counts = %v, want ok, rejected and error at 0", pulls)
+	if len(pulls) != 4 || pulls["outcome=error"] != 0 || pulls["outcome=rejected"] != 0 || pulls["outcome=canceled"] != 0 {
+		t.Errorf("pull_duration_seconds counts = %v, want ok, rejected, error and canceled at 0", pulls)
 	}
 }

@@ -92,6 +92,7 @@ const (
 	pullOK       = "ok"
 	pullRejected = "rejected"
 	pullError    = "error"
+	pullCanceled = "canceled"
 )
 
 // s3Operations are the S3 operations the pipelines send.
@@ -119,7 +120,7 @@ func (m *Metrics) Fetch() *Fetch {
 			}, []string{"operation"}),
 			pulls: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 				Namespace: Namespace, Name: "pull_duration_seconds",
-				Help: "Duration of S3 image pulls by outcome (ok, rejected, error).",
+				Help: "Duration of S3 image pulls by outcome (ok, rejected, error, canceled: the client went away or the daemon stopped, and the pull's runs go on).",
 				// 10 ms (an image already pulled) to ~45 min.
 				Buckets: prometheus.ExponentialBuckets(0.01, 2, 19),
 			}, []string{"outcome"}),
@@ -143,7 +144,7 @@ func (m *Metrics) Fetch() *Fetch {
 			}
 			f.retries.WithLabelValues(op)
 		}
-		for _, o := range []string{pullOK, pullRejected, pullError} {
+		for _, o := range []string{pullOK, pullRejected, pullError, pullCanceled} {
 			f.pulls.WithLabelValues(o)
 		}
 		m.register(f.requests, f.bytes, f.retries, f.pulls, f.rejected, f.steps)
@@ -157,11 +158,15 @@ func (m *Metrics) Fetch() *Fetch {
 func (f *Fetch) StepRetried(fsm, step string) { f.steps.WithLabelValues(fsm, step).Inc() }
 
 // ObservePull records one pull that took d: outcome "ok" when err is nil,
-// "rejected" (and the rule counted) when rule is not empty, else "error".
+// "rejected" (and the rule counted) when rule is not empty, "canceled"
+// when its client went away or the daemon stopped it (context.Canceled:
+// its runs go on, nothing failed), else "error".
 func (f *Fetch) ObservePull(d time.Duration, rule string, err error) {
 	outcome := pullOK
 	switch {
 	case err == nil:
+	case errors.Is(err, context.Canceled):
+		outcome = pullCanceled
 	case rule != "":
 		outcome = pullRejected
 		f.rejected.WithLabelValues(rule).Inc()

@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -101,6 +102,8 @@ func TestS3Counters(t *testing.T) {
 	f.ObservePull(2*time.Second, "", nil)
 	f.ObservePull(time.Second, "too_many_entries", errors.New("rejected"))
 	f.ObservePull(time.Second, "", errors.New("S3 down"))
+	// A pull whose client went away (Ctrl-C) did not fail.
+	f.ObservePull(time.Second, "", fmt.Errorf("pull s3://b/k: %w", context.Canceled))
 	f.StepRetried("download-image", "download")
 
 	s := series(t, m, Namespace+"_")
@@ -117,6 +120,7 @@ func TestS3Counters(t *testing.T) {
 		`flyio_snapshotter_pull_duration_seconds{outcome=ok}`:                             1,
 		`flyio_snapshotter_pull_duration_seconds{outcome=rejected}`:                       1,
 		`flyio_snapshotter_pull_duration_seconds{outcome=error}`:                          1,
+		`flyio_snapshotter_pull_duration_seconds{outcome=canceled}`:                       1,
 		`flyio_snapshotter_layers_rejected_total{rule=too_many_entries}`:                  1,
 		`flyio_snapshotter_pipeline_step_retries_total{fsm=download-image,step=download}`: 1,
 	}

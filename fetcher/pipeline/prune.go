@@ -230,6 +230,20 @@ func (r Records) ActivationLive(ctx context.Context, imageID string) (bool, erro
 	return n > 0, nil
 }
 
+// ActivationLiveOfRef reports whether an activate run is pending or
+// running for an image ref names (its name, or its source with or without
+// a prefix's final '/'): the runs of a first pull whose client went away
+// record the image only when they end, so no image record names it yet.
+func (r Records) ActivationLiveOfRef(ctx context.Context, ref string) (bool, error) {
+	var n int
+	if err := r.db.Statements().QueryRowContext(ctx, `SELECT COUNT(*) FROM fsm_runs WHERE fsm = ?1 AND state IN ('pending', 'running')
+		AND (json_extract(request, '$.ref') = ?2 OR json_extract(request, '$.source') IN (?2, ?2 || '/'))`,
+		api.FSMActivate, ref).Scan(&n); err != nil {
+		return false, fmt.Errorf("pipeline: live activation of %s: %w", ref, err)
+	}
+	return n > 0, nil
+}
+
 // liveRunsUsing counts, through tx (so that the answer holds until tx
 // commits), the pending or running runs whose request names chainID. fields
 // maps an FSM name to the JSON paths of its request that hold a chain ID

@@ -164,7 +164,14 @@ func (p *Pipelines) awaitTransfer(ctx context.Context, dlID, runID string) {
 }
 
 // markFailed records why a pull of an image failed (`ls images` shows it).
+// A pull whose context was canceled did not fail: its client went away
+// (Ctrl-C) or the daemon is stopping, and the runs it started go on or
+// resume at the next start, so nothing is recorded.
 func (p *Pipelines) markFailed(ctx context.Context, imageID, source string, cause error) {
+	if errors.Is(ctx.Err(), context.Canceled) {
+		log.G(ctx).WithError(cause).WithField("source", source).Info("pull: its client went away or the daemon is stopping; its runs go on")
+		return
+	}
 	if err := RecordsOf(p.db).MarkImageFailed(context.WithoutCancel(ctx), imageID, source, cause.Error()); err != nil {
 		log.G(ctx).WithError(err).WithField("source", source).Error("pull: recording the failure")
 	}
