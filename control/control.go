@@ -27,6 +27,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"syscall"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 )
@@ -80,7 +81,7 @@ func (c *Client) post(ctx context.Context, path string, body any) (*http.Respons
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", c.socket)
 	if err != nil {
-		return nil, fmt.Errorf("control socket %s: %w (is the daemon running?)", c.socket, err)
+		return nil, fmt.Errorf("control socket %s: %w (%s)", c.socket, err, dialHint(err))
 	}
 	cb := &connBody{ctx: ctx, conn: conn, stop: context.AfterFunc(ctx, func() { conn.Close() })}
 	resp, err := c.exchange(req, conn)
@@ -94,6 +95,16 @@ func (c *Client) post(ctx context.Context, path string, body any) (*http.Respons
 	cb.body = resp.Body
 	resp.Body = cb
 	return resp, nil
+}
+
+// dialHint is what the operator can do about a failed dial: a refused
+// permission means the socket's mode (0660, group daemon.socket_group)
+// keeps the caller out, whether or not the daemon runs.
+func dialHint(err error) string {
+	if errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM) {
+		return "the socket lets in only root and its group: run as root or as a member of the group set by daemon.socket_group"
+	}
+	return "is the daemon running?"
 }
 
 func (c *Client) exchange(req *http.Request, conn net.Conn) (*http.Response, error) {
@@ -178,10 +189,18 @@ func (c *Client) Pull(ctx context.Context, req api.PullRequest, onEvent func(api
 			onEvent(*l.Event)
 		}
 	}
-	if err := sc.Err(); err != nil {
+	err = sc.Err()
+	if err != nil && ctx.Err() != nil {
 		return nil, fmt.Errorf("control socket %s: reading the answer: %w", c.socket, err)
 	}
-	return nil, fmt.Errorf("control socket %s: the daemon ended the answer without a result", c.socket)
+	// A daemon that stops says so in a last line; one that dies, or is
+	// killed, leaves the stream cut short. Either way the pull's runs
+	// resume when it starts again.
+	const hint = "the daemon stopped or died during the pull: run the same pull again once it is back"
+	if err != nil {
+		return nil, fmt.Errorf("control socket %s: reading the answer: %w (%s)", c.socket, err, hint)
+	}
+	return nil, fmt.Errorf("control socket %s: the daemon ended the answer without a result (%s)", c.socket, hint)
 }
 
 // Activate asks the daemon to activate the pulled image ref.

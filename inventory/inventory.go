@@ -112,6 +112,11 @@ type Image struct {
 	FailureReason    string    `json:"failure_reason,omitempty"`
 	CreatedAt        time.Time `json:"created_at"`
 	UpdatedAt        time.Time `json:"updated_at"`
+	// LastUsedAt is the image's last use, its last pull (one answered from
+	// the records too) or activation: what garbage collection removes the
+	// least recent of first. Zero, and left out of JSON, for an image never
+	// pulled.
+	LastUsedAt time.Time `json:"last_used_at,omitzero"`
 }
 
 // Images lists every image, oldest first, with its derived state.
@@ -122,12 +127,16 @@ func Images(ctx context.Context, db *metadata.DB) ([]Image, error) {
 			created, updated   sqlTime
 			names              string
 			checksum, lockedBy sql.NullString
+			used               sql.NullInt64
 		)
 		err := s.Scan(&v.ImageID, &v.S3Key, &v.DownloadStatus, &v.ActivationStatus, &v.SizeBytes, &checksum,
 			&v.LocalPath, &v.FailureReason, &created, &updated, &v.DeviceID, &v.DeviceName,
-			&v.ActiveSnapshots, &lockedBy, &v.Layers, &names)
+			&v.ActiveSnapshots, &lockedBy, &v.Layers, &names, &used)
 		v.Checksum, v.LockedBy = checksum.String, lockedBy.String
 		v.CreatedAt, v.UpdatedAt = created.t, updated.t
+		if used.Valid {
+			v.LastUsedAt = time.Unix(0, used.Int64).UTC()
+		}
 		v.State = imageState(v.DownloadStatus, v.ActivationStatus)
 		v.Names = []string{}
 		if names != "" {
@@ -141,7 +150,8 @@ func Images(ctx context.Context, db *metadata.DB) ([]Image, error) {
 		(SELECT l.locked_by FROM image_locks l WHERE l.image_id = i.image_id LIMIT 1),
 		(SELECT count(*) FROM image_layers il WHERE il.image_id = i.image_id),
 		COALESCE((SELECT group_concat(n.name, char(10)) FROM (SELECT name FROM image_names
-			WHERE image_id = i.image_id ORDER BY registered_ns, name) n), '')
+			WHERE image_id = i.image_id ORDER BY registered_ns, name) n), ''),
+		(SELECT COALESCE(s.used_ns, s.pulled_ns) FROM s3_images s WHERE s.image_id = i.image_id)
 		FROM images i
 		LEFT JOIN unpacked_images u ON u.image_id = i.image_id
 		ORDER BY i.id`)

@@ -8,6 +8,7 @@ import (
 
 	"archive/tar"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -257,5 +258,39 @@ func TestDBJSON(t *testing.T) {
 	}
 	if imgs := lsJSON[inventory.Image](t, "images", "--db", dest, "--format", "json"); len(imgs) == 0 {
 		t.Errorf("the backup %s lists no images", dest)
+	}
+}
+
+// TestActivateJSONFailureCarriesReason: with --format json, activate's
+// failure is one JSON object carrying the reason on stdout (exit 1,
+// nothing on stderr), as pull's and rm's are, whether the daemon is down
+// or refuses.
+func TestActivateJSONFailureCarriesReason(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "none.sock")
+	live := serveFake(t, refusingPuller{t})
+	for _, c := range []struct{ what, socket, reason string }{
+		{"daemon down", missing, "control socket " + missing},
+		{"daemon refuses", live, "refusingPuller: no activations here"},
+	} {
+		code, out, errOut := runCommand(t, nil, "activate", "--control-socket", c.socket, "--format", "json", "app")
+		var v map[string]any
+		if code != 1 || errOut != "" || json.Unmarshal([]byte(out), &v) != nil || len(v) != 1 || !strings.Contains(fmt.Sprint(v["error"]), c.reason) {
+			t.Errorf("%s: activate --format json = exit %d, stdout %q, stderr %q; want 1 and one JSON object whose error says %q",
+				c.what, code, out, errOut, c.reason)
+		}
+	}
+}
+
+// TestActivateEmptyRefIsUsageError: `activate ""` (an unset shell variable
+// in activate "$REF") is a usage error (exit 2, in either format), as
+// `rm ""` is, refused before the daemon is asked; the socket given is a
+// live daemon's that would refuse any activation.
+func TestActivateEmptyRefIsUsageError(t *testing.T) {
+	socket := serveFake(t, refusingPuller{t})
+	for _, format := range []string{"table", "json"} {
+		code, out, errOut := runCommand(t, nil, "activate", "--control-socket", socket, "--format", format, "")
+		if code != 2 || out != "" || !strings.Contains(errOut, "a REF must not be empty") || !strings.Contains(errOut, "See 'containerd-flyio-snapshotter activate --help'") {
+			t.Errorf("activate --format %s '' = exit %d, stdout %q, stderr %q; want 2 and the usage error", format, code, out, errOut)
+		}
 	}
 }

@@ -125,6 +125,12 @@ var lsImages = lsKind[inventory.Image]{
 			value: func(v inventory.Image) string { return yesNo(v.LockedBy != "") }},
 		{header: "UPDATED", cell: func(v inventory.Image, now time.Time) string { return humanAge(now.Sub(v.UpdatedAt)) + " ago" }},
 		{header: "REASON", cell: func(v inventory.Image, _ time.Time) string { return dash(shorten(oneLine(v.FailureReason), 60)) }},
+		{header: "LAST USED", cell: func(v inventory.Image, now time.Time) string {
+			if v.LastUsedAt.IsZero() {
+				return "-"
+			}
+			return humanAge(now.Sub(v.LastUsedAt)) + " ago"
+		}},
 	},
 }
 

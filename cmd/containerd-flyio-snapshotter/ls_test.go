@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/inventory"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
 // indexBy maps each of rows by its key, so that a test can look up the row
@@ -81,6 +83,60 @@ func lsTable(t *testing.T, headers []string, args ...string) []map[string]string
 		rows = append(rows, row)
 	}
 	return rows
+}
+
+// lsImagesHeaders are the columns of `ls images`, in order.
+var lsImagesHeaders = []string{"IMAGE ID", "S3 KEY", "NAMES", "STATE", "LAYERS", "DOWNLOAD", "ACTIVATION", "SIZE", "DEVICE", "LOCKED BY", "UPDATED", "REASON", "LAST USED"}
+
+// TestLsImagesLastUse: ls images shows when each image was last used (its
+// last pull or activation), what garbage collection removes the least
+// recent of first, in the table and in JSON, apart from when its record
+// was updated; an image never pulled has none.
+func TestLsImagesLastUse(t *testing.T) {
+	path := populatedDB(t)
+	now := time.Now()
+	pulled, used := now.Add(-72*time.Hour), now.Add(-2*time.Hour)
+	func() {
+		ctx := context.Background()
+		d, err := metadata.Open(ctx, metadata.Options{Path: path})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		// img-active was pulled three days ago and activated two hours ago
+		// (the daemon writes the times as unix nanoseconds).
+		if _, err := d.Statements().ExecContext(ctx, `UPDATE s3_images SET created_ns = ?, pulled_ns = ?, used_ns = ? WHERE image_id = 'img-active'`,
+			pulled.UnixNano(), pulled.UnixNano(), used.UnixNano()); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	byID := indexBy(lsJSON[inventory.Image](t, "images", "--db", path, "--format", "json"), func(v inventory.Image) string { return v.ImageID })
+	if got := byID["img-active"].LastUsedAt; !got.Equal(used.Round(0)) {
+		t.Errorf("img-active's last_used_at = %v, want its activation, %v", got, used)
+	}
+	if got := byID["img-failed"].LastUsedAt; !got.IsZero() {
+		t.Errorf("img-failed, never pulled, has last_used_at %v", got)
+	}
+	code, out, _ := runCommand(t, nil, "ls", "images", "--db", path, "--format", "json")
+	var raw []map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &raw) != nil {
+		t.Fatalf("ls images --format json = %d, %q", code, out)
+	}
+	for _, r := range raw {
+		if _, ok := r["last_used_at"]; ok != (r["image_id"] != "img-failed") {
+			t.Errorf("ls images --format json: %v's last_used_at present %v, want it for every image pulled", r["image_id"], ok)
+		}
+	}
+	for _, r := range lsTable(t, lsImagesHeaders, "images", "--db", path) {
+		switch id := r["IMAGE ID"]; {
+		case id == "img-active" && (r["UPDATED"] != "3d ago" || r["LAST USED"] != "2h ago"):
+			t.Errorf("ls images: img-active's UPDATED %q, LAST USED %q; want 3d ago (its pull), 2h ago (its activation)", r["UPDATED"], r["LAST USED"])
+		case id == "img-unpacked" && !strings.HasSuffix(r["LAST USED"], "s ago"): // pulled a moment ago
+			t.Errorf("ls images: img-unpacked's LAST USED %q, want its pull, seconds ago", r["LAST USED"])
+		case id == "img-failed" && r["LAST USED"] != "-":
+			t.Errorf("ls images: img-failed's LAST USED %q, want - (never pulled)", r["LAST USED"])
+		}
+	}
 }
 
 func TestLsImages(t *testing.T) {
@@ -154,8 +210,7 @@ func TestLsImages(t *testing.T) {
 	}
 	// Table: a header and one line per image, with names, layer counts and
 	// the reason shown.
-	rows := lsTable(t, []string{"IMAGE ID", "S3 KEY", "NAMES", "STATE", "LAYERS", "DOWNLOAD", "ACTIVATION", "SIZE", "DEVICE", "LOCKED BY", "UPDATED", "REASON"},
-		"images", "--db", path)
+	rows := lsTable(t, lsImagesHeaders, "images", "--db", path)
 	if len(rows) != 3 {
 		t.Fatalf("ls images table has %d rows, want 3: %v", len(rows), rows)
 	}

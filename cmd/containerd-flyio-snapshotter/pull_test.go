@@ -2,13 +2,20 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control/server"
 )
 
@@ -71,6 +78,27 @@ func (p refusingPuller) Activate(context.Context, string) (*api.ActivateResponse
 	return nil, errors.New("refusingPuller: no activations here")
 }
 
+// serveFake serves the control API of p, a fake of the daemon's
+// pipelines, on a new socket until the test ends, and returns its path.
+func serveFake(t *testing.T, p server.Puller) string {
+	t.Helper()
+	socket := filepath.Join(t.TempDir(), "control.sock")
+	lis, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- server.Serve(ctx, lis, p) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("server.Serve: %v", err)
+		}
+	})
+	return socket
+}
+
 // TestPullNameUsageErrors: an image name that containerd's clients would
 // not accept is refused by the daemon before any work, and the CLI reports
 // it as the usage error it is (exit status 2, the name and the rule on
@@ -107,5 +135,172 @@ func TestPullNameUsageErrors(t *testing.T) {
 				t.Errorf("%v = %d, %q, %q; want 2, nothing on stdout and %q", args, code, out, errOut, tc.inStderr)
 			}
 		}
+	}
+}
+
+// TestSocketRefusesUserNamesSocketGroup: a user outside daemon.socket_group
+// runs pull, activate or rm against a running daemon whose socket (mode
+// 0660, root's group) keeps them out. Each command names the socket and
+// tells them to run as root or in the group daemon.socket_group sets,
+// rather than asking whether the daemon runs.
+func TestSocketRefusesUserNamesSocketGroup(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run the client as another user")
+	}
+	// Not t.TempDir: the user the client runs as must reach the socket's
+	// folder and the client binary.
+	dir, err := os.MkdirTemp("", "socket-group-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	socket := filepath.Join(dir, "control.sock")
+	lis, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- server.Serve(ctx, lis, refusingPuller{t}) }()
+	t.Cleanup(func() { cancel(); <-served })
+	if err := os.Chmod(socket, 0o660); err != nil { // as the daemon binds it: root, group 0
+		t.Fatal(err)
+	}
+	self, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "client")
+	if err := os.WriteFile(bin, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, sub := range [][]string{{"pull", "s3://bkt/app/"}, {"activate", "app"}, {"rm", "app"}} {
+		cmd := exec.Command(bin, append([]string{"-test.run=^TestValidateCommandHelperProcess$", "--", sub[0], "--control-socket", socket}, sub[1:]...)...)
+		cmd.Env = append(os.Environ(), "FLYIO_VALIDATE_HELPER=1")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534, Groups: []uint32{}}}
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		var ee *exec.ExitError
+		msg := strings.TrimSpace(stderr.String())
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(msg, "control socket "+socket) || !strings.Contains(msg, "permission denied") ||
+			!strings.Contains(msg, "run as root or as a member of the group set by daemon.socket_group") || strings.Contains(msg, "is the daemon running?") {
+			t.Errorf("%s as uid 65534 on a running daemon's socket: %v, %q; want exit 1 naming the socket, and to run as root or in daemon.socket_group", sub[0], err, msg)
+		}
+	}
+}
+
+// fakeStalledPuller stands in for the daemon's pipelines in a pull that
+// reports one progress event, says so on started, and then runs until its
+// request's context ends.
+type fakeStalledPuller struct {
+	refusingPuller
+	started chan struct{}
+}
+
+func (p fakeStalledPuller) Pull(ctx context.Context, _ api.PullRequest, progress func(api.Event)) (*api.PullResult, error) {
+	progress(api.Event{FSM: api.FSMDownload, State: "download", Layer: 1, Bytes: 1 << 20, Total: 4 << 20})
+	close(p.started)
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestPullAcrossDaemonStop: the daemon stops (systemctl restart, an
+// upgrade) while `pull` streams its progress. pull exits 1 and tells the
+// operator the daemon is stopping and to run the same pull again, in both
+// output formats.
+func TestPullAcrossDaemonStop(t *testing.T) {
+	const want = "daemon stopping: run the same pull again once it is back"
+	for _, format := range []string{"table", "json"} {
+		socket := filepath.Join(t.TempDir(), "control.sock")
+		lis, err := net.Listen("unix", socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, stop := context.WithCancel(context.Background())
+		p := fakeStalledPuller{refusingPuller{t}, make(chan struct{})}
+		served := make(chan error, 1)
+		go func() { served <- server.Serve(ctx, lis, p) }()
+		go func() {
+			<-p.started
+			stop()
+		}()
+		code, out, errOut := runCommand(t, nil, "pull", "--control-socket", socket, "--format", format, "s3://bkt/app/")
+		stop()
+		if err := <-served; err != nil {
+			t.Errorf("server.Serve: %v", err)
+		}
+		var lines []control.Line
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			var v control.Line
+			if json.Unmarshal([]byte(l), &v) == nil {
+				lines = append(lines, v)
+			}
+		}
+		switch {
+		case code != 1:
+			t.Errorf("pull --format %s across a daemon stop: exit %d, want 1 (stdout %q, stderr %q)", format, code, out, errOut)
+		case format == "table" && !strings.Contains(errOut, want):
+			t.Errorf("pull across a daemon stop: stderr %q; want %q", errOut, want)
+		case format == "json" && (len(lines) == 0 || lines[len(lines)-1].Error != want):
+			t.Errorf("pull --format json across a daemon stop: stdout %q; want its last line {\"error\": %q}", out, want)
+		}
+	}
+}
+
+// fakeExtractingPuller stands in for the daemon's pipelines in a pull
+// whose layer is extracted as it downloads (the daemon's usual bottom
+// layer): the terminal line of such a layer is its widest.
+type fakeExtractingPuller struct{ refusingPuller }
+
+func (fakeExtractingPuller) Pull(_ context.Context, req api.PullRequest, progress func(api.Event)) (*api.PullResult, error) {
+	const mb = 1 << 20
+	progress(api.Event{FSM: api.FSMDownload, State: "download", Layer: 1, Bytes: 1 * mb, Total: 480 * mb})
+	time.Sleep(300 * time.Millisecond)
+	progress(api.Event{FSM: api.FSMDownload, State: "download", Layer: 1, Bytes: 100 * mb, Total: 480 * mb})
+	progress(api.Event{FSM: api.FSMUnpack, State: "extract-layers", Layer: 1, Bytes: 140 * mb, Files: 12345})
+	time.Sleep(150 * time.Millisecond)
+	progress(api.Event{FSM: api.FSMDownload, State: "download", Layer: 1, Bytes: 200 * mb, Total: 480 * mb})
+	time.Sleep(150 * time.Millisecond)
+	progress(api.Event{FSM: api.FSMDownload, State: "download", Layer: 1, Bytes: 300 * mb, Total: 480 * mb})
+	return &api.PullResult{Ref: "app:v1", Source: "s3://bkt/app/"}, nil
+}
+
+// TestPullProgressFitsTerminal: on an 80-column terminal `pull` draws no
+// progress row of 80 columns or more (such a row wraps, and the redraw,
+// which moves the cursor up one row per layer, would leave its upper part
+// behind), yet still shows the layer, its step and its bytes.
+func TestPullProgressFitsTerminal(t *testing.T) {
+	if _, err := exec.LookPath("script"); err != nil {
+		t.Skip("needs script(1) for a pseudo-terminal")
+	}
+	socket := serveFake(t, fakeExtractingPuller{refusingPuller{t}})
+	line := "stty cols 80 rows 24; FLYIO_VALIDATE_HELPER=1 " + os.Args[0] +
+		" -test.run='^TestValidateCommandHelperProcess$' -- pull --control-socket " + socket + " s3://bkt/app/"
+	out, err := exec.Command("script", "-qfec", line, "/dev/null").CombinedOutput()
+	if err != nil {
+		t.Fatalf("script: %v: %q", err, out)
+	}
+	csi := regexp.MustCompile("\x1b\\[[0-9;]*[A-Za-z]")
+	var rows []string
+	for _, l := range strings.Split(string(out), "\n") {
+		for _, row := range strings.Split(csi.ReplaceAllString(l, ""), "\r") {
+			if row != "" {
+				rows = append(rows, row)
+			}
+		}
+	}
+	sawLayer := false
+	for _, row := range rows {
+		if len(row) >= 80 && !strings.HasPrefix(row, "pulled ") { // the result goes to stdout, not redrawn
+			t.Errorf("on an 80-column terminal pull drew a %d-column row: %q", len(row), row)
+		}
+		sawLayer = sawLayer || strings.HasPrefix(row, "layer 1   download        300.0 MiB / 480.0 MiB")
+	}
+	if !sawLayer {
+		t.Errorf("pull's terminal output shows no line of layer 1's download: %q", out)
 	}
 }

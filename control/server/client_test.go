@@ -2,9 +2,13 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
+	"net/http"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -69,5 +73,95 @@ func TestClientCancelCutsThePull(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Error("the daemon's pull still runs 10s after the client went away")
+	}
+}
+
+// TestDaemonStopTellsThePullToRunAgain: the daemon stops (systemctl
+// restart, an upgrade) while a CLI pull streams. The pull's answer ends
+// with a line telling the operator the daemon is stopping and to run the
+// same pull again, rather than a stream cut short ("unexpected EOF"), and
+// the daemon's pull sees its request's context end.
+func TestDaemonStopTellsThePullToRunAgain(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "control.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srvCtx, stopSrv := context.WithCancel(context.Background())
+	p := fakeStalledPuller{ended: make(chan error, 1)}
+	served := make(chan error, 1)
+	go func() { served <- Serve(srvCtx, lis, p) }()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err = control.NewClient(sock).Pull(ctx, api.PullRequest{Bucket: "b", Key: "img/"}, func(api.Event) {
+		go stopSrv() // the daemon is told to stop mid-pull
+	})
+	if serr := <-served; serr != nil {
+		t.Errorf("Serve: %v", serr)
+	}
+	if err == nil || err.Error() != "daemon stopping: run the same pull again once it is back" {
+		t.Errorf("pull across a daemon stop: %v; want the daemon's word that it stops and to run the same pull again", err)
+	}
+	select {
+	case err := <-p.ended:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("the daemon's pull ended with %v, want its request cancelled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the daemon's pull still runs 10s after the daemon stopped serving")
+	}
+}
+
+// TestCutStreamTellsThePullToRunAgain: a daemon that dies mid-pull (killed,
+// crashed) cannot send a last line; the client's error then still says
+// what happened and to run the same pull again.
+func TestCutStreamTellsThePullToRunAgain(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "control.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		w.WriteHeader(http.StatusOK)
+		_ = json.NewEncoder(w).Encode(control.Line{Event: &api.Event{FSM: "download-image", State: "download", Layer: 1}})
+		_ = http.NewResponseController(w).Flush()
+		panic(http.ErrAbortHandler) // the connection goes without the stream's end
+	})}
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	events := 0
+	_, err = control.NewClient(sock).Pull(ctx, api.PullRequest{Bucket: "b", Key: "img/"}, func(api.Event) { events++ })
+	if events != 1 || err == nil || !strings.Contains(err.Error(), "the daemon stopped or died during the pull: run the same pull again once it is back") {
+		t.Errorf("pull cut after %d event(s): %v; want the cut stream explained and the same pull to be run again", events, err)
+	}
+}
+
+// TestPermissionDeniedNamesSocketGroup: a user the socket's mode keeps out
+// is told to run as root or in daemon.socket_group's group, not asked
+// whether the daemon runs. As root the socket's mode does not keep anyone
+// out; the CLI's test runs the client as another user instead.
+func TestPermissionDeniedNamesSocketGroup(t *testing.T) {
+	if os.Geteuid() == 0 {
+		t.Skip("root connects whatever the socket's mode")
+	}
+	sock := filepath.Join(t.TempDir(), "control.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	if err := os.Chmod(sock, 0); err != nil {
+		t.Fatal(err)
+	}
+	_, err = control.NewClient(sock).Activate(context.Background(), "app")
+	if err == nil || !strings.Contains(err.Error(), "control socket "+sock) || !strings.Contains(err.Error(), "permission denied") ||
+		!strings.Contains(err.Error(), "run as root or as a member of the group set by daemon.socket_group") ||
+		strings.Contains(err.Error(), "is the daemon running?") {
+		t.Errorf("activate on a socket that refuses this user: %v; want the socket, and to run as root or in daemon.socket_group", err)
 	}
 }

@@ -34,8 +34,14 @@ type Remover interface {
 
 // Handler serves the control API of p (and /v1/rm when p is a Remover).
 func Handler(p Puller) http.Handler {
+	return handler(p, context.Background())
+}
+
+// handler is Handler whose pulls in flight are cut when stopping ends,
+// with stopping's cause as their last line.
+func handler(p Puller, stopping context.Context) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/pull", func(w http.ResponseWriter, r *http.Request) { servePull(p, w, r) })
+	mux.HandleFunc("POST /v1/pull", func(w http.ResponseWriter, r *http.Request) { servePull(stopping, p, w, r) })
 	mux.HandleFunc("POST /v1/activate", func(w http.ResponseWriter, r *http.Request) { serveActivate(p, w, r) })
 	if rm, ok := p.(Remover); ok {
 		mux.HandleFunc("POST /v1/rm", func(w http.ResponseWriter, r *http.Request) { serveRm(rm, w, r) })
@@ -43,7 +49,7 @@ func Handler(p Puller) http.Handler {
 	return mux
 }
 
-func servePull(p Puller, w http.ResponseWriter, r *http.Request) {
+func servePull(stopping context.Context, p Puller, w http.ResponseWriter, r *http.Request) {
 	var req api.PullRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
 		writeJSON(w, http.StatusBadRequest, control.Line{Error: fmt.Sprintf("pull: request body: %v", err)})
@@ -64,28 +70,53 @@ func servePull(p Puller, w http.ResponseWriter, r *http.Request) {
 	var mu sync.Mutex
 	enc := json.NewEncoder(w)
 	rc := http.NewResponseController(w)
-	send := func(l control.Line) {
+	// last sends the answer's last line, the result or the error, once:
+	// the first of the pull's end and the daemon's stop writes it.
+	var ended bool
+	last := func(l control.Line) {
 		mu.Lock()
 		defer mu.Unlock()
-		if enc.Encode(l) == nil {
+		if !ended && enc.Encode(l) == nil {
 			_ = rc.Flush()
 		}
+		ended = true
 	}
 	lg := log.G(r.Context()).WithField("bucket", req.Bucket).WithField("key", req.Key).WithField("ref", req.Ref).WithField("replace", req.Replace)
 	lg.Info("control: pull")
-	res, err := p.Pull(r.Context(), req, func(e api.Event) { send(control.Line{Event: &e}) })
+	// A daemon that stops cuts the pull (its runs resume at the next
+	// start) and tells the client why and what to do, rather than closing
+	// the connection on a stream without a last line.
+	ctx, cut := context.WithCancelCause(r.Context())
+	defer cut(nil)
+	stopped := context.AfterFunc(stopping, func() {
+		cause := context.Cause(stopping)
+		last(control.Line{Error: cause.Error()})
+		cut(cause)
+	})
+	defer stopped()
+	res, err := p.Pull(ctx, req, func(e api.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !ended && enc.Encode(control.Line{Event: &e}) == nil {
+			_ = rc.Flush()
+		}
+	})
 	if err != nil {
 		lg.WithError(err).Warn("control: pull failed")
-		send(control.Line{Error: err.Error()})
+		last(control.Line{Error: err.Error()})
 		return
 	}
-	send(control.Line{Result: res})
+	last(control.Line{Result: res})
 }
 
 func serveActivate(p Puller, w http.ResponseWriter, r *http.Request) {
 	var req control.ActivateRequest
-	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil || req.Ref == "" {
-		writeJSON(w, http.StatusBadRequest, control.ActivateAnswer{Error: fmt.Sprintf("activate: request must name a ref (%v)", err)})
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
+		writeJSON(w, http.StatusBadRequest, control.ActivateAnswer{Error: fmt.Sprintf("activate: request body: %v", err)})
+		return
+	}
+	if req.Ref == "" {
+		writeJSON(w, http.StatusBadRequest, control.ActivateAnswer{Error: "activate: request must name a ref"})
 		return
 	}
 	res, err := p.Activate(r.Context(), req.Ref)
@@ -102,16 +133,26 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// Serve answers on lis until ctx is done, then stops (in-flight pulls are
-// cut; their state machines go on in the daemon) and removes the socket.
+// errDaemonStopping is the error a pull in flight is answered with, and
+// its context cancelled with, when Serve stops: it tells the operator what
+// to do, since the pull's runs resume when the daemon starts again.
+var errDaemonStopping = errors.New("daemon stopping: run the same pull again once it is back")
+
+// Serve answers on lis until ctx is done, then stops and removes the
+// socket. A pull in flight is then answered with errDaemonStopping and its
+// context cancelled with it (its state machines go on in the daemon, which
+// resumes them at its next start); other requests get a second to finish.
 func Serve(ctx context.Context, lis net.Listener, p Puller) error {
-	srv := &http.Server{Handler: Handler(p), ReadHeaderTimeout: 10 * time.Second,
+	stopping, stop := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer stop(nil)
+	srv := &http.Server{Handler: handler(p, stopping), ReadHeaderTimeout: 10 * time.Second,
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
 	log.G(ctx).WithField("socket", lis.Addr().String()).Info("serving control API")
 	select {
 	case <-ctx.Done():
+		stop(errDaemonStopping)
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
@@ -127,8 +168,12 @@ func Serve(ctx context.Context, lis net.Listener, p Puller) error {
 
 func serveRm(rm Remover, w http.ResponseWriter, r *http.Request) {
 	var req control.RmRequest
-	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil || len(req.Refs) == 0 {
-		writeJSON(w, http.StatusBadRequest, control.RmAnswer{Error: fmt.Sprintf("rm: request must name at least one image (%v)", err)})
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
+		writeJSON(w, http.StatusBadRequest, control.RmAnswer{Error: fmt.Sprintf("rm: request body: %v", err)})
+		return
+	}
+	if len(req.Refs) == 0 {
+		writeJSON(w, http.StatusBadRequest, control.RmAnswer{Error: "rm: request must name at least one image"})
 		return
 	}
 	for _, ref := range req.Refs {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -73,8 +74,14 @@ func TestSocketCarriesErrors(t *testing.T) {
 	if len(removed) != 0 || err == nil || !strings.Contains(err.Error(), "rm never-pulled: no image pulled under that name") {
 		t.Errorf("rm of a name never pulled: removed %v, err %v", removed, err)
 	}
-	if _, err := c.Remove(ctx, nil); err == nil || !strings.Contains(err.Error(), "rm: request must name at least one image") {
-		t.Errorf("rm of nothing: %v", err)
+	// Malformed requests are refused with the rule they break, and the
+	// client reports them as *control.RequestError (a CLI's usage error).
+	var refused *control.RequestError
+	if _, err := c.Remove(ctx, nil); !errors.As(err, &refused) || err.Error() != "rm: request must name at least one image" {
+		t.Errorf("rm of nothing: %v, want a refusal saying it must name an image", err)
+	}
+	if _, err := c.Activate(ctx, ""); !errors.As(err, &refused) || err.Error() != "activate: request must name a ref" {
+		t.Errorf("activate of an empty ref: %v, want a refusal saying it must name a ref", err)
 	}
 	cancel()
 	if err := <-done; err != nil {

@@ -2,8 +2,11 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
 )
 
 const activateDescription = `
@@ -11,8 +14,8 @@ Asks the running daemon (over daemon.control_socket) to activate a pulled
 image again: its active snapshot "snap-<image id>" on the top of its
 unpacked chain is checked and, if it or its device is gone, re-created and
 registered. Prints the snapshot and its device (with --format json, the
-daemon's answer as one JSON object). Exit status 0 on success, 1 with the
-reason on failure, 2 on a usage error.
+daemon's answer as one JSON object, or {"error": REASON} on failure). Exit
+status 0 on success, 1 with the reason on failure, 2 on a usage error.
 `
 
 func init() {
@@ -32,18 +35,40 @@ func runActivate(ctx context.Context, args []string) error {
 	if len(pos) != 1 {
 		return UsageError(fs, "activate takes exactly one REF argument (the name given to pull, or its s3:// source)")
 	}
+	if pos[0] == "" {
+		return UsageError(fs, "a REF must not be empty")
+	}
 	c, err := controlClient(socket)
 	if err != nil {
 		return err
 	}
 	res, err := c.Activate(ctx, pos[0])
-	if err != nil {
-		return err
+	var refused *control.RequestError
+	if errors.As(err, &refused) {
+		// A usage error, on stderr in either format, as before any request.
+		return refusedAsUsage(fs, "", err)
 	}
 	if format.JSON() {
+		if err != nil {
+			if werr := WriteJSON(os.Stdout, ActivateFailure{Error: err.Error()}); werr != nil {
+				return werr
+			}
+			// The reason is in the JSON: stderr stays quiet, as for
+			// pull and rm --format json.
+			return &ExitError{Code: 1}
+		}
 		return WriteJSON(os.Stdout, res)
+	}
+	if err != nil {
+		return err
 	}
 	fmt.Fprintf(os.Stdout, "active %s: snapshot %s on device %s, origin device %d\n",
 		pos[0], res.SnapshotName, res.DevicePath, res.OriginDevice)
 	return nil
+}
+
+// ActivateFailure is what `activate --format json` prints when the
+// activation fails: one object with the reason.
+type ActivateFailure struct {
+	Error string `json:"error"`
 }

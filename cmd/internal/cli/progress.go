@@ -49,6 +49,9 @@ type progress struct {
 	// is below them).
 	drawn    int
 	lastDraw time.Time
+	// cols is the terminal's width in columns, read at each redraw (the
+	// terminal may be resized); 0 or nil: unknown, lines are not fitted.
+	cols func() int
 }
 
 func newProgress(w io.Writer, tty bool) *progress {
@@ -142,9 +145,13 @@ func (p *progress) redraw(now time.Time) {
 		}
 		return a < c
 	})
+	width := 0
+	if p.cols != nil {
+		width = p.cols()
+	}
 	for _, id := range ids {
 		b.WriteString("\r\033[K")
-		b.WriteString(p.line(id, p.byID[id], now))
+		b.WriteString(fitLine(p.line(id, p.byID[id], now), width))
 		b.WriteByte('\n')
 	}
 	p.drawn, p.lastDraw = len(ids), now
@@ -183,4 +190,22 @@ func (p *progress) line(id int, l *layerProgress, now time.Time) string {
 		fmt.Fprintf(&b, "  | extracted %s, %d files", mib(l.extracted), l.extractedFiles)
 	}
 	return strings.TrimRight(b.String(), " ")
+}
+
+// fitLine cuts line to fewer than width columns, so that it takes one row
+// of the terminal and moving the cursor up one row per line redraws it in
+// place (a line of exactly width columns wraps on some terminals). It
+// drops whole fields from the end (they are separated by two spaces: the
+// rate, the ETA, the extraction), and cuts within a field only when the
+// first one alone is too wide. Lines are ASCII: a byte is a column. A
+// width of 0 (unknown) leaves line as it is.
+func fitLine(line string, width int) string {
+	if width <= 0 || len(line) < width {
+		return line
+	}
+	limit := width - 1
+	if i := strings.LastIndex(line[:min(len(line), limit+2)], "  "); i > 0 {
+		return strings.TrimRight(line[:i], " ")
+	}
+	return line[:max(limit, 0)]
 }

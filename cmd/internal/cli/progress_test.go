@@ -124,3 +124,70 @@ func TestProgressTotalPerStep(t *testing.T) {
 		"layer 1   verify-layout",
 	})
 }
+
+// TestProgressFitsTerminalWidth: on a terminal each layer's line is cut to
+// fewer columns than the terminal has (whole fields dropped from the end),
+// so that it takes one row and the cursor moved up one row per layer
+// redraws it in place; a resize is seen at the next redraw. Off a terminal
+// lines are written whole.
+func TestProgressFitsTerminalWidth(t *testing.T) {
+	events := func(p *progress, c *clock) {
+		p.event(api.Event{FSM: api.FSMDownload, State: "download", Layer: 1, Bytes: 1 << 20, Total: 480 << 20})
+		c.t = c.t.Add(time.Second)
+		p.event(api.Event{FSM: api.FSMUnpack, State: "extract-layers", Layer: 1, Bytes: 140 << 20, Files: 12345})
+		p.event(api.Event{FSM: api.FSMDownload, State: "download", Layer: 1, Bytes: 100 << 20, Total: 480 << 20})
+		p.event(api.Event{FSM: api.FSMDownload, State: "download", Layer: 2, Total: 10 << 20})
+		p.finish()
+	}
+	const full = "layer 1   download        100.0 MiB / 480.0 MiB  20.8%  99.0 MiB/s  ETA 4s  | extracted 140.0 MiB, 12345 files"
+	for _, tc := range []struct {
+		cols  int
+		layer string
+	}{
+		{80, "layer 1   download        100.0 MiB / 480.0 MiB  20.8%  99.0 MiB/s  ETA 4s"},
+		{60, "layer 1   download        100.0 MiB / 480.0 MiB  20.8%"},
+		{30, "layer 1   download"},
+		{12, "layer 1"},
+		{0, full}, // width unknown: not fitted
+	} {
+		p, c, out := newClockedProgress(true)
+		p.cols = func() int { return tc.cols }
+		events(p, c)
+		last := out.String()[strings.LastIndex(out.String(), "\033[2A"):]
+		lines := strings.Split(strings.TrimSuffix(last, "\n"), "\n")
+		if len(lines) != 2 {
+			t.Fatalf("%d columns: last frame %q: want two lines after a cursor-up by 2", tc.cols, last)
+		}
+		if got := strings.TrimPrefix(lines[0], "\033[2A\r\033[K"); got != tc.layer {
+			t.Errorf("%d columns: layer 1 drawn as %q\nwant                         %q", tc.cols, got, tc.layer)
+		}
+		for _, l := range strings.Split(out.String(), "\n") {
+			l = strings.TrimPrefix(strings.TrimPrefix(l, "\033[2A"), "\033[1A")
+			if l = strings.TrimPrefix(l, "\r\033[K"); tc.cols > 0 && len(l) >= tc.cols {
+				t.Errorf("%d columns: drew a %d-column line %q", tc.cols, len(l), l)
+			}
+		}
+	}
+
+	p, c, out := newClockedProgress(true)
+	cols := 200
+	p.cols = func() int { return cols }
+	p.event(api.Event{FSM: api.FSMDownload, State: "download", Layer: 1, Bytes: 1 << 20, Total: 480 << 20})
+	cols = 20 // the terminal is resized
+	c.t = c.t.Add(time.Second)
+	p.event(api.Event{FSM: api.FSMDownload, State: "download", Layer: 1, Bytes: 100 << 20, Total: 480 << 20})
+	if last := out.String()[strings.LastIndex(out.String(), "\033[1A"):]; last != "\033[1A\r\033[Klayer 1   download\n" {
+		t.Errorf("after a resize to 20 columns the redraw is %q", last)
+	}
+
+	p, c, out = newClockedProgress(false)
+	p.cols = func() int { return 80 }
+	p.event(api.Event{FSM: api.FSMDownload, State: "download", Layer: 1, Bytes: 1 << 20, Total: 480 << 20})
+	p.event(api.Event{FSM: api.FSMUnpack, State: "extract-layers", Layer: 1, Bytes: 140 << 20, Files: 12345})
+	c.t = c.t.Add(plainInterval)
+	p.event(api.Event{FSM: api.FSMDownload, State: "download", Layer: 1, Bytes: 201 << 20, Total: 480 << 20})
+	checkPlainLines(t, out.String(), []string{
+		"layer 1   download          1.0 MiB / 480.0 MiB   0.2%",
+		"layer 1   download        201.0 MiB / 480.0 MiB  41.9%  40.0 MiB/s  ETA 7s  | extracted 140.0 MiB, 12345 files",
+	})
+}

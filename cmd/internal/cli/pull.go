@@ -106,6 +106,16 @@ func isTerminal(f *os.File) bool {
 	return err == nil
 }
 
+// terminalCols returns the width in columns of the terminal f is, or 0
+// when it cannot be read.
+func terminalCols(f *os.File) int {
+	ws, err := unix.IoctlGetWinsize(int(f.Fd()), unix.TIOCGWINSZ)
+	if err != nil {
+		return 0
+	}
+	return int(ws.Col)
+}
+
 func runPull(ctx context.Context, args []string) error {
 	fs := NewFlagSet("pull", "pull s3://BUCKET/KEY-or-PREFIX|PATH [--name REF [--replace]] [--namespace NS]... [--refresh|--cached] [--format table|json] [--config FILE] [--control-socket PATH]", pullDescription)
 	AddConfigFlags(fs)
@@ -148,6 +158,7 @@ func runPull(ctx context.Context, args []string) error {
 	}
 	start := time.Now()
 	pr := newProgress(os.Stderr, isTerminal(os.Stderr))
+	pr.cols = func() int { return terminalCols(os.Stderr) }
 	res, err := c.Pull(ctx, req, pr.event)
 	pr.finish()
 	if err != nil {
