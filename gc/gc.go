@@ -804,7 +804,7 @@ func (v *poolView) candidates(imgs []*Image) []*candidate {
 
 // inUse says why image cd must be kept, or "" when nothing uses it.
 // pullRunsLive says why an image whose activate run is live is kept.
-const pullRunsLive = "a pull of it is under way in the daemon (its runs go on after the pull's client left); try again once `ls runs` shows them ended"
+const pullRunsLive = "a pull of it is under way in the daemon (its runs go on after the pull's client left); try again once `ls runs --filter state=pending,running` no longer lists them"
 
 func (c *Collector) inUse(ctx context.Context, cd *candidate, v *poolView) (string, error) {
 	for _, n := range cd.names() {
