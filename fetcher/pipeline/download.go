@@ -136,16 +136,27 @@ func fileStamp(fi os.FileInfo) (size, mtimeNs int64, ino uint64) {
 }
 
 // verifyLayerFile reports whether b's file exists with b's size and
-// SHA-256. A file whose size, mtime and inode are those recorded when it was
-// last hashed is trusted without reading it; otherwise it is hashed again
-// (and the stamp refreshed if it matches).
+// SHA-256 (verifyOpenLayerFile).
 func (p *Pipelines) verifyLayerFile(ctx context.Context, b *LayerFile) (bool, error) {
-	fi, err := os.Stat(b.Path)
+	f, err := os.Open(b.Path)
 	if errors.Is(err, os.ErrNotExist) {
 		return false, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("verify blob %s: %w", b.Path, err)
+	}
+	defer f.Close()
+	return p.verifyOpenLayerFile(ctx, f, b)
+}
+
+// verifyOpenLayerFile reports whether the open file f has b's size and
+// SHA-256. A file whose size, mtime and inode are those recorded when it was
+// last hashed is trusted without reading it; otherwise it is hashed again
+// (and the stamp refreshed if it matches). f's offset is left anywhere.
+func (p *Pipelines) verifyOpenLayerFile(ctx context.Context, f *os.File, b *LayerFile) (bool, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return false, fmt.Errorf("verify layer file %s: %w", b.Path, err)
 	}
 	size, mtime, ino := fileStamp(fi)
 	if size != b.SizeBytes {
@@ -154,27 +165,14 @@ func (p *Pipelines) verifyLayerFile(ctx context.Context, b *LayerFile) (bool, er
 	if size == b.StatSize && mtime == b.StatMtimeNs && ino == b.StatIno {
 		return true, nil
 	}
-	sum, err := hashFile(ctx, b.Path)
-	if err != nil {
-		return false, err
+	h := sha256.New()
+	if _, err := io.Copy(h, ctxReader{ctx, f}); err != nil {
+		return false, fmt.Errorf("verify layer file %s: %w", b.Path, err)
 	}
-	if sum != b.Digest {
+	if digestOf(h) != b.Digest {
 		return false, nil
 	}
 	return true, RecordsOf(p.db).updateLayerStat(ctx, b.Digest, size, mtime, ino)
-}
-
-func hashFile(ctx context.Context, path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", fmt.Errorf("hash %s: %w", path, err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, ctxReader{ctx, f}); err != nil {
-		return "", fmt.Errorf("hash %s: %w", path, err)
-	}
-	return digestOf(h), nil
 }
 
 func digestOf(h hash.Hash) string { return "sha256:" + hex.EncodeToString(h.Sum(nil)) }

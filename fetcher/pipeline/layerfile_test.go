@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 )
@@ -62,35 +61,23 @@ func TestUnpackRefusesLayerFileChangedOnDisk(t *testing.T) {
 }
 
 // TestCanceledPullNotRecordedFailed: a pull whose client goes away (Ctrl-C)
-// during its unpack did not fail: `ls images` shows no failure for it, and
+// once its runs are started did not fail: `ls images` shows no failure for it, and
 // the runs it started go on and record the image pulled.
 func TestCanceledPullNotRecordedFailed(t *testing.T) {
 	e := newPullEnv(t, nil)
 	e.srv.Put(t, "c/1.tar", layerTar(t, "c", 3000))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	e.p.hooks = map[string]func(){"extract:started": cancel}
+	// Canceled once all its runs are started: the activate run's first step.
+	e.p.hooks = map[string]func(){"check-snapshot:started": cancel}
 	if _, err := e.p.Pull(ctx, api.PullRequest{Bucket: e.srv.Bucket, Key: "c/", Ref: "c"}, nil); !errors.Is(err, context.Canceled) {
-		t.Fatalf("pull canceled during its unpack: %v; want context.Canceled", err)
+		t.Fatalf("pull canceled during its activation: %v; want context.Canceled", err)
 	}
 	_, imageID := imageSource(e.srv.Bucket, "c/")
 	if img, err := RecordsOf(e.db).GetImage(context.Background(), imageID); err != nil || (img != nil && img.FailureReason != "") {
 		t.Fatalf("image record right after the canceled pull: %+v, %v; want no failure recorded", img, err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		n, err := RecordsOf(e.db).LiveRuns(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d runs still live 30 s after the canceled pull", n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	e.waitNoLiveRun("the canceled pull")
 	img, err := RecordsOf(e.db).GetImage(context.Background(), imageID)
 	if err != nil || img == nil || img.FailureReason != "" {
 		t.Fatalf("image record once the runs ended: %+v, %v; want it pulled, no failure", img, err)

@@ -20,6 +20,24 @@ import (
 )
 
 // unpackRun is the one unpack run of the environment.
+// waitNoLiveRun waits until no run is live, for at most 30 s after what
+// happened (the message's words).
+func (e *env) waitNoLiveRun(after string) {
+	e.t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		n, err := RecordsOf(e.db).LiveRuns(context.Background())
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%d runs still live 30 s after %s", n, after)
+		}
+	}
+}
+
 func (e *env) unpackRun() fsm.RunRecord {
 	e.t.Helper()
 	runs, err := fsm.NewSQLiteStore(e.db).ListRuns(context.Background(), fsm.RunFilter{FSM: api.FSMUnpack})
@@ -88,18 +106,7 @@ func TestUnpackKilledTwiceCleansUp(t *testing.T) {
 
 	p3 := e.reopen(nil)
 	// The unpack run ends, then the activation run waiting on it.
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		n, err := RecordsOf(e.db).LiveRuns(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d runs still live 30 s after the third start", n)
-		}
-	}
+	e.waitNoLiveRun("the third start")
 	r := e.unpackRun()
 	if r.State != fsm.StateFailed || !strings.Contains(r.LastError, "no attempt left: 2 counted of 2 allowed") {
 		t.Errorf("unpack run %s: %q; want failed with both attempts counted", r.State, r.LastError)

@@ -2,7 +2,6 @@ package pipeline
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -466,32 +465,6 @@ func (p *Pipelines) openLayerFile(ctx context.Context, req *upReq, dl *DownloadR
 		return nil, fmt.Errorf("unpack %s: %w", r.ChainID, err)
 	}
 	return f, nil
-}
-
-// verifyOpenLayerFile reports whether the open file f has b's size and
-// SHA-256. A file whose size, mtime and inode are those recorded when it was
-// last hashed is trusted without reading it; otherwise it is hashed again
-// (and the stamp refreshed if it matches). f's offset is left anywhere.
-func (p *Pipelines) verifyOpenLayerFile(ctx context.Context, f *os.File, b *LayerFile) (bool, error) {
-	fi, err := f.Stat()
-	if err != nil {
-		return false, fmt.Errorf("verify layer file %s: %w", b.Path, err)
-	}
-	size, mtime, ino := fileStamp(fi)
-	if size != b.SizeBytes {
-		return false, nil
-	}
-	if size == b.StatSize && mtime == b.StatMtimeNs && ino == b.StatIno {
-		return true, nil
-	}
-	h := sha256.New()
-	if _, err := io.Copy(h, ctxReader{ctx, f}); err != nil {
-		return false, fmt.Errorf("verify layer file %s: %w", b.Path, err)
-	}
-	if digestOf(h) != b.Digest {
-		return false, nil
-	}
-	return true, RecordsOf(p.db).updateLayerStat(ctx, b.Digest, size, mtime, ino)
 }
 
 // extractBudget is the most file content one extraction may write: the
