@@ -194,7 +194,9 @@ func registrar(c *Config) pipeline.Registrar {
 // before and after every pull, while containerd applies a layer into the
 // pool and after its commits, every gc.interval and at the pool's
 // low-water event, which also grows a pool allowed to (watchPool); old
-// history records go every retention.interval ([retention]). From then on
+// history records go every retention.interval ([retention]); names pulled
+// while containerd's socket was absent are registered once it answers
+// (pipeline.RegisterPendingInterval). From then on
 // Serve gives containerd the pipelines' view of the snapshotter
 // (pipeline.ContainerdView). stop closes both; runs under way stay recorded
 // for the next start.
@@ -229,6 +231,11 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 	go func() {
 		defer loops.Done()
 		s.watchPool(sctx, col, s.poolEvents)
+	}()
+	loops.Add(1)
+	go func() {
+		defer loops.Done()
+		p.RegisterPendingEvery(sctx, pipeline.RegisterPendingInterval)
 	}()
 	loops.Add(1)
 	go func() {

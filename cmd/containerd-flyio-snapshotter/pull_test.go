@@ -266,7 +266,7 @@ func (fakeExtractingPuller) Pull(_ context.Context, req api.PullRequest, progres
 	progress(api.Event{FSM: api.FSMDownload, State: "download", Layer: 1, Bytes: 200 * mb, Total: 480 * mb})
 	time.Sleep(150 * time.Millisecond)
 	progress(api.Event{FSM: api.FSMDownload, State: "download", Layer: 1, Bytes: 300 * mb, Total: 480 * mb})
-	return &api.PullResult{Ref: "app:v1", Source: "s3://bkt/app/"}, nil
+	return &api.PullResult{Ref: "app:v1", Source: "s3://bkt/app/", Snapshot: api.ActivateResponse{Registered: true}}, nil
 }
 
 // TestPullProgressFitsTerminal: on an 80-column terminal `pull` draws no

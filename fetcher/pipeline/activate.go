@@ -472,7 +472,7 @@ func (p *Pipelines) register(ctx context.Context, req *acReq) (*acResp, error) {
 		}
 		return nil, err
 	}
-	resp.Registered, resp.Ref, resp.Namespaces = p.opts.Registrar != nil, r.Ref, r.Namespaces
+	resp.Registered, resp.Ref, resp.Namespaces = p.registered(ctx, r.Ref), r.Ref, r.Namespaces
 	return fsm.NewResponse(resp), nil
 }
 
@@ -552,7 +552,18 @@ func (p *Pipelines) registerName(ctx context.Context, name string, nss []string,
 		diffs[i] = l.DiffID
 	}
 	return inNamespaces(ctx, nss, func(ctx context.Context, ns string) error {
-		if err := p.opts.Registrar.Register(ctx, name, diffs, replace); err != nil {
+		err := p.opts.Registrar.Register(ctx, name, diffs, replace)
+		if errors.Is(err, ErrContainerdAbsent) {
+			// The image is usable from the records; the name is
+			// registered once containerd answers (pending.go).
+			log.G(ctx).WithError(err).WithField("name", name).WithField("namespace", ns).
+				Warn("register: containerd is not up; the name is registered once it answers")
+			return RecordsOf(p.db).markPending(context.WithoutCancel(ctx), name, ns)
+		}
+		if err == nil {
+			err = RecordsOf(p.db).clearPending(ctx, name, ns)
+		}
+		if err != nil {
 			if ns != "" {
 				return fmt.Errorf("register %s in containerd namespace %s: %w", name, ns, err)
 			}

@@ -79,8 +79,8 @@ func (c *ContainerdRegistrar) snapshotter() string {
 }
 
 // Register implements Registrar, in the context's containerd namespace (or
-// c.Namespace). A containerd socket that does not exist is not an error
-// (no containerd on this host): it is logged and skipped. An image of that
+// c.Namespace). A containerd socket that does not exist is
+// ErrContainerdAbsent: nothing is written. An image of that
 // name this daemon did not create is refused before anything is written
 // (ErrForeignImage) unless replace; an image is repointed with every label
 // it has kept. The name is created or repointed only once containerd has
@@ -95,8 +95,7 @@ func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs 
 		return err
 	}
 	if cl == nil {
-		log.G(ctx).WithField("address", c.Address).WithField("ref", ref).Warn("containerd socket absent: image not registered in containerd")
-		return nil
+		return fmt.Errorf("register %s: %s: %w", ref, c.Address, ErrContainerdAbsent)
 	}
 	defer cl.Close()
 	ns := c.namespace(ctx)

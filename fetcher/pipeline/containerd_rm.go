@@ -23,6 +23,12 @@ import (
 // kubelet's images are pinned through containerd's CRI.
 const LabelPinned = "io.cri-containerd.pinned"
 
+// ErrContainerdAbsent is wrapped by Register when containerd's socket does
+// not exist (containerd not started yet, restarting, or not on this host):
+// the name is then pending, and registered once containerd answers
+// (Pipelines.RegisterPending).
+var ErrContainerdAbsent = errors.New("containerd socket absent")
+
 // client connects to containerd, or returns nil (and no error) when its
 // socket does not exist (no containerd on this host).
 func (c *ContainerdRegistrar) client(ctx context.Context, ref string) (*containerd.Client, error) {

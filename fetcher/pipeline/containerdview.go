@@ -43,7 +43,8 @@ const (
 //     leaves out the committed chain snapshots (containerd never adopts
 //     them then);
 //   - Remove of a committed chain snapshot made by the pipelines is refused
-//     (FailedPrecondition) while a live run uses that chain (a pull under
+//     (FailedPrecondition) while an image of it has a name containerd does
+//     not have yet (pending.go), and while a live run uses that chain (a pull under
 //     way commits chains that containerd adopts only when the image is
 //     registered at its end, and containerd's collector, which removes every
 //     backend snapshot it does not know, must not take them meanwhile). The
@@ -129,13 +130,27 @@ func (v *containerdView) Remove(ctx context.Context, key string) error {
 	}
 	// Only a pipeline chain can carry an image activation. A refusal here
 	// is only a hint; the guarded removal below decides.
-	if err := v.p.db.WithTx(ctx, func(tx *sql.Tx) error { return GuardChain(key)(ctx, tx) }); err != nil {
+	guard := containerdGuard(key)
+	if err := v.p.db.WithTx(ctx, func(tx *sql.Tx) error { return guard(ctx, tx) }); err != nil {
 		return err
 	}
 	if err := v.p.removeActivationsOf(ctx, key); err != nil {
 		return err
 	}
-	return v.Snapshots.RemoveIf(ctx, key, GuardChain(key))
+	return v.Snapshots.RemoveIf(ctx, key, guard)
+}
+
+// containerdGuard refuses containerd's removal of chain while a live run
+// uses it (GuardChain) or while an image of it has a name containerd does
+// not have yet (guardPending).
+func containerdGuard(chain string) snapshotter.RemoveGuard {
+	live, pending := GuardChain(chain), guardPending(chain)
+	return func(ctx context.Context, tx *sql.Tx) error {
+		if err := live(ctx, tx); err != nil {
+			return err
+		}
+		return pending(ctx, tx)
+	}
 }
 
 func (v *containerdView) Prepare(ctx context.Context, key, parent string, opts ...snapshots.Opt) ([]mount.Mount, error) {

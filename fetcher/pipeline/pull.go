@@ -387,7 +387,7 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 			return nil, fmt.Errorf("pull %s: %w", source, err)
 		}
 	}
-	res.Snapshot.Registered = p.opts.Registrar != nil
+	res.Snapshot.Registered = p.registered(ctx, ref)
 	return res, nil
 }
 

@@ -114,7 +114,7 @@ func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string, nss
 	}
 	return &api.PullResult{Ref: ref, Source: source, ImageID: imageID, Layers: layers, TopChainID: top,
 		Snapshot: api.ActivateResponse{ImageID: imageID, SnapshotName: ActivationKey(imageID), DeviceName: st.ActivationDevice,
-			DevicePath: path, Active: true, Registered: p.opts.Registrar != nil}}, ""
+			DevicePath: path, Active: true, Registered: p.registered(ctx, ref)}}, ""
 }
 
 // sysDevBlock is where sysfs lists block devices by device number.

@@ -2,10 +2,12 @@ package pipeline
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	cdmeta "github.com/containerd/containerd/v2/core/metadata"
@@ -26,6 +28,24 @@ import (
 // unpacker go through, on the host, where no containerd runs.
 func containerdOver(t *testing.T, sn snapshots.Snapshotter) containerdStores {
 	t.Helper()
+	return storesOf(containerdDB(t, sn), sn != nil)
+}
+
+// storesOf is what a registration writes to in containerd's metadata
+// store db (its snapshot service of DefaultSnapshotter when withSnapshots).
+func storesOf(db *cdmeta.DB, withSnapshots bool) containerdStores {
+	st := containerdStores{images: cdmeta.NewImageStore(db), content: db.ContentStore()}
+	if withSnapshots {
+		st.snapshots = db.Snapshotter(DefaultSnapshotter)
+	}
+	return st
+}
+
+// containerdDB is containerd's metadata store of containerdOver itself,
+// for what containerd does beside its clients' calls (its garbage
+// collection).
+func containerdDB(t *testing.T, sn snapshots.Snapshotter) *cdmeta.DB {
+	t.Helper()
 	dir := t.TempDir()
 	bdb, err := bolt.Open(filepath.Join(dir, "meta.db"), 0o600, nil)
 	if err != nil {
@@ -44,11 +64,7 @@ func containerdOver(t *testing.T, sn snapshots.Snapshotter) containerdStores {
 	if err := db.Init(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	st := containerdStores{images: cdmeta.NewImageStore(db), content: db.ContentStore()}
-	if sn != nil {
-		st.snapshots = db.Snapshotter(DefaultSnapshotter)
-	}
-	return st
+	return db
 }
 
 // storesRegistrar is ContainerdRegistrar on containerd's metadata store
@@ -60,6 +76,9 @@ type storesRegistrar struct {
 	st             containerdStores
 	mu             sync.Mutex
 	beforeRegister func()
+	// down makes Register answer as ContainerdRegistrar does while
+	// containerd's socket is absent (ErrContainerdAbsent).
+	down atomic.Bool
 }
 
 // newContainerdPullEnv is newPullEnv registering, through a
@@ -94,6 +113,9 @@ func (r *storesRegistrar) Register(ctx context.Context, ref string, diffIDs []st
 	if hook != nil {
 		hook()
 	}
+	if r.down.Load() {
+		return fmt.Errorf("register %s: %w", ref, ErrContainerdAbsent)
+	}
 	ctx, ns := r.ns(ctx)
 	if err := checkOwner(ctx, r.st.images, ns, ref, replace); err != nil {
 		return err
@@ -102,6 +124,9 @@ func (r *storesRegistrar) Register(ctx context.Context, ref string, diffIDs []st
 }
 
 func (r *storesRegistrar) Registered(ctx context.Context, ref string, diffIDs []string) (bool, error) {
+	if r.down.Load() {
+		return true, nil // as ContainerdRegistrar: nothing to register in
+	}
 	ctx, ns := r.ns(ctx)
 	return registered(ctx, r.st, ns, ref, diffIDs)
 }

@@ -3,6 +3,9 @@ package cli
 import (
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 )
 
 // TestPullImageArgument: pull takes an s3:// URL, or a bare path that the
@@ -28,6 +31,20 @@ func TestPullImageArgument(t *testing.T) {
 		}
 		if err != nil || bucket != c.bucket || key != c.key {
 			t.Errorf("%q: %q %q %v, want %q %q", c.arg, bucket, key, err, c.bucket, c.key)
+		}
+	}
+}
+
+// TestPullResultSaysWhenNotInContainerd: a pull made while containerd's
+// socket was absent says that containerd does not have the image yet and
+// that the daemon registers it later; a registered one says nothing more.
+func TestPullResultSaysWhenNotInContainerd(t *testing.T) {
+	for _, registered := range []bool{false, true} {
+		var b strings.Builder
+		printPullResult(&b, &api.PullResult{Ref: "app:v1", Snapshot: api.ActivateResponse{Registered: registered}}, time.Second)
+		says := strings.Contains(b.String(), "app:v1 is not in containerd yet")
+		if says == registered {
+			t.Errorf("registered %v: pull printed %q", registered, b.String())
 		}
 	}
 }
