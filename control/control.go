@@ -111,7 +111,14 @@ func (c *Client) exchange(req *http.Request, conn net.Conn) (*http.Response, err
 	if err := req.Write(conn); err != nil {
 		return nil, fmt.Errorf("control socket %s: sending %s: %w", c.socket, req.URL.Path, err)
 	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
+	br := bufio.NewReader(conn)
+	if head, err := br.Peek(len("HTTP/")); err == nil && string(head) != "HTTP/" {
+		// The daemon's other socket speaks gRPC, whose first frame is
+		// not an HTTP/1 status line.
+		return nil, fmt.Errorf("control socket %s: the answer to %s is not HTTP (it starts %q): this socket does not serve the control API; is it daemon.socket, the gRPC socket containerd uses, instead of daemon.control_socket?",
+			c.socket, req.URL.Path, head)
+	}
+	resp, err := http.ReadResponse(br, req)
 	if err != nil {
 		return nil, fmt.Errorf("control socket %s: reading the answer to %s: %w", c.socket, req.URL.Path, err)
 	}

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
 )
@@ -163,5 +165,26 @@ func TestPermissionDeniedNamesSocketGroup(t *testing.T) {
 		!strings.Contains(err.Error(), "run as root or as a member of the group set by daemon.socket_group") ||
 		strings.Contains(err.Error(), "is the daemon running?") {
 		t.Errorf("activate on a socket that refuses this user: %v; want the socket, and to run as root or in daemon.socket_group", err)
+	}
+}
+
+// TestWrongSocketSaysWhichSocket: the CLI pointed at the daemon's
+// snapshots socket (gRPC, the one containerd uses) instead of its control
+// socket is told so, not left with a malformed HTTP answer.
+func TestWrongSocketSaysWhichSocket(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "snap.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err = control.NewClient(sock).Pull(ctx, api.PullRequest{Bucket: "b", Key: "img/"}, nil)
+	if err == nil || !strings.Contains(err.Error(), "daemon.control_socket") {
+		t.Errorf("pull on the snapshots socket: %v; want an error naming daemon.control_socket", err)
 	}
 }
