@@ -116,7 +116,10 @@ type ActivateResponse struct {
 	Active       bool   `json:"active"`
 	Activated    bool   `json:"activated"` // false when it already was
 	Registered   bool   `json:"registered"`
-	Ref          string `json:"ref,omitempty"` // the name register registered
+	// RegisterPending is true when containerd's socket was absent at
+	// registration: the daemon registers Ref once containerd answers.
+	RegisterPending bool   `json:"register_pending,omitempty"`
+	Ref             string `json:"ref,omitempty"` // the name register registered
 	// Namespaces are the containerd namespaces register registered Ref in
 	// (none: the registrar's own).
 	Namespaces []string `json:"namespaces,omitempty"`

@@ -464,3 +464,47 @@ func TestCheckFindsForeignKeyViolation(t *testing.T) {
 		t.Errorf("Check = %+v, %v; want the orphan image_names row reported", rep, err)
 	}
 }
+
+// TestMigrationQuotesETags: ETags a version-12 database recorded unquoted
+// (a server that lists them so) are quoted by migration 13, as the S3
+// reader gives them now, so an unchanged object still matches its record;
+// quoted, weak and empty ones stay as they are.
+func TestMigrationQuotesETags(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "meta.db")
+	d, err := Open(ctx, Options{Path: path, MigrateTo: 12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{
+		`INSERT INTO s3_objects (bucket, key, etag, size_bytes, digest, downloaded_ns) VALUES
+			('b', 'plain', 'abc', 1, 'sha256:1', 1), ('b', 'quoted', '"def"', 1, 'sha256:2', 1),
+			('b', 'weak', 'W/"ghi"', 1, 'sha256:3', 1), ('b', 'none', '', 1, 'sha256:4', 1)`,
+		`INSERT INTO s3_images (image_id, source, created_ns) VALUES ('img', 's3://b/', 1)`,
+		`INSERT INTO image_layers (image_id, position, key, etag, size_bytes, chain_id) VALUES
+			('img', 1, 'plain', 'abc', 1, 'c1'), ('img', 2, 'quoted', '"def"', 1, 'c2')`,
+	} {
+		if _, err := d.db.ExecContext(ctx, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	d.Close()
+	d, err = Open(ctx, Options{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	var objects, layers string
+	if err := d.db.QueryRowContext(ctx, `SELECT group_concat(key || '=' || etag, ' ') FROM (SELECT key, etag FROM s3_objects ORDER BY key)`).Scan(&objects); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.db.QueryRowContext(ctx, `SELECT group_concat(key || '=' || etag, ' ') FROM (SELECT key, etag FROM image_layers ORDER BY position)`).Scan(&layers); err != nil {
+		t.Fatal(err)
+	}
+	if want := `none= plain="abc" quoted="def" weak=W/"ghi"`; objects != want {
+		t.Errorf("s3_objects after migration 13: %s; want %s", objects, want)
+	}
+	if want := `plain="abc" quoted="def"`; layers != want {
+		t.Errorf("image_layers after migration 13: %s; want %s", layers, want)
+	}
+}

@@ -196,10 +196,11 @@ func (p *Pipelines) createSnapshot(ctx context.Context, req *acReq) (*acResp, er
 	if err != nil {
 		return nil, err
 	}
-	verified, err := p.replacePrevious(ctx, r, resp.SnapshotName, top)
+	previous, err := p.replacePrevious(ctx, r, resp.SnapshotName, top)
 	if err != nil {
 		return nil, err
 	}
+	verified := previous != nil
 	labels := map[string]string{LabelPrivate: privateActivation, LabelSource: r.Source}
 	if verified {
 		// The view showed the same committed chain the activation is made
@@ -207,6 +208,16 @@ func (p *Pipelines) createSnapshot(ctx context.Context, req *acReq) (*acResp, er
 		labels[LabelLayoutVerified] = r.topChain()
 	}
 	_, err = p.opts.Snapshots.Prepare(ctx, resp.SnapshotName, top, snapshots.WithLabels(labels))
+	if err != nil && previous != nil && !errdefs.IsAlreadyExists(err) {
+		// The view's device goes first: the pool may have room for one
+		// device and not two.
+		if derr := p.discardVerifyView(ctx, r.ImageID); derr != nil {
+			log.G(ctx).WithError(derr).Warn("activate: removing the verification view")
+		}
+		if _, err = p.opts.Snapshots.Prepare(ctx, resp.SnapshotName, top, snapshots.WithLabels(labels)); err != nil && !errdefs.IsAlreadyExists(err) {
+			return nil, p.restorePrevious(ctx, r, previous, fmt.Errorf("prepare %s on the new top chain %s: %w", resp.SnapshotName, top, err))
+		}
+	}
 	switch {
 	case err == nil:
 		resp.Activated = true
@@ -252,41 +263,60 @@ func (p *Pipelines) createSnapshot(ctx context.Context, req *acReq) (*acResp, er
 // image's layout on top is checked first, read-only, through a view of top
 // (verifyKey), and that activation is removed only once the check passed.
 // A layout refused or a view the pool cannot make aborts the run with the
-// previous activation in place. It reports whether it checked top so; the
-// caller removes the view once the new activation is made
+// previous activation in place. It returns the activation it removed
+// (nil when there was none to replace: top was then not checked here); the
+// caller makes the new one, or the removed one again (restorePrevious),
+// and removes the view once the new activation is made
 // (discardVerifyView), so that the pool had room for a device until then.
 // Each step finds what a crashed attempt left: a view on top is used
 // again, and an attempt that finds the activation already removed makes
 // and checks the new one as on a first pull.
-func (p *Pipelines) replacePrevious(ctx context.Context, r *ActivateRequest, name, top string) (bool, error) {
+func (p *Pipelines) replacePrevious(ctx context.Context, r *ActivateRequest, name, top string) (*snapshots.Info, error) {
 	info, err := p.opts.Snapshots.Stat(ctx, name)
 	if errdefs.IsNotFound(err) {
-		return false, nil
+		return nil, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("activate %s: stat activation %s: %w", r.Source, name, err)
+		return nil, fmt.Errorf("activate %s: stat activation %s: %w", r.Source, name, err)
 	}
 	if info.Parent == top {
-		return false, nil
+		return nil, nil
 	}
 	view := verifyKey(r.ImageID)
 	if err := p.viewTop(ctx, r, view, top); err != nil {
-		return false, err
+		return nil, err
 	}
 	if err := p.verifyImageLayout(ctx, r, view); err != nil {
-		return false, err
+		return nil, err
 	}
 	p.hook("create-snapshot:verified")
 	log.G(ctx).WithField("snapshot", name).WithField("parent", info.Parent).WithField("top", top).
 		Info("activate: the new top's layout is verified; replacing the activation of the previous one")
 	if err := p.opts.Snapshots.Remove(ctx, name); err != nil && !errdefs.IsNotFound(err) {
-		return false, fmt.Errorf("activate %s: remove the activation %s of the previous top chain %s: %w", r.Source, name, info.Parent, err)
+		return nil, fmt.Errorf("activate %s: remove the activation %s of the previous top chain %s: %w", r.Source, name, info.Parent, err)
 	}
 	if err := p.opts.Snapshots.Cleanup(ctx); err != nil {
 		log.G(ctx).WithError(err).Warn("activate: cleanup after replacing an activation")
 	}
 	p.hook("create-snapshot:replaced")
-	return true, nil
+	return &info, nil
+}
+
+// restorePrevious makes the image's activation again as it was before
+// replacePrevious removed it (previous: on its chain, with its labels),
+// when the new one could not be made (cause): a refused new version leaves
+// the image as it was. A pool too full for the new device is most often
+// too full for the old one too; the error then says the image has no
+// activation until a pull makes it.
+func (p *Pipelines) restorePrevious(ctx context.Context, r *ActivateRequest, previous *snapshots.Info, cause error) error {
+	ctx = context.WithoutCancel(ctx)
+	if _, err := p.opts.Snapshots.Prepare(ctx, previous.Name, previous.Parent, snapshots.WithLabels(previous.Labels)); err != nil && !errdefs.IsAlreadyExists(err) {
+		log.G(ctx).WithError(err).WithField("snapshot", previous.Name).Error("activate: making the previous activation again")
+		return fsm.Abort(fmt.Errorf("activate %s: %w; the activation %s of the previous version could not be made again either (%v): the image has none until a pull makes it",
+			r.Source, cause, previous.Name, err))
+	}
+	log.G(ctx).WithField("snapshot", previous.Name).WithField("parent", previous.Parent).Warn("activate: the new version's activation could not be made; the previous one is made again")
+	return fsm.Abort(fmt.Errorf("activate %s: %w (the image keeps its previous version)", r.Source, cause))
 }
 
 // viewTop makes view, a read-only view of top for replacePrevious; one an
@@ -472,7 +502,8 @@ func (p *Pipelines) register(ctx context.Context, req *acReq) (*acResp, error) {
 		}
 		return nil, err
 	}
-	resp.Registered, resp.Ref, resp.Namespaces = p.registered(ctx, r.Ref), r.Ref, r.Namespaces
+	resp.Registered, resp.RegisterPending = p.registration(ctx, r.Ref)
+	resp.Ref, resp.Namespaces = r.Ref, r.Namespaces
 	return fsm.NewResponse(resp), nil
 }
 
@@ -558,7 +589,7 @@ func (p *Pipelines) registerName(ctx context.Context, name string, nss []string,
 			// registered once containerd answers (pending.go).
 			log.G(ctx).WithError(err).WithField("name", name).WithField("namespace", ns).
 				Warn("register: containerd is not up; the name is registered once it answers")
-			return RecordsOf(p.db).markPending(context.WithoutCancel(ctx), name, ns)
+			return RecordsOf(p.db).markPending(context.WithoutCancel(ctx), name, ns, replace)
 		}
 		if err == nil {
 			err = RecordsOf(p.db).clearPending(ctx, name, ns)

@@ -2,13 +2,10 @@ package pipeline
 
 import (
 	"context"
-	"errors"
 	"os"
 	"strings"
 	"sync"
 	"testing"
-
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 )
 
 // TestUnpackRefusesLayerFileChangedOnDisk: a layer file replaced on disk
@@ -57,29 +54,5 @@ func TestUnpackRefusesLayerFileChangedOnDisk(t *testing.T) {
 	}
 	if got := e.sn.readFile(t, res.TopChainID, "etc/marker"); got != "good" {
 		t.Errorf("etc/marker of the pulled image: %q, want the bucket's %q", got, "good")
-	}
-}
-
-// TestCanceledPullNotRecordedFailed: a pull whose client goes away (Ctrl-C)
-// once its runs are started did not fail: `ls images` shows no failure for it, and
-// the runs it started go on and record the image pulled.
-func TestCanceledPullNotRecordedFailed(t *testing.T) {
-	e := newPullEnv(t, nil)
-	e.srv.Put(t, "c/1.tar", layerTar(t, "c", 3000))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	// Canceled once all its runs are started: the activate run's first step.
-	e.p.hooks = map[string]func(){"check-snapshot:started": cancel}
-	if _, err := e.p.Pull(ctx, api.PullRequest{Bucket: e.srv.Bucket, Key: "c/", Ref: "c"}, nil); !errors.Is(err, context.Canceled) {
-		t.Fatalf("pull canceled during its activation: %v; want context.Canceled", err)
-	}
-	_, imageID := imageSource(e.srv.Bucket, "c/")
-	if img, err := RecordsOf(e.db).GetImage(context.Background(), imageID); err != nil || (img != nil && img.FailureReason != "") {
-		t.Fatalf("image record right after the canceled pull: %+v, %v; want no failure recorded", img, err)
-	}
-	e.waitNoLiveRun("the canceled pull")
-	img, err := RecordsOf(e.db).GetImage(context.Background(), imageID)
-	if err != nil || img == nil || img.FailureReason != "" {
-		t.Fatalf("image record once the runs ended: %+v, %v; want it pulled, no failure", img, err)
 	}
 }

@@ -30,15 +30,19 @@ import (
 const RegisterPendingInterval = 10 * time.Second
 
 // pendingName is a name containerd does not have yet, in namespace ns
-// ("" is the registrar's own).
+// ("" is the registrar's own); Replace is the --replace of the pull that
+// named it.
 type pendingName struct {
 	Name, Namespace string
+	Replace         bool
 }
 
-// markPending records that containerd does not have name in namespace ns.
-func (r Records) markPending(ctx context.Context, name, ns string) error {
-	if _, err := r.db.Statements().ExecContext(ctx, `INSERT INTO containerd_pending (name, namespace, since_ns) VALUES (?, ?, ?)
-		ON CONFLICT (name, namespace) DO NOTHING`, name, ns, time.Now().UnixNano()); err != nil {
+// markPending records that containerd does not have name in namespace ns,
+// to be registered with replace (a later naming's replace is kept: the
+// name is registered as it was last asked for).
+func (r Records) markPending(ctx context.Context, name, ns string, replace bool) error {
+	if _, err := r.db.Statements().ExecContext(ctx, `INSERT INTO containerd_pending (name, namespace, replace, since_ns) VALUES (?, ?, ?, ?)
+		ON CONFLICT (name, namespace) DO UPDATE SET replace = excluded.replace`, name, ns, replace, time.Now().UnixNano()); err != nil {
 		return fmt.Errorf("pipeline: record name %q as not yet registered in containerd: %w", name, err)
 	}
 	return nil
@@ -65,8 +69,8 @@ func (r Records) namePending(ctx context.Context, name string) (bool, error) {
 func (r Records) pendingNames(ctx context.Context) ([]pendingName, error) {
 	return queryAll(ctx, r.db.Statements(), "list pending registrations", func(s rowScanner) (pendingName, error) {
 		var p pendingName
-		return p, s.Scan(&p.Name, &p.Namespace)
-	}, `SELECT name, namespace FROM containerd_pending ORDER BY since_ns, name, namespace`)
+		return p, s.Scan(&p.Name, &p.Namespace, &p.Replace)
+	}, `SELECT name, namespace, replace FROM containerd_pending ORDER BY since_ns, name, namespace`)
 }
 
 // guardPending refuses, inside the transaction that removes a chain's
@@ -89,27 +93,30 @@ func guardPending(chain string) snapshotter.RemoveGuard {
 	}
 }
 
-// registered reports what a pull's result says of name: registered in
+// registration reports what a pull's result says of name: registered in
 // containerd when there is a registrar and containerd has it in every
-// namespace asked.
-func (p *Pipelines) registered(ctx context.Context, name string) bool {
+// namespace asked; pending when containerd's socket was absent and the
+// daemon registers it later.
+func (p *Pipelines) registration(ctx context.Context, name string) (registered, pending bool) {
 	if p.opts.Registrar == nil {
-		return false
+		return false, false
 	}
 	if name == "" {
-		return true
+		return true, false
 	}
 	pending, err := RecordsOf(p.db).namePending(ctx, name)
 	if err != nil {
 		log.G(ctx).WithError(err).WithField("name", name).Warn("pull: reading whether the name is registered")
+		return false, false
 	}
-	return err == nil && !pending
+	return !pending, pending
 }
 
 // RegisterPending registers in containerd every pending name, as the image
-// the records give it now, and reports how many are still pending. While
-// containerd's socket is absent nothing changes. A name containerd has
-// meanwhile for an image this daemon did not create is refused there
+// the records give it now (with the --replace of the pull that named it),
+// and reports how many are still pending. While containerd's socket is
+// absent nothing changes. A name containerd has for an image this daemon
+// did not create, named without --replace, is refused there
 // (ErrForeignImage): the records give it up, as a refused pull does.
 func (p *Pipelines) RegisterPending(ctx context.Context) (int, error) {
 	if p.opts.Registrar == nil {
@@ -155,7 +162,7 @@ func (p *Pipelines) registerPendingName(ctx context.Context, pn pendingName) (bo
 	if pn.Namespace != "" {
 		nss = []string{pn.Namespace}
 	}
-	err = p.registerName(ctx, pn.Name, nss, diffs, false)
+	err = p.registerName(ctx, pn.Name, nss, diffs, pn.Replace)
 	switch {
 	case errors.Is(err, ErrForeignImage):
 		log.G(ctx).WithError(err).WithField("name", pn.Name).WithField("image", imageID).

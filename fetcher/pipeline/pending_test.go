@@ -2,9 +2,13 @@ package pipeline
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 )
 
 // TestPullWhileContainerdDownRegistersLater: a pull while containerd's
@@ -23,8 +27,8 @@ func TestPullWhileContainerdDownRegistersLater(t *testing.T) {
 	reg.down.Store(true)
 	e.srv.Put(t, "app/1.tar", layerTar(t, "app", 100))
 	res := e.mustPull("app/", "app:v1")
-	if res.Snapshot.Registered {
-		t.Errorf("pull while containerd is down reports the image registered")
+	if res.Snapshot.Registered || !res.Snapshot.RegisterPending {
+		t.Errorf("pull while containerd is down: registered %v, register pending %v; want not registered, pending", res.Snapshot.Registered, res.Snapshot.RegisterPending)
 	}
 	top := res.TopChainID
 	_, imageID := imageSource(e.srv.Bucket, "app/")
@@ -63,7 +67,65 @@ func TestPullWhileContainerdDownRegistersLater(t *testing.T) {
 		t.Errorf("containerd's app:v1 has top chain %s, want %s", got, top)
 	}
 	collect("the name registered")
-	if res := e.mustPull("app/", "app:v1"); !res.Snapshot.Registered {
-		t.Errorf("pull once the name is registered reports it not registered")
+	if res := e.mustPull("app/", "app:v1"); !res.Snapshot.Registered || res.Snapshot.RegisterPending {
+		t.Errorf("pull once the name is registered: registered %v, register pending %v", res.Snapshot.Registered, res.Snapshot.RegisterPending)
+	}
+}
+
+// downFakeRegistrar is fakeRegistrar behind a containerd socket that
+// can be absent, as ContainerdRegistrar answers then: Check nil,
+// Register ErrContainerdAbsent, Registered true.
+type downFakeRegistrar struct {
+	*fakeRegistrar
+	down atomic.Bool
+}
+
+func (r *downFakeRegistrar) Check(ctx context.Context, ref string, replace bool) error {
+	if r.down.Load() {
+		return nil
+	}
+	return r.fakeRegistrar.Check(ctx, ref, replace)
+}
+
+func (r *downFakeRegistrar) Register(ctx context.Context, ref string, diffIDs []string, replace bool) error {
+	if r.down.Load() {
+		return fmt.Errorf("register %s: %w", ref, ErrContainerdAbsent)
+	}
+	return r.fakeRegistrar.Register(ctx, ref, diffIDs, replace)
+}
+
+func (r *downFakeRegistrar) Registered(ctx context.Context, ref string, diffIDs []string) (bool, error) {
+	if r.down.Load() {
+		return true, nil
+	}
+	return r.fakeRegistrar.Registered(ctx, ref, diffIDs)
+}
+
+// TestPullReplaceWhileContainerdDownRegistersLater: `pull --replace --name
+// N` while containerd's socket is absent, N being an image containerd has
+// that this daemon did not create, is recorded pending with its --replace:
+// once containerd answers, RegisterPending repoints N at the pulled image,
+// as the pull would have, and the records keep giving N to it.
+func TestPullReplaceWhileContainerdDownRegistersLater(t *testing.T) {
+	bg := context.Background()
+	reg := &downFakeRegistrar{fakeRegistrar: newFakeRegistrar()}
+	e := newPullEnv(t, nil)
+	e.p.opts.Registrar = reg
+	const name = "registry.example/app:1"
+	reg.foreign[name] = map[string]string{"owner": "someone"}
+	reg.down.Store(true)
+	e.srv.Put(t, "rp/1.tar", layerTar(t, "rp", 100))
+	res, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "rp/", Ref: name, Replace: true})
+	if err != nil {
+		t.Fatalf("pull --replace while containerd is down: %v", err)
+	}
+	reg.down.Store(false)
+	_, _ = e.p.RegisterPending(bg)
+	id, _ := RecordsOf(e.db).ImageIDByName(bg, name)
+	if id != res.ImageID {
+		t.Errorf("after RegisterPending the records give %q to %q; want the image pulled with --replace (%s)", name, id, res.ImageID)
+	}
+	if top := reg.registeredTop(name); top != res.TopChainID {
+		t.Errorf("containerd's %s has top %q; want the --replace pull's %s (still foreign: %v)", name, top, res.TopChainID, reg.foreign[name] != nil)
 	}
 }

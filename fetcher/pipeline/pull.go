@@ -387,7 +387,7 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 			return nil, fmt.Errorf("pull %s: %w", source, err)
 		}
 	}
-	res.Snapshot.Registered = p.registered(ctx, ref)
+	res.Snapshot.Registered, res.Snapshot.RegisterPending = p.registration(ctx, ref)
 	return res, nil
 }
 

@@ -1121,3 +1121,60 @@ func TestPullNamespaces(t *testing.T) {
 		t.Errorf("a refused namespace started runs")
 	}
 }
+
+// TestCanceledPullNotRecordedFailed: a pull whose client goes away (Ctrl-C)
+// once its runs are started did not fail: `ls images` shows no failure for it, and
+// the runs it started go on and record the image pulled.
+func TestCanceledPullNotRecordedFailed(t *testing.T) {
+	e := newPullEnv(t, nil)
+	e.srv.Put(t, "c/1.tar", layerTar(t, "c", 3000))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Canceled once all its runs are started: the activate run's first step.
+	e.p.hooks = map[string]func(){"check-snapshot:started": cancel}
+	if _, err := e.p.Pull(ctx, api.PullRequest{Bucket: e.srv.Bucket, Key: "c/", Ref: "c"}, nil); !errors.Is(err, context.Canceled) {
+		t.Fatalf("pull canceled during its activation: %v; want context.Canceled", err)
+	}
+	_, imageID := imageSource(e.srv.Bucket, "c/")
+	if img, err := RecordsOf(e.db).GetImage(context.Background(), imageID); err != nil || (img != nil && img.FailureReason != "") {
+		t.Fatalf("image record right after the canceled pull: %+v, %v; want no failure recorded", img, err)
+	}
+	e.waitNoLiveRun("the canceled pull")
+	img, err := RecordsOf(e.db).GetImage(context.Background(), imageID)
+	if err != nil || img == nil || img.FailureReason != "" {
+		t.Fatalf("image record once the runs ended: %+v, %v; want it pulled, no failure", img, err)
+	}
+}
+
+// TestRefusedNewActivationKeepsPrevious: a new version whose layout passed
+// but whose activation the snapshotter then refuses (after the previous
+// activation was removed to make way for it) leaves the image as it was:
+// its activation on the previous top chain, labelled verified for it, and
+// no verification view.
+func TestRefusedNewActivationKeepsPrevious(t *testing.T) {
+	bg := context.Background()
+	e := newPullEnv(t, nil)
+	e.srv.Put(t, "pf/1.tar", layerTar(t, "old", 500))
+	first := e.mustPull("pf/", "pf")
+	e.srv.Put(t, "pf/1.tar", layerTar(t, "new", 500))
+	act := first.Snapshot.SnapshotName
+	e.sn.mu.Lock()
+	e.sn.prepareErr = func(key, parent string) error {
+		if key == act && parent != first.TopChainID {
+			return fmt.Errorf("prepare %s: injected: device-mapper busy", key)
+		}
+		return nil
+	}
+	e.sn.mu.Unlock()
+	if _, err := e.pull("pf/", "pf"); err == nil || !strings.Contains(err.Error(), "keeps its previous version") {
+		t.Fatalf("pull of a new version whose activation is refused: %v; want a failure saying the image keeps its previous version", err)
+	}
+	e.waitNoLiveRun("the refused pull")
+	info, err := e.sn.Stat(bg, act)
+	if err != nil || info.Parent != first.TopChainID || info.Labels[LabelLayoutVerified] != first.TopChainID {
+		t.Errorf("activation after the refused new version: %+v, %v; want it on the previous top %s, labelled verified for it", info, err, first.TopChainID)
+	}
+	if _, err := e.sn.Stat(bg, verifyKey(first.ImageID)); err == nil {
+		t.Errorf("verification view %s left behind", verifyKey(first.ImageID))
+	}
+}

@@ -112,9 +112,10 @@ func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string, nss
 			return nil, err.Error()
 		}
 	}
+	registered, pending := p.registration(ctx, ref)
 	return &api.PullResult{Ref: ref, Source: source, ImageID: imageID, Layers: layers, TopChainID: top,
 		Snapshot: api.ActivateResponse{ImageID: imageID, SnapshotName: ActivationKey(imageID), DeviceName: st.ActivationDevice,
-			DevicePath: path, Active: true, Registered: p.registered(ctx, ref)}}, ""
+			DevicePath: path, Active: true, Registered: registered, RegisterPending: pending}}, ""
 }
 
 // sysDevBlock is where sysfs lists block devices by device number.

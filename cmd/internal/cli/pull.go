@@ -239,7 +239,7 @@ func printPullResult(w io.Writer, r *api.PullResult, took time.Duration) {
 	fmt.Fprintf(w, "pulled %s: %d layer(s), top chain %s, snapshot %s (%s), downloaded %d, unpacked %d, %s\n",
 		r.Ref, len(r.Layers), r.TopChainID, r.Snapshot.SnapshotName, r.Snapshot.DevicePath, r.Downloaded, r.Unpacked,
 		took.Round(time.Millisecond))
-	if !r.Snapshot.Registered {
+	if r.Snapshot.RegisterPending {
 		fmt.Fprintf(w, "%s is not in containerd yet (its socket was absent): the daemon registers it once containerd answers\n", r.Ref)
 	}
 }

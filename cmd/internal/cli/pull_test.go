@@ -37,14 +37,21 @@ func TestPullImageArgument(t *testing.T) {
 
 // TestPullResultSaysWhenNotInContainerd: a pull made while containerd's
 // socket was absent says that containerd does not have the image yet and
-// that the daemon registers it later; a registered one says nothing more.
+// that the daemon registers it later; a registered one, or one a daemon
+// with no containerd to register in made, says nothing more.
 func TestPullResultSaysWhenNotInContainerd(t *testing.T) {
-	for _, registered := range []bool{false, true} {
+	for _, c := range []struct {
+		snap api.ActivateResponse
+		says bool
+	}{
+		{api.ActivateResponse{RegisterPending: true}, true},
+		{api.ActivateResponse{Registered: true}, false},
+		{api.ActivateResponse{}, false},
+	} {
 		var b strings.Builder
-		printPullResult(&b, &api.PullResult{Ref: "app:v1", Snapshot: api.ActivateResponse{Registered: registered}}, time.Second)
-		says := strings.Contains(b.String(), "app:v1 is not in containerd yet")
-		if says == registered {
-			t.Errorf("registered %v: pull printed %q", registered, b.String())
+		printPullResult(&b, &api.PullResult{Ref: "app:v1", Snapshot: c.snap}, time.Second)
+		if says := strings.Contains(b.String(), "app:v1 is not in containerd yet"); says != c.says {
+			t.Errorf("%+v: pull printed %q", c.snap, b.String())
 		}
 	}
 }
