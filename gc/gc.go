@@ -79,9 +79,10 @@ var ErrInUse = errors.New("image in use")
 var ErrNoRoom = errors.New("no room in the pool")
 
 // Usage is how full the pool is, in bytes, and the fullest of the host
-// filesystems holding the downloads and the pool's loop files: when the
-// host runs low, removing images (their tarballs, and the blocks their
-// devices held in the loop files) is what frees it.
+// filesystems holding the downloads and the pool's loop files, not
+// counting the loop files' own blocks: removing images frees their
+// tarballs there, never the loop files' blocks (deleting a thin device
+// gives its blocks back to the pool, not to the file holding them).
 type Usage struct {
 	DataUsed, DataTotal uint64
 	MetaUsed, MetaTotal uint64
@@ -90,15 +91,27 @@ type Usage struct {
 
 // HostUsage returns the used and total bytes of the fullest filesystem
 // holding one of paths (used counts what the daemon cannot use: the
-// filesystem's reserve for root is not free to it either).
-func HostUsage(paths ...string) (used, total uint64, err error) {
+// filesystem's reserve for root is not free to it either), less the blocks
+// the files of exclude hold on it (the pool's loop files, which no
+// collection can shrink; a missing one holds none).
+func HostUsage(exclude []string, paths ...string) (used, total uint64, err error) {
 	for _, p := range paths {
 		var fs unix.Statfs_t
 		if err := unix.Statfs(p, &fs); err != nil {
 			return 0, 0, fmt.Errorf("statfs %s: %w", p, err)
 		}
+		var dir unix.Stat_t
+		if err := unix.Stat(p, &dir); err != nil {
+			return 0, 0, fmt.Errorf("stat %s: %w", p, err)
+		}
 		t := fs.Blocks * uint64(fs.Bsize)
 		u := t - min(t, fs.Bavail*uint64(fs.Bsize))
+		for _, f := range exclude {
+			var st unix.Stat_t
+			if err := unix.Stat(f, &st); err == nil && st.Dev == dir.Dev {
+				u -= min(u, uint64(st.Blocks)*512) // st_blocks counts 512-byte units
+			}
+		}
 		if percent(u, t) > percent(used, total) {
 			used, total = u, t
 		}
@@ -586,7 +599,7 @@ type Report struct {
 // over reports whether the pool, with need more data bytes, is at or past
 // pct of its data or metadata, or the host filesystem is.
 func over(u Usage, need uint64, pct float64) bool {
-	return percent(u.DataUsed+need, u.DataTotal) >= pct || u.MetaPercent() >= pct || u.HostPercent() >= pct
+	return poolOver(u, need, pct) || u.HostPercent() >= pct
 }
 
 // Collect removes unused images, least recently used first, when the pool
@@ -653,12 +666,25 @@ func (c *Collector) Collect(ctx context.Context, trigger string, need uint64) (*
 			continue
 		}
 		rep.Removed = append(rep.Removed, *r)
+		prev := u
 		if u, err = c.opts.Usage(ctx); err != nil {
 			return rep, fmt.Errorf("gc: pool usage: %w", err)
 		}
 		rep.After = u
+		if !poolOver(prev, need, c.opts.LowThreshold) && u.HostUsed >= prev.HostUsed {
+			// Only the host filesystem was over, and removing an image
+			// freed nothing there: what fills it is not the images'.
+			lg.WithField("usage", u.String()).Warn("gc: removing an image freed nothing on the host filesystem, which is over the threshold for another reason; no more images are removed for it")
+			break
+		}
 	}
 	return rep, errors.Join(errs...)
+}
+
+// poolOver reports whether the pool's data (with need more) or metadata
+// is at pct or more: over, leaving the host filesystem out.
+func poolOver(u Usage, need uint64, pct float64) bool {
+	return percent(u.DataUsed+need, u.DataTotal) >= pct || u.MetaPercent() >= pct
 }
 
 // poolView is what one collection sees of the pool: the snapshots on each

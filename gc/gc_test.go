@@ -1,6 +1,7 @@
 package gc
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
@@ -584,6 +586,62 @@ func TestCollectWhenHostFilesystemLow(t *testing.T) {
 		t.Fatalf("collection: removed %+v, before %s, after %s; want img1 removed for the host filesystem", rep.Removed, rep.Before, rep.After)
 	}
 	t.Logf("before %s, after %s", rep.Before, rep.After)
+}
+
+// TestCollectStopsWhenHostFilesystemIsNotTheImages: a host filesystem
+// past the threshold for another reason than the images (the pool's loop
+// files keep every block the pool ever wrote) costs at most the one
+// removal that shows it: removing an image that frees nothing there stops
+// the collection, instead of removing every unused image.
+func TestCollectStopsWhenHostFilesystemIsNotTheImages(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 10000*mib, Options{})
+	for _, id := range []string{"img1", "img2", "img3", "img4"} {
+		h.image(id, "name-"+id, layer{"c-" + id, 200 * mib})
+	}
+	poolUsage := h.c.opts.Usage
+	h.c.opts.Usage = func(ctx context.Context) (Usage, error) {
+		u, err := poolUsage(ctx)
+		u.HostTotal, u.HostUsed = 2000*mib, 1800*mib
+		return u, err
+	}
+	rep, err := h.c.Collect(ctx, "timer", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Removed) > 1 {
+		t.Fatalf("collection removed %d images for a host filesystem that removing them does not free (%s -> %s)", len(rep.Removed), rep.Before, rep.After)
+	}
+	h.present("img2", "img3", "img4")
+}
+
+// TestHostUsageLeavesOutLoopFiles: the host filesystem's usage collection
+// watches does not count the blocks of the pool's loop files, which no
+// removal of images frees.
+func TestHostUsageLeavesOutLoopFiles(t *testing.T) {
+	dir := t.TempDir()
+	loop := filepath.Join(dir, "data")
+	if err := os.WriteFile(loop, bytes.Repeat([]byte{1}, 64<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(loop, &st); err != nil {
+		t.Fatal(err)
+	}
+	blocks := uint64(st.Blocks) * 512
+	all, total, err := HostUsage(nil, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	less, total2, err := HostUsage([]string{loop, filepath.Join(dir, "missing")}, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Other writers on the filesystem may move its usage a little between
+	// the two calls.
+	if d := int64(all) - int64(less) - int64(blocks); total != total2 || d < -8<<20 || d > 8<<20 {
+		t.Errorf("usage %d without the loop file, %d with it left out (totals %d, %d); want less by its %d bytes", all, less, total, total2, blocks)
+	}
 }
 
 // TestMakeRoomGrowsPool: when collection leaves too little room (the images

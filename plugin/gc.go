@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"path/filepath"
 
 	"github.com/containerd/log"
 
@@ -29,10 +30,13 @@ func (s *Service) newCollector(p *pipeline.Pipelines) (*gc.Collector, error) {
 	o := s.Config.GC.Options(s.Config.Pipeline.TarballCacheConfig)
 	o.DB, o.Snapshots = s.DB, s.Snapshotter
 	// The host filesystems whose space the collection watches: the
-	// downloads', and the pool's loop files' when it has them.
+	// downloads', and the pool's loop files' when it has them, less the
+	// loop files' own blocks, which removing images never frees.
 	hostPaths := []string{s.Config.Pipeline.DownloadDir}
+	var loopFiles []string
 	if s.Config.Pool.DataDevice == "" {
 		hostPaths = append(hostPaths, s.Config.Pool.RootDir)
+		loopFiles = []string{filepath.Join(s.Config.Pool.RootDir, thinpool.DataFileName), filepath.Join(s.Config.Pool.RootDir, thinpool.MetadataFileName)}
 	}
 	usage := func(status func(context.Context) (thinpool.PoolStatus, error)) func(context.Context) (gc.Usage, error) {
 		return func(ctx context.Context) (gc.Usage, error) {
@@ -41,7 +45,7 @@ func (s *Service) newCollector(p *pipeline.Pipelines) (*gc.Collector, error) {
 				return gc.Usage{}, err
 			}
 			u := gc.UsageOf(st)
-			u.HostUsed, u.HostTotal, err = gc.HostUsage(hostPaths...)
+			u.HostUsed, u.HostTotal, err = gc.HostUsage(loopFiles, hostPaths...)
 			return u, err
 		}
 	}
