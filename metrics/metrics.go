@@ -132,6 +132,10 @@ type PoolStatuser interface {
 	Name() string
 	Status(ctx context.Context) (thinpool.PoolStatus, error)
 	MinFreePercent() float64
+	// LowWaterBlocks is the data low-water mark of the pool's live table,
+	// in data blocks: the kernel raises its event when the free data
+	// blocks fall to it.
+	LowWaterBlocks(ctx context.Context) (uint64, error)
 }
 
 // metadataBlockBytes is the size of a thin-pool metadata block.
@@ -141,12 +145,14 @@ const metadataBlockBytes = 4096
 // on each scrape: flyio_snapshotter_pool_{data,metadata}_{used,total}_bytes,
 // flyio_snapshotter_pool_mode (1 for the current mode, lowercase),
 // _pool_needs_check (1 while the kernel flags the metadata for a check),
-// the reserve
-// (_pool_reserve_{data,metadata}_bytes, and _pool_under_reserve, 1 while
-// new devices are refused for it) and what a write that needs a new block
-// meets now (_pool_writes_queued, 1 while such writes wait on a pool out
-// of data space; _pool_writes_failing, 1 while they fail), all labelled
-// with the pool name.
+// the reserve (_pool_reserve_{data,metadata}_bytes, and
+// _pool_under_reserve, 1 while new devices are refused for it),
+// _pool_under_low_water (1 while the free data is at or under the table's
+// low-water mark, however long ago the kernel's one event for that
+// crossing came) and what a write that needs a new block meets now
+// (_pool_writes_queued, 1 while such writes wait on a pool out of data
+// space; _pool_writes_failing, 1 while they fail), all labelled with the
+// pool name.
 func (m *Metrics) AddPool(p PoolStatuser) {
 	m.register(&poolCollector{pool: p})
 }
@@ -165,6 +171,8 @@ var (
 		"Free metadata the pool keeps: new devices are refused under it (pool.min_free_space).", []string{"pool"}, nil)
 	underReserveDesc = prometheus.NewDesc(Namespace+"_pool_under_reserve",
 		"1 while the pool's free data or metadata is under its reserve and new devices are refused.", []string{"pool"}, nil)
+	underLowWaterDesc = prometheus.NewDesc(Namespace+"_pool_under_low_water",
+		"1 while the pool's free data is at or under its low-water mark (the kernel raises one event per crossing; this stays 1 until the pool grows or data is freed).", []string{"pool"}, nil)
 	writesQueuedDesc = prometheus.NewDesc(Namespace+"_pool_writes_queued",
 		"1 while the pool is out of data space and the writes needing a new block wait (until pool.no_space_timeout).", []string{"pool"}, nil)
 	writesFailingDesc = prometheus.NewDesc(Namespace+"_pool_writes_failing",
@@ -176,7 +184,7 @@ type poolCollector struct{ pool PoolStatuser }
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dataUsedDesc, dataTotalDesc, metaUsedDesc, metaTotalDesc, modeDesc, needsCheckDesc,
-		reserveDataDesc, reserveMetaDesc, underReserveDesc, writesQueuedDesc, writesFailingDesc} {
+		reserveDataDesc, reserveMetaDesc, underReserveDesc, underLowWaterDesc, writesQueuedDesc, writesFailingDesc} {
 		ch <- d
 	}
 }
@@ -206,6 +214,14 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(underReserveDesc, flag(st.ReserveError(pct, "") != nil), name)
 	gauge(writesQueuedDesc, flag(st.WritesQueued()), name)
 	gauge(writesFailingDesc, flag(st.WritesFailing()), name)
+	// The status line does not carry the data low-water mark; the table
+	// does. The comparison is the one the kernel makes for its event.
+	mark, err := c.pool.LowWaterBlocks(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(underLowWaterDesc, err)
+		return
+	}
+	gauge(underLowWaterDesc, flag(st.TotalDataBlocks-min(st.UsedDataBlocks, st.TotalDataBlocks) <= mark), name)
 }
 
 // flag is a boolean as a gauge's value.

@@ -2,6 +2,8 @@ package metrics
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
@@ -31,10 +33,13 @@ func TestPoolEventsCount(t *testing.T) {
 }
 
 // fakePoolStatus stands in for the kernel's answer at the status boundary:
-// a status line the test chooses, and a reserve.
+// a status line and a table's low-water mark the test chooses, and a
+// reserve.
 type fakePoolStatus struct {
-	st      thinpool.PoolStatus
-	reserve float64
+	st          thinpool.PoolStatus
+	reserve     float64
+	lowWater    uint64
+	lowWaterErr error
 }
 
 func (f *fakePoolStatus) Name() string { return "p1" }
@@ -42,6 +47,9 @@ func (f *fakePoolStatus) Status(context.Context) (thinpool.PoolStatus, error) {
 	return f.st, nil
 }
 func (f *fakePoolStatus) MinFreePercent() float64 { return f.reserve }
+func (f *fakePoolStatus) LowWaterBlocks(context.Context) (uint64, error) {
+	return f.lowWater, f.lowWaterErr
+}
 
 // TestPoolReserveAndQueuedWrites: the reserve is exported in bytes, and
 // whether the pool is under it, queueing writes or failing them follows
@@ -74,5 +82,40 @@ func TestPoolReserveAndQueuedWrites(t *testing.T) {
 			t.Errorf("%d/1000 used, %s, queue %v: under reserve %v, queued %v, failing %v; want %v, %v, %v",
 				c.used, c.mode, c.queue, u, q, fl, c.under, c.queued, c.failing)
 		}
+	}
+}
+
+// TestPoolUnderLowWater: the pool is reported under its low-water mark
+// for as long as its free data blocks are at or under the table's mark,
+// the kernel's comparison, not only when an event comes.
+func TestPoolUnderLowWater(t *testing.T) {
+	m := New()
+	f := &fakePoolStatus{reserve: 10, lowWater: 100, st: thinpool.PoolStatus{TotalMetadataBlocks: 1000,
+		TotalDataBlocks: 1000, BlockSizeSectors: 128, Mode: thinpool.ModeReadWrite}}
+	m.AddPool(f)
+	for _, c := range []struct {
+		used  uint64
+		under float64
+	}{
+		{0, 0},
+		{899, 0}, // 101 free
+		{900, 1}, // 100 free: at the mark
+		{950, 1}, // and it stays 1 on every scrape while under it
+		{950, 1},
+		{1000, 1}, // out of data space
+		{800, 0},  // data freed (or the pool grown)
+	} {
+		f.st.UsedDataBlocks = c.used
+		got := gauges(t, m, Namespace+"_pool_under_low_water")
+		if got["pool=p1"] != c.under || len(got) != 1 {
+			t.Errorf("%d/1000 data blocks used, low-water mark 100: pool_under_low_water %v, want pool=p1 at %v", c.used, got, c.under)
+		}
+	}
+
+	// A table that cannot be read fails the scrape rather than reporting
+	// the pool above its mark.
+	f.lowWaterErr = errors.New("DM_TABLE_STATUS: no such device")
+	if _, err := m.Registry().Gather(); err == nil || !strings.Contains(err.Error(), "no such device") {
+		t.Errorf("gather with an unreadable table: err %v, want the table's error", err)
 	}
 }
