@@ -19,7 +19,13 @@ import (
 // now need the room at once), then, with gc.enabled, runs a garbage
 // collection, which removes unused images only when the pool is still past
 // gc.high_threshold (at most 100% less the reserve, so it is). Other
-// events (mode changes) are logged.
+// events (mode changes) are logged. The same is done when the watch
+// starts on a pool already under its mark (it crossed while the daemon
+// was down, or a growth was cut short), and again every
+// thinpool.LowWaterRecheckInterval while the pool stays under it, so a
+// growth that failed (host space, pool.max_data_size, an error) is
+// retried once the operator has made room; only the first of these
+// counts as a low-water event in the metrics.
 func (s *Service) watchPool(ctx context.Context, col *gc.Collector, ev *metrics.PoolEvents) {
 	lg := log.G(ctx).WithField("pool", s.Pool.Name())
 	err := s.Pool.Watch(ctx, func(ctx context.Context, e thinpool.Event) {
@@ -29,8 +35,13 @@ func (s *Service) watchPool(ctx context.Context, col *gc.Collector, ev *metrics.
 			l.WithField("needs_check", e.Status.NeedsCheck).Info("pool event")
 			return
 		}
-		l.Warn("pool data at the low-water mark")
-		ev.LowWater()
+		if e.Recheck && s.Config.Pool.MaxDataSize == 0 && !s.Config.GC.Enabled {
+			return // nothing to try again
+		}
+		l.WithField("recheck", e.Recheck).Warn("pool data at the low-water mark")
+		if !e.Recheck {
+			ev.LowWater()
+		}
 		if s.Config.Pool.MaxDataSize != 0 {
 			if _, err := s.growPool(ctx); err != nil {
 				l.WithError(err).Error("growing the pool at the low-water mark")

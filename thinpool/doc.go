@@ -35,12 +35,17 @@
 //     the id: the kernel refuses the table when the id is absent.
 //   - The table's low-water mark defaults to DefaultLowWaterPercent of the
 //     data blocks; Watch waits for the kernel's events with DM_DEV_WAIT on
-//     the pool's event counter (no dmeventd), and Grow extends a loop-file
-//     pool online (file, LOOP_SET_CAPACITY, table reload) within
-//     Config.MaxDataSize and the filesystem's free space less
-//     Config.GrowthReserve. Adjust, run once by the pool's owner, reloads
-//     a mark the live table does not have and warns when the loop files
-//     could outgrow their filesystem (Backing).
+//     the pool's event counter (no dmeventd), and also reports a pool it
+//     finds at or under the mark (at its start, and while the pool stays
+//     there), since the kernel raises that event once per crossing; Grow
+//     extends a loop-file pool online (file, synced; LOOP_SET_CAPACITY;
+//     table reload) within Config.MaxDataSize and the filesystem's free
+//     space less Config.GrowthReserve, and Open extends a data file found
+//     shorter than the metadata records when no block in use lies past
+//     its end. Adjust, run once by the pool's owner, resumes a pool or
+//     thin device a killed process left suspended, reloads a mark the live
+//     table does not have and warns when the loop files could outgrow their
+//     filesystem (Backing).
 //   - CreateThin and CreateSnap refuse new devices once the metadata is
 //     Config.MetadataThreshold used (ErrMetadataReserve), keeping the rest
 //     for deletes so the pool never turns read-only for lack of it.

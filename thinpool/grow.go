@@ -163,9 +163,12 @@ func (p *Pool) Grow(ctx context.Context) (Growth, error) {
 			b.Dir, b.FSFree, b.Unbacked(), reserve)
 		return g, nil
 	}
+	// The reload below commits pool metadata that records the new size:
+	// the file's new size is made durable first, so that no power cut can
+	// leave metadata expecting more data than the file holds.
 	dataPath := filepath.Join(p.cfg.RootDir, DataFileName)
-	if err := os.Truncate(dataPath, to); err != nil {
-		return g, p.errf(nil, err, "grow: extend %s to %d bytes", dataPath, to)
+	if err := extendFile(dataPath, to); err != nil {
+		return g, p.errf(nil, err, "grow")
 	}
 	dataDev, err := parseDevString(t.DataDev)
 	if err != nil {
@@ -192,6 +195,40 @@ func (p *Pool) Grow(ctx context.Context) (Growth, error) {
 	g.To = to
 	log.G(ctx).WithField("pool", p.name).WithField("from_bytes", g.From).WithField("to_bytes", g.To).Info("thinpool: pool data grown")
 	return g, nil
+}
+
+// extendFile sets the size of the file at path to size (sparse) and makes
+// the new size durable: the file and its directory are synced.
+func extendFile(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s to extend it: %w", path, err)
+	}
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		return fmt.Errorf("extend %s to %d bytes: %w", path, size, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("sync %s after extending it to %d bytes: %w", path, size, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", path, err)
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+// syncDir syncs directory dir.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open directory %s to sync it: %w", dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync directory %s: %w", dir, err)
+	}
+	return nil
 }
 
 // reload swaps the pool's table for table: load into the inactive slot,
@@ -230,15 +267,62 @@ func setLoopCapacity(node string) error {
 // under another configuration), so that events come where the owner
 // expects them and writes on a full pool wait; it sets the kernel's
 // no-space timeout (Config.NoSpaceTimeout); and it warns when the loop
-// files could outgrow the filesystem holding them.
+// files could outgrow the filesystem holding them. First it resumes the
+// pool and its thin devices when they are suspended: a process killed
+// inside a table reload or a snapshot leaves them so, and every IO to them
+// would wait forever.
 func (p *Pool) Adjust(ctx context.Context) error {
 	if err := p.usable(); err != nil {
 		return err
+	}
+	if err := p.resumeSuspended(ctx); err != nil {
+		return p.errf(nil, err, "adjust")
 	}
 	p.warnOvercommit(ctx)
 	p.syncNoSpaceTimeout(ctx)
 	if err := p.syncTable(ctx); err != nil {
 		return p.errf(nil, err, "adjust")
+	}
+	return nil
+}
+
+// resumeSuspended resumes the pool when it is suspended, then every
+// suspended thin device on it. Only the owner suspends them, and only
+// around a table reload (the pool) or a create_snap message (the origin's
+// devices), always resuming them after; one found suspended was left so by
+// a process killed in between. A pool suspended with a table loaded in its
+// inactive slot takes that table when resumed: the reload the killed
+// process had begun, whose table the kernel had already checked. A thin
+// device that cannot be resumed is logged and left: the pool and the
+// other devices work without it.
+func (p *Pool) resumeSuspended(ctx context.Context) error {
+	p.growMu.Lock()
+	defer p.growMu.Unlock()
+	lg := log.G(ctx).WithField("pool", p.name)
+	info, err := p.ctl.info(p.name)
+	if err != nil {
+		return fmt.Errorf("read the pool's state: %w", err)
+	}
+	if info.suspended() {
+		if _, err := p.ctl.resume(p.name); err != nil {
+			return fmt.Errorf("resume the pool, found suspended: %w", err)
+		}
+		lg.WithField("inactive_table", info.hasInactiveTbl()).Warn("thinpool: pool found suspended (a table reload was cut short); resumed it")
+	}
+	devs, err := p.ActiveDevices(ctx)
+	if err != nil {
+		return err
+	}
+	for _, d := range devs {
+		if !d.Suspended {
+			continue
+		}
+		l := lg.WithField("device", d.Name).WithField("thin_id", d.ThinID)
+		if _, err := p.ctl.resume(d.Name); err != nil {
+			l.WithError(err).Error("thinpool: thin device found suspended could not be resumed; its IO waits")
+			continue
+		}
+		l.Warn("thinpool: thin device found suspended (a snapshot of it was cut short); resumed it")
 	}
 	return nil
 }

@@ -363,3 +363,242 @@ func TestReserveRefusesNewDevices(t *testing.T) {
 		t.Fatalf("create_thin once the reserve is free again: %v", err)
 	}
 }
+
+// TestWatchReportsLowWaterUntilHandled: the kernel raises the low-water
+// event once per crossing. A pool that crossed its mark while nobody
+// watched (the daemon was down, or restarted after raising
+// pool.max_data_size) is reported when Watch starts, so the handler grows
+// it and new devices are accepted again; and a handler that could not make
+// room is called again (Recheck) while the pool stays under its mark, and
+// no more once it is above.
+func TestWatchReportsLowWaterUntilHandled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg := Config{Name: "tp-lw-start", RootDir: scratch.Dir(t, "tp-lw-start-"),
+		DataSize: 32 * mib, MetadataSize: 16 << 20, MaxDataSize: 64 * mib, GrowthReserve: mib,
+		MinFreeSpace: conf.Pct(DefaultMinFreePercent)}
+	p, err := Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { destroyPool(t, cfg) })
+	if err := p.Adjust(ctx); err != nil {
+		t.Fatal(err)
+	}
+	info, err := p.ctl.info(p.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := info.EventNr
+
+	// Nobody watches: a device writes past the mark (the reserve's edge,
+	// 10% of 512 blocks) and the kernel raises its one event.
+	path := activeThin(t, ctx, p, 1, "tp-lw-start-1", 128*mib)
+	d := openDirect(t, path)
+	for off := int64(0); off < 30*mib; off += mib {
+		d.mustWrite(off, pattern(off, mib))
+	}
+	for deadline := time.Now().Add(10 * time.Second); info.EventNr == before && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+		if info, err = p.ctl.info(p.name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if info.EventNr == before {
+		t.Fatal("the kernel raised no event when the writes crossed the low-water mark")
+	}
+	wantErr(t, "create_thin under the reserve", p.CreateThin(ctx, 2), ErrBelowReserve)
+
+	// The watch starts now. Its handler fails to make room the first time
+	// (as a growth short of host space does), then grows the pool.
+	p.lowWaterRecheck = 500 * time.Millisecond
+	events := make(chan Event, 16)
+	go p.Watch(ctx, func(ctx context.Context, ev Event) {
+		if ev.LowWater && ev.Recheck {
+			if _, err := p.Grow(ctx); err != nil {
+				t.Errorf("Grow at event %+v: %v", ev, err)
+			}
+		}
+		events <- ev
+	})
+	next := func(what string) Event {
+		t.Helper()
+		select {
+		case ev := <-events:
+			t.Logf("%s: %+v", what, ev)
+			return ev
+		case <-time.After(10 * time.Second):
+			st, _ := p.Status(ctx)
+			t.Fatalf("%s: nothing reported within 10 s; pool %d of %d blocks used", what, st.UsedDataBlocks, st.TotalDataBlocks)
+			return Event{}
+		}
+	}
+	if ev := next("at start"); !ev.LowWater || ev.Recheck || ev.Status.UsedDataBlocks < 480 {
+		t.Fatalf("first report %+v; want the pool under its mark, not a recheck", ev)
+	}
+	if ev := next("recheck"); !ev.LowWater || !ev.Recheck {
+		t.Fatalf("second report %+v; want a recheck of the pool still under its mark", ev)
+	}
+	st, err := p.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.TotalDataBlocks != 640 {
+		t.Fatalf("pool after the recheck's growth: %d blocks; want 640 (40 MiB)", st.TotalDataBlocks)
+	}
+	if err := p.CreateThin(ctx, 2); err != nil {
+		t.Fatalf("create_thin once the pool grew: %v", err)
+	}
+	// Above the mark now: the reload raises an event of its own, and no
+	// recheck follows.
+	deadline := time.After(3 * time.Second)
+	for {
+		select {
+		case ev := <-events:
+			if ev.LowWater || ev.Recheck {
+				t.Fatalf("report after the growth: %+v; want none under the mark", ev)
+			}
+			continue
+		case <-deadline:
+		}
+		break
+	}
+}
+
+// TestOpenFinishesGrowthWhoseFileSizeWasLost: Grow syncs the data file's
+// new size before the reload commits it to the pool's metadata; a data
+// file that still comes back shorter than the metadata records (its size
+// lost by the host filesystem) is extended back when no block in use lies
+// past its end, so the pool loads with its grown size; when one does, Open
+// refuses with an error naming both sizes instead of loading zeros in
+// place of a device's data.
+func TestOpenFinishesGrowthWhoseFileSizeWasLost(t *testing.T) {
+	ctx := context.Background()
+	cfg := Config{Name: "tp-grow-lost", RootDir: scratch.Dir(t, "tp-grow-lost-"),
+		DataSize: 32 * mib, MetadataSize: 16 << 20, MaxDataSize: 64 * mib, GrowthReserve: mib}
+	dataPath := filepath.Join(cfg.RootDir, DataFileName)
+	p, err := Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { destroyPool(t, cfg) })
+	g, err := p.Grow(ctx)
+	if err != nil || g.From != 32*mib || g.To != 40*mib {
+		t.Fatalf("Grow = %+v, %v; want 32 -> 40 MiB", g, err)
+	}
+	if _, err := p.Status(ctx); err != nil { // the pool commits its metadata
+		t.Fatal(err)
+	}
+	simulateReboot(t, p)
+	if err := os.Truncate(dataPath, g.From); err != nil { // what a power cut lost
+		t.Fatal(err)
+	}
+	p, err = Open(ctx, cfg)
+	if err != nil {
+		t.Fatalf("Open after the data file lost its grown size, no block in use past it: %v", err)
+	}
+	if fi, err := os.Stat(dataPath); err != nil || fi.Size() != 40*mib {
+		t.Fatalf("data file after Open: %v, %v; want 40 MiB again", fi, err)
+	}
+	if st, err := p.Status(ctx); err != nil || st.TotalDataBlocks != 640 || st.Mode != ModeReadWrite {
+		t.Fatalf("status after Open: %+v, %v; want 640 blocks, rw", st, err)
+	}
+
+	// A device's data past the old size: losing it cannot be repaired by
+	// extending the file.
+	path := activeThin(t, ctx, p, 1, "tp-grow-lost-1", 64*mib)
+	d := openDirect(t, path)
+	for off := int64(0); off < 36*mib; off += mib {
+		d.mustWrite(off, pattern(off, mib))
+	}
+	d.f.Close()
+	if _, err := p.Status(ctx); err != nil {
+		t.Fatal(err)
+	}
+	simulateReboot(t, p)
+	if err := os.Truncate(dataPath, g.From); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Open(ctx, cfg)
+	wantErr(t, "Open with data in use past the data file's end", err, ErrInvalid)
+	for _, want := range []string{dataPath, "33554432 bytes", "41943040 bytes", "docs/operating.md"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Fatalf("Open error %q does not name %q", err, want)
+		}
+	}
+	if fi, err := os.Stat(dataPath); err != nil || fi.Size() != 32*mib {
+		t.Fatalf("data file after the refused Open: %v, %v; want it left at 32 MiB", fi, err)
+	}
+	if err := os.Truncate(dataPath, g.To); err != nil { // for the cleanup
+		t.Fatal(err)
+	}
+}
+
+// TestAdjustResumesSuspendedPoolAndDevices: a process killed between the
+// suspend and the resume of a table reload leaves the pool suspended, and
+// one killed inside a snapshot leaves the origin's device suspended; every
+// IO to them would wait. The owner's Open and Adjust resume both, so the
+// device reads and writes again.
+func TestAdjustResumesSuspendedPoolAndDevices(t *testing.T) {
+	ctx := context.Background()
+	p, cfg := testPool(t, 64*mib)
+	path := activeThin(t, ctx, p, 1, p.name+"-origin", 16*mib)
+	name := p.name + "-origin"
+	// What a SIGKILL leaves: the origin suspended for create_snap, the
+	// pool suspended for a reload (a table waiting in its inactive slot).
+	if err := p.ctl.suspend(name, false); err != nil {
+		t.Fatal(err)
+	}
+	defer p.ctl.resume(name)
+	tbl, sectors, err := p.liveTable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ctl.load(p.name, []dmTarget{{Start: 0, Length: sectors, Type: "thin-pool",
+		Params: poolTableParams(tbl.MetaDev, tbl.DataDev, tbl.BlockSize, 77)}}, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ctl.suspend(p.name, false); err != nil {
+		t.Fatal(err)
+	}
+	defer p.ctl.resume(p.name)
+
+	q, err := Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Adjust(ctx); err != nil {
+		t.Fatal(err)
+	}
+	info, err := q.ctl.info(q.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.suspended() || info.hasInactiveTbl() {
+		t.Fatalf("pool after Open and Adjust: flags %#x; want resumed, no table left inactive", info.Flags)
+	}
+	if lw, err := q.LowWaterBlocks(ctx); err != nil || lw != 102 {
+		t.Fatalf("low-water mark after Adjust = %d, %v; want the configured 102 (10%% of 1024)", lw, err)
+	}
+	devs, err := q.ActiveDevices(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dev := range devs {
+		if dev.Suspended {
+			t.Fatalf("device %q still suspended after Adjust", dev.Name)
+		}
+	}
+	d := openDirect(t, path)
+	done := make(chan error, 1)
+	go func() { done <- d.write(0, pattern(9, mib)) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("write after Adjust: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a write to the device still waits 20 s after Adjust")
+	}
+	mustEqual(t, "block written after Adjust", d.read(0, mib), pattern(9, mib))
+}

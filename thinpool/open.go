@@ -140,6 +140,9 @@ func (p *Pool) activatePool(ctx context.Context, create bool) (err error) {
 		if err != nil {
 			return err
 		}
+		if err := p.restoreDataSize(ctx, metaFile, dataFile); err != nil {
+			return err
+		}
 		ml, err := attachLoop(metaFile)
 		if err != nil {
 			return fmt.Errorf("metadata loop: %w", err)
@@ -196,6 +199,64 @@ func (p *Pool) activatePool(ctx context.Context, create bool) (err error) {
 	}
 	p.dev, p.devStr = dev, devString(dev)
 	p.metaPath = metaNode
+	return nil
+}
+
+// restoreDataSize finishes a growth whose new data file size was lost
+// while the pool's metadata kept it (a power cut after the table reload
+// committed the metadata but before the host filesystem wrote the file's
+// new size): the kernel refuses to load a pool whose data device is
+// smaller than its metadata records. The file is extended back (sparse)
+// to the recorded size when the committed data space map has no block in
+// use past the file's end, and the call fails otherwise.
+//
+// Extending is safe then: no device maps a block the space map counts as
+// free, so what the file reads there (zeros) is never returned as a
+// device's data; once the kernel allocates such a block, a device reads
+// only what it wrote there (and zeros in the rest of a partly written
+// block, where skip_block_zeroing elsewhere shows a deleted device's old
+// data). A block in use past
+// the file's end is data a device maps that the file has lost: extending
+// would have that device read zeros where it wrote data, so the pool is
+// not loaded and the error names both sizes. Metadata that cannot be read
+// is left to the kernel, which reports it when the table is loaded.
+func (p *Pool) restoreDataSize(ctx context.Context, metaFile, dataFile string) error {
+	blocks, blockSectors, ok, err := committedDataSpace(metaFile)
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("pool", p.name).WithField("file", metaFile).
+			Debug("thinpool: metadata superblock unreadable; the data file's size is left to the kernel to check")
+		return nil
+	}
+	if !ok || blockSectors == 0 {
+		return nil
+	}
+	blockBytes := int64(blockSectors) * 512
+	want := int64(blocks) * blockBytes
+	fi, err := os.Stat(dataFile)
+	if err != nil {
+		return fmt.Errorf("stat data file: %w", err)
+	}
+	have := fi.Size()
+	if have >= want {
+		return nil
+	}
+	lg := log.G(ctx).WithField("pool", p.name).WithField("file", dataFile).
+		WithField("file_bytes", have).WithField("metadata_bytes", want)
+	used, inUse, err := firstDataBlockInUse(metaFile, uint64(have/blockBytes))
+	if err != nil {
+		return fmt.Errorf("data file %s holds %d bytes, less than the %d bytes of data the pool's metadata records; "+
+			"reading which data blocks past the file's end are in use: %w", dataFile, have, want, err)
+	}
+	if inUse {
+		return fmt.Errorf("data file %s holds %d bytes, less than the %d bytes of data the pool's metadata records, "+
+			"and data block %d (at byte %d) past the file's end is in use: the file lost data the pool's devices hold; "+
+			"restore the data file or recreate the pool (see \"The pool's data file is shorter than its metadata\" in docs/operating.md): %w",
+			dataFile, have, want, used, int64(used)*blockBytes, ErrInvalid)
+	}
+	if err := extendFile(dataFile, want); err != nil {
+		return fmt.Errorf("finish a growth the data file lost: %w", err)
+	}
+	lg.Warn("thinpool: data file shorter than the pool's metadata records, with no block in use past its end; extended it to the recorded size")
 	return nil
 }
 

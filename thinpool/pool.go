@@ -3,6 +3,7 @@ package thinpool
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/keyed"
 )
@@ -26,7 +27,10 @@ type Pool struct {
 	growMu     sync.Mutex          // one table reload at a time
 	originMu   keyed.Mutex[uint32] // one suspend/create_snap/resume per origin id
 	probeSeq   atomic.Uint64
-	closed     atomic.Bool
+	// lowWaterRecheck replaces LowWaterRecheckInterval in Watch when
+	// positive (tests).
+	lowWaterRecheck time.Duration
+	closed          atomic.Bool
 }
 
 // MinFreePercent returns the pool's reserve (Config.MinFreeSpace): the

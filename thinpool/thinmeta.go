@@ -110,6 +110,19 @@ func detailsRootOf(b []byte, n uint64) (uint64, error) {
 // btreeKeys returns every key of the btree rooted at block root.
 func (r *metaReader) btreeKeys(root uint64) ([]uint64, error) {
 	var keys []uint64
+	err := r.btreeLeaves(root, func(node btreeNode) error {
+		keys = append(keys, node.keys...)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return keys, nil
+}
+
+// btreeLeaves calls fn with every leaf of the btree rooted at block root,
+// in key order, until fn returns an error.
+func (r *metaReader) btreeLeaves(root uint64, fn func(leaf btreeNode) error) error {
 	var walk func(n uint64, depth int) error
 	walk = func(n uint64, depth int) error {
 		if depth > maxBtreeDepth {
@@ -124,8 +137,7 @@ func (r *metaReader) btreeKeys(root uint64) ([]uint64, error) {
 			return err
 		}
 		if node.leaf {
-			keys = append(keys, node.keys...)
-			return nil
+			return fn(node)
 		}
 		for _, child := range node.children {
 			if err := walk(child, depth+1); err != nil {
@@ -134,16 +146,14 @@ func (r *metaReader) btreeKeys(root uint64) ([]uint64, error) {
 		}
 		return nil
 	}
-	if err := walk(root, 0); err != nil {
-		return nil, err
-	}
-	return keys, nil
+	return walk(root, 0)
 }
 
 type btreeNode struct {
 	leaf     bool
 	keys     []uint64
 	children []uint64 // internal nodes only
+	values   [][]byte // leaves only: each key's value
 }
 
 // parseBtreeNode decodes and validates btree node block n.
@@ -177,12 +187,17 @@ func parseBtreeNode(b []byte, n uint64) (btreeNode, error) {
 	for i := range node.keys {
 		node.keys[i] = le.Uint64(b[btreeHeaderSize+8*i:])
 	}
+	vals := btreeHeaderSize + 8*max
 	if !node.leaf {
-		vals := btreeHeaderSize + 8*max
 		node.children = make([]uint64, nr)
 		for i := range node.children {
 			node.children[i] = le.Uint64(b[vals+8*i:])
 		}
+		return node, nil
+	}
+	node.values = make([][]byte, nr)
+	for i := range node.values {
+		node.values[i] = b[vals+vsize*i : vals+vsize*(i+1)]
 	}
 	return node, nil
 }
@@ -217,4 +232,102 @@ func readThinIDs(dev string, heldRoot uint64) ([]uint32, error) {
 	}
 	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
 	return ids, nil
+}
+
+// The data space map, as dm-space-map-common.c lays it out: the
+// superblock's data space map root starts with nr_blocks u64 |
+// nr_allocated u64 | bitmap_root u64; bitmap_root is a btree from bitmap
+// index i to an index entry (blocknr u64 | nr_free u32 |
+// none_free_before u32) naming the bitmap block that holds data blocks
+// [i*bitmapEntries, (i+1)*bitmapEntries): a header (csum u32 | not_used
+// u32 | blocknr u64), then 2 bits per data block in little-endian u64
+// words, 0 for a free block.
+const (
+	superDataSpaceMapAt  = 64
+	superDataBlockSizeAt = 336
+	bitmapCsumXor        = 240779
+	bitmapHeaderSize     = 16
+	bitmapEntries        = (metaBlockSize - bitmapHeaderSize) * 4
+	indexEntrySize       = 16
+)
+
+// committedDataSpace reads, from the committed superblock of the thin
+// metadata at metaPath, how many data blocks the metadata expects and
+// their size in sectors. ok is false when the metadata holds no superblock
+// yet (fresh metadata the kernel formats when the pool is loaded).
+func committedDataSpace(metaPath string) (blocks uint64, blockSectors uint32, ok bool, err error) {
+	r, err := openMetaReader(metaPath)
+	if err != nil {
+		return 0, 0, false, err
+	}
+	defer r.Close()
+	sb, err := r.block(0)
+	if err != nil {
+		return 0, 0, false, err
+	}
+	if binary.LittleEndian.Uint64(sb[32:]) != thinSuperMagic {
+		return 0, 0, false, nil
+	}
+	if _, err := detailsRootOf(sb, 0); err != nil {
+		return 0, 0, false, err
+	}
+	return binary.LittleEndian.Uint64(sb[superDataSpaceMapAt:]), binary.LittleEndian.Uint32(sb[superDataBlockSizeAt:]), true, nil
+}
+
+// firstDataBlockInUse returns the first data block at or past from that the
+// committed data space map of the thin metadata at metaPath counts as in
+// use (mapped by a device, or held by a metadata snapshot); inUse is false
+// when every block from there to the map's end is free.
+func firstDataBlockInUse(metaPath string, from uint64) (block uint64, inUse bool, err error) {
+	r, err := openMetaReader(metaPath)
+	if err != nil {
+		return 0, false, err
+	}
+	defer r.Close()
+	sb, err := r.block(0)
+	if err != nil {
+		return 0, false, err
+	}
+	if _, err := detailsRootOf(sb, 0); err != nil {
+		return 0, false, err
+	}
+	le := binary.LittleEndian
+	nrBlocks := le.Uint64(sb[superDataSpaceMapAt:])
+	bitmapRoot := le.Uint64(sb[superDataSpaceMapAt+16:])
+	errFound := errors.New("found")
+	err = r.btreeLeaves(bitmapRoot, func(leaf btreeNode) error {
+		for i, idx := range leaf.keys {
+			lo, hi := idx*bitmapEntries, min((idx+1)*bitmapEntries, nrBlocks)
+			if hi <= from || lo >= hi {
+				continue
+			}
+			if len(leaf.values[i]) != indexEntrySize {
+				return fmt.Errorf("data space map index %d: %d-byte entry, want %d", idx, len(leaf.values[i]), indexEntrySize)
+			}
+			n := le.Uint64(leaf.values[i])
+			b, err := r.block(n)
+			if err != nil {
+				return err
+			}
+			if want, got := le.Uint32(b[0:]), dmChecksum(b[4:], bitmapCsumXor); want != got {
+				return fmt.Errorf("data space map bitmap %d (block %d): checksum %#x, computed %#x", idx, n, want, got)
+			}
+			if got := le.Uint64(b[8:]); got != n {
+				return fmt.Errorf("data space map bitmap %d: block %d says it is block %d", idx, n, got)
+			}
+			for d := max(lo, from); d < hi; d++ {
+				e := d - lo
+				word := le.Uint64(b[bitmapHeaderSize+8*(e/32):])
+				if word>>(2*(e%32))&3 != 0 {
+					block, inUse = d, true
+					return errFound
+				}
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, errFound) {
+		return block, true, nil
+	}
+	return 0, false, err
 }
