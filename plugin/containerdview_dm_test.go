@@ -107,10 +107,12 @@ func collectLikeContainerd(t *testing.T, ctx context.Context, sn snapshots.Snaps
 // TestContainerdViewOverSocket checks what containerd sees of the S3
 // pipelines' snapshots over the proxy socket, and what its garbage
 // collector may do to them: the activation and extraction snapshots are
-// not listed (containerd would remove them as unknown); during another
-// image's pull, an image's own chain is removed (with its activation) while
-// the chain the pull builds on is kept; Cleanup forgets the removed image's
-// records and layer file, while the image sharing its lower layer keeps
+// not listed (containerd would remove them as unknown); the chains of an
+// image pulled while containerd's socket was absent are kept from its
+// collector until the image is registered; during another image's pull,
+// an image's own chain is removed (with its activation) while the chain
+// the pull builds on is kept; Cleanup forgets the removed image's records
+// and layer file, while the image sharing its lower layer keeps
 // everything.
 func TestContainerdViewOverSocket(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -122,7 +124,7 @@ func TestContainerdViewOverSocket(t *testing.T) {
 	cfg.S3.Region, cfg.S3.Endpoint, cfg.S3.PathStyle, cfg.S3.Anonymous = "us-east-1", srv.URL, true, true
 	cfg.Daemon.ControlSocket = filepath.Join(cfg.Daemon.RootDir, "run", "control.sock")
 	// A registrar is configured (so the chains are shown to containerd for
-	// adoption); its socket does not exist, so registering is skipped.
+	// adoption); its socket does not exist, so the names stay pending.
 	cfg.Containerd.Address = filepath.Join(cfg.Daemon.RootDir, "no-containerd.sock")
 
 	base := layerTar(t, "base", "a", "b")
@@ -167,6 +169,22 @@ func TestContainerdViewOverSocket(t *testing.T) {
 	}
 	if _, err := client.Stat(ctx, a.Snapshot.SnapshotName); err != nil {
 		t.Fatalf("activation %s: %v", a.Snapshot.SnapshotName, err)
+	}
+	if a.Snapshot.Registered || !a.Snapshot.RegisterPending {
+		t.Fatalf("pull with containerd's socket absent: registered %v, pending %v; want pending", a.Snapshot.Registered, a.Snapshot.RegisterPending)
+	}
+	// containerd's collector, which removes every backend snapshot it does
+	// not know, may not take the chains of an image it does not have yet.
+	if removed := collectLikeContainerd(t, ctx, client); len(removed) != 0 {
+		t.Fatalf("garbage collection removed %v of an image whose registration is pending", removed)
+	}
+	if _, err := client.Stat(ctx, a.Snapshot.SnapshotName); err != nil {
+		t.Fatalf("activation %s after containerd's collection: %v", a.Snapshot.SnapshotName, err)
+	}
+	// From here on, as if containerd had registered a and then dropped it
+	// (`ctr image rm`): its chains are containerd's to collect.
+	if _, err := svc.DB.Statements().ExecContext(ctx, `DELETE FROM containerd_pending WHERE name = 'test/a'`); err != nil {
+		t.Fatal(err)
 	}
 
 	// A pull under way: b's own layer, thousands of files, is being

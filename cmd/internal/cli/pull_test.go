@@ -36,8 +36,8 @@ func TestPullImageArgument(t *testing.T) {
 }
 
 // TestPullResultSaysWhenNotInContainerd: a pull made while containerd's
-// socket was absent says that containerd does not have the image yet and
-// that the daemon registers it later; a registered one, or one a daemon
+// socket was absent says, beside its one result line, that containerd does
+// not have the image yet and that the daemon registers it later; a registered one, or one a daemon
 // with no containerd to register in made, says nothing more.
 func TestPullResultSaysWhenNotInContainerd(t *testing.T) {
 	for _, c := range []struct {
@@ -48,10 +48,10 @@ func TestPullResultSaysWhenNotInContainerd(t *testing.T) {
 		{api.ActivateResponse{Registered: true}, false},
 		{api.ActivateResponse{}, false},
 	} {
-		var b strings.Builder
-		printPullResult(&b, &api.PullResult{Ref: "app:v1", Snapshot: c.snap}, time.Second)
-		if says := strings.Contains(b.String(), "app:v1 is not in containerd yet"); says != c.says {
-			t.Errorf("%+v: pull printed %q", c.snap, b.String())
+		var out, notes strings.Builder
+		printPullResult(&out, &notes, &api.PullResult{Ref: "app:v1", Snapshot: c.snap}, time.Second)
+		if says := strings.Contains(notes.String(), "app:v1 is not in containerd yet"); says != c.says || strings.Count(out.String(), "\n") != 1 {
+			t.Errorf("%+v: pull printed %q and noted %q; want the one result line, and the note only when pending", c.snap, out.String(), notes.String())
 		}
 	}
 }
