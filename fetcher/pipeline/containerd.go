@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"syscall"
 	"time"
 
 	"github.com/containerd/containerd/v2/core/content"
@@ -79,14 +81,20 @@ func (c *ContainerdRegistrar) snapshotter() string {
 }
 
 // Register implements Registrar, in the context's containerd namespace (or
-// c.Namespace). A containerd socket that does not exist is
-// ErrContainerdAbsent: nothing is written. An image of that
+// c.Namespace). A containerd socket that does not exist, or that no
+// containerd answers on (notAnswering), is ErrContainerdAbsent: the name
+// is registered later, from the start, so what was written is redone. An image of that
 // name this daemon did not create is refused before anything is written
 // (ErrForeignImage) unless replace; an image is repointed with every label
 // it has kept. The name is created or repointed only once containerd has
 // adopted every chain of the image: a registration that fails leaves no
 // name, and leaves a name that was there as it was.
-func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs []string, replace bool) error {
+func (c *ContainerdRegistrar) Register(ctx context.Context, ref string, diffIDs []string, replace bool) (err error) {
+	defer func() {
+		if notAnswering(err) {
+			err = fmt.Errorf("register %s: containerd at %s does not answer (%v): %w", ref, c.Address, err, ErrContainerdAbsent)
+		}
+	}()
 	if len(diffIDs) == 0 {
 		return fmt.Errorf("register %s: an image needs at least one layer: %w", ref, errdefs.ErrInvalidArgument)
 	}
@@ -221,7 +229,19 @@ func (c *ContainerdRegistrar) Check(ctx context.Context, ref string, replace boo
 	}
 	defer cl.Close()
 	ns := c.namespace(ctx)
-	return checkOwner(namespaces.WithNamespace(ctx, ns), cl.ImageService(), ns, ref, replace)
+	err = checkOwner(namespaces.WithNamespace(ctx, ns), cl.ImageService(), ns, ref, replace)
+	if notAnswering(err) {
+		return nil // as with no socket: Register checks again when it answers
+	}
+	return err
+}
+
+// notAnswering reports whether err says that no containerd answers on its
+// socket: a socket file left by a containerd that died (connection
+// refused), or one not serving yet (gRPC Unavailable). Registration then
+// waits for it, as when the socket does not exist.
+func notAnswering(err error) bool {
+	return err != nil && (errdefs.IsUnavailable(err) || errors.Is(err, syscall.ECONNREFUSED))
 }
 
 // Registered implements Registrar: ref exists in containerd (in the
@@ -240,7 +260,11 @@ func (c *ContainerdRegistrar) Registered(ctx context.Context, ref string, diffID
 	defer cl.Close()
 	ns := c.namespace(ctx)
 	st := containerdStores{images: cl.ImageService(), snapshots: cl.SnapshotService(c.snapshotter())}
-	return registered(namespaces.WithNamespace(ctx, ns), st, ns, ref, diffIDs)
+	ok, err := registered(namespaces.WithNamespace(ctx, ns), st, ns, ref, diffIDs)
+	if notAnswering(err) {
+		return true, nil // as with no socket: nothing answers to register in
+	}
+	return ok, err
 }
 
 // registered says whether namespace ns of st has ref as register would

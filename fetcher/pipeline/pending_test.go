@@ -2,7 +2,10 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 
@@ -127,5 +130,31 @@ func TestPullReplaceWhileContainerdDownRegistersLater(t *testing.T) {
 	}
 	if top := reg.registeredTop(name); top != res.TopChainID {
 		t.Errorf("containerd's %s has top %q; want the --replace pull's %s (still foreign: %v)", name, top, res.TopChainID, reg.foreign[name] != nil)
+	}
+}
+
+// TestContainerdDeadSocketIsAbsent: the socket file a containerd that died
+// left behind (connection refused) counts as no containerd: the name's
+// check passes, Register says ErrContainerdAbsent (so the name goes
+// pending), and Registered has nothing to register in.
+func TestContainerdDeadSocketIsAbsent(t *testing.T) {
+	ctx := context.Background()
+	sock := filepath.Join(t.TempDir(), "containerd.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close()
+	r := &ContainerdRegistrar{Address: sock, Namespace: "default"}
+	const chain = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	if err := r.Check(ctx, "app:1", false); err != nil {
+		t.Errorf("Check with containerd's socket dead: %v; want nil, as with no socket", err)
+	}
+	if err := r.Register(ctx, "app:1", []string{chain}, false); !errors.Is(err, ErrContainerdAbsent) {
+		t.Errorf("Register with containerd's socket dead: %v; want ErrContainerdAbsent", err)
+	}
+	if ok, err := r.Registered(ctx, "app:1", []string{chain}); !ok || err != nil {
+		t.Errorf("Registered with containerd's socket dead: %v, %v; want true, nil, as with no socket", ok, err)
 	}
 }
