@@ -568,16 +568,7 @@ func TestDisabledCollectsNothingButRemoveWorks(t *testing.T) {
 // used unused image until it is under the low threshold.
 func TestCollectWhenHostFilesystemLow(t *testing.T) {
 	ctx := context.Background()
-	h := newHarness(t, 10000*mib, Options{})
-	for _, id := range []string{"img1", "img2", "img3", "img4"} {
-		h.image(id, "name-"+id, layer{"c-" + id, 200 * mib})
-	}
-	poolUsage := h.c.opts.Usage
-	h.c.opts.Usage = func(ctx context.Context) (Usage, error) {
-		u, err := poolUsage(ctx)
-		u.HostTotal, u.HostUsed = 2000*mib, 900*mib+u.DataUsed
-		return u, err
-	}
+	h := newHostHarness(t, func(u Usage) uint64 { return 900*mib + u.DataUsed })
 	rep, err := h.c.Collect(ctx, "test", 0)
 	if err != nil {
 		t.Fatal(err)
@@ -588,13 +579,10 @@ func TestCollectWhenHostFilesystemLow(t *testing.T) {
 	t.Logf("before %s, after %s", rep.Before, rep.After)
 }
 
-// TestCollectStopsWhenHostFilesystemIsNotTheImages: a host filesystem
-// past the threshold for another reason than the images (the pool's loop
-// files keep every block the pool ever wrote) costs at most the one
-// removal that shows it: removing an image that frees nothing there stops
-// the collection, instead of removing every unused image.
-func TestCollectStopsWhenHostFilesystemIsNotTheImages(t *testing.T) {
-	ctx := context.Background()
+// newHostHarness is a 10000 MiB pool with four unused 200 MiB images,
+// img1 the least recently used, on a 2000 MiB host filesystem of which
+// hostUsed(the pool's usage) is used.
+func newHostHarness(t *testing.T, hostUsed func(Usage) uint64) *harness {
 	h := newHarness(t, 10000*mib, Options{})
 	for _, id := range []string{"img1", "img2", "img3", "img4"} {
 		h.image(id, "name-"+id, layer{"c-" + id, 200 * mib})
@@ -602,9 +590,20 @@ func TestCollectStopsWhenHostFilesystemIsNotTheImages(t *testing.T) {
 	poolUsage := h.c.opts.Usage
 	h.c.opts.Usage = func(ctx context.Context) (Usage, error) {
 		u, err := poolUsage(ctx)
-		u.HostTotal, u.HostUsed = 2000*mib, 1800*mib
+		u.HostTotal, u.HostUsed = 2000*mib, hostUsed(u)
 		return u, err
 	}
+	return h
+}
+
+// TestCollectStopsWhenHostFilesystemIsNotTheImages: a host filesystem
+// past the threshold for another reason than the images (the pool's loop
+// files keep every block the pool ever wrote) costs at most the one
+// removal that shows it: removing an image that frees nothing there stops
+// the collection, instead of removing every unused image.
+func TestCollectStopsWhenHostFilesystemIsNotTheImages(t *testing.T) {
+	ctx := context.Background()
+	h := newHostHarness(t, func(Usage) uint64 { return 1800 * mib })
 	rep, err := h.c.Collect(ctx, "timer", 0)
 	if err != nil {
 		t.Fatal(err)

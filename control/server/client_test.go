@@ -68,14 +68,7 @@ func TestClientCancelCutsThePull(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("Pull after the caller cancelled: err %v, want context.Canceled", err)
 	}
-	select {
-	case err := <-p.ended:
-		if !errors.Is(err, context.Canceled) {
-			t.Errorf("the daemon's pull ended with %v, want its request cancelled", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Error("the daemon's pull still runs 10s after the client went away")
-	}
+	p.waitEnded(t, "the client went away")
 }
 
 // TestDaemonStopTellsThePullToRunAgain: the daemon stops (systemctl
@@ -105,13 +98,20 @@ func TestDaemonStopTellsThePullToRunAgain(t *testing.T) {
 	if err == nil || err.Error() != "daemon stopping: run the same pull again once it is back" {
 		t.Errorf("pull across a daemon stop: %v; want the daemon's word that it stops and to run the same pull again", err)
 	}
+	p.waitEnded(t, "the daemon stopped serving")
+}
+
+// waitEnded waits for the daemon's pull to end with its request cancelled,
+// at most 10 s after what happened.
+func (p fakeStalledPuller) waitEnded(t *testing.T, after string) {
+	t.Helper()
 	select {
 	case err := <-p.ended:
 		if !errors.Is(err, context.Canceled) {
 			t.Errorf("the daemon's pull ended with %v, want its request cancelled", err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Error("the daemon's pull still runs 10s after the daemon stopped serving")
+		t.Errorf("the daemon's pull still runs 10s after %s", after)
 	}
 }
 
