@@ -3,7 +3,13 @@ package snapshotter
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/errdefs"
 
 	"golang.org/x/sys/unix"
 
@@ -74,5 +80,72 @@ func TestFailedCreateSnapLeavesNoDevice(t *testing.T) {
 	}
 	if _, _, got, err := s.DeviceOf(bg, "other"); err != nil || got == id {
 		t.Errorf("DeviceOf(other) = %d (%v), want an id other than the taken %d", got, err, id)
+	}
+}
+
+// mappedDevices returns the dm names the fake pool has mapped.
+func mappedDevices(t *testing.T, s *Snapshotter) []string {
+	t.Helper()
+	acts, err := s.pool.ActiveDevices(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, a := range acts {
+		names = append(names, a.Name)
+	}
+	return names
+}
+
+// TestCallsDuringCommitLeaveCommittedDeviceAlone: a Usage or Mounts of the
+// active snapshot that reaches the snapshotter while its Commit has
+// unmapped the device (containerd's CRI calls Usage on every active
+// snapshot every few seconds, unpacks' extractions included) waits for the
+// Commit, then finds the key gone: it neither maps the committed device
+// again nor hands it out writable.
+func TestCallsDuringCommitLeaveCommittedDeviceAlone(t *testing.T) {
+	for _, call := range []string{"usage", "mounts"} {
+		t.Run(call, func(t *testing.T) {
+			ctx := context.Background()
+			s, _ := newFakeSnapshotter(t, Config{})
+			if _, err := s.Prepare(ctx, "extract", ""); err != nil {
+				t.Fatal(err)
+			}
+			r, err := s.get(ctx, "extract")
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			var once sync.Once
+			s.hook = func(step string) error {
+				if step == "commit:deactivated" {
+					once.Do(func() {
+						go func() {
+							var err error
+							if call == "usage" {
+								_, err = s.Usage(ctx, "extract")
+							} else {
+								var ms []mount.Mount
+								if ms, err = s.Mounts(ctx, "extract"); err == nil && len(ms) == 1 && !slices.Contains(ms[0].Options, "ro") {
+									err = fmt.Errorf("writable mount %v", ms)
+								}
+							}
+							done <- err
+						}()
+						time.Sleep(50 * time.Millisecond) // the call reaches the snapshotter in the window
+					})
+				}
+				return nil
+			}
+			if err := s.Commit(ctx, "layer", "extract"); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; !errdefs.IsNotFound(err) {
+				t.Errorf("%s of the key while it was committed: %v; want NotFound (the key is committed under another name)", call, err)
+			}
+			if slices.Contains(mappedDevices(t, s), r.DeviceName) {
+				t.Errorf("committed snapshot's device %s is mapped after Commit and the %s that overlapped it", r.DeviceName, call)
+			}
+		})
 	}
 }

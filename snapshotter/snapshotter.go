@@ -36,6 +36,12 @@ type Snapshotter struct {
 
 	// reclaiming serialises the reclaims of one thin id (see reclaim).
 	reclaiming keyed.Mutex[uint32]
+	// mapping serialises, per thin id, a commit's unmapping and record
+	// change with the calls that map an active or view snapshot's device
+	// (Mounts, Usage): without it one of them could read the record as
+	// active just before the commit and map the committed device again,
+	// writable (see current).
+	mapping keyed.Mutex[uint32]
 
 	closed atomic.Bool
 
@@ -236,7 +242,11 @@ func (s *Snapshotter) Usage(ctx context.Context, key string) (snapshots.Usage, e
 	}
 	size := r.SizeBytes
 	if r.Kind != SnapKindCommitted {
-		size, err = s.mappedBytes(ctx, r)
+		unlock := s.mapping.Lock(r.DeviceID)
+		if r, err = s.current(ctx, r, "usage"); err == nil {
+			size, err = s.mappedBytes(ctx, r)
+		}
+		unlock()
 		if err != nil {
 			return snapshots.Usage{}, fmt.Errorf("usage of snapshot %q: %w", key, err)
 		}
@@ -285,6 +295,10 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, er
 	if r.Kind == SnapKindCommitted {
 		return nil, fmt.Errorf("mounts of snapshot %q: a committed snapshot has no mounts (view it instead): %w", key, errdefs.ErrFailedPrecondition)
 	}
+	defer s.mapping.Lock(r.DeviceID)()
+	if r, err = s.current(ctx, r, "mounts"); err != nil {
+		return nil, err
+	}
 	dev, ok, err := s.reads().thinDevice(ctx, r.DeviceID)
 	if err != nil {
 		return nil, err
@@ -297,6 +311,21 @@ func (s *Snapshotter) Mounts(ctx context.Context, key string) ([]mount.Mount, er
 		return nil, fmt.Errorf("mounts of snapshot %q: activate %s: %w", key, dev.Name, err)
 	}
 	return s.mounts(dev.FSType, path, r.Kind == SnapKindView), nil
+}
+
+// current re-reads r, an active or view snapshot, under its device's
+// mapping lock: a commit that ran between reading r and taking the lock
+// made it a committed snapshot under another name, whose device must stay
+// unmapped and must never be handed out writable.
+func (s *Snapshotter) current(ctx context.Context, r CDSnapshot, what string) (CDSnapshot, error) {
+	cur, ok, err := s.reads().snapshotByID(ctx, r.ID)
+	if err != nil {
+		return r, err
+	}
+	if !ok || cur.Kind == SnapKindCommitted || cur.DeviceID != r.DeviceID {
+		return r, fmt.Errorf("%s of snapshot %q: committed or removed meanwhile: %w", what, r.Key, errdefs.ErrNotFound)
+	}
+	return cur, nil
 }
 
 func (s *Snapshotter) mounts(fsType, path string, readOnly bool) []mount.Mount {
@@ -640,6 +669,7 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 	} else if ok {
 		return fmt.Errorf("commit %q as %q: %w", key, name, errdefs.ErrAlreadyExists)
 	}
+	defer s.mapping.Lock(r.DeviceID)()
 	size, err := s.mappedBytes(ctx, r)
 	if err != nil {
 		return fmt.Errorf("commit %q as %q: usage: %w", key, name, err)
@@ -733,6 +763,7 @@ func (s *Snapshotter) Recommit(ctx context.Context, name, key string) error {
 	} else if present {
 		return fmt.Errorf("recommit %q as %q: %q's thin device %d is still in the pool: %w", key, name, name, old.DeviceID, errdefs.ErrFailedPrecondition)
 	}
+	defer s.mapping.Lock(r.DeviceID)()
 	size, err := s.mappedBytes(ctx, r)
 	if err != nil {
 		return fmt.Errorf("recommit %q as %q: usage: %w", key, name, err)
