@@ -49,17 +49,25 @@ func DefaultConfig() Config {
 // (tarball.Limits.LowerHardlinks), which the extraction finds in the
 // snapshot, and a lower layer's symlink on an entry's way is followed
 // inside the snapshot (tarball.Limits.LowerSymlinks): only an extraction
-// onto the lower layers can check either. The extended attribute limits
-// are tarball's defaults, Linux's own bounds.
+// onto the lower layers can check either. An absolute entry name or hard
+// link target is taken from the snapshot's root
+// (tarball.Limits.RootRelativeNames), as ko writes them. A layer may end
+// without its end-of-archive marker (tarball.Limits.AllowMissingEndMarker),
+// as estargz's zstd:chunked layers do: containerd's content store has
+// checked the blob against its digest, so a blob cut short never reaches
+// the differ. The extended attribute limits are tarball's defaults,
+// Linux's own bounds.
 func (c Config) Limits() tarball.Limits {
 	return tarball.Limits{
-		MaxEntries:       c.MaxEntries,
-		MaxFileSize:      c.MaxFileSize.Bytes(),
-		MaxTotalSize:     c.MaxTotalSize.Bytes(),
-		AllowSetID:       c.AllowSetID,
-		AllowDeviceNodes: c.AllowDeviceNodes,
-		LowerHardlinks:   true,
-		LowerSymlinks:    true,
+		MaxEntries:            c.MaxEntries,
+		MaxFileSize:           c.MaxFileSize.Bytes(),
+		MaxTotalSize:          c.MaxTotalSize.Bytes(),
+		AllowSetID:            c.AllowSetID,
+		AllowDeviceNodes:      c.AllowDeviceNodes,
+		LowerHardlinks:        true,
+		LowerSymlinks:         true,
+		RootRelativeNames:     true,
+		AllowMissingEndMarker: true,
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -488,5 +489,92 @@ func TestApplyKeepsRootMetadata(t *testing.T) {
 	}
 	if got := f.read(t, "etc/new"); got != "" {
 		t.Errorf("etc/new = %q, want the layer's empty file", got)
+	}
+}
+
+// TestApplyKoImage: ko (github.com/ko-build/ko) writes every Go image it
+// builds with absolute entry names: the binary layer /ko-app/<name>, the
+// kodata layer /var, /var/run, /var/run/ko and the files below. Such a
+// layer, with a root entry "/" of another mode and a hard link to an
+// absolute /etc/<file> (and to a lower layer's), is applied as
+// containerd's applier applies it: every name taken from the snapshot's
+// root, the root's mode kept.
+func TestApplyKoImage(t *testing.T) {
+	t.Run("binary layer", func(t *testing.T) {
+		layer := layerOf(t,
+			&tar.Header{Name: "ko-app", Typeflag: tar.TypeDir, Mode: 0o555},
+			&tar.Header{Name: "/ko-app/app", Typeflag: tar.TypeReg, Mode: 0o555},
+		)
+		f := applyBoth(t, layer, noPrepare)
+		if _, err := os.Lstat(filepath.Join(f.lower, "ko-app/app")); err != nil {
+			t.Errorf("ko-app/app: %v", err)
+		}
+	})
+	t.Run("kodata layer", func(t *testing.T) {
+		layer := layerOf(t,
+			&tar.Header{Name: "/var", Typeflag: tar.TypeDir, Mode: 0o555},
+			&tar.Header{Name: "/var/run", Typeflag: tar.TypeDir, Mode: 0o555},
+			&tar.Header{Name: "/var/run/ko", Typeflag: tar.TypeDir, Mode: 0o555},
+			&tar.Header{Name: "/var/run/ko/index.html", Typeflag: tar.TypeReg, Mode: 0o555},
+		)
+		applyBoth(t, layer, noPrepare)
+	})
+	t.Run("root entry and hard links", func(t *testing.T) {
+		layer := layerOf(t,
+			&tar.Header{Name: "/", Typeflag: tar.TypeDir, Mode: 0o700, Uid: 1000, Gid: 1000},
+			&tar.Header{Name: "/etc/a", Typeflag: tar.TypeReg, Mode: 0o644},
+			&tar.Header{Name: "/etc/b", Typeflag: tar.TypeLink, Linkname: "/etc/a", Mode: 0o644},
+			&tar.Header{Name: "/etc/keep.bak", Typeflag: tar.TypeLink, Linkname: "/etc/keep", Mode: 0o644},
+		)
+		f := applyBoth(t, layer, noPrepare)
+		a, errA := os.Lstat(filepath.Join(f.lower, "etc/a"))
+		b, errB := os.Lstat(filepath.Join(f.lower, "etc/b"))
+		if errA != nil || errB != nil || !os.SameFile(a, b) {
+			t.Errorf("etc/b: %v %v, want a second name of etc/a", errA, errB)
+		}
+	})
+}
+
+// estargzZstdChunked is a zstd:chunked layer made by
+// github.com/containerd/stargz-snapshotter/estargz v0.16.3 (estargz.Build
+// with the zstdchunked Compressor, what `nerdctl image convert
+// --zstdchunked` and `ctr-remote image optimize --zstdchunked` run) from a
+// tar of etc/ and etc/hello. Its Writer copies the entries with
+// tar.Writer.Flush and puts the TOC in a zstd skippable frame, so the
+// decompressed tar stream has no end-of-archive marker; the layer's diff
+// ID (blob.DiffID()) is that stream's SHA-256.
+const estargzZstdChunked = "" +
+	"KLUv/QRojAIA5AIubm8ucHJlZmV0Y2gubGFuZG1hcmsAMDAwMDEAADAxMzE2MgAgMHVzdGFyADAwDQATmhTADGCDAEBgqxqAhaEO" +
+	"mjAIiRIADLoCAoddC+qaAQAAYVYedSi1L/0EaBQDAIKDCxKwNQGJ1eNkmfq0tONIymUT8A+T1leZMedfSAmDghK/A5BEYaSfu9/s" +
+	"/gtK7AgSAGBAZSCzARKupgwagHwNnRRADWBDIHIQAIyhDbwx014yuMkBgGPlMk1ATGQf1WEBAQAAzZQJ8ii1L/1EAAABdQAAMGhl" +
+	"bGxvAAFUBgIs9wRFvpWMUCpNGB4BAAAotS/9RACIAX0IAEKRNCBQZ+wQULiHi0etRgtK6TAQVSPckAV2SZICkG5mxoYAA4s0oGmh" +
+	"mhq/ho81I4y1xZJ33BKfG90vsnC/+Ru66AzZe4R/MV9wOoey8Yy8y4udczj8wrpJB/EwEiBGfyxUU4ChIVjig/HNxV7Cls64W7ND" +
+	"KRMIfZ91dNy98MmWcOv4K5/5+nMIi/0rSgVx7AukoC8wMmlDUdFDczp7wECFfxIG0aEMjyNk4wfCEqOf/yQITkNQhqIe4Y1S1aRQ" +
+	"TQKGoqBnnqh5pelYQ1GNw0DPFyhNihYABoMEANzmamtntb2nQAwGNtrZFtFpINgAbIA7CLYjFTtrBwMVogc3YD2aeA41AoRRM8dR" +
+	"bYwjKDO9G713UCpNGCgAAAD4AAAAAAAAAB4BAAAAAAAAiAIAAAAAAAABAAAAAAAAAEduVWxJblV4"
+
+// TestApplyZstdChunked: a zstd:chunked layer made by estargz has no
+// end-of-archive marker; containerd's applier applies it (archive/tar
+// stops at a clean end), and so does Apply, returning the same diff ID
+// and leaving the same etc/hello.
+func TestApplyZstdChunked(t *testing.T) {
+	blob, err := base64.StdEncoding.DecodeString(estargzZstdChunked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctrd, f := newFixture(t), newFixture(t)
+	want, err := ctrd.applyContainerd(ctrd.blob(t, ocispec.MediaTypeImageLayerZstd, blob))
+	if err != nil {
+		t.Fatalf("containerd's applier: %v", err)
+	}
+	got, err := f.apply(f.blob(t, ocispec.MediaTypeImageLayerZstd, blob))
+	if err != nil {
+		t.Fatalf("Apply of a layer containerd's applier takes: %v", err)
+	}
+	if got.Digest != want.Digest {
+		t.Errorf("diff ID %s, containerd's applier %s", got.Digest, want.Digest)
+	}
+	if g, w := f.read(t, "etc/hello"), ctrd.read(t, "etc/hello"); g != w || g != "hello" {
+		t.Errorf("etc/hello = %q, containerd's applier %q, want \"hello\"", g, w)
 	}
 }

@@ -25,11 +25,12 @@ type cursor struct {
 	// follow resolves a symlink met on the way (a lower layer's) inside
 	// the root instead of refusing it: Limits.LowerSymlinks.
 	follow bool
-	// made reports whether a name is a symlink this archive made. The
+	// made reports whether the symlink at a root-relative path (where it
+	// really is, lower symlinks resolved) is one this archive made. The
 	// checker refuses a way through one by the name the archive gives;
-	// reached through a lower layer's symlink it has another name, so a
-	// symlink is looked up here by where it really is before it is
-	// followed, and refused if the archive made it.
+	// the archive may make it, or reach it, through a lower layer's
+	// symlink under another name, so the cursor asks by where it is
+	// before following it, and refuses it if the archive made it.
 	made func(name string) bool
 }
 
@@ -126,7 +127,13 @@ func (c *cursor) walk(raw, dir string, create bool, hops int) (*level, error) {
 			if !create {
 				return nil, nil
 			}
+			// The mode is set after Mkdir, as containerd's applier sets
+			// it: a directory the archive implies is 0755 whatever the
+			// daemon's umask, and not setgid below a setgid directory.
 			if err := t.r.Mkdir(comp, 0o755); err != nil {
+				return nil, err
+			}
+			if err := t.r.Chmod(comp, 0o755); err != nil {
 				return nil, err
 			}
 		case err != nil:

@@ -9,7 +9,8 @@
 // is the SHA-256 of its tar stream (Report.DiffID), whatever its storage.
 //
 //   - no absolute entry names (ErrAbsoluteName), no ".." climbing above the
-//     root (ErrTraversal); names are used cleaned ("a/./b/" is "a/b");
+//     root (ErrTraversal); names are used cleaned ("a/./b/" is "a/b"); with
+//     Limits.RootRelativeNames an absolute name is taken from the root;
 //   - symlinks: absolute targets are allowed and kept as written (they
 //     resolve inside the container, like Debian's /etc/alternatives); a
 //     relative target must not climb above the root (ErrSymlinkEscape), or
@@ -50,7 +51,8 @@
 //     (ErrWhiteoutEscape); other ".wh..wh." names (aufs metadata) are
 //     ignored, whatever their type;
 //   - the stream must be a complete tar archive, end-of-archive marker
-//     included, and compressed data must decode to its end (a
+//     included (Limits.AllowMissingEndMarker lets it end after any
+//     entry without one), and compressed data must decode to its end (a
 //     *FormatError, matching ErrMalformed, otherwise); after the marker
 //     only zeros, at most MaxPadding of them (ErrTrailingData).
 //

@@ -167,6 +167,7 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 		opts:    opts,
 		buf:     make([]byte, readBufferSize),
 		cleared: make(map[uint64]struct{}),
+		links:   make(map[uint64]struct{}),
 	}
 	// With DetectRootfs the checker starts without stripping and is told
 	// the decision once made: the entries admitted before it (the archive
@@ -174,7 +175,7 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 	// either way (checker.admit).
 	x.chk = newChecker(opts.Limits, opts.StripRootfs && !opts.DetectRootfs)
 	x.st.StrippedRootfs = x.chk.strip
-	x.cur = newCursor(root, opts.Limits.LowerSymlinks, x.chk.madeSymlink)
+	x.cur = newCursor(root, opts.Limits.LowerSymlinks, x.madeSymlink)
 	defer x.cur.close()
 	hash := hashNone
 	if opts.HashStream {
@@ -200,7 +201,7 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 		}
 		x.st.Entries++
 		if deciding {
-			if hdr.Typeflag == tar.TypeXGlobalHeader || isRootEntry(hdr) {
+			if hdr.Typeflag == tar.TypeXGlobalHeader || isRootEntry(hdr, opts.Limits) {
 				e, err := x.chk.admit(hdr)
 				if err != nil {
 					return x.st, err
@@ -242,8 +243,8 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 
 // isRootEntry reports whether hdr is a bodiless entry for the archive
 // root, which DetectRootfs holds until it decides.
-func isRootEntry(hdr *tar.Header) bool {
-	name, err := cleanName(hdr.Name)
+func isRootEntry(hdr *tar.Header, l Limits) bool {
+	name, err := cleanName(hdr.Name, l.RootRelativeNames)
 	return err == nil && name == "." && hdr.Size == 0
 }
 
@@ -276,7 +277,7 @@ func rootEntry(e entry) entry {
 func (x *extractor) decideRootfs(s *stream, first *tar.Header, held []entry) error {
 	strip := false
 	if first != nil {
-		if name, err := cleanName(first.Name); err == nil {
+		if name, err := cleanName(first.Name, x.chk.limits.RootRelativeNames); err == nil {
 			_, strip = underRootfs(name)
 		}
 	}
@@ -320,6 +321,24 @@ type extractor struct {
 
 	dirTimes []dirTime           // applied at the end: writing children changes them
 	cleared  map[uint64]struct{} // directories an opaque whiteout already emptied
+	// links are where this archive made symlinks (and hard links to
+	// symlinks), by the key (checker.key) of their real root-relative
+	// path: lower symlinks on the way to them resolved.
+	links map[uint64]struct{}
+}
+
+// madeSymlink reports whether the symlink at name, a real root-relative
+// path, is one this archive made. Only a symlink in place asks: one the
+// archive made and then replaced or removed is not met again, and a
+// lower layer's symlink cannot come back at a name the archive wrote.
+func (x *extractor) madeSymlink(name string) bool {
+	_, ok := x.links[x.chk.key(name)]
+	return ok
+}
+
+// madeLink records that this archive made a symlink at base in l.
+func (x *extractor) madeLink(l *level, base string) {
+	x.links[x.chk.key(path.Join(l.name, base))] = struct{}{}
 }
 
 type dirTime struct {
@@ -730,6 +749,7 @@ func (x *extractor) symlink(raw string, e entry) error {
 	if err != nil {
 		return err
 	}
+	x.madeLink(l, base)
 	if err := x.chown(l, base, e.hdr); err != nil {
 		return err
 	}
@@ -743,10 +763,11 @@ func (x *extractor) hardlink(raw string, e entry) error {
 	if err != nil {
 		return err
 	}
-	ok := l != nil
+	ok, symlink := l != nil, false
 	if ok {
 		fi, err := l.r.Lstat(path.Base(e.link))
 		ok = err == nil && !fi.IsDir()
+		symlink = ok && fi.Mode()&fs.ModeSymlink != 0
 	}
 	if !ok {
 		return reject(raw, ErrHardlinkTarget, "-> %s is not in the tree", quote(e.link))
@@ -768,6 +789,12 @@ func (x *extractor) hardlink(raw string, e entry) error {
 	}
 	if err := unix.Linkat(int(src.Fd()), path.Base(e.link), fd, base, 0); err != nil {
 		return &os.LinkError{Op: "linkat", Old: e.link, New: e.name, Err: err}
+	}
+	if symlink {
+		// A second name of a symlink is one more symlink the archive
+		// made; the checker knows it as a hard link, which no entry may
+		// be below, by its name in the archive only.
+		x.madeLink(dst, base)
 	}
 	return nil
 }

@@ -147,6 +147,12 @@ func hostileCorpus() []hostile {
 			b := build(t, file("first", "1"), file("second", "2"))
 			return b[:2048] // both entries, no end-of-archive marker
 		}, rule: ErrMalformed, entry: "second"},
+		{name: "truncated-after-pax-header", raw: func(t testing.TB) []byte {
+			// The second entry's name needs PAX records: the stream ends
+			// after them, where its own header should be.
+			b := build(t, file("first", "1"), file(strings.Repeat("d", 200)+"/"+strings.Repeat("e", 120), "2"))
+			return b[:2048] // first's header and block, the PAX header and its records
+		}, rule: ErrMalformed, entry: "first"},
 		{name: "truncated-in-header", raw: func(t testing.TB) []byte {
 			return build(t, file("first", "1"), file("second", "2"))[:1024+300]
 		}, rule: ErrMalformed, entry: "first", absent: "second"},

@@ -102,10 +102,28 @@ type Limits struct {
 	// (an absolute one from the root, ".." stopping at the root), so
 	// nothing is written outside it; more than 40 symlinks on one way are
 	// refused. A way through a symlink this archive made is still refused,
-	// also where a lower layer's symlink leads to it, and an entry's own
+	// also where a lower layer's symlink leads to it or the archive made
+	// it through one (or made a hard link to it), and an entry's own
 	// name is never followed: a symlink there is replaced. Validate, which
 	// has no tree, is not concerned.
 	LowerSymlinks bool
+	// RootRelativeNames takes an absolute entry name or hard link target
+	// from the root, as containerd's applier does, instead of refusing it
+	// (ErrAbsoluteName, ErrHardlinkEscape): the name is cleaned as an
+	// absolute path, so ".." stops at the root, and its leading "/" is
+	// dropped; "/" is the root, ".". ko writes every image's binary as
+	// /ko-app/<name>. Symlink targets are not concerned: an absolute one
+	// is always kept as written.
+	RootRelativeNames bool
+	// AllowMissingEndMarker accepts a tar stream that ends at an entry's
+	// end without the end-of-archive marker, as archive/tar (and so
+	// containerd's applier) does: estargz's zstd:chunked layers are made
+	// so. A stream cut inside an entry (its header, content or padding)
+	// is still malformed. Without the marker a stream cut between two
+	// entries cannot be told from a whole one: this is only for streams
+	// whose bytes are known whole otherwise, such as a blob checked
+	// against its digest.
+	AllowMissingEndMarker bool
 }
 
 func (l Limits) withDefaults() Limits {
@@ -241,18 +259,27 @@ func (c *checker) step(parent uint64, comp string) uint64 {
 }
 
 // cleanName turns an archive name into a root-relative clean slash path
-// ("." is the root), or names the rule it breaks.
-func cleanName(raw string) (string, error) {
+// ("." is the root), or names the rule it breaks. With rootRelative an
+// absolute name is taken from the root (Limits.RootRelativeNames).
+func cleanName(raw string, rootRelative bool) (string, error) {
 	if len(raw) <= maxNameLen && isClean(raw) {
 		return raw, nil
 	}
 	if raw == "" {
 		return "", ErrInvalidName
 	}
-	if strings.HasPrefix(raw, "/") {
+	var c string
+	switch {
+	case strings.HasPrefix(raw, "/") && !rootRelative:
 		return "", ErrAbsoluteName
+	case strings.HasPrefix(raw, "/"):
+		// Cleaned as an absolute path, ".." cannot climb above the root.
+		if c = path.Clean(raw)[1:]; c == "" {
+			c = "."
+		}
+	default:
+		c = path.Clean(raw)
 	}
-	c := path.Clean(raw)
 	if c == ".." || strings.HasPrefix(c, "../") {
 		return "", ErrTraversal
 	}
@@ -319,7 +346,7 @@ func (c *checker) admit(hdr *tar.Header) (entry, error) {
 	if hdr.Typeflag == tar.TypeXGlobalHeader {
 		return entry{op: opSkip, hdr: hdr}, c.paxRecords(raw, hdr)
 	}
-	name, err := cleanName(raw)
+	name, err := cleanName(raw, c.limits.RootRelativeNames)
 	if err != nil {
 		return entry{}, reject(raw, err, "")
 	}
@@ -633,7 +660,7 @@ func (c *checker) set(name string, key uint64, n node) {
 // name this archive has not written, left to Extract to find in the
 // tree), not under the link itself.
 func (c *checker) linkTarget(raw, name, linkname string) (string, error) {
-	t, err := cleanName(linkname)
+	t, err := cleanName(linkname, c.limits.RootRelativeNames)
 	if err != nil {
 		if err == ErrNameTooLong || err == ErrInvalidName {
 			return "", reject(raw, err, "hard link target %s", quote(linkname))
@@ -664,13 +691,6 @@ func (c *checker) linkTarget(raw, name, linkname string) (string, error) {
 		return "", reject(raw, ErrHardlinkTarget, "-> %s no longer exists", quote(t))
 	}
 	return t, nil
-}
-
-// madeSymlink reports whether name (root-relative, as entries are
-// extracted) is a symlink this archive made and did not replace since.
-func (c *checker) madeSymlink(name string) bool {
-	n, ok := c.nodes[c.key(name)]
-	return ok && n.kind == kSymlink
 }
 
 // written reports whether this archive wrote name (explicitly, or as an

@@ -636,3 +636,31 @@ func TestDeepPath(t *testing.T) {
 	_, err = Validate(context.Background(), bytes.NewReader(b), Limits{})
 	checkRejection(t, "Validate", err, hostile{rule: ErrNameTooLong})
 }
+
+// TestImplicitDirsMode: the parent directories an archive implies but
+// does not list (ko's kodata, Bazel and Nix layers omit them) are 0755,
+// as containerd's applier makes them, whatever the daemon's umask (a
+// hardened unit's UMask=0077 would make them 0700, root's, out of reach
+// of a container's non-root user), and not setgid below a setgid
+// directory the archive lists.
+func TestImplicitDirsMode(t *testing.T) {
+	old := syscall.Umask(0o077)
+	defer syscall.Umask(old)
+	s := newSandbox(t)
+	b := build(t, file("var/run/ko/static/app.css", "body{}"), dir("srv/").mode(0o2775), file("srv/data/x", "x"))
+	if _, err := ExtractDir(context.Background(), bytes.NewReader(b), s.target, ExtractOptions{Limits: Limits{AllowSetID: true}}); err != nil {
+		t.Fatalf("Extract: %v", err)
+	}
+	for _, d := range []string{"var", "var/run", "var/run/ko", "var/run/ko/static", "srv/data"} {
+		fi, err := os.Lstat(filepath.Join(s.target, d))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := fi.Mode() & (fs.ModeType | fs.ModePerm | fs.ModeSetgid | fs.ModeSetuid | fs.ModeSticky); m != fs.ModeDir|0o755 {
+			t.Errorf("%s: mode %v, want drwxr-xr-x", d, fi.Mode())
+		}
+	}
+	if fi, err := os.Lstat(filepath.Join(s.target, "srv")); err != nil || fi.Mode()&(fs.ModePerm|fs.ModeSetgid) != fs.ModeSetgid|0o775 {
+		t.Errorf("srv, listed with mode 2775: %v (%v)", fi.Mode(), err)
+	}
+}

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
 )
 
 // TestDeviceNodesAdmitted: with Limits.AllowDeviceNodes, character and
@@ -254,7 +256,10 @@ func TestLowerSymlinks(t *testing.T) {
 // reached as lib/evil): an entry written that way is refused
 // (ErrThroughSymlink) and etc/passwd is left alone, and the time of a
 // directory the archive made at lib/evil, replaced since by that symlink,
-// is not set on etc.
+// is not set on etc. The same holds for a symlink the archive made
+// through a lower layer's symlink (lower l -> x; the archive's l/y ->
+// /etc is x/y) and reached by its real name (x/y/passwd), and for a hard
+// link the archive made to its own symlink that way.
 func TestLowerSymlinksRefuseArchiveSymlinks(t *testing.T) {
 	lowerEtc := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
 	lowerTree := func(t *testing.T) sandbox {
@@ -264,7 +269,12 @@ func TestLowerSymlinksRefuseArchiveSymlinks(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if err := os.Symlink("usr/lib", filepath.Join(s.target, "lib")); err != nil {
+		for name, target := range map[string]string{"lib": "usr/lib", "l": "x"} {
+			if err := os.Symlink(target, filepath.Join(s.target, name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Mkdir(filepath.Join(s.target, "x"), 0o755); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.WriteFile(filepath.Join(s.target, "etc/passwd"), []byte("root:x:0:0\n"), 0o644); err != nil {
@@ -290,17 +300,43 @@ func TestLowerSymlinksRefuseArchiveSymlinks(t *testing.T) {
 			t.Errorf("message %q does not name the archive's symlink", err)
 		}
 	})
-	t.Run("directory times", func(t *testing.T) {
-		s := lowerTree(t)
-		b := build(t, dir("lib/evil/"), symlink("usr/lib/evil", "/etc"))
-		if _, err := ExtractDir(context.Background(), bytes.NewReader(b), s.target, opts); err != nil {
-			t.Fatalf("Extract: %v", err)
-		}
-		if fi, err := os.Stat(filepath.Join(s.target, "etc")); err != nil || !fi.ModTime().Equal(lowerEtc) {
-			t.Errorf("etc: mtime %v (%v), want the lower layer's %v: the time of lib/evil was set through the archive's symlink", fi.ModTime(), err, lowerEtc)
-		}
-		s.intact(t)
-	})
+	for name, c := range map[string]struct {
+		ents  []ent
+		entry string
+		made  string // named in the message
+	}{
+		"entry, symlink made through a lower symlink": {[]ent{symlink("l/y", "/etc"), file("x/y/passwd", "owned\n")}, "x/y/passwd", "x/y"},
+		"entry, hard link to the archive's symlink made through a lower symlink": {
+			[]ent{symlink("s", "/etc"), hardlink("l/h", "s"), file("x/h/passwd", "owned\n")}, "x/h/passwd", "x/h"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := lowerTree(t)
+			_, err := ExtractDir(context.Background(), bytes.NewReader(build(t, c.ents...)), s.target, opts)
+			if got, err := os.ReadFile(filepath.Join(s.target, "etc/passwd")); err != nil || string(got) != "root:x:0:0\n" {
+				t.Errorf("etc/passwd = %q (%v), want the lower layer's", got, err)
+			}
+			s.intact(t)
+			checkRejection(t, "Extract", err, hostile{rule: ErrThroughSymlink, entry: c.entry})
+			if !strings.Contains(err.Error(), `"`+c.made+`" is a symlink this archive made`) {
+				t.Errorf("message %q does not name the archive's symlink %s", err, c.made)
+			}
+		})
+	}
+	for name, ents := range map[string][]ent{
+		"directory times": {dir("lib/evil/"), symlink("usr/lib/evil", "/etc")},
+		"directory times, symlink made through a lower symlink": {dir("x/y/"), symlink("l/y", "/etc")},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := lowerTree(t)
+			if _, err := ExtractDir(context.Background(), bytes.NewReader(build(t, ents...)), s.target, opts); err != nil {
+				t.Fatalf("Extract: %v", err)
+			}
+			if fi, err := os.Stat(filepath.Join(s.target, "etc")); err != nil || !fi.ModTime().Equal(lowerEtc) {
+				t.Errorf("etc: mtime %v (%v), want the lower layer's %v: a directory's time was set through the archive's symlink", fi.ModTime(), err, lowerEtc)
+			}
+			s.intact(t)
+		})
+	}
 }
 
 // TestWhiteoutsOfAnyType: a whiteout is told by its name alone, as
@@ -459,6 +495,114 @@ func TestKeepRootMetadata(t *testing.T) {
 			_, err := ExtractDir(context.Background(), bytes.NewReader(h.archive(t, s)), s.target, ExtractOptions{KeepRootMetadata: true})
 			checkRejection(t, "Extract", err, h)
 			s.intact(t)
+		})
+	}
+}
+
+// TestRootRelativeNames: with Limits.RootRelativeNames an absolute entry
+// name or hard link target is taken from the root, as containerd's
+// applier takes it: ko writes /ko-app/<name> and /var/run/ko/..., and some
+// builders list the root as "/" and link to /etc/<file>. ".." in such a
+// name stops at the root, and "/" is the root, whose metadata
+// KeepRootMetadata keeps. Without the limit (the S3 layers' rules) the
+// same archive is refused (ErrAbsoluteName), and so is an absolute hard
+// link target (ErrHardlinkEscape).
+func TestRootRelativeNames(t *testing.T) {
+	b := build(t,
+		dir("/").mode(0o700).owner(1000, 1000),
+		dir("ko-app/").mode(0o555),
+		file("/ko-app/app", "binary").mode(0o555),
+		dir("/var").mode(0o555), dir("/var/run").mode(0o555), dir("//var/run/ko/"),
+		file("/var/run/ko/index.html", "<html>"),
+		file("/etc/a", "a"), hardlink("/etc/b", "/etc/a"), hardlink("etc/c", "/../etc/a"),
+		file("/../../up", "clamped"),
+	)
+	limits := Limits{RootRelativeNames: true}
+	rep, err := Validate(context.Background(), bytes.NewReader(b), limits)
+	if err != nil || rep.Files != 4 || rep.Hardlinks != 2 {
+		t.Fatalf("Validate: %+v, %v; want 4 files and 2 hard links admitted", rep, err)
+	}
+	s := newSandbox(t)
+	if _, err := ExtractDir(context.Background(), bytes.NewReader(b), s.target, ExtractOptions{Limits: limits, KeepRootMetadata: true}); err != nil {
+		t.Fatalf("Extract: %v", err)
+	}
+	s.intact(t)
+	for name, want := range map[string]string{"ko-app/app": "binary", "var/run/ko/index.html": "<html>", "etc/b": "a", "etc/c": "a", "up": "clamped"} {
+		if got, err := os.ReadFile(filepath.Join(s.target, name)); err != nil || string(got) != want {
+			t.Errorf("%s = %q (%v), want %q", name, got, err, want)
+		}
+	}
+	a, errA := os.Lstat(filepath.Join(s.target, "etc/a"))
+	l, errL := os.Lstat(filepath.Join(s.target, "etc/b"))
+	if errA != nil || errL != nil || !os.SameFile(a, l) {
+		t.Errorf("etc/b: %v %v, want a second name of etc/a", errA, errL)
+	}
+	if fi, err := os.Stat(s.target); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Errorf("the root after an entry \"/\" of mode 0700: %v (%v), want 0755 kept", fi.Mode(), err)
+	}
+
+	for _, c := range []struct {
+		ents  []ent
+		rule  error
+		entry string
+	}{
+		{[]ent{dir("ko-app/"), file("/ko-app/app", "binary")}, ErrAbsoluteName, "/ko-app/app"},
+		{[]ent{dir("/")}, ErrAbsoluteName, "/"},
+		{[]ent{file("etc/a", "a"), hardlink("etc/b", "/etc/a")}, ErrHardlinkEscape, "etc/b"},
+	} {
+		b := build(t, c.ents...)
+		_, err := Validate(context.Background(), bytes.NewReader(b), Limits{})
+		checkRejection(t, "Validate without RootRelativeNames", err, hostile{rule: c.rule, entry: c.entry})
+		_, err = ExtractDir(context.Background(), bytes.NewReader(b), newSandbox(t).target, ExtractOptions{})
+		checkRejection(t, "Extract without RootRelativeNames", err, hostile{rule: c.rule, entry: c.entry})
+	}
+}
+
+// TestAllowMissingEndMarker: with Limits.AllowMissingEndMarker an archive
+// ending after an entry without its end-of-archive marker (as estargz
+// writes zstd:chunked layers) is accepted, plain or compressed, with the
+// diff ID of the bytes it has; one cut inside an entry's header, content
+// or padding is still malformed. Without the limit (the S3 layers' rules)
+// the marker is required.
+func TestAllowMissingEndMarker(t *testing.T) {
+	whole := build(t, file("etc/a", "a"), file("etc/hello", strings.Repeat("h", 600)))
+	// etc/a: header and one padded block; etc/hello: header and two.
+	noMarker := whole[:5*512]
+	limits := Limits{AllowMissingEndMarker: true}
+	for name, blob := range map[string][]byte{"plain": noMarker, "gzip": s3test.Gzip(t, noMarker), "zstd": s3test.Zstd(t, noMarker)} {
+		t.Run(name, func(t *testing.T) {
+			rep, err := Validate(context.Background(), bytes.NewReader(blob), limits)
+			if err != nil || rep.Files != 2 || rep.DiffID != sha(noMarker) {
+				t.Errorf("Validate: %+v, %v; want 2 files and diff ID %s", rep, err, sha(noMarker))
+			}
+			s := newSandbox(t)
+			st, err := ExtractDir(context.Background(), bytes.NewReader(blob), s.target, ExtractOptions{Limits: limits, HashStream: true, NoChown: true})
+			if err != nil {
+				t.Fatalf("Extract: %v", err)
+			}
+			if name != "plain" && st.DiffID != sha(noMarker) {
+				t.Errorf("Extract: diff ID %s, want %s", st.DiffID, sha(noMarker))
+			}
+			if got, err := os.ReadFile(filepath.Join(s.target, "etc/hello")); err != nil || len(got) != 600 {
+				t.Errorf("etc/hello: %d bytes (%v), want 600", len(got), err)
+			}
+			_, err = Validate(context.Background(), bytes.NewReader(blob), Limits{})
+			checkRejection(t, "Validate without AllowMissingEndMarker", err, hostile{rule: ErrMalformed, entry: "etc/hello"})
+		})
+	}
+	for name, c := range map[string]struct {
+		n     int
+		entry string
+	}{
+		"in a header":  {2*512 + 300, "etc/a"},
+		"in a content": {3*512 + 100, "etc/hello"},
+		"in a padding": {4*512 + 100, "etc/hello"},
+	} {
+		t.Run("cut "+name, func(t *testing.T) {
+			_, err := Validate(context.Background(), bytes.NewReader(whole[:c.n]), limits)
+			checkRejection(t, "Validate", err, hostile{rule: ErrMalformed, entry: c.entry})
+			_, err = ExtractDir(context.Background(), bytes.NewReader(whole[:c.n]), newSandbox(t).target, ExtractOptions{Limits: limits, NoChown: true})
+			checkRejection(t, "Extract", err, hostile{rule: ErrMalformed, entry: c.entry})
 		})
 	}
 }

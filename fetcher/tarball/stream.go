@@ -18,6 +18,14 @@ import (
 
 const readBufferSize = 1 << 20
 
+// blockSize is a tar block's: headers, contents with their padding and
+// the end-of-archive marker fill whole blocks. The marker is two blocks of
+// zeros.
+const (
+	blockSize  = 512
+	markerSize = 2 * blockSize
+)
+
 // Compression names how a layer's bytes are stored: a plain tar, or a tar
 // compressed with gzip or zstd. It is recognised by the stream's first
 // bytes (magic numbers), never by a file or key name.
@@ -82,6 +90,11 @@ type counter struct {
 	n    int64
 	max  int64
 	sink io.Writer // nil: nothing sees the bytes
+	// zeros is how many of the last bytes read are zeros, counted up to
+	// the end-of-archive marker's length: stream.next tells the marker
+	// from a stream cut after a header archive/tar reads ahead of an
+	// entry's own (PAX records, a GNU long name) by it.
+	zeros int
 }
 
 // errStreamTooLong is counter's refusal; stream.wrap turns it into a
@@ -100,7 +113,22 @@ func (c *counter) Read(p []byte) (int, error) {
 		c.sink.Write(p[:n])
 	}
 	c.n += int64(n)
+	c.zeroTail(p[:n])
 	return n, err
+}
+
+// zeroTail updates c.zeros with p, the bytes just read; it looks at no
+// more than the marker's length of them.
+func (c *counter) zeroTail(p []byte) {
+	i := len(p)
+	for i > 0 && len(p)-i < markerSize && p[i-1] == 0 {
+		i--
+	}
+	if i == 0 {
+		c.zeros = min(c.zeros+len(p), markerSize)
+	} else {
+		c.zeros = len(p) - i
+	}
 }
 
 // source remembers the error of the underlying reader, so that an error of
@@ -163,7 +191,8 @@ func (d *decoded) Read(p []byte) (int, error) {
 // stream reads a tar archive header by header, turning structural problems
 // into *FormatError (with the offset and the entry) and insisting on the
 // end-of-archive marker, so a stream cut at an entry boundary is reported as
-// truncated rather than accepted as a shorter archive. A gzip or zstd
+// truncated rather than accepted as a shorter archive (unless noMarker); a
+// stream cut inside an entry always is. A gzip or zstd
 // stream is decompressed on the way; offsets are in the tar stream.
 type stream struct {
 	ctx   context.Context
@@ -178,6 +207,9 @@ type stream struct {
 	cur   string     // entry being read ("" before the first header)
 	mark  int64      // offset when Next was last called
 	err   error      // opening the decompressor failed
+	// noMarker accepts an archive ending at an entry's end without the
+	// end-of-archive marker (Limits.AllowMissingEndMarker).
+	noMarker bool
 }
 
 // hashing says which tar streams newStream hashes (diffID).
@@ -200,7 +232,7 @@ const (
 func newStream(ctx context.Context, r io.Reader, limits Limits, hash hashing, tee io.Writer) *stream {
 	src := &source{r: r}
 	br := bufio.NewReaderSize(src, readBufferSize)
-	s := &stream{ctx: ctx, raw: br}
+	s := &stream{ctx: ctx, raw: br, noMarker: limits.AllowMissingEndMarker}
 	magic, _ := br.Peek(6)
 	var tarBytes io.Reader = br
 	switch {
@@ -386,7 +418,16 @@ func (s *stream) next() (*tar.Header, error) {
 	case err == io.EOF:
 		// Next consumed the previous entry's padding (< 512 bytes) and then
 		// the two zero blocks of the end marker, if they were there.
-		if s.cnt.n-s.mark < 1024 {
+		switch {
+		case s.cnt.n%blockSize != 0:
+			// A stream cut inside the previous entry's padding, which
+			// archive/tar reads as the end too: every entry, padding
+			// included, fills whole blocks.
+			return nil, s.formatErr(errors.New("archive ends inside an entry's padding (truncated?)"))
+		case (s.cnt.n-s.mark < markerSize || s.cnt.zeros < markerSize) && !s.noMarker:
+			// Next reads a PAX or long-name header and its records, and
+			// then finds the stream's end where the entry's own header
+			// should be, as io.EOF too: what it read was no marker.
 			return nil, s.formatErr(errors.New("archive ends without its end-of-archive marker (truncated?)"))
 		}
 		return nil, io.EOF
