@@ -63,11 +63,13 @@ var (
 		"Apparent size of the loop-file pool's data and metadata files; above the free bytes plus what they hold, the pool can fail for lack of host space.", []string{"pool"}, nil)
 	loopAllocatedDesc = prometheus.NewDesc(Namespace+"_pool_loop_files_allocated_bytes",
 		"Bytes the loop-file pool's files hold on their filesystem.", []string{"pool"}, nil)
+	growthReserveDesc = prometheus.NewDesc(Namespace+"_pool_growth_reserve_bytes",
+		"Free bytes growth leaves on the filesystem holding the loop-file pool's files (pool.growth_reserve).", []string{"pool"}, nil)
 )
 
 // AddPoolBacking exports, for a loop-file pool, the free bytes of the
-// filesystem holding its files and their virtual and allocated sizes, read
-// on each scrape. A pool on block devices exports nothing.
+// filesystem holding its files, their virtual and allocated sizes and the
+// growth reserve, read on each scrape. A pool on block devices exports nothing.
 func (m *Metrics) AddPoolBacking(p PoolBacking) {
 	m.register(&backingCollector{pool: p})
 }
@@ -78,6 +80,7 @@ func (c *backingCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- backingFreeDesc
 	ch <- loopVirtualDesc
 	ch <- loopAllocatedDesc
+	ch <- growthReserveDesc
 }
 
 func (c *backingCollector) Collect(ch chan<- prometheus.Metric) {
@@ -95,4 +98,5 @@ func (c *backingCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(backingFreeDesc, prometheus.GaugeValue, float64(b.FSFree), name)
 	ch <- prometheus.MustNewConstMetric(loopVirtualDesc, prometheus.GaugeValue, float64(b.Virtual), name)
 	ch <- prometheus.MustNewConstMetric(loopAllocatedDesc, prometheus.GaugeValue, float64(b.Allocated), name)
+	ch <- prometheus.MustNewConstMetric(growthReserveDesc, prometheus.GaugeValue, float64(b.GrowthReserve), name)
 }

@@ -32,6 +32,9 @@ type Backing struct {
 	Virtual uint64
 	// Allocated is what the loop files already hold on the filesystem.
 	Allocated uint64
+	// GrowthReserve is Config.GrowthReserve in bytes: the free space Grow
+	// leaves on the filesystem.
+	GrowthReserve uint64
 }
 
 // Unbacked is the part of the loop files the filesystem has not yet
@@ -55,7 +58,7 @@ func (p *Pool) Backing(ctx context.Context) (Backing, error) {
 	if p.cfg.DataDevice != "" {
 		return Backing{}, nil
 	}
-	b := Backing{Loop: true, Dir: p.cfg.RootDir}
+	b := Backing{Loop: true, Dir: p.cfg.RootDir, GrowthReserve: uint64(max(p.cfg.GrowthReserve.Bytes(), 0))}
 	var fs unix.Statfs_t
 	if err := unix.Statfs(p.cfg.RootDir, &fs); err != nil {
 		return Backing{}, p.errf(nil, err, "statfs %s", p.cfg.RootDir)
