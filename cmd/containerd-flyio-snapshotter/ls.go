@@ -24,8 +24,9 @@ import (
 const lsDescription = `
 List what the metadata database records. The database is opened read-only:
 listing never writes and works while the daemon writes. Derived fields are
-computed at read time: an image's overall state (pending, unpacked,
-active, failed), a device's reference count, a lock's age.
+computed at read time: an image's overall state (unpacked, active,
+failed; a pull under way is listed by ls runs until it records its
+image), a device's reference count, a lock's age.
 
 The words: an image is what pull made from an S3 key or prefix (listed by
 its source); its layers are unpacked as chains (one thin device each, a
