@@ -106,20 +106,7 @@ func serveFake(t *testing.T, p server.Puller) string {
 // link the reference rules itself, so that it starts fast: the daemon's
 // control server is the one place that checks them.
 func TestPullNameUsageErrors(t *testing.T) {
-	socket := filepath.Join(t.TempDir(), "control.sock")
-	lis, err := net.Listen("unix", socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- server.Serve(ctx, lis, refusingPuller{t}) }()
-	defer func() {
-		cancel()
-		if err := <-served; err != nil {
-			t.Errorf("server.Serve: %v", err)
-		}
-	}()
+	socket := serveFake(t, refusingPuller{t})
 	for _, tc := range []struct {
 		args     []string
 		inStderr string
