@@ -10,6 +10,8 @@ import (
 
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/durable"
 )
 
 // growthStepDivisor sizes one growth: a quarter of the data size, so a few
@@ -218,20 +220,7 @@ func extendFile(path string, size int64) error {
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("close %s: %w", path, err)
 	}
-	return syncDir(filepath.Dir(path))
-}
-
-// syncDir syncs directory dir.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("open directory %s to sync it: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync directory %s: %w", dir, err)
-	}
-	return nil
+	return durable.SyncDir(filepath.Dir(path))
 }
 
 // reload swaps the pool's table for table: load into the inactive slot,

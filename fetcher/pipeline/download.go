@@ -19,6 +19,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/durable"
 )
 
 // DownloadRequest is the request of one "download-image" run: one S3 object
@@ -317,7 +318,7 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 	if err := os.Rename(tmp, final); err != nil {
 		return nil, diskErr(fmt.Errorf("download %s: rename to %s: %w", url, final, err))
 	}
-	if err := syncDir(filepath.Dir(final)); err != nil {
+	if err := durable.SyncDir(filepath.Dir(final)); err != nil {
 		return nil, err
 	}
 	pw.flush()
@@ -382,18 +383,6 @@ func diskErr(err error) error {
 		return fsm.Abort(err)
 	}
 	return err
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("sync directory %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync directory %s: %w", dir, err)
-	}
-	return nil
 }
 
 // validate: the file exists, hashes to the recorded digest and passes the
