@@ -60,6 +60,13 @@ type ExtractOptions struct {
 	// NoChown leaves every entry owned by the extracting user instead of the
 	// archive's uid/gid (for unprivileged tools and tests).
 	NoChown bool
+	// GzipCommand, unless "", is a program gzip layers are inflated with
+	// instead of the built-in inflater: an executable run as
+	// `GzipCommand -d -c`, reading gzip on its standard input and writing
+	// what it inflates on its standard output (igzip, unpigz and gzip
+	// take this). What is extracted, and the verdict, are the same either
+	// way (see gzipcmd.go).
+	GzipCommand string
 	// Progress, if set, is called after every entry and every 8 MiB of a
 	// large file, on the extracting goroutine: it must return quickly.
 	Progress func(Progress)
@@ -181,7 +188,7 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 	if opts.HashStream {
 		hash = hashCompressed
 	}
-	s := newStream(ctx, r, opts.Limits, hash, nil)
+	s := newStream(ctx, r, opts.Limits, hash, nil, opts.GzipCommand)
 	x.st.Compression = s.comp
 	defer s.close()
 	// held are the archive root's entries read before DetectRootfs could

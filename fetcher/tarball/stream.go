@@ -176,8 +176,11 @@ func (e *corruptError) Unwrap() error { return e.err }
 
 func (d *decoded) Read(p []byte) (int, error) {
 	n, err := d.r.Read(p)
+	var se *sourceError
 	switch {
 	case err == nil || err == io.EOF:
+	case errors.As(err, &se):
+		// The decompressor's own reading failed (a gzip command's check).
 	case d.src.err != nil && errors.Is(err, d.src.err):
 		err = d.src.err
 	case d.src.err != nil:
@@ -201,12 +204,13 @@ type stream struct {
 	comp  Compression
 	other string // a compression we do not read, named in errors
 	zr    *zstd.Decoder
-	h     hash.Hash  // the tar stream's SHA-256 (diffID), nil when not hashed
-	ra    *readahead // the stages reading (and hashing) the tar stream, when on
-	raw   io.Reader  // the source's bytes, before decompression
-	cur   string     // entry being read ("" before the first header)
-	mark  int64      // offset when Next was last called
-	err   error      // opening the decompressor failed
+	cmd   *inflateCommand // the gzip command inflating the stream, if one does
+	h     hash.Hash       // the tar stream's SHA-256 (diffID), nil when not hashed
+	ra    *readahead      // the stages reading (and hashing) the tar stream, when on
+	raw   io.Reader       // the source's bytes, before decompression
+	cur   string          // entry being read ("" before the first header)
+	mark  int64           // offset when Next was last called
+	err   error           // opening the decompressor failed
 	// noMarker accepts an archive ending at an entry's end without the
 	// end-of-archive marker (Limits.AllowMissingEndMarker).
 	noMarker bool
@@ -226,10 +230,11 @@ const (
 	hashCompressed
 )
 
-// newStream reads r, decompressed when its first bytes say it is gzip or
-// zstd; the tar stream's SHA-256 is kept (diffID) as hash says, and the
-// tar stream of a compressed r is copied to tee unless it is nil.
-func newStream(ctx context.Context, r io.Reader, limits Limits, hash hashing, tee io.Writer) *stream {
+// newStream reads r, decompressed when its first bytes say it is gzip
+// (inflated by the program gzipCommand unless it is "", see gzipcmd.go)
+// or zstd; the tar stream's SHA-256 is kept (diffID) as hash says, and
+// the tar stream of a compressed r is copied to tee unless it is nil.
+func newStream(ctx context.Context, r io.Reader, limits Limits, hash hashing, tee io.Writer, gzipCommand string) *stream {
 	src := &source{r: r}
 	br := bufio.NewReaderSize(src, readBufferSize)
 	s := &stream{ctx: ctx, raw: br, noMarker: limits.AllowMissingEndMarker}
@@ -243,6 +248,16 @@ func newStream(ctx context.Context, r io.Reader, limits Limits, hash hashing, te
 		// data (BenchmarkInflate), and inflating is one core's work that
 		// bounds a pull.
 		s.comp = Gzip
+		if gzipCommand != "" {
+			c, err := startInflateCommand(gzipCommand, br)
+			if err != nil {
+				s.err = err
+			} else {
+				s.cmd = c
+				tarBytes = &decoded{r: c, src: src, comp: Gzip}
+			}
+			break
+		}
 		zr, err := gzip.NewReader(br)
 		if err != nil {
 			s.err = s.openErr(src, err)
@@ -318,6 +333,10 @@ func (s *stream) openErr(src *source, err error) error {
 
 // close releases the decompressor, or stops the stages that own it.
 func (s *stream) close() {
+	if s.cmd != nil {
+		s.cmd.stop()
+		defer s.cmd.close()
+	}
 	switch {
 	case s.ra != nil:
 		s.ra.close()

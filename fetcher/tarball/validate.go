@@ -45,6 +45,7 @@ type ValidateOption func(*validateConfig)
 type validateConfig struct {
 	callerHashesPlain bool
 	tee               io.Writer
+	gzipCommand       string
 }
 
 // CallerHashesPlain tells Validate that the caller computes the SHA-256 of
@@ -63,6 +64,13 @@ func CallerHashesPlain() ValidateOption {
 // the caller learns of it from its own writer.
 func TeeTar(w io.Writer) ValidateOption {
 	return func(c *validateConfig) { c.tee = w }
+}
+
+// InflateWith has Validate inflate a gzip layer with the program at path
+// (see ExtractOptions.GzipCommand); "" is the built-in inflater, the
+// default. The verdict is the same either way.
+func InflateWith(path string) ValidateOption {
+	return func(c *validateConfig) { c.gzipCommand = path }
 }
 
 // Validate reads a whole tar stream once (decompressing a gzip or zstd
@@ -86,7 +94,7 @@ func Validate(ctx context.Context, r io.Reader, limits Limits, opts ...ValidateO
 		hash = hashCompressed
 	}
 	var rep Report
-	s := newStream(ctx, r, limits, hash, cfg.tee)
+	s := newStream(ctx, r, limits, hash, cfg.tee, cfg.gzipCommand)
 	defer s.close()
 	rep.Compression = s.comp
 	chk := newChecker(limits, false)
