@@ -41,6 +41,9 @@ type Applier struct {
 	Content content.Provider
 	// Limits are the extraction rules every layer is held to.
 	Limits tarball.Limits
+	// GzipCommand is tarball.ExtractOptions.GzipCommand: the program gzip
+	// layers are inflated with, "" for the built-in inflater.
+	GzipCommand string
 }
 
 // layerTypes are the media types Apply takes: a tar layer, plain, gzip or
@@ -114,7 +117,7 @@ func (a *Applier) Apply(ctx context.Context, desc ocispec.Descriptor, mounts []m
 		extractErr error // kept apart: WithTempMount's wrapping names its temporary folder
 	)
 	err = mount.WithTempMount(ctx, mounts, func(root string) error {
-		st, extractErr = tarball.ExtractDir(ctx, r, root, tarball.ExtractOptions{Limits: a.Limits, HashStream: true, KeepRootMetadata: true})
+		st, extractErr = tarball.ExtractDir(ctx, r, root, tarball.ExtractOptions{Limits: a.Limits, HashStream: true, KeepRootMetadata: true, GzipCommand: a.GzipCommand})
 		if extractErr == nil && cfg.SyncFs {
 			extractErr = tarball.SyncFS(root)
 		}

@@ -91,6 +91,11 @@ type DaemonConfig struct {
 	// SocketGroup is the group (a name or a number) given both sockets:
 	// its members, and root, may use them.
 	SocketGroup string `toml:"socket_group"`
+	// GzipCommand says how gzip layers are inflated, S3 layers and the
+	// registry layers the diff service applies alike: tarball's
+	// GzipCommandAuto, GzipCommandBuiltin or a program's path (see
+	// InflateWith).
+	GzipCommand string `toml:"gzip_command"`
 }
 
 // PoolConfig is the [pool] section: the thin pool's keys (thinpool.Config)
@@ -166,6 +171,7 @@ func defaults() *Config {
 			LogLevel:    DefaultLogLevel,
 			LogFormat:   DefaultLogFormat,
 			SocketGroup: DefaultSocketGroup,
+			GzipCommand: tarball.GzipCommandAuto,
 		},
 		Metadata:   metadata.DefaultOptions(),
 		Pool:       PoolConfig{thinpool.DefaultConfig(), snapshotter.DefaultConfig()},
@@ -432,6 +438,7 @@ func (c *Config) Validate() error {
 	if _, err := c.SocketGID(); err != nil {
 		p.Add("daemon.socket_group", "%v", err)
 	}
+	tarball.CheckGzipCommand(&p, "daemon.gzip_command", d.GzipCommand)
 
 	p.Join(c.Metadata.Validate())
 	p.Join(c.Pool.Validate())
@@ -458,6 +465,11 @@ func (c *Config) Validate() error {
 	}
 	return p.Err()
 }
+
+// InflateWith is the program daemon.gzip_command names for the
+// extractions (tarball.ExtractOptions.GzipCommand): "" for the built-in
+// inflater.
+func (c *Config) InflateWith() string { return tarball.ResolveGzipCommand(c.Daemon.GzipCommand) }
 
 // SocketGID resolves daemon.socket_group: a group id, or a group name
 // looked up in the group database.

@@ -203,6 +203,7 @@ log_level = "debug"
 log_format = "json"
 metrics_address = "127.0.0.1:9123"
 socket_group = "1000"
+gzip_command = "/usr/bin/gzip"
 [metadata]
 path = "/srv/db/meta.db"
 synchronous = "normal"
@@ -283,7 +284,7 @@ failed_images_max_age = "24h"
 		t.Fatal(err)
 	}
 	want := &Config{
-		Daemon:   DaemonConfig{Socket: "/run/x/snap.sock", RootDir: "/srv/x", LogLevel: "debug", LogFormat: "json", MetricsAddress: "127.0.0.1:9123", SocketGroup: "1000"},
+		Daemon:   DaemonConfig{Socket: "/run/x/snap.sock", RootDir: "/srv/x", LogLevel: "debug", LogFormat: "json", MetricsAddress: "127.0.0.1:9123", SocketGroup: "1000", GzipCommand: "/usr/bin/gzip"},
 		Metadata: metadata.Options{Path: "/srv/db/meta.db", Synchronous: "normal"},
 		Pool: PoolConfig{
 			thinpool.Config{Name: "pool-2", RootDir: "/srv/pool", DataDevice: "/dev/vdb", MetadataDevice: "/dev/vdc",
@@ -406,6 +407,9 @@ func TestValidateRules(t *testing.T) {
 		{"log level", func(c *Config) { c.Daemon.LogLevel = "loud" }, `daemon.log_level: must be one of trace, debug, info, warn, error, fatal, panic, got "loud"`},
 		{"log level empty", func(c *Config) { c.Daemon.LogLevel = "" }, "daemon.log_level: must be one of"},
 		{"log format", func(c *Config) { c.Daemon.LogFormat = "xml" }, `daemon.log_format: must be "text" or "json", got "xml"`},
+		{"gzip command not a path", func(c *Config) { c.Daemon.GzipCommand = "igzip" }, `daemon.gzip_command: must be "auto", "builtin" or the absolute path of a program such as /usr/bin/igzip, got "igzip"`},
+		{"gzip command missing", func(c *Config) { c.Daemon.GzipCommand = "/nonexistent/igzip" }, `daemon.gzip_command: stat /nonexistent/igzip: no such file or directory`},
+		{"gzip command not executable", func(c *Config) { c.Daemon.GzipCommand = "/etc/passwd" }, `daemon.gzip_command: /etc/passwd is not an executable file`},
 		{"metrics address", func(c *Config) { c.Daemon.MetricsAddress = "9123" }, `daemon.metrics_address: must be host:port`},
 		{"debug address", func(c *Config) { c.Daemon.DebugAddress = "localhost" }, `daemon.debug_address: must be host:port (e.g. "127.0.0.1:9124") or empty to disable, got "localhost"`},
 		{"debug address equals metrics", func(c *Config) { c.Daemon.MetricsAddress, c.Daemon.DebugAddress = "127.0.0.1:9123", "127.0.0.1:9123" },

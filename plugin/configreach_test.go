@@ -101,6 +101,7 @@ func TestEveryKeyReachesItsPackage(t *testing.T) {
 		{"daemon.metrics_address", `"127.0.0.1:9123"`, "plugin", nil},
 		{"daemon.debug_address", `"127.0.0.1:9124"`, "plugin", nil},
 		{"daemon.socket_group", `"1"`, "plugin", nil},
+		{"daemon.gzip_command", `"/usr/bin/gzip"`, "pipeline", nil},
 		{"metadata.path", `"/srv/m.db"`, "metadata", nil},
 		{"metadata.synchronous", `"normal"`, "metadata", nil},
 		{"pool.name", `"pool-x"`, "thinpool", nil},

@@ -96,7 +96,11 @@ func Open(ctx context.Context, cfg *Config) (_ *Service, err error) {
 			}
 		}
 	}()
-	l := log.G(ctx).WithField("db", cfg.Metadata.Path).WithField("pool", cfg.Pool.Name)
+	inflater := cfg.InflateWith()
+	if inflater == "" {
+		inflater = "built-in"
+	}
+	l := log.G(ctx).WithField("db", cfg.Metadata.Path).WithField("pool", cfg.Pool.Name).WithField("gzip_inflater", inflater)
 	// Before anything is opened for writing: a second daemon on the same
 	// root would reconcile and resume the first one's work under it.
 	if s.lock, err = lockRoot(cfg.Daemon.RootDir); err != nil {

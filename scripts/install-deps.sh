@@ -5,6 +5,7 @@ set -euo pipefail
 pkgs=(qemu-system-x86 linux-image-amd64 busybox-static e2fsprogs xfsprogs cpio kmod
       runc libseccomp2 thin-provisioning-tools dmsetup gcc libc6-dev make
       debootstrap
+      isal       # igzip: the gzip inflater daemon.gzip_command = "auto" runs, and its tests
       xz-utils mount util-linux)  # VM harness: PVH kernel unpacking, losetup/blockdev/mountpoint
 # make release / release-check: the arm64 cross gcc and libc for the static
 # cgo build, qemu-user to run the arm64 binary, file to check it is static.

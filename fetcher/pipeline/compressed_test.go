@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -92,6 +93,22 @@ func TestPullCorruptCompressedLayer(t *testing.T) {
 	}
 }
 
+// forgetInStreamChecks makes the validate step read the layer file again,
+// as after a crash: it forgets the check made while downloading, and what
+// an extraction while downloading found.
+func (e *env) forgetInStreamChecks() {
+	e.p.validated.Range(func(k, _ any) bool { e.p.validated.Delete(k); return true })
+	e.p.streamsMu.Lock()
+	var ss []*streamExtraction
+	for _, s := range e.p.streams {
+		ss = append(ss, s)
+	}
+	e.p.streamsMu.Unlock()
+	for _, s := range ss {
+		e.p.dropStream(context.Background(), s)
+	}
+}
+
 // TestCompressedLayerValidatedAgain: when the validate step cannot trust
 // the in-stream check (the file was written by another process, as after a
 // crash), it reads the compressed file again and finds the same diff ID.
@@ -101,19 +118,7 @@ func TestCompressedLayerValidatedAgain(t *testing.T) {
 	e.srv.Put(t, "again/1.tar.zst", s3test.Zstd(t, base))
 	reads := 0
 	e.p.hooks = map[string]func(){
-		"validate:started": func() {
-			e.p.validated.Range(func(k, _ any) bool { e.p.validated.Delete(k); return true })
-			// Nor what an extraction while downloading found.
-			e.p.streamsMu.Lock()
-			var ss []*streamExtraction
-			for _, s := range e.p.streams {
-				ss = append(ss, s)
-			}
-			e.p.streamsMu.Unlock()
-			for _, s := range ss {
-				e.p.dropStream(context.Background(), s)
-			}
-		},
+		"validate:started": e.forgetInStreamChecks,
 		"validate:reading": func() { reads++ },
 	}
 	r := e.mustPull("again/", "")
@@ -122,5 +127,54 @@ func TestCompressedLayerValidatedAgain(t *testing.T) {
 	}
 	if got := e.sn.readFile(t, r.Snapshot.SnapshotName, "etc/marker"); got != "again" {
 		t.Errorf("etc/marker %q", got)
+	}
+}
+
+// TestPullThroughGzipCommand: with igzip inflating (Options.GzipCommand),
+// a two-layer gzip image pulls to the chains of its plain tars, also when
+// the validate step reads the layer files again; a layer with bytes after
+// its gzip stream, which igzip itself ignores, is refused as the built-in
+// inflater refuses it, and nothing of it is kept.
+func TestPullThroughGzipCommand(t *testing.T) {
+	igzip, err := exec.LookPath("igzip")
+	if err != nil {
+		t.Fatalf("igzip is not installed (Debian package isal; scripts/install-deps.sh installs it): %v", err)
+	}
+	e := newPullEnvWith(t, nil, func(o *Options) { o.GzipCommand = igzip })
+	base, top := layerTar(t, "base", 30000), layerTar(t, "top", 30000)
+	e.srv.Put(t, "gz/1.tar.gz", s3test.Gzip(t, base))
+	e.srv.Put(t, "gz/2.tar.gz", s3test.Gzip(t, top))
+	r := e.mustPull("gz/", "")
+	if r.TopChainID != ChainID(sha(base), sha(top)) || r.Layers[0].DiffID != sha(base) || r.Layers[1].DiffID != sha(top) {
+		t.Fatalf("top chain %s, layers %+v; want the plain tars' diff IDs", r.TopChainID, r.Layers)
+	}
+	if got := e.sn.readFile(t, r.Snapshot.SnapshotName, "etc/marker"); got != "top" {
+		t.Errorf("etc/marker %q, want top", got)
+	}
+
+	again := layerTar(t, "again", 30000)
+	e.srv.Put(t, "again/1.tar.gz", s3test.Gzip(t, again))
+	reads := 0
+	e.p.hooks = map[string]func(){
+		"validate:started": e.forgetInStreamChecks,
+		"validate:reading": func() { reads++ },
+	}
+	if r := e.mustPull("again/", ""); r.TopChainID != sha(again) || reads != 1 {
+		t.Errorf("again/: top chain %s after %d reads of the file; want %s after one", r.TopChainID, reads, sha(again))
+	}
+	e.p.hooks = nil
+
+	blobs, _ := os.ReadDir(e.p.opts.blobDir())
+	chains := e.committedChains()
+	e.srv.Put(t, "junk/1.tar.gz", append(s3test.Gzip(t, layerTar(t, "junk", 30000)), "junk"...))
+	_, err = e.pull("junk/", "")
+	if err == nil || !strings.Contains(err.Error(), "validate s3://"+e.srv.Bucket+"/junk/1.tar.gz") || !strings.Contains(err.Error(), "malformed tar archive") {
+		t.Fatalf("pull of a gzip layer with bytes after its stream: %v; want a malformed archive naming the object", err)
+	}
+	if files, _ := os.ReadDir(e.p.opts.blobDir()); len(files) != len(blobs) {
+		t.Errorf("layer files %d after the refusal, want the %d before it", len(files), len(blobs))
+	}
+	if after := e.committedChains(); len(after) != len(chains) {
+		t.Errorf("chains %v after the refusal, want %v", after, chains)
 	}
 }

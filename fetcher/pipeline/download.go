@@ -262,7 +262,7 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 		var vr *io.PipeReader
 		vr, vw = io.Pipe()
 		writers = append(writers, vw)
-		vopts := []tarball.ValidateOption{tarball.CallerHashesPlain()}
+		vopts := []tarball.ValidateOption{tarball.CallerHashesPlain(), tarball.InflateWith(p.opts.GzipCommand)}
 		// A layer that waits for its parent keeps its tar stream for its
 		// unpack (spool.go), which then need not decompress it again.
 		if sw := p.openSpool(ctx, req.Run.IdempotencyID, grow); sw != nil {
@@ -414,7 +414,7 @@ func (p *Pipelines) validate(ctx context.Context, req *dlReq) (*dlResp, error) {
 	defer f.Close()
 	h := sha256.New()
 	tee := io.TeeReader(f, h)
-	rep, verr := tarball.Validate(ctx, tee, p.opts.Limits, tarball.CallerHashesPlain())
+	rep, verr := tarball.Validate(ctx, tee, p.opts.Limits, tarball.CallerHashesPlain(), tarball.InflateWith(p.opts.GzipCommand))
 	if verr != nil && !tarball.IsRejection(verr) {
 		return nil, fmt.Errorf("validate %s: %w", resp.LocalPath, verr)
 	}

@@ -88,8 +88,11 @@ type Options struct {
 	DownloadTimeout time.Duration // default 5 min
 	ExtractTimeout  time.Duration // default 30 min
 	Limits          tarball.Limits
-	Downloads       int // queue limit, default 5
-	Unpacking       int // queue limit, default 2
+	// GzipCommand is the program gzip layers are inflated with
+	// (tarball.ExtractOptions.GzipCommand); "" is the built-in inflater.
+	GzipCommand string
+	Downloads   int // queue limit, default 5
+	Unpacking   int // queue limit, default 2
 	// MaxImageSize bounds the sum of an image's layer objects, checked
 	// when the pull lists them; 0 means no bound beyond MaxLayerSize.
 	MaxImageSize int64

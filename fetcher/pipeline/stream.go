@@ -377,6 +377,7 @@ func (p *Pipelines) extractStream(ctx context.Context, s *streamExtraction, rd i
 	th := throttle{every: progressInterval}
 	st, err := tarball.ExtractDir(ctx, rd, dir, tarball.ExtractOptions{
 		Limits: p.opts.Limits, DetectRootfs: true, HashStream: s.names, NoChown: p.opts.NoChown, MaxDataBytes: budget,
+		GzipCommand: p.opts.GzipCommand,
 		Progress: func(pr tarball.Progress) {
 			if th.ok(false) {
 				p.hub.emit(api.Event{Run: s.dlRun, FSM: api.FSMUnpack, State: "extract-layers", Bytes: pr.Bytes, Files: pr.Files})

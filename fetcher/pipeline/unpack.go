@@ -406,6 +406,7 @@ func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, e
 	th := throttle{every: progressInterval}
 	st, err := tarball.ExtractDir(ctx, src, dir, tarball.ExtractOptions{
 		Limits: p.opts.Limits, StripRootfs: dl.HasRootfs, NoChown: p.opts.NoChown, MaxDataBytes: budget,
+		GzipCommand: p.opts.GzipCommand,
 		Progress: func(pr tarball.Progress) {
 			if th.ok(false) {
 				p.hub.emit(api.Event{Run: req.Run.ID, FSM: api.FSMUnpack, State: "extract-layers", Bytes: pr.Bytes, Files: pr.Files})
