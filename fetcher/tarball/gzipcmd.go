@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/klauspost/compress/gzip"
+	"golang.org/x/sys/unix"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/conf"
 )
@@ -37,6 +38,20 @@ import (
 //     layer cannot hold a member that makes those bytes. Its output is
 //     the layer's tar stream followed by the end mark, which is checked
 //     and cut off.
+
+// pipeSize is the capacity asked for the program's pipes: with the
+// default 64 KiB, the wake-ups of the program and of the daemon cost igzip
+// two thirds of its lead over the built-in inflater (BenchmarkInflate).
+// 1 MiB is Linux's default pipe-max-size.
+const pipeSize = 1 << 20
+
+// growPipe asks for pipeSize on the pipe f is an end of; a refusal leaves
+// the default, which only costs speed.
+func growPipe(f *os.File) {
+	if rc, err := f.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) { unix.FcntlInt(fd, unix.F_SETPIPE_SZ, pipeSize) })
+	}
+}
 
 // endMarkSize is the length of the end mark's random content.
 const endMarkSize = 32
@@ -96,6 +111,8 @@ func startInflateCommand(path string, src io.Reader) (*inflateCommand, error) {
 		return nil, fmt.Errorf("gzip command %s: %w", path, err)
 	}
 	c.out = outR
+	growPipe(inW)
+	growPipe(outW)
 	c.cmd = exec.Command(path, "-d", "-c")
 	c.cmd.Stdin, c.cmd.Stdout, c.cmd.Stderr = inR, outW, &c.stderr
 	// A daemon killed mid-layer takes the program with it; without the

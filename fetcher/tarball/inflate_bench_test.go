@@ -38,9 +38,10 @@ func imageLikeBytes(size int) []byte {
 }
 
 // BenchmarkInflate measures the two pure-Go gzip inflaters on the same
-// 64 MiB image-like stream in one run: the standard library's and
-// klauspost/compress's, which newStream uses. It reports each one's
-// throughput and klauspost/stdlib, the speed-up that decides the choice.
+// 64 MiB image-like stream in one run, the standard library's and
+// klauspost/compress's, which newStream uses, and igzip as a gzip command
+// runs it. It reports each one's throughput and the speed-ups that decide
+// the choices: klauspost/stdlib, and igzip/klauspost.
 //
 //	go test -tags '...' -run '^$' -bench Inflate -benchtime 3x ./fetcher/tarball/
 func BenchmarkInflate(b *testing.B) {
@@ -55,6 +56,9 @@ func BenchmarkInflate(b *testing.B) {
 	}{
 		{"stdlib", func(r io.Reader) (io.Reader, error) { return stdgzip.NewReader(r) }},
 		{"klauspost", func(r io.Reader) (io.Reader, error) { return kgzip.NewReader(r) }},
+		// igzip as daemon.gzip_command runs it: fed and read through
+		// pipes, the end mark checked.
+		{"igzip", func(r io.Reader) (io.Reader, error) { return startInflateCommand(igzip(b), r) }},
 	}
 	took := make([]time.Duration, len(inflaters))
 	for range b.N {
@@ -77,5 +81,6 @@ func BenchmarkInflate(b *testing.B) {
 		b.ReportMetric(float64(len(raw))*float64(b.N)/took[i].Seconds()/1e6, in.name+"-MB/s")
 	}
 	b.ReportMetric(float64(took[0])/float64(took[1]), "klauspost/stdlib-speedup")
+	b.ReportMetric(float64(took[1])/float64(took[2]), "igzip/klauspost-speedup")
 	b.ReportMetric(float64(gz.Len())/float64(len(raw)), "gzip-ratio")
 }

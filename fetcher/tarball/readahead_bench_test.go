@@ -38,7 +38,8 @@ func BenchmarkExtractStages(b *testing.B) {
 	writeGzipLayer(b, archive, 96<<20)
 	ctx := context.Background()
 	var diffID string // the stages' result, which containerd's must match
-	extract := func(dir string, stages bool) time.Duration {
+	igzipPath := igzip(b)
+	extract := func(dir string, stages bool, gzipCommand string) time.Duration {
 		f, err := os.Open(archive)
 		if err != nil {
 			b.Fatal(err)
@@ -47,7 +48,7 @@ func BenchmarkExtractStages(b *testing.B) {
 		readaheadEnabled = stages
 		defer func() { readaheadEnabled = true }()
 		t0 := time.Now()
-		st, err := ExtractDir(ctx, f, dir, ExtractOptions{HashStream: true})
+		st, err := ExtractDir(ctx, f, dir, ExtractOptions{HashStream: true, GzipCommand: gzipCommand})
 		if err != nil || st.DiffID == "" {
 			b.Fatalf("extract (stages %v): %v, diff ID %q", stages, err, st.DiffID)
 		}
@@ -84,8 +85,8 @@ func BenchmarkExtractStages(b *testing.B) {
 		name string
 		run  func(dir string) time.Duration
 	}{
-		{"one goroutine", func(dir string) time.Duration { return extract(dir, false) }},
-		{"stages", func(dir string) time.Duration { return extract(dir, true) }},
+		{"one goroutine", func(dir string) time.Duration { return extract(dir, false, "") }},
+		{"stages", func(dir string) time.Duration { return extract(dir, true, "") }},
 		{"tar -xzf", func(dir string) time.Duration {
 			t0 := time.Now()
 			if out, err := exec.Command("tar", "-C", dir, "-xzf", archive).CombinedOutput(); err != nil {
@@ -94,6 +95,7 @@ func BenchmarkExtractStages(b *testing.B) {
 			return time.Since(t0)
 		}},
 		{"containerd's applier", containerdApply},
+		{"stages, igzip inflating", func(dir string) time.Duration { return extract(dir, true, igzipPath) }},
 	}
 	took := make([]time.Duration, len(ways))
 	round := 0
@@ -113,6 +115,7 @@ func BenchmarkExtractStages(b *testing.B) {
 	b.ReportMetric(float64(took[1])/float64(took[2]), "stages/tar")
 	b.ReportMetric(float64(took[0])/float64(took[1]), "speedup")
 	b.ReportMetric(float64(took[3])/float64(took[1]), "containerd-applier/stages")
+	b.ReportMetric(float64(took[4])/float64(took[1]), "igzip-stages/stages")
 }
 
 // writeGzipLayer writes a gzip-compressed tar of about size bytes of
