@@ -42,6 +42,9 @@ var (
 	flagImageA = flag.String("pullbench.image-a", "45,30,20,15", "image A's layer sizes in MB, lowest first (comma separated)")
 	flagImageB = flag.Int("pullbench.image-b", 100, "image B's single layer size in MB")
 	flagRounds = flag.Int("pullbench.rounds", 3, "rounds: each way pulls each image once per round")
+	// With "builtin", and CONTAINERD_DISABLE_IGZIP=1 in the environment
+	// for containerd, every pull inflates with Go's code, as before igzip.
+	flagGzipCommand = flag.String("pullbench.gzip-command", "", "our daemon's daemon.gzip_command (empty: the default, auto)")
 	// flagProfile names a folder for the daemon's CPU profile over one
 	// more S3 pull of each image after the rounds (s3-<image>.pprof), read
 	// with `go tool pprof BINARY FILE`. That pull stays out of the medians,

@@ -177,7 +177,7 @@ func setup(ctx context.Context, specs []imageSpec, logf func(string, ...any)) (_
 	// its layer is unpacked.
 	if e.daemon, err = stack.WriteDaemonConfig(e.cli, stack.DaemonOptions{
 		Dir: filepath.Join(e.scratch, "flyio"), PoolName: ourPool, DataSize: poolDataSize,
-		S3: e.s3, Containerd: e.ctrdSocket, Debug: debug,
+		S3: e.s3, Containerd: e.ctrdSocket, Debug: debug, GzipCommand: *flagGzipCommand,
 		ExtraTOML: "[pipeline]\ntarball_cache_size = \"0\"\n",
 	}); err != nil {
 		return nil, err

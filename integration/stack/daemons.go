@@ -36,6 +36,8 @@ type DaemonOptions struct {
 	Containerd string // containerd's socket, where pull registers images
 	Metrics    string // daemon.metrics_address (host:port), empty for none
 	Debug      string // daemon.debug_address (host:port: pprof), empty for none
+	// GzipCommand is daemon.gzip_command, empty for the default.
+	GzipCommand string
 	// ExtraTOML is appended to the config as is: whole tables a test sets
 	// beyond these (say, a [retention] compressed to a test's time scale).
 	ExtraTOML string
@@ -60,6 +62,9 @@ func WriteDaemonConfig(bin string, opts DaemonOptions) (*Daemon, error) {
 		// Only when asked: the upgrade test's previous release predates
 		// the key and refuses a config that names it.
 		fmt.Fprintf(&b, "debug_address = %q\n", opts.Debug)
+	}
+	if opts.GzipCommand != "" {
+		fmt.Fprintf(&b, "gzip_command = %q\n", opts.GzipCommand)
 	}
 	b.WriteString("\n")
 	fmt.Fprintf(&b, "[pool]\nname = %q\ndata_size = %q\nmetadata_size = \"64MiB\"\nbase_image_size = \"1GiB\"\n\n", opts.PoolName, opts.DataSize)
