@@ -132,7 +132,7 @@ func (s *Service) PipelineOptions() pipeline.Options {
 		fm      = s.fetchMetrics()
 	)
 	o := c.Pipeline.Options(c.Queues, c.Pipeline.PolicyConfig)
-	o.GzipCommand = c.InflateWith()
+	o.GzipCommand = s.inflateWith()
 	o.DB = s.DB
 	o.Sources = func(ctx context.Context, bucket string) (*s3source.Source, error) {
 		mu.Lock()

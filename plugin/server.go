@@ -466,7 +466,7 @@ func (s *Service) applier(ctx context.Context) (diff.Applier, func(), error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("serve: containerd's content store at %s: %w", addr, err)
 	}
-	a := &differ.Applier{Content: contentproxy.NewContentStore(conn), Limits: s.Config.Differ.Limits(), GzipCommand: s.Config.InflateWith()}
+	a := &differ.Applier{Content: contentproxy.NewContentStore(conn), Limits: s.Config.Differ.Limits(), GzipCommand: s.inflateWith()}
 	return a, func() { conn.Close() }, nil
 }
 

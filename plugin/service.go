@@ -61,10 +61,22 @@ type Service struct {
 	poolEvents *metrics.PoolEvents
 	// pipelines are the S3 pipelines once StartFetcher has run.
 	pipelines *pipeline.Pipelines
+	// gzipCommand is daemon.gzip_command resolved (gzipCommandOnce), so
+	// that the pipelines, the diff service and the start-up line name one
+	// program.
+	gzipCommand     string
+	gzipCommandOnce sync.Once
 
 	// Build names the running binary in the build_info metric; set it
 	// before Serve.
 	Build metrics.BuildInfo
+}
+
+// inflateWith is the program gzip layers are inflated with, "" for the
+// built-in inflater: Config.InflateWith, resolved once per service.
+func (s *Service) inflateWith() string {
+	s.gzipCommandOnce.Do(func() { s.gzipCommand = s.Config.InflateWith() })
+	return s.gzipCommand
 }
 
 // metricsRegistry returns the service's metrics registry, or nil when
@@ -96,7 +108,7 @@ func Open(ctx context.Context, cfg *Config) (_ *Service, err error) {
 			}
 		}
 	}()
-	inflater := cfg.InflateWith()
+	inflater := s.inflateWith()
 	if inflater == "" {
 		inflater = "built-in"
 	}

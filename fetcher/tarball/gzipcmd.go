@@ -86,8 +86,7 @@ type inflateCommand struct {
 	// may be the end mark.
 	buf     []byte
 	pending []byte
-	ended   bool  // the output has ended; end is what follows pending
-	end     error // io.EOF, or the failure
+	end     error // once the output has ended, what follows pending: io.EOF or the failure
 }
 
 // startInflateCommand starts the program at path reading src (the layer's
@@ -159,11 +158,11 @@ func (c *inflateCommand) feed(src io.Reader, in *os.File) {
 // program's message is the error (decoded tells a source's failure from
 // corrupt data by the source), and io.EOF comes only after the end mark.
 func (c *inflateCommand) Read(p []byte) (int, error) {
-	for !c.ended && len(c.pending) <= len(c.mark) {
+	for c.end == nil && len(c.pending) <= len(c.mark) {
 		c.fill()
 	}
 	avail := c.pending
-	if !c.ended {
+	if c.end == nil {
 		avail = avail[:len(avail)-len(c.mark)]
 	}
 	if len(avail) == 0 {
@@ -182,7 +181,6 @@ func (c *inflateCommand) fill() {
 	if err == nil {
 		return
 	}
-	c.ended = true
 	<-c.fed
 	exit := c.wait()
 	switch {
@@ -214,10 +212,9 @@ func (c *inflateCommand) stop() {
 	c.out.Close()
 }
 
-// close stops the program and waits for it and for feed; feed ends once
+// reap waits, after stop, for the program and for feed; feed ends once
 // its read of the source under way returns.
-func (c *inflateCommand) close() {
-	c.stop()
+func (c *inflateCommand) reap() {
 	<-c.fed
 	c.wait()
 }

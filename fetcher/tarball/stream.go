@@ -180,7 +180,8 @@ func (d *decoded) Read(p []byte) (int, error) {
 	switch {
 	case err == nil || err == io.EOF:
 	case errors.As(err, &se):
-		// The decompressor's own reading failed (a gzip command's check).
+		// The decompressor's own reading failed (a gzip command's output
+		// could not be read), not the source, nor the data.
 	case d.src.err != nil && errors.Is(err, d.src.err):
 		err = d.src.err
 	case d.src.err != nil:
@@ -334,8 +335,9 @@ func (s *stream) openErr(src *source, err error) error {
 // close releases the decompressor, or stops the stages that own it.
 func (s *stream) close() {
 	if s.cmd != nil {
+		// Stopped first, so that a stage reading its output returns.
 		s.cmd.stop()
-		defer s.cmd.close()
+		defer s.cmd.reap()
 	}
 	switch {
 	case s.ra != nil:
