@@ -54,11 +54,10 @@ const fillNoSpaceTimeout = 5 * time.Second
 // container is removed the pool is rw again, the second container writes
 // new files and a new container writes. Each phase's time is logged.
 func TestContainerFillingPool(t *testing.T) {
-	metricsAddr := stack.MustFreeAddr(t)
 	e := newPullEnvTB(t, func(c *plugin.Config) {
 		c.Pool.DataSize = 256 << 20
 		c.Pool.NoSpaceTimeout = plugin.D(fillNoSpaceTimeout)
-		c.Daemon.MetricsAddress = metricsAddr
+		c.Daemon.MetricsAddress = stack.AnyLoopbackPort
 	})
 	ctx := context.Background()
 	r := rand.New(rand.NewPCG(15, 17))
@@ -120,7 +119,7 @@ func TestContainerFillingPool(t *testing.T) {
 		v.ReserveDataBytes != reserve*block || v.WritesQueued {
 		t.Fatalf("pool status at the reserve: %+v; want rw, some free but under the %d-byte reserve, writes not queued", v, reserve*block)
 	}
-	if got := scrapeSum(t, metricsAddr, "flyio_snapshotter_pool_under_reserve"); got != 1 {
+	if got := scrapeSum(t, e.d.metrics, "flyio_snapshotter_pool_under_reserve"); got != 1 {
 		t.Fatalf("flyio_snapshotter_pool_under_reserve = %v at the reserve, want 1", got)
 	}
 	thinsBefore := thinCount(t, e.pool)

@@ -116,12 +116,11 @@ func startContainerd(t *testing.T, c *plugin.Config) *stack.Containerd {
 // the pool, the next pull fails at once with the headroom error, leaving
 // nothing behind and saying why in `ls images`.
 func TestGCKeepsPoolUnderThreshold(t *testing.T) {
-	metricsAddr := stack.MustFreeAddr(t)
 	var ctrd *stack.Containerd
 	e := newPullEnvTB(t, func(c *plugin.Config) {
 		c.Pool.DataSize = plugin.Size(*gcPoolMB) << 20
 		c.GC.Pinned = []string{"pinned"}
-		c.Daemon.MetricsAddress = metricsAddr
+		c.Daemon.MetricsAddress = stack.AnyLoopbackPort
 		ctrd = startContainerd(t, c)
 	})
 	ctx := context.Background()
@@ -273,7 +272,7 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 		removed, keptImages int
 	}
 	var rows []row
-	lastSecs, lastRemoved := scrapeGC(t, metricsAddr)
+	lastSecs, lastRemoved := scrapeGC(t, e.d.metrics)
 	for i := 1; i <= 10; i++ {
 		name := fmt.Sprintf("img-%02d", i)
 		names = append(names, name)
@@ -283,7 +282,7 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 		}
 		took := time.Since(start)
 		u := usage()
-		secs, removed := scrapeGC(t, metricsAddr)
+		secs, removed := scrapeGC(t, e.d.metrics)
 		ls, inCtr := listed(), ctrListed()
 		rows = append(rows, row{name: name, pull: took, dataPct: u.DataPercent(), metaPct: u.MetaPercent(),
 			gcSeconds: secs - lastSecs, removed: removed - lastRemoved, keptImages: len(ls)})

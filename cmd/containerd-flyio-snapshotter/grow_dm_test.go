@@ -65,7 +65,6 @@ func poolStatusJSON(t *testing.T, cfgPath string) poolStatusView {
 // pool online (the event is counted, the table reloaded: `pool status`
 // shows the larger size) and the pull succeeds.
 func TestPullGrowsPoolAtLowWater(t *testing.T) {
-	metricsAddr := stack.MustFreeAddr(t)
 	const (
 		dataSize = 256 << 20
 		blocks   = dataSize / (64 << 10)
@@ -75,7 +74,7 @@ func TestPullGrowsPoolAtLowWater(t *testing.T) {
 		c.Pool.MaxDataSize = 1 << 30
 		c.Pool.GrowthReserve = 64 << 20
 		c.Pool.LowWaterMark = blocks * 6 / 10 // an image of 120 MiB crosses it
-		c.Daemon.MetricsAddress = metricsAddr
+		c.Daemon.MetricsAddress = stack.AnyLoopbackPort
 	})
 	before := poolStatusJSON(t, e.cfgPath)
 	if before.DataTotalBytes != dataSize || before.LowWaterBlocks != blocks*6/10 || before.LoopFilesVirtualBytes == 0 || before.BackingFSFreeBytes == 0 {
@@ -109,10 +108,10 @@ func TestPullGrowsPoolAtLowWater(t *testing.T) {
 	if after.DataUsedBytes < 120<<20 {
 		t.Fatalf("pool holds %d bytes after a 120 MiB pull", after.DataUsedBytes)
 	}
-	events := scrapeSum(t, metricsAddr, "flyio_snapshotter_pool_low_water_events_total")
-	growths := scrapeSum(t, metricsAddr, "flyio_snapshotter_pool_growths_total")
-	grown := scrapeSum(t, metricsAddr, "flyio_snapshotter_pool_grown_bytes_total")
-	free := scrapeSum(t, metricsAddr, "flyio_snapshotter_pool_backing_fs_free_bytes")
+	events := scrapeSum(t, e.d.metrics, "flyio_snapshotter_pool_low_water_events_total")
+	growths := scrapeSum(t, e.d.metrics, "flyio_snapshotter_pool_growths_total")
+	grown := scrapeSum(t, e.d.metrics, "flyio_snapshotter_pool_grown_bytes_total")
+	free := scrapeSum(t, e.d.metrics, "flyio_snapshotter_pool_backing_fs_free_bytes")
 	t.Logf("metrics: %v low-water events, %v growths, %v bytes grown, %v bytes free on the loop files' filesystem", events, growths, grown, free)
 	if events < 1 || growths < 1 || uint64(grown) != after.DataTotalBytes-dataSize || free <= 0 {
 		t.Fatalf("metrics: %v low-water events, %v growths, %v bytes grown, %v free; want at least one event and growth, %d bytes grown",
@@ -130,13 +129,12 @@ func TestPullGrowsPoolAtLowWater(t *testing.T) {
 // a write that finds the pool full meanwhile waits instead of failing.
 // The growths are logged with the time the writer took.
 func TestContainerWritesThroughGrowth(t *testing.T) {
-	metricsAddr := stack.MustFreeAddr(t)
 	const dataSize = 256 << 20
 	e := newPullEnvTB(t, func(c *plugin.Config) {
 		c.Pool.DataSize = dataSize
 		c.Pool.MaxDataSize = 1 << 30
 		c.Pool.GrowthReserve = 64 << 20
-		c.Daemon.MetricsAddress = metricsAddr
+		c.Daemon.MetricsAddress = stack.AnyLoopbackPort
 	})
 	r := rand.New(rand.NewPCG(15, 18))
 	body := make([]byte, 2<<20)
@@ -169,7 +167,7 @@ func TestContainerWritesThroughGrowth(t *testing.T) {
 	}
 	took := time.Since(start)
 	v := poolStatusJSON(t, e.cfgPath)
-	growths := scrapeSum(t, metricsAddr, "flyio_snapshotter_pool_growths_total")
+	growths := scrapeSum(t, e.d.metrics, "flyio_snapshotter_pool_growths_total")
 	t.Logf("wrote 320 MiB in %v; the pool grew %v times to %d bytes, mode %s, %d used", took.Round(time.Millisecond), growths, v.DataTotalBytes, v.Mode, v.DataUsedBytes)
 	if v.DataTotalBytes <= dataSize || v.Mode != "rw" || growths < 1 || v.WritesFailing {
 		t.Fatalf("pool status after the write: %+v, %v growths; want grown, rw", v, growths)

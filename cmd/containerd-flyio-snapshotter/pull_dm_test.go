@@ -24,6 +24,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
@@ -80,12 +81,19 @@ type daemonProc struct {
 	path   string
 	cmd    *exec.Cmd
 	exited chan error
-	stderr *bytes.Buffer
+	stderr *stack.LockedBuffer
+	// metrics is the address its /metrics endpoint is bound to, if it
+	// has one: configured as stack.AnyLoopbackPort, read from its log.
+	metrics string
 }
 
+// startDaemon starts the daemon and returns once it serves: its control
+// socket accepts connections and it has logged that every listener is
+// bound (the snapshots socket and its HTTP endpoints come after the
+// control socket, and a failure to bind them ends the daemon).
 func startDaemon(t testing.TB, cfg *plugin.Config, cfgPath string) *daemonProc {
 	t.Helper()
-	d := &daemonProc{t: t, cfg: cfg, path: cfgPath, exited: make(chan error, 1), stderr: &bytes.Buffer{}}
+	d := &daemonProc{t: t, cfg: cfg, path: cfgPath, exited: make(chan error, 1), stderr: &stack.LockedBuffer{}}
 	d.cmd = exec.Command(os.Args[0], "-test.run=^TestValidateCommandHelperProcess$", "--", "serve", "--config", cfgPath)
 	d.cmd.Env = append(os.Environ(), "FLYIO_VALIDATE_HELPER=1")
 	d.cmd.Stderr = d.stderr
@@ -95,9 +103,12 @@ func startDaemon(t testing.TB, cfg *plugin.Config, cfgPath string) *daemonProc {
 	go func() { d.exited <- d.cmd.Wait() }()
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
-		if c, err := net.Dial("unix", cfg.Daemon.ControlSocket); err == nil {
-			c.Close()
-			return d
+		if eps, ok := stack.ServedEndpoints(d.stderr.String()); ok {
+			if c, err := net.Dial("unix", cfg.Daemon.ControlSocket); err == nil {
+				c.Close()
+				d.metrics = eps["metrics"]
+				return d
+			}
 		}
 		select {
 		case err := <-d.exited:
@@ -106,7 +117,7 @@ func startDaemon(t testing.TB, cfg *plugin.Config, cfgPath string) *daemonProc {
 		}
 		if time.Now().After(deadline) {
 			d.kill()
-			t.Fatalf("daemon not serving its control socket after 3 minutes:\n%s", d.stderr)
+			t.Fatalf("daemon not serving after 3 minutes:\n%s", d.stderr)
 		}
 	}
 }

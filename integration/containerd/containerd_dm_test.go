@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -107,25 +106,6 @@ func waitNoSnapshots(ctx context.Context, c *client.Client, sn string, within ti
 	}
 }
 
-// lockedBuffer collects a container's output written by cio's copy
-// goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // The container's script: a line on stdout, a file in its writable layer,
 // and what it sees of the image's second layer.
 const (
@@ -194,7 +174,7 @@ func testRun(t *testing.T, e *env, sn string) {
 		}
 	}()
 
-	var stdout, stderr lockedBuffer
+	var stdout, stderr stack.LockedBuffer
 	fifos := filepath.Join(e.scratch, "fifo")
 	task, err := ctr.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, &stdout, &stderr), cio.WithFIFODir(fifos)))
 	if err != nil {

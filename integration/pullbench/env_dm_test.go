@@ -169,9 +169,7 @@ func setup(ctx context.Context, specs []imageSpec, logf func(string, ...any)) (_
 	e.ctrdSocket = filepath.Join(ctrdDir, "containerd.sock")
 	var debug string
 	if *flagProfile != "" {
-		if debug, err = stack.FreeAddr(); err != nil {
-			return nil, err
-		}
+		debug = stack.AnyLoopbackPort
 	}
 	// Every pull of ours starts from nothing: no tarball is kept once
 	// its layer is unpacked.

@@ -122,13 +122,12 @@ func TestSoak(t *testing.T) {
 	srv.Put(t, imageKey+"1.tar", layer(t, 1, []string{"etc", "usr", "var"}))
 	srv.Put(t, imageKey+"2.tar", layer(t, 2, []string{"usr"}))
 
-	metricsAddr := stack.MustFreeAddr(t)
 	ctrdDir := filepath.Join(scratch, "containerd")
 	d, err := stack.WriteDaemonConfig(bin, stack.DaemonOptions{
 		Dir: filepath.Join(scratch, "daemon"), PoolName: fmt.Sprintf("soak%d", os.Getpid()), DataSize: "2GiB",
 		S3:         &stack.S3{Endpoint: srv.URL, Bucket: srv.Bucket},
 		Containerd: filepath.Join(ctrdDir, "containerd.sock"),
-		Metrics:    metricsAddr,
+		Metrics:    stack.AnyLoopbackPort,
 		ExtraTOML:  soakRetention,
 	})
 	if err != nil {
@@ -214,15 +213,15 @@ func TestSoak(t *testing.T) {
 		}
 		switch {
 		case i >= 0 && i < tenth && i%sampleEvery == 0:
-			first = append(first, scrape(t, metricsAddr))
+			first = append(first, scrape(t, d.Metrics))
 		case i >= n-tenth && i%sampleEvery == 0:
-			last = append(last, scrape(t, metricsAddr))
+			last = append(last, scrape(t, d.Metrics))
 		}
 		if i == tenth-1 {
 			dbAfterFirst = dbSize(t, cfg.Metadata.Path)
 		}
 		if i >= 0 && (i+1)%max(1, n/20) == 0 {
-			s := scrape(t, metricsAddr)
+			s := scrape(t, d.Metrics)
 			t.Logf("%d/%d cycles, %d pulls, %.1f s: RSS %.1f MiB (Go heap %.1f MiB, next collection at %.1f MiB, all of Go %.1f MiB; SQLite %.1f MiB; %s), %.0f goroutines, database and WAL %d bytes",
 				i+1, n, pulled, time.Since(t0).Seconds(), s.rss/(1<<20), s.goHeap/(1<<20), s.heapGoal/(1<<20), s.goMapped/(1<<20), s.sqlite/(1<<20), procStatus(d.Proc.Pid()), s.goroutines, dbSize(t, cfg.Metadata.Path))
 		}

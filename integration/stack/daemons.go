@@ -21,8 +21,8 @@ type Daemon struct {
 	Socket  string // snapshots gRPC socket (containerd's proxy plugin address)
 	Control string // control socket (pull, activate)
 	Pool    string // dm name of its pool
-	Metrics string // host:port of its /metrics endpoint, if any
-	Debug   string // host:port of its pprof endpoint, if any
+	Metrics string // host:port its /metrics endpoint is bound to, if any (set by Start)
+	Debug   string // host:port its pprof endpoint is bound to, if any (set by Start)
 	Proc    *Proc
 }
 
@@ -34,8 +34,8 @@ type DaemonOptions struct {
 	DataSize   string // pool.data_size, e.g. "3GiB"
 	S3         *S3    // the bucket pull reads, anonymously
 	Containerd string // containerd's socket, where pull registers images
-	Metrics    string // daemon.metrics_address (host:port), empty for none
-	Debug      string // daemon.debug_address (host:port: pprof), empty for none
+	Metrics    string // daemon.metrics_address (host:port, AnyLoopbackPort), empty for none
+	Debug      string // daemon.debug_address (host:port, AnyLoopbackPort: pprof), empty for none
 	// GzipCommand is daemon.gzip_command, empty for the default.
 	GzipCommand string
 	// ExtraTOML is appended to the config as is: whole tables a test sets
@@ -93,7 +93,41 @@ func (d *Daemon) Start(ctx context.Context) error {
 		_ = d.Proc.Stop(10 * time.Second)
 		return err
 	}
+	if d.Metrics != "" || d.Debug != "" {
+		if err := d.readEndpoints(ctx); err != nil {
+			_ = d.Proc.Stop(10 * time.Second)
+			return err
+		}
+	}
 	return nil
+}
+
+// readEndpoints sets Metrics and Debug to the addresses the running daemon
+// bound them to, as it logs them once serving: a configured port 0
+// (AnyLoopbackPort) becomes the port the kernel gave.
+func (d *Daemon) readEndpoints(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for {
+		log, err := d.Proc.RunLog()
+		if err != nil {
+			return err
+		}
+		if eps, ok := ServedEndpoints(log); ok {
+			if d.Metrics != "" {
+				d.Metrics = eps["metrics"]
+			}
+			if d.Debug != "" {
+				d.Debug = eps["debug"]
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s serves its socket but logged no \"serving snapshots API\" line: %w; log %s", d.Proc.Name, ctx.Err(), d.Proc.LogPath)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // Stop ends the daemon with SIGTERM (the pool and its devices survive).

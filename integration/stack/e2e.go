@@ -80,14 +80,10 @@ func Up(ctx context.Context, opts Options) (_ *E2E, err error) {
 		Bucket, e.S3.Endpoint, time.Since(t).Round(time.Millisecond))
 
 	ctrdDir := filepath.Join(opts.Scratch, "containerd")
-	metricsAddr, err := FreeAddr()
-	if err != nil {
-		return nil, err
-	}
 	if e.Daemon, err = WriteDaemonConfig(bin, DaemonOptions{
 		Dir: filepath.Join(opts.Scratch, "flyio"), PoolName: opts.PoolName, DataSize: "3GiB",
 		S3: e.S3, Containerd: filepath.Join(ctrdDir, "containerd.sock"),
-		Metrics: metricsAddr,
+		Metrics: AnyLoopbackPort,
 	}); err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package stack
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -18,9 +20,11 @@ import (
 type Proc struct {
 	Name    string
 	LogPath string
-	cmd     *exec.Cmd
-	done    chan struct{}
-	waitErr error
+	// logStart is the size of LogPath before this run's first line.
+	logStart int64
+	cmd      *exec.Cmd
+	done     chan struct{}
+	waitErr  error
 }
 
 // StartProc starts argv in its own process group with stdout and stderr
@@ -28,6 +32,11 @@ type Proc struct {
 func StartProc(name, logPath string, env []string, argv ...string) (*Proc, error) {
 	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
+		return nil, fmt.Errorf("start %s: log file %q: %w", name, logPath, err)
+	}
+	st, err := lf.Stat()
+	if err != nil {
+		lf.Close()
 		return nil, fmt.Errorf("start %s: log file %q: %w", name, logPath, err)
 	}
 	fmt.Fprintf(lf, "---- %s: %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(argv, " "))
@@ -41,7 +50,7 @@ func StartProc(name, logPath string, env []string, argv ...string) (*Proc, error
 		lf.Close()
 		return nil, fmt.Errorf("start %s (%s): %w", name, argv[0], err)
 	}
-	p := &Proc{Name: name, LogPath: logPath, cmd: cmd, done: make(chan struct{})}
+	p := &Proc{Name: name, LogPath: logPath, logStart: st.Size(), cmd: cmd, done: make(chan struct{})}
 	go func() {
 		p.waitErr = cmd.Wait()
 		lf.Close()
@@ -86,6 +95,16 @@ func (p *Proc) Stop(timeout time.Duration) error {
 func (p *Proc) Kill() {
 	_ = p.cmd.Process.Signal(syscall.SIGKILL)
 	<-p.done
+}
+
+// RunLog returns what this run of the process has logged so far (LogPath
+// also holds the runs before it).
+func (p *Proc) RunLog() (string, error) {
+	b, err := os.ReadFile(p.LogPath)
+	if err != nil {
+		return "", fmt.Errorf("%s's log: %w", p.Name, err)
+	}
+	return string(b[min(p.logStart, int64(len(b))):]), nil
 }
 
 // LogTail returns the last n lines of the process's log.
@@ -223,4 +242,25 @@ func RepoRoot() (string, error) {
 		}
 	}
 	return "", errors.New("repository root not found above the working directory or the binary")
+}
+
+// LockedBuffer is a bytes.Buffer that one goroutine may write (a child
+// process's output, copied by exec) while another reads it.
+type LockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (l *LockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String returns everything written so far.
+func (l *LockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

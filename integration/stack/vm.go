@@ -5,7 +5,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"testing"
 
 	vmscratch "github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/vm/scratch"
 )
@@ -56,14 +55,4 @@ func FreeAddr() (string, error) {
 	}
 	defer l.Close()
 	return l.Addr().String(), nil
-}
-
-// MustFreeAddr is FreeAddr for a test: it fails tb when no port is free.
-func MustFreeAddr(tb testing.TB) string {
-	tb.Helper()
-	addr, err := FreeAddr()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return addr
 }
