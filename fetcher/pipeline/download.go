@@ -236,7 +236,7 @@ func (p *Pipelines) download(ctx context.Context, req *dlReq) (_ *dlResp, err er
 	p.hook("download:started")
 	// An extraction on the layer's parent chain may follow the file as it
 	// is written (stream.go).
-	grow := newGrowingFile(tmp)
+	grow := newGrowingFile(tmp, req.Run.ID)
 	ended, named := p.downloading(req.Run.IdempotencyID, grow)
 	defer func() {
 		ended()

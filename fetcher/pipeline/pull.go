@@ -260,6 +260,21 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 	if err != nil {
 		return nil, fmt.Errorf("pull %s: %w", source, err)
 	}
+	// Each layer, bottom up: once its parent chain is committed, a layer
+	// still downloading is extracted as its bytes arrive (stream.go). The
+	// bottom layer has no parent to wait for: its extraction is asked for
+	// before its download starts, so that it follows the transfer from
+	// the first byte and names the layer, which is then decompressed and
+	// parsed once however the runs are scheduled.
+	var streams []*streamExtraction
+	defer func() {
+		for _, s := range streams {
+			p.dropStream(ctx, s)
+		}
+	}()
+	if len(known) == 0 {
+		streams = append(streams, p.startStream(ctx, dlIDs[0], "", S3URL(req.Bucket, layers[0].Key)))
+	}
 	var ranged []int
 	for i := len(known); i < len(layers); i++ {
 		dlStarted[i] = make(chan struct{})
@@ -286,19 +301,11 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 			startDownload(i)
 		}
 	}()
-	// Each layer, bottom up: once its parent chain is committed, a layer
-	// still downloading is extracted as its bytes arrive (stream.go); its
-	// unpack run, started once its download has recorded it (its chain ID
-	// is known then), adopts that extraction or extracts the file. The
-	// next layer's extraction waits for this unpack run to commit. The
-	// layers already unpacked as recorded get unpack runs too, which find
-	// their chains in place.
-	var streams []*streamExtraction
-	defer func() {
-		for _, s := range streams {
-			p.dropStream(ctx, s)
-		}
-	}()
+	// Each layer's unpack run, started once its download has recorded
+	// it (its chain ID is known then), adopts the layer's stream
+	// extraction or extracts the file. The next layer's extraction waits
+	// for this unpack run to commit. The layers already unpacked as
+	// recorded get unpack runs too, which find their chains in place.
 	upRuns := make([]string, len(layers))
 	for i, l := range layers {
 		parentChain := ""
@@ -322,8 +329,8 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 			if dlErrs[i] != nil {
 				return nil, dlErrs[i]
 			}
-			if s := p.startStream(ctx, dlIDs[i], dlRuns[i], parentChain, S3URL(req.Bucket, l.Key)); s != nil {
-				streams = append(streams, s)
+			if i > 0 {
+				streams = append(streams, p.startStream(ctx, dlIDs[i], parentChain, S3URL(req.Bucket, l.Key)))
 			}
 			d, err := fsm.Await[DownloadResponse](ctx, p.m, dlRuns[i])
 			if err != nil {

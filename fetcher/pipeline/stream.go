@@ -55,6 +55,7 @@ func streamKey(dlID, parent string) string {
 // says when it ended; followers read up to what was written.
 type growingFile struct {
 	path string
+	run  string // the download's fsm run, for the followers' progress events
 	mu   sync.Mutex
 	cond *sync.Cond
 	n    int64
@@ -64,8 +65,8 @@ type growingFile struct {
 	followed bool
 }
 
-func newGrowingFile(path string) *growingFile {
-	g := &growingFile{path: path}
+func newGrowingFile(path, run string) *growingFile {
+	g := &growingFile{path: path, run: run}
 	g.cond = sync.NewCond(&g.mu)
 	return g
 }
@@ -172,7 +173,7 @@ func (r *follower) Close() error {
 type streamExtraction struct {
 	key    string // snapshot key (streamKey)
 	dlID   string // idempotency id of the download run it follows
-	dlRun  string // that run's id, for progress events
+	dlRun  string // the id of the run whose transfer it follows, for progress events; set by follow
 	parent string // the parent chain it is prepared on
 	url    string // the layer's object
 	ctx    context.Context
@@ -191,13 +192,14 @@ type streamExtraction struct {
 }
 
 // startStream asks for the stream extraction of the layer that download
-// run dlID (idempotency id; its fsm run is dlRun, for progress) fetches
-// from url, on parent chain parent, which must be committed. It starts as
-// soon as the download's transfer does in this process (at once if it
-// already has); a download that ended first leaves it unstarted, and the
-// unpack run extracts the file. A stream extraction already asked for the
-// same download and parent is shared.
-func (p *Pipelines) startStream(ctx context.Context, dlID, dlRun, parent, url string) *streamExtraction {
+// run dlID (idempotency id) fetches from url, on parent chain parent,
+// which must be committed. It starts as soon as the download's transfer
+// does in this process (at once if it already has); a download that ended
+// first leaves it unstarted, and the unpack run extracts the file. Asked
+// for before the download run starts, it is sure to follow the transfer
+// from its first byte and name the layer. A stream extraction already
+// asked for the same download and parent is shared.
+func (p *Pipelines) startStream(ctx context.Context, dlID, parent, url string) *streamExtraction {
 	key := streamKey(dlID, parent)
 	p.streamsMu.Lock()
 	defer p.streamsMu.Unlock()
@@ -208,7 +210,7 @@ func (p *Pipelines) startStream(ctx context.Context, dlID, dlRun, parent, url st
 	// pull whose client went away leaves its runs going, and this with
 	// them until they adopt or drop it.
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s := &streamExtraction{key: key, dlID: dlID, dlRun: dlRun, parent: parent, url: url, ctx: sctx, cancel: cancel, done: make(chan struct{})}
+	s := &streamExtraction{key: key, dlID: dlID, parent: parent, url: url, ctx: sctx, cancel: cancel, done: make(chan struct{})}
 	if p.streams == nil {
 		p.streams = map[string]*streamExtraction{}
 	}
@@ -294,7 +296,7 @@ func (p *Pipelines) follow(s *streamExtraction, g *growingFile) bool {
 	if err != nil {
 		return false // the transfer already ended: nothing to follow
 	}
-	s.started = true
+	s.started, s.dlRun = true, g.run
 	go p.runStream(s.ctx, s, rd)
 	return true
 }

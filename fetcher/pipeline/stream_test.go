@@ -7,6 +7,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -89,21 +90,22 @@ func TestPullExtractsWhileDownloading(t *testing.T) {
 	e.srv.Faults.Delay(1, "s/1.tar.gz", 300*time.Millisecond)
 	e.srv.Faults.Delay(1, "s/2.tar", 1500*time.Millisecond)
 	w := e.watchStreams()
-	// The bottom layer's transfer starts once its extraction is asked for
-	// (as it is when a pull starts, before the download run gets there).
+	// The bottom layer's extraction is asked for before its download run
+	// starts, whatever the order the runs are scheduled in.
+	var unasked atomic.Int32
 	e.p.hooks["download:started"] = func() {
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-			e.p.streamsMu.Lock()
-			n := len(e.p.streams)
-			e.p.streamsMu.Unlock()
-			if n > 0 {
-				return
-			}
+		e.p.streamsMu.Lock()
+		defer e.p.streamsMu.Unlock()
+		if len(e.p.streams) == 0 {
+			unasked.Add(1)
 		}
 	}
 	res := e.mustPull("s/", "s")
 	if want := sha(layerTar(t, "s1", 200_000)); res.Layers[0].DiffID != want {
 		t.Errorf("bottom layer's diff ID %s, want %s (its uncompressed tar's)", res.Layers[0].DiffID, want)
+	}
+	if n := unasked.Load(); n != 0 {
+		t.Errorf("%d download(s) started before the bottom layer's extraction was asked for", n)
 	}
 	if w.validating != 1 || w.rereads != 0 {
 		t.Errorf("downloads validating in-stream: %d, layer files read again: %d; want 1 (the top layer) and 0", w.validating, w.rereads)
