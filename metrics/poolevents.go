@@ -10,13 +10,14 @@ import (
 
 // PoolEvents counts what the daemon does on the pool's device-mapper
 // events: flyio_snapshotter_pool_low_water_events_total,
-// _pool_growths_total and _pool_grown_bytes_total, all labelled with the
-// pool name. Create it with NewPoolEvents, register it with AddPoolEvents.
+// _pool_growths_total, _pool_grown_bytes_total and
+// _pool_watch_failures_total, all labelled with the pool name. Create it with NewPoolEvents, register it with AddPoolEvents.
 type PoolEvents struct {
 	pool     string
 	lowWater prometheus.Counter
 	growths  prometheus.Counter
 	grown    prometheus.Counter
+	watch    prometheus.Counter
 }
 
 // NewPoolEvents returns the counters of pool, all at zero.
@@ -30,8 +31,13 @@ func NewPoolEvents(pool string) *PoolEvents {
 			Help: "Times the loop-file pool's data was grown."}),
 		grown: prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Name: "pool_grown_bytes_total", ConstLabels: labels,
 			Help: "Bytes added to the loop-file pool's data by growth."}),
+		watch: prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Name: "pool_watch_failures_total", ConstLabels: labels,
+			Help: "Times the watch of the pool's device-mapper events failed and was started again; while it is down, no low-water mark is acted on."}),
 	}
 }
+
+// WatchFailed counts one failed watch of the pool's events.
+func (e *PoolEvents) WatchFailed() { e.watch.Inc() }
 
 // LowWater counts one low-water event.
 func (e *PoolEvents) LowWater() { e.lowWater.Inc() }
@@ -47,7 +53,7 @@ func (e *PoolEvents) Grew(from, to int64) {
 
 // AddPoolEvents exports e's counters.
 func (m *Metrics) AddPoolEvents(e *PoolEvents) {
-	m.register(e.lowWater, e.growths, e.grown)
+	m.register(e.lowWater, e.growths, e.grown, e.watch)
 }
 
 // PoolBacking is what AddPoolBacking reads: *thinpool.Pool.

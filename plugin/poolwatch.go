@@ -2,7 +2,7 @@ package plugin
 
 import (
 	"context"
-	"errors"
+	"time"
 
 	"github.com/containerd/log"
 
@@ -25,10 +25,11 @@ import (
 // thinpool.LowWaterRecheckInterval while the pool stays under it, so a
 // growth that failed (host space, pool.max_data_size, an error) is
 // retried once the operator has made room; only the first of these
-// counts as a low-water event in the metrics.
+// counts as a low-water event in the metrics. A watch that fails is
+// started again (keepWatching).
 func (s *Service) watchPool(ctx context.Context, col *gc.Collector, ev *metrics.PoolEvents) {
 	lg := log.G(ctx).WithField("pool", s.Pool.Name())
-	err := s.Pool.Watch(ctx, func(ctx context.Context, e thinpool.Event) {
+	keepWatching(ctx, s.Pool, lg, ev.WatchFailed, func(ctx context.Context, e thinpool.Event) {
 		l := lg.WithField("event", e.EventNr).WithField("mode", e.Status.Mode).
 			WithField("free_blocks", e.Status.TotalDataBlocks-e.Status.UsedDataBlocks).WithField("low_water_blocks", e.LowWaterBlocks)
 		if !e.LowWater {
@@ -54,7 +55,46 @@ func (s *Service) watchPool(ctx context.Context, col *gc.Collector, ev *metrics.
 			l.WithError(err).Warn("gc: collection at the low-water mark")
 		}
 	})
-	if err != nil && !errors.Is(err, context.Canceled) {
-		lg.WithError(err).Error("watching the pool's events stopped")
+}
+
+// poolWatcher is what keepWatching needs of the pool: *thinpool.Pool.
+type poolWatcher interface {
+	Watch(ctx context.Context, fn func(ctx context.Context, ev thinpool.Event)) error
+}
+
+// The pause before a failed watch is started again: watchRetryMin at
+// first, doubling up to watchRetryMax while the watches keep failing
+// within watchRetryMax of their start.
+const (
+	watchRetryMin = time.Second
+	watchRetryMax = time.Minute
+)
+
+// keepWatching runs w.Watch with fn until ctx is done. A watch that fails
+// (the pool's event wait refused, say while an operator reloads its
+// table) is logged, counted with failed, and started again after a pause,
+// so a daemon that runs for months does not stop handling the pool's
+// events for good on one error. The watch started again reports the pool
+// at once if it is under its low-water mark, so a crossing made while no
+// watch ran is handled.
+func keepWatching(ctx context.Context, w poolWatcher, lg *log.Entry, failed func(), fn func(ctx context.Context, ev thinpool.Event)) {
+	pause := watchRetryMin
+	for {
+		started := time.Now()
+		err := w.Watch(ctx, fn)
+		if ctx.Err() != nil {
+			return
+		}
+		failed()
+		if time.Since(started) > watchRetryMax {
+			pause = watchRetryMin
+		}
+		lg.WithError(err).WithField("retry_in", pause).Error("watching the pool's events failed; watching again after a pause")
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, watchRetryMax)
 	}
 }
