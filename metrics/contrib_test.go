@@ -99,6 +99,8 @@ func everything(t *testing.T) *Metrics {
 	if _, err := m.Wrap(inner).Stat(ctx, "missing"); err == nil {
 		t.Fatal("Stat of a missing snapshot succeeded")
 	}
+	// The handler the daemon serves registers its own error counter.
+	m.Handler()
 	return m
 }
 
@@ -370,7 +372,9 @@ func metricsDoc(fams map[string]*dto.MetricFamily) string {
 	b.WriteString(`# Metrics
 
 The daemon serves these at ` + "`daemon.metrics_address`" + ` (under ` + "`/metrics`" + `),
-besides Go's runtime (` + "`go_*`" + `) and process (` + "`process_*`" + `) metrics.
+besides Go's runtime (` + "`go_*`" + `) and process (` + "`process_*`" + `) metrics, and
+` + "`promhttp_metric_handler_errors_total`" + `: a scrape leaves out the metrics of a
+source it cannot read and serves the rest; ` + "`cause=\"gathering\"`" + ` counts those.
 Alert rules and their tests are in ` + "`contrib/prometheus/`" + `, a Grafana dashboard
 in ` + "`contrib/grafana/`" + `.
 

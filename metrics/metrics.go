@@ -91,9 +91,16 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 // collectors).
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
-// Handler serves the registry in the Prometheus exposition format.
+// Handler serves the registry in the Prometheus exposition format. A
+// source that cannot be read (the pool's status refused, the database
+// busy past scrapeTimeout) leaves out only its own metrics: the rest are
+// served, the error is logged, and
+// promhttp_metric_handler_errors_total{cause="gathering"} counts it (on
+// the registry, so from the next scrape on). Failing the whole scrape
+// would hide every other metric exactly when the host is in trouble, and
+// read as the daemon being down.
 func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorLog: errorLogger{}})
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorLog: errorLogger{}, ErrorHandling: promhttp.ContinueOnError, Registry: m.reg})
 }
 
 type errorLogger struct{}

@@ -3,6 +3,9 @@ package metrics
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -117,5 +120,51 @@ func TestPoolUnderLowWater(t *testing.T) {
 	f.lowWaterErr = errors.New("DM_TABLE_STATUS: no such device")
 	if _, err := m.Registry().Gather(); err == nil || !strings.Contains(err.Error(), "no such device") {
 		t.Errorf("gather with an unreadable table: err %v, want the table's error", err)
+	}
+}
+
+// failingPoolStatus is a pool whose status the kernel refuses.
+type failingPoolStatus struct{ fakePoolStatus }
+
+func (failingPoolStatus) Status(context.Context) (thinpool.PoolStatus, error) {
+	return thinpool.PoolStatus{}, errors.New("dm status flyio-pool: no such device or address")
+}
+
+// TestScrapeWithAFailingSource: when the pool's status cannot be read, a
+// scrape still answers 200 with every other metric, leaves the pool's
+// out, and the next scrape counts the failure.
+func TestScrapeWithAFailingSource(t *testing.T) {
+	m := New()
+	e := NewPoolEvents("p1")
+	m.AddPoolEvents(e)
+	m.AddPool(&failingPoolStatus{})
+	e.LowWater()
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	scrape := func() string {
+		t.Helper()
+		resp, err := http.Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("scrape with the pool's status failing: %s\n%s", resp.Status, body)
+		}
+		return string(body)
+	}
+	first := scrape()
+	if !strings.Contains(first, Namespace+`_pool_low_water_events_total{pool="p1"} 1`) {
+		t.Errorf("the other sources' metrics are not served:\n%s", first)
+	}
+	if strings.Contains(first, Namespace+"_pool_data_used_bytes{") {
+		t.Errorf("a pool usage is served though its status failed:\n%s", first)
+	}
+	if second := scrape(); !strings.Contains(second, `promhttp_metric_handler_errors_total{cause="gathering"} 1`) {
+		t.Errorf("the failed gathering is not counted:\n%s", second)
 	}
 }
