@@ -224,6 +224,7 @@ base_image_size = "1.5GiB"
 fs_type = "xfs"
 mkfs_options = ["-K", "-m", "crc=1"]
 async_remove = false
+discard_blocks = false
 delete_unknown_devices = true
 [s3]
 bucket = "my-images"

@@ -121,6 +121,7 @@ func TestEveryKeyReachesItsPackage(t *testing.T) {
 		{"pool.fs_type", `"xfs"`, "snapshotter", nil},
 		{"pool.mkfs_options", `["-K"]`, "snapshotter", nil},
 		{"pool.async_remove", `false`, "snapshotter", nil},
+		{"pool.discard_blocks", `false`, "snapshotter", nil},
 		{"pool.delete_unknown_devices", `true`, "snapshotter", nil},
 		{"s3.bucket", `"b-one"`, "plugin", nil},
 		{"s3.region", `"eu-west-1"`, "s3source", nil},

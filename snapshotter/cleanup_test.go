@@ -2,6 +2,8 @@ package snapshotter
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"testing"
 )
 
@@ -83,6 +85,52 @@ func TestStaleReclaimSparesDeviceThatReusedItsID(t *testing.T) {
 				t.Fatal(err)
 			}
 			assertSettled(t, s, pool)
+		})
+	}
+}
+
+// TestReclaimDiscardsBeforeDelete: with pool.discard_blocks, a removed
+// device is discarded whole before it is deleted, also a committed one
+// that is no longer active (it is activated for the discard), and nothing
+// of it stays mapped; without it the device is only deleted.
+func TestReclaimDiscardsBeforeDelete(t *testing.T) {
+	bg := context.Background()
+	for _, discard := range []bool{true, false} {
+		t.Run(fmt.Sprintf("discard_blocks=%v", discard), func(t *testing.T) {
+			s, pool := newFakeSnapshotter(t, Config{AsyncRemove: true, DiscardBlocks: discard})
+			if _, err := s.Prepare(bg, "layer", ""); err != nil {
+				t.Fatal(err)
+			}
+			name, _, id, err := s.DeviceOf(bg, "layer")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := pool.Write(id, 2048); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Commit(bg, "sha256:chain1", "layer"); err != nil {
+				t.Fatal(err)
+			}
+			_, active := pool.Counts()
+			if err := s.Remove(bg, "sha256:chain1"); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Cleanup(bg); err != nil {
+				t.Fatal(err)
+			}
+			want := []string(nil)
+			if discard {
+				want = []string{name}
+			}
+			if got := pool.Discarded(); !slices.Equal(got, want) {
+				t.Errorf("discarded %v, want %v", got, want)
+			}
+			if ok, err := pool.ThinExists(bg, id); err != nil || ok {
+				t.Errorf("thin %d still in the pool after Cleanup: %v, %v", id, ok, err)
+			}
+			if _, after := pool.Counts(); after != active {
+				t.Errorf("%d devices mapped after Cleanup, %d before the Remove: the device activated for its discard stayed mapped", after, active)
+			}
 		})
 	}
 }

@@ -34,6 +34,11 @@ type Config struct {
 	// device's deletion to Cleanup (containerd's garbage collector); when
 	// false Remove deletes the device before it returns.
 	AsyncRemove bool `toml:"async_remove"`
+	// DiscardBlocks discards a removed device's blocks before deleting it
+	// (thinpool.Pool.Discard), so that a loop-file pool gives them back to
+	// the filesystem under it, or a pool on SSDs trims them; deleting
+	// alone frees them in the pool only.
+	DiscardBlocks bool `toml:"discard_blocks"`
 	// DeleteUnknownDevices makes start-up reconciliation delete thin devices
 	// that nothing in the database explains (their ids stay quarantined).
 	// When false they are quarantined and left in the pool untouched.
@@ -41,9 +46,9 @@ type Config struct {
 }
 
 // DefaultConfig returns the daemon's defaults of the devices' keys: ext4,
-// 10 GiB devices, deletion left to Cleanup.
+// 10 GiB devices, deletion left to Cleanup, blocks discarded before it.
 func DefaultConfig() Config {
-	return Config{BaseImageSize: DefaultBaseImageSize, FSType: string(thinpool.FSExt4), AsyncRemove: true}
+	return Config{BaseImageSize: DefaultBaseImageSize, FSType: string(thinpool.FSExt4), AsyncRemove: true, DiscardBlocks: true}
 }
 
 // Validate checks every key and returns one error per bad value, joined,

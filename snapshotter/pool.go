@@ -19,6 +19,10 @@ type DevicePool interface {
 	Delete(ctx context.Context, id uint32) error
 	Activate(ctx context.Context, name string, id uint32, sizeBytes int64) (string, error)
 	Deactivate(ctx context.Context, name string) error
+	// Discard unmaps every block of active device name, giving back to
+	// the pool (and, passed down, to its data device) those no other
+	// device shares.
+	Discard(ctx context.Context, name string) error
 	ThinExists(ctx context.Context, id uint32) (bool, error)
 	ThinIDs(ctx context.Context) ([]uint32, error)
 	ActiveDevices(ctx context.Context) ([]thinpool.ActiveDevice, error)

@@ -624,6 +624,25 @@ func (s *Snapshotter) quarantineAndDrop(ctx context.Context, plan createPlan, re
 	})
 }
 
+// discard gives back the blocks of removed device dev before its deletion
+// (Config.DiscardBlocks): it activates the device if it is not active and
+// discards all of it. A failure only costs the space the discard would
+// have given back, so it is logged and the deletion goes on; a crash
+// leaves the device removed, and the next reclaim discards it again.
+func (s *Snapshotter) discard(ctx context.Context, dev ThinDevice) {
+	lg := log.G(ctx).WithFields(log.Fields{"device": dev.Name, "thin_id": dev.ID})
+	if _, err := s.pool.Activate(ctx, dev.Name, dev.ID, dev.SizeBytes); err != nil {
+		lg.WithError(err).Warn("reclaim: could not activate the device to discard its blocks; deleting it without")
+		return
+	}
+	switch err := s.pool.Discard(ctx, dev.Name); {
+	case errors.Is(err, errors.ErrUnsupported):
+		lg.WithError(err).Debug("reclaim: the pool ignores discards")
+	case err != nil:
+		lg.WithError(err).Warn("reclaim: discarding the device's blocks failed; deleting it without")
+	}
+}
+
 // destroy deactivates and deletes a thin device; a device already gone is
 // not an error.
 func (s *Snapshotter) destroy(ctx context.Context, name string, id uint32) error {
@@ -890,6 +909,9 @@ func (s *Snapshotter) reclaim(ctx context.Context, dev ThinDevice) error {
 		log.G(ctx).WithFields(log.Fields{"device": dev.Name, "thin_id": dev.ID, "recorded": ok, "state": cur.State}).
 			Debug("reclaim: device already reclaimed by another caller; its id is left to its new record")
 		return nil
+	}
+	if s.cfg.DiscardBlocks {
+		s.discard(ctx, dev)
 	}
 	if err := s.destroy(ctx, dev.Name, dev.ID); err != nil {
 		return err

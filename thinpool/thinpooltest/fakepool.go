@@ -45,6 +45,8 @@ type FakePool struct {
 	// root, when set, holds a directory per thin id (dir): the files
 	// on the device.
 	root string
+	// discarded are the names Discard was called on, in order.
+	discarded []string
 }
 
 // thin is one thin device: the runs of sectors it maps, shared with its
@@ -178,13 +180,43 @@ func (p *FakePool) Delete(ctx context.Context, id uint32) error {
 			return fmt.Errorf("fake pool: delete %d: its files: %w", id, err)
 		}
 	}
+	p.unmap(t)
+	delete(p.thins, id)
+	return nil
+}
+
+// unmap drops t's sectors, freeing those no other device holds; the
+// caller holds mu.
+func (p *FakePool) unmap(t *thin) {
 	for _, r := range t.runs {
 		if r.holders--; r.holders == 0 {
 			p.used -= r.sectors
 		}
 	}
-	delete(p.thins, id)
+	t.runs = nil
+}
+
+// Discard unmaps every sector mapped device name maps, as a discard of
+// the whole device does: the sectors no other device holds are freed. Its
+// files, if the pool keeps them, stay (a discarded filesystem is garbage
+// the caller deletes next). name must be mapped.
+func (p *FakePool) Discard(ctx context.Context, name string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	id, ok := p.active[name]
+	if !ok {
+		return fmt.Errorf("fake pool: discard %s: %w", name, thinpool.ErrNotFound)
+	}
+	p.unmap(p.thins[id])
+	p.discarded = append(p.discarded, name)
 	return nil
+}
+
+// Discarded returns the names Discard was called on, in order.
+func (p *FakePool) Discarded() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.discarded...)
 }
 
 // Activate maps name to thin id id and returns its device path; mapping a
