@@ -12,11 +12,12 @@ import (
 func TestMutexSerialisesOneKeyOnly(t *testing.T) {
 	var k Mutex[uint32]
 	unlock := k.Lock(1)
-	got := make(chan struct{})
+	got, released := make(chan struct{}), make(chan struct{})
 	go func() {
 		u := k.Lock(1)
 		close(got)
 		u()
+		close(released)
 	}()
 	k.Lock(2)() // another key: not blocked by 1
 	select {
@@ -26,6 +27,7 @@ func TestMutexSerialisesOneKeyOnly(t *testing.T) {
 	}
 	unlock()
 	<-got
+	<-released
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Add(1)
