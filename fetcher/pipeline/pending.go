@@ -117,7 +117,9 @@ func (p *Pipelines) registration(ctx context.Context, name string) (registered, 
 // and reports how many are still pending. While containerd's socket is
 // absent nothing changes. A name containerd has for an image this daemon
 // did not create, named without --replace, is refused there
-// (ErrForeignImage): the records give it up, as a refused pull does.
+// (ErrForeignImage): the records give it up, as a refused pull does. Each
+// image is held by the pool guard while its name is registered, as a pull
+// holds it: no removal runs meanwhile.
 func (p *Pipelines) RegisterPending(ctx context.Context) (int, error) {
 	if p.opts.Registrar == nil {
 		return 0, nil
@@ -150,6 +152,19 @@ func (p *Pipelines) registerPendingName(ctx context.Context, pn pendingName) (bo
 	imageID, err := rec.ImageIDByName(ctx, pn.Name)
 	if err != nil || imageID == "" {
 		return false, err // a name forgotten takes its pending rows with it
+	}
+	// The image is held as a pull holds it while containerd gets its
+	// chains: a removal of it under way (rm, a collection) ends first, and
+	// none starts until the name is registered, so containerd is never
+	// handed chains a removal is deleting.
+	defer p.beginPull(imageID)()
+	switch now, err := rec.ImageIDByName(ctx, pn.Name); {
+	case err != nil:
+		return true, err
+	case now == "":
+		return false, nil // removed while the hold waited: the name went with it
+	case now != imageID:
+		return true, nil // the next round registers the image the name is on now
 	}
 	diffs, err := queryAll(ctx, p.db.Statements(), "diff ids of image "+imageID, func(s rowScanner) (api.Layer, error) {
 		var l api.Layer

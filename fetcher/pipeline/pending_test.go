@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -156,5 +157,85 @@ func TestContainerdDeadSocketIsAbsent(t *testing.T) {
 	}
 	if ok, err := r.Registered(ctx, "app:1", []string{chain}); !ok || err != nil {
 		t.Errorf("Registered with containerd's socket dead: %v, %v; want true, nil, as with no socket", ok, err)
+	}
+}
+
+// holdingGuard is a fake PoolGuard that counts the holds Begin gives on
+// each image (gc.Collector's, in the daemon, also waits for a removal of
+// the image under way and keeps one from starting while held).
+type holdingGuard struct {
+	mu   sync.Mutex
+	held map[string]int
+}
+
+func (g *holdingGuard) Begin(imageID string) func() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.held[imageID]++
+	return func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		g.held[imageID]--
+	}
+}
+
+func (g *holdingGuard) holds(imageID string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.held[imageID]
+}
+
+func (*holdingGuard) MakeRoom(context.Context, string, []LayerNeed) error { return nil }
+func (*holdingGuard) Pulled(context.Context, string)                      {}
+func (*holdingGuard) Preparing(context.Context, string)                   {}
+func (*holdingGuard) Committed(context.Context, string, string)           {}
+func (*holdingGuard) Dropped(context.Context, string)                     {}
+
+// heldRegistrar is downFakeRegistrar noting whether the image was held
+// by the pool guard at each registration.
+type heldRegistrar struct {
+	*downFakeRegistrar
+	guard    *holdingGuard
+	imageID  string
+	unheld   atomic.Int32
+	register atomic.Int32
+}
+
+func (r *heldRegistrar) Register(ctx context.Context, ref string, diffIDs []string, replace bool) error {
+	if !r.down.Load() {
+		r.register.Add(1)
+		if r.guard.holds(r.imageID) == 0 {
+			r.unheld.Add(1)
+		}
+	}
+	return r.downFakeRegistrar.Register(ctx, ref, diffIDs, replace)
+}
+
+// TestRegisterPendingHoldsTheImage: a name pulled while containerd was
+// down is registered with its image held by the pool guard, as a pull
+// holds it, so that no removal deletes the chains containerd is being
+// handed; the hold ends with the registration.
+func TestRegisterPendingHoldsTheImage(t *testing.T) {
+	bg := context.Background()
+	e := newPullEnv(t, nil)
+	g := &holdingGuard{held: map[string]int{}}
+	e.p.SetPoolGuard(g)
+	_, imageID := imageSource(e.srv.Bucket, "hp/")
+	reg := &heldRegistrar{downFakeRegistrar: &downFakeRegistrar{fakeRegistrar: newFakeRegistrar()}, guard: g, imageID: imageID}
+	e.p.opts.Registrar = reg
+	reg.down.Store(true)
+	e.srv.Put(t, "hp/1.tar", layerTar(t, "hp", 100))
+	if res := e.mustPull("hp/", "hp:v1"); !res.Snapshot.RegisterPending {
+		t.Fatalf("pull while containerd is down: %+v, want the name pending", res.Snapshot)
+	}
+	reg.down.Store(false)
+	if n, err := e.p.RegisterPending(bg); err != nil || n != 0 {
+		t.Fatalf("RegisterPending once containerd answers: %d left, %v", n, err)
+	}
+	if reg.register.Load() != 1 || reg.unheld.Load() != 0 {
+		t.Errorf("registrations once containerd answered: %d, %d of them with the image not held; want 1 and 0", reg.register.Load(), reg.unheld.Load())
+	}
+	if n := g.holds(imageID); n != 0 {
+		t.Errorf("%d holds on the image left after RegisterPending", n)
 	}
 }
