@@ -249,8 +249,20 @@ func TestEndToEnd(t *testing.T) {
 
 	// Remove the images; containerd's GC removes their snapshots through
 	// our proxy plugin, and nothing of ours may stay.
+	usedBefore := metricSum(t, ctx, e, "flyio_snapshotter_pool_data_used_bytes{")
+	fileBefore := metricSum(t, ctx, e, "flyio_snapshotter_pool_loop_files_allocated_bytes{")
 	if out, err := e.RemoveImages(ctx); err != nil {
 		t.Fatalf("remove images: %v: %s", err, out)
+	}
+	// pool.discard_blocks (the default) gives the removed devices' blocks
+	// back to the filesystem under the loop files, not only to the pool.
+	freedPool := usedBefore - metricSum(t, ctx, e, "flyio_snapshotter_pool_data_used_bytes{")
+	freedFile := fileBefore - metricSum(t, ctx, e, "flyio_snapshotter_pool_loop_files_allocated_bytes{")
+	t.Logf("image removal freed %.1f MiB of the pool's data and %.1f MiB of its loop files", freedPool/(1<<20), freedFile/(1<<20))
+	if freedPool <= 0 || freedFile < freedPool/2 {
+		status, _ := e.Daemon.CLI(ctx, []string{"pool", "status"})
+		t.Errorf("image removal freed %.0f bytes of the pool's data but %.0f of its loop files: the removed devices' blocks were not discarded\npool status:\n%s\ndaemon log tail:\n%s",
+			freedPool, freedFile, status, e.Daemon.Proc.LogTail(80))
 	}
 	for _, kind := range []string{"unpacked", "chains", "images", "snapshots"} {
 		out, err := e.Daemon.CLI(ctx, []string{"ls", kind}, "--format", "json")
@@ -290,6 +302,28 @@ func wantMetric(t *testing.T, ctx context.Context, e *stack.E2E, name string, wa
 	if len(lines) != 1 || lines[0] != fmt.Sprintf("%s %d", name, want) {
 		t.Errorf("metrics endpoint: %q, want %s %d", lines, name, want)
 	}
+}
+
+// metricSum is the sum of the samples of the daemon's metrics whose line
+// starts with prefix.
+func metricSum(t *testing.T, ctx context.Context, e *stack.E2E, prefix string) float64 {
+	t.Helper()
+	lines, err := e.Metrics(ctx, prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lines) == 0 {
+		t.Fatalf("metrics endpoint: no %s sample", prefix)
+	}
+	sum := 0.0
+	for _, l := range lines {
+		var v float64
+		if _, err := fmt.Sscan(l[strings.LastIndexByte(l, ' ')+1:], &v); err != nil {
+			t.Fatalf("metrics line %q: %v", l, err)
+		}
+		sum += v
+	}
+	return sum
 }
 
 func countLayers(m map[string][]string) int {
