@@ -11,7 +11,8 @@ import (
 // PoolEvents counts what the daemon does on the pool's device-mapper
 // events: flyio_snapshotter_pool_low_water_events_total,
 // _pool_growths_total, _pool_grown_bytes_total and
-// _pool_watch_failures_total, all labelled with the pool name. Create it with NewPoolEvents, register it with AddPoolEvents.
+// _pool_watch_failures_total, all labelled with the pool name. Create it
+// with NewPoolEvents, register it with AddPoolEvents.
 type PoolEvents struct {
 	pool     string
 	lowWater prometheus.Counter

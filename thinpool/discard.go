@@ -35,9 +35,9 @@ func (p *Pool) Discard(ctx context.Context, name string) error {
 		return p.errf(nil, err, "discard %q: open %s", name, path)
 	}
 	defer unix.Close(fd)
-	var size uint64
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.BLKGETSIZE64, uintptr(unsafe.Pointer(&size))); errno != 0 {
-		return p.errf(nil, errno, "discard %q: size of %s", name, path)
+	size, err := fdSize(fd)
+	if err != nil {
+		return p.errf(nil, err, "discard %q: size of %s", name, path)
 	}
 	span := [2]uint64{0, size}
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.BLKDISCARD, uintptr(unsafe.Pointer(&span))); errno != 0 {

@@ -12,10 +12,11 @@ import (
 )
 
 // TestDiscardGivesBlocksBackToLoopFile: discarding a thin device gives
-// the blocks only it maps back to the filesystem under the loop-file pool
-// (a delete alone does not), leaves the blocks a snapshot shares with it
-// and the snapshot's bytes as they were, and refuses a device open
-// exclusively elsewhere.
+// the blocks only it maps back to the filesystem under the loop-file pool,
+// leaves the blocks a snapshot shares with it and the snapshot's bytes as
+// they were, and refuses a device open exclusively elsewhere. (That a
+// delete alone gives nothing back is TestCleanupGivesBlocksBackToLoopFile's
+// discard_blocks=false case.)
 func TestDiscardGivesBlocksBackToLoopFile(t *testing.T) {
 	ctx := context.Background()
 	p, cfg := testPool(t, 256*mib)

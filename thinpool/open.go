@@ -335,11 +335,21 @@ func deviceSize(path string) (int64, error) {
 		return 0, fmt.Errorf("open %s: %w", path, err)
 	}
 	defer f.Close()
-	var size uint64
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.BLKGETSIZE64, uintptr(unsafe.Pointer(&size))); errno != 0 {
-		return 0, fmt.Errorf("BLKGETSIZE64 %s: %w", path, errno)
+	size, err := fdSize(int(f.Fd()))
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
 	}
 	return int64(size), nil
+}
+
+// fdSize returns the size in bytes of the block device open as fd
+// (BLKGETSIZE64); its error names the ioctl, not the device.
+func fdSize(fd int) (uint64, error) {
+	var size uint64
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.BLKGETSIZE64, uintptr(unsafe.Pointer(&size))); errno != 0 {
+		return 0, fmt.Errorf("BLKGETSIZE64: %w", errno)
+	}
+	return size, nil
 }
 
 // parseDevString parses "major:minor".

@@ -196,8 +196,9 @@ func (p *FakePool) unmap(t *thin) {
 	t.runs = nil
 }
 
-// Discard unmaps every sector mapped device name maps, as a discard of
-// the whole device does: the sectors no other device holds are freed. Its
+// Discard unmaps every sector of the thin device mapped as name, as a
+// discard of the whole device does: the sectors no other device holds are
+// freed. Its
 // files, if the pool keeps them, stay (a discarded filesystem is garbage
 // the caller deletes next). name must be mapped.
 func (p *FakePool) Discard(ctx context.Context, name string) error {
