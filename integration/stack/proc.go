@@ -151,9 +151,14 @@ func waitDial(ctx context.Context, p *Proc, network, address string) error {
 	return WaitDial(ctx, p, network, address)
 }
 
+// errPortTaken is WaitDial's error for a process that ended because its
+// address was in use (EADDRINUSE, in its log).
+var errPortTaken = errors.New("address already in use")
+
 // WaitDial waits until network/address accepts a connection, and returns
 // nil then; it returns an error quoting the tail of p's log when p exits
-// first or ctx ends first.
+// first (wrapping errPortTaken when that log says the address was in use)
+// or ctx ends first.
 func WaitDial(ctx context.Context, p *Proc, network, address string) error {
 	for {
 		c, err := net.DialTimeout(network, address, time.Second)
@@ -162,6 +167,9 @@ func WaitDial(ctx context.Context, p *Proc, network, address string) error {
 			return nil
 		}
 		if p.Exited() {
+			if log, lerr := p.RunLog(); lerr == nil && strings.Contains(log, "address already in use") {
+				return fmt.Errorf("%s exited (%v) before listening on %s: %w; log %s:\n%s", p.Name, p.waitErr, address, errPortTaken, p.LogPath, p.LogTail(40))
+			}
 			return fmt.Errorf("%s exited (%v) before listening on %s; log %s:\n%s", p.Name, p.waitErr, address, p.LogPath, p.LogTail(40))
 		}
 		select {

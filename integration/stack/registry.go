@@ -38,17 +38,15 @@ func StartRegistry(ctx context.Context, bin, dir string) (*Registry, error) {
 	if err := os.MkdirAll(filepath.Join(dir, "storage"), 0o755); err != nil {
 		return nil, fmt.Errorf("registry folder: %w", err)
 	}
-	host, err := FreeAddr()
-	if err != nil {
-		return nil, fmt.Errorf("registry: %w", err)
-	}
-	cfg := fmt.Sprintf("version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\nhttp:\n  addr: %s\n  draintimeout: 2s\n",
-		filepath.Join(dir, "storage"), host)
 	cfgPath := filepath.Join(dir, "config.yml")
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
-		return nil, fmt.Errorf("registry config: %w", err)
-	}
-	p, err := StartServing(ctx, "registry", filepath.Join(dir, "registry.log"), []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, "tcp", host, bin, "serve", cfgPath)
+	p, host, err := ServeOnFreePort(ctx, func(host string) (*Proc, error) {
+		cfg := fmt.Sprintf("version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\nhttp:\n  addr: %s\n  draintimeout: 2s\n",
+			filepath.Join(dir, "storage"), host)
+		if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+			return nil, fmt.Errorf("registry config: %w", err)
+		}
+		return StartServing(ctx, "registry", filepath.Join(dir, "registry.log"), []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, "tcp", host, bin, "serve", cfgPath)
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -51,12 +51,19 @@ func StartS3(ctx context.Context, bin, dir, logDir, bucket, accessKey, secretKey
 			return nil, fmt.Errorf("versitygw folder: %w", err)
 		}
 	}
-	addr, err := FreeAddr()
-	if err != nil {
-		return nil, err
-	}
 	if accessKey == "" {
 		accessKey, secretKey = "AK"+randHex(9), randHex(20)
+	}
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return nil, fmt.Errorf("versitygw log folder: %w", err)
+	}
+	p, addr, err := ServeOnFreePort(ctx, func(addr string) (*Proc, error) {
+		return StartServing(ctx, "versitygw", filepath.Join(logDir, "versitygw.log"), []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}, "tcp", addr,
+			bin, "--port", addr, "--access", accessKey, "--secret", secretKey,
+			"--region", S3Region, "--quiet", "posix", "--sidecar", filepath.Join(dir, "meta"), filepath.Join(dir, "data"))
+	})
+	if err != nil {
+		return nil, err
 	}
 	s := &S3{
 		Endpoint:  "http://" + addr,
@@ -64,19 +71,7 @@ func StartS3(ctx context.Context, bin, dir, logDir, bucket, accessKey, secretKey
 		AccessKey: accessKey,
 		SecretKey: secretKey,
 		Dir:       dir,
-	}
-	if err := os.MkdirAll(logDir, 0o755); err != nil {
-		return nil, fmt.Errorf("versitygw log folder: %w", err)
-	}
-	s.Proc, err = StartProc("versitygw", filepath.Join(logDir, "versitygw.log"), []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
-		bin, "--port", addr, "--access", s.AccessKey, "--secret", s.SecretKey,
-		"--region", S3Region, "--quiet", "posix", "--sidecar", filepath.Join(dir, "meta"), filepath.Join(dir, "data"))
-	if err != nil {
-		return nil, err
-	}
-	if err := waitDial(ctx, s.Proc, "tcp", addr); err != nil {
-		_ = s.Proc.Stop(5 * time.Second)
-		return nil, err
+		Proc:      p,
 	}
 	return s, nil
 }
