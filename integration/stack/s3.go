@@ -65,15 +65,14 @@ func StartS3(ctx context.Context, bin, dir, logDir, bucket, accessKey, secretKey
 	if err != nil {
 		return nil, err
 	}
-	s := &S3{
+	return &S3{
 		Endpoint:  "http://" + addr,
 		Bucket:    bucket,
 		AccessKey: accessKey,
 		SecretKey: secretKey,
 		Dir:       dir,
 		Proc:      p,
-	}
-	return s, nil
+	}, nil
 }
 
 // SeedStore makes, once, a versitygw store under dir holding the bucket

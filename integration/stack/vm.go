@@ -67,9 +67,11 @@ const portAttempts = 3
 // distribution's registry): start is given a 127.0.0.1 host:port that was
 // free a moment ago and returns the process once it accepts connections
 // there (StartServing). Between that moment and the server's bind, any
-// other socket may take the port; the server then exits with "address
-// already in use", and it is started again on another port, up to
-// portAttempts times. Any other failure is returned as it is.
+// other socket may take the port: the server then exits with "address
+// already in use", or, when that socket listens, the connection start
+// waited for was that socket's. Either way the server is stopped and
+// started again on another port, up to portAttempts times. Any other
+// failure stops the server and is returned as it is.
 func ServeOnFreePort(ctx context.Context, start func(addr string) (*Proc, error)) (*Proc, string, error) {
 	var lastErr error
 	for range portAttempts {
@@ -82,10 +84,13 @@ func ServeOnFreePort(ctx context.Context, start func(addr string) (*Proc, error)
 			// The connection that start waited for may have been
 			// accepted by the socket that took the port.
 			owns, oerr := p.listensOn(addr)
-			if oerr != nil || owns {
-				return p, addr, oerr
+			if oerr == nil && owns {
+				return p, addr, nil
 			}
 			p.Kill()
+			if oerr != nil {
+				return nil, "", oerr
+			}
 			err = fmt.Errorf("%s: another socket answers on %s: %w", p.Name, addr, errPortTaken)
 		}
 		if !errors.Is(err, errPortTaken) {
@@ -124,7 +129,7 @@ func (p *Proc) listensOn(addr string) (bool, error) {
 			}
 		}
 	}
-	fdDir := fmt.Sprintf("/proc/%d/fd", p.cmd.Process.Pid)
+	fdDir := fmt.Sprintf("/proc/%d/fd", p.Pid())
 	fds, err := os.ReadDir(fdDir)
 	if err != nil {
 		return false, fmt.Errorf("%s's open files: %w", p.Name, err)
