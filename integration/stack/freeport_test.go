@@ -118,6 +118,19 @@ func TestServeOnFreePortGivesUp(t *testing.T) {
 			t.Fatalf("after %d starts: %v; want one start and the server's own failure", starts, err)
 		}
 	})
+
+	t.Run("a canceled context", func(t *testing.T) {
+		canceled, cancelNow := context.WithCancel(ctx)
+		cancelNow()
+		starts := 0
+		_, _, err := ServeOnFreePort(canceled, func(addr string) (*Proc, error) {
+			starts++
+			return serveWith(ctx, dir, addr)
+		})
+		if !errors.Is(err, context.Canceled) || starts != 0 {
+			t.Fatalf("after %d starts: %v; want no start and the context's error", starts, err)
+		}
+	})
 }
 
 // bindOnly binds a TCP socket to addr without listening, as a connection's

@@ -71,10 +71,14 @@ const portAttempts = 3
 // already in use", or, when that socket listens, the connection start
 // waited for was that socket's. Either way the server is stopped and
 // started again on another port, up to portAttempts times. Any other
-// failure stops the server and is returned as it is.
+// failure stops the server and is returned as it is; once ctx is done, no
+// further attempt is made.
 func ServeOnFreePort(ctx context.Context, start func(addr string) (*Proc, error)) (*Proc, string, error) {
 	var lastErr error
 	for range portAttempts {
+		if err := ctx.Err(); err != nil {
+			return nil, "", fmt.Errorf("serving on a free port: %w", err)
+		}
 		addr, err := freeAddr()
 		if err != nil {
 			return nil, "", err
