@@ -33,6 +33,11 @@ func applyMounts() ([]string, error) {
 	return out, nil
 }
 
+// killedLayerBytes is the payload of the layer whose apply is cut off: its
+// extraction lasts seconds under the VM's emulation, well past the half
+// second the test waits after that apply has begun.
+const killedLayerBytes = 64 << 20
+
 // TestKillDuringApply: SIGKILL of the daemon while it extracts a registry
 // layer for containerd fails that pull, and leaves the snapshot mounted
 // where the dead process mounted it. After a restart the same pull
@@ -46,7 +51,7 @@ func TestKillDuringApply(t *testing.T) {
 
 	ref := e.reg.Host + "/flyio-it/killed-apply:v1"
 	var buf bytes.Buffer
-	img, err := ociimage.Write(&buf, ociimage.Options{Name: ref, PayloadBytes: 128 << 20, PayloadSeed: "killed-apply", Platform: platforms.DefaultSpec()})
+	img, err := ociimage.Write(&buf, ociimage.Options{Name: ref, PayloadBytes: killedLayerBytes, PayloadSeed: "killed-apply", Platform: platforms.DefaultSpec()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +61,7 @@ func TestKillDuringApply(t *testing.T) {
 	const ns = "flyio-kill"
 	pull := func() error { return e.ctrPull(ctx, ns, ref) }
 
-	// Kill once the second layer (the 128 MiB one) is being extracted: the
+	// Kill once the second layer (the payload's) is being extracted: the
 	// first has been applied and a snapshot is mounted for the next.
 	pulled := make(chan error, 1)
 	go func() { pulled <- pull() }()
@@ -122,7 +127,7 @@ func TestKillDuringApply(t *testing.T) {
 	}
 	out, err := e.containerOutput(ctx, e.ctrArgv(ns, "run", "--rm", "--snapshotter", "flyio", ref, "ctr-killed-apply", "/bin/sh", "-c",
 		"wc -c < "+ociimage.PayloadPath+"; cat "+ociimage.MarkerPath))
-	if want := fmt.Sprintf("%d\n%s", 128<<20, ociimage.MarkerContent); err != nil || out != want {
+	if want := fmt.Sprintf("%d\n%s", killedLayerBytes, ociimage.MarkerContent); err != nil || out != want {
 		t.Errorf("ctr run printed %q (%v), want %q", out, err, want)
 	}
 	if _, err := e.ctr(ctx, ns, "image", "rm", "--sync", ref); err != nil {
