@@ -18,10 +18,12 @@
 #   run again ten times slower under TCG. Every benchmark of the package runs
 #   (`make unit` runs none), when it declares any; a vm-bench-args file
 #   containing just "skip" turns them off.
-# The packages are dealt to --lanes boots (default 2, or $VM_SUITE_LANES),
-# longest first, each to the lane with the least work so far, by the seconds
-# integration/vm/durations gives each package (a package it does not list
-# counts as the longest one). Under TCG one boot keeps about one and a half
+# The packages run in --lanes boots (default 2, or $VM_SUITE_LANES), longest
+# first by the seconds integration/vm/durations gives each package (a package
+# it does not list counts as the longest one): every lane, whenever it is
+# free, takes the longest package no lane has taken yet, so a package that
+# runs longer or shorter than the file says holds back only its own lane.
+# Under TCG one boot keeps about one and a half
 # of the host's cores busy, since its tests wait on timers, containerd and the
 # kernel: two boots side by side fill the gaps. Each run writes the measured
 # seconds to .cache/vmbin/durations, in the format of integration/vm/durations.
@@ -95,6 +97,10 @@ prelude=$work/prelude.sh
 {
   echo 'set -u'
   echo 'results=$1; shift'
+  echo 'claims=${results%/*}/claims'
+  echo '# claim NAME: true for the one lane that takes NAME first (mkdir is atomic'
+  echo '# on the host, through the shared folder).'
+  echo 'claim() { mkdir "$claims/$1" 2>/dev/null; }'
   echo 'base=$VM_SCRATCH'
   echo 'now() { date +%s.%N; }'
   echo 'leftovers() { local d l; d=$(dmsetup ls 2>/dev/null | grep -v "^No devices found" || true); l=$(losetup -a 2>/dev/null || true);'
@@ -138,7 +144,7 @@ for p in "${pkgs[@]}"; do
   fi
 done
 
-# Deal the packages to the lanes: longest first, each to the least loaded.
+# Every lane gets every package, longest first, each behind a claim.
 [ ${#names[@]} -ge "$lanes" ] || lanes=${#names[@]}
 # Each lane's VM gets the host's cores shared out (at least one) unless the
 # caller chose: under TCG a guest with one vCPU does the same work in less
@@ -149,24 +155,22 @@ case " ${runargs[*]-} " in
   *" --cpus "*) ;;
   *) [ -n "${VM_CPUS:-}" ] || [ "$lanes" -eq 0 ] || runargs+=(--cpus "$(( $(nproc) / lanes > 1 ? $(nproc) / lanes : 1 ))") ;;
 esac
-declare -a laneload=()
+mkdir "$work/claims"
 for ((l = 0; l < lanes; l++)); do
-  laneload[l]=0
   cat "$prelude" > "$work/lane$l.sh"
 done
+order=()
 # The packages as "SECONDS NAME" lines, longest first (the loop's input).
-while read -r secs n; do
-  best=0
-  for ((l = 1; l < lanes; l++)); do
-    [ "${laneload[l]}" -lt "${laneload[best]}" ] && best=$l
+while read -r _ n; do
+  order+=("$n")
+  for ((l = 0; l < lanes; l++)); do
+    { printf 'if claim %q; then\n' "$n"; cat "$work/$n.run"; echo fi; } >> "$work/lane$l.sh"
   done
-  laneload[best]=$(( ${laneload[best]} + secs ))
-  cat "$work/$n.run" >> "$work/lane$best.sh"
-  echo "suite: lane $best: $n" >&2
 done < <(for n in "${names[@]}"; do
            awk -v n="$n" '$1 == n { s = $2 } END { printf "%d %s\n", (s == "" ? 1e6 : s), n }' "$here/durations" 2>/dev/null ||
              echo "1000000 $n"
          done | sort -k1,1nr -k2,2)
+echo "suite: ${#names[@]} package(s) in $lanes lane(s), each lane taking the next when free: ${order[*]}" >&2
 
 results=$work/results
 : > "$results"
