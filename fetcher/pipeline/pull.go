@@ -265,7 +265,8 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 	// bottom layer has no parent to wait for: its extraction is asked for
 	// before its download starts, so that it follows the transfer from
 	// the first byte and names the layer, which is then decompressed and
-	// parsed once however the runs are scheduled.
+	// parsed once however the runs are scheduled. A layer that looks
+	// unpacked already (unpackedElsewhere) gets no extraction.
 	var streams []*streamExtraction
 	defer func() {
 		for _, s := range streams {
@@ -273,7 +274,13 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 		}
 	}()
 	if len(known) == 0 {
-		streams = append(streams, p.startStream(ctx, dlIDs[0], "", S3URL(req.Bucket, layers[0].Key)))
+		s, err := p.startStreamUnlessUnpacked(ctx, dlIDs[0], "", req.Bucket, layers[0])
+		if err != nil {
+			return nil, fmt.Errorf("pull %s: %w", source, err)
+		}
+		if s != nil {
+			streams = append(streams, s)
+		}
 	}
 	var ranged []int
 	for i := len(known); i < len(layers); i++ {
@@ -330,7 +337,13 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 				return nil, dlErrs[i]
 			}
 			if i > 0 {
-				streams = append(streams, p.startStream(ctx, dlIDs[i], parentChain, S3URL(req.Bucket, l.Key)))
+				s, err := p.startStreamUnlessUnpacked(ctx, dlIDs[i], parentChain, req.Bucket, l)
+				if err != nil {
+					return nil, fmt.Errorf("pull %s: %w", source, err)
+				}
+				if s != nil {
+					streams = append(streams, s)
+				}
 			}
 			d, err := fsm.Await[DownloadResponse](ctx, p.m, dlRuns[i])
 			if err != nil {

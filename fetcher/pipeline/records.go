@@ -123,6 +123,18 @@ func (r Records) ObjectRecord(ctx context.Context, bucket, key string) (*Object,
 	return &o, nil
 }
 
+// DiffIDsListedAs returns the diff IDs of the layers recorded for the
+// objects of bucket listed with etag and size bytes, under any key. It is
+// a hint only: an ETag is whatever the server says, and two objects with
+// the same one need not hold the same bytes.
+func (r Records) DiffIDsListedAs(ctx context.Context, bucket, etag string, size int64) ([]string, error) {
+	return queryAll(ctx, r.db.Statements(), "diff ids of objects listed as "+etag, func(s rowScanner) (string, error) {
+		var d string
+		return d, s.Scan(&d)
+	}, `SELECT DISTINCT l.diff_id FROM s3_objects o JOIN layers l ON l.digest = o.digest
+		WHERE o.bucket = ? AND o.etag = ? AND o.size_bytes = ? AND l.diff_id != '' ORDER BY l.diff_id`, bucket, etag, size)
+}
+
 const layerColumns = `digest, path, size_bytes, has_rootfs, entries, stat_size, stat_mtime_ns, stat_ino, created_ns, diff_id`
 
 // queryAll is metadata.QueryAll on rows read through rowScanner, with its

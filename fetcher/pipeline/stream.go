@@ -221,6 +221,54 @@ func (p *Pipelines) startStream(ctx context.Context, dlID, parent, url string) *
 	return s
 }
 
+// unpackedElsewhere reports whether layer l looks, by the ETag and size
+// its object is listed with, like an object of bucket recorded before
+// (under another key, or this one before it changed) whose layer is
+// unpacked on chain parent with its device in the pool: an image stored
+// beside another with the same base layers. Extracting such a layer while
+// it downloads would most likely build a chain that is already there, and
+// throw it away. The guess decides only that: the download still hashes
+// every byte, and the layer's unpack run finds its chain by the digest;
+// should the guess be wrong, the run extracts the layer file, as it does
+// for any layer whose transfer ended before its parent chain was committed.
+func (p *Pipelines) unpackedElsewhere(ctx context.Context, bucket string, l api.Layer, parent string) (bool, error) {
+	if l.ETag == "" {
+		return false, nil
+	}
+	diffIDs, err := RecordsOf(p.db).DiffIDsListedAs(ctx, bucket, l.ETag, l.Size)
+	if err != nil {
+		return false, err
+	}
+	for _, d := range diffIDs {
+		key, err := p.chainKey(ctx, ChainID(parent, d))
+		if err != nil || key == "" {
+			return false, err
+		}
+		alive, _, err := p.deviceAlive(ctx, key)
+		if err != nil || alive {
+			return alive, err
+		}
+	}
+	return false, nil
+}
+
+// startStreamUnlessUnpacked is startStream for layer l of bucket, unless
+// the layer looks unpacked on parent already (unpackedElsewhere): then it
+// returns nil, and the download checks the layer in-stream itself.
+func (p *Pipelines) startStreamUnlessUnpacked(ctx context.Context, dlID, parent, bucket string, l api.Layer) (*streamExtraction, error) {
+	url := S3URL(bucket, l.Key)
+	skip, err := p.unpackedElsewhere(ctx, bucket, l, parent)
+	if err != nil {
+		return nil, fmt.Errorf("layer %s: %w", url, err)
+	}
+	if skip {
+		log.G(ctx).WithField("key", url).WithField("etag", l.ETag).
+			Info("pull: the layer is listed with the ETag and size of one unpacked already; not extracting it while it downloads")
+		return nil, nil
+	}
+	return p.startStream(ctx, dlID, parent, url), nil
+}
+
 // downloading registers the temp file of download run dlID's transfer,
 // before its first byte, and starts the stream extractions asked for it;
 // the returned function unregisters it (the transfer ended). named says

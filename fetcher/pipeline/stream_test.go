@@ -3,8 +3,11 @@ package pipeline
 import (
 	"archive/tar"
 	"context"
+	"crypto/md5"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -184,6 +187,63 @@ func TestPullStreamLayoutMismatch(t *testing.T) {
 	}
 	if got := e.sn.readFile(t, res.Snapshot.SnapshotName, "rootfs/inside"); got != "in" {
 		t.Errorf("image shows rootfs/inside %q, want in (the layer as it is)", got)
+	}
+	e.assertNoExtraction()
+}
+
+// TestPullSkipsExtractionOfLayerUnpackedUnderAnotherKey: an image whose
+// layers are stored again under other keys (the same bytes, so the same
+// ETag and size) is not extracted while it downloads: its downloads check
+// the layers in-stream, and its unpack runs find the chains the first
+// image unpacked. When a listing's ETag and size match a recorded object
+// of other bytes, the guess is wrong: the layer is extracted from its
+// file, and the image shows its own bytes.
+func TestPullSkipsExtractionOfLayerUnpackedUnderAnotherKey(t *testing.T) {
+	e := newPullEnv(t, nil)
+	one, two := layerTar(t, "a1", 200_000), layerTar(t, "a2", 300_000, tarFile{name: "usr/two", body: []byte("2")})
+	for _, prefix := range []string{"a/", "b/"} {
+		e.srv.Put(t, prefix+"1.tar", one)
+		e.srv.Put(t, prefix+"2.tar", two)
+	}
+	first := e.mustPull("a/", "a")
+	chains := e.committedChains()
+
+	w := e.watchStreams()
+	second := e.mustPull("b/", "b")
+	if second.TopChainID != first.TopChainID {
+		t.Errorf("b/ pulled as chain %s, want a/'s %s (the same layers)", second.TopChainID, first.TopChainID)
+	}
+	if w.started != 0 {
+		t.Errorf("%d extraction(s) started while b/'s layers downloaded, want none: a/ unpacked them already", w.started)
+	}
+	if w.validating != 2 || w.rereads != 0 {
+		t.Errorf("downloads validating in-stream: %d, layer files read again: %d; want 2 and 0", w.validating, w.rereads)
+	}
+	if got := e.committedChains(); !slices.Equal(got, chains) {
+		t.Errorf("chains after b/'s pull %v, want a/'s %v", got, chains)
+	}
+	e.assertNoExtraction()
+
+	// c/1.tar has other bytes of a/1.tar's size; a/1.tar's record is made
+	// to say c/1.tar's ETag, as a server whose ETags prove nothing may.
+	other := layerTar(t, "c1", 200_000)
+	e.srv.Put(t, "c/1.tar", other)
+	sum := md5.Sum(other)
+	forged := `"` + hex.EncodeToString(sum[:]) + `"`
+	if _, err := e.db.Statements().ExecContext(context.Background(),
+		`UPDATE s3_objects SET etag = ? WHERE bucket = ? AND key = 'a/1.tar'`, forged, e.srv.Bucket); err != nil {
+		t.Fatal(err)
+	}
+	w = e.watchStreams()
+	third := e.mustPull("c/", "c")
+	if w.started != 0 {
+		t.Fatalf("%d extraction(s) started while c/1.tar downloaded: its listing did not match the forged record (ETag %s), so the test proves nothing", w.started, forged)
+	}
+	if want := sha(other); third.Layers[0].DiffID != want {
+		t.Errorf("c/1.tar's diff ID %s, want %s (its own bytes')", third.Layers[0].DiffID, want)
+	}
+	if got := e.sn.readFile(t, third.Snapshot.SnapshotName, "etc/marker"); got != "c1" {
+		t.Errorf("c/'s image shows marker %q, want c1", got)
 	}
 	e.assertNoExtraction()
 }
