@@ -210,9 +210,10 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 		t.Fatalf("prepare a container snapshot on the image: %v", err)
 	}
 	names := []string{}
-	keep := func() {
+	// keep checks that the images in use are recorded and that ls, what
+	// `ls images` lists, and ctrLs, what `ctr image ls` lists, have them.
+	keep := func(ls map[string]inventory.Image, ctrLs map[string]bool) {
 		t.Helper()
-		ls, ctrLs := listed(), ctrListed()
 		for _, name := range []string{"pinned", "container"} {
 			if im := imageOf(name); im == nil {
 				t.Fatalf("image %s (in use) was removed", name)
@@ -226,13 +227,14 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 		}
 	}
 
-	// agree checks that containerd and the pool agree: every name `ctr
-	// image ls` lists in the daemon's namespace (the only one the test
-	// uses) is unpacked in our snapshotter (its snapshots are there), and
-	// no chain, activation or device is left that no kept image holds.
-	agree := func(when string) {
+	// agree checks that containerd and the pool agree: every name of
+	// ctrLs, what `ctr image ls` lists in the daemon's namespace (the only
+	// one the test uses), is unpacked in our snapshotter (its snapshots
+	// are there), and no chain, activation or device is left that no kept
+	// image holds.
+	agree := func(when string, ctrLs map[string]bool) {
 		t.Helper()
-		for n := range ctrListed() {
+		for n := range ctrLs {
 			img, err := lease.Client.GetImage(nctx, n)
 			if err != nil {
 				t.Fatalf("%s: ctr image ls lists %s, which containerd cannot get: %v", when, n, err)
@@ -290,7 +292,7 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 		if u.DataPercent() >= gc.DefaultHighThreshold || u.MetaPercent() >= gc.DefaultHighThreshold {
 			t.Errorf("after pull %d the pool is at %s: not under the %v%% threshold", i, u, gc.DefaultHighThreshold)
 		}
-		keep()
+		keep(ls, inCtr)
 		// The images still there are the most recent ones: once one is
 		// present, every later one is.
 		present := false
@@ -311,7 +313,7 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 			t.Fatalf("the image just pulled (%s) was removed", name)
 		}
 		e.checkClean()
-		agree(fmt.Sprintf("after pull %d", i))
+		agree(fmt.Sprintf("after pull %d", i), inCtr)
 	}
 	t.Logf("pool usage after each pull (%d MiB pool, images of %d MiB, [gc] defaults: high %v%%, low %v%%):",
 		*gcPoolMB, gcImageFiles()*gcFileSize>>20, gc.DefaultHighThreshold, gc.DefaultLowThreshold)
@@ -324,14 +326,14 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 	if gone < 7 {
 		t.Errorf("only %d images were removed over ten pulls of %d MiB on a %d MiB pool", gone, gcImageFiles()*gcFileSize>>20, *gcPoolMB)
 	}
-	agree("at the end")
+	agree("at the end", ctrListed())
 
 	// rm refuses the images in use, with the reason.
 	code, _, errOut := runCommand(t, nil, "rm", "--control-socket", e.cfg.Daemon.ControlSocket, "pinned", "container")
 	if code != 1 || !strings.Contains(errOut, "pinned") || !strings.Contains(errOut, `/container-1" (a container's)`) {
 		t.Errorf("rm pinned container = %d, %q", code, errOut)
 	}
-	keep()
+	keep(listed(), ctrListed())
 	// rm removes the unused ones.
 	var unused []string
 	for _, n := range names {
@@ -387,7 +389,7 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 		t.Fatalf("pull on a pool the container filled: %v, want the headroom error with the free space and the layer", err)
 	}
 	t.Logf("pool at %s; the pull was refused: %v", before, err)
-	keep()
+	keep(listed(), ctrListed())
 	// A pull that failed recorded no name: ls images lists it by source.
 	var failed *inventory.Image
 	for _, im := range lsJSON[inventory.Image](t, "images", "--db", e.cfg.Metadata.Path, "--format", "json") {
