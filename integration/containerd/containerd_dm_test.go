@@ -5,6 +5,7 @@ package containerdtest
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -285,22 +286,23 @@ func readFromMounts(mounts []mount.Mount, dir, file string) (string, error) {
 	return string(b), nil
 }
 
+// importRounds is how many times BenchmarkImport imports the image with
+// each snapshotter; `make test` runs 3 (testdata/vm-bench-args).
+var importRounds = flag.Int("flyio.import-rounds", 5, "BenchmarkImport's rounds: imports of the image with each snapshotter")
+
 // BenchmarkImport is the import benchmark: the same image imported
 // (content ingest + unpack) with our snapshotter and with containerd's
 // built-in devmapper snapshotter on the same pool settings, alternating,
 // the image removed and garbage collected after each import. It reports
 // the median import time of each and their ratio. At least
-// FLYIO_IT_IMPORT_ROUNDS (default 5) rounds run, whatever b.N is.
+// -flyio.import-rounds rounds run, whatever b.N is.
 func BenchmarkImport(b *testing.B) {
 	e := getEnv(b)
 	ctx := context.Background()
-	rounds := 5
-	if v := os.Getenv("FLYIO_IT_IMPORT_ROUNDS"); v != "" {
-		if _, err := fmt.Sscan(v, &rounds); err != nil || rounds < 1 {
-			b.Fatalf("FLYIO_IT_IMPORT_ROUNDS=%q: want a positive count", v)
-		}
+	if *importRounds < 1 {
+		b.Fatalf("-flyio.import-rounds %d: want a positive count", *importRounds)
 	}
-	rounds = max(rounds, b.N)
+	rounds := max(*importRounds, b.N)
 	sns := snapshotters()
 	archives := map[string]string{}
 	for _, sn := range sns {
