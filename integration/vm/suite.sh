@@ -5,7 +5,7 @@
 #   integration/vm/suite.sh [--lanes N] [--mem MiB] [--timeout SECONDS] [--cpus N] [--vm] [PKGDIR...]
 #
 # Finds every package with `//go:build dm` test files (or only the PKGDIRs
-# given), builds each on the host with
+# given), builds each on the host (as many at a time as it has cores) with
 #   go test -c -tags 'dm $BUILDTAGS' -o .cache/vmbin/<name>.test ./<pkg>
 # then, through integration/vm/run.sh (one boot), runs each binary with cwd =
 # its package folder and its own empty $VM_SCRATCH:
@@ -117,13 +117,28 @@ prelude=$work/prelude.sh
   echo '}'
 } > "$prelude"
 
+# pkgname PKGDIR: the package's name in the suite (its binary, its results).
+pkgname() { if [ "$1" = . ]; then echo root; else tr '/' '_' <<<"$1"; fi; }
+
+# The test binaries build as many at a time as the host has cores: with
+# the compiled packages cached, a build is mostly its link, one core's work.
 for p in "${pkgs[@]}"; do
   [ -d "$p" ] || { echo "suite: $p is not a folder" >&2; exit 2; }
-  name=$(tr '/' '_' <<<"$p")
-  [ "$p" = . ] && name=root
+done
+for p in "${pkgs[@]}"; do
+  name=$(pkgname "$p")
+  echo "suite: building ./$p -> $bindir/$name.test" >&2
+  while [ "$(jobs -rp | wc -l)" -ge "$(nproc)" ]; do wait -n || true; done
+  ( set +e; CGO_ENABLED=1 $GO test -c -tags "dm $BUILDTAGS" -o "$bindir/$name.test" "./$p" > "$work/$name.build" 2>&1
+    echo $? > "$work/$name.built" ) &
+done
+wait
+for p in "${pkgs[@]}"; do
+  name=$(pkgname "$p")
   bin=$bindir/$name.test
-  echo "suite: building ./$p -> $bin" >&2
-  if ! CGO_ENABLED=1 $GO test -c -tags "dm $BUILDTAGS" -o "$bin" "./$p"; then
+  cat "$work/$name.build" >&2
+  if [ "$(cat "$work/$name.built")" != 0 ]; then
+    echo "suite: building ./$p failed" >&2
     buildfail+=("$name")
     continue
   fi
