@@ -26,7 +26,7 @@ LDFLAGS   := -s -w -linkmode external -extldflags "-static" $(STAMP)
 CTLTAGS   := osusergo netgo
 CTLFLAGS  := -s -w $(STAMP)
 
-.PHONY: all build test binary-check unit vmtest e2e powerloss soak bench-pull demo lint tidy-check install install-unit clean
+.PHONY: all build test binary-check unit vmtest vm-inputs e2e powerloss soak bench-pull demo lint tidy-check install install-unit clean
 .PHONY: release release-check
 
 all: build
@@ -40,7 +40,12 @@ build:
 	CGO_ENABLED=1 CC=$(CC_$(HOSTARCH)) $(GO) build -trimpath -tags '$(BUILDTAGS)' -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/containerd-flyio-snapshotter
 	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(CTLTAGS)' -ldflags '$(CTLFLAGS)' -o $(CTL) ./cmd/flyioctl
 
-test: lint unit binary-check release-check vmtest
+# The host's checks and the VM tests' inputs run two at a time (the inputs
+# wait mostly on the network and the disk; each target's output is printed
+# whole when it ends), then the VM tests.
+test:
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint unit binary-check release-check vm-inputs
+	$(VMTESTS)
 
 # Fault injection lives only in the device-mapper test binaries (build tag
 # dm): the shipped binary must not carry its environment variable.
@@ -75,12 +80,18 @@ unit:
 # no network: integration/e2e/prepare.sh makes the end-to-end test's inputs
 # on the host first (versitygw, the Debian image and its S3 store; cached
 # under .cache/).
-vmtest: build
+vmtest: vm-inputs
+	$(VMTESTS)
+
+vm-inputs: build
 	./integration/tools/build.sh >/dev/null
 	./integration/e2e/prepare.sh >/dev/null
 	./integration/upgrade/prepare.sh >/dev/null
-	./integration/vm/suite.sh
-	./integration/powerloss/run.sh --rounds 3
+
+define VMTESTS
+./integration/vm/suite.sh
+./integration/powerloss/run.sh --rounds 3
+endef
 
 # The whole power-loss test (integration/powerloss/README.md): 10 guest
 # resets with each [metadata] synchronous setting; with "normal" it reports

@@ -14,7 +14,9 @@ say() { echo "prepare: $*" >&2; }
 say "Debian packages (scripts/install-deps.sh: debootstrap, qemu, ...)"
 ./scripts/install-deps.sh >&2
 say "bin/containerd-flyio-snapshotter"
-make --no-print-directory build >/dev/null
+# Run from `make -j2 test`, it gets no share of that make's jobs: its own
+# make of the binary runs apart (MAKEFLAGS emptied).
+MAKEFLAGS= make --no-print-directory build >/dev/null
 say "containerd, containerd-shim-runc-v2, ctr (integration/tools/build.sh)"
 ./integration/tools/build.sh containerd >/dev/null
 say "versitygw (scripts/install-versitygw.sh)"
