@@ -40,11 +40,11 @@ build:
 	CGO_ENABLED=1 CC=$(CC_$(HOSTARCH)) $(GO) build -trimpath -tags '$(BUILDTAGS)' -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/containerd-flyio-snapshotter
 	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(CTLTAGS)' -ldflags '$(CTLFLAGS)' -o $(CTL) ./cmd/flyioctl
 
-# The host's checks and the VM tests' inputs run two at a time (the inputs
-# wait mostly on the network and the disk; each target's output is printed
-# whole when it ends), then the VM tests.
+# The VM tests' inputs and the host's checks run two at a time (the inputs,
+# first since they take longest, wait mostly on the network and the disk;
+# each target's output is printed whole when it ends), then the VM tests.
 test:
-	$(MAKE) --no-print-directory -j2 --output-sync=target lint unit binary-check release-check vm-inputs
+	$(MAKE) --no-print-directory -j2 --output-sync=target vm-inputs lint unit binary-check release-check
 	$(VMTESTS)
 
 # Fault injection lives only in the device-mapper test binaries (build tag
