@@ -4,8 +4,8 @@ package snapshotter
 
 import (
 	"context"
+	"flag"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -18,13 +18,9 @@ import (
 	"github.com/containerd/containerd/v2/plugins/snapshots/devmapper"
 )
 
-// benchRounds is how many times each operation is timed per snapshotter.
-func benchRounds() int {
-	if v, err := strconv.Atoi(os.Getenv("FLYIO_SNAPSHOTTER_BENCH_ROUNDS")); err == nil && v > 0 {
-		return v
-	}
-	return 9
-}
+// benchRounds is how many times BenchmarkVsDevmapper times each operation
+// per snapshotter; `make test` runs 5 (testdata/vm-bench-args).
+var benchRounds = flag.Int("flyio.vs-devmapper-rounds", 9, "BenchmarkVsDevmapper's rounds: timings of each operation per snapshotter")
 
 var (
 	benchOnce  sync.Once
@@ -123,7 +119,10 @@ func BenchmarkVsDevmapper(b *testing.B) {
 }
 
 func runVsDevmapper(b *testing.B) ([]benchRow, error) {
-	rounds := benchRounds()
+	rounds := *benchRounds
+	if rounds < 1 {
+		return nil, fmt.Errorf("-flyio.vs-devmapper-rounds %d: want a positive count", rounds)
+	}
 	ctx := nsCtx("bench")
 
 	ours := newTestEnv(b, "bo")
