@@ -241,8 +241,11 @@ func (p *Pipelines) unpackedElsewhere(ctx context.Context, bucket string, l api.
 	}
 	for _, d := range diffIDs {
 		key, err := p.chainKey(ctx, ChainID(parent, d))
-		if err != nil || key == "" {
+		if err != nil {
 			return false, err
+		}
+		if key == "" {
+			continue
 		}
 		alive, _, err := p.deviceAlive(ctx, key)
 		if err != nil || alive {
