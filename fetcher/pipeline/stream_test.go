@@ -195,8 +195,9 @@ func TestPullStreamLayoutMismatch(t *testing.T) {
 // layers are stored again under other keys (the same bytes, so the same
 // ETag and size) is not extracted while it downloads: its downloads check
 // the layers in-stream, and its unpack runs find the chains the first
-// image unpacked. When a listing's ETag and size match a recorded object
-// of other bytes, the guess is wrong: the layer is extracted from its
+// image unpacked, whatever other objects are recorded as listed alike.
+// When a listing's ETag and size match a recorded object of other bytes,
+// the guess is wrong: the layer is extracted from its
 // file, and the image shows its own bytes.
 func TestPullSkipsExtractionOfLayerUnpackedUnderAnotherKey(t *testing.T) {
 	e := newPullEnv(t, nil)
@@ -207,6 +208,25 @@ func TestPullSkipsExtractionOfLayerUnpackedUnderAnotherKey(t *testing.T) {
 	}
 	first := e.mustPull("a/", "a")
 	chains := e.committedChains()
+	// Another object listed as a/1.tar is, whose layer (its diff ID sorts
+	// first) has no chain: the guess looks past it.
+	ctx := context.Background()
+	a1, err := RecordsOf(e.db).ObjectRecord(ctx, e.srv.Bucket, "a/1.tar")
+	if err != nil || a1 == nil {
+		t.Fatalf("a/1.tar's record: %+v, %v", a1, err)
+	}
+	stale := "sha256:" + strings.Repeat("0", 64)
+	for _, q := range []struct {
+		stmt string
+		args []any
+	}{
+		{`INSERT INTO layers (digest, path, size_bytes, stat_size, stat_mtime_ns, stat_ino, created_ns, diff_id) VALUES (?, '/gone', ?, 0, 0, 0, 0, ?)`, []any{stale, a1.SizeBytes, stale}},
+		{`INSERT INTO s3_objects (bucket, key, etag, size_bytes, digest, downloaded_ns) VALUES (?, 'z/1.tar', ?, ?, ?, 0)`, []any{e.srv.Bucket, a1.ETag, a1.SizeBytes, stale}},
+	} {
+		if _, err := e.db.Statements().ExecContext(ctx, q.stmt, q.args...); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	w := e.watchStreams()
 	second := e.mustPull("b/", "b")
@@ -230,7 +250,7 @@ func TestPullSkipsExtractionOfLayerUnpackedUnderAnotherKey(t *testing.T) {
 	e.srv.Put(t, "c/1.tar", other)
 	sum := md5.Sum(other)
 	forged := `"` + hex.EncodeToString(sum[:]) + `"`
-	if _, err := e.db.Statements().ExecContext(context.Background(),
+	if _, err := e.db.Statements().ExecContext(ctx,
 		`UPDATE s3_objects SET etag = ? WHERE bucket = ? AND key = 'a/1.tar'`, forged, e.srv.Bucket); err != nil {
 		t.Fatal(err)
 	}
