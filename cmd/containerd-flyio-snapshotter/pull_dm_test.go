@@ -388,7 +388,7 @@ func TestPullRecovery(t *testing.T) {
 		e.checkClean()
 	})
 
-	layerB := genLayer(t, 3, "b", 1024, 64<<10, true) // 64 MiB: validation takes a while
+	layerB := genLayer(t, 3, "b", 256, 64<<10, true) // 16 MiB: read in more than one ranged GET
 	e.srv.Put(t, "b.tar", layerB)
 	t.Run("2 kill after download before validate", func(t *testing.T) {
 		e.srv.Faults.Reset()
@@ -415,11 +415,11 @@ func TestPullRecovery(t *testing.T) {
 		if got := e.srv.Requests("GET", "b.tar"); got != downloaded {
 			t.Errorf("GETs of b.tar = %d after the re-pull, %d before it; want none more (the resumed run validated the downloaded file)", got, downloaded)
 		}
-		e.checkActive(res, "b/f01023")
+		e.checkActive(res, "b/f00255")
 		e.checkClean()
 	})
 
-	layerC := genLayer(t, 4, "c", 2048, 32<<10, true) // 64 MiB in 2048 files
+	layerC := genLayer(t, 4, "c", 2048, 8<<10, true) // 16 MiB in 2048 files: the extraction outlasts the wait for 20 of them
 	e.srv.Put(t, "c.tar", layerC)
 	t.Run("3 kill during extraction", func(t *testing.T) {
 		errc := make(chan error, 1)

@@ -34,9 +34,10 @@ func applyMounts() ([]string, error) {
 }
 
 // killedLayerBytes is the payload of the layer whose apply is cut off: its
-// extraction lasts seconds under the VM's emulation, well past the half
-// second the test waits after that apply has begun.
-const killedLayerBytes = 64 << 20
+// extraction (writing and hashing it) lasts seconds under the VM's
+// emulation, well past the half second the test waits after that apply has
+// begun.
+const killedLayerBytes = 32 << 20
 
 // TestKillDuringApply: SIGKILL of the daemon while it extracts a registry
 // layer for containerd fails that pull, and leaves the snapshot mounted
