@@ -94,8 +94,7 @@ vm-inputs: build
 	./integration/upgrade/prepare.sh >/dev/null
 
 define VMTESTS
-./integration/vm/suite.sh
-./integration/powerloss/run.sh --rounds 3
+./integration/vm/all.sh --powerloss-rounds 3
 endef
 
 # The whole power-loss test (integration/powerloss/README.md): 10 guest
