@@ -208,8 +208,9 @@ func TestPullSkipsExtractionOfLayerUnpackedUnderAnotherKey(t *testing.T) {
 	}
 	first := e.mustPull("a/", "a")
 	chains := e.committedChains()
-	// Another object listed as a/1.tar is, whose layer (its diff ID sorts
-	// first) has no chain: the guess looks past it.
+	// A stale record: an object z/1.tar listed with a/1.tar's ETag and
+	// size, whose layer (its diff ID sorts first) has no chain. The guess
+	// must look past it to a/1.tar's.
 	ctx := context.Background()
 	a1, err := RecordsOf(e.db).ObjectRecord(ctx, e.srv.Bucket, "a/1.tar")
 	if err != nil || a1 == nil {
