@@ -31,9 +31,9 @@ import (
 var gcPoolMB = flag.Int("flyio.gc-pool-mb", 1024, "TestGCKeepsPoolUnderThreshold's pool size in MiB (images scale with it)")
 
 // gcPulls is how many images TestGCKeepsPoolUnderThreshold pulls one after
-// the other: about three fit in the pool beside the two in use, so from the
-// second pull on each one makes collection remove an image; `make test`
-// runs fewer (testdata/vm-test-args).
+// the other: about three images fit in the pool, the two in use among
+// them, so from the second pull on each one makes collection remove the
+// one before it; `make test` runs fewer (testdata/vm-test-args).
 var gcPulls = flag.Int("flyio.gc-pulls", 10, "TestGCKeepsPoolUnderThreshold's count of images pulled in turn (at least 4)")
 
 // gcFileSize is the size of one bulk file of a test image; gcImageFiles of
@@ -122,6 +122,9 @@ func startContainerd(t *testing.T, c *plugin.Config) *stack.Containerd {
 // the pool, the next pull fails at once with the headroom error, leaving
 // nothing behind and saying why in `ls images`.
 func TestGCKeepsPoolUnderThreshold(t *testing.T) {
+	if *gcPulls < 4 {
+		t.Fatalf("-flyio.gc-pulls %d: the test needs at least 4 pulls for collection to have removed some", *gcPulls)
+	}
 	var ctrd *stack.Containerd
 	e := newPullEnvTB(t, func(c *plugin.Config) {
 		c.Pool.DataSize = plugin.Size(*gcPoolMB) << 20
@@ -281,9 +284,6 @@ func TestGCKeepsPoolUnderThreshold(t *testing.T) {
 	}
 	var rows []row
 	lastSecs, lastRemoved := scrapeGC(t, e.d.metrics)
-	if *gcPulls < 4 {
-		t.Fatalf("-flyio.gc-pulls %d: the test needs at least 4 pulls for collection to have removed some", *gcPulls)
-	}
 	for i := 1; i <= *gcPulls; i++ {
 		name := fmt.Sprintf("img-%02d", i)
 		names = append(names, name)
