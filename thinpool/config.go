@@ -108,7 +108,9 @@ type Config struct {
 	GrowthReserve conf.Size `toml:"growth_reserve"`
 	// MetadataThreshold is the metadata usage, in percent, from which
 	// CreateThin and CreateSnap refuse new devices, keeping the rest for
-	// deletes.
+	// deletes. Whatever its value, they also stop a few blocks short of
+	// the share the kernel keeps for itself (a tenth of the metadata, at
+	// most 16 MiB), past which the pool turns read-only.
 	MetadataThreshold float64 `toml:"metadata_threshold"`
 	// MinFreeSpace is the reserve: CreateThin and CreateSnap refuse new
 	// devices (ErrBelowReserve) while the free data blocks or the free

@@ -269,45 +269,78 @@ func TestPoolFull(t *testing.T) {
 	}
 }
 
-// TestMetadataFull fills a tiny metadata device with thin devices until the
-// pool refuses: ErrMetadataFull, no half-made device, ids still listed.
-func TestMetadataFull(t *testing.T) {
+// TestCreatesStopShortOfKernelMetadataReserve fills a tiny metadata device
+// with thin devices, with no threshold of ours (100%), until the pool
+// refuses: the refusal comes before the kernel's own reserve, so the pool
+// stays rw (not read-only, not failed), lists every device made, and
+// deletes and creates again.
+func TestCreatesStopShortOfKernelMetadataReserve(t *testing.T) {
 	ctx := context.Background()
 	cfg := Config{Name: "tp-metafull", RootDir: scratch.Dir(t, "tp-metafull-"),
 		DataSize: 64 * mib, MetadataSize: 2 << 20, // 512 metadata blocks, the smallest Validate admits
-		MetadataThreshold: 100} // the kernel's own limit, not ours
+		MetadataThreshold: 100}
 	p, err := Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { destroyPool(t, cfg) })
+	st, err := p.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var created []uint32
+	var mostUsed uint64 // the most metadata blocks one create took
 	for id := uint32(1); ; id++ {
-		err = p.CreateThin(ctx, id)
-		if err != nil {
+		used := st.UsedMetadataBlocks
+		if err = p.CreateThin(ctx, id); err != nil {
 			break
 		}
 		created = append(created, id)
+		if st, err = p.Status(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if st.UsedMetadataBlocks > used {
+			mostUsed = max(mostUsed, st.UsedMetadataBlocks-used)
+		}
 		if id > 10000 {
 			t.Fatal("10000 thin devices fit in 2 MiB of metadata")
 		}
 	}
-	t.Logf("metadata full after %d thin devices: %v", len(created), err)
-	wantErr(t, "create_thin with full metadata", err, ErrMetadataFull)
-	wantErr(t, "create_thin with full metadata", err, ErrPoolFull)
+	t.Logf("refused after %d thin devices (one create took at most %d metadata blocks): %v", len(created), mostUsed, err)
+	wantErr(t, "create_thin with the metadata near the kernel's reserve", err, ErrMetadataReserve)
+	wantErr(t, "create_thin with the metadata near the kernel's reserve", err, ErrMetadataFull)
 	if errors.Is(err, ErrDataFull) {
 		t.Fatalf("metadata exhaustion reported as data exhaustion: %v", err)
 	}
-	st, serr := p.Status(ctx)
-	if serr != nil || st.FullError() == nil {
-		t.Fatalf("status of a metadata-full pool: %+v, %v", st, serr)
+	if !strings.Contains(err.Error(), p.name) {
+		t.Fatalf("error %q does not name the pool", err)
+	}
+	if mostUsed >= createMetadataHeadroom {
+		t.Fatalf("one create took %d metadata blocks, not under the %d kept for it", mostUsed, createMetadataHeadroom)
+	}
+	if st, err = p.Status(ctx); err != nil || st.Mode != ModeReadWrite || st.FullError() != nil {
+		t.Fatalf("status of the refusing pool: %+v, %v; want rw", st, err)
+	}
+	if free, kernel := st.TotalMetadataBlocks-st.UsedMetadataBlocks, kernelMetadataReserve(st.TotalMetadataBlocks); free <= kernel || free > kernel+2*createMetadataHeadroom {
+		t.Fatalf("refused with %d of %d metadata blocks free; want just above the kernel's %d", free, st.TotalMetadataBlocks, kernel)
 	}
 	ids, err := p.ThinIDs(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(ids, created) {
-		t.Fatalf("ThinIDs of the metadata-full pool: %d ids (%v...), want the %d created", len(ids), ids[:min(5, len(ids))], len(created))
+		t.Fatalf("ThinIDs of the refusing pool: %d ids (%v...), want the %d created", len(ids), ids[:min(5, len(ids))], len(created))
+	}
+	// A device gives back about the one block it took: deleting the last
+	// 2*createMetadataHeadroom makes room for a create again.
+	gone := created[len(created)-2*createMetadataHeadroom:]
+	for _, id := range gone {
+		if err := p.Delete(ctx, id); err != nil {
+			t.Fatalf("delete %d at the kernel's reserve: %v", id, err)
+		}
+	}
+	if err := p.CreateThin(ctx, gone[0]); err != nil {
+		t.Fatalf("create_thin after %d deletes: %v", len(gone), err)
 	}
 }
 

@@ -47,8 +47,10 @@
 //     table does not have and warns when the loop files could outgrow their
 //     filesystem (Backing).
 //   - CreateThin and CreateSnap refuse new devices once the metadata is
-//     Config.MetadataThreshold used (ErrMetadataReserve), keeping the rest
-//     for deletes so the pool never turns read-only for lack of it.
+//     Config.MetadataThreshold used, or is a few blocks from the share the
+//     kernel keeps for its commits (ErrMetadataReserve either way), keeping
+//     the rest for deletes so the pool never turns read-only for lack of
+//     it.
 //     They also refuse them while the free data or metadata is under
 //     Config.MinFreeSpace (ErrBelowReserve): the reserve is left for the
 //     writes of the devices already made, and the default low-water mark

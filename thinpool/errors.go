@@ -18,8 +18,9 @@ var (
 	// (the pool went read-only for lack of metadata space).
 	ErrMetadataFull = fmt.Errorf("metadata space exhausted: %w", ErrPoolFull)
 	// ErrMetadataReserve means a new device was refused because the pool's
-	// metadata is at or past Config.MetadataThreshold; deletes still work.
-	// It matches ErrMetadataFull and ErrPoolFull.
+	// metadata is at or past Config.MetadataThreshold, or near the blocks
+	// the kernel keeps for its own commits; deletes still work. It matches
+	// ErrMetadataFull and ErrPoolFull.
 	ErrMetadataReserve = fmt.Errorf("down to the reserve kept for deletes: %w", ErrMetadataFull)
 	// ErrBelowReserve means a new device was refused because the pool's
 	// free data or metadata is under Config.MinFreeSpace: the rest is

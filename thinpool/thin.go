@@ -66,14 +66,34 @@ func (p *Pool) fullError() error {
 	return st.FullError()
 }
 
+// kernelMetadataReserve is how many metadata blocks, out of total, the
+// kernel keeps for its own commits: a tenth of the device, at most 4096
+// blocks (16 MiB). A commit that leaves fewer free turns the pool
+// read-only (status "ro"), and a read-only pool refuses deletes too, until
+// its metadata device grows. The switch can also fail the pool outright
+// ("Fail", mended only by thin_repair): a VM test filling a pool with
+// devices saw it once among many runs. So no create may bring the pool
+// there.
+func kernelMetadataReserve(total uint64) uint64 {
+	return min(4096, total/10)
+}
+
+// createMetadataHeadroom is the metadata blocks one create and its commit
+// may take beyond the kernel's reserve. Creating a thin device or a
+// snapshot takes about one block on average and a handful at most (the
+// device tree's shadowed path and the space map's); 16 leaves room.
+const createMetadataHeadroom = 16
+
 // creatable returns fullError's answer; or ErrMetadataReserve when the
-// metadata is at or past Config.MetadataThreshold: the rest is kept for
-// deletes, which need metadata blocks too, so that a pool short of
-// metadata can still be emptied instead of turning read-only; or
-// ErrBelowReserve when the free data or metadata is under
-// Config.MinFreeSpace, kept for the writes of the devices already made.
-// It reads the pool's status once (one DM_TABLE_STATUS, without flushing
-// the metadata): the price of every create.
+// metadata is at or past Config.MetadataThreshold, or so close to the
+// kernel's own reserve (kernelMetadataReserve) that a create could push
+// the pool into it: the rest is kept for deletes, which need metadata
+// blocks too, so that a pool short of metadata can still be emptied
+// instead of turning read-only; or ErrBelowReserve when the free data or
+// metadata is under Config.MinFreeSpace, kept for the writes of the
+// devices already made. It reads the pool's status once (one
+// DM_TABLE_STATUS, without flushing the metadata): the price of every
+// create.
 func (p *Pool) creatable() error {
 	st, err := p.status(true)
 	if err != nil {
@@ -82,7 +102,12 @@ func (p *Pool) creatable() error {
 	if err := st.FullError(); err != nil {
 		return err
 	}
-	if st.TotalMetadataBlocks > 0 {
+	if total := st.TotalMetadataBlocks; total > 0 {
+		free := total - min(st.UsedMetadataBlocks, total)
+		if kernel := kernelMetadataReserve(total); free <= kernel+createMetadataHeadroom {
+			return fmt.Errorf("metadata %d of %d blocks free, within %d blocks of the %d the kernel keeps for its commits (past them the pool turns read-only): %w",
+				free, total, createMetadataHeadroom, kernel, ErrMetadataReserve)
+		}
 		limit := p.cfg.MetadataThreshold
 		if used := 100 * float64(st.UsedMetadataBlocks) / float64(st.TotalMetadataBlocks); used >= limit {
 			return fmt.Errorf("metadata %.1f%% used (%d of %d blocks), at or past the %v%% threshold for new devices: %w",
