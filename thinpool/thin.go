@@ -70,18 +70,17 @@ func (p *Pool) fullError() error {
 // kernel keeps for its own commits: a tenth of the device, at most 4096
 // blocks (16 MiB). A commit that leaves fewer free turns the pool
 // read-only (status "ro"), and a read-only pool refuses deletes too, until
-// its metadata device grows. The switch can also fail the pool outright
-// ("Fail", mended only by thin_repair): a VM test filling a pool with
-// devices saw it once among many runs. So no create may bring the pool
-// there.
+// its metadata device grows. The switch has also been seen, rarely, to
+// fail the pool outright ("Fail", mended only by thin_repair). So no
+// create may bring the pool there.
 func kernelMetadataReserve(total uint64) uint64 {
 	return min(4096, total/10)
 }
 
 // createMetadataHeadroom is the metadata blocks one create and its commit
-// may take beyond the kernel's reserve. Creating a thin device or a
-// snapshot takes about one block on average and a handful at most (the
-// device tree's shadowed path and the space map's); 16 leaves room.
+// may take beyond the kernel's reserve: a few at most (the shadowed paths
+// of the device trees and of the space map), under one on average; the
+// VM test that fills a pool with devices checks each stays under it.
 const createMetadataHeadroom = 16
 
 // creatable returns fullError's answer; or ErrMetadataReserve when the
