@@ -108,9 +108,9 @@ func (p *Pool) creatable() error {
 				free, total, createMetadataHeadroom, kernel, ErrMetadataReserve)
 		}
 		limit := p.cfg.MetadataThreshold
-		if used := 100 * float64(st.UsedMetadataBlocks) / float64(st.TotalMetadataBlocks); used >= limit {
+		if used := 100 * float64(st.UsedMetadataBlocks) / float64(total); used >= limit {
 			return fmt.Errorf("metadata %.1f%% used (%d of %d blocks), at or past the %v%% threshold for new devices: %w",
-				used, st.UsedMetadataBlocks, st.TotalMetadataBlocks, limit, ErrMetadataReserve)
+				used, st.UsedMetadataBlocks, total, limit, ErrMetadataReserve)
 		}
 	}
 	return st.ReserveError(p.cfg.MinFreeSpace.Value(), p.cfg.ReserveSetting)
