@@ -3,14 +3,11 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"math/rand/v2"
-	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,25 +20,13 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
 )
 
-// scrapeSum sums the samples of every metric whose name starts with prefix.
+// scrapeSum sums the samples of every metric whose series starts with
+// prefix (0 when there is none).
 func scrapeSum(t *testing.T, addr, prefix string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
+	sum, _, err := stack.MetricSum(context.Background(), addr, prefix)
 	if err != nil {
 		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	sum := 0.0
-	for sc.Scan() {
-		name, val, ok := strings.Cut(sc.Text(), " ")
-		if !ok || strings.HasPrefix(name, "#") || !strings.HasPrefix(name, prefix) {
-			continue
-		}
-		if v, err := strconv.ParseFloat(val, 64); err == nil {
-			sum += v
-		}
 	}
 	return sum
 }

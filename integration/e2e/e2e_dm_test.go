@@ -304,24 +304,16 @@ func wantMetric(t *testing.T, ctx context.Context, e *stack.E2E, name string, wa
 	}
 }
 
-// metricSum is the sum of the samples of the daemon's metrics whose line
-// starts with prefix.
+// metricSum is the sum of the samples of the daemon's metrics whose
+// series starts with prefix; it fails the test when there is none.
 func metricSum(t *testing.T, ctx context.Context, e *stack.E2E, prefix string) float64 {
 	t.Helper()
-	lines, err := e.Metrics(ctx, prefix)
+	sum, n, err := stack.MetricSum(ctx, e.Daemon.Metrics, prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(lines) == 0 {
+	if n == 0 {
 		t.Fatalf("metrics endpoint: no %s sample", prefix)
-	}
-	sum := 0.0
-	for _, l := range lines {
-		var v float64
-		if _, err := fmt.Sscan(l[strings.LastIndexByte(l, ' ')+1:], &v); err != nil {
-			t.Fatalf("metrics line %q: %v", l, err)
-		}
-		sum += v
 	}
 	return sum
 }

@@ -4,17 +4,14 @@ package soak
 
 import (
 	"archive/tar"
-	"bufio"
 	"bytes"
 	"context"
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -365,11 +362,10 @@ func layer(t *testing.T, n int, dirs []string) []byte {
 // metrics endpoint.
 func scrape(t *testing.T, addr string) sample {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
+	samples, err := stack.Samples(context.Background(), addr)
 	if err != nil {
-		t.Fatalf("metrics: %v", err)
+		t.Fatal(err)
 	}
-	defer resp.Body.Close()
 	var s sample
 	var idle, released float64
 	fields := map[string]*float64{
@@ -382,14 +378,9 @@ func scrape(t *testing.T, addr string) sample {
 		"go_memstats_sys_bytes":                 &s.goMapped,
 		"flyio_snapshotter_sqlite_memory_bytes": &s.sqlite,
 	}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		name, val, ok := strings.Cut(sc.Text(), " ")
-		if !ok {
-			continue
-		}
-		if f := fields[name]; f != nil {
-			*f, _ = strconv.ParseFloat(val, 64)
+	for _, m := range samples {
+		if f := fields[m.Series]; f != nil {
+			*f = m.Value
 		}
 	}
 	s.goHeap += idle - released

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -125,35 +123,10 @@ func (e *E2E) RemoveImages(ctx context.Context) (string, error) {
 	return e.Ctrd.Ctr(ctx, args...)
 }
 
-// Metrics returns the lines of the daemon's /metrics page whose name
-// starts with one of prefixes (all of them when none is given).
+// Metrics returns the lines of the daemon's /metrics page that start
+// with one of prefixes (all of them when none is given): MetricLines.
 func (e *E2E) Metrics(ctx context.Context, prefixes ...string) ([]string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+e.Daemon.Metrics+"/metrics", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("metrics of the daemon: %w", err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("metrics of the daemon: %s, %v", resp.Status, err)
-	}
-	var lines []string
-	for _, l := range strings.Split(string(b), "\n") {
-		for _, p := range prefixes {
-			if strings.HasPrefix(l, p) {
-				lines = append(lines, l)
-				break
-			}
-		}
-		if len(prefixes) == 0 && l != "" {
-			lines = append(lines, l)
-		}
-	}
-	return lines, nil
+	return MetricLines(ctx, e.Daemon.Metrics, prefixes...)
 }
 
 // Logs lists each piece's log file.
