@@ -86,30 +86,56 @@ type s3Policy struct {
 	pulls   *pullsUnderWay
 }
 
-// pullsUnderWay counts the pulls under way, so that the last one to end
-// returns the pulls' memory to the system. A pull allocates megabytes of
-// buffers (the download's fan-out, decompression windows, the extractor's
-// reads) that are garbage once it ends, and Go's background scavenger
-// hands such memory back over minutes, so a daemon that idles between
-// pulls would otherwise sit well above its standing size for a while after
-// each one; the records a pull writes leave SQLite's freed pages in the C
-// heap the same way. The forced collection and the trim cost milliseconds
-// on the daemon's small heaps, next to a pull's seconds.
-type pullsUnderWay struct{ n atomic.Int64 }
+// pullsUnderWay counts the pulls under way, so that once the last one has
+// ended the memory of those that did work goes back to the system. A pull
+// that downloads or unpacks allocates megabytes of buffers (the download's
+// fan-out, decompression windows, the extractor's reads) that are garbage
+// once it ends, and Go's background scavenger hands such memory back over
+// minutes, so a daemon that idles between pulls would otherwise sit well
+// above its standing size for a while after each one; the records a pull
+// writes leave SQLite's freed pages in the C heap the same way.
+//
+// The release (a forced collection, then the C heap's trim) runs on a
+// goroutine of its own, after the answer: it takes milliseconds, nothing
+// next to a pull's seconds but a large part of a re-pull answered from the
+// records, which allocates no buffers and does not ask for one.
+type pullsUnderWay struct {
+	n atomic.Int64
+	// worked is set when a pull that downloaded, unpacked or failed ends,
+	// and cleared by the release it leads to.
+	worked atomic.Bool
+	// release returns the memory; nil: releaseMemory.
+	release func()
+}
 
 func (p *pullsUnderWay) begin() { p.n.Add(1) }
 
-func (p *pullsUnderWay) end() {
-	if p.n.Add(-1) == 0 {
-		debug.FreeOSMemory()
-		cheap.Release()
+// end ends a pull begun with begin; worked says whether it downloaded,
+// unpacked or failed (what may have left buffers behind).
+func (p *pullsUnderWay) end(worked bool) {
+	if worked {
+		p.worked.Store(true)
 	}
+	if p.n.Add(-1) == 0 && p.worked.Swap(false) {
+		release := p.release
+		if release == nil {
+			release = releaseMemory
+		}
+		go release()
+	}
+}
+
+// releaseMemory returns the memory Go's heap and the C heap hold free to
+// the system.
+func releaseMemory() {
+	debug.FreeOSMemory()
+	cheap.Release()
 }
 
 // Pull resolves req (ResolvePull) and pulls it.
 func (s s3Policy) Pull(ctx context.Context, req api.PullRequest, progress func(api.Event)) (res *api.PullResult, err error) {
 	s.pulls.begin()
-	defer s.pulls.end()
+	defer func() { s.pulls.end(err != nil || res == nil || res.Downloaded > 0 || res.Unpacked > 0) }()
 	if s.metrics != nil {
 		start := time.Now()
 		defer func() { s.metrics.ObservePull(time.Since(start), rejectionRule(err), err) }()

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
@@ -149,4 +150,61 @@ func TestPartSettingsReachTheSource(t *testing.T) {
 			t.Errorf("%s: GETs of ranges %q, want %q", c.conf, ranges, c.ranges)
 		}
 	}
+}
+
+// TestMemoryReleasedAfterPullsThatWorked: the memory goes back to the
+// system once the last pull under way has ended, and only when one of the
+// pulls since the last release downloaded, unpacked or failed; a re-pull
+// answered from the records releases nothing, and the release never holds
+// up the pull's end.
+func TestMemoryReleasedAfterPullsThatWorked(t *testing.T) {
+	released := make(chan struct{}, 4)
+	block := make(chan struct{})
+	p := &pullsUnderWay{release: func() { <-block; released <- struct{}{} }}
+	wantReleases := func(what string, n int) {
+		t.Helper()
+		for range n {
+			select {
+			case <-released:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s: no release", what)
+			}
+		}
+		select {
+		case <-released:
+			t.Fatalf("%s: a release too many", what)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	// A re-pull alone: nothing to release.
+	p.begin()
+	p.end(false)
+	wantReleases("a re-pull alone", 0)
+
+	// A pull that worked: end returns while its release is still held,
+	// and the release follows.
+	p.begin()
+	ended := make(chan struct{})
+	go func() { p.end(true); close(ended) }()
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pull's end waited for the memory's release")
+	}
+	close(block)
+	wantReleases("a pull that worked", 1)
+
+	// A pull that worked ends while another is under way: the release
+	// waits for the last one, whatever that one did.
+	p.begin()
+	p.begin()
+	p.end(true)
+	wantReleases("a pull that worked, another under way", 0)
+	p.end(false)
+	wantReleases("the last pull ended after one that worked", 1)
+
+	// The release cleared the mark: the next re-pull releases nothing.
+	p.begin()
+	p.end(false)
+	wantReleases("a re-pull after the release", 0)
 }
