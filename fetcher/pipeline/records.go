@@ -452,10 +452,15 @@ func (r Records) listImages(ctx context.Context) ([]*Image, error) {
 }
 
 func imageLayers(ctx context.Context, q metadata.Querier, imageID string) ([]ImageLayer, error) {
-	return queryAll(ctx, q, "layers of image "+imageID, func(s rowScanner) (ImageLayer, error) {
-		var l ImageLayer
-		return l, s.Scan(&l.Position, &l.Key, &l.ETag, &l.VersionID, &l.SizeBytes, &l.ChainID)
-	}, `SELECT position, key, etag, version_id, size_bytes, chain_id FROM image_layers WHERE image_id = ? ORDER BY position`, imageID)
+	return queryAll(ctx, q, "layers of image "+imageID, scanImageLayer,
+		`SELECT `+imageLayerColumns+` FROM image_layers WHERE image_id = ? ORDER BY position`, imageID)
+}
+
+const imageLayerColumns = `position, key, etag, version_id, size_bytes, chain_id`
+
+func scanImageLayer(s rowScanner) (ImageLayer, error) {
+	var l ImageLayer
+	return l, s.Scan(&l.Position, &l.Key, &l.ETag, &l.VersionID, &l.SizeBytes, &l.ChainID)
 }
 
 // imageLayers lists the layers image imageID was last pulled as, bottom
@@ -496,6 +501,9 @@ type pulledState struct {
 // the pipelines, which heal what is wrong.
 func (r Records) pulledImageState(ctx context.Context, imageID string) (*pulledState, error) {
 	var st *pulledState
+	// Four queries whatever the number of layers: a re-pull's answer
+	// waits on them, and under emulation each round trip to SQLite costs
+	// about a millisecond.
 	err := r.db.ReadSnapshot(ctx, func(tx metadata.Querier) error {
 		im, err := scanImage(tx.QueryRowContext(ctx, `SELECT `+imageColumns+` FROM s3_images WHERE image_id = ?`, imageID))
 		if errors.Is(err, sql.ErrNoRows) {
@@ -507,22 +515,23 @@ func (r Records) pulledImageState(ctx context.Context, imageID string) (*pulledS
 		if im.PulledAt.IsZero() {
 			return nil
 		}
-		layers, err := imageLayers(ctx, tx, imageID)
-		if err != nil || len(layers) == 0 {
+		// Each layer with the diff ID of its chain, NULL unless the chain
+		// is recorded with its committed snapshot.
+		s := &pulledState{Image: *im}
+		complete := true
+		if s.Layers, err = queryAll(ctx, tx, "layers of image "+imageID, func(r rowScanner) (ImageLayer, error) {
+			var diff sql.NullString
+			l, err := scanImageLayer(withExtra(r, &diff))
+			complete = complete && diff.Valid
+			s.DiffIDs = append(s.DiffIDs, diff.String)
+			return l, err
+		}, `SELECT `+imageLayerColumns+`, (SELECT c.diff_id FROM chains c
+				JOIN cd_snapshots cs ON cs.key = c.chain_id AND cs.kind = 'committed' WHERE c.chain_id = image_layers.chain_id)
+			FROM image_layers WHERE image_id = ? ORDER BY position`, imageID); err != nil {
 			return err
 		}
-		s := &pulledState{Image: *im, Layers: layers}
-		for _, l := range layers {
-			var diff string
-			err := tx.QueryRowContext(ctx, `SELECT c.diff_id FROM chains c
-				JOIN cd_snapshots s ON s.key = c.chain_id AND s.kind = 'committed' WHERE c.chain_id = ?`, l.ChainID).Scan(&diff)
-			if errors.Is(err, sql.ErrNoRows) {
-				return nil
-			}
-			if err != nil {
-				return fmt.Errorf("chain %s: %w", l.ChainID, err)
-			}
-			s.DiffIDs = append(s.DiffIDs, diff)
+		if !complete || len(s.Layers) == 0 {
+			return nil
 		}
 		var kind, parent string
 		err = tx.QueryRowContext(ctx, `SELECT a.kind, IFNULL(p.key, ''), d.name FROM cd_snapshots a
@@ -534,7 +543,7 @@ func (r Records) pulledImageState(ctx context.Context, imageID string) (*pulledS
 		if err != nil {
 			return fmt.Errorf("activation: %w", err)
 		}
-		if kind != "active" || parent != layers[len(layers)-1].ChainID {
+		if kind != "active" || parent != s.Layers[len(s.Layers)-1].ChainID {
 			return nil
 		}
 		if s.Names, err = queryAll(ctx, tx, "names", func(r rowScanner) (string, error) {
@@ -551,6 +560,18 @@ func (r Records) pulledImageState(ctx context.Context, imageID string) (*pulledS
 	}
 	return st, nil
 }
+
+// withExtra is s scanning extra after the destinations its caller gives:
+// a row's own scan function reads its table's columns, and the query adds
+// columns joined from elsewhere.
+func withExtra(s rowScanner, extra ...any) rowScanner { return extraScanner{s, extra} }
+
+type extraScanner struct {
+	s     rowScanner
+	extra []any
+}
+
+func (e extraScanner) Scan(dest ...any) error { return e.s.Scan(append(dest, e.extra...)...) }
 
 // TouchImage records that image imageID was used now (a pull, also one
 // answered from the records, or an activation). Absent is not an error.

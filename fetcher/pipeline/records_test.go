@@ -547,9 +547,10 @@ func TestImageIDByRef(t *testing.T) {
 
 // BenchmarkPulledImageState is the look-up of an idempotent re-pull ("is
 // this image pulled, unpacked and activated already?"), one read
-// transaction, on a database of 1000 pulled and activated images. Compare
-// with package metadata's BenchmarkPing: it must stay within a small
-// multiple of one round trip.
+// transaction, on a database of 1000 pulled and activated images, for an
+// image of one layer and one of four. Compare with package metadata's
+// BenchmarkPing: it must stay within a small multiple of one round trip,
+// whatever the number of layers.
 func BenchmarkPulledImageState(b *testing.B) {
 	w := newRecWorld(b)
 	for i := range 1000 {
@@ -557,11 +558,22 @@ func BenchmarkPulledImageState(b *testing.B) {
 		w.pull(fmt.Sprintf("s3-w%d", i), fmt.Sprintf("s3://bkt/w/%d.tar", i), "",
 			pulledLayer{Object{Key: fmt.Sprintf("w/%d.tar", i), ETag: `"e"`, SizeBytes: int64(i), Digest: diff}, diff})
 	}
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		st, err := w.rec.pulledImageState(w.ctx, "s3-w500")
-		if err != nil || st == nil {
-			b.Fatalf("pulledImageState(s3-w500) = %v, %v", st, err)
-		}
+	var deep []pulledLayer
+	chain := ""
+	for i := range 4 {
+		diff := fmt.Sprintf("sha256:deep%d", i)
+		chain = ChainID(chain, diff)
+		deep = append(deep, pulledLayer{Object{Key: fmt.Sprintf("deep/%d.tar", i), ETag: `"e"`, SizeBytes: int64(i), Digest: diff}, chain})
+	}
+	w.pull("s3-deep", "s3://bkt/deep/", "", deep...)
+	for _, c := range []struct{ name, id string }{{"1-layer", "s3-w500"}, {"4-layers", "s3-deep"}} {
+		b.Run(c.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				st, err := w.rec.pulledImageState(w.ctx, c.id)
+				if err != nil || st == nil {
+					b.Fatalf("pulledImageState(%s) = %v, %v", c.id, st, err)
+				}
+			}
+		})
 	}
 }
