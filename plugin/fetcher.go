@@ -96,9 +96,10 @@ type s3Policy struct {
 // writes leave SQLite's freed pages in the C heap the same way.
 //
 // The release (a forced collection, then the C heap's trim) runs on a
-// goroutine of its own, after the answer: it takes milliseconds, nothing
-// next to a pull's seconds but a large part of a re-pull answered from the
-// records, which allocates no buffers and does not ask for one.
+// goroutine of its own, so that the answer does not wait for it: it takes
+// milliseconds, nothing next to a pull's seconds but a large part of a
+// re-pull answered from the records, which allocates no buffers and does
+// not ask for one.
 type pullsUnderWay struct {
 	n atomic.Int64
 	// worked is set when a pull that downloaded, unpacked or failed ends,
