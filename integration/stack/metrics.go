@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -14,12 +15,6 @@ import (
 type Sample struct {
 	Series string
 	Value  float64
-}
-
-// Name is the sample's metric name: its series without the labels.
-func (s Sample) Name() string {
-	name, _, _ := strings.Cut(s.Series, "{")
-	return name
 }
 
 // metricsPage returns the /metrics page served at addr (host:port).
@@ -58,20 +53,11 @@ func MetricLines(ctx context.Context, addr string, prefixes ...string) ([]string
 		if l == "" {
 			continue
 		}
-		if len(prefixes) == 0 || hasAnyPrefix(l, prefixes) {
+		if len(prefixes) == 0 || slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(l, p) }) {
 			lines = append(lines, l)
 		}
 	}
 	return lines, nil
-}
-
-func hasAnyPrefix(s string, prefixes []string) bool {
-	for _, p := range prefixes {
-		if strings.HasPrefix(s, p) {
-			return true
-		}
-	}
-	return false
 }
 
 // Samples reads the /metrics page served at addr and returns its samples
