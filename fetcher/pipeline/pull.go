@@ -72,7 +72,7 @@ func (p *Pipelines) Pull(ctx context.Context, req api.PullRequest, progress func
 	unlock := func() { release.Do(p.files.RUnlock) }
 	defer unlock()
 	if req.Cached {
-		res, why := p.repull(ctx, source, imageID, ref, req.Namespaces, req.Replace, nil)
+		res, why := p.repull(ctx, p.recordsNow(ctx, imageID), source, imageID, ref, req.Namespaces, req.Replace, nil)
 		if res == nil {
 			return nil, fmt.Errorf("pull %s --cached: %s: %w", source, why, errdefs.ErrNotFound)
 		}
@@ -80,13 +80,20 @@ func (p *Pipelines) Pull(ctx context.Context, req api.PullRequest, progress func
 		p.used(ctx, imageID, false)
 		return res, nil
 	}
+	var records func() (*pulledState, error)
+	if !req.Refresh {
+		records = p.readRecords(ctx, imageID)
+	}
 	layers, err := p.listLayers(ctx, req, source)
 	if err != nil {
+		if records != nil {
+			_, _ = records()
+		}
 		p.markFailed(ctx, imageID, source, err)
 		return nil, err
 	}
-	if !req.Refresh {
-		if res, _ := p.repull(ctx, source, imageID, ref, req.Namespaces, req.Replace, layers); res != nil {
+	if records != nil {
+		if res, _ := p.repull(ctx, records, source, imageID, ref, req.Namespaces, req.Replace, layers); res != nil {
 			lg.WithField("snapshot", res.Snapshot.SnapshotName).Info("already pulled, unchanged in S3")
 			p.used(ctx, imageID, false)
 			return res, nil

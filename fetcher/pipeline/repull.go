@@ -16,7 +16,8 @@ import (
 )
 
 // repull answers a pull of an image that is pulled, unpacked and active
-// from the records: one read transaction (Records.pulledImageState), a
+// from the records: one read transaction (Records.pulledImageState, which
+// records gives, see Pipelines.readRecords), a
 // stat of the activation's device node and a sysfs read saying the node is
 // still that live device-mapper device (how an activation removed behind
 // our back, `dmsetup remove`, is noticed) and, with a registrar, one look at
@@ -38,8 +39,8 @@ import (
 // /sys/block, and only a device-mapper call could tell. That probe stays on
 // the slow path: `pull --refresh` runs the pipelines, whose check-unpacked
 // asks the pool for each chain's device and rebuilds a missing one.
-func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string, nss []string, replace bool, listed []api.Layer) (*api.PullResult, string) {
-	st, err := RecordsOf(p.db).pulledImageState(ctx, imageID)
+func (p *Pipelines) repull(ctx context.Context, records func() (*pulledState, error), source, imageID, ref string, nss []string, replace bool, listed []api.Layer) (*api.PullResult, string) {
+	st, err := records()
 	switch {
 	case err != nil:
 		return nil, err.Error()
@@ -116,6 +117,39 @@ func (p *Pipelines) repull(ctx context.Context, source, imageID, ref string, nss
 	return &api.PullResult{Ref: ref, Source: source, ImageID: imageID, Layers: layers, TopChainID: top,
 		Snapshot: api.ActivateResponse{ImageID: imageID, SnapshotName: ActivationKey(imageID), DeviceName: st.ActivationDevice,
 			DevicePath: path, Active: true, Registered: registered, RegisterPending: pending}}, ""
+}
+
+// readRecords starts reading image imageID's records (Records.pulledImageState)
+// on a goroutine of its own and returns what waits for them. A pull reads
+// them while S3 lists the image, since neither needs the other. The read
+// is one moment's view either way; taken before the listing's answer
+// rather than after it, a record that changes in between (another pull of
+// the image ending) is seen as it was: missing, or pulled from objects the
+// listing no longer names, and the pipelines, which reuse what is in
+// place, then answer. What repull checks on the host (the
+// device, containerd's name) is still looked at after both.
+// The caller must call the returned function once, on every path, so that
+// the read never outlives the pull.
+func (p *Pipelines) readRecords(ctx context.Context, imageID string) func() (*pulledState, error) {
+	type answer struct {
+		st  *pulledState
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		st, err := RecordsOf(p.db).pulledImageState(ctx, imageID)
+		done <- answer{st, err}
+	}()
+	return func() (*pulledState, error) {
+		a := <-done
+		return a.st, a.err
+	}
+}
+
+// recordsNow reads image imageID's records on the caller's goroutine, for a
+// repull with nothing to do beside.
+func (p *Pipelines) recordsNow(ctx context.Context, imageID string) func() (*pulledState, error) {
+	return func() (*pulledState, error) { return RecordsOf(p.db).pulledImageState(ctx, imageID) }
 }
 
 // sysDevBlock is where sysfs lists block devices by device number.

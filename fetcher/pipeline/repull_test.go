@@ -72,11 +72,11 @@ func TestRepullFallsBack(t *testing.T) {
 			e.srv.Put(t, "img/1.tar", layerTar(t, "img", 500))
 			first := e.mustPull("img/", "img")
 			source, imageID := imageSource(e.srv.Bucket, "img/")
-			if res, why := e.p.repull(ctx, source, imageID, "img", nil, false, nil); res == nil {
+			if res, why := e.p.repull(ctx, e.p.recordsNow(ctx, imageID), source, imageID, "img", nil, false, nil); res == nil {
 				t.Fatalf("intact records: no fast answer (%s)", why)
 			}
 			c.breakIt(t, e, first)
-			if res, _ := e.p.repull(ctx, source, imageID, "img", nil, false, nil); res != nil {
+			if res, _ := e.p.repull(ctx, e.p.recordsNow(ctx, imageID), source, imageID, "img", nil, false, nil); res != nil {
 				t.Fatalf("answered from the records after %s: %+v", c.name, res)
 			}
 			healed := e.mustPull("img/", "img")
@@ -86,7 +86,7 @@ func TestRepullFallsBack(t *testing.T) {
 			if got := e.sn.readFile(t, healed.Snapshot.SnapshotName, "etc/marker"); got != "img" {
 				t.Errorf("after %s the activation shows %q", c.name, got)
 			}
-			if res, why := e.p.repull(ctx, source, imageID, "img", nil, false, nil); res == nil {
+			if res, why := e.p.repull(ctx, e.p.recordsNow(ctx, imageID), source, imageID, "img", nil, false, nil); res == nil {
 				t.Errorf("after the healing pull the records do not answer: %s", why)
 			}
 		})
