@@ -16,8 +16,8 @@ import (
 )
 
 // repull answers a pull of an image that is pulled, unpacked and active
-// from the records: one read transaction (Records.pulledImageState, which
-// records gives, see Pipelines.readRecords), a
+// from the records: one read transaction (Records.pulledImageState, whose
+// answer records returns: see Pipelines.readRecords and recordsNow), a
 // stat of the activation's device node and a sysfs read saying the node is
 // still that live device-mapper device (how an activation removed behind
 // our back, `dmsetup remove`, is noticed) and, with a registrar, one look at
