@@ -15,6 +15,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/containerd/errdefs"
+
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
 
@@ -413,16 +415,26 @@ func (s Records) deleteSnapshot(ctx context.Context, id int64) error {
 	return expectOneRow(res, fmt.Sprintf("delete snapshot row %d: no such snapshot", id))
 }
 
-// moveDevice makes snapshot row id own device deviceID (freed by the caller
-// first: a device has one snapshot), with sizeBytes recorded as its mapped
-// bytes.
-func (s Records) moveDevice(ctx context.Context, id int64, deviceID uint32, sizeBytes, nowNs int64) error {
-	res, err := s.q.ExecContext(ctx, `UPDATE cd_snapshots SET device_id = ?, size_bytes = ?, updated_ns = ? WHERE id = ?`,
-		int64(deviceID), sizeBytes, nowNs, id)
+// moveDevice makes snapshot row id own device deviceID in place of device
+// from (freed by the caller first: a device has one snapshot), with
+// sizeBytes recorded as its mapped bytes. It moves nothing and fails with
+// errdefs.ErrFailedPrecondition when the row no longer owns from: another
+// replacement went first, and writing over it would leave that one's
+// device owned by no snapshot.
+func (s Records) moveDevice(ctx context.Context, id int64, from, deviceID uint32, sizeBytes, nowNs int64) error {
+	res, err := s.q.ExecContext(ctx, `UPDATE cd_snapshots SET device_id = ?, size_bytes = ?, updated_ns = ? WHERE id = ? AND device_id = ?`,
+		int64(deviceID), sizeBytes, nowNs, id, int64(from))
 	if err != nil {
 		return fmt.Errorf("move device %d to snapshot row %d: %w", deviceID, id, err)
 	}
-	return expectOneRow(res, fmt.Sprintf("move device %d to snapshot row %d: no such snapshot", deviceID, id))
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("move device %d to snapshot row %d: %w", deviceID, id, err)
+	}
+	if n != 1 {
+		return fmt.Errorf("move device %d to snapshot row %d: the row no longer owns device %d: %w", deviceID, id, from, errdefs.ErrFailedPrecondition)
+	}
+	return nil
 }
 
 func expectOneRow(res sql.Result, msg string) error {

@@ -759,7 +759,10 @@ func (s *Snapshotter) reactivate(ctx context.Context, r CDSnapshot) {
 // behind our back), and removes key. key must have been prepared on name's
 // parent and filled with name's content: the snapshots on name keep their
 // own devices (a thin snapshot does not need its origin's) and are not
-// touched; later snapshots of name are made from the new device.
+// touched; later snapshots of name are made from the new device. When name
+// no longer holds the device it had when the call began (another Recommit
+// replaced it first), it fails with errdefs.ErrFailedPrecondition and
+// leaves key in place.
 func (s *Snapshotter) Recommit(ctx context.Context, name, key string) error {
 	err := s.open()
 	if err != nil {
@@ -782,6 +785,9 @@ func (s *Snapshotter) Recommit(ctx context.Context, name, key string) error {
 	} else if present {
 		return fmt.Errorf("recommit %q as %q: %q's thin device %d is still in the pool: %w", key, name, name, old.DeviceID, errdefs.ErrFailedPrecondition)
 	}
+	if err := s.step("recommit:checked"); err != nil {
+		return err
+	}
 	defer s.mapping.Lock(r.DeviceID)()
 	size, err := s.mappedBytes(ctx, r)
 	if err != nil {
@@ -803,8 +809,8 @@ func (s *Snapshotter) Recommit(ctx context.Context, name, key string) error {
 		if err := q.deleteSnapshot(fctx, r.ID); err != nil {
 			return err
 		}
-		if err := q.moveDevice(fctx, old.ID, r.DeviceID, size, nowNs()); err != nil {
-			return err
+		if err := q.moveDevice(fctx, old.ID, old.DeviceID, r.DeviceID, size, nowNs()); err != nil {
+			return fmt.Errorf("recommit %q as %q: %w", key, name, err)
 		}
 		if err := q.setThinDeviceState(fctx, r.DeviceID, ThinStateInactive, nowNs()); err != nil {
 			return err
