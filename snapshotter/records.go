@@ -418,9 +418,9 @@ func (s Records) deleteSnapshot(ctx context.Context, id int64) error {
 // moveDevice makes snapshot row id own device deviceID in place of device
 // from (freed by the caller first: a device has one snapshot), with
 // sizeBytes recorded as its mapped bytes. It moves nothing and fails with
-// errdefs.ErrFailedPrecondition when the row no longer owns from: another
-// replacement went first, and writing over it would leave that one's
-// device owned by no snapshot.
+// errdefs.ErrFailedPrecondition when the row is gone or no longer owns
+// from: another replacement went first, and writing over it would leave
+// that one's device owned by no snapshot.
 func (s Records) moveDevice(ctx context.Context, id int64, from, deviceID uint32, sizeBytes, nowNs int64) error {
 	res, err := s.q.ExecContext(ctx, `UPDATE cd_snapshots SET device_id = ?, size_bytes = ?, updated_ns = ? WHERE id = ? AND device_id = ?`,
 		int64(deviceID), sizeBytes, nowNs, id, int64(from))
@@ -432,7 +432,7 @@ func (s Records) moveDevice(ctx context.Context, id int64, from, deviceID uint32
 		return fmt.Errorf("move device %d to snapshot row %d: %w", deviceID, id, err)
 	}
 	if n != 1 {
-		return fmt.Errorf("move device %d to snapshot row %d: the row no longer owns device %d: %w", deviceID, id, from, errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("move device %d to snapshot row %d: no such snapshot, or it no longer owns device %d: %w", deviceID, id, from, errdefs.ErrFailedPrecondition)
 	}
 	return nil
 }
