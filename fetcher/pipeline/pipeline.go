@@ -12,7 +12,6 @@ import (
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
@@ -257,41 +256,6 @@ func (p *Pipelines) retry(policy fsm.RetryPolicy) fsm.TransitionOption {
 func (p *Pipelines) hook(name string) {
 	if f := p.hooks[name]; f != nil {
 		f()
-	}
-}
-
-// hub fans progress events out to the pulls that watch the runs.
-type hub struct {
-	mu   sync.Mutex
-	next int
-	subs map[int]func(api.Event)
-}
-
-func (h *hub) subscribe(fn func(api.Event)) (cancel func()) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.subs == nil {
-		h.subs = map[int]func(api.Event){}
-	}
-	id := h.next
-	h.next++
-	h.subs[id] = fn
-	return func() {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		delete(h.subs, id)
-	}
-}
-
-func (h *hub) emit(e api.Event) {
-	h.mu.Lock()
-	subs := make([]func(api.Event), 0, len(h.subs))
-	for _, s := range h.subs {
-		subs = append(subs, s)
-	}
-	h.mu.Unlock()
-	for _, s := range subs {
-		s(e)
 	}
 }
 

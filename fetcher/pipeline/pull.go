@@ -42,7 +42,11 @@ var ErrImageTooLarge = errors.New("image too large")
 // still in place is answered from the records; anything else runs the
 // Download, Unpack and Activate machines, which reuse what is already
 // there. progress, if set, receives the events of the runs of this pull,
-// from several goroutines, one at a time.
+// one at a time, on a goroutine of the pull's own: a progress that blocks
+// (a client that stops reading) holds up only this call's return, never
+// the runs, which other pulls share. Of the events one step raises while
+// progress is blocked, the latest is delivered, and all of them before
+// Pull returns.
 func (p *Pipelines) Pull(ctx context.Context, req api.PullRequest, progress func(api.Event)) (*api.PullResult, error) {
 	if p.opts.Snapshots == nil {
 		return nil, errors.New("pull: the pipelines have no snapshotter")
@@ -191,14 +195,13 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 		runs = map[string]int{} // run id → 1-based layer (0: the image)
 	)
 	if progress != nil {
-		cancel := p.hub.subscribe(func(e api.Event) {
+		cancel := p.hub.subscribe(func(e api.Event) (api.Event, bool) {
 			mu.Lock()
 			defer mu.Unlock()
-			if l, ok := runs[e.Run]; ok {
-				e.Layer = l
-				progress(e)
-			}
-		})
+			l, ok := runs[e.Run]
+			e.Layer = l
+			return e, ok
+		}, progress)
 		defer cancel()
 	}
 	watch := func(id string, layer int) {
