@@ -219,7 +219,9 @@ type Names interface {
 	Unregister(ctx context.Context, name string) error
 	// PoolImages lists the images, in every namespace, whose top chain
 	// is unpacked in our snapshotter, ours (S3 images' names) and
-	// others' (registry images), with their containers, pins and leases.
+	// others' (registry images), with their containers, pins and leases;
+	// an error wrapping pipeline.ErrContainerdAbsent when containerd's
+	// socket is absent.
 	PoolImages(ctx context.Context) ([]pipeline.PoolImage, error)
 	// RemoveImage removes image name from namespace ns the way
 	// containerd removes one: the record, then containerd's garbage
@@ -638,7 +640,9 @@ func (c *Collector) Collect(ctx context.Context, trigger string, need uint64) (*
 		return rep, fmt.Errorf("gc: %w", err)
 	}
 	var errs []error
-	if freed, err := c.sweepOrphans(ctx, pool.orphans(imgs, ""), "usage"); err != nil {
+	if pool.blind != nil {
+		lg.WithError(pool.blind).Warn("gc: containerd is not answering: chains no S3 image has are kept (a registry image may have them), and so are the S3 images containerd has names of, until it answers")
+	} else if freed, err := c.sweepOrphans(ctx, pool.orphans(imgs, ""), "usage"); err != nil {
 		errs = append(errs, err)
 	} else if freed != 0 {
 		if u, err = c.opts.Usage(ctx); err != nil {
@@ -704,6 +708,11 @@ type poolView struct {
 	theirs map[string]string
 	// images are containerd's images in the pool (Names.PoolImages).
 	images []pipeline.PoolImage
+	// blind says why containerd's images could not be listed (its socket
+	// is absent: not started yet, or restarting), nil when they were.
+	// Without them nothing says which chains its registry images have,
+	// or which of our names its containers and pins use.
+	blind error
 }
 
 func nsChain(ns, chain string) string { return ns + "\x00" + chain }
@@ -740,7 +749,11 @@ func (c *Collector) look(ctx context.Context) (*poolView, error) {
 		return nil, fmt.Errorf("gc: walk snapshots: %w", err)
 	}
 	if c.opts.Names != nil {
-		if v.images, err = c.opts.Names.PoolImages(ctx); err != nil {
+		v.images, err = c.opts.Names.PoolImages(ctx)
+		switch {
+		case errors.Is(err, pipeline.ErrContainerdAbsent):
+			v.blind = err
+		case err != nil:
 			return nil, fmt.Errorf("gc: containerd's images: %w", err)
 		}
 	}
@@ -861,6 +874,13 @@ func (c *Collector) inUse(ctx context.Context, cd *candidate, v *poolView) (stri
 		}
 		if live {
 			return pullRunsLive, nil
+		}
+	}
+	if v.blind != nil && cd.s3 != nil {
+		for _, n := range cd.s3.Names {
+			if !cd.s3.Pending[n] {
+				return fmt.Sprintf("containerd has its name %q, and whether a container or a pin of containerd's uses it cannot be checked while containerd does not answer (%v)", n, v.blind), nil
+			}
 		}
 	}
 	for _, r := range cd.records {
@@ -994,10 +1014,11 @@ func (c *Collector) removeS3(ctx context.Context, im *Image, v *poolView) error 
 	}
 	for i := len(im.Chains) - 1; i >= 0; i-- {
 		ch := im.Chains[i]
-		if im.SharedChains[ch] || v.layerOn(ch, im.Chains) {
-			// Another image's layers use it (an S3 image's, or one
-			// containerd unpacked on it): its chain ID covers the layers
-			// below it, so they are shared too.
+		if im.SharedChains[ch] || v.layerOn(ch, im.Chains) || v.adopted(ch) {
+			// Another image's layers use it (an S3 image's, one
+			// containerd unpacked on it, or a registry image whose
+			// layers are these): its chain ID covers the layers below
+			// it, so they are shared too.
 			break
 		}
 		err := c.opts.Snapshots.RemoveIf(ctx, ch, c.opts.Guard(ch))
@@ -1110,6 +1131,19 @@ func (c *Collector) sweepOrphans(ctx context.Context, chains []string, cause str
 	return freed, nil
 }
 
+// adopted reports whether one of containerd's registry images has chain
+// among its layers: containerd's unpacker found the chain committed here
+// (its snapshot.ref) and took it as is, so nothing of containerd's sits on
+// it and only the image's own chain list says it is used.
+func (v *poolView) adopted(chain string) bool {
+	for _, pi := range v.images {
+		if !pi.Ours && slices.Contains(pi.Chains, chain) {
+			return true
+		}
+	}
+	return false
+}
+
 // layerOn reports whether a committed snapshot other than the chains own
 // sits on key: another image's layer.
 func (v *poolView) layerOn(key string, own []string) bool {
@@ -1177,9 +1211,10 @@ func (c *Collector) Remove(ctx context.Context, refs []string) ([]api.Removed, e
 			continue
 		}
 		// A pull of the source that failed after its unpacks left chains
-		// that no image names: they go with the image.
+		// that no image names: they go with the image, unless containerd
+		// is not answering (a registry image of its may have them).
 		imgs, err := Images(ctx, c.opts.DB)
-		if err == nil {
+		if err == nil && pool.blind == nil {
 			var freed int64
 			freed, err = c.sweepOrphans(ctx, pool.orphans(imgs, im.Source), "rm")
 			r.Freed += freed

@@ -42,6 +42,9 @@ type fakeNames struct {
 	removed    []string // S3 names unregistered
 	images     []pipeline.PoolImage
 	regRemoved []string // "NAMESPACE/NAME" removed
+	// absent makes PoolImages answer as containerd's registrar does when
+	// containerd's socket is absent.
+	absent bool
 }
 
 func (n *fakeNames) Unregister(_ context.Context, name string) error {
@@ -55,6 +58,9 @@ func (n *fakeNames) Unregister(_ context.Context, name string) error {
 func (n *fakeNames) PoolImages(context.Context) ([]pipeline.PoolImage, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.absent {
+		return nil, fmt.Errorf("containerd at /run/containerd/containerd.sock: %w", pipeline.ErrContainerdAbsent)
+	}
 	return slices.Clone(n.images), nil
 }
 

@@ -22,6 +22,10 @@ type Image struct {
 	UsedAt time.Time
 	// Names are the image's names, oldest first.
 	Names []string
+	// Pending are those of Names whose registration in containerd waits
+	// for its socket (absent when the image was pulled): containerd has
+	// no record of them yet, so no container or pin of its uses them.
+	Pending map[string]bool
 	// Chains are the chains of its layers, bottom first.
 	Chains []string
 	// SharedChains are those of Chains that another image's layers also
@@ -100,11 +104,24 @@ func ImageByID(ctx context.Context, db *metadata.DB, imageID string) (*Image, er
 				g.Bytes += c.bytes
 			}
 		}
-		if g.Names, err = metadata.QueryAll(ctx, tx, func(s *sql.Rows) (string, error) {
-			var n string
-			return n, s.Scan(&n)
-		}, `SELECT name FROM image_names WHERE image_id = ? ORDER BY registered_ns, name`, imageID); err != nil {
+		type nameRow struct {
+			name    string
+			pending bool
+		}
+		names, err := metadata.QueryAll(ctx, tx, func(s *sql.Rows) (nameRow, error) {
+			var n nameRow
+			return n, s.Scan(&n.name, &n.pending)
+		}, `SELECT n.name, EXISTS (SELECT 1 FROM containerd_pending p WHERE p.name = n.name)
+			FROM image_names n WHERE n.image_id = ? ORDER BY n.registered_ns, n.name`, imageID)
+		if err != nil {
 			return fmt.Errorf("names: %w", err)
+		}
+		g.Pending = map[string]bool{}
+		for _, n := range names {
+			g.Names = append(g.Names, n.name)
+			if n.pending {
+				g.Pending[n.name] = true
+			}
 		}
 		im = &g
 		return nil

@@ -41,11 +41,16 @@ type PoolImage struct {
 // our snapshotter (c.Snapshotter), whoever made them, with their
 // containers, pins and leases. An image whose content is incomplete
 // (a pull under way, a platform not pulled) is not listed: it cannot be
-// unpacked here. No containerd is no image and no error.
+// unpacked here. When containerd's socket is absent it returns an error
+// wrapping ErrContainerdAbsent: containerd not answering is not containerd
+// having no image.
 func (c *ContainerdRegistrar) PoolImages(ctx context.Context) ([]PoolImage, error) {
 	cl, err := c.client(ctx, "")
-	if err != nil || cl == nil {
+	if err != nil {
 		return nil, err
+	}
+	if cl == nil {
+		return nil, fmt.Errorf("containerd at %s: %w", c.Address, ErrContainerdAbsent)
 	}
 	defer cl.Close()
 	nss, err := c.namespaces(ctx, cl, "(every image)")
