@@ -69,7 +69,7 @@ func within[T any](t *testing.T, d time.Duration, fn func() (T, error)) (T, erro
 // continuation token it already gave is left after the second page.
 func TestListRepeatingToken(t *testing.T) {
 	srv := s3test.NewServer(t)
-	srv.Faults.Answer(1000, "", func(int) []byte { return listing("img/", "same", listed{"img/01.tar", 10}) })
+	srv.Faults.Answer(1000, "", func(i int) []byte { return listing("img/", "same", listed{fmt.Sprintf("img/%02d.tar", i), 10}) })
 	src := hostileSource(t, srv, s3source.Config{})
 	objs, err := within(t, 5*time.Second, func() ([]s3source.Object, error) { return src.ResolveImage(context.Background(), "img/") })
 	if !errors.Is(err, s3source.ErrListLoop) || objs != nil {

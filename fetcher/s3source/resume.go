@@ -20,6 +20,10 @@ type ResumingReader struct {
 	obj        Object
 	maxResumes int
 
+	// etag is what every GET of the read carries as If-Match: the listed
+	// ETag, or, when the listing gave none, the one the first answer
+	// carried, so that a resume never splices another version on.
+	etag    string
 	body    *Body
 	offset  int64
 	resumes int
@@ -50,7 +54,7 @@ func (s *Source) NewReader(ctx context.Context, obj Object, maxResumes int) Read
 	if s.Ranged(obj) {
 		return s.newRangedReader(ctx, obj, maxResumes)
 	}
-	return &ResumingReader{ctx: ctx, src: s, obj: obj, maxResumes: maxResumes}
+	return &ResumingReader{ctx: ctx, src: s, obj: obj, maxResumes: maxResumes, etag: obj.ETag}
 }
 
 // Offset is how many bytes were read so far.
@@ -70,8 +74,8 @@ func (r *ResumingReader) Read(p []byte) (int, error) {
 		}
 		if r.body == nil {
 			var opts []OpenOption
-			if r.obj.ETag != "" {
-				opts = append(opts, IfMatch(r.obj.ETag))
+			if r.etag != "" {
+				opts = append(opts, IfMatch(r.etag))
 			}
 			b, err := r.src.Open(r.ctx, r.obj.Key, r.offset, opts...)
 			if err != nil {
@@ -82,6 +86,9 @@ func (r *ResumingReader) Read(p []byte) (int, error) {
 				b.Close()
 				r.err = fmt.Errorf("read s3://%s/%s: size %d, listed as %d: %w", r.src.bucket, r.obj.Key, b.Size, r.obj.Size, ErrChanged)
 				break
+			}
+			if r.etag == "" {
+				r.etag = b.ETag
 			}
 			r.body = b
 		}

@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"sort"
@@ -233,7 +234,13 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 		o.RequestChecksumCalculation = aws.RequestChecksumCalculationWhenRequired
 		o.ResponseChecksumValidation = aws.ResponseChecksumValidationWhenRequired
 	})
-	return &Source{client: client, bucket: cfg.Bucket, requestTimeout: header + idle, idleTimeout: idle,
+	// A listing page or a HEAD is bounded by both waits; two very long
+	// ones (each valid) must not overflow into a bound already past.
+	request := header + idle
+	if request < header {
+		request = math.MaxInt64
+	}
+	return &Source{client: client, bucket: cfg.Bucket, requestTimeout: request, idleTimeout: idle,
 		maxPages: orDefault(cfg.MaxListPages, DefaultMaxListPages), maxLayers: orDefault(cfg.MaxLayers, DefaultMaxLayers),
 		partSize: partSize, connections: conns}, nil
 }
@@ -297,6 +304,9 @@ var (
 	ErrKeyOutsidePrefix = errors.New("listed key is outside the prefix")
 	// ErrNegativeSize: a listing or HEAD gave an object a negative size.
 	ErrNegativeSize = errors.New("object has a negative size")
+	// ErrKeyListedTwice: a listing returned the same key twice (on two
+	// pages): it cannot be trusted to say which objects the image has.
+	ErrKeyListedTwice = errors.New("listing returned the key twice")
 )
 
 // unprintable reports a rune ValidateKey refuses: a control character
@@ -390,7 +400,8 @@ func (s *Source) list(ctx context.Context, prefix string, limit int) ([]Object, 
 		in.Prefix = aws.String(prefix)
 	}
 	var out []Object
-	seen := map[string]bool{}
+	seen := map[string]bool{}   // continuation tokens
+	listed := map[string]bool{} // keys
 	for pages := 1; ; pages++ {
 		page, err := bounded(ctx, s, func(ctx context.Context) (*s3.ListObjectsV2Output, error) {
 			return s.client.ListObjectsV2(ctx, in)
@@ -403,7 +414,13 @@ func (s *Source) list(ctx context.Context, prefix string, limit int) ([]Object, 
 			if err := checkListed(prefix, k, size); err != nil {
 				return nil, fmt.Errorf("%s: %w", where, err)
 			}
-			if !IsLayerKey(k) {
+			if listed[k] {
+				return nil, fmt.Errorf("%s: %w", where, &KeyError{Key: k, Rule: ErrKeyListedTwice})
+			}
+			listed[k] = true
+			// A key below a deeper "/" is not one of the image's layers,
+			// even from a server that ignores the listing's delimiter.
+			if !IsLayerKey(k) || strings.Contains(k[len(prefix):], "/") {
 				continue
 			}
 			etag, err := normalizeETag(aws.ToString(o.ETag))

@@ -1,0 +1,118 @@
+package s3source_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"regexp"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/conf"
+)
+
+// noListedETags is a transport that drops the ETags of ListObjectsV2
+// answers, as an S3-compatible server or gateway that lists none does;
+// GET and HEAD keep theirs.
+type noListedETags struct{ next http.RoundTripper }
+
+var listedETag = regexp.MustCompile(`<ETag>[^<]*</ETag>`)
+
+func (n noListedETags) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := n.next.RoundTrip(r)
+	if err != nil || r.Method != http.MethodGet || r.URL.Query().Get("list-type") != "2" {
+		return resp, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(listedETag.ReplaceAll(body, nil)))
+	resp.ContentLength = -1
+	resp.Header.Del("Content-Length")
+	return resp, nil
+}
+
+// TestResumeHoldsToTheFirstAnswersETag: an object listed without an ETag
+// is read as one stream. Its body is cut after 1000 bytes and the object
+// overwritten with another of the same size before the resume: the
+// resume carries the ETag the first answer gave, so the read fails as
+// changed instead of returning v1's first bytes followed by v2's rest.
+func TestResumeHoldsToTheFirstAnswersETag(t *testing.T) {
+	srv := s3test.NewServer(t)
+	// The test server's CA goes with the SDK's own client only.
+	t.Setenv("AWS_CA_BUNDLE", "")
+	src := hostileSource(t, srv, s3source.Config{HTTPClient: &http.Client{Transport: noListedETags{http.DefaultTransport}}})
+	v1, v2 := bytes.Repeat([]byte("1"), 4000), bytes.Repeat([]byte("2"), 4000)
+	srv.Put(t, "img/01.tar", v1)
+	objs, err := src.List(context.Background(), "img/")
+	if err != nil || len(objs) != 1 || objs[0].ETag != "" {
+		t.Fatalf("list: %+v, %v; want one object listed without an ETag", objs, err)
+	}
+	srv.Faults.Reset()
+	srv.Faults.DropAfter(1, "img/01.tar", 1000)
+	srv.Faults.BeforeGet("img/01.tar", "bytes=1000-", func() { srv.Put(t, "img/01.tar", v2) })
+	r := src.NewReader(context.Background(), objs[0], 3)
+	got, err := io.ReadAll(r)
+	r.Close()
+	if !errors.Is(err, s3source.ErrChanged) {
+		t.Fatalf("read of an object overwritten between two GETs: %d bytes (%d of v1), %v; want ErrChanged", len(got), bytes.Count(got, []byte("1")), err)
+	}
+	for _, rq := range srv.Faults.Recorded() {
+		if rq.Range == "bytes=1000-" && rq.IfMatch == "" {
+			t.Errorf("the resume was sent without If-Match")
+		}
+	}
+}
+
+// TestListingDoesNotTrustTheServersShape: a server that ignores the
+// listing's delimiter, or lists a key on two pages, cannot make a deeper
+// key a layer or one layer two.
+func TestListingDoesNotTrustTheServersShape(t *testing.T) {
+	t.Run("deeper key", func(t *testing.T) {
+		srv := s3test.NewServer(t)
+		srv.Faults.Answer(10, "", func(int) []byte {
+			return listing("img/", "", listed{"img/01.tar", 10}, listed{"img/old/02.tar", 10})
+		})
+		objs, err := hostileSource(t, srv, s3source.Config{}).ResolveImage(context.Background(), "img/")
+		var keys []string
+		for _, o := range objs {
+			keys = append(keys, o.Key)
+		}
+		if err != nil || !slices.Equal(keys, []string{"img/01.tar"}) {
+			t.Fatalf("image img/ resolved to %q, %v; want only img/01.tar (img/old/02.tar is below a deeper '/')", keys, err)
+		}
+	})
+	t.Run("key listed twice", func(t *testing.T) {
+		srv := s3test.NewServer(t)
+		srv.Faults.Answer(10, "", func(i int) []byte {
+			if i == 0 {
+				return listing("img/", "t1", listed{"img/01.tar", 10})
+			}
+			return listing("img/", "", listed{"img/01.tar", 10})
+		})
+		objs, err := hostileSource(t, srv, s3source.Config{}).ResolveImage(context.Background(), "img/")
+		var ke *s3source.KeyError
+		if !errors.Is(err, s3source.ErrKeyListedTwice) || !errors.As(err, &ke) || ke.Key != "img/01.tar" {
+			t.Fatalf("image listed with one key on two pages: %+v, %v; want ErrKeyListedTwice naming img/01.tar", objs, err)
+		}
+	})
+}
+
+// TestLongTimeoutsDoNotOverflow: s3.response_header_timeout and
+// s3.idle_timeout are each valid when very long, and a listing, bounded
+// by both, still works.
+func TestLongTimeoutsDoNotOverflow(t *testing.T) {
+	srv := s3test.NewServer(t)
+	srv.Put(t, "img/01.tar", []byte("layer"))
+	huge := conf.D(2_000_000 * time.Hour)
+	if _, err := hostileSource(t, srv, s3source.Config{ResponseHeaderTimeout: huge, IdleTimeout: huge}).List(context.Background(), "img/"); err != nil {
+		t.Fatalf("a listing with two very long (valid) timeouts: %v", err)
+	}
+}
