@@ -198,14 +198,22 @@ func (l *namespaceList) Set(v string) error {
 
 // pullJSON pulls with the daemon's stream written to w as it arrives: one
 // control.Line a line, the events, then the result or the error (which
-// also makes the exit status 1, with nothing more on stderr).
+// also makes the exit status 1, with nothing more on stderr). A write to
+// w that fails (stdout on a full disk, a closed pipe) does not stop the
+// pull, but fails the command, saying so on stderr: the script reading w
+// did not get the answer.
 func pullJSON(ctx context.Context, c *control.Client, req api.PullRequest, w io.Writer) error {
-	var mu sync.Mutex
+	var (
+		mu       sync.Mutex
+		writeErr error
+	)
 	enc := json.NewEncoder(w)
 	write := func(l control.Line) {
 		mu.Lock()
 		defer mu.Unlock()
-		_ = enc.Encode(l)
+		if err := enc.Encode(l); err != nil && writeErr == nil {
+			writeErr = err
+		}
 	}
 	res, err := c.Pull(ctx, req, func(e api.Event) { write(control.Line{Event: &e}) })
 	var refused *control.RequestError
@@ -214,9 +222,15 @@ func pullJSON(ctx context.Context, c *control.Client, req api.PullRequest, w io.
 	}
 	if err != nil {
 		write(control.Line{Error: err.Error()})
+		if writeErr != nil {
+			return fmt.Errorf("pull: %w (and writing the answer: %v)", err, writeErr)
+		}
 		return &ExitError{Code: 1}
 	}
 	write(control.Line{Result: res})
+	if writeErr != nil {
+		return fmt.Errorf("pull of %s done, but writing its answer failed: %w", res.Ref, writeErr)
+	}
 	return nil
 }
 
