@@ -28,7 +28,8 @@
 //     security.capability xattr (ErrSetID, ErrFileCapability), unless
 //     Limits.AllowSetID;
 //   - no character or block devices (ErrDeviceNode), unless
-//     Limits.AllowDeviceNodes. Named pipes (FIFOs) are
+//     Limits.AllowDeviceNodes, and then none whose major or minor number
+//     does not fit 32 bits (ErrDeviceNumber). Named pipes (FIFOs) are
 //     allowed: they give no access to any device or kernel object, and
 //     images occasionally carry them; they are created, never opened;
 //   - at most Limits.MaxEntries entries, Limits.MaxFileSize per file,

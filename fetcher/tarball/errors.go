@@ -65,6 +65,10 @@ var (
 	ErrFileCapability = newRule("file capability xattr")
 	// ErrDeviceNode: a character or block device entry.
 	ErrDeviceNode = newRule("device node")
+	// ErrDeviceNumber: a device entry, where they are allowed, whose
+	// major or minor number is negative or does not fit 32 bits: made,
+	// it would be another device than the one the header names.
+	ErrDeviceNumber = newRule("device number out of range")
 	// ErrUnsupportedType: an entry type the extractor does not create
 	// (volume headers, multi-volume continuations, GNU dumpdirs, ...). A
 	// whiteout of such a type is not one: it creates nothing.

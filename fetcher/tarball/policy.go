@@ -3,6 +3,7 @@ package tarball
 import (
 	"archive/tar"
 	"hash/maphash"
+	"math"
 	"path"
 	"sort"
 	"strings"
@@ -427,6 +428,9 @@ func (c *checker) admit(hdr *tar.Header) (entry, error) {
 	case tar.TypeChar, tar.TypeBlock:
 		if !c.limits.AllowDeviceNodes {
 			return entry{}, reject(raw, ErrDeviceNode, "%d:%d", hdr.Devmajor, hdr.Devminor)
+		}
+		if hdr.Devmajor < 0 || hdr.Devmajor > math.MaxUint32 || hdr.Devminor < 0 || hdr.Devminor > math.MaxUint32 {
+			return entry{}, reject(raw, ErrDeviceNumber, "%d:%d", hdr.Devmajor, hdr.Devminor)
 		}
 		e.op, k = opDevice, kDevice
 	default:

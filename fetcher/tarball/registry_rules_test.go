@@ -81,6 +81,36 @@ func TestDeviceNodesAdmitted(t *testing.T) {
 	}
 }
 
+// TestDeviceNumberOutOfRange: where device nodes are allowed, one whose
+// major number does not fit 32 bits (a GNU base-256 field) is refused
+// naming the entry, by Validate and by Extract, and not made as the
+// device its low 32 bits name (8:0 here, a disk).
+func TestDeviceNumberOutOfRange(t *testing.T) {
+	limits := Limits{AllowDeviceNodes: true}
+	disk := special("dev/disk", tar.TypeBlock).mode(0o600)
+	disk.hdr.Devmajor, disk.hdr.Devminor, disk.hdr.Format = 1<<32+8, 0, tar.FormatGNU
+	b := build(t, dir("dev/"), disk)
+	tr := tar.NewReader(bytes.NewReader(b))
+	if _, err := tr.Next(); err != nil {
+		t.Fatal(err)
+	}
+	if h, err := tr.Next(); err != nil || h.Devmajor != 1<<32+8 {
+		t.Fatalf("the device's header reads back as %+v, %v", h, err)
+	}
+	var pe *PolicyError
+	if _, err := Validate(context.Background(), bytes.NewReader(b), limits); !errors.As(err, &pe) || pe.Rule != ErrDeviceNumber || pe.Entry != "dev/disk" {
+		t.Errorf("Validate: %v, want %v naming dev/disk", err, ErrDeviceNumber)
+	}
+	s := newSandbox(t)
+	_, err := ExtractDir(context.Background(), bytes.NewReader(b), s.target, ExtractOptions{Limits: limits})
+	if !errors.As(err, &pe) || pe.Rule != ErrDeviceNumber || pe.Entry != "dev/disk" || !strings.Contains(err.Error(), "4294967304:0") {
+		t.Errorf("Extract: %v, want %v naming dev/disk and its numbers", err, ErrDeviceNumber)
+	}
+	if _, err := os.Lstat(filepath.Join(s.target, "dev/disk")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("dev/disk after the refusal: %v, want it absent", err)
+	}
+}
+
 // TestLowerHardlinks: with Limits.LowerHardlinks a hard link may name a
 // file of the tree the archive is extracted onto, and becomes that file;
 // a target missing there, a directory, one reached through a symlink or
