@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -80,6 +82,32 @@ func TestDetectRootfs(t *testing.T) {
 			t.Fatalf("DetectRootfs on an archive that leaves rootfs/: %v, want ErrOutsideRootfs", err)
 		}
 	})
+}
+
+// TestDetectRootfsRootDirWithSize: a "./" directory entry whose size
+// field is not zero (a writer's quirk: archive/tar reads no body for a
+// directory) is still the archive root. DetectRootfs holds it, and the
+// archive, otherwise all under rootfs/, is extracted stripped, as
+// Validate's report says, not with rootfs/ kept.
+func TestDetectRootfsRootDirWithSize(t *testing.T) {
+	root := dir("./")
+	root.hdr.Size = 512
+	layer := build(t, root, dir("rootfs/"), dir("rootfs/etc/"), file("rootfs/etc/os-release", "ID=x\n"))
+	if h, err := tar.NewReader(bytes.NewReader(layer)).Next(); err != nil || h.Size != 512 {
+		t.Fatalf("the root entry reads back as %+v, %v; want size 512", h, err)
+	}
+	rep, err := Validate(context.Background(), bytes.NewReader(layer), Limits{})
+	if err != nil || !rep.HasRootfs {
+		t.Fatalf("Validate: %+v, %v; want the rootfs/ layout", rep, err)
+	}
+	s := newSandbox(t)
+	st, err := ExtractDir(context.Background(), bytes.NewReader(layer), s.target, ExtractOptions{DetectRootfs: true, NoChown: true})
+	if err != nil || !st.StrippedRootfs {
+		t.Fatalf("Extract with DetectRootfs: %+v, %v; want rootfs/ stripped", st, err)
+	}
+	if _, err := os.Stat(filepath.Join(s.target, "etc/os-release")); err != nil {
+		t.Errorf("etc/os-release after the extraction: %v", err)
+	}
 }
 
 // TestPlainHashedByCaller: with CallerHashesPlain (Validate) or HashStream

@@ -249,10 +249,20 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 }
 
 // isRootEntry reports whether hdr is a bodiless entry for the archive
-// root, which DetectRootfs holds until it decides.
+// root, which DetectRootfs holds until it decides. The entry types that
+// never carry a body (a directory above all) are bodiless whatever their
+// size field says: archive/tar reads none for them, and Validate counts
+// them as the root too.
 func isRootEntry(hdr *tar.Header, l Limits) bool {
 	name, err := cleanName(hdr.Name, l.RootRelativeNames)
-	return err == nil && name == "." && hdr.Size == 0
+	if err != nil || name != "." {
+		return false
+	}
+	switch hdr.Typeflag {
+	case tar.TypeDir, tar.TypeSymlink, tar.TypeLink, tar.TypeChar, tar.TypeBlock, tar.TypeFifo:
+		return true
+	}
+	return hdr.Size == 0
 }
 
 // rootEntry is e, an admitted entry for the archive root, with a header
