@@ -253,8 +253,8 @@ type Options struct {
 	// it, and reads Usage, whose commit costs a superblock write and its
 	// flushes, only once a glance is past the high threshold.
 	Glance func(ctx context.Context) (Usage, error)
-	// Guard refuses the removal of a chain a live run uses
-	// (pipeline.GuardChain).
+	// Guard refuses the removal of a chain a live run or a pull under
+	// way uses (pipeline.Pipelines.Guard).
 	Guard func(chain string) snapshotter.RemoveGuard
 	// Prune forgets the records and layer files the removals left unused
 	// (pipeline.Pipelines.Prune).
@@ -913,7 +913,7 @@ func (c *Collector) inUse(ctx context.Context, cd *candidate, v *poolView) (stri
 		return nil
 	})
 	if errdefs.IsFailedPrecondition(err) {
-		return "a live run uses it: " + err.Error(), nil
+		return "a live run or a pull under way uses it: " + err.Error(), nil
 	}
 	if err != nil {
 		return "", fmt.Errorf("gc: live runs on image %s: %w", cd.id(), err)

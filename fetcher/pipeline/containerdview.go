@@ -100,7 +100,8 @@ var chainFields = map[string][]string{
 }
 
 // GuardChain refuses, inside the transaction that removes a chain's
-// snapshot, the removal of chain while a live run uses it.
+// snapshot, the removal of chain while a live run uses it. Pipelines.Guard
+// also keeps the chains the pulls under way build on.
 func GuardChain(chain string) snapshotter.RemoveGuard {
 	return func(ctx context.Context, tx *sql.Tx) error {
 		n, err := liveRunsUsing(ctx, tx, chain, chainFields)
@@ -130,7 +131,7 @@ func (v *containerdView) Remove(ctx context.Context, key string) error {
 	}
 	// Only a pipeline chain can carry an image activation. A refusal here
 	// is only a hint; the guarded removal below decides.
-	guard := containerdGuard(key)
+	guard := v.p.containerdGuard(key)
 	if err := v.p.db.WithTx(ctx, func(tx *sql.Tx) error { return guard(ctx, tx) }); err != nil {
 		return err
 	}
@@ -140,11 +141,29 @@ func (v *containerdView) Remove(ctx context.Context, key string) error {
 	return v.Snapshots.RemoveIf(ctx, key, guard)
 }
 
+// Guard refuses, inside the transaction that removes a chain's snapshot,
+// the removal of chain while a live run uses it (GuardChain) or while a
+// pull under way in this process builds on it. A pull's layer finds its
+// chain already made (another image's) and its unpack run ends; the next
+// layer's unpack run, which names that chain as its parent, starts only
+// once that layer is downloaded, and no live run names the chain
+// meanwhile. The pull therefore holds each chain from just before its
+// unpack run starts until the pull ends, when the image's records keep it.
+func (p *Pipelines) Guard(chain string) snapshotter.RemoveGuard {
+	live := GuardChain(chain)
+	return func(ctx context.Context, tx *sql.Tx) error {
+		if n := p.building.count(chain); n > 0 {
+			return fmt.Errorf("remove %s: a chain of the S3 pipelines, kept while %d pull(s) under way build on it: %w", chain, n, errdefs.ErrFailedPrecondition)
+		}
+		return live(ctx, tx)
+	}
+}
+
 // containerdGuard refuses containerd's removal of chain while a live run
-// uses it (GuardChain) or while an image of it has a name containerd does
-// not have yet (guardPending).
-func containerdGuard(chain string) snapshotter.RemoveGuard {
-	live, pending := GuardChain(chain), guardPending(chain)
+// or a pull uses it (Guard) or while an image of it has a name containerd
+// does not have yet (guardPending).
+func (p *Pipelines) containerdGuard(chain string) snapshotter.RemoveGuard {
+	live, pending := p.Guard(chain), guardPending(chain)
 	return func(ctx context.Context, tx *sql.Tx) error {
 		if err := live(ctx, tx); err != nil {
 			return err
@@ -234,7 +253,7 @@ func (p *Pipelines) removeActivationsOf(ctx context.Context, parent string) erro
 	for _, name := range acts {
 		// Guarded like the chain: a run that starts using the chain now
 		// keeps its activation too.
-		if err := p.opts.Snapshots.RemoveIf(ctx, name, GuardChain(parent)); err != nil && !errdefs.IsNotFound(err) {
+		if err := p.opts.Snapshots.RemoveIf(ctx, name, p.Guard(parent)); err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("remove activation %s of %s: %w", name, parent, err)
 		}
 		log.G(ctx).WithField("snapshot", name).WithField("parent", parent).Info("image activation removed with its chain")

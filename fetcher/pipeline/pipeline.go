@@ -129,6 +129,8 @@ type Pipelines struct {
 	startActivate fsm.StartFunc[ActivateRequest]
 
 	hub hub
+	// building counts the chains the pulls under way build on (Guard).
+	building chainHolds
 	// validated holds the blobs this process validated while downloading
 	// them (local path → validatedFile).
 	validated sync.Map

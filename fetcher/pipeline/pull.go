@@ -374,6 +374,7 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 			after = append(after, upRuns[i-1])
 		}
 		chain := layers[i].ChainID
+		defer p.building.hold(chain)()
 		runID, err := p.startUnpack(ctx, chain, &UnpackRequest{ChainID: chain, ParentChainID: parentChain, DiffID: layers[i].DiffID,
 			S3URL: S3URL(req.Bucket, l.Key)},
 			fsm.WithQueue(QueueUnpacking), fsm.WithRunAfter(after...), fsm.WithParent(parent))
