@@ -912,10 +912,16 @@ func (x *extractor) clearLower(raw, dir string) error {
 }
 
 // finish sets the directories' times, now that nothing more is written in
-// them; a directory replaced or removed since is skipped.
+// them; a directory replaced or removed since is skipped. A directory the
+// archive lists more than once gets its last entry's times, as its mode.
 func (x *extractor) finish() error {
+	set := make(map[string]bool, len(x.dirTimes))
 	for i := len(x.dirTimes) - 1; i >= 0; i-- {
 		d := x.dirTimes[i]
+		if set[d.name] {
+			continue
+		}
+		set[d.name] = true
 		var pe *PolicyError
 		l, err := x.cur.cd(d.name, d.name, false)
 		if errors.As(err, &pe) || (err == nil && l == nil) {
