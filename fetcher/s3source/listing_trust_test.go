@@ -6,8 +6,11 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
+	"runtime"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -115,4 +118,64 @@ func TestLongTimeoutsDoNotOverflow(t *testing.T) {
 	if _, err := hostileSource(t, srv, s3source.Config{ResponseHeaderTimeout: huge, IdleTimeout: huge}).List(context.Background(), "img/"); err != nil {
 		t.Fatalf("a listing with two very long (valid) timeouts: %v", err)
 	}
+}
+
+// TestErrorAnswersAreBounded: a GET answered with an error whose body
+// stops coming is cut after s3.idle_timeout, not at the caller's
+// deadline; one whose body is hundreds of MiB is not read whole into
+// memory. Both fail as retryable, with the answer's status.
+func TestErrorAnswersAreBounded(t *testing.T) {
+	errorHead := `<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code><Message>`
+	t.Run("stalled", func(t *testing.T) {
+		ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/xml")
+			w.Header().Set("Content-Length", "100000")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, errorHead)
+			_ = http.NewResponseController(w).Flush()
+			<-r.Context().Done()
+		}))
+		t.Cleanup(ts.Close)
+		src, err := s3source.New(context.Background(), s3source.Config{Bucket: "images", Region: "us-east-1", Endpoint: ts.URL,
+			PathStyle: true, Anonymous: true, IdleTimeout: conf.D(300 * time.Millisecond), ResponseHeaderTimeout: conf.D(300 * time.Millisecond)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_, err = src.Open(ctx, "img/01.tar", 0)
+		if err == nil || ctx.Err() != nil || s3source.Classify(err) != s3source.KindRetryable {
+			t.Fatalf("Open of an object whose error body stalls: %v (the caller's deadline passed: %v); want a retryable error before it", err, ctx.Err() != nil)
+		}
+	})
+	t.Run("huge", func(t *testing.T) {
+		const size = 256 << 20
+		ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/xml")
+			w.Header().Set("Content-Length", strconv.Itoa(size))
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, errorHead)
+			chunk := bytes.Repeat([]byte("x"), 1<<20)
+			for left := size - len(errorHead); left > 0; left -= len(chunk) {
+				if _, err := w.Write(chunk[:min(left, len(chunk))]); err != nil {
+					return
+				}
+			}
+		}))
+		t.Cleanup(ts.Close)
+		src, err := s3source.New(context.Background(), s3source.Config{Bucket: "images", Region: "us-east-1", Endpoint: ts.URL, PathStyle: true, Anonymous: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		_, err = src.Open(context.Background(), "img/01.tar", 0)
+		runtime.ReadMemStats(&after)
+		if grew := after.TotalAlloc - before.TotalAlloc; grew > 64<<20 {
+			t.Errorf("one GET's error answer made the process allocate %d MiB", grew>>20)
+		}
+		if err == nil || s3source.Classify(err) != s3source.KindRetryable {
+			t.Errorf("Open answered 503 with a huge body: %v, want a retryable error", err)
+		}
+	})
 }
