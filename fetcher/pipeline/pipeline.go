@@ -11,6 +11,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/log"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
@@ -228,12 +229,18 @@ func New(ctx context.Context, opts Options) (*Pipelines, error) {
 // Resume re-enters every run a previous process left unfinished (at
 // start-up, after New), then removes what runs that are no longer live
 // left behind: extraction snapshots, their mount points and download temp
-// files.
+// files. What it cannot remove is logged, naming each leftover, and left
+// to the next start: nothing live uses it, and one leftover (a mount kept
+// busy, a file the daemon may not remove) must not keep the daemon from
+// serving. Only a failure to resume the runs is returned.
 func (p *Pipelines) Resume(ctx context.Context) error {
 	if err := p.m.Resume(ctx); err != nil {
 		return err
 	}
-	return p.sweep(ctx)
+	if err := p.sweep(ctx); err != nil {
+		log.G(ctx).WithError(err).Error("sweep: leftovers of runs no longer live were not all removed; the next start tries again")
+	}
+	return nil
 }
 
 // Manager is the fsm manager the machines run on (for waiting on runs).
