@@ -330,9 +330,9 @@ func decodeErrors(source string, data []byte, err error) error {
 	return fmt.Errorf("config %s: %w", source, err)
 }
 
-// misTypedKey returns the dotted key of the first Size that holds neither a
-// string nor an integer, or Duration or Percent that holds no string, in
-// the document.
+// misTypedKey returns the dotted key of the first Size, Duration or
+// Percent of the document whose value, decoded alone, fails: the key the
+// error was about, whatever the other keys hold.
 func misTypedKey(data []byte) string {
 	var doc map[string]any
 	if toml.Unmarshal(data, &doc) != nil {
@@ -340,14 +340,20 @@ func misTypedKey(data []byte) string {
 	}
 	sizeT, durT, pctT := reflect.TypeOf(Size(0)), reflect.TypeOf(Duration{}), reflect.TypeOf(Percent{})
 	for _, k := range configFields() {
+		if k.Type != sizeT && k.Type != durT && k.Type != pctT {
+			continue
+		}
 		table, _ := doc[k.Section].(map[string]any)
 		v, ok := table[k.Key]
 		if !ok {
 			continue
 		}
-		_, isString := v.(string)
-		_, isInt := v.(int64)
-		if (k.Type == sizeT && !isString && !isInt) || ((k.Type == durT || k.Type == pctT) && !isString) {
+		alone, err := toml.Marshal(map[string]any{k.Section: map[string]any{k.Key: v}})
+		if err != nil {
+			continue
+		}
+		var c Config
+		if toml.Unmarshal(alone, &c) != nil {
 			return k.Section + "." + k.Key
 		}
 	}

@@ -371,6 +371,8 @@ func TestTypeErrorsNameKeyAndLine(t *testing.T) {
 		{"[pool]\nmin_free_space = \"ten%\"\n", ":2:18: pool.min_free_space: percent \"ten%\""},
 		{"[pool]\nmin_free_space = \"0.1\"\n", "pool.min_free_space: percent \"0.1\""},
 		{"[pool]\nno_space_timeout = 60\n", "pool.no_space_timeout: duration \"60\""},
+		// A whole float is a valid size: the error is the other key's.
+		{"[pool]\ndata_size = 17179869184.0\n[s3]\nidle_timeout = 5\n", "s3.idle_timeout: duration \"5\""},
 	}
 	for _, tc := range cases {
 		p := writeConfig(t, tc.body)
