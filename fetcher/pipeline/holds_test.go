@@ -49,3 +49,41 @@ func TestPullKeepsTheChainItBuildsOn(t *testing.T) {
 		t.Errorf("the guard of chain %s after b's pull ended: %v, want no pull or run holding it", c1, err)
 	}
 }
+
+// TestRepullKeepsTheLayersItFindsUnpacked: a re-pull of an image whose
+// top layer changed finds its bottom layer unpacked as recorded, and
+// starts no download for it: its unpack run could not rebuild the chain.
+// A collection removing the chain once the pull has checked its device
+// is refused, and the pull ends well.
+func TestRepullKeepsTheLayersItFindsUnpacked(t *testing.T) {
+	e := newPullEnv(t, nil)
+	e.srv.Put(t, "a/1.tar", layerTar(t, "base", 3000))
+	e.srv.Put(t, "a/2.tar", layerTar(t, "app", 3000))
+	first := e.mustPull("a/", "a")
+	c1 := first.Layers[0].ChainID
+	e.srv.Put(t, "a/2.tar", layerTar(t, "app-v2", 3000))
+	ctx := context.Background()
+
+	var removeErr error
+	ran := false
+	e.p.hooks = map[string]func(){"pull:known-checked": func() {
+		ran = true
+		if err := e.p.opts.Snapshots.Remove(ctx, ActivationKey(first.Snapshot.ImageID)); err != nil {
+			t.Errorf("remove the image's activation: %v", err)
+		}
+		// Top first, as a collection removes an image's chains.
+		if err := e.sn.RemoveIf(ctx, first.TopChainID, e.p.Guard(first.TopChainID)); err != nil {
+			t.Errorf("remove the image's old top chain: %v", err)
+		}
+		removeErr = e.sn.RemoveIf(ctx, c1, e.p.Guard(c1))
+	}}
+	if _, err := e.pull("a/", "a"); err != nil {
+		t.Fatalf("re-pull while a collection removed the bottom chain it found unpacked: %v", err)
+	}
+	if !ran {
+		t.Fatal("the hook did not run: the re-pull found no layer unpacked")
+	}
+	if !errdefs.IsFailedPrecondition(removeErr) {
+		t.Errorf("removal of chain %s the re-pull builds on: %v, want FailedPrecondition", c1, removeErr)
+	}
+}

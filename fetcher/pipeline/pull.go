@@ -221,6 +221,13 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 	if err != nil {
 		return nil, fmt.Errorf("pull %s: %w", source, err)
 	}
+	// Their unpack runs have no download to rebuild them from: they are
+	// held (Guard) before their devices are checked, so that a chain
+	// removed from here on is refused, and one removed before is seen
+	// gone below and downloaded.
+	for _, l := range known {
+		defer p.building.hold(l.ChainID)()
+	}
 	for i, l := range known {
 		alive, _, err := p.deviceAlive(ctx, l.ChainID)
 		if err != nil {
@@ -231,6 +238,7 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 			break
 		}
 	}
+	p.hook("pull:known-checked")
 	copy(layers, known)
 	// Downloads start at once, but for the layers read as ranged parts
 	// (larger than one part): those fill the link alone, one after another
