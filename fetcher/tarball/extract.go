@@ -175,6 +175,7 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 		buf:     make([]byte, readBufferSize),
 		cleared: make(map[uint64]struct{}),
 		links:   make(map[uint64]struct{}),
+		wrote:   make(map[uint64]struct{}),
 	}
 	// With DetectRootfs the checker starts without stripping and is told
 	// the decision once made: the entries admitted before it (the archive
@@ -342,6 +343,27 @@ type extractor struct {
 	// symlinks), by the key (checker.key) of their real root-relative
 	// path: lower symlinks on the way to them resolved.
 	links map[uint64]struct{}
+	// wrote holds, when lower symlinks are followed, the key of the real
+	// root-relative path of every entry written and of its parents. Such
+	// an entry may be at another name than the archive's (written through
+	// lib -> usr/lib), and an opaque whiteout given by either name must
+	// keep it (clearLower).
+	wrote map[uint64]struct{}
+}
+
+// wroteAt records, when lower symlinks are followed, that the archive
+// wrote base in l: the real path and its parents.
+func (x *extractor) wroteAt(l *level, base string) {
+	if !x.cur.follow {
+		return
+	}
+	for p := path.Join(l.name, base); p != "."; p = path.Dir(p) {
+		k := x.chk.key(p)
+		if _, ok := x.wrote[k]; ok {
+			return
+		}
+		x.wrote[k] = struct{}{}
+	}
 }
 
 // madeSymlink reports whether the symlink at name, a real root-relative
@@ -425,6 +447,9 @@ func (x *extractor) slot(raw, name string, isDir bool) (l *level, base string, e
 	}
 	base = path.Base(name)
 	exists, err = x.prepare(l, base, isDir)
+	if err == nil {
+		x.wroteAt(l, base)
+	}
 	return l, base, exists, err
 }
 
@@ -446,6 +471,9 @@ func (x *extractor) fresh(raw, name string, create func(l *level, base string) e
 		if _, err = x.prepare(l, base, false); err == nil {
 			err = create(l, base)
 		}
+	}
+	if err == nil {
+		x.wroteAt(l, base)
 	}
 	return l, base, err
 }
@@ -888,9 +916,11 @@ func (x *extractor) clearLower(raw, dir string) error {
 	if err != nil {
 		return err
 	}
+	realDir := l.name // dir with the lower symlinks on its way resolved
 	for _, n := range names {
 		child := path.Join(dir, n)
-		if !x.chk.written(child) {
+		_, wrote := x.wrote[x.chk.key(path.Join(realDir, n))]
+		if !wrote && !x.chk.written(child) {
 			if l, err = x.cur.cd(raw, dir, false); err != nil {
 				return err
 			}

@@ -1,0 +1,75 @@
+package tarball
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TestDirListedTwiceKeepsLastTimes: a directory the archive lists twice
+// (again after its files, or after a file replaced it) ends with its last
+// entry's mode and times, as containerd's applier leaves it.
+func TestDirListedTwiceKeepsLastTimes(t *testing.T) {
+	t1 := time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
+	t2 := time.Date(2021, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(e ent, mtime time.Time) ent { e.hdr.ModTime = mtime; return e }
+	for name, ents := range map[string][]ent{
+		"listed twice": {at(dir("d/"), t1), file("d/f", "x"), at(dir("d/").mode(0o750), t2)},
+		"replaced":     {at(dir("d/"), t1), file("d", "x"), at(dir("d/").mode(0o750), t2)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := newSandbox(t)
+			if _, err := ExtractDir(context.Background(), bytes.NewReader(build(t, ents...)), s.target, ExtractOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			fi, err := os.Lstat(filepath.Join(s.target, "d"))
+			if err != nil || !fi.IsDir() {
+				t.Fatalf("d: %v, %v; want a directory", fi, err)
+			}
+			if !fi.ModTime().Equal(t2) || fi.Mode().Perm() != 0o750 {
+				t.Errorf("d: mtime %v, mode %o; want the last entry's %v, 750", fi.ModTime().UTC(), fi.Mode().Perm(), t2)
+			}
+		})
+	}
+}
+
+// TestOpaqueWhiteoutThroughALowerSymlinkKeepsTheLayersFiles: over a lower
+// tree with lib -> usr/lib (usr-merge), a registry layer writes a file in
+// usr/lib/x and gives the same directory an opaque whiteout, naming it
+// through the symlink or not, in either order. The whiteout hides the
+// lower layer's file only: the file this layer wrote stays, as with
+// containerd's applier.
+func TestOpaqueWhiteoutThroughALowerSymlinkKeepsTheLayersFiles(t *testing.T) {
+	for name, ents := range map[string][]ent{
+		"file, then marker through the symlink": {file("usr/lib/x/new", "new"), file("lib/x/.wh..wh..opq", "")},
+		"marker through the symlink, then file": {file("lib/x/.wh..wh..opq", ""), file("usr/lib/x/new", "new")},
+		"file through the symlink, then marker": {file("lib/x/new", "new"), file("usr/lib/x/.wh..wh..opq", "")},
+		"marker under both names":               {file("usr/lib/x/new", "new"), file("usr/lib/x/.wh..wh..opq", ""), file("lib/x/.wh..wh..opq", "")},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := newSandbox(t)
+			if err := os.MkdirAll(filepath.Join(s.target, "usr/lib/x"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(s.target, "usr/lib/x/lower"), []byte("lower"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink("usr/lib", filepath.Join(s.target, "lib")); err != nil {
+				t.Fatal(err)
+			}
+			opts := ExtractOptions{Limits: Limits{LowerSymlinks: true}, NoChown: true}
+			if _, err := ExtractDir(context.Background(), bytes.NewReader(build(t, ents...)), s.target, opts); err != nil {
+				t.Fatal(err)
+			}
+			if b, err := os.ReadFile(filepath.Join(s.target, "usr/lib/x/new")); err != nil || string(b) != "new" {
+				t.Errorf("usr/lib/x/new, which the layer wrote: %q, %v", b, err)
+			}
+			if _, err := os.Lstat(filepath.Join(s.target, "usr/lib/x/lower")); !os.IsNotExist(err) {
+				t.Errorf("usr/lib/x/lower, the lower layer's: %v, want it hidden", err)
+			}
+		})
+	}
+}
