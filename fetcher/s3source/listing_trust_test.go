@@ -179,3 +179,29 @@ func TestErrorAnswersAreBounded(t *testing.T) {
 		}
 	})
 }
+
+// noContentRange drops the Content-Range header of 206 answers.
+type noContentRange struct{ next http.RoundTripper }
+
+func (n noContentRange) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := n.next.RoundTrip(r)
+	if err == nil && resp.StatusCode == http.StatusPartialContent {
+		resp.Header.Del("Content-Range")
+	}
+	return resp, err
+}
+
+// TestPartialAnswerWithoutContentRange: a server that answers a ranged
+// GET with 206 and no Content-Range fails the open naming that, rather
+// than placing the bytes as if the whole object had come (and failing
+// later as an object that changed).
+func TestPartialAnswerWithoutContentRange(t *testing.T) {
+	srv := s3test.NewServer(t)
+	t.Setenv("AWS_CA_BUNDLE", "") // the test server's CA goes with the SDK's own client only
+	src := hostileSource(t, srv, s3source.Config{HTTPClient: &http.Client{Transport: noContentRange{http.DefaultTransport}}})
+	srv.Put(t, "img/01.tar", bytes.Repeat([]byte("x"), 4000))
+	_, err := src.Open(context.Background(), "img/01.tar", 1000)
+	if !errors.Is(err, s3source.ErrNoContentRange) || s3source.Classify(err) != s3source.KindInvalid {
+		t.Fatalf("ranged GET answered 206 without Content-Range: %v (kind %v), want ErrNoContentRange, invalid", err, s3source.Classify(err))
+	}
+}

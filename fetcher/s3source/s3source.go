@@ -40,10 +40,12 @@ import (
 	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/smithy-go/middleware"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 	"github.com/containerd/log"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/conf"
@@ -503,6 +505,9 @@ var (
 	// apart from one that ignored If-Match, and accepting its answer
 	// could splice two versions of an object into one download.
 	ErrNoETag = errors.New("GET with If-Match answered without an ETag header, so the bytes cannot be shown to be the listed version")
+	// ErrNoContentRange: a ranged GET was answered 206 Partial Content
+	// without a Content-Range header, so nothing says which bytes came.
+	ErrNoContentRange = errors.New("ranged GET answered 206 Partial Content without a Content-Range header, so its bytes cannot be placed in the object")
 )
 
 // normalizeETag returns etag in S3's quoted form ("…"): the form S3 lists,
@@ -682,6 +687,14 @@ func (s *Source) open(ctx context.Context, key string, offset, length int64, opt
 		return nil, fmt.Errorf("get s3://%s/%s: ETag %s, want %s: %w", s.bucket, key, shownETag(etag), shownETag(want), ErrChanged)
 	}
 	size := aws.ToInt64(out.ContentLength)
+	if in.Range != nil && aws.ToString(out.ContentRange) == "" {
+		// A 200 is the whole object (the range ignored), read below; a
+		// 206 without Content-Range is some part no one can place.
+		if raw, ok := awsmiddleware.GetRawResponse(out.ResultMetadata).(*smithyhttp.Response); ok && raw.StatusCode == http.StatusPartialContent {
+			out.Body.Close()
+			return nil, fmt.Errorf("get s3://%s/%s from offset %d: %w", s.bucket, key, offset, ErrNoContentRange)
+		}
+	}
 	if cr := aws.ToString(out.ContentRange); in.Range != nil && cr != "" {
 		// "bytes start-end/total"
 		var start, end, total int64
