@@ -73,3 +73,33 @@ func TestOpaqueWhiteoutThroughALowerSymlinkKeepsTheLayersFiles(t *testing.T) {
 		})
 	}
 }
+
+// TestNameUnderAReplacedDirectoryIsNew: a layer makes symlink d/s, then
+// whites d out (or replaces it by a file and makes it again), then writes
+// d/s/x. d/s is gone by then, so d/s/x is written under a new directory
+// d/s, as containerd's applier writes it, instead of being refused as a
+// write through the old symlink; Validate takes the layer too.
+func TestNameUnderAReplacedDirectoryIsNew(t *testing.T) {
+	for name, ents := range map[string][]ent{
+		"whited out": {dir("d/"), symlink("d/s", "/etc"), file(".wh.d", ""), file("d/s/x", "y")},
+		"replaced":   {dir("d/"), symlink("d/s", "/etc"), file("d", ""), dir("d/"), file("d/s/x", "y")},
+	} {
+		t.Run(name, func(t *testing.T) {
+			b := build(t, ents...)
+			if _, err := Validate(context.Background(), bytes.NewReader(b), Limits{}); err != nil {
+				t.Errorf("Validate: %v", err)
+			}
+			s := newSandbox(t)
+			if _, err := ExtractDir(context.Background(), bytes.NewReader(b), s.target, ExtractOptions{}); err != nil {
+				t.Fatalf("Extract: %v", err)
+			}
+			s.intact(t)
+			if fi, err := os.Lstat(filepath.Join(s.target, "d/s")); err != nil || !fi.IsDir() {
+				t.Errorf("d/s: %v, %v; want a directory", fi, err)
+			}
+			if b, err := os.ReadFile(filepath.Join(s.target, "d/s/x")); err != nil || string(b) != "y" {
+				t.Errorf("d/s/x: %q, %v", b, err)
+			}
+		})
+	}
+}

@@ -30,6 +30,8 @@ func FuzzValidate(f *testing.F) {
 	f.Add(build(f, file(".wh.f", ""), dir("b/"), file("b/.wh..wh..opq", ""), file("b/new", "n"), file("a/.wh.gone", "")))
 	f.Add(build(f, dir("d/"), file("d/f", "f"), file("d", "x"), dir("d/"), hardlink("h", "d/f")))
 	f.Add(build(f, file("t", "x"), hardlink("h", "t"), symlink("s", "t"), hardlink("h2", "s")))
+	f.Add(build(f, dir("d/"), symlink("d/s", canary), file(".wh.d", ""), file("d/s/x", "y")))
+	f.Add(build(f, dir("d/"), symlink("d/s", canary), file("d", ""), dir("d/"), file("d/s/x", "y"), symlink("d/s", canary), file("d/s/z", "z")))
 
 	f.Fuzz(func(t *testing.T, b []byte) {
 		ctx := context.Background()

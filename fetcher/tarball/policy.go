@@ -444,11 +444,12 @@ func (c *checker) admit(hdr *tar.Header) (entry, error) {
 			return entry{}, reject(raw, ErrSetID, "mode %04o", hdr.Mode&07777)
 		}
 	}
-	if _, err := c.ancestors(raw, path.Dir(name), true); err != nil {
+	newest, err := c.ancestors(raw, path.Dir(name), true)
+	if err != nil {
 		return entry{}, err
 	}
 	key := c.key(name)
-	if old, ok := c.nodes[key]; !(ok && old.kind == kDir && k == kDir) {
+	if old, ok := c.nodes[key]; !(ok && old.serial >= newest && old.kind == kDir && k == kDir) {
 		c.serial++
 		c.set(name, key, node{kind: k, serial: c.serial})
 	}
@@ -587,6 +588,12 @@ func (c *checker) ancestors(raw, dir string, record bool) (uint32, error) {
 		}
 		key = c.step(key, dir[i:end])
 		n, ok := c.nodes[key]
+		if ok && n.serial < newest {
+			// Recorded before a directory above it was made again
+			// (whited out, or replaced, then written): that name is
+			// gone.
+			n, ok = node{}, false
+		}
 		switch {
 		case ok && n.kind == kSymlink:
 			return 0, reject(raw, ErrThroughSymlink, "%s is a symlink", quote(dir[:end]))
