@@ -169,6 +169,8 @@ func hostileCorpus() []hostile {
 			rule: ErrWhiteoutEscape, entry: "a/.wh.."},
 		{name: "whiteout-traversal", ents: func(string) []ent { return []ent{file("../canary/.wh.secret", "")} },
 			rule: ErrTraversal, entry: "../canary/.wh.secret"},
+		{name: "whiteout-in-a-file", ents: func(string) []ent { return []ent{file("f", "x"), file("f/.wh.x", "")} },
+			rule: ErrParentNotDir, entry: "f/.wh.x"},
 		{name: "whiteout-through-symlink", ents: func(c string) []ent {
 			return []ent{symlink("abs", c), file("abs/.wh.secret", "")}
 		}, rule: ErrThroughSymlink, entry: "abs/.wh.secret"},

@@ -523,19 +523,10 @@ func (c *checker) add(raw string, n int64) error {
 // that directory.
 func (c *checker) admitWhiteout(raw, name, base string, hdr *tar.Header) (entry, error) {
 	dir := path.Dir(name)
+	// The walk checks dir itself too: the directory a whiteout is in
+	// must not be a symlink or a file any more than its parents.
 	if _, err := c.ancestors(raw, dir, false); err != nil {
 		return entry{}, err
-	}
-	if dir != "." {
-		// The whited-out directory itself must not be a symlink either.
-		if n, ok := c.nodes[c.key(dir)]; ok {
-			switch {
-			case n.kind == kSymlink:
-				return entry{}, reject(raw, ErrThroughSymlink, "%s is a symlink", quote(dir))
-			case n.kind.leaf():
-				return entry{}, reject(raw, ErrParentNotDir, "%s", quote(dir))
-			}
-		}
 	}
 	if base == whiteoutOpaque {
 		return entry{op: opOpaque, name: dir, hdr: hdr}, nil
