@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"sync"
+	"time"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 )
@@ -19,13 +20,24 @@ type hub struct {
 	mu   sync.Mutex
 	next int
 	subs map[int]*mailbox
+	// grace is how long cancel waits for a watcher to take the events
+	// routed to it (defaultFlushGrace when zero).
+	grace time.Duration
 }
+
+// defaultFlushGrace is how long a pull's end waits for its watcher to
+// take the last events. A watcher blocked longer (a client suspended for
+// good) gets them when it reads again, after the pull has ended and let
+// go of its image, so that the image can be collected or removed.
+const defaultFlushGrace = 5 * time.Second
 
 // subscribe starts delivering events to deliver, one at a time, in the
 // order they were raised. route is called on the emitting goroutine, so
 // it must not block: it returns the event as the watcher wants it, and
 // false for events the watcher does not want. The returned cancel stops
-// the subscription once the events routed before it are delivered.
+// the subscription once the events routed before it are delivered, or
+// once the hub's grace has passed with deliver blocked; the events left
+// are then delivered when deliver returns.
 func (h *hub) subscribe(route func(api.Event) (api.Event, bool), deliver func(api.Event)) (cancel func()) {
 	mb := &mailbox{route: route, wake: make(chan struct{}, 1), done: make(chan struct{}), idle: make(chan struct{})}
 	h.mu.Lock()
@@ -42,7 +54,16 @@ func (h *hub) subscribe(route func(api.Event) (api.Event, bool), deliver func(ap
 		delete(h.subs, id)
 		h.mu.Unlock()
 		close(mb.done)
-		<-mb.idle
+		grace := h.grace
+		if grace <= 0 {
+			grace = defaultFlushGrace
+		}
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		select {
+		case <-mb.idle:
+		case <-t.C:
+		}
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 // the watcher reads again it gets each step's last figures.
 func TestWatcherThatStopsReadingHoldsUpNoRun(t *testing.T) {
 	e := newPullEnv(t, nil)
+	e.p.hub.grace = time.Hour // the pull waits for its watcher to read again
 	e.srv.Put(t, "a/1.tar", layerTar(t, "a1", 4000))
 	e.srv.Put(t, "a/2.tar", layerTar(t, "a2", 4000))
 	e.srv.Put(t, "b/1.tar", layerTar(t, "b", 4000))
@@ -88,6 +89,24 @@ func TestWatcherThatStopsReadingHoldsUpNoRun(t *testing.T) {
 		if !ok || dl.Total == 0 || dl.Bytes != dl.Total {
 			t.Errorf("layer %d: the last download event shown is %+v (ok %v), want bytes = total", layer, dl, ok)
 		}
+	}
+}
+
+// TestPullEndsPastAWatcherThatNeverReads: a watcher blocked for good
+// holds up its pull's end only for the hub's grace; the pull then returns
+// (and lets go of its image), and the watcher gets the last events
+// whenever it reads again.
+func TestPullEndsPastAWatcherThatNeverReads(t *testing.T) {
+	e := newPullEnv(t, nil)
+	e.p.hub.grace = 100 * time.Millisecond
+	e.srv.Put(t, "a/1.tar", layerTar(t, "a1", 4000))
+	release := make(chan struct{})
+	defer close(release)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := e.p.Pull(ctx, api.PullRequest{Bucket: e.srv.Bucket, Key: "a/", Ref: "a"}, func(api.Event) { <-release })
+	if err != nil || res.Ref != "a" {
+		t.Fatalf("pull whose watcher never reads: %+v, %v", res, err)
 	}
 }
 

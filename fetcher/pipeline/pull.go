@@ -46,7 +46,8 @@ var ErrImageTooLarge = errors.New("image too large")
 // (a client that stops reading) holds up only this call's return, never
 // the runs, which other pulls share. Of the events one step raises while
 // progress is blocked, the latest is delivered, and all of them before
-// Pull returns.
+// Pull returns, unless progress stays blocked past a grace of seconds at
+// the end: Pull then returns, and progress gets the rest once it returns.
 func (p *Pipelines) Pull(ctx context.Context, req api.PullRequest, progress func(api.Event)) (*api.PullResult, error) {
 	if p.opts.Snapshots == nil {
 		return nil, errors.New("pull: the pipelines have no snapshotter")
