@@ -46,7 +46,8 @@
 //     attribute a system call; extended attributes count against the
 //     space budget of extraction (ExtractOptions.MaxDataBytes) too;
 //   - OCI whiteouts: ".wh.<name>" removes <name> from the lower layers,
-//     ".wh..wh..opq" empties its directory of lower content; a whiteout
+//     ".wh..wh..opq" empties its directory of lower content; either makes
+//     its directory when missing, as containerd's applier does; a whiteout
 //     is told by its name, whatever its type (a hard link among them
 //     links nothing), and must not name "", "." or ".."
 //     (ErrWhiteoutEscape); other ".wh..wh." names (aufs metadata) are

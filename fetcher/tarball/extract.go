@@ -427,7 +427,11 @@ func (x *extractor) apply(s *stream, e entry) error {
 		err = x.whiteout(raw, e.name)
 	case opOpaque:
 		x.st.Whiteouts++
-		err = x.clearLower(raw, e.name)
+		// The directory is made if missing, as for a whiteout's (see
+		// whiteout); then there is nothing below it to clear.
+		if _, err = x.cur.cd(raw, e.name, true); err == nil {
+			err = x.clearLower(raw, e.name)
+		}
 	}
 	var pe *PolicyError
 	if err != nil && !errors.As(err, &pe) && !errors.Is(err, ErrMalformed) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
@@ -868,10 +872,13 @@ func (x *extractor) node(raw string, e entry, typ uint32, dev int) error {
 }
 
 // whiteout removes name (from a lower layer, or written earlier by this
-// archive); a missing name or directory is fine.
+// archive); a missing name is fine. A missing directory of it is made, as
+// containerd's applier makes an entry's parents before it sees that the
+// entry is a whiteout, and as overlayfs shows the directory that holds a
+// whiteout in the layer.
 func (x *extractor) whiteout(raw, name string) error {
-	l, err := x.cur.cd(raw, path.Dir(name), false)
-	if l == nil || err != nil {
+	l, err := x.cur.cd(raw, path.Dir(name), true)
+	if err != nil {
 		return err
 	}
 	return x.remove(l, path.Base(name))

@@ -517,15 +517,17 @@ func (c *checker) add(raw string, n int64) error {
 // second and later whiteouts of a layer as hard links to the first, and
 // its layers carry the aufs metadata directory ".wh..wh.plnk/". So a
 // whiteout's type, link target, mode and body are never used: it removes
-// what it names and creates nothing, and a hard link among them links
-// nothing. Its confinement is checked as any entry's: its directory must
-// be one the archive may write in, and the name it removes one entry of
-// that directory.
+// what it names and creates nothing but its directory when missing (as
+// containerd's applier makes an entry's parents first), and a hard link
+// among them links nothing. Its confinement is checked as any entry's: its
+// directory must be one the archive may write in, and the name it removes
+// one entry of that directory.
 func (c *checker) admitWhiteout(raw, name, base string, hdr *tar.Header) (entry, error) {
 	dir := path.Dir(name)
 	// The walk checks dir itself too: the directory a whiteout is in
-	// must not be a symlink or a file any more than its parents.
-	if _, err := c.ancestors(raw, dir, false); err != nil {
+	// must not be a symlink or a file any more than its parents. Those
+	// missing are recorded, as Extract makes them.
+	if _, err := c.ancestors(raw, dir, true); err != nil {
 		return entry{}, err
 	}
 	if base == whiteoutOpaque {

@@ -313,7 +313,8 @@ func TestWhiteoutsAcrossLayers(t *testing.T) {
 		file("c/.wh..wh..opq", ""),
 		file("e/.wh.never-existed", ""),
 		file(".wh.missing-dir", ""),
-		file("zz/.wh.nothing", ""), // a whiteout in a directory that does not exist
+		file("zz/.wh.nothing", ""), // a whiteout in a directory that does not exist: made, empty
+		file("y/.wh..wh..opq", ""), // an opaque marker of one that does not exist: made, empty
 	)
 	s := newSandbox(t)
 	for i, l := range [][]byte{layer1, layer2} {
@@ -331,7 +332,7 @@ func TestWhiteoutsAcrossLayers(t *testing.T) {
 		got = append(got, rel)
 		return nil
 	})
-	want := []string{".", "a", "a/keep", "b", "b/new", "c", "c/deep", "c/deep/mine", "e", "e/lower"}
+	want := []string{".", "a", "a/keep", "b", "b/new", "c", "c/deep", "c/deep/mine", "e", "e/lower", "y", "zz"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("tree after two layers:\n got  %v\n want %v", got, want)
 	}
