@@ -1,12 +1,15 @@
 package tarball
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestDirListedTwiceKeepsLastTimes: a directory the archive lists twice
@@ -101,5 +104,33 @@ func TestNameUnderAReplacedDirectoryIsNew(t *testing.T) {
 				t.Errorf("d/s/x: %q, %v", b, err)
 			}
 		})
+	}
+}
+
+// TestEntryTimesAsContainerdSetsThem: an entry's modification time before
+// the epoch is the epoch, and its access time is never older than its
+// modification time, as containerd's applier sets them.
+func TestEntryTimesAsContainerdSetsThem(t *testing.T) {
+	early := file("early", "x")
+	early.hdr.ModTime = time.Unix(-86400, 0)
+	older := file("older", "x").format(tar.FormatPAX)
+	older.hdr.ModTime, older.hdr.AccessTime = time.Unix(2_000_000_000, 0), time.Unix(1_000_000_000, 0)
+	newer := file("newer", "x").format(tar.FormatPAX)
+	newer.hdr.ModTime, newer.hdr.AccessTime = time.Unix(1_000_000_000, 0), time.Unix(2_000_000_000, 0)
+	s := newSandbox(t)
+	if _, err := ExtractDir(context.Background(), bytes.NewReader(build(t, early, older, newer)), s.target, ExtractOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name         string
+		atime, mtime int64
+	}{{"early", 0, 0}, {"older", 2_000_000_000, 2_000_000_000}, {"newer", 2_000_000_000, 1_000_000_000}} {
+		var st unix.Stat_t
+		if err := unix.Lstat(filepath.Join(s.target, c.name), &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Atim.Sec != c.atime || st.Mtim.Sec != c.mtime {
+			t.Errorf("%s: atime %d, mtime %d; want %d, %d", c.name, st.Atim.Sec, st.Mtim.Sec, c.atime, c.mtime)
+		}
 	}
 }

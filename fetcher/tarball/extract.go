@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path"
 	"strings"
@@ -552,15 +553,37 @@ func timespec(t time.Time) unix.Timespec {
 	return unix.Timespec{Sec: t.Unix(), Nsec: int64(t.Nanosecond())}
 }
 
+// entryTimes are the access and modification times an entry gets from its
+// header's, as containerd's applier sets them: the access time is never
+// older than the modification time (an absent one is the modification
+// time), and a time before the epoch, or past what a time_t holds, is the
+// epoch.
+func entryTimes(atime, mtime time.Time) (time.Time, time.Time) {
+	bound := func(t time.Time) time.Time {
+		if t.Before(minEntryTime) || t.After(maxEntryTime) {
+			return minEntryTime
+		}
+		return t
+	}
+	if atime.Before(mtime) {
+		atime = mtime
+	}
+	return bound(atime), bound(mtime)
+}
+
+// The range of entry times kept as they are (entryTimes).
+var (
+	minEntryTime = time.Unix(0, 0)
+	maxEntryTime = time.Unix(0, math.MaxInt64)
+)
+
 // setTimes sets base's times in l without following a symlink.
 func setTimes(l *level, base string, atime, mtime time.Time) error {
 	fd, err := l.fd()
 	if err != nil {
 		return err
 	}
-	if atime.IsZero() {
-		atime = mtime
-	}
+	atime, mtime = entryTimes(atime, mtime)
 	ts := []unix.Timespec{timespec(atime), timespec(mtime)}
 	if err := unix.UtimesNanoAt(fd, base, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return &fs.PathError{Op: "utimensat", Path: path.Join(l.name, base), Err: err}
@@ -967,18 +990,12 @@ func (x *extractor) finish() error {
 		if err == nil {
 			// The directory itself: its parent's descriptor is not at
 			// hand, but it is a real directory, opened without following.
-			err = l.r.Chtimes(".", cmpOr(d.atime, d.mtime), d.mtime)
+			atime, mtime := entryTimes(d.atime, d.mtime)
+			err = l.r.Chtimes(".", atime, mtime)
 		}
 		if err != nil {
 			return fmt.Errorf("set times of %s: %w", quote(d.name), &escapedError{err})
 		}
 	}
 	return nil
-}
-
-func cmpOr(t, fallback time.Time) time.Time {
-	if t.IsZero() {
-		return fallback
-	}
-	return t
 }
