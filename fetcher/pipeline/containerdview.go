@@ -152,10 +152,13 @@ func (v *containerdView) Remove(ctx context.Context, key string) error {
 func (p *Pipelines) Guard(chain string) snapshotter.RemoveGuard {
 	live := GuardChain(chain)
 	return func(ctx context.Context, tx *sql.Tx) error {
+		if err := live(ctx, tx); err != nil {
+			return err
+		}
 		if n := p.building.count(chain); n > 0 {
 			return fmt.Errorf("remove %s: a chain of the S3 pipelines, kept while %d pull(s) under way build on it: %w", chain, n, errdefs.ErrFailedPrecondition)
 		}
-		return live(ctx, tx)
+		return nil
 	}
 }
 
