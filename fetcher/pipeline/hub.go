@@ -134,14 +134,11 @@ func (m *mailbox) take() []api.Event {
 
 func (m *mailbox) run(deliver func(api.Event)) {
 	defer close(m.idle)
-	for {
+	for done := false; !done; {
 		select {
 		case <-m.wake:
 		case <-m.done:
-			for _, e := range m.take() {
-				deliver(e)
-			}
-			return
+			done = true
 		}
 		for _, e := range m.take() {
 			deliver(e)
