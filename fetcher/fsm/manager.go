@@ -133,6 +133,11 @@ func (m *Manager) Close(ctx context.Context) error {
 	}
 }
 
+// Done returns a channel that is closed once Close has begun: every run's
+// context is being canceled, and each run stops at its next check of it
+// (an attempt cut short so does not count).
+func (m *Manager) Done() <-chan struct{} { return m.base.Done() }
+
 // Resume re-enters every unfinished run of every registered FSM: running
 // runs at their current transition with their checkpointed response,
 // pending runs from their wait for predecessors and queue. Runs already

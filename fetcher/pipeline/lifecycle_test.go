@@ -17,6 +17,7 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
 )
 
 // unpackRun is the one unpack run of the environment.
@@ -596,4 +597,104 @@ func TestPruneKeepsLayerFileOfLiveDownload(t *testing.T) {
 	if f, err := RecordsOf(e.db).LayerFile(ctx, sha(data)); err != nil || f == nil {
 		t.Errorf("layer row: %+v, %v; want it recorded", f, err)
 	}
+}
+
+// TestUnpackStoppedMidExtractionStartsAfresh: a daemon stopped gracefully
+// while it extracts a layer (one not extracted as it downloaded) leaves its
+// unpack run to resume at the next start, without the attempt counted,
+// and that attempt extracts onto a fresh device, not over the part of the
+// layer the stopped one wrote (which, among others, took space from the
+// budget the new attempt is given). The image comes out whole, and no
+// extraction snapshot is left.
+func TestUnpackStoppedMidExtractionStartsAfresh(t *testing.T) {
+	e := newPullEnv(t, nil)
+	e.srv.Put(t, "g/1.tar.gz", s3test.Gzip(t, layerTar(t, "g1", 200_000, tarFile{name: "usr/a", body: []byte("old")}, tarFile{name: "etc/gone", body: []byte("x")})))
+	top := []tarFile{{name: "etc/.wh.gone"}, {name: "usr/a", body: []byte("new")}}
+	for i := range 500 {
+		top = append(top, tarFile{name: fmt.Sprintf("usr/after%d", i), body: []byte("x")})
+	}
+	e.srv.Put(t, "g/2.tar.gz", s3test.Gzip(t, layerTar(t, "g2", 300_000, top...)))
+	// The top layer is all in before its parent is committed: its unpack
+	// extracts it from the file (or its spool), not as it downloads.
+	e.srv.Faults.Delay(1, "g/1.tar.gz", time.Second)
+
+	// etc/, usr/, var/, etc/marker, usr/pad.bin, usr/b, usr/a: the stop
+	// comes after the seventh entry, with usr/a replaced.
+	reached, release := make(chan struct{}), make(chan struct{})
+	var entries int
+	e.p.hooks = map[string]func(){"extract:progress": func() {
+		if entries++; entries == 7 {
+			close(reached)
+			<-release
+		}
+	}}
+	go e.pull("g/", "g") //nolint:errcheck // the stop ends the pull
+	select {
+	case <-reached:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the top layer's extraction never reached its seventh entry")
+	}
+	closed := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		closed <- e.p.Close(ctx)
+	}()
+	// The extraction goes on once the stop has canceled the runs'
+	// context, to find it canceled.
+	<-e.p.Manager().Done()
+	close(release)
+	if err := <-closed; err != nil {
+		t.Fatalf("stopping the daemon: %v", err)
+	}
+	r := e.upperUnpackRun(t)
+	if r.Transition != "extract-layers" || r.Attempts != 0 {
+		t.Fatalf("after the stop the top layer's unpack run is at %q with %d attempts counted, want extract-layers with none", r.Transition, r.Attempts)
+	}
+	var stopped UnpackResponse
+	if err := json.Unmarshal(r.Response, &stopped); err != nil || stopped.ExtractKey == "" || stopped.Streamed {
+		t.Fatalf("the stopped run's response %s (%v): want the extraction snapshot create-device prepared", r.Response, err)
+	}
+	e.sn.writeFile(t, stopped.ExtractKey, "usr/stray", "not the layer's")
+
+	e.p = e.reopen(nil)
+	e.waitNoLiveRun("the restart")
+	if r := e.upperUnpackRun(t); r.State != fsm.StateComplete {
+		t.Fatalf("the top layer's unpack run after the restart: %s %q", r.State, r.LastError)
+	}
+	res := e.mustPull("g/", "g")
+	for name, want := range map[string]string{"usr/a": "new", "etc/marker": "g2", "usr/after4": "x"} {
+		if got := e.sn.readFile(t, res.Snapshot.SnapshotName, name); got != want {
+			t.Errorf("image shows %s %q, want %q", name, got, want)
+		}
+	}
+	for name, why := range map[string]string{"etc/gone": "whited out by the top layer", "usr/stray": "on the stopped attempt's device only"} {
+		if _, err := os.Stat(e.sn.devicePath(t, res.Snapshot.SnapshotName, name)); !os.IsNotExist(err) {
+			t.Errorf("%s, %s: %v, want it absent", name, why, err)
+		}
+	}
+	e.assertNoExtraction()
+}
+
+// upperUnpackRun is the one unpack run of a layer with a parent.
+func (e *env) upperUnpackRun(t *testing.T) fsm.RunRecord {
+	t.Helper()
+	runs, err := fsm.NewSQLiteStore(e.db).ListRuns(context.Background(), fsm.RunFilter{FSM: api.FSMUnpack})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var upper []fsm.RunRecord
+	for _, r := range runs {
+		var req UnpackRequest
+		if err := json.Unmarshal(r.Request, &req); err != nil {
+			t.Fatal(err)
+		}
+		if req.ParentChainID != "" {
+			upper = append(upper, r)
+		}
+	}
+	if len(upper) != 1 {
+		t.Fatalf("%d unpack runs of a layer with a parent, want one", len(upper))
+	}
+	return upper[0]
 }

@@ -148,6 +148,12 @@ type Pipelines struct {
 	mountAt func(ms []mount.Mount, dir string) (func() error, error)
 	// hooks are test points (crash injection); nil in production.
 	hooks map[string]func()
+	// madeHere holds the extraction snapshots create-device prepared or
+	// adopted in this process that extract-layers has not yet taken. Only
+	// those are extracted onto (or, adopted, taken as extracted): an
+	// attempt after a failure, a crash or a stop starts on a fresh device,
+	// since the one it finds holds an unknown part of the layer.
+	madeHere sync.Map
 	// guard, when set, keeps the pool from filling up (SetPoolGuard).
 	guard PoolGuard
 	// files is held shared by every pull from its listing until its runs

@@ -229,6 +229,7 @@ func (p *Pipelines) discardExtract(ctx context.Context, chain string) error {
 // extraction's) and its mount point, if any.
 func (p *Pipelines) discardKey(ctx context.Context, key string) error {
 	ctx = context.WithoutCancel(ctx)
+	p.madeHere.Delete(key)
 	_ = unmountDir(p.mountDirOf(key))
 	if err := p.opts.Snapshots.Remove(ctx, key); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("remove extraction snapshot %s: %w", key, err)
@@ -301,6 +302,7 @@ func (p *Pipelines) createDevice(ctx context.Context, req *upReq) (*upResp, erro
 		}
 		return nil, err
 	}
+	p.madeHere.Store(resp.ExtractKey, struct{}{})
 	return fsm.NewResponse(resp), nil
 }
 
@@ -325,7 +327,7 @@ func (p *Pipelines) prepareExtract(ctx context.Context, r *UnpackRequest, resp *
 // extractLayers: mount the extraction snapshot, extract the
 // layer confined with os.Root (whiteouts, rootfs/ stripping, limits,
 // progress), sync, unmount. Extraction cannot resume: an attempt after a
-// crash or a failure starts again on a fresh device.
+// failure, a crash or a stop starts again on a fresh device.
 func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, err error) {
 	r, resp := req.Msg, req.Resp
 	dl, err := fsm.PredecessorResponse[DownloadResponse](req.Run, api.FSMDownload)
@@ -336,10 +338,10 @@ func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, e
 		return nil, p.failUnpack(ctx, req, fsm.Abort(fmt.Errorf("unpack %s: download produced diff %s, the chain wants diff %s", r.ChainID, dl.diffID(), r.DiffID)))
 	}
 	p.hook("extract:started")
-	if resp.Streamed && req.Run.Attempt == 1 {
+	_, fresh := p.madeHere.LoadAndDelete(resp.ExtractKey)
+	if resp.Streamed && fresh {
 		// create-device adopted the extraction made while the layer
-		// downloaded; an attempt after a crash or a failure starts on a
-		// fresh device instead.
+		// downloaded, in this attempt.
 		p.hub.emit(api.Event{Run: req.Run.ID, FSM: api.FSMUnpack, State: "extract-layers", Bytes: resp.SizeBytes, Files: resp.FileCount})
 		return fsm.NewResponse(resp), nil
 	}
@@ -360,8 +362,8 @@ func (p *Pipelines) extractLayers(ctx context.Context, req *upReq) (_ *upResp, e
 	if plain && dl.SizeBytes > budget {
 		return nil, p.failUnpack(ctx, req, fsm.Abort(fmt.Errorf("unpack %s from %s: layer of %d bytes, more than the %d bytes the pool has free or pipeline.max_image_size allows", r.ChainID, r.S3URL, dl.SizeBytes, budget)))
 	}
-	if req.Run.Attempt > 1 || resp.ExtractKey != extractKey(r.ChainID) {
-		log.G(ctx).WithField("chain", r.ChainID).WithField("attempt", req.Run.Attempt).Info("unpack: discarding the partial extraction of an earlier attempt")
+	if !fresh || resp.ExtractKey != extractKey(r.ChainID) {
+		log.G(ctx).WithField("chain", r.ChainID).WithField("attempt", req.Run.Attempt).Info("unpack: discarding the extraction device of an earlier attempt or process")
 		if err := p.discardUnpack(ctx, req); err != nil {
 			return nil, err
 		}
@@ -494,6 +496,7 @@ func (p *Pipelines) adoptExtraction(ctx context.Context, req *upReq, s *streamEx
 		return nil, fmt.Errorf("unpack %s: device of %s: %w", r.ChainID, s.key, err)
 	}
 	resp.ExtractKey, resp.DeviceName, resp.DeviceID, resp.Streamed = s.key, name, id, true
+	p.madeHere.Store(s.key, struct{}{})
 	resp.SizeBytes, resp.FileCount = s.stats.Bytes, s.stats.Files
 	log.G(ctx).WithField("chain", r.ChainID).WithField("snapshot", s.key).Debug("unpack: adopted the extraction made while downloading")
 	return fsm.NewResponse(resp), nil
