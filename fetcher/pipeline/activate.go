@@ -51,6 +51,10 @@ type Registrar interface {
 	// those layers, unpacked (true when there is nowhere to register). A
 	// name that exists but points at another image is not registered.
 	Registered(ctx context.Context, ref string, diffIDs []string) (bool, error)
+	// Unregister removes ref wherever it is an image this daemon created
+	// (in every namespace), leaving others' images as they are; a name
+	// nowhere registered, or no containerd, is not an error.
+	Unregister(ctx context.Context, ref string) error
 }
 
 type acReq = fsm.Request[ActivateRequest, api.ActivateResponse]
@@ -542,7 +546,9 @@ func (p *Pipelines) checkName(ctx context.Context, imageID, name string, nss []s
 // nameImage gives image imageID the name name: checked (checkName),
 // recorded, then registered in containerd as the image of layers in each
 // namespace of nss. A registration refused (ErrForeignImage) takes back
-// the record this call added. The record and the registration of one name
+// the record this call added, and the registrations it made in the
+// namespaces before the one that refused: a containerd image of ours
+// whose name no record gives is one nothing would ever remove. The record and the registration of one name
 // are done under that name's lock (Pipelines.names), so two namings of it
 // (two --replace pulls) leave the records and containerd naming the same
 // image: the one named last.
@@ -564,8 +570,11 @@ func (p *Pipelines) nameImage(ctx context.Context, imageID, name string, nss []s
 	}
 	err = p.registerName(ctx, name, nss, layers, replace)
 	if errors.Is(err, ErrForeignImage) && had != imageID {
-		if derr := RecordsOf(p.db).dropImageName(context.WithoutCancel(ctx), name, imageID); derr != nil {
+		ctx := context.WithoutCancel(ctx)
+		if derr := RecordsOf(p.db).dropImageName(ctx, name, imageID); derr != nil {
 			log.G(ctx).WithError(derr).WithField("name", name).Error("register: taking back a refused name")
+		} else if uerr := p.opts.Registrar.Unregister(ctx, name); uerr != nil {
+			log.G(ctx).WithError(uerr).WithField("name", name).Error("register: taking back the registrations made before the refusal")
 		}
 	}
 	return err

@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
@@ -270,4 +272,36 @@ func TestPullsReplacingOneNameRace(t *testing.T) {
 		t.Errorf("pull b/ as app with replace, while a/ registered app: %v", err)
 	}
 	nameIs(t, e, reg, "after both pulls", "app", b)
+}
+
+// TestRegisterRefusedInALaterNamespaceTakesBackTheEarlier, on containerd's
+// metadata store: a pull into namespaces default and k8s.io whose name
+// k8s.io gives to someone else's image after the pull checked it (here,
+// while the register step writes to default) is refused there, and leaves
+// the name neither in the records nor, as an image of ours, in default,
+// where it was registered first; the other image stays as it was.
+func TestRegisterRefusedInALaterNamespaceTakesBackTheEarlier(t *testing.T) {
+	e, reg := newContainerdPullEnv(t)
+	const name = "late/app"
+	k8s := namespaces.WithNamespace(context.Background(), "k8s.io")
+	theirs := images.Image{Name: name, Target: manifestDesc("their manifest"), Labels: map[string]string{"owner": "someone"}}
+	reg.beforeRegister = func() {
+		if _, err := reg.st.images.Create(k8s, theirs); err != nil {
+			t.Error(err)
+		}
+	}
+	e.srv.Put(t, "y/1.tar", layerTar(t, "y", 500))
+	_, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "y/", Ref: name, Namespaces: []string{"default", "k8s.io"}})
+	if !errors.Is(err, ErrForeignImage) && !strings.Contains(err.Error(), ErrForeignImage.Error()) {
+		t.Fatalf("pull whose name k8s.io gave away meanwhile: %v; want the foreign image refused", err)
+	}
+	if id, _ := RecordsOf(e.db).ImageIDByName(context.Background(), name); id != "" {
+		t.Errorf("the refused name stayed recorded for %s", id)
+	}
+	if img, err := reg.st.images.Get(namespaces.WithNamespace(context.Background(), "default"), name); !errdefs.IsNotFound(err) {
+		t.Errorf("containerd's namespace default after the refusal: %+v, %v; want no image %s", img, err, name)
+	}
+	if img, err := reg.st.images.Get(k8s, name); err != nil || img.Target.Digest != theirs.Target.Digest || !maps.Equal(img.Labels, theirs.Labels) {
+		t.Errorf("the other image in k8s.io: %+v, %v; want it as it was", img, err)
+	}
 }

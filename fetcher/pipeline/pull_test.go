@@ -105,6 +105,18 @@ func (r *fakeRegistrar) unregister(ref string) {
 	delete(r.names, ref)
 }
 
+// Unregister removes ref in every namespace (the foreign images stay).
+func (r *fakeRegistrar) Unregister(_ context.Context, ref string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for key := range r.names {
+		if key == ref || strings.HasSuffix(key, "|"+ref) {
+			delete(r.names, key)
+		}
+	}
+	return nil
+}
+
 // registeredTop is the top chain ref is registered with ("" if none).
 func (r *fakeRegistrar) registeredTop(ref string) string {
 	r.mu.Lock()

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -79,6 +80,9 @@ type storesRegistrar struct {
 	// down makes Register answer as ContainerdRegistrar does while
 	// containerd's socket is absent (ErrContainerdAbsent).
 	down atomic.Bool
+	// nss are the namespaces Register was asked to write in, where
+	// Unregister looks.
+	nss map[string]bool
 }
 
 // newContainerdPullEnv is newPullEnv registering, through a
@@ -117,10 +121,23 @@ func (r *storesRegistrar) Register(ctx context.Context, ref string, diffIDs []st
 		return fmt.Errorf("register %s: %w", ref, ErrContainerdAbsent)
 	}
 	ctx, ns := r.ns(ctx)
+	r.mu.Lock()
+	if r.nss == nil {
+		r.nss = map[string]bool{}
+	}
+	r.nss[ns] = true
+	r.mu.Unlock()
 	if err := checkOwner(ctx, r.st.images, ns, ref, replace); err != nil {
 		return err
 	}
 	return register(ctx, r.st, DefaultSnapshotter, ns, ref, diffIDs, replace)
+}
+
+func (r *storesRegistrar) Unregister(ctx context.Context, ref string) error {
+	r.mu.Lock()
+	nss := slices.Sorted(maps.Keys(r.nss))
+	r.mu.Unlock()
+	return unregister(ctx, r.st.images, nss, ref)
 }
 
 func (r *storesRegistrar) Registered(ctx context.Context, ref string, diffIDs []string) (bool, error) {
