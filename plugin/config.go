@@ -122,6 +122,7 @@ type S3Config struct {
 	Bucket string `toml:"bucket"`
 	// Prefix is prepended to the image path of a pull that names no
 	// bucket (`pull debian/`); an s3://BUCKET/KEY URL names its key whole.
+	// It is a folder of the bucket: empty, or ending with '/'.
 	Prefix string `toml:"prefix"`
 	// AllowedBuckets are the buckets a pull may name besides Bucket. When
 	// Bucket or AllowedBuckets is set, the daemon refuses every other
@@ -142,6 +143,10 @@ func (c S3Config) Validate() error {
 	}
 	if strings.HasPrefix(c.Prefix, "/") {
 		p.Add("s3.prefix", "must not start with '/' (S3 keys have no leading slash), got %q", c.Prefix)
+	} else if c.Prefix != "" && !strings.HasSuffix(c.Prefix, "/") {
+		// Prepended as written, "images" would make `pull debian/` pull
+		// imagesdebian/.
+		p.Add("s3.prefix", "must end with '/' (a folder of the bucket, such as %q), got %q", c.Prefix+"/", c.Prefix)
 	}
 	p.Join(c.Config.Validate())
 	return p.Err()

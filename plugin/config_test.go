@@ -467,6 +467,7 @@ func TestValidateRules(t *testing.T) {
 		{"bucket dots", func(c *Config) { c.S3.Bucket = "a..b" }, `s3.bucket: must be an S3 bucket name`},
 		{"endpoint", func(c *Config) { c.S3.Endpoint = "127.0.0.1:9000" }, `s3.endpoint: must be an http:// or https:// URL with a host, got "127.0.0.1:9000"`},
 		{"prefix", func(c *Config) { c.S3.Prefix = "/images" }, "s3.prefix: must not start with '/'"},
+		{"prefix not a folder", func(c *Config) { c.S3.Prefix = "images" }, `s3.prefix: must end with '/' (a folder of the bucket, such as "images/"), got "images"`},
 		{"allowed bucket", func(c *Config) { c.S3.AllowedBuckets = []string{"ok-bucket", "Not_OK"} }, `s3.allowed_buckets[1]: must be an S3 bucket name (3-63 lower-case letters, digits, '.' and '-', starting and ending with a letter or digit), got "Not_OK"`},
 		{"max entries", func(c *Config) { c.Pipeline.MaxEntries = 0 }, "pipeline.max_entries: must be positive and at most 2147483647 (larger counts overflow the byte counts derived from it), got 0"},
 		{"max entries huge", func(c *Config) { c.Pipeline.MaxEntries = math.MaxInt }, "pipeline.max_entries: must be positive and at most 2147483647"},
