@@ -66,7 +66,7 @@ func newServeFlagSet() (*serveFlags, func(args []string) error) {
 	fs.StringVar(&f.socket, "socket", "", "unix socket `PATH` of the snapshots gRPC API containerd's proxy plugin calls, overriding daemon.socket (the control socket is --control-socket)")
 	fs.StringVar(&f.controlSocket, "control-socket", "", "unix socket `PATH` of the control API (pull, rm, activate), overriding daemon.control_socket")
 	fs.StringVar(&f.metrics, "metrics-address", "", "`HOST:PORT` of the metrics endpoint, overriding daemon.metrics_address")
-	fs.StringVar(&f.logLevel, "log-level", "", "log `LEVEL` (trace, debug, info, warn, error), overriding daemon.log_level")
+	fs.StringVar(&f.logLevel, "log-level", "", "log `LEVEL` (trace, debug, info, warn, error, fatal or panic), overriding daemon.log_level")
 	fs.StringVar(&f.logFormat, "log-format", "", "log `FORMAT` (text or json), overriding daemon.log_format")
 	return f, func(args []string) error {
 		if err := cli.ParseFlags(fs, args); err != nil {
