@@ -169,7 +169,9 @@ func parseBtreeNode(b []byte, n uint64) (btreeNode, error) {
 	nr := int(le.Uint32(b[16:]))
 	max := int(le.Uint32(b[20:]))
 	vsize := int(le.Uint32(b[24:]))
-	if nr > max || btreeHeaderSize+max*(8+vsize) > len(b) {
+	// max and vsize are each checked against the block first, so that
+	// their product cannot overflow into a size that seems to fit.
+	if nr > max || max > len(b) || vsize > len(b) || btreeHeaderSize+max*(8+vsize) > len(b) {
 		return btreeNode{}, fmt.Errorf("btree node %d: %d of %d entries of %d-byte values do not fit a block", n, nr, max, vsize)
 	}
 	var node btreeNode

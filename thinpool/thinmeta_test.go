@@ -87,3 +87,37 @@ func TestMetadataBlocksValidated(t *testing.T) {
 		t.Error("btree node with a flipped bit accepted")
 	}
 }
+
+// TestBtreeNodeSizesDoNotOverflow: a node whose max_entries and value_size
+// multiply past what an int holds is refused as not fitting its block,
+// not taken as fitting and read past the block's end (a panic).
+func TestBtreeNodeSizesDoNotOverflow(t *testing.T) {
+	le := binary.LittleEndian
+	for _, c := range []struct {
+		flags     uint32
+		nr, max   uint32
+		valueSize uint32
+	}{
+		// 2^31 * (8 + 2^32-8) = 2^63: wraps to a negative size.
+		{btreeLeafNode, 600, 1 << 31, 1<<32 - 8},
+		{btreeInternalNode, 600, 1 << 31, 1<<32 - 8},
+	} {
+		b := make([]byte, metaBlockSize)
+		le.PutUint32(b[4:], c.flags)
+		le.PutUint64(b[8:], 5)
+		le.PutUint32(b[16:], c.nr)
+		le.PutUint32(b[20:], c.max)
+		le.PutUint32(b[24:], c.valueSize)
+		le.PutUint32(b[0:], dmChecksum(b[4:], btreeCsumXor))
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Errorf("parseBtreeNode(flags %d, %d of %d entries of %d bytes) panicked: %v", c.flags, c.nr, c.max, c.valueSize, r)
+				}
+			}()
+			if _, err := parseBtreeNode(b, 5); err == nil {
+				t.Errorf("parseBtreeNode(flags %d, %d of %d entries of %d bytes) accepted a node that cannot fit a block", c.flags, c.nr, c.max, c.valueSize)
+			}
+		}()
+	}
+}
