@@ -12,6 +12,8 @@ import (
 
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/durable"
 )
 
 // Names of the loop-backed files under Config.RootDir.
@@ -278,12 +280,22 @@ func (p *Pool) ensureFiles(ctx context.Context) (metaFile, dataFile string, err 
 
 // makeSparse creates file of size bytes unless it exists; a new metadata
 // file gets its first 4 KiB explicitly zeroed and synced so the kernel sees
-// no superblock and formats fresh metadata. A file made only partly (crash)
-// is removed on failure.
+// no superblock and formats fresh metadata. The file and its directory are
+// synced, so the new name survives a power cut. A file found empty is one
+// whose creation a crash cut short before it was sized (no pool file is
+// ever empty): it is sized now. A file made only partly is removed on
+// failure.
 func makeSparse(path string, size int64, zeroHead bool) (err error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if errors.Is(err, os.ErrExist) {
-		return nil
+		fi, serr := os.Stat(path)
+		if serr != nil {
+			return fmt.Errorf("stat %s: %w", path, serr)
+		}
+		if fi.Size() != 0 {
+			return nil
+		}
+		f, err = os.OpenFile(path, os.O_RDWR, 0)
 	}
 	if err != nil {
 		return fmt.Errorf("create %s: %w", path, err)
@@ -307,7 +319,7 @@ func makeSparse(path string, size int64, zeroHead bool) (err error) {
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("sync %s: %w", path, err)
 	}
-	return nil
+	return durable.SyncDir(filepath.Dir(path))
 }
 
 // superblockDataBlockSize reads the data block size recorded in existing
