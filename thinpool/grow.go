@@ -259,7 +259,8 @@ func setLoopCapacity(node string) error {
 // under another configuration), so that events come where the owner
 // expects them and writes on a full pool wait; it sets the kernel's
 // no-space timeout (Config.NoSpaceTimeout); and it warns when the loop
-// files could outgrow the filesystem holding them. First it resumes the
+// files could outgrow the filesystem holding them. It removes the probe
+// devices of ThinExists calls whose process was killed. First it resumes the
 // pool and its thin devices when they are suspended: a process killed
 // inside a table reload or a snapshot leaves them so, and every IO to them
 // would wait forever.
@@ -268,6 +269,9 @@ func (p *Pool) Adjust(ctx context.Context) error {
 		return err
 	}
 	if err := p.resumeSuspended(ctx); err != nil {
+		return p.errf(nil, err, "adjust")
+	}
+	if err := p.removeDeadProbes(ctx); err != nil {
 		return p.errf(nil, err, "adjust")
 	}
 	p.warnOvercommit(ctx)

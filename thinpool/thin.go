@@ -471,7 +471,7 @@ func (p *Pool) ThinExists(ctx context.Context, id uint32) (bool, error) {
 	if err := checkID("thin id", id); err != nil {
 		return false, p.errf(nil, err, "probe")
 	}
-	probe := fmt.Sprintf("thinpool-probe-%d-%d", os.Getpid(), p.probeSeq.Add(1))
+	probe := fmt.Sprintf("%s%d-%d", probePrefix, os.Getpid(), p.probeSeq.Add(1))
 	if _, err := p.ctl.create(probe, ""); err != nil {
 		return false, p.errf(nil, err, "probe thin %d: create %q", id, probe)
 	}
@@ -497,6 +497,47 @@ func (p *Pool) ThinExists(ctx context.Context, id uint32) (bool, error) {
 		return false, nil
 	}
 	return false, p.errf(nil, err, "probe thin %d", id)
+}
+
+// probePrefix starts the name of every probe device ThinExists makes:
+// "thinpool-probe-<pid>-<seq>".
+const probePrefix = "thinpool-probe-"
+
+// removeDeadProbes removes the probe devices (ThinExists) of processes that
+// are gone: one killed between creating its probe and removing it leaves
+// the probe with a thin table in its inactive slot, which holds that thin
+// id open in the pool (its delete fails with EBUSY) and the pool itself.
+// The probes of live processes (a CLI's) are left alone; so are those of
+// this process, unless it is the process that starts the pool (Adjust runs
+// before any ThinExists of its own: a probe with its pid is a previous
+// process's that had the same pid). A probe that cannot be removed is
+// logged.
+func (p *Pool) removeDeadProbes(ctx context.Context) error {
+	entries, err := p.ctl.list()
+	if err != nil {
+		return fmt.Errorf("list devices for probes left behind: %w", err)
+	}
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name, probePrefix)
+		if !ok {
+			continue
+		}
+		digits, _, ok := strings.Cut(rest, "-")
+		pid, err := strconv.Atoi(digits)
+		if !ok || err != nil || pid <= 0 {
+			continue
+		}
+		if pid != os.Getpid() && !errors.Is(unix.Kill(pid, 0), unix.ESRCH) {
+			continue // its process is alive: the probe is in use
+		}
+		l := log.G(ctx).WithField("pool", p.name).WithField("device", e.Name)
+		if err := p.ctl.remove(e.Name); err != nil && !errors.Is(err, unix.ENXIO) {
+			l.WithError(err).Error("thinpool: probe device of a process that is gone could not be removed")
+			continue
+		}
+		l.Warn("thinpool: removed the probe device of a process that is gone (killed inside ThinExists)")
+	}
+	return nil
 }
 
 // ThinIDs returns every thin id the pool metadata holds, in increasing
