@@ -105,3 +105,24 @@ func TestLowWaterAtReserve(t *testing.T) {
 		}
 	}
 }
+
+// TestReserveBlocksExactPercent: a reserve that is a whole number of
+// blocks is that number, not one more: 1.1% of 3000 blocks is 33 blocks,
+// though float64(3000)*1.1/100 is 33.000000000000004.
+func TestReserveBlocksExactPercent(t *testing.T) {
+	for _, c := range []struct {
+		total   uint64
+		percent float64
+		want    uint64
+	}{
+		{3000, 1.1, 33},
+		{1500, 2.2, 33},
+		{3000, 2.7, 81},
+		{750, 4.4, 33},
+		{3001, 1.1, 34}, // 33.011: rounded up
+	} {
+		if got := ReserveBlocks(c.total, c.percent); got != c.want {
+			t.Errorf("ReserveBlocks(%d, %v) = %d, want %d", c.total, c.percent, got, c.want)
+		}
+	}
+}
