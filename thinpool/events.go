@@ -160,11 +160,12 @@ func (p *Pool) recheckInterval() time.Duration {
 }
 
 // markLowWater sets ev's low-water fields from the live table's mark and
-// ev.Status.
+// ev.Status. A status without data blocks (a failed pool, or one that
+// could not be read) says nothing of the free blocks: it is not low water.
 func (p *Pool) markLowWater(ev *Event) {
 	if t, _, err := p.liveTable(); err == nil {
 		ev.LowWaterBlocks = t.LowWater
-		ev.LowWater = ev.Status.TotalDataBlocks-ev.Status.UsedDataBlocks <= t.LowWater
+		ev.LowWater = ev.Status.TotalDataBlocks > 0 && ev.Status.TotalDataBlocks-ev.Status.UsedDataBlocks <= t.LowWater
 	}
 }
 
