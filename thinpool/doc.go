@@ -56,7 +56,10 @@
 //     writes of the devices already made, and the default low-water mark
 //     is the reserve's edge, so the owner hears of it when refusals begin.
 //     The check reads the status line the create reads anyway: it costs no
-//     extra ioctl.
+//     extra ioctl. After a create or delete message the status is read once
+//     more (no flush): the kernel answers a message whose commit failed as
+//     a success, and only the pool's mode (fail, or ro with needs_check)
+//     tells.
 //
 // Errors callers can act on are matched with errors.Is: ErrPoolFull (wrapped
 // by ErrDataFull, ErrBelowReserve and ErrMetadataFull, itself wrapped by

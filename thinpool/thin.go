@@ -138,9 +138,18 @@ func (st PoolStatus) FullError() error {
 }
 
 // poolMessage sends msg to the pool and maps its errno for thin id dev.
+// The kernel commits the pool's metadata after a message succeeded but
+// answers the message whatever the commit did: a failed commit aborts the
+// transaction (the change is lost) and turns the pool failed, or read-only
+// with needs_check. So a message that succeeded is followed by one status
+// read (without a flush), and such a pool makes it an error.
 func (p *Pool) poolMessage(msg string) error {
 	err := p.ctl.message(p.name, msg)
 	if err == nil {
+		st, serr := p.status(true)
+		if serr == nil && (st.Mode == ModeFail || st.Mode == ModeError || (st.Mode == ModeReadOnly && st.NeedsCheck)) {
+			return p.errf(nil, fmt.Errorf("the pool is in %s mode (needs_check %v) after the message: its commit failed and the change is not in the pool's metadata", st.Mode, st.NeedsCheck), "%s", msg)
+		}
 		return nil
 	}
 	switch {

@@ -122,3 +122,19 @@ func TestWatchFailedPoolIsNotLowWater(t *testing.T) {
 		}
 	}
 }
+
+// TestCreateOnFailingMetadataIsAnError: the kernel answers create_thin
+// before committing it and ignores a failed commit (the pool aborts the
+// transaction and fails), so a create whose commit failed came back as
+// success though the device is not in the pool's metadata. The caller
+// records a device the pool does not have: CreateThin must fail.
+func TestCreateOnFailingMetadataIsAnError(t *testing.T) {
+	ctx := context.Background()
+	p, fail := failingMetadataPool(t, ctx)
+	fail()
+	err := p.CreateThin(ctx, 1)
+	st, serr := p.Status(ctx)
+	if err == nil {
+		t.Errorf("CreateThin whose commit failed returned nil; the pool is now %+v (%v)", st, serr)
+	}
+}
