@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	diffapi "github.com/containerd/containerd/api/services/diff/v1"
@@ -190,17 +191,25 @@ func Serve(ctx context.Context, sn snapshots.Snapshotter, opts ServeOptions) (er
 	if opts.Stopping != nil {
 		opts.Stopping()
 	}
-	stopGracefully(ctx, srv, timeout)
+	// One deadline for every listener, stopped side by side: the timeout
+	// bounds the whole stop, and an HTTP request still running at its end
+	// is cut off like a gRPC call, not left running after Serve returns.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	var stops sync.WaitGroup
 	for _, e := range eps {
 		if e.srv == nil {
 			continue
 		}
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-		if err := e.srv.Shutdown(sctx); err != nil {
-			l.WithError(err).WithField("endpoint", e.name).Warn("HTTP endpoint did not shut down cleanly")
-		}
-		cancel()
+		stops.Go(func() {
+			if err := e.srv.Shutdown(sctx); err != nil {
+				l.WithError(err).WithField("endpoint", e.name).Warn("HTTP endpoint did not shut down cleanly: cutting off its requests")
+				e.srv.Close()
+			}
+		})
 	}
+	stopGracefully(ctx, srv, timeout)
+	stops.Wait()
 	l.Info("stopped")
 	if runErr != nil {
 		return fmt.Errorf("serve: %w", runErr)
