@@ -122,6 +122,13 @@ func runServe(ctx context.Context, args []string) (err error) {
 		return fmt.Errorf("daemon.log_format %q: %w", cfg.Daemon.LogFormat, err)
 	}
 	l := log.G(ctx).WithField("version", cli.Version)
+	// boundResidentMemory executes the binary again, which would forget a
+	// SIGTERM or SIGINT caught so far (while the configuration was read):
+	// the daemon would start over and run though asked to stop.
+	if ctx.Err() != nil {
+		l.Info("asked to stop before starting: not starting")
+		return nil
+	}
 	boundResidentMemory(l)
 	l.WithField("socket", cfg.Daemon.Socket).WithField("db", cfg.Metadata.Path).WithField("pool", cfg.Pool.Name).Info("starting")
 
