@@ -82,6 +82,12 @@ type ServeOptions struct {
 	Applier diff.Applier
 }
 
+// httpIdleTimeout is how long the metrics and debug endpoints keep a
+// connection open with no request under way: they listen on TCP, and a
+// client that goes quiet must not hold a descriptor and a goroutine for
+// the daemon's life. A scraper reconnects at its next scrape.
+const httpIdleTimeout = 10 * time.Second
+
 // httpEndpoint is one of Serve's optional HTTP listeners.
 type httpEndpoint struct {
 	name    string // for logs and errors: "metrics", "debug"
@@ -102,7 +108,7 @@ func (e *httpEndpoint) listen() error {
 		e.lis = lis
 	}
 	if e.lis != nil {
-		e.srv = &http.Server{Handler: e.handler, ReadHeaderTimeout: 10 * time.Second}
+		e.srv = &http.Server{Handler: e.handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: httpIdleTimeout}
 	}
 	return nil
 }
