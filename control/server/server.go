@@ -145,8 +145,22 @@ var errDaemonStopping = errors.New("daemon stopping: run the same pull again onc
 func Serve(ctx context.Context, lis net.Listener, p Puller) error {
 	stopping, stop := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer stop(nil)
-	srv := &http.Server{Handler: handler(p, stopping), ReadHeaderTimeout: 10 * time.Second,
-		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
+	// Requests run on base, cut when the grace has passed; Serve returns
+	// only once every handler has, since the daemon then closes what they
+	// use (the pipelines, the pool, the database).
+	base, cutRequests := context.WithCancel(context.WithoutCancel(ctx))
+	defer cutRequests()
+	var running handlers
+	h := handler(p, stopping)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !running.begin() {
+			http.Error(w, errDaemonStopping.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		defer running.wg.Done()
+		h.ServeHTTP(w, r)
+	}), ReadHeaderTimeout: 10 * time.Second,
+		BaseContext: func(net.Listener) context.Context { return base }}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
 	log.G(ctx).WithField("socket", lis.Addr().String()).Info("serving control API")
@@ -156,7 +170,9 @@ func Serve(ctx context.Context, lis net.Listener, p Puller) error {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
+		cutRequests()
 		_ = srv.Close()
+		running.wait()
 		return nil
 	case err := <-errc:
 		if errors.Is(err, http.ErrServerClosed) {
@@ -164,6 +180,31 @@ func Serve(ctx context.Context, lis net.Listener, p Puller) error {
 		}
 		return fmt.Errorf("control socket: %w", err)
 	}
+}
+
+// handlers counts the requests being handled; once wait has begun, no
+// new one starts.
+type handlers struct {
+	mu      sync.Mutex
+	stopped bool
+	wg      sync.WaitGroup
+}
+
+func (h *handlers) begin() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.stopped {
+		return false
+	}
+	h.wg.Add(1)
+	return true
+}
+
+func (h *handlers) wait() {
+	h.mu.Lock()
+	h.stopped = true
+	h.mu.Unlock()
+	h.wg.Wait()
 }
 
 func serveRm(rm Remover, w http.ResponseWriter, r *http.Request) {
