@@ -249,7 +249,8 @@ func stopGracefully(ctx context.Context, srv *grpc.Server, timeout time.Duration
 // is not a socket.
 //
 // The socket is bound in a private directory (0700) beside path, given its
-// group and mode there, and only then renamed to path: at no moment can a
+// group and mode there, and only then linked at path (never replacing a
+// socket another process bound there meanwhile): at no moment can a
 // process the mode does not admit connect, whatever the process umask.
 // Closing the listener removes the socket, unless another one replaced it.
 func ListenUnix(ctx context.Context, path string, mode fs.FileMode, gid int) (net.Listener, error) {
@@ -300,7 +301,13 @@ func ListenUnix(ctx context.Context, path string, mode fs.FileMode, gid int) (ne
 	if err := unix.Lstat(tmp, &st); err != nil {
 		return fail("stat", err)
 	}
-	if err := os.Rename(tmp, path); err != nil {
+	// A link, not a rename: a rename would silently replace a socket that
+	// another process bound at path since the check above (two daemons
+	// started together), leaving that one serving on an unreachable inode.
+	if err := os.Link(tmp, path); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return fail("move into place", fmt.Errorf("another process bound it meanwhile: %w", err))
+		}
 		return fail("move into place", err)
 	}
 	return &unixListener{UnixListener: lis, path: path, ino: st.Ino}, nil
