@@ -133,6 +133,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
+// idleTimeout is how long a connection with no request under way stays
+// open: the CLI sends one request a connection, and a client that keeps
+// one open and quiet must not hold it for the daemon's life.
+const idleTimeout = 10 * time.Second
+
 // errDaemonStopping is the error a pull in flight is answered with, and
 // its context cancelled with, when Serve stops: it tells the operator what
 // to do, since the pull's runs resume when the daemon starts again.
@@ -159,7 +164,7 @@ func Serve(ctx context.Context, lis net.Listener, p Puller) error {
 		}
 		defer running.wg.Done()
 		h.ServeHTTP(w, r)
-	}), ReadHeaderTimeout: 10 * time.Second,
+	}), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout,
 		BaseContext: func(net.Listener) context.Context { return base }}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
