@@ -11,10 +11,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	diffapi "github.com/containerd/containerd/api/services/diff/v1"
 	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
@@ -338,8 +339,8 @@ func (l *unixListener) Close() error {
 var ErrPeerRefused = errors.New("caller is neither root nor a member of the socket's group")
 
 // PeerCheck wraps a unix socket listener so that only root and members of
-// group gid (primary or supplementary, from SO_PEERCRED and the caller's
-// /proc status) get their connections through. Others are answered, on
+// group gid (primary or supplementary, from SO_PEERCRED and SO_PEERGROUPS:
+// what the caller was when it connected) get their connections through. Others are answered, on
 // the connection, an HTTP 403 whose JSON body's "error" names their uid,
 // the group and the rule, and are logged; Accept goes on to the next
 // caller. It is a second line behind the socket's own mode.
@@ -359,8 +360,8 @@ func (l *peerListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		cred, err := peerCred(c)
-		if err == nil && allowed(cred, l.gid) {
+		cred, groups, err := peerCred(c)
+		if err == nil && allowed(cred, groups, l.gid) {
 			return c, nil
 		}
 		msg := fmt.Sprintf("control socket: %v (peer credentials: %v)", ErrPeerRefused, err)
@@ -372,43 +373,58 @@ func (l *peerListener) Accept() (net.Conn, error) {
 	}
 }
 
-func peerCred(c net.Conn) (*unix.Ucred, error) {
+// peerCred returns the credentials and the supplementary groups the
+// kernel recorded for the caller of c when it connected. Both are read
+// from the socket, not from /proc/PID, whose process may have exited and
+// its pid been reused since.
+func peerCred(c net.Conn) (*unix.Ucred, []uint32, error) {
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
-		return nil, fmt.Errorf("not a unix socket connection (%T)", c)
+		return nil, nil, fmt.Errorf("not a unix socket connection (%T)", c)
 	}
 	raw, err := uc.SyscallConn()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
-		return nil, err
+	var (
+		cred   *unix.Ucred
+		groups []uint32
+		cerr   error
+	)
+	if err := raw.Control(func(fd uintptr) {
+		if cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); cerr == nil {
+			groups, cerr = peerGroups(int(fd))
+		}
+	}); err != nil {
+		return nil, nil, err
 	}
-	return cred, cerr
+	return cred, groups, cerr
+}
+
+// peerGroups reads SO_PEERGROUPS, the supplementary groups of the peer of
+// unix socket fd when it connected: an array of gids, whose length the
+// kernel gives with ERANGE when the buffer is too short.
+func peerGroups(fd int) ([]uint32, error) {
+	buf := make([]uint32, 64)
+	for {
+		n := uint32(len(buf) * 4)
+		_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_PEERGROUPS,
+			uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&n)), 0)
+		switch {
+		case errno == unix.ERANGE && int(n/4) > len(buf):
+			buf = make([]uint32, n/4)
+		case errno != 0:
+			return nil, fmt.Errorf("SO_PEERGROUPS: %w", errno)
+		default:
+			return buf[:n/4], nil
+		}
+	}
 }
 
 // allowed: root, the group as primary group, or the group among the
-// caller's supplementary groups (the Groups line of /proc/PID/status).
-func allowed(cred *unix.Ucred, gid int) bool {
-	if cred.Uid == 0 || int(cred.Gid) == gid {
-		return true
-	}
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cred.Pid))
-	if err != nil {
-		return false
-	}
-	for line := range strings.Lines(string(status)) {
-		if groups, ok := strings.CutPrefix(line, "Groups:"); ok {
-			for _, g := range strings.Fields(groups) {
-				if g == strconv.Itoa(gid) {
-					return true
-				}
-			}
-		}
-	}
-	return false
+// caller's supplementary groups.
+func allowed(cred *unix.Ucred, groups []uint32, gid int) bool {
+	return cred.Uid == 0 || int(cred.Gid) == gid || slices.Contains(groups, uint32(gid))
 }
 
 // refuse reads the caller's request head (briefly) so that closing does

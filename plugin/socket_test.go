@@ -47,9 +47,9 @@ func dialAndPrint(sock string) int {
 	return 0
 }
 
-// asOther runs the dial helper as uid and gid 65534 (nobody) and returns
-// what it printed.
-func asOther(t *testing.T, sock string) string {
+// asOther runs the dial helper as uid and gid 65534 (nobody), with the
+// supplementary groups given, and returns what it printed.
+func asOther(t *testing.T, sock string, groups ...uint32) string {
 	t.Helper()
 	if os.Getuid() != 0 {
 		t.Fatal("this test needs root, to run a client as another user")
@@ -65,7 +65,7 @@ func asOther(t *testing.T, sock string) string {
 	}
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), dialEnv+"="+sock)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534, Groups: groups}}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("client as uid 65534: %v: %s", err, out)
@@ -155,5 +155,9 @@ func TestPeerCheckRefusesOthers(t *testing.T) {
 	resp.Body.Close()
 	if buf.String() != "served" {
 		t.Errorf("root: %q", buf.String())
+	}
+	// A member of the group by a supplementary group only.
+	if out := asOther(t, sock, 100, 4242); out != "status 200 served" {
+		t.Errorf("uid 65534 with supplementary group 4242: %q, want served", out)
 	}
 }
