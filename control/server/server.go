@@ -180,6 +180,17 @@ func Serve(ctx context.Context, lis net.Listener, p Puller) error {
 		running.wait()
 		return nil
 	case err := <-errc:
+		// The socket failed; the daemon goes on serving containerd, and
+		// the requests under way go on, on their own connections. Serve
+		// still returns only once they have ended, since the daemon's stop
+		// waits for it before closing what they use; a stop meanwhile cuts
+		// them.
+		defer context.AfterFunc(ctx, func() {
+			stop(errDaemonStopping)
+			cutRequests()
+		})()
+		running.wait()
+		_ = srv.Close()
 		if errors.Is(err, http.ErrServerClosed) {
 			return nil
 		}

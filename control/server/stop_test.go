@@ -2,8 +2,10 @@ package server
 
 import (
 	"context"
+	"errors"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -51,6 +53,66 @@ func TestServeReturnsAfterItsHandlers(t *testing.T) {
 	cancel()
 	if err := <-served; err != nil {
 		t.Fatalf("Serve: %v", err)
+	}
+	if !p.finished.Load() {
+		t.Fatal("Serve returned while an activate it accepted still ran: the daemon would close the database and the pool under it")
+	}
+}
+
+// failingListener is a unix listener whose Accept fails, as a listener
+// whose socket broke does, once fail is closed.
+type failingListener struct {
+	net.Listener
+	fail chan struct{}
+}
+
+func (l *failingListener) Accept() (net.Conn, error) {
+	type accepted struct {
+		c   net.Conn
+		err error
+	}
+	got := make(chan accepted, 1)
+	go func() { c, err := l.Listener.Accept(); got <- accepted{c, err} }()
+	select {
+	case a := <-got:
+		return a.c, a.err
+	case <-l.fail:
+		return nil, errors.New("accept: the socket broke")
+	}
+}
+
+// TestServeReturnsAfterItsHandlersWhenItsSocketFails: a listener that
+// fails ends Serve with its error, but only once the requests under way,
+// which go on on their own connections, have ended: the daemon goes on
+// serving containerd, and its stop closes what the handlers use once Serve
+// has returned. A stop meanwhile cuts them.
+func TestServeReturnsAfterItsHandlersWhenItsSocketFails(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "control.sock")
+	inner, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis := &failingListener{Listener: inner, fail: make(chan struct{})}
+	p := &slowActivate{entered: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- Serve(ctx, lis, p) }()
+	go control.NewClient(sock).Activate(context.Background(), "img")
+	<-p.entered
+	close(lis.fail)
+	select {
+	case err := <-served:
+		t.Fatalf("Serve returned (%v) when its listener failed, while an activate it accepted still ran", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	cancel()
+	select {
+	case err := <-served:
+		if err == nil || !strings.Contains(err.Error(), "the socket broke") {
+			t.Fatalf("Serve over a failed listener: %v, want its error", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Serve did not return once stopped after its listener failed")
 	}
 	if !p.finished.Load() {
 		t.Fatal("Serve returned while an activate it accepted still ran: the daemon would close the database and the pool under it")
