@@ -17,8 +17,29 @@ import (
 const LockFileName = "daemon.lock"
 
 // ErrLocked is matched by Open's error when another live process holds
-// the lock of daemon.root_dir.
-var ErrLocked = errors.New("another daemon is running on this root")
+// the lock of daemon.root_dir, or of the database.
+var ErrLocked = errors.New("another daemon is running on this root or database")
+
+// lockDaemon takes the locks of a daemon on root whose database is db:
+// root's (lockRoot) and, when db is not in root, db's own (the file
+// db + ".lock" beside it). Two daemons on two roots must not share a
+// database either: each would reconcile the other's records against its
+// own pool. The locks go with the returned files, and with the process.
+func lockDaemon(root, db string) ([]*os.File, error) {
+	rl, err := lockRoot(root)
+	if err != nil {
+		return nil, err
+	}
+	if filepath.Dir(filepath.Clean(db)) == filepath.Clean(root) {
+		return []*os.File{rl}, nil
+	}
+	dl, err := lockPath(db + ".lock")
+	if err != nil {
+		rl.Close()
+		return nil, err
+	}
+	return []*os.File{rl, dl}, nil
+}
 
 // lockRoot takes the exclusive lock of root (created 0700 if missing) at
 // once or fails naming the lock file and the holder's pid. The lock goes
@@ -27,7 +48,13 @@ func lockRoot(root string) (*os.File, error) {
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, fmt.Errorf("lock %s: %w", root, err)
 	}
-	path := filepath.Join(root, LockFileName)
+	return lockPath(filepath.Join(root, LockFileName))
+}
+
+// lockPath takes the exclusive lock (flock) of the file at path, made if
+// missing, at once or fails naming it and the holder's pid, and writes
+// the process's pid into it.
+func lockPath(path string) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("lock %s: %w", path, err)

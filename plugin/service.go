@@ -52,8 +52,9 @@ type Service struct {
 	// the snapshotter's and the pipelines' metrics; made on first use.
 	metrics     *metrics.Metrics
 	metricsOnce sync.Once
-	// lock is the single-instance lock of daemon.root_dir (lockRoot).
-	lock *os.File
+	// locks are the single-instance locks of daemon.root_dir and of the
+	// database (lockDaemon).
+	locks []*os.File
 	// gcMetrics counts image garbage collection once StartFetcher has run.
 	gcMetrics *metrics.GC
 	// poolEvents counts low-water events and growth once StartFetcher has
@@ -90,11 +91,12 @@ func (s *Service) metricsRegistry() *metrics.Metrics {
 	return s.metrics
 }
 
-// Open validates cfg, takes the single-instance lock of daemon.root_dir
-// (LockFileName; ErrLocked, naming the holder's pid, if another process
-// has it), opens the database read-write (migrating it), opens
-// or creates the thin pool and builds the snapshotter, which reconciles the
-// database with the pool before Open returns. On error everything opened so
+// Open validates cfg, takes the single-instance locks of daemon.root_dir
+// (LockFileName) and, when it is elsewhere, of the database (ErrLocked,
+// naming the lock and the holder's pid, if another process has one),
+// opens the database read-write (migrating it), opens or creates the thin
+// pool and builds the snapshotter, which reconciles the database with the
+// pool before Open returns. On error everything opened so
 // far is closed again.
 func Open(ctx context.Context, cfg *Config) (_ *Service, err error) {
 	if err := cfg.Validate(); err != nil {
@@ -115,7 +117,7 @@ func Open(ctx context.Context, cfg *Config) (_ *Service, err error) {
 	l := log.G(ctx).WithField("db", cfg.Metadata.Path).WithField("pool", cfg.Pool.Name).WithField("gzip_inflater", inflater)
 	// Before anything is opened for writing: a second daemon on the same
 	// root would reconcile and resume the first one's work under it.
-	if s.lock, err = lockRoot(cfg.Daemon.RootDir); err != nil {
+	if s.locks, err = lockDaemon(cfg.Daemon.RootDir, cfg.Metadata.Path); err != nil {
 		return nil, fmt.Errorf("open service: %w", err)
 	}
 	if s.DB, err = metadata.Open(ctx, cfg.MetadataOptions(false)); err != nil {
@@ -157,9 +159,9 @@ func (s *Service) Close() error {
 		}
 		s.DB = nil
 	}
-	if s.lock != nil {
-		s.lock.Close() // releases the lock; the file stays for the next owner
-		s.lock = nil
+	for _, l := range s.locks {
+		l.Close() // releases the lock; the file stays for the next owner
 	}
+	s.locks = nil
 	return errors.Join(errs...)
 }

@@ -17,8 +17,9 @@ import (
 )
 
 const serveDescription = `
-Runs the daemon: takes the lock of daemon.root_dir (daemon.lock; a second
-daemon on the same root exits at once naming the holder's pid), opens
+Runs the daemon: takes the lock of daemon.root_dir (daemon.lock), and of
+metadata.path when it is outside that root (its name + ".lock"); a second
+daemon on the same root or database exits at once naming the holder's pid. It opens
 (migrating) the metadata database, opens the thin pool
 (creating loop-file-backed pool files under pool.root_dir on the first start
 when no devices are configured), reconciles the database with the pool, and
