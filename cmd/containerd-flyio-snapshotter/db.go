@@ -174,12 +174,22 @@ status is the same, with nothing on stderr.`)
 	}
 	d, err := openDB(ctx, true)
 	if err != nil {
-		// A ledger the open refuses is a check result, not a usage error.
-		if errors.Is(err, metadata.ErrLedgerMismatch) {
-			if format.JSON() {
-				path, _ := dbPath() // openDB read it
-				return writeCheckJSON(checkJSON{DB: path, Problems: []string{"ledger: " + err.Error()}})
+		ledger := errors.Is(err, metadata.ErrLedgerMismatch)
+		if format.JSON() {
+			// A database the open refuses (a damaged file, a ledger
+			// that does not match) is a check result: in the JSON.
+			path, perr := dbPath()
+			if perr != nil {
+				return perr // the configuration, not the database
 			}
+			problem := "open: " + err.Error()
+			if ledger {
+				problem = "ledger: " + err.Error()
+			}
+			return writeCheckJSON(checkJSON{DB: path, Problems: []string{problem}})
+		}
+		// A ledger the open refuses is a check result, not a usage error.
+		if ledger {
 			fmt.Printf("PROBLEM ledger: %v\n", err)
 			return &cli.ExitError{Code: 1, Msg: "1 problem found"}
 		}
