@@ -62,8 +62,10 @@ func runActivate(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stdout, "active %s: snapshot %s on device %s, origin device %d\n",
-		pos[0], res.SnapshotName, res.DevicePath, res.OriginDevice)
+	if _, err := fmt.Fprintf(os.Stdout, "active %s: snapshot %s on device %s, origin device %d\n",
+		pos[0], res.SnapshotName, res.DevicePath, res.OriginDevice); err != nil {
+		return fmt.Errorf("%s active, but writing the result failed: %w", pos[0], err)
+	}
 	return nil
 }
 

@@ -164,7 +164,9 @@ func runPull(ctx context.Context, args []string) error {
 	if err != nil {
 		return refusedAsUsage(fs, name, err)
 	}
-	printPullResult(os.Stdout, os.Stderr, res, time.Since(start))
+	if err := printPullResult(os.Stdout, os.Stderr, res, time.Since(start)); err != nil {
+		return fmt.Errorf("pull of %s done, but writing its result failed: %w", res.Ref, err)
+	}
 	return nil
 }
 
@@ -250,12 +252,13 @@ func parseImageArg(arg string) (bucket, key string, err error) {
 func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 
 // printPullResult prints r on w, its one result line, and on notes what
-// the operator should know of it.
-func printPullResult(w, notes io.Writer, r *api.PullResult, took time.Duration) {
-	fmt.Fprintf(w, "pulled %s: %d layer(s), top chain %s, snapshot %s (%s), downloaded %d, unpacked %d, %s\n",
+// the operator should know of it. The error is the result line's write's.
+func printPullResult(w, notes io.Writer, r *api.PullResult, took time.Duration) error {
+	_, err := fmt.Fprintf(w, "pulled %s: %d layer(s), top chain %s, snapshot %s (%s), downloaded %d, unpacked %d, %s\n",
 		r.Ref, len(r.Layers), r.TopChainID, r.Snapshot.SnapshotName, r.Snapshot.DevicePath, r.Downloaded, r.Unpacked,
 		took.Round(time.Millisecond))
 	if r.Snapshot.RegisterPending {
 		fmt.Fprintf(notes, "%s is not in containerd yet (its socket was absent): the daemon registers it once containerd answers\n", r.Ref)
 	}
+	return err
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 )
@@ -72,7 +73,9 @@ func runRm(ctx context.Context, args []string) error {
 		return nil
 	}
 	for _, r := range removed {
-		fmt.Fprintf(os.Stdout, "removed %s (%s, names %v): %d bytes of pool data freed\n", r.ImageID, r.Source, r.Names, r.Freed)
+		if _, werr := fmt.Fprintf(os.Stdout, "removed %s (%s, names %v): %d bytes of pool data freed\n", r.ImageID, r.Source, r.Names, r.Freed); werr != nil {
+			return errors.Join(err, fmt.Errorf("writing the images removed failed: %w", werr))
+		}
 	}
 	return err
 }
