@@ -34,6 +34,9 @@ type layerProgress struct {
 	// layer below it is in place).
 	extracted      int64
 	extractedFiles int
+	// changed orders the layers by their last change of step (higher:
+	// later), to choose what a terminal too short for all of them shows.
+	changed int
 }
 
 // progress renders a pull's events: on a terminal one line per layer,
@@ -52,6 +55,12 @@ type progress struct {
 	// cols is the terminal's width in columns, read at each redraw (the
 	// terminal may be resized); 0 or nil: unknown, lines are not fitted.
 	cols func() int
+	// rows is the terminal's height, read at each redraw like cols: a
+	// redraw writes fewer lines than it has, since moving the cursor up
+	// stops at the top of the screen. 0 or nil: unknown.
+	rows func() int
+	// changes counts the changes of step, for layerProgress.changed.
+	changes int
 }
 
 func newProgress(w io.Writer, tty bool) *progress {
@@ -81,6 +90,8 @@ func (p *progress) event(e api.Event) {
 		// until an event says so.
 		l.total = 0
 		l.fsm, l.state, l.since, l.sinceBytes = e.FSM, e.State, now, e.Bytes
+		p.changes++
+		l.changed = p.changes
 	}
 	l.bytes, l.files = e.Bytes, e.Files
 	if e.Total > 0 {
@@ -149,12 +160,39 @@ func (p *progress) redraw(now time.Time) {
 	if p.cols != nil {
 		width = p.cols()
 	}
+	lines := len(ids)
+	if p.rows != nil {
+		if room := p.rows() - 1; room > 0 && len(ids) > room {
+			// Too many layers for the terminal: the ones whose step
+			// changed last, under a line counting the others.
+			recent := append([]int(nil), ids...)
+			sort.Slice(recent, func(i, j int) bool { return p.byID[recent[i]].changed > p.byID[recent[j]].changed })
+			keep := map[int]bool{}
+			for _, id := range recent[:max(room-1, 1)] {
+				keep[id] = true
+			}
+			shown := ids[:0]
+			for _, id := range ids {
+				if keep[id] {
+					shown = append(shown, id)
+				}
+			}
+			lines = len(shown)
+			if room > 1 {
+				b.WriteString("\r\033[K")
+				b.WriteString(fitLine(fmt.Sprintf("(%d more layers)", len(ids)-len(shown)), width))
+				b.WriteByte('\n')
+				lines++
+			}
+			ids = shown
+		}
+	}
 	for _, id := range ids {
 		b.WriteString("\r\033[K")
 		b.WriteString(fitLine(p.line(id, p.byID[id], now), width))
 		b.WriteByte('\n')
 	}
-	p.drawn, p.lastDraw = len(ids), now
+	p.drawn, p.lastDraw = lines, now
 	io.WriteString(p.w, b.String())
 }
 

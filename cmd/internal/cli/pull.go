@@ -116,6 +116,16 @@ func terminalCols(f *os.File) int {
 	return int(ws.Col)
 }
 
+// terminalRows returns the height in rows of the terminal f is, or 0 when
+// it cannot be read.
+func terminalRows(f *os.File) int {
+	ws, err := unix.IoctlGetWinsize(int(f.Fd()), unix.TIOCGWINSZ)
+	if err != nil {
+		return 0
+	}
+	return int(ws.Row)
+}
+
 func runPull(ctx context.Context, args []string) error {
 	fs := NewFlagSet("pull", "pull s3://BUCKET/KEY-or-PREFIX|PATH [--name REF [--replace]] [--namespace NS]... [--refresh|--cached] [--format table|json] [--config FILE] [--control-socket PATH]", pullDescription)
 	AddConfigFlags(fs)
@@ -159,6 +169,7 @@ func runPull(ctx context.Context, args []string) error {
 	start := time.Now()
 	pr := newProgress(os.Stderr, isTerminal(os.Stderr))
 	pr.cols = func() int { return terminalCols(os.Stderr) }
+	pr.rows = func() int { return terminalRows(os.Stderr) }
 	res, err := c.Pull(ctx, req, pr.event)
 	pr.finish()
 	if err != nil {
