@@ -144,16 +144,20 @@ version this binary embeds.`)
 		return cli.WriteJSON(os.Stdout, migrateJSON{DB: d.Path(), From: res.From, To: res.To, Applied: applied, Backup: res.Backup})
 	}
 	if len(res.Applied) == 0 {
-		fmt.Printf("%s: schema at version %d; nothing to do\n", d.Path(), res.To)
-		return nil
+		_, err := fmt.Printf("%s: schema at version %d; nothing to do\n", d.Path(), res.To)
+		return err
 	}
 	applied := make([]string, len(res.Applied))
 	for i, v := range res.Applied {
 		applied[i] = strconv.Itoa(v)
 	}
-	fmt.Printf("%s: migrated from version %d to %d (applied %s)\n", d.Path(), res.From, res.To, strings.Join(applied, ", "))
+	if _, err := fmt.Printf("%s: migrated from version %d to %d (applied %s)\n", d.Path(), res.From, res.To, strings.Join(applied, ", ")); err != nil {
+		return err
+	}
 	if res.Backup != "" {
-		fmt.Printf("copy before migrating: %s\n", res.Backup)
+		if _, err := fmt.Printf("copy before migrating: %s\n", res.Backup); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -205,13 +209,15 @@ status is the same, with nothing on stderr.`)
 		return writeCheckJSON(checkJSON{DB: d.Path(), OK: rep.OK(), SchemaVersion: rep.SchemaVersion, Problems: problems})
 	}
 	for _, p := range rep.Problems {
-		fmt.Printf("PROBLEM %s\n", p)
+		if _, err := fmt.Printf("PROBLEM %s\n", p); err != nil {
+			return err
+		}
 	}
 	if !rep.OK() {
 		return &cli.ExitError{Code: 1, Msg: fmt.Sprintf("%d problem(s) found in %s", len(rep.Problems), d.Path())}
 	}
-	fmt.Printf("ok: %s passes integrity_check and foreign_key_check; ledger verified at version %d\n", d.Path(), rep.SchemaVersion)
-	return nil
+	_, err = fmt.Printf("ok: %s passes integrity_check and foreign_key_check; ledger verified at version %d\n", d.Path(), rep.SchemaVersion)
+	return err
 }
 
 func runDBBackup(ctx context.Context, args []string) error {
@@ -259,8 +265,8 @@ DEST must not exist unless --force is given.`)
 	if format.JSON() {
 		return cli.WriteJSON(os.Stdout, backupJSON{DB: d.Path(), Dest: dest, Bytes: st.Size()})
 	}
-	fmt.Printf("backed up %s to %s (%d bytes)\n", d.Path(), dest, st.Size())
-	return nil
+	_, err = fmt.Printf("backed up %s to %s (%d bytes)\n", d.Path(), dest, st.Size())
+	return err
 }
 
 // migrateJSON is what `db migrate --format json` prints.

@@ -110,9 +110,9 @@ func runValidate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	if rep.HasRootfs {
 		rootfs = "rootfs/ folder (stripped at extraction)"
 	}
-	fmt.Fprintf(stdout, "%s: ok: %d entries (%d files, %d dirs, %d symlinks, %d hard links, %d whiteouts), %d bytes of files, %s; %s, diff ID %s\n",
+	_, err = fmt.Fprintf(stdout, "%s: ok: %d entries (%d files, %d dirs, %d symlinks, %d hard links, %d whiteouts), %d bytes of files, %s; %s, diff ID %s\n",
 		shown, rep.Entries, rep.Files, rep.Dirs, rep.Symlinks, rep.Hardlinks, rep.Whiteouts, rep.TotalBytes, rootfs, rep.Compression, rep.DiffID)
-	return nil
+	return err
 }
 
 // validateJSON is what `validate --format json` prints. The file's name is
