@@ -55,7 +55,9 @@ func DefaultConfig() Config {
 // without its end-of-archive marker (tarball.Limits.AllowMissingEndMarker),
 // as estargz's zstd:chunked layers do: containerd's content store has
 // checked the blob against its digest, so a blob cut short never reaches
-// the differ. The extended attribute limits are tarball's defaults,
+// the differ. Bytes after the end-of-archive marker are read and hashed
+// into the diff ID, whatever they are (tarball.Limits.AllowTrailingData),
+// as containerd's applier reads and hashes them. The extended attribute limits are tarball's defaults,
 // Linux's own bounds.
 func (c Config) Limits() tarball.Limits {
 	return tarball.Limits{
@@ -68,6 +70,7 @@ func (c Config) Limits() tarball.Limits {
 		LowerSymlinks:         true,
 		RootRelativeNames:     true,
 		AllowMissingEndMarker: true,
+		AllowTrailingData:     true,
 	}
 }
 

@@ -125,6 +125,13 @@ type Limits struct {
 	// whose bytes are known whole otherwise, such as a blob checked
 	// against its digest.
 	AllowMissingEndMarker bool
+	// AllowTrailingData accepts any bytes after the end-of-archive
+	// marker, as containerd's applier does: it reads the stream to its
+	// end once archive/tar has found the marker, and hashes what it reads
+	// into the diff ID, as the extraction then does too. Without it, only
+	// zeros are accepted there, at most MaxPadding (ErrTrailingData). The
+	// stream's length stays bounded by the limits (ErrStreamTooLong).
+	AllowTrailingData bool
 }
 
 func (l Limits) withDefaults() Limits {

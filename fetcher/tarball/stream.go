@@ -215,6 +215,9 @@ type stream struct {
 	// noMarker accepts an archive ending at an entry's end without the
 	// end-of-archive marker (Limits.AllowMissingEndMarker).
 	noMarker bool
+	// trailing accepts any bytes after the marker
+	// (Limits.AllowTrailingData).
+	trailing bool
 }
 
 // hashing says which tar streams newStream hashes (diffID).
@@ -238,7 +241,7 @@ const (
 func newStream(ctx context.Context, r io.Reader, limits Limits, hash hashing, tee io.Writer, gzipCommand string) *stream {
 	src := &source{r: r}
 	br := bufio.NewReaderSize(src, readBufferSize)
-	s := &stream{ctx: ctx, raw: br, noMarker: limits.AllowMissingEndMarker}
+	s := &stream{ctx: ctx, raw: br, noMarker: limits.AllowMissingEndMarker, trailing: limits.AllowTrailingData}
 	magic, _ := br.Peek(6)
 	var tarBytes io.Reader = br
 	switch {
@@ -349,7 +352,7 @@ func (s *stream) close() {
 
 // drain reads what follows the end-of-archive marker: padding to the
 // writer's record size, at most MaxPadding bytes of zeros (ErrTrailingData
-// otherwise), so that the diff ID covers the whole stream and a compressed
+// otherwise; anything, with Limits.AllowTrailingData), so that the diff ID covers the whole stream and a compressed
 // stream's own end (gzip's checksum) is checked. For a compressed layer it
 // then checks that nothing follows the compressed data either, so that a
 // nil error means r was read to its end.
@@ -361,11 +364,11 @@ func (s *stream) drain() error {
 			return err
 		}
 		n, err := s.cnt.Read(buf)
-		if i := nonZero(buf[:n]); i >= 0 {
+		if i := nonZero(buf[:n]); i >= 0 && !s.trailing {
 			off := s.cnt.n - int64(n) + int64(i)
 			return reject(s.cur, ErrTrailingData, "a byte that is not zero at offset %d, %d bytes after the marker", off, off-end)
 		}
-		if s.cnt.n-end > MaxPadding {
+		if !s.trailing && s.cnt.n-end > MaxPadding {
 			return reject(s.cur, ErrTrailingData, "more than %d bytes of padding", MaxPadding)
 		}
 		if err == io.EOF {
