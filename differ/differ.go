@@ -10,6 +10,7 @@
 package differ
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -48,7 +49,9 @@ type Applier struct {
 
 // layerTypes are the media types Apply takes: a tar layer, plain, gzip or
 // zstd, in OCI's and Docker's names. What the bytes are is told by their
-// first bytes, as for S3 layers; the name only has to be one of these. An
+// first bytes, as for S3 layers, and as containerd's applier tells them
+// for every type but OCI's plain ones, whose bytes it reads as a tar
+// stream: compressed bytes under those are refused, as it refuses them. An
 // encrypted layer, or any other wrapped type, is not.
 var layerTypes = map[string]bool{
 	ocispec.MediaTypeImageLayer:                     true,
@@ -108,7 +111,17 @@ func (a *Applier) Apply(ctx context.Context, desc ocispec.Descriptor, mounts []m
 	// would cost as much again as the diff ID's hash.
 	var r io.Reader = io.NewSectionReader(ra, 0, ra.Size())
 	var rawHash hash.Hash
-	if comp, err := images.DiffCompression(ctx, desc.MediaType); err == nil && (comp == "" || comp == "unknown") {
+	comp, err := images.DiffCompression(ctx, desc.MediaType)
+	if err == nil && comp == "" {
+		// OCI's plain types: containerd's applier reads the bytes as a
+		// tar stream as they are, so compressed bytes are no tar layer.
+		var magic [4]byte
+		n, _ := ra.ReadAt(magic[:], 0)
+		if bytes.HasPrefix(magic[:n], []byte{0x1f, 0x8b}) || bytes.HasPrefix(magic[:n], []byte{0x28, 0xb5, 0x2f, 0xfd}) {
+			return ocispec.Descriptor{}, fmt.Errorf("apply layer %s: media type %q says a plain tar, but the blob is compressed: %w", desc.Digest, desc.MediaType, errdefs.ErrInvalidArgument)
+		}
+	}
+	if err == nil && (comp == "" || comp == "unknown") {
 		rawHash = sha256.New()
 		r = io.TeeReader(r, rawHash)
 	}
