@@ -37,7 +37,14 @@ var sizeUnits = map[string]int64{
 	"tib": 1 << 40,
 }
 
-var decimalRE = regexp.MustCompile(`^[0-9][0-9_]*(\.[0-9]+)?$`)
+// decimalRE is a decimal number; an underscore sits between two digits of
+// its whole part, as in a TOML integer.
+var decimalRE = regexp.MustCompile(`^[0-9]+(_[0-9]+)*(\.[0-9]+)?$`)
+
+// octalRE is a C-style octal integer (a leading zero), which strconv reads
+// with base 0 but TOML has not: such a size is read as a decimal, as it is
+// with a unit.
+var octalRE = regexp.MustCompile(`^[+-]?0[0-9_]`)
 
 // ParseSize parses a size written as described on Size. Integer literals
 // may use underscores and 0x/0o/0b prefixes, as TOML integers do.
@@ -46,7 +53,7 @@ func ParseSize(s string) (Size, error) {
 	if t == "" {
 		return 0, fmt.Errorf("size %q: empty; write bytes as an integer or a number with a unit such as \"64KiB\" or \"10GiB\"", s)
 	}
-	if n, err := strconv.ParseInt(t, 0, 64); err == nil {
+	if n, err := strconv.ParseInt(t, 0, 64); err == nil && !octalRE.MatchString(t) {
 		if n < 0 {
 			return 0, fmt.Errorf("size %q: must not be negative", s)
 		}
