@@ -434,8 +434,27 @@ func (d *DB) applyMigration(ctx context.Context, m Migration) (applied bool, err
 // copy is either complete or absent.
 func (d *DB) backupBeforeMigration(ctx context.Context, next int) (string, error) {
 	dest := fmt.Sprintf("%s.pre-v%d", d.path, next)
-	if err := d.Backup(ctx, dest); err != nil {
+	// Another process may have migrated since this one read the ledger
+	// (it waited for the write lock meanwhile): its own copy, taken
+	// before it migrated, is the one of version next-1, and a copy of the
+	// migrated database must not take its place.
+	kept, err := d.backup(ctx, dest, func(c *sql.Conn, tmp string) (bool, error) {
+		if _, err := c.ExecContext(ctx, `ATTACH DATABASE ? AS copy`, tmp); err != nil {
+			return false, err
+		}
+		defer c.ExecContext(context.WithoutCancel(ctx), `DETACH DATABASE copy`) //nolint:errcheck // the connection is dropped on failure
+		var v int
+		if err := c.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM copy.schema_migrations`).Scan(&v); err != nil {
+			return false, err
+		}
+		return v == next-1, nil
+	})
+	if err != nil {
 		return "", fmt.Errorf("metadata: copy before migrating to version %d: %w", next, err)
+	}
+	if !kept {
+		log.G(ctx).WithField("db", d.path).WithField("backup", dest).Info("metadata: another process migrated the database meanwhile; its copy stays")
+		return "", nil
 	}
 	log.G(ctx).WithField("db", d.path).WithField("backup", dest).Info("metadata: copied database before migrating")
 	return dest, nil
@@ -447,48 +466,69 @@ func (d *DB) backupBeforeMigration(ctx context.Context, next int) (string, error
 // dest, synced and renamed over dest, so dest is never half written. An
 // existing dest is replaced.
 func (d *DB) Backup(ctx context.Context, dest string) error {
+	_, err := d.backup(ctx, dest, nil)
+	return err
+}
+
+// backup is Backup; when keep is not nil, it is asked, on the connection
+// that wrote it, whether the copy written to tmp is to replace dest, and
+// the copy is dropped unless it says so.
+func (d *DB) backup(ctx context.Context, dest string, keep func(c *sql.Conn, tmp string) (bool, error)) (bool, error) {
 	// VACUUM INTO accepts an existing empty file: a unique empty temporary
 	// file keeps concurrent backups to the same dest apart.
 	f, err := os.CreateTemp(filepath.Dir(dest), filepath.Base(dest)+".tmp-*")
 	if err != nil {
-		return fmt.Errorf("metadata: backup of %s to %s: %w", d.path, dest, err)
+		return false, fmt.Errorf("metadata: backup of %s to %s: %w", d.path, dest, err)
 	}
 	tmp := f.Name()
 	f.Close()
-	if err := d.vacuumInto(ctx, tmp); err != nil {
+	ok, err := d.vacuumInto(ctx, tmp, keep)
+	if err != nil || !ok {
 		_ = os.Remove(tmp)
-		return fmt.Errorf("metadata: backup of %s to %s: %w", d.path, dest, err)
+		if err != nil {
+			return false, fmt.Errorf("metadata: backup of %s to %s: %w", d.path, dest, err)
+		}
+		return false, nil
 	}
 	if err := syncFile(tmp); err != nil {
 		_ = os.Remove(tmp)
-		return fmt.Errorf("metadata: backup of %s to %s: %w", d.path, dest, err)
+		return false, fmt.Errorf("metadata: backup of %s to %s: %w", d.path, dest, err)
 	}
 	if err := os.Rename(tmp, dest); err != nil {
 		_ = os.Remove(tmp)
-		return fmt.Errorf("metadata: backup of %s to %s: %w", d.path, dest, err)
+		return false, fmt.Errorf("metadata: backup of %s to %s: %w", d.path, dest, err)
 	}
 	_ = syncFile(filepath.Dir(dest))
-	return nil
+	return true, nil
 }
 
-// vacuumInto runs VACUUM INTO dest on one connection. On a read-only DB the
+// vacuumInto runs VACUUM INTO dest on one connection, then asks keep (if
+// not nil) on that connection whether the copy is to be kept. On a read-only DB the
 // connection's query_only guard is lifted for that statement (mode=ro still
 // forbids writing the database itself) and the connection is discarded
 // afterwards, so no pooled connection is left writable.
-func (d *DB) vacuumInto(ctx context.Context, dest string) error {
+func (d *DB) vacuumInto(ctx context.Context, dest string, keep func(c *sql.Conn, tmp string) (bool, error)) (bool, error) {
 	c, err := d.db.Conn(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer c.Close()
 	if d.readOnly {
 		defer c.Raw(func(any) error { return driver.ErrBadConn })
 		if _, err := c.ExecContext(ctx, `PRAGMA query_only = 0`); err != nil {
-			return err
+			return false, err
 		}
 	}
-	_, err = c.ExecContext(ctx, `VACUUM INTO ?`, dest)
-	return err
+	if _, err = c.ExecContext(ctx, `VACUUM INTO ?`, dest); err != nil || keep == nil {
+		return err == nil, err
+	}
+	ok, err := keep(c, dest)
+	if err != nil {
+		// Whatever the connection was left with (an attached copy), it
+		// goes.
+		c.Raw(func(any) error { return driver.ErrBadConn }) //nolint:errcheck // the connection is dropped
+	}
+	return ok, err
 }
 
 func syncFile(p string) error {
