@@ -38,11 +38,12 @@ const (
 )
 
 // imageState derives an image's overall state: failed when its last pull
-// failed; otherwise active when it has an activation; unpacked when it was
-// pulled; pending otherwise.
-func imageState(downloadStatus, activationStatus string) string {
+// failed (a failure is recorded: the views' statuses say so only when no
+// activation of an earlier pull is left); otherwise active when it has an
+// activation; unpacked when it was pulled; pending otherwise.
+func imageState(downloadStatus, activationStatus, failureReason string) string {
 	switch {
-	case downloadStatus == DownloadFailed || activationStatus == ActivationFailed:
+	case failureReason != "" || downloadStatus == DownloadFailed || activationStatus == ActivationFailed:
 		return ImageStateFailed
 	case activationStatus == ActivationActive:
 		return ImageStateActive
@@ -137,7 +138,7 @@ func Images(ctx context.Context, db *metadata.DB) ([]Image, error) {
 		if used.Valid {
 			v.LastUsedAt = time.Unix(0, used.Int64).UTC()
 		}
-		v.State = imageState(v.DownloadStatus, v.ActivationStatus)
+		v.State = imageState(v.DownloadStatus, v.ActivationStatus, v.FailureReason)
 		v.Names = []string{}
 		if names != "" {
 			v.Names = strings.Split(names, "\n")
