@@ -131,7 +131,12 @@ func D(d time.Duration) Duration { return Duration{d} }
 
 // UnmarshalText implements encoding.TextUnmarshaler.
 func (d *Duration) UnmarshalText(b []byte) error {
-	v, err := time.ParseDuration(strings.TrimSpace(string(b)))
+	t := strings.TrimSpace(string(b))
+	v, err := time.ParseDuration(t)
+	if err == nil && strings.Trim(t, "+-0123456789") == "" {
+		// time.ParseDuration takes "0" (signed or not) without a unit.
+		err = fmt.Errorf("no unit")
+	}
 	if err != nil {
 		return fmt.Errorf("duration %q: not a Go duration; write it as a string with a unit such as \"90s\", \"30m\" or \"1h\"", string(b))
 	}
