@@ -270,7 +270,7 @@ func (d *DB) verifyLedger(ctx context.Context, allowNewer bool) (int, error) {
 		if errors.Is(err, ErrSchemaTooNew) {
 			// The way back from an upgrade is the copy the newer binary
 			// took before it migrated past what this one embeds.
-			return 0, fmt.Errorf("metadata: refusing database %s: %w; to go back to this binary, stop the daemon and restore %s.pre-v%d (the copy taken before the upgrade migrated it)", d.path, err, d.path, len(embedded())+1)
+			return 0, fmt.Errorf("metadata: refusing database %s: %w; to go back to this binary, stop the daemon and restore %s (the copy taken before the upgrade migrated it)", d.path, err, d.wayBack())
 		}
 		return 0, fmt.Errorf("metadata: refusing database %s: %w", d.path, err)
 	}
@@ -278,6 +278,21 @@ func (d *DB) verifyLedger(ctx context.Context, allowNewer bool) (int, error) {
 		return 0, nil
 	}
 	return rows[len(rows)-1].Version, nil
+}
+
+// wayBack is the copy a newer binary took before it migrated the database
+// past this binary's migrations: <path>.pre-v<N> of the highest N at most
+// one past them that exists (a database migrated from an older version
+// was copied under that version's number), or the one past them when
+// none does.
+func (d *DB) wayBack() string {
+	for n := len(embedded()) + 1; n >= 1; n-- {
+		p := fmt.Sprintf("%s.pre-v%d", d.path, n)
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return fmt.Sprintf("%s.pre-v%d", d.path, len(embedded())+1)
 }
 
 // Ledger returns the rows of schema_migrations (empty for a new database).
