@@ -489,6 +489,11 @@ func (d *DB) Backup(ctx context.Context, dest string) error {
 // that wrote it, whether the copy written to tmp is to replace dest, and
 // the copy is dropped unless it says so.
 func (d *DB) backup(ctx context.Context, dest string, keep func(c *sql.Conn, tmp string) (bool, error)) (bool, error) {
+	if own := d.ownFile(dest); own != "" {
+		// Renamed over the live file, the copy would take the place of a
+		// database its writers and its write-ahead log go on with.
+		return false, fmt.Errorf("metadata: backup of %s to %s: the destination is the database's own file %s; write the copy elsewhere", d.path, dest, own)
+	}
 	// VACUUM INTO accepts an existing empty file: a unique empty temporary
 	// file keeps concurrent backups to the same dest apart.
 	f, err := os.CreateTemp(filepath.Dir(dest), filepath.Base(dest)+".tmp-*")
@@ -515,6 +520,30 @@ func (d *DB) backup(ctx context.Context, dest string, keep func(c *sql.Conn, tmp
 	}
 	_ = syncFile(filepath.Dir(dest))
 	return true, nil
+}
+
+// ownFile is the file of the database (the database, its write-ahead log,
+// its shared memory or its journal) that dest names, by its path or as the
+// same file under another name; "" when dest is none of them.
+func (d *DB) ownFile(dest string) string {
+	abs := func(p string) string {
+		a, err := filepath.Abs(p)
+		if err != nil {
+			return filepath.Clean(p)
+		}
+		return a
+	}
+	dst, derr := os.Stat(dest)
+	for _, suffix := range []string{"", "-wal", "-shm", "-journal"} {
+		own := d.path + suffix
+		if abs(own) == abs(dest) {
+			return own
+		}
+		if st, err := os.Stat(own); derr == nil && err == nil && os.SameFile(st, dst) {
+			return own
+		}
+	}
+	return ""
 }
 
 // vacuumInto runs VACUUM INTO dest on one connection, then asks keep (if
