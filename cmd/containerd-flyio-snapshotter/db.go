@@ -89,6 +89,38 @@ func openDB(ctx context.Context, readOnly bool) (*metadata.DB, error) {
 	return openDBTo(ctx, readOnly, 0)
 }
 
+// openRecordsToChange opens read-write, for a command that changes a
+// daemon's records, a database that exists and is at this binary's schema
+// version. Such a command neither makes a new database where a mistyped
+// path points nor migrates one that its daemon, of an older version, may
+// still be using; either is refused with exit status 1.
+func openRecordsToChange(ctx context.Context) (*metadata.DB, error) {
+	path, err := dbPath()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(path); err != nil {
+		return nil, &cli.ExitError{Code: 1, Msg: fmt.Sprintf("database %s: %v (this command changes the records of an existing database: give its --db or --config)", path, err)}
+	}
+	ro, err := openDB(ctx, true)
+	if err != nil {
+		return nil, err
+	}
+	ledger, err := ro.Ledger(ctx)
+	ro.Close()
+	if err != nil {
+		return nil, err
+	}
+	if v := len(ledger); v == 0 || ledger[v-1].Version != metadata.LatestVersion() {
+		at := 0
+		if v > 0 {
+			at = ledger[v-1].Version
+		}
+		return nil, &cli.ExitError{Code: 1, Msg: fmt.Sprintf("database %s is at schema version %d, this binary's is %d: run the command with the daemon's own binary, or migrate the database first (db migrate, with the daemon stopped)", path, at, metadata.LatestVersion())}
+	}
+	return openDB(ctx, false)
+}
+
 // openDBTo is openDB with a migration target for a read-write open (0: the
 // latest version).
 func openDBTo(ctx context.Context, readOnly bool, migrateTo int) (*metadata.DB, error) {

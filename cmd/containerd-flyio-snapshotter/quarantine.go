@@ -155,16 +155,16 @@ id was not changed.`)
 	if err != nil {
 		return err
 	}
+	db, err := openRecordsToChange(ctx)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
 	pool, err := openActivePool(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	db, err := openDB(ctx, false)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
 	failed := 0
 	results := make([]quarantineChangeJSON, 0, len(ids))
 	for _, id := range ids {
