@@ -720,6 +720,11 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 		} else if ok {
 			return fmt.Errorf("commit %q as %q: %w", key, name, errdefs.ErrAlreadyExists)
 		}
+		if reserved, err := q.keyReserved(fctx, name); err != nil {
+			return err
+		} else if reserved {
+			return fmt.Errorf("commit %q as %q: snapshot %q is being created: %w", key, name, name, errdefs.ErrAlreadyExists)
+		}
 		if err := q.commitSnapshot(fctx, r.ID, name, base.Labels, nowNs(), size, 0); err != nil {
 			return err
 		}
