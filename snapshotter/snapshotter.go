@@ -136,6 +136,18 @@ func InfoOf(r CDSnapshot) snapshots.Info {
 	}
 }
 
+// withoutEmpty returns the labels of m that have a value: as in
+// containerd's own snapshotters (and Update here), a label given with an
+// empty value is no label. m itself is left alone.
+func withoutEmpty(m map[string]string) map[string]string {
+	if m == nil {
+		return nil
+	}
+	out := maps.Clone(m)
+	maps.DeleteFunc(out, func(_, v string) bool { return v == "" })
+	return out
+}
+
 func validateLabels(m map[string]string) error {
 	for k, v := range m {
 		if err := labels.Validate(k, v); err != nil {
@@ -401,6 +413,7 @@ func (s *Snapshotter) create(ctx context.Context, kind, key, parent string, opts
 	if err := validateLabels(base.Labels); err != nil {
 		return nil, fmt.Errorf("create snapshot %q: %w", key, err)
 	}
+	base.Labels = withoutEmpty(base.Labels)
 	logger := log.G(ctx).WithFields(log.Fields{"key": key, "parent": parent, "kind": kind})
 
 	var baseDev *ThinDevice
@@ -672,6 +685,7 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 	if err := validateLabels(base.Labels); err != nil {
 		return fmt.Errorf("commit %q as %q: %w", key, name, err)
 	}
+	base.Labels = withoutEmpty(base.Labels)
 	r, err := s.get(ctx, key)
 	if err != nil {
 		return fmt.Errorf("commit %q as %q: %w", key, name, err)
