@@ -210,12 +210,15 @@ func (s Records) snapshotOnDevice(ctx context.Context, id uint32) (snap CDSnapsh
 	return snap, true, nil
 }
 
-// refTarget returns the key of a committed snapshot whose parent's key is parentKey ("" for none) and whose label labelKey equals
-// target, or failing that whose key is target; "" when there is none. It is
-// how a Prepare carrying containerd's snapshot.ref label finds a layer that
-// is already there. Both lookups are indexed (for the label, only
-// containerd.io/snapshot.ref has an index), so the cost does not grow with
-// the number of snapshots.
+// refTarget returns the key of a committed snapshot whose parent's key is
+// parentKey ("" for none) and whose label labelKey equals target; "" when
+// there is none. It is how a Prepare carrying containerd's snapshot.ref
+// label finds a layer that is already there. Only the label counts, not a
+// key equal to target: containerd's metadata store takes the Prepare's
+// AlreadyExists as a match and then looks the target up with a Walk on
+// that label and the parent, which must find it. The lookup is indexed
+// (for the label, only containerd.io/snapshot.ref has an index), so the
+// cost does not grow with the number of snapshots.
 func (s Records) refTarget(ctx context.Context, labelKey, target, parentKey string) (string, error) {
 	label, err := labelExpr("s", labelKey)
 	if err != nil {
@@ -235,13 +238,9 @@ func (s Records) refTarget(ctx context.Context, labelKey, target, parentKey stri
 // refTargetSQL is RefTarget's query, label the expression of its label
 // (labelExpr); its parameters are the parent's key and the target.
 func refTargetSQL(label string) string {
-	return `SELECT key FROM (
-		SELECT s.key, 0 AS pref, s.id FROM cd_snapshots s LEFT JOIN cd_snapshots p ON p.id = s.parent_id
+	return `SELECT s.key FROM cd_snapshots s LEFT JOIN cd_snapshots p ON p.id = s.parent_id
 		 WHERE ` + label + ` = ?2 AND s.kind = 'committed' AND s.namespace = '' AND IFNULL(p.key, '') = ?1
-		UNION ALL
-		SELECT s.key, 1 AS pref, s.id FROM cd_snapshots s LEFT JOIN cd_snapshots p ON p.id = s.parent_id
-		 WHERE s.namespace = '' AND s.key = ?2 AND s.kind = 'committed' AND IFNULL(p.key, '') = ?1
-		) ORDER BY pref, id LIMIT 1`
+		 ORDER BY s.id LIMIT 1`
 }
 
 // labelExpr is the SQL expression of label key of the cd_snapshots row

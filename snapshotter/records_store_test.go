@@ -81,7 +81,7 @@ func TestSnapshotRecordsRoundTripAndCommit(t *testing.T) {
 	if c.ParentKey != "sha256:aaa" || c.ParentID != parentID || c.Labels != nil {
 		t.Fatalf("child record = %+v, want parent sha256:aaa and nil labels", c)
 	}
-	// The snapshot.ref lookup: by label first, by name otherwise, same
+	// The snapshot.ref lookup: by label only (containerd then walks by it), same
 	// parent only.
 	const ref = "containerd.io/snapshot.ref"
 	for _, tc := range []struct{ target, parent, want string }{
