@@ -676,6 +676,9 @@ func (s *Snapshotter) Commit(ctx context.Context, name, key string, opts ...snap
 	if err != nil {
 		return err
 	}
+	if name == "" {
+		return fmt.Errorf("commit %q: empty name: %w", key, errdefs.ErrInvalidArgument)
+	}
 	var base snapshots.Info
 	for _, o := range opts {
 		if err := o(&base); err != nil {
