@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -503,12 +504,23 @@ func (p *Pipelines) listLayers(ctx context.Context, req api.PullRequest, source 
 	}
 	ls := make([]api.Layer, len(objs))
 	var total int64
+	over := false
 	for i, o := range objs {
 		ls[i] = api.Layer{Key: o.Key, Size: o.Size, ETag: o.ETag}
+		// Sizes are what the server says: a sum past what an int64
+		// holds is over any limit, not a negative total under it.
+		if o.Size > math.MaxInt64-total {
+			over, total = true, math.MaxInt64
+			continue
+		}
 		total += o.Size
 	}
-	if limit := p.opts.MaxImageSize; limit > 0 && total > limit {
-		return nil, fmt.Errorf("pull %s: %w: %d layer objects of %d bytes together, limit %d", source, ErrImageTooLarge, len(objs), total, limit)
+	if limit := p.opts.MaxImageSize; limit > 0 && (over || total > limit) {
+		sum := fmt.Sprintf("%d bytes", total)
+		if over {
+			sum = "more than 9223372036854775807 bytes"
+		}
+		return nil, fmt.Errorf("pull %s: %w: %d layer objects of %s together, limit %d", source, ErrImageTooLarge, len(objs), sum, limit)
 	}
 	return ls, nil
 }
