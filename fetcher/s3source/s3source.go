@@ -614,10 +614,21 @@ func IfMatch(etag string) OpenOption {
 // ErrChanged: the object's ETag is not the one asked for with IfMatch.
 var ErrChanged = errors.New("object changed since the download started")
 
+// statusOf is the HTTP status of an error answer (0: none).
+func statusOf(err error) int {
+	var re *smithyhttp.ResponseError
+	if errors.As(err, &re) {
+		return re.HTTPStatusCode()
+	}
+	return 0
+}
+
 // Open starts reading key at offset (a ranged GET, "Range: bytes=offset-",
 // when offset > 0), so a download that failed half-way resumes where it
 // stopped. The caller closes the body. If a server ignores the range and
-// sends the whole object, the first offset bytes are skipped here.
+// sends the whole object, the first offset bytes are skipped here. An
+// offset past the object's end (416) is ErrChanged: a caller asks only for
+// bytes it was told the object has.
 func (s *Source) Open(ctx context.Context, key string, offset int64, opts ...OpenOption) (*Body, error) {
 	return s.open(ctx, key, offset, -1, opts...)
 }
@@ -662,6 +673,12 @@ func (s *Source) open(ctx context.Context, key string, offset, length int64, opt
 		if Classify(err) == KindChanged {
 			// S3's 412 on If-Match says the same as an ETag seen to differ.
 			err = fmt.Errorf("%w: %w", ErrChanged, err)
+		} else if in.Range != nil && statusOf(err) == http.StatusRequestedRangeNotSatisfiable {
+			// The callers ask only for bytes the listing says the object
+			// has: a range past its end now is an object overwritten by
+			// a shorter one, from a server that answers the range before
+			// If-Match (S3 would say 412).
+			err = fmt.Errorf("%w: the object no longer has byte %d: %w", ErrChanged, offset, err)
 		}
 		return nil, fmt.Errorf("get s3://%s/%s from offset %d: %w", s.bucket, key, offset, err)
 	}
