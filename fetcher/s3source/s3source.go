@@ -508,6 +508,10 @@ var (
 	// ErrNoContentRange: a ranged GET was answered 206 Partial Content
 	// without a Content-Range header, so nothing says which bytes came.
 	ErrNoContentRange = errors.New("ranged GET answered 206 Partial Content without a Content-Range header, so its bytes cannot be placed in the object")
+	// ErrETagControl: an ETag holding a control character (a line break,
+	// DEL), which no HTTP header may carry, so it could never be sent
+	// back as If-Match.
+	ErrETagControl = errors.New("ETag has a control character, which no If-Match header can carry")
 )
 
 // normalizeETag returns etag in S3's quoted form ("…"): the form S3 lists,
@@ -515,7 +519,8 @@ var (
 // hold, so an ETag recorded from a standard server still equals a fresh
 // listing. Servers that list ETags unquoted (NetApp ONTAP, some Ceph
 // releases) while sending them quoted on GET and HEAD are brought to the
-// same form. Empty stays empty (no ETag); a weak ETag is ErrWeakETag.
+// same form. Empty stays empty (no ETag); a weak ETag is ErrWeakETag, one
+// with a control character ErrETagControl.
 // Every ETag this package reads or sends goes through it.
 func normalizeETag(etag string) (string, error) {
 	etag = strings.TrimSpace(etag)
@@ -523,6 +528,9 @@ func normalizeETag(etag string) (string, error) {
 		return "", fmt.Errorf("ETag %q: %w", etag, ErrWeakETag)
 	}
 	tag := strings.TrimSuffix(strings.TrimPrefix(etag, `"`), `"`)
+	if strings.IndexFunc(tag, unicode.IsControl) >= 0 {
+		return "", fmt.Errorf("ETag %s: %w", strconv.Quote(tag), ErrETagControl)
+	}
 	if tag == "" {
 		return "", nil
 	}
