@@ -508,6 +508,9 @@ var (
 	// ErrNoContentRange: a ranged GET was answered 206 Partial Content
 	// without a Content-Range header, so nothing says which bytes came.
 	ErrNoContentRange = errors.New("ranged GET answered 206 Partial Content without a Content-Range header, so its bytes cannot be placed in the object")
+	// ErrBadContentRange: a ranged GET answered with a Content-Range that
+	// cannot be read, or that places the bytes elsewhere than asked.
+	ErrBadContentRange = errors.New("ranged GET answered with bytes other than the ones asked for")
 	// ErrETagControl: an ETag holding a control character (a line break,
 	// DEL), which no HTTP header may carry, so it could never be sent
 	// back as If-Match.
@@ -725,7 +728,7 @@ func (s *Source) open(ctx context.Context, key string, offset, length int64, opt
 		var start, end, total int64
 		if _, err := fmt.Sscanf(cr, "bytes %d-%d/%d", &start, &end, &total); err != nil || start != offset {
 			out.Body.Close()
-			return nil, fmt.Errorf("get s3://%s/%s from offset %d: unexpected Content-Range %q", s.bucket, key, offset, cr)
+			return nil, fmt.Errorf("get s3://%s/%s from offset %d: unexpected Content-Range %q: %w", s.bucket, key, offset, cr, ErrBadContentRange)
 		}
 		b.Size = total
 	} else {
