@@ -1223,3 +1223,39 @@ func (h *harness) snapshotPresent(keys ...string) {
 		}
 	}
 }
+
+// TestCollectCountsRepullWithoutTouch: an image whose re-pull recorded it
+// (the activate run registers it, pulled_ns now) is used now, even when
+// nothing touched used_ns after (the pull's client went away and its runs
+// ended in the daemon): its earlier last use must not make it the least
+// recently used.
+func TestCollectCountsRepullWithoutTouch(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 1000*mib, Options{})
+	h.image("repulled", "repulled", layer{"c1", 300 * mib})
+	h.image("other", "other", layer{"c2", 300 * mib})
+	old := time.Now().Add(-2 * time.Hour).UnixNano()
+	if err := h.db.WithTx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `UPDATE s3_images SET used_ns = ?, pulled_ns = ? WHERE image_id = 'repulled'`, old, old)
+		if err == nil {
+			_, err = tx.ExecContext(ctx, `UPDATE s3_images SET used_ns = ?, pulled_ns = ? WHERE image_id = 'other'`, old+int64(time.Hour), old+int64(time.Hour))
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// The re-pull's activate run records the image again, now.
+	if err := pipeline.RecordsOf(h.db).RecordPulledImage(ctx, "repulled", "s3://bucket/repulled/",
+		[]pipeline.ImageLayer{{Key: "repulled/1.tar", ETag: "e", SizeBytes: 7, ChainID: "c1"}}, ""); err != nil {
+		t.Fatal(err)
+	}
+	h.image("third", "third", layer{"c3", 300 * mib}) // 90.6%
+	rep, err := h.c.Collect(ctx, "test", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Removed) != 1 || rep.Removed[0].ImageID != "other" {
+		t.Fatalf("removed %+v, want other (last used an hour ago), not the image re-pulled now", rep.Removed)
+	}
+	h.present("repulled", "third")
+}

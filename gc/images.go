@@ -35,6 +35,11 @@ type Image struct {
 	Bytes int64
 }
 
+// lastUseSQL is an image's last use: the later of its last pull (pulled_ns,
+// which the activate run records, also when the pull's client went away
+// and nothing touched used_ns after) and its last touch (used_ns).
+const lastUseSQL = `MAX(COALESCE(used_ns, 0), COALESCE(pulled_ns, created_ns))`
+
 // Images lists every image of db pulled at least once, least recently used
 // first (last pull or activation; the older image first on a tie).
 func Images(ctx context.Context, db *metadata.DB) ([]*Image, error) {
@@ -45,8 +50,8 @@ func Images(ctx context.Context, db *metadata.DB) ([]*Image, error) {
 	rows, err := metadata.QueryAll(ctx, db.Statements(), func(s *sql.Rows) (row, error) {
 		var r row
 		return r, s.Scan(&r.id, &r.source, &r.used)
-	}, `SELECT image_id, source, COALESCE(used_ns, pulled_ns) FROM s3_images
-		WHERE pulled_ns IS NOT NULL ORDER BY COALESCE(used_ns, pulled_ns), id`)
+	}, `SELECT image_id, source, `+lastUseSQL+` FROM s3_images
+		WHERE pulled_ns IS NOT NULL ORDER BY `+lastUseSQL+`, id`)
 	if err != nil {
 		return nil, fmt.Errorf("gc: images by last use: %w", err)
 	}
@@ -72,7 +77,7 @@ func ImageByID(ctx context.Context, db *metadata.DB, imageID string) (*Image, er
 	)
 	err := db.ReadSnapshot(ctx, func(tx metadata.Querier) error {
 		g := Image{ImageID: imageID, SharedChains: map[string]bool{}}
-		err := tx.QueryRowContext(ctx, `SELECT source, COALESCE(used_ns, pulled_ns, created_ns) FROM s3_images WHERE image_id = ?`, imageID).
+		err := tx.QueryRowContext(ctx, `SELECT source, `+lastUseSQL+` FROM s3_images WHERE image_id = ?`, imageID).
 			Scan(&g.Source, &usedNs)
 		if err != nil {
 			if errors.Is(err, sql.ErrNoRows) {
