@@ -286,8 +286,12 @@ func (r Records) MarkImageFailed(ctx context.Context, imageID, source, reason st
 	if imageID == "" || source == "" || reason == "" {
 		return fmt.Errorf("pipeline: mark image %q (source %q) failed: id, source and reason must be set: %w", imageID, source, errdefs.ErrInvalidArgument)
 	}
+	// An image never pulled is kept with its failure after its last try
+	// (retention reads used_ns, else created_ns): the try is recorded as
+	// its use. A pulled image's use stays its last pull or activation.
 	if _, err := r.db.Statements().ExecContext(ctx, `INSERT INTO s3_images (image_id, source, failure_reason, created_ns) VALUES (?, ?, ?, ?)
-		ON CONFLICT(image_id) DO UPDATE SET failure_reason = excluded.failure_reason`,
+		ON CONFLICT(image_id) DO UPDATE SET failure_reason = excluded.failure_reason,
+			used_ns = CASE WHEN s3_images.pulled_ns IS NULL THEN excluded.created_ns ELSE s3_images.used_ns END`,
 		imageID, source, reason, time.Now().UnixNano()); err != nil {
 		return fmt.Errorf("pipeline: mark image %s failed: %w", imageID, err)
 	}

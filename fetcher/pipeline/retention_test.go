@@ -94,3 +94,31 @@ func TestRetention(t *testing.T) {
 		t.Error("the pulled image whose later pull failed was deleted")
 	}
 }
+
+// TestRetentionKeepsFailedImageTriedRecently: an image whose pulls all
+// failed is kept failed_images_max_age after it was last tried, not after
+// its first try.
+func TestRetentionKeepsFailedImageTriedRecently(t *testing.T) {
+	ctx := context.Background()
+	db := metadatatest.Open(t)
+	day := 24 * time.Hour
+	// First tried ten days ago.
+	if err := seed.MarkImageFailed(ctx, db, "s3-f", "s3://b/f.tar", "no such key"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Statements().ExecContext(ctx, `UPDATE s3_images SET created_ns = ? WHERE image_id = 's3-f'`,
+		time.Now().Add(-10*day).UnixNano()); err != nil {
+		t.Fatal(err)
+	}
+	// Tried again now, and failed again.
+	if err := RecordsOf(db).MarkImageFailed(ctx, "s3-f", "s3://b/f.tar", "still no such key"); err != nil {
+		t.Fatal(err)
+	}
+	res, err := RecordsOf(db).Retain(ctx, Retention{RunsMaxAge: -1, RunsMaxCount: -1, FailedImagesMaxAge: 7 * day}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if im := seed.Rows(t, db.Statements(), `SELECT image_id FROM s3_images WHERE image_id = 's3-f'`); len(im) != 1 || res.FailedImages != 0 {
+		t.Errorf("retention %+v deleted the failed image tried a moment ago (first tried ten days ago, kept 7 days after its last try)", res)
+	}
+}
