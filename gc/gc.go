@@ -307,6 +307,12 @@ type Collector struct {
 	opts Options
 
 	mu sync.Mutex // one collection or removal at a time
+	// hostOther, under mu, says a removal freed nothing on the host
+	// filesystem past the threshold: what fills it is not the images', so
+	// collections leave it out until it is under the high threshold again
+	// (else every collection, one per poll of the watch of containerd's
+	// writes, would remove one more image for it).
+	hostOther bool
 
 	pmu      sync.Mutex
 	cond     *sync.Cond
@@ -618,6 +624,12 @@ func (c *Collector) Collect(ctx context.Context, trigger string, need uint64) (*
 		return nil, fmt.Errorf("gc: pool usage: %w", err)
 	}
 	rep := &Report{Trigger: trigger, Before: u, After: u, Kept: map[string]string{}}
+	if c.hostOther && u.HostPercent() < c.opts.HighThreshold {
+		c.hostOther = false
+	}
+	over := func(u Usage, need uint64, pct float64) bool {
+		return poolOver(u, need, pct) || !c.hostOther && u.HostPercent() >= pct
+	}
 	if !over(u, need, c.opts.HighThreshold) {
 		return rep, nil
 	}
@@ -679,6 +691,7 @@ func (c *Collector) Collect(ctx context.Context, trigger string, need uint64) (*
 			// Only the host filesystem was over, and removing an image
 			// freed nothing there: what fills it is not the images'.
 			lg.WithField("usage", u.String()).Warn("gc: removing an image freed nothing on the host filesystem, which is over the threshold for another reason; no more images are removed for it")
+			c.hostOther = true
 			break
 		}
 	}

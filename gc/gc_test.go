@@ -1259,3 +1259,26 @@ func TestCollectCountsRepullWithoutTouch(t *testing.T) {
 	}
 	h.present("repulled", "third")
 }
+
+// TestApplyWatchStopsWhenHostFilesystemIsNotTheImages: while containerd
+// writes a layer, a host filesystem past the threshold for another reason
+// than the images costs the one removal that shows it, as one collection
+// does, not one more image at every poll of the watch.
+func TestApplyWatchStopsWhenHostFilesystemIsNotTheImages(t *testing.T) {
+	h := newHostHarness(t, func(Usage) uint64 { return 1800 * mib })
+	h.c.opts.ApplyPoll = 10 * time.Millisecond
+	h.c.opts.Interval = time.Hour
+	ctx := h.runLoop()
+	key := "a/3/extract-1 sha256:r2"
+	h.add(key, "", snapshotter.SnapKindActive, map[string]string{snapshots.LabelSnapshotRef: "r2"}, 0)
+	h.c.Preparing(ctx, key)
+	time.Sleep(500 * time.Millisecond) // 50 polls
+	h.c.Dropped(ctx, key)
+	h.watchEnded("the removal")
+	h.obs.mu.Lock()
+	removed := h.obs.removed["usage"]
+	h.obs.mu.Unlock()
+	if removed > 1 {
+		t.Fatalf("the watch of containerd's write removed %d images for a host filesystem that removing them does not free", removed)
+	}
+}
