@@ -71,22 +71,36 @@ func (p *Pipelines) used(ctx context.Context, imageID string, pulled bool) {
 
 // makeRoom asks the guard for room for the layers of a pull that are not
 // unpacked yet: the bottom layers unpackedPrefix finds need no new device.
-func (p *Pipelines) makeRoom(ctx context.Context, bucket, source string, layers []api.Layer) error {
+// Those are held (Guard) until release is called, from before the room is
+// made: the collection that makes it must not remove the chains it
+// counted as there (another image's), which the pull would then unpack
+// again on room never made. The caller releases them once the pull's own
+// holds are taken (runPipelines) or it gave up.
+func (p *Pipelines) makeRoom(ctx context.Context, bucket, source string, layers []api.Layer) (release func(), err error) {
 	if p.guard == nil {
-		return nil
+		return func() {}, nil
 	}
 	known, err := p.unpackedPrefix(ctx, bucket, layers)
 	if err != nil {
-		return err
+		return func() {}, err
+	}
+	var releases []func()
+	release = func() {
+		for _, r := range releases {
+			r()
+		}
+	}
+	for _, l := range known {
+		releases = append(releases, p.building.hold(l.ChainID))
 	}
 	var needs []LayerNeed
 	for i, l := range layers[len(known):] {
 		needs = append(needs, LayerNeed{Position: len(known) + i + 1, Key: l.Key, Bytes: l.Size})
 	}
 	if len(needs) == 0 {
-		return nil
+		return release, nil
 	}
-	return p.guard.MakeRoom(ctx, source, needs)
+	return release, p.guard.MakeRoom(ctx, source, needs)
 }
 
 // unpackedPrefix returns the bottom layers of a pull that are unpacked as

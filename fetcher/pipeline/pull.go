@@ -105,7 +105,9 @@ func (p *Pipelines) Pull(ctx context.Context, req api.PullRequest, progress func
 			return res, nil
 		}
 	}
-	if err := p.makeRoom(ctx, req.Bucket, source, layers); err != nil {
+	releaseRoom, err := p.makeRoom(ctx, req.Bucket, source, layers)
+	defer func() { releaseRoom() }()
+	if err != nil {
 		p.markFailed(ctx, imageID, source, err)
 		return nil, err
 	}
@@ -127,7 +129,8 @@ func (p *Pipelines) Pull(ctx context.Context, req api.PullRequest, progress func
 		case !sameObjects(now, layers):
 			lg.WithError(err).Warn("the image changed in S3 during the pull; pulling it as it is now")
 			layers = now
-			if err = p.makeRoom(ctx, req.Bucket, source, layers); err == nil {
+			releaseRoom()
+			if releaseRoom, err = p.makeRoom(ctx, req.Bucket, source, layers); err == nil {
 				res, err = p.runPipelines(ctx, req, source, imageID, ref, layers, progress)
 			}
 		case gone:
@@ -140,6 +143,10 @@ func (p *Pipelines) Pull(ctx context.Context, req api.PullRequest, progress func
 			}
 		}
 	}
+	// The pull's records (or its failure) keep what it built on now: the
+	// collection after it judges the other images without these holds.
+	releaseRoom()
+	releaseRoom = func() {}
 	if err != nil {
 		p.markFailed(ctx, imageID, source, err)
 		return nil, err
