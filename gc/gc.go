@@ -276,7 +276,8 @@ type Options struct {
 	// minutes).
 	Interval time.Duration
 	// Disabled turns collection by itself off: Pulled, MakeRoom and Loop
-	// remove no image. Begin still marks the images being pulled, so that
+	// remove no image (MakeRoom still grows the pool and refuses a pull
+	// that cannot fit). Begin still marks the images being pulled, so that
 	// Remove never takes one, and the tarball cache is still trimmed.
 	Disabled bool
 	// Grow, when set, grows the pool by one step and reports whether it
@@ -1247,9 +1248,6 @@ func (c *Collector) Remove(ctx context.Context, refs []string) ([]api.Removed, e
 // is past the high threshold (new devices would fill it, and a full
 // metadata device turns the pool read-only).
 func (c *Collector) MakeRoom(ctx context.Context, source string, needs []pipeline.LayerNeed) error {
-	if c.opts.Disabled {
-		return nil
-	}
 	var total uint64
 	for _, n := range needs {
 		total += need(n.Bytes)
@@ -1265,9 +1263,13 @@ func (c *Collector) MakeRoom(ctx context.Context, source string, needs []pipelin
 		return fmt.Errorf("pull %s: its layers need %s, more than the pool's whole data space (%s) even with every image removed: %w",
 			source, bytesOf(total), bytesOf(u.DataTotal), ErrNoRoom)
 	}
-	rep, err := c.Collect(log.WithLogger(ctx, log.G(ctx).WithField("source", source)), "room", total)
-	if err != nil {
-		log.G(ctx).WithError(err).WithField("source", source).Warn("gc: collection before a pull")
+	// Disabled removes no image for the pull; what cannot fit is still
+	// refused before any device is made.
+	var rep *Report
+	if !c.opts.Disabled {
+		if rep, err = c.Collect(log.WithLogger(ctx, log.G(ctx).WithField("source", source)), "room", total); err != nil {
+			log.G(ctx).WithError(err).WithField("source", source).Warn("gc: collection before a pull")
+		}
 	}
 	if u, err = c.grow(ctx, source, func(u Usage) bool { return u.DataFree() >= total }); err != nil {
 		return err

@@ -1282,3 +1282,34 @@ func TestApplyWatchStopsWhenHostFilesystemIsNotTheImages(t *testing.T) {
 		t.Fatalf("the watch of containerd's write removed %d images for a host filesystem that removing them does not free", removed)
 	}
 }
+
+// TestMakeRoomWithCollectionDisabledStillRefusesWhatCannotFit: with
+// collection disabled no image is removed for a pull, but a pull whose
+// layers cannot fit is still refused before any device is made, and the
+// pool still grows for it.
+func TestMakeRoomWithCollectionDisabledStillRefusesWhatCannotFit(t *testing.T) {
+	ctx := context.Background()
+	var h *harness
+	h = newHarness(t, 1000*mib, Options{Disabled: true, Grow: func(context.Context) (bool, error) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if h.total >= 1200*mib {
+			return false, nil
+		}
+		h.total += 200 * mib
+		return true, nil
+	}})
+	h.image("img1", "one", layer{"c1", 500 * mib})
+	err := h.c.MakeRoom(ctx, "s3://bucket/big/", []pipeline.LayerNeed{{Position: 1, Key: "big/1.tar", Bytes: 2000 * mib}})
+	if !errors.Is(err, ErrNoRoom) {
+		t.Errorf("MakeRoom of a 2000 MiB layer in a 1000 MiB pool with collection disabled: %v, want ErrNoRoom", err)
+	}
+	h.present("img1")
+	if err := h.c.MakeRoom(ctx, "s3://bucket/mid/", []pipeline.LayerNeed{{Position: 1, Key: "mid/1.tar", Bytes: 550 * mib}}); err != nil {
+		t.Errorf("MakeRoom of a layer that fits once the pool grew, collection disabled: %v", err)
+	}
+	if h.total != 1200*mib {
+		t.Errorf("pool %d MiB after MakeRoom with collection disabled, want grown to 1200 MiB", h.total/mib)
+	}
+	h.present("img1")
+}
