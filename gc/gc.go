@@ -87,6 +87,10 @@ type Usage struct {
 	DataUsed, DataTotal uint64
 	MetaUsed, MetaTotal uint64
 	HostUsed, HostTotal uint64
+	// DataReserve is the pool's reserve (pool.min_free_space), in data
+	// bytes: under it the pool refuses new devices, so a pull's layers
+	// must fit above it.
+	DataReserve uint64
 }
 
 // HostUsage returns the used and total bytes of the fullest filesystem
@@ -165,6 +169,13 @@ func (u Usage) DataFree() uint64 {
 		return 0
 	}
 	return u.DataTotal - u.DataUsed
+}
+
+// DataRoom is the data space a pull's new devices may take: what is free
+// above the reserve.
+func (u Usage) DataRoom() uint64 {
+	free := u.DataFree()
+	return free - min(free, u.DataReserve)
 }
 
 // DataPercent is the data usage in percent.
@@ -1271,7 +1282,7 @@ func (c *Collector) MakeRoom(ctx context.Context, source string, needs []pipelin
 			log.G(ctx).WithError(err).WithField("source", source).Warn("gc: collection before a pull")
 		}
 	}
-	if u, err = c.grow(ctx, source, func(u Usage) bool { return u.DataFree() >= total }); err != nil {
+	if u, err = c.grow(ctx, source, func(u Usage) bool { return u.DataRoom() >= total }); err != nil {
 		return err
 	}
 	kept := ""
@@ -1282,13 +1293,16 @@ func (c *Collector) MakeRoom(ctx context.Context, source string, needs []pipelin
 		return fmt.Errorf("pull %s: the pool's metadata is %.1f%% used, at or past the %v%% threshold, after garbage collection%s: %w",
 			source, u.MetaPercent(), c.opts.HighThreshold, kept, ErrNoRoom)
 	}
-	free := u.DataFree()
+	free, reserve := u.DataRoom(), ""
+	if u.DataReserve > 0 {
+		reserve = fmt.Sprintf(", above its reserve of %s (pool.min_free_space, under which new devices are refused),", bytesOf(u.DataReserve))
+	}
 	var cum uint64
 	for _, n := range needs {
 		cum += need(n.Bytes)
 		if cum > free {
-			return fmt.Errorf("pull %s: layer %d (%s, %s) does not fit: the pool has %s free after garbage collection and the pull's layers up to this one need %s%s: %w",
-				source, n.Position, n.Key, bytesOf(uint64(n.Bytes)), bytesOf(free), bytesOf(cum), kept, ErrNoRoom)
+			return fmt.Errorf("pull %s: layer %d (%s, %s) does not fit: the pool has %s free after garbage collection%s and the pull's layers up to this one need %s%s: %w",
+				source, n.Position, n.Key, bytesOf(uint64(n.Bytes)), bytesOf(free), reserve, bytesOf(cum), kept, ErrNoRoom)
 		}
 	}
 	return nil

@@ -24,6 +24,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter/snapshottertest"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool/thinpooltest"
 )
 
@@ -227,7 +228,8 @@ func (h *harness) glance(context.Context) (Usage, error) {
 
 // now is the fake pool's usage; the caller holds h.mu.
 func (h *harness) now() Usage {
-	return Usage{DataUsed: h.pool.UsedSectors() * sectorBytes, DataTotal: h.total, MetaUsed: 10, MetaTotal: 1000}
+	return Usage{DataUsed: h.pool.UsedSectors() * sectorBytes, DataTotal: h.total, MetaUsed: 10, MetaTotal: 1000,
+		DataReserve: uint64(float64(h.total) * h.pool.Reserve() / 100)}
 }
 
 // layer is one layer of a test image: its chain and the bytes its device
@@ -1312,4 +1314,38 @@ func TestMakeRoomWithCollectionDisabledStillRefusesWhatCannotFit(t *testing.T) {
 		t.Errorf("pool %d MiB after MakeRoom with collection disabled, want grown to 1200 MiB", h.total/mib)
 	}
 	h.present("img1")
+}
+
+// TestMakeRoomLeavesTheReserve: a pull MakeRoom lets through must be able
+// to make its devices: the pool refuses new devices under its reserve
+// (pool.min_free_space), so layers that fit only into the reserve are
+// refused before any download, not at the pull's next Prepare.
+func TestMakeRoomLeavesTheReserve(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 1000*mib, Options{})
+	const blockSectors = 128 // 64 KiB blocks
+	space := func() {
+		h.pool.SetSpace(thinpool.PoolStatus{BlockSizeSectors: blockSectors,
+			UsedDataBlocks: h.pool.UsedSectors() / blockSectors, TotalDataBlocks: 1000 * mib / sectorBytes / blockSectors,
+			UsedMetadataBlocks: 10, TotalMetadataBlocks: 1000}, 10)
+	}
+	space()
+	h.image("img1", "one", layer{"c1", 600 * mib})
+	h.add("ctr", "c1", snapshotter.SnapKindActive, nil, 0) // in use: nothing to collect
+	space()
+	// 300 MiB with the margin: 337.5 MiB, of 398 MiB free, 298 of them
+	// above the 100 MiB reserve.
+	err := h.c.MakeRoom(ctx, "s3://bucket/img2/", []pipeline.LayerNeed{{Position: 1, Key: "img2/1.tar", Bytes: 300 * mib}})
+	if errors.Is(err, ErrNoRoom) {
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The pull: its layer's extraction, then its activation.
+	h.add("c2", "", snapshotter.SnapKindCommitted, nil, 300*mib+300*mib/8)
+	space()
+	if _, err := h.snaps.Prepare(ctx, "activation", "c2"); err != nil {
+		t.Fatalf("MakeRoom let the pull through, then its next device was refused: %v", err)
+	}
 }

@@ -99,6 +99,13 @@ func (p *FakePool) SetSpace(st thinpool.PoolStatus, reserve float64) {
 	p.space, p.reserve = &st, reserve
 }
 
+// Reserve is the reserve (percent) SetSpace gave the pool, 0 before.
+func (p *FakePool) Reserve() float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reserve
+}
+
 // creatable refuses a create as the real pool would with p.space; p.mu
 // is held.
 func (p *FakePool) creatable() error {
