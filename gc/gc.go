@@ -961,14 +961,17 @@ func (c *Collector) remove(ctx context.Context, cd *candidate, v *poolView, caus
 		r.Namespace = cd.reg.Namespace
 		err = c.opts.Names.RemoveImage(ctx, cd.reg.Namespace, cd.reg.Name)
 	}
-	if err != nil {
-		return nil, err
-	}
+	// Also after a removal refused half-way (a layer something was put on
+	// since the check): the layers above it and the activation are gone,
+	// so their devices are deleted and their records forgotten now.
 	if err := c.opts.Snapshots.Cleanup(ctx); err != nil {
 		log.G(ctx).WithError(err).WithField("image", cd.id()).Warn("gc: deleting the removed devices (the next cleanup retries)")
 	}
 	if err := c.opts.Prune(ctx); err != nil {
 		log.G(ctx).WithError(err).WithField("image", cd.id()).Warn("gc: pruning the records and files of the removed image")
+	}
+	if err != nil {
+		return nil, err
 	}
 	after, err := c.opts.Usage(ctx)
 	if err != nil {

@@ -1349,3 +1349,41 @@ func TestMakeRoomLeavesTheReserve(t *testing.T) {
 		t.Fatalf("MakeRoom let the pull through, then its next device was refused: %v", err)
 	}
 }
+
+// TestRemovalRefusedHalfWayLeavesRecordsOfWhatIsLeft: a removal refused
+// at a lower layer (a pull began to build on it since the image was
+// checked) has removed the layers above it already: the records must not
+// say those are still unpacked, and their devices are deleted.
+func TestRemovalRefusedHalfWayLeavesRecordsOfWhatIsLeft(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	calls := 0
+	h := newHarness(t, 1000*mib, Options{})
+	h.c.opts.Guard = func(chain string) snapshotter.RemoveGuard {
+		return func(ctx context.Context, tx *sql.Tx) error {
+			if chain != "low" {
+				return nil
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if calls++; calls > 1 { // the check passes, the removal is refused
+				return fmt.Errorf("remove %s: a pull under way builds on it: %w", chain, errdefs.ErrFailedPrecondition)
+			}
+			return nil
+		}
+	}
+	h.image("img1", "one", layer{"low", 300 * mib}, layer{"top", 300 * mib})
+	h.image("img2", "two", layer{"c2", 300 * mib})         // 90.3%
+	h.add("ctr", "c2", snapshotter.SnapKindActive, nil, 0) // in use
+	rep, err := h.c.Collect(ctx, "test", 0)
+	if err == nil || len(rep.Removed) != 0 {
+		t.Fatalf("collection: removed %+v, %v; want img1's removal refused at its lower layer", rep.Removed, err)
+	}
+	h.snapshotGone("top")
+	if c, _ := pipeline.RecordsOf(h.db).GetChain(ctx, "top"); c != nil {
+		t.Errorf("chain top is still recorded as unpacked after its snapshot was removed")
+	}
+	if devs, _ := snapshotter.ReadRecords(h.db).ThinDevices(ctx, snapshotter.ThinStateRemoved); len(devs) != 0 {
+		t.Errorf("devices of the removed layers not deleted from the pool: %+v", devs)
+	}
+}
