@@ -580,7 +580,10 @@ func (e extraScanner) Scan(dest ...any) error { return e.s.Scan(append(dest, e.e
 // TouchImage records that image imageID was used now (a pull, also one
 // answered from the records, or an activation). Absent is not an error.
 func (r Records) TouchImage(ctx context.Context, imageID string) error {
-	if _, err := r.db.Statements().ExecContext(ctx, `UPDATE s3_images SET used_ns = ? WHERE image_id = ?`, time.Now().UnixNano(), imageID); err != nil {
+	// Never back: after the wall clock jumped back, a use must not make
+	// the image look used earlier than it was (collection would take it
+	// for one of the least recently used).
+	if _, err := r.db.Statements().ExecContext(ctx, `UPDATE s3_images SET used_ns = MAX(COALESCE(used_ns, 0), ?) WHERE image_id = ?`, time.Now().UnixNano(), imageID); err != nil {
 		return fmt.Errorf("pipeline: touch image %s: %w", imageID, err)
 	}
 	return nil

@@ -122,3 +122,32 @@ func TestRetentionKeepsFailedImageTriedRecently(t *testing.T) {
 		t.Errorf("retention %+v deleted the failed image tried a moment ago (first tried ten days ago, kept 7 days after its last try)", res)
 	}
 }
+
+// TestTouchImageNeverMovesLastUseBack: after the wall clock jumped back
+// (an NTP step, a wrong RTC corrected), a use of an image must not make it
+// look used earlier than it already was: garbage collection would take
+// the image just used for one of the least recently used.
+func TestTouchImageNeverMovesLastUseBack(t *testing.T) {
+	ctx := context.Background()
+	db := metadatatest.Open(t)
+	if err := seed.WriteImage(ctx, db, 1); err != nil {
+		t.Fatal(err)
+	}
+	// Last used an hour ahead of the clock now: recorded before it
+	// jumped back.
+	ahead := time.Now().Add(time.Hour).UnixNano()
+	if _, err := db.Statements().ExecContext(ctx, `UPDATE s3_images SET used_ns = ?`, ahead); err != nil {
+		t.Fatal(err)
+	}
+	id := seed.Rows(t, db.Statements(), `SELECT image_id FROM s3_images`)[0]
+	if err := RecordsOf(db).TouchImage(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	var used int64
+	if err := db.Statements().QueryRowContext(ctx, `SELECT used_ns FROM s3_images WHERE image_id = ?`, id).Scan(&used); err != nil {
+		t.Fatal(err)
+	}
+	if used < ahead {
+		t.Errorf("a use moved the image's last use back by %s", time.Duration(ahead-used))
+	}
+}
