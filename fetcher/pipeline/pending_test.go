@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
@@ -237,5 +238,32 @@ func TestRegisterPendingHoldsTheImage(t *testing.T) {
 	}
 	if n := g.holds(imageID); n != 0 {
 		t.Errorf("%d holds on the image left after RegisterPending", n)
+	}
+}
+
+// TestActivateHoldsTheImage: `activate` holds its image in the pool guard
+// while it runs, as a pull does, so that it waits for a removal of the
+// image under way and no removal starts under it (the activation and the
+// registration build on the image's chains); the hold ends with it.
+func TestActivateHoldsTheImage(t *testing.T) {
+	e := newPullEnv(t, nil)
+	g := &holdingGuard{held: map[string]int{}}
+	e.p.SetPoolGuard(g)
+	_, imageID := imageSource(e.srv.Bucket, "ah/")
+	reg := &heldRegistrar{downFakeRegistrar: &downFakeRegistrar{fakeRegistrar: newFakeRegistrar()}, guard: g, imageID: imageID}
+	e.p.opts.Registrar = reg
+	e.srv.Put(t, "ah/1.tar", layerTar(t, "ah", 100))
+	e.mustPull("ah/", "ah:v1")
+	before := reg.register.Load()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := e.p.Activate(ctx, "ah:v1"); err != nil {
+		t.Fatalf("activate: %v", err)
+	}
+	if n := reg.register.Load() - before; n != 1 || reg.unheld.Load() != 0 {
+		t.Errorf("activate registered %d times, %d of all registrations with the image not held; want 1 and 0", n, reg.unheld.Load())
+	}
+	if n := g.holds(imageID); n != 0 {
+		t.Errorf("%d holds on the image left after activate", n)
 	}
 }

@@ -557,6 +557,11 @@ func (p *Pipelines) Activate(ctx context.Context, ref string) (*api.ActivateResp
 	if imageID == "" {
 		return nil, fmt.Errorf("activate %q: no image pulled under that name: %w", ref, errdefs.ErrNotFound)
 	}
+	// Held like a pull's image: a removal of it under way ends first (its
+	// records then say what is left), and none starts under the
+	// activation, which builds on the image's chains.
+	end := p.beginPull(imageID)
+	defer end()
 	img, err := RecordsOf(p.db).GetImage(ctx, imageID)
 	if err != nil {
 		return nil, err
