@@ -45,7 +45,7 @@ func (s *Service) newCollector(p *pipeline.Pipelines) (*gc.Collector, error) {
 				return gc.Usage{}, err
 			}
 			u := gc.UsageOf(st)
-			u.DataReserve = thinpool.ReserveBlocks(st.TotalDataBlocks, s.Pool.MinFreePercent()) * uint64(st.BlockSizeSectors) * 512
+			u.DataReserve, _ = st.ReserveBytes(s.Pool.MinFreePercent())
 			u.HostUsed, u.HostTotal, err = gc.HostUsage(loopFiles, hostPaths...)
 			return u, err
 		}

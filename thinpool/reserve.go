@@ -29,6 +29,13 @@ func ReserveBlocks(total uint64, percent float64) uint64 {
 	return min(total, uint64(math.Ceil(x)))
 }
 
+// ReserveBytes returns the data and metadata bytes a reserve of percent
+// keeps free in the pool st describes (ReserveBlocks of each, in bytes).
+func (st PoolStatus) ReserveBytes(percent float64) (data, metadata uint64) {
+	return ReserveBlocks(st.TotalDataBlocks, percent) * uint64(st.BlockSizeSectors) * 512,
+		ReserveBlocks(st.TotalMetadataBlocks, percent) * metaBlockSize
+}
+
 // ReserveError returns ErrBelowReserve, in a message naming what is free,
 // the reserve and setting (where the operator changes it, when not empty),
 // when the free data blocks or the free metadata blocks of st are fewer

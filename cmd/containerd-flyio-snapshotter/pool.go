@@ -142,14 +142,15 @@ type poolStatusView struct {
 // reserve percent.
 func newPoolStatusView(name string, st thinpool.PoolStatus, reserve float64) poolStatusView {
 	block := uint64(st.BlockSizeSectors) * 512
+	reserveData, reserveMeta := st.ReserveBytes(reserve)
 	return poolStatusView{
 		Pool: name, Mode: string(st.Mode), BlockSizeBytes: block,
 		DataUsedBytes: st.UsedDataBlocks * block, DataTotalBytes: st.TotalDataBlocks * block,
 		MetadataUsedBytes: st.UsedMetadataBlocks * 4096, MetadataTotalBytes: st.TotalMetadataBlocks * 4096,
 		TransactionID: st.TransactionID, NeedsCheck: st.NeedsCheck,
 		ReservePercent:       reserve,
-		ReserveDataBytes:     thinpool.ReserveBlocks(st.TotalDataBlocks, reserve) * block,
-		ReserveMetadataBytes: thinpool.ReserveBlocks(st.TotalMetadataBlocks, reserve) * 4096,
+		ReserveDataBytes:     reserveData,
+		ReserveMetadataBytes: reserveMeta,
 		UnderReserve:         st.ReserveError(reserve, "") != nil,
 		QueueIfNoSpace:       st.QueueIfNoSpace, ErrorIfNoSpace: st.ErrorIfNoSpace,
 		WritesQueued: st.WritesQueued(), WritesFailing: st.WritesFailing(),
