@@ -47,8 +47,8 @@ const pruneBatch = 500
 //     with them): the image cannot be activated again without a pull;
 //
 // then, only when files is true and no run is pending or running, the
-// object records no image's layer names, and the layer files no object or
-// chain refers to (otherwise the result is Deferred).
+// object records no image's layer names, and the layer files no object
+// record names (otherwise the result is Deferred).
 //
 // It works in transactions of at most pruneBatch rows, each step after the
 // one before it is done; an error or a crash half-way leaves records the
@@ -99,8 +99,11 @@ func (r Records) pruneOrphans(ctx context.Context, batch int, files bool) (Prune
 	if res.Deferred {
 		return res, nil
 	}
-	unused := `SELECT digest, path FROM layers WHERE NOT EXISTS (SELECT 1 FROM s3_objects o WHERE o.digest = layers.digest)
-		AND NOT EXISTS (SELECT 1 FROM chains c WHERE c.diff_id = layers.digest) LIMIT ?`
+	// A layer file is found only through an object record (check-exists
+	// reads the object, then the file by its digest; a rebuild downloads
+	// again), so a file no object names is of no use, whichever chains
+	// stand on its layer.
+	unused := `SELECT digest, path FROM layers WHERE NOT EXISTS (SELECT 1 FROM s3_objects o WHERE o.digest = layers.digest) LIMIT ?`
 	var layers int
 	if err := r.pruneBatches(ctx, batch, &layers, true, &res, func(tx *sql.Tx) (int, error) {
 		rows, err := tx.QueryContext(ctx, unused, batch)

@@ -241,3 +241,26 @@ func BenchmarkPruneOrphans(b *testing.B) {
 		}
 	})
 }
+
+// TestPruneOrphansLayerFileOnlyWhileAnObjectNamesIt: a layer file is found
+// only through an object record (check-exists looks the object up, then
+// its file by digest), so once no object names it the file is pruned,
+// even while its layer's chain stands for another image stored under
+// another key in another compression.
+func TestPruneOrphansLayerFileOnlyWhileAnObjectNamesIt(t *testing.T) {
+	db := metadatatest.Open(t)
+	w := seed.NewWorld(t, db)
+	w.Pull("s3-a", "s3://bkt/a/", "a:latest", seed.TwoLayers("a/", "a")...)
+	// s3-g's bottom layer is a/1.tar's layer (diff ID d1) stored gzipped
+	// under g/1.tar: another file, digest gz1, on the same chain.
+	w.Pull("s3-g", "s3://bkt/g/", "g:latest",
+		seed.Layer{Key: "g/1.tar.gz", ETag: `"eg"`, Size: 400, Diff: "sha256:gz1", Chain: "sha256:d1"})
+	w.Exec(`UPDATE layers SET diff_id = 'sha256:d1' WHERE digest = 'sha256:gz1'`)
+	w.RemoveSnapshot(seed.ActivationKey("s3-a"))
+	w.RemoveSnapshot("sha256:c-a")
+	checkPrune(t, db, "prune", PruneResult{Chains: 1, Images: 1, Objects: 2,
+		LayerPaths: []string{seed.LayerPath("sha256:d1"), seed.LayerPath("sha256:d-a")}})
+	if !w.Has("layers", "digest = 'sha256:gz1'") || !w.Has("chains", "chain_id = 'sha256:d1'") {
+		t.Errorf("s3-g's layer file or its chain was pruned")
+	}
+}
