@@ -93,14 +93,8 @@ type daemonProc struct {
 // control socket, and a failure to bind them ends the daemon).
 func startDaemon(t testing.TB, cfg *plugin.Config, cfgPath string) *daemonProc {
 	t.Helper()
-	d := &daemonProc{t: t, cfg: cfg, path: cfgPath, exited: make(chan error, 1), stderr: &stack.LockedBuffer{}}
-	d.cmd = exec.Command(os.Args[0], "-test.run=^TestValidateCommandHelperProcess$", "--", "serve", "--config", cfgPath)
-	d.cmd.Env = append(os.Environ(), "FLYIO_VALIDATE_HELPER=1")
-	d.cmd.Stderr = d.stderr
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { d.exited <- d.cmd.Wait() }()
+	serve := startCommand(t, nil, "serve", "--config", cfgPath)
+	d := &daemonProc{t: t, cfg: cfg, path: cfgPath, cmd: serve.cmd, exited: serve.exited, stderr: serve.stderr}
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		if eps, ok := stack.ServedEndpoints(d.stderr.String()); ok {

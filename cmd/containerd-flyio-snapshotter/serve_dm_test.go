@@ -3,12 +3,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -70,20 +68,9 @@ func TestServeCommand(t *testing.T) {
 	cfgPath := dmtest.WriteConfig(t, cfg)
 	notify, msgs := notifySocket(t)
 
-	var stderr bytes.Buffer
-	cmd := exec.Command(os.Args[0], "-test.run=^TestValidateCommandHelperProcess$", "--", "serve", "--config", cfgPath, "--log-level", "debug")
-	cmd.Env = append(os.Environ(), "FLYIO_VALIDATE_HELPER=1", "NOTIFY_SOCKET="+notify)
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	serve := startCommand(t, []string{"NOTIFY_SOCKET=" + notify}, "serve", "--config", cfgPath, "--log-level", "debug")
+	cmd, exited, stderr := serve.cmd, serve.exited, serve.stderr
 	defer func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			<-exited
-		}
 		if t.Failed() {
 			t.Logf("daemon stderr:\n%s", stderr.String())
 		}

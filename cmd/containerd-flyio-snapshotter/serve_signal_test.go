@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -35,20 +33,8 @@ func TestServeStopAskedDuringStartIsKept(t *testing.T) {
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestValidateCommandHelperProcess$", "--", "serve", "--config", fifo)
-	cmd.Env = append(os.Environ(), "FLYIO_VALIDATE_HELPER=1")
-	var errOut bytes.Buffer
-	cmd.Stderr = &errOut
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-		}
-	}()
+	serve := startCommand(t, nil, "serve", "--config", fifo)
+	cmd, exited, errOut := serve.cmd, serve.exited, serve.stderr
 	// Wait until serve is blocked opening the FIFO.
 	deadline := time.Now().Add(10 * time.Second)
 	for {

@@ -12,9 +12,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
 )
 
 func writeTar(t *testing.T, path string, hdrs ...*tar.Header) {
@@ -51,6 +54,41 @@ func TestValidateCommandHelperProcess(t *testing.T) {
 		}
 	}
 	os.Exit(cli.Main(args))
+}
+
+// commandProc is `containerd-flyio-snapshotter ARGS...` running as a
+// process (this test binary re-executed), started by startCommand.
+type commandProc struct {
+	cmd *exec.Cmd
+	// exited receives cmd.Wait's result once the process has ended.
+	exited chan error
+	// stderr is what the process wrote there so far.
+	stderr *stack.LockedBuffer
+}
+
+// startCommand starts `containerd-flyio-snapshotter ARGS...` with env
+// added to the test's environment, and SIGKILLs it at the test's cleanup
+// if it still runs.
+func startCommand(t testing.TB, env []string, args ...string) *commandProc {
+	t.Helper()
+	p := &commandProc{exited: make(chan error, 1), stderr: &stack.LockedBuffer{}}
+	p.cmd = exec.Command(os.Args[0], append([]string{"-test.run=^TestValidateCommandHelperProcess$", "--"}, args...)...)
+	p.cmd.Env = append(append(os.Environ(), "FLYIO_VALIDATE_HELPER=1"), env...)
+	p.cmd.Stderr = p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		err := p.cmd.Wait()
+		close(done)
+		p.exited <- err
+	}()
+	t.Cleanup(func() {
+		p.cmd.Process.Signal(syscall.SIGKILL)
+		<-done
+	})
+	return p
 }
 
 // runCommand runs `containerd-flyio-snapshotter ARGS...` as a process (this
