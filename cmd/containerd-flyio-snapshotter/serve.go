@@ -36,7 +36,8 @@ otherwise climbs as huge pages fill its sparse heaps.
 
 Readiness is reported to systemd (Type=notify) once the socket accepts
 calls. SIGTERM or SIGINT stops it gracefully: no new calls are accepted,
-in-flight calls finish (at most 30s), then the database is closed.
+in-flight calls finish (at most 30s), then the database is closed. Either
+signal received while the daemon starts ends the start-up with status 0.
 
 The S3 pipelines start with the daemon: runs a previous process left are
 resumed, and daemon.control_socket (mode 0660, group daemon.socket_group;
@@ -135,6 +136,13 @@ func runServe(ctx context.Context, args []string) (err error) {
 
 	svc, err := plugin.Open(ctx, cfg)
 	if err != nil {
+		// A stop asked while the service opens (systemctl stop during a
+		// long start-up) ends it as asked: status 0, so systemd does not
+		// mark the unit failed. Open closes what it had opened.
+		if ctx.Err() != nil {
+			l.WithError(err).Info("stopped while starting: the service was not opened")
+			return nil
+		}
 		return err
 	}
 	svc.Build = metrics.BuildInfo{Version: cli.Version, Commit: cli.Commit}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"database/sql"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -9,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	_ "github.com/mattn/go-sqlite3"
 )
 
 // TestServeStopAskedDuringStartIsKept: a SIGTERM that reaches serve
@@ -79,4 +83,55 @@ func procState(pid int) string {
 		thp = string(m[1])
 	}
 	return "threads wait in " + strings.Join(waits, " ") + ", THP_enabled " + thp
+}
+
+// TestServeStoppedWhileOpeningExitsZero: a SIGTERM that reaches serve
+// while it opens its service (here its database, held locked by another
+// connection so that opening waits) stops it with status 0, as systemd
+// expects of a stop it asked for, and says so; nothing is left listening.
+func TestServeStoppedWhileOpeningExitsZero(t *testing.T) {
+	cfg, root := tempConfig(t, "")
+	if code, _, errOut := runCommand(t, nil, "db", "migrate", "--create", "--config", cfg); code != 0 {
+		t.Fatalf("db migrate = %d, %s", code, errOut)
+	}
+	holder, err := sql.Open("sqlite3", filepath.Join(root, "metadata.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	ctx := context.Background()
+	conn, err := holder.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "BEGIN EXCLUSIVE"); err != nil {
+		t.Fatal(err)
+	}
+	serve := startCommand(t, nil, "serve", "--config", cfg)
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(serve.stderr.String(), "starting") {
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not log its start in 30s:\n%s", serve.stderr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond) // inside the database's open, waiting on the lock
+	if err := serve.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-serve.exited:
+		if err != nil {
+			t.Errorf("serve stopped while opening exited with %v, want status 0\n%s", err, serve.stderr)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("serve still runs 30s after a SIGTERM it got while opening:\n%s", serve.stderr)
+	}
+	if !strings.Contains(serve.stderr.String(), "stopped while starting") {
+		t.Errorf("serve did not say it stopped while starting:\n%s", serve.stderr)
+	}
+	if _, err := os.Lstat(filepath.Join(root, "s.sock")); !os.IsNotExist(err) {
+		t.Errorf("the snapshots socket exists after serve stopped while opening: %v", err)
+	}
 }
