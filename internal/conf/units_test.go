@@ -43,3 +43,38 @@ func TestParseSize(t *testing.T) {
 		}
 	}
 }
+
+// TestDurationRefusesABareInteger: a duration is written with its unit; a
+// bare integer is refused, 0 too (time.ParseDuration takes "0" alone), so
+// that `timeout = "0"` is not read as a unit it does not say.
+func TestDurationRefusesABareInteger(t *testing.T) {
+	for _, in := range []string{"0", "30", " 0 ", "+0", "-0"} {
+		var d Duration
+		if err := d.UnmarshalText([]byte(in)); err == nil {
+			t.Errorf("Duration.UnmarshalText(%q) = %v, want an error", in, d.Duration)
+		}
+	}
+	for in, want := range map[string]string{"0s": "0s", "90s": "1m30s", "1h30m": "1h30m0s"} {
+		var d Duration
+		if err := d.UnmarshalText([]byte(in)); err != nil || d.String() != want {
+			t.Errorf("Duration.UnmarshalText(%q) = %v, %v; want %s", in, d.Duration, err, want)
+		}
+	}
+}
+
+// TestParseSizeLeadingZerosAndUnderscores: a size is read as TOML reads an
+// integer. A leading zero is no octal prefix there ("010" is not 8 bytes,
+// and "010" and "010B" must not be two sizes), and an underscore must sit
+// between two digits ("1_" and "1__0" are no numbers).
+func TestParseSizeLeadingZerosAndUnderscores(t *testing.T) {
+	for in, want := range map[string]int64{"010": 10, "0755": 755, "0_10": 10} {
+		if got, err := ParseSize(in); err == nil && got.Bytes() != want {
+			t.Errorf("ParseSize(%q) = %d, want %d (or an error)", in, got, want)
+		}
+	}
+	for _, in := range []string{"1_", "1__0", "1_KiB", "1__0KiB", "1_.5KiB"} {
+		if got, err := ParseSize(in); err == nil {
+			t.Errorf("ParseSize(%q) = %d, want an error", in, got)
+		}
+	}
+}
