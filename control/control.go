@@ -9,6 +9,14 @@
 //	POST /v1/activate  {"ref"}                          → {"result":{...}} | {"error":"..."}
 //	POST /v1/rm        {"refs":[...]}                   → {"removed":[...],"error":"..."} (served when the daemon collects garbage)
 //
+// A pull's client that leaves (Ctrl-C) cancels its pull: the call ends,
+// while the pull's Download, Unpack and Activate runs go on in the daemon
+// and record the image when they end; the same pull run again picks them
+// up. A client that takes none of its answer for a minute (suspended with
+// Ctrl-Z or SIGSTOP, a script that never reads) is given up the same way,
+// its answer cut without a last line, so that it holds nothing in the
+// daemon.
+//
 // A pull without a bucket leaves it to the daemon (its default bucket). A
 // request the daemon refuses as malformed is answered with status 400, and
 // the client's error is then a *RequestError.
@@ -201,9 +209,10 @@ func (c *Client) Pull(ctx context.Context, req api.PullRequest, onEvent func(api
 		return nil, fmt.Errorf("control socket %s: reading the answer: %w", c.socket, err)
 	}
 	// A daemon that stops says so in a last line; one that dies, or is
-	// killed, leaves the stream cut short. Either way the pull's runs
-	// resume when it starts again.
-	const hint = "the daemon stopped or died during the pull: run the same pull again once it is back"
+	// killed, leaves the stream cut short, and so does one that gave up a
+	// client that stopped reading. Either way the pull's runs go on, or
+	// resume when the daemon starts again.
+	const hint = "the daemon stopped or died during the pull, or gave this client up after a minute without reading its answer: run the same pull again once the daemon is back"
 	if err != nil {
 		return nil, fmt.Errorf("control socket %s: reading the answer: %w (%s)", c.socket, err, hint)
 	}

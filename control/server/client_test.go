@@ -138,7 +138,8 @@ func TestCutStreamTellsThePullToRunAgain(t *testing.T) {
 	defer cancel()
 	events := 0
 	_, err = control.NewClient(sock).Pull(ctx, api.PullRequest{Bucket: "b", Key: "img/"}, func(api.Event) { events++ })
-	if events != 1 || err == nil || !strings.Contains(err.Error(), "the daemon stopped or died during the pull: run the same pull again once it is back") {
+	if events != 1 || err == nil || !strings.Contains(err.Error(), "the daemon stopped or died during the pull") ||
+		!strings.Contains(err.Error(), "run the same pull again once the daemon is back") {
 		t.Errorf("pull cut after %d event(s): %v; want the cut stream explained and the same pull to be run again", events, err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -67,27 +68,52 @@ func servePull(stopping context.Context, p Puller, w http.ResponseWriter, r *htt
 	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
+	lg := log.G(r.Context()).WithField("bucket", req.Bucket).WithField("key", req.Key).WithField("ref", req.Ref).WithField("replace", req.Replace)
+	lg.Info("control: pull")
+	ctx, cut := context.WithCancelCause(r.Context())
+	defer cut(nil)
 	var mu sync.Mutex
 	enc := json.NewEncoder(w)
 	rc := http.NewResponseController(w)
+	// ended: the answer's last line is sent, or its client is given up.
+	var ended bool
+	// send writes one line, under mu. A client that takes none of it for
+	// pullWriteTimeout (suspended, or never reading) is given up: its
+	// answer is cut, and its pull with it, as when a client leaves (the
+	// runs go on in the daemon), so that neither the pull's end nor this
+	// handler waits on it.
+	send := func(l control.Line) {
+		if ended {
+			return
+		}
+		_ = rc.SetWriteDeadline(time.Now().Add(pullWriteTimeout))
+		err := enc.Encode(l)
+		if err == nil {
+			err = rc.Flush()
+		}
+		if err != nil {
+			ended = true
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				lg.WithError(err).WithField("timeout", pullWriteTimeout).Warn("control: pull's client takes no answer; giving it up")
+				err = fmt.Errorf("control: the pull's client took no answer for %v: %w", pullWriteTimeout, err)
+			} else {
+				lg.WithError(err).Info("control: pull's client is gone")
+				err = fmt.Errorf("control: the pull's client is gone: %w", err)
+			}
+			cut(err)
+		}
+	}
 	// last sends the answer's last line, the result or the error, once:
 	// the first of the pull's end and the daemon's stop writes it.
-	var ended bool
 	last := func(l control.Line) {
 		mu.Lock()
 		defer mu.Unlock()
-		if !ended && enc.Encode(l) == nil {
-			_ = rc.Flush()
-		}
+		send(l)
 		ended = true
 	}
-	lg := log.G(r.Context()).WithField("bucket", req.Bucket).WithField("key", req.Key).WithField("ref", req.Ref).WithField("replace", req.Replace)
-	lg.Info("control: pull")
 	// A daemon that stops cuts the pull (its runs resume at the next
 	// start) and tells the client why and what to do, rather than closing
 	// the connection on a stream without a last line.
-	ctx, cut := context.WithCancelCause(r.Context())
-	defer cut(nil)
 	stopped := context.AfterFunc(stopping, func() {
 		cause := context.Cause(stopping)
 		last(control.Line{Error: cause.Error()})
@@ -97,9 +123,7 @@ func servePull(stopping context.Context, p Puller, w http.ResponseWriter, r *htt
 	res, err := p.Pull(ctx, req, func(e api.Event) {
 		mu.Lock()
 		defer mu.Unlock()
-		if !ended && enc.Encode(control.Line{Event: &e}) == nil {
-			_ = rc.Flush()
-		}
+		send(control.Line{Event: &e})
 	})
 	if err != nil {
 		lg.WithError(err).Warn("control: pull failed")
@@ -137,6 +161,12 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // open: the CLI sends one request a connection, and a client that keeps
 // one open and quiet must not hold it for the daemon's life.
 const idleTimeout = 10 * time.Second
+
+// pullWriteTimeout is how long a write of a pull's answer may wait on its
+// client before the client is given up: long enough for a terminal's
+// Ctrl-Z and fg, short enough that a client that never reads does not hold
+// a handler and a descriptor for the daemon's life.
+var pullWriteTimeout = time.Minute
 
 // errDaemonStopping is the error a pull in flight is answered with, and
 // its context cancelled with, when Serve stops: it tells the operator what

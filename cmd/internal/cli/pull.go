@@ -32,7 +32,10 @@ then gets its active snapshot "snap-<image id>" and is registered in
 containerd under --name, in the namespace of each --namespace (default: the
 config's containerd.namespace; "--namespace k8s.io" for the CRI, which
 Kubernetes uses). Everything is idempotent and survives a daemon
-crash: pulling again resumes what was cut.
+crash: pulling again resumes what was cut. Interrupting pull (Ctrl-C)
+ends the command, not the daemon's work, which records the image when it
+ends; a pull that reads none of the daemon's answer for a minute
+(suspended with Ctrl-Z) is dropped by the daemon the same way.
 
 --name must be an image reference ([DOMAIN/]PATH[:TAG], lowercase path, no
 digest). Without it the name is s3.local/BUCKET/PREFIX:latest for a prefix
