@@ -3,6 +3,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -52,7 +53,7 @@ func handler(p Puller, stopping context.Context) http.Handler {
 
 func servePull(stopping context.Context, p Puller, w http.ResponseWriter, r *http.Request) {
 	var req api.PullRequest
-	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
+	if err := readBody(w, r, &req); err != nil {
 		writeJSON(w, http.StatusBadRequest, control.Line{Error: fmt.Sprintf("pull: request body: %v", err)})
 		return
 	}
@@ -135,7 +136,7 @@ func servePull(stopping context.Context, p Puller, w http.ResponseWriter, r *htt
 
 func serveActivate(p Puller, w http.ResponseWriter, r *http.Request) {
 	var req control.ActivateRequest
-	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
+	if err := readBody(w, r, &req); err != nil {
 		writeJSON(w, http.StatusBadRequest, control.ActivateAnswer{Error: fmt.Sprintf("activate: request body: %v", err)})
 		return
 	}
@@ -149,6 +150,36 @@ func serveActivate(p Puller, w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, control.ActivateAnswer{Result: res})
+}
+
+// maxBody is the largest request body: a request names one image, or a
+// list of names, far below it.
+const maxBody = 1 << 20
+
+// bodyReadTimeout is how long a request's body may take to arrive once its
+// head has: the CLI sends both at once, and a caller that stops half-way
+// must not hold a handler until the daemon stops.
+var bodyReadTimeout = 10 * time.Second
+
+// readBody reads r's JSON body into v, all of it, within bodyReadTimeout.
+// Once it is read, the connection's read deadline is lifted: the server
+// goes on reading it only to see the client leave, which cancels the
+// request, and a pull or an activate may take longer than the deadline.
+func readBody(w http.ResponseWriter, r *http.Request, v any) error {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(bodyReadTimeout))
+	raw, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return fmt.Errorf("not all of it arrived within %v", bodyReadTimeout)
+		}
+		return err
+	}
+	if len(raw) > maxBody {
+		return fmt.Errorf("over %d bytes", maxBody)
+	}
+	_ = rc.SetReadDeadline(time.Time{})
+	return json.NewDecoder(bytes.NewReader(raw)).Decode(v)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -255,7 +286,7 @@ func (h *handlers) wait() {
 
 func serveRm(rm Remover, w http.ResponseWriter, r *http.Request) {
 	var req control.RmRequest
-	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
+	if err := readBody(w, r, &req); err != nil {
 		writeJSON(w, http.StatusBadRequest, control.RmAnswer{Error: fmt.Sprintf("rm: request body: %v", err)})
 		return
 	}

@@ -132,3 +132,49 @@ func TestStalledPullClientIsDropped(t *testing.T) {
 		t.Errorf("the answer of a client given up: %d bytes, err %v; want it cut short, without a result", len(rest), err)
 	}
 }
+
+// TestStalledRequestBodyIsDropped: a caller that sends a request's head
+// and then not all of the body it announced (a hung script, a client cut
+// mid-write that left its socket open) is answered 400 once
+// bodyReadTimeout has passed, rather than hold a handler until the daemon
+// stops.
+func TestStalledRequestBodyIsDropped(t *testing.T) {
+	defer func(d time.Duration) { bodyReadTimeout = d }(bodyReadTimeout)
+	bodyReadTimeout = 300 * time.Millisecond
+	sock := filepath.Join(t.TempDir(), "control.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := fakeStalledPuller{ended: make(chan error, 1)}
+	served := make(chan error, 1)
+	go func() { served <- Serve(ctx, lis, p) }()
+	defer func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	}()
+	for _, path := range []string{"/v1/pull", "/v1/activate"} {
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := io.WriteString(c, "POST "+path+" HTTP/1.1\r\nHost: control\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"key\":"); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(bodyReadTimeout + 5*time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("%s with a body that never arrives: no answer within %v: %v", path, bodyReadTimeout+5*time.Second, err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(raw), "request body") {
+			t.Errorf("%s with a body that never arrives: %s %s, want 400 naming the request body", path, resp.Status, raw)
+		}
+	}
+	waitHandlerGone(t, "servePull", 5*time.Second, "a pull whose body never arrived")
+	waitHandlerGone(t, "serveActivate", 5*time.Second, "an activate whose body never arrived")
+}
