@@ -215,9 +215,10 @@ func (l *namespaceList) Set(v string) error {
 // pullJSON pulls with the daemon's stream written to w as it arrives: one
 // control.Line a line, the events, then the result or the error (which
 // also makes the exit status 1, with nothing more on stderr). A write to
-// w that fails (stdout on a full disk, a closed pipe) does not stop the
-// pull, but fails the command, saying so on stderr: the script reading w
-// did not get the answer.
+// w that fails (stdout on a full disk) does not stop the pull, but fails
+// the command, saying so on stderr: the script reading w did not get the
+// answer. A closed pipe on stdout ends the process by SIGPIPE, as it ends
+// any command; the pull's runs go on in the daemon either way.
 func pullJSON(ctx context.Context, c *control.Client, req api.PullRequest, w io.Writer) error {
 	var (
 		mu       sync.Mutex
