@@ -14,6 +14,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -67,8 +68,9 @@ type commandProc struct {
 }
 
 // startCommand starts `containerd-flyio-snapshotter ARGS...` with env
-// added to the test's environment, and SIGKILLs it at the test's cleanup
-// if it still runs.
+// added to the test's environment. At the test's cleanup, if it still
+// runs, it is stopped as systemd stops the daemon: SIGTERM, then SIGKILL
+// a minute later.
 func startCommand(t testing.TB, env []string, args ...string) *commandProc {
 	t.Helper()
 	p := &commandProc{exited: make(chan error, 1), stderr: &stack.LockedBuffer{}}
@@ -85,8 +87,13 @@ func startCommand(t testing.TB, env []string, args ...string) *commandProc {
 		p.exited <- err
 	}()
 	t.Cleanup(func() {
-		p.cmd.Process.Signal(syscall.SIGKILL)
-		<-done
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			p.cmd.Process.Signal(syscall.SIGKILL)
+			<-done
+		}
 	})
 	return p
 }
