@@ -268,7 +268,7 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 	loops.Add(1)
 	go func() {
 		defer loops.Done()
-		pipeline.RecordsOf(s.DB).RetainEvery(sctx, s.Config.Retention.Interval.Duration, s.Config.Retention.Policy())
+		p.RetainEvery(sctx, s.Config.Retention.Interval.Duration, s.Config.Retention.Policy())
 	}()
 	done := make(chan struct{})
 	if sock := s.Config.Daemon.ControlSocket; sock != "" {

@@ -2,14 +2,15 @@ package pipeline
 
 import "sync"
 
-// chainHolds counts, per chain, the pulls under way that build on it
-// (Pipelines.Guard).
+// chainHolds counts, per id, the pulls under way that hold it: per chain,
+// those that build on it (Pipelines.Guard); per download idempotency id,
+// those that will name its run (Pipelines.Retain).
 type chainHolds struct {
 	mu sync.Mutex
 	n  map[string]int
 }
 
-// hold counts one more pull building on chain until release is called.
+// hold counts one more pull holding chain until release is called.
 func (h *chainHolds) hold(chain string) (release func()) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -30,4 +31,15 @@ func (h *chainHolds) count(chain string) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.n[chain]
+}
+
+// ids lists the ids held now.
+func (h *chainHolds) ids() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]string, 0, len(h.n))
+	for id := range h.n {
+		out = append(out, id)
+	}
+	return out
 }

@@ -132,6 +132,10 @@ type Pipelines struct {
 	hub hub
 	// building counts the chains the pulls under way build on (Guard).
 	building chainHolds
+	// downloadHolds counts the download idempotency ids of the layers of
+	// the pulls under way: their runs, once ended, are named as the
+	// predecessors of unpack runs, and retention keeps them (Retain).
+	downloadHolds chainHolds
 	// validated holds the blobs this process validated while downloading
 	// them (local path → validatedFile).
 	validated sync.Map

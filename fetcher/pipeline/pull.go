@@ -267,6 +267,10 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 	}
 	for i := len(known); i < len(layers); i++ {
 		dlIDs[i] = objectRunID(downloadRequest(i))
+		// Held before its run is started or joined: once ended, the run
+		// is named as the predecessor of the layer's unpack run, and no
+		// retention pass may forget it before then.
+		defer p.downloadHolds.hold(dlIDs[i])()
 		// Every layer above the bottom one may have to wait for its
 		// parent: its validation keeps its tar stream (spool.go).
 		if i > 0 {

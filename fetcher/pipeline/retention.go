@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -56,7 +57,7 @@ func (r Retention) withDefaults() Retention {
 // RetentionConfig is the daemon's [retention] section (the toml tags are
 // its keys): the Retention policy and how often it runs.
 type RetentionConfig struct {
-	// Interval spaces the retention passes (Records.RetainEvery).
+	// Interval spaces the retention passes (Pipelines.RetainEvery).
 	Interval conf.Duration `toml:"interval"`
 	// RunsMaxAge and RunsMaxCount bound the finished state-machine runs
 	// kept (Retention.RunsMaxAge, Retention.RunsMaxCount).
@@ -103,20 +104,51 @@ type RetentionResult struct {
 }
 
 // finishedRunFree is true for the finished run r that no live run still
-// names as its parent or as a run it waits for.
+// names as its parent or as a run it waits for, and whose idempotency id
+// is not among the JSON array held (the runs a pull under way may still
+// name as a predecessor).
 const finishedRunFree = `r.state IN ('complete', 'aborted', 'failed') AND NOT EXISTS (
 	SELECT 1 FROM fsm_runs l WHERE l.state IN ('pending', 'running')
-	   AND (l.parent_id = r.run_id OR ' ' || l.run_after || ' ' LIKE '% ' || r.run_id || ' %'))`
+	   AND (l.parent_id = r.run_id OR ' ' || l.run_after || ' ' LIKE '% ' || r.run_id || ' %'))
+	AND r.idempotency_id NOT IN (SELECT value FROM json_each(?))`
 
 // Retain deletes, as of now, the history records pol says to forget, in
 // transactions of at most pruneBatch rows (the write lock is held one batch
 // at a time). A run a live run still refers to is kept, and so is an image
-// a live run is pulling.
+// a live run is pulling. It knows of no pull under way: a process that
+// pulls retains through Pipelines.Retain, which keeps its pulls' runs too.
 func (r Records) Retain(ctx context.Context, pol Retention, now time.Time) (RetentionResult, error) {
-	return r.retain(ctx, pol, now, pruneBatch)
+	return r.retain(ctx, pol, now, pruneBatch, nil)
 }
 
-func (r Records) retain(ctx context.Context, pol Retention, now time.Time, batch int) (RetentionResult, error) {
+// Retain is Records.Retain keeping, besides, every finished run a pull
+// under way in this process may still name as the run-after predecessor
+// of a run it starts (the download runs of its layers, the unpack runs of
+// its chains): a pull names a predecessor only once it has ended, when no
+// live run refers to it yet, and the run that names it reads its response.
+func (p *Pipelines) Retain(ctx context.Context, pol Retention, now time.Time) (RetentionResult, error) {
+	return RecordsOf(p.db).retain(ctx, pol, now, pruneBatch, p.heldRunIDs)
+}
+
+// heldRunIDs lists the idempotency ids of the runs the pulls under way
+// may still name as predecessors: the chains they build on (their unpack
+// runs' ids) and the downloads of their layers.
+func (p *Pipelines) heldRunIDs() []string {
+	return append(p.building.ids(), p.downloadHolds.ids()...)
+}
+
+// retain is Retain in transactions of at most batch rows; held, when set,
+// is read in each transaction (under its write lock, so a pull's hold
+// taken before it starts or joins a run is seen by every later batch).
+func (r Records) retain(ctx context.Context, pol Retention, now time.Time, batch int, held func() []string) (RetentionResult, error) {
+	heldJSON := func() (string, error) {
+		ids := []string{}
+		if held != nil {
+			ids = append(ids, held()...)
+		}
+		b, err := json.Marshal(ids)
+		return string(b), err
+	}
 	pol = pol.withDefaults()
 	var res RetentionResult
 	var scratch PruneResult
@@ -125,7 +157,11 @@ func (r Records) retain(ctx context.Context, pol Retention, now time.Time, batch
 			WHERE ` + finishedRunFree + ` AND IFNULL(r.finished_at, r.updated_at) < ? LIMIT ?)`
 		cutoff := now.Add(-pol.RunsMaxAge).UnixNano()
 		if err := r.pruneBatches(ctx, batch, &res.Runs, false, &scratch, func(tx *sql.Tx) (int, error) {
-			return execCount(ctx, tx, q, cutoff, batch)
+			h, err := heldJSON()
+			if err != nil {
+				return 0, fmt.Errorf("runs held by pulls: %w", err)
+			}
+			return execCount(ctx, tx, q, h, cutoff, batch)
 		}); err != nil {
 			return res, fmt.Errorf("pipeline: retention: finished runs older than %s: %w", pol.RunsMaxAge, err)
 		}
@@ -139,7 +175,11 @@ func (r Records) retain(ctx context.Context, pol Retention, now time.Time, batch
 				 ORDER BY IFNULL(finished_at, updated_at) DESC, run_id DESC LIMIT ?)
 			ORDER BY IFNULL(r.finished_at, r.updated_at), r.run_id LIMIT ?)`
 		if err := r.pruneBatches(ctx, batch, &res.Runs, false, &scratch, func(tx *sql.Tx) (int, error) {
-			return execCount(ctx, tx, q, pol.RunsMaxCount, batch)
+			h, err := heldJSON()
+			if err != nil {
+				return 0, fmt.Errorf("runs held by pulls: %w", err)
+			}
+			return execCount(ctx, tx, q, h, pol.RunsMaxCount, batch)
 		}); err != nil {
 			return res, fmt.Errorf("pipeline: retention: finished runs beyond %d: %w", pol.RunsMaxCount, err)
 		}
@@ -164,14 +204,14 @@ func (r Records) retain(ctx context.Context, pol Retention, now time.Time, batch
 // when not positive), and once at once, until ctx is done, logging what
 // each pass deleted and any error (a failed pass is tried again at the
 // next tick).
-func (r Records) RetainEvery(ctx context.Context, interval time.Duration, pol Retention) {
+func (p *Pipelines) RetainEvery(ctx context.Context, interval time.Duration, pol Retention) {
 	if interval <= 0 {
 		interval = DefaultRetentionInterval
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		res, err := r.Retain(ctx, pol, time.Now())
+		res, err := p.Retain(ctx, pol, time.Now())
 		l := log.G(ctx).WithFields(log.Fields{"runs": res.Runs, "failed_images": res.FailedImages})
 		switch {
 		case err != nil && ctx.Err() == nil:

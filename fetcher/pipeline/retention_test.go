@@ -60,7 +60,7 @@ func TestRetention(t *testing.T) {
 	}
 
 	// Nothing is old yet for the images; runs: the count keeps the 3 newest.
-	res, err := RecordsOf(db).retain(ctx, Retention{RunsMaxAge: 7 * day, RunsMaxCount: 3, FailedImagesMaxAge: -1}, now, 2)
+	res, err := RecordsOf(db).retain(ctx, Retention{RunsMaxAge: 7 * day, RunsMaxCount: 3, FailedImagesMaxAge: -1}, now, 2, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestRetention(t *testing.T) {
 
 	// An image is judged by when it was created or last used: a year on,
 	// the image that never pulled goes, the pulled one stays.
-	res, err = RecordsOf(db).retain(ctx, Retention{RunsMaxAge: -1, RunsMaxCount: -1}, now.Add(365*day), 2)
+	res, err = RecordsOf(db).retain(ctx, Retention{RunsMaxAge: -1, RunsMaxCount: -1}, now.Add(365*day), 2, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,5 +149,48 @@ func TestTouchImageNeverMovesLastUseBack(t *testing.T) {
 	}
 	if used < ahead {
 		t.Errorf("a use moved the image's last use back by %s", time.Duration(ahead-used))
+	}
+}
+
+// TestRetentionKeepsTheRunsAPullNames: a pull names the download run of a
+// layer, and the unpack run of the layer below, as the run-after
+// predecessors of the layer's unpack run only once they have ended, and
+// the unpack run reads the download's response from its predecessor. A
+// retention pass in between (here: the count keeps one finished run,
+// newer than the pull's) must not forget those runs: the unpack run
+// would not start, or would end aborted for a predecessor that does not
+// exist, and the pull fail.
+func TestRetentionKeepsTheRunsAPullNames(t *testing.T) {
+	e := newPullEnv(t, nil)
+	e.srv.Put(t, "a/1.tar", layerTar(t, "base", 3000))
+	e.srv.Put(t, "a/2.tar", layerTar(t, "app", 3000))
+	ctx := context.Background()
+	newer := time.Now().Add(time.Hour)
+	if err := seed.InsertRun(ctx, e.db, seed.Run{ID: "newer", FSM: "m", IdempotencyID: "newer", State: "running", Created: newer}); err != nil {
+		t.Fatal(err)
+	}
+	if err := seed.FinishRun(ctx, e.db, "newer", "complete", newer); err != nil {
+		t.Fatal(err)
+	}
+	passes := 0
+	e.p.hooks = map[string]func(){"download:awaited": func() {
+		passes++
+		if _, err := e.p.Retain(ctx, Retention{RunsMaxAge: -1, RunsMaxCount: 1, FailedImagesMaxAge: -1}, time.Now()); err != nil {
+			t.Errorf("retention pass: %v", err)
+		}
+	}}
+	if _, err := e.pull("a/", "a"); err != nil {
+		t.Fatalf("pull with a retention pass after each download was awaited: %v", err)
+	}
+	if passes != 2 {
+		t.Fatalf("%d retention passes ran, want one per layer", passes)
+	}
+	// Once the pull has ended, its runs are history like any other.
+	res, err := e.p.Retain(ctx, Retention{RunsMaxAge: -1, RunsMaxCount: 1, FailedImagesMaxAge: -1}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Runs != 5 {
+		t.Errorf("retention after the pull forgot %d runs, want the pull's 5 (2 downloads, 2 unpacks, 1 activate)", res.Runs)
 	}
 }
