@@ -3,8 +3,9 @@ package pipeline
 import "sync"
 
 // chainHolds counts, per id, the pulls under way that hold it: per chain,
-// those that build on it (Pipelines.Guard); per download idempotency id,
-// those that will name its run (Pipelines.Retain).
+// those that build on it (Pipelines.Guard); per download or activate
+// idempotency id, the pulls and activates that will still read its run
+// (Pipelines.Retain).
 type chainHolds struct {
 	mu sync.Mutex
 	n  map[string]int

@@ -132,10 +132,12 @@ type Pipelines struct {
 	hub hub
 	// building counts the chains the pulls under way build on (Guard).
 	building chainHolds
-	// downloadHolds counts the download idempotency ids of the layers of
-	// the pulls under way: their runs, once ended, are named as the
-	// predecessors of unpack runs, and retention keeps them (Retain).
-	downloadHolds chainHolds
+	// runHolds counts the idempotency ids of the runs, other than the
+	// unpack runs of the chains in building, that the pulls and activates
+	// under way still read once they have ended: their layers' downloads
+	// (named as the predecessors of unpack runs) and their images'
+	// activate runs. Retention keeps them (Retain).
+	runHolds chainHolds
 	// validated holds the blobs this process validated while downloading
 	// them (local path → validatedFile).
 	validated sync.Map

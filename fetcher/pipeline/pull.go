@@ -270,7 +270,7 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 		// Held before its run is started or joined: once ended, the run
 		// is named as the predecessor of the layer's unpack run, and no
 		// retention pass may forget it before then.
-		defer p.downloadHolds.hold(dlIDs[i])()
+		defer p.runHolds.hold(dlIDs[i])()
 		// Every layer above the bottom one may have to wait for its
 		// parent: its validation keeps its tar stream (spool.go).
 		if i > 0 {
@@ -407,6 +407,8 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 	}
 	top := layers[len(layers)-1].ChainID
 	res.Layers, res.TopChainID = layers, top
+	// The activate run's response is read once the run has ended.
+	defer p.runHolds.hold(imageID)()
 	var acRun string
 	for ours := false; !ours; {
 		acRun, ours, err = p.startOwnActivate(ctx, &ActivateRequest{ImageID: imageID, Source: source, Ref: ref, Layers: layers, Namespaces: req.Namespaces, Replace: req.Replace},
@@ -416,6 +418,7 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 		}
 	}
 	watch(acRun, 0)
+	p.hook("activate:started")
 	ac, err := fsm.Await[api.ActivateResponse](ctx, p.m, acRun)
 	for _, runID := range upRuns {
 		u, uerr := fsm.ResponseOf[UnpackResponse](ctx, p.m, runID)
@@ -600,10 +603,13 @@ func (p *Pipelines) Activate(ctx context.Context, ref string) (*api.ActivateResp
 	} else if len(names) > 0 {
 		name = names[0]
 	}
+	// The run's response is read once the run has ended.
+	defer p.runHolds.hold(imageID)()
 	runID, err := p.startActivate(ctx, imageID, &ActivateRequest{ImageID: imageID, Source: img.Source, Ref: name, Layers: layers})
 	if err != nil {
 		return nil, err
 	}
+	p.hook("activate:started")
 	resp, err := fsm.Await[api.ActivateResponse](ctx, p.m, runID)
 	if err == nil {
 		p.used(ctx, imageID, false)

@@ -105,8 +105,8 @@ type RetentionResult struct {
 
 // finishedRunFree is true for the finished run r that no live run still
 // names as its parent or as a run it waits for, and whose idempotency id
-// is not among the JSON array held (the runs a pull under way may still
-// name as a predecessor).
+// is not among the JSON array held (the runs a pull or an activate under
+// way may still read).
 const finishedRunFree = `r.state IN ('complete', 'aborted', 'failed') AND NOT EXISTS (
 	SELECT 1 FROM fsm_runs l WHERE l.state IN ('pending', 'running')
 	   AND (l.parent_id = r.run_id OR ' ' || l.run_after || ' ' LIKE '% ' || r.run_id || ' %'))
@@ -121,20 +121,22 @@ func (r Records) Retain(ctx context.Context, pol Retention, now time.Time) (Rete
 	return r.retain(ctx, pol, now, pruneBatch, nil)
 }
 
-// Retain is Records.Retain keeping, besides, every finished run a pull
-// under way in this process may still name as the run-after predecessor
-// of a run it starts (the download runs of its layers, the unpack runs of
-// its chains): a pull names a predecessor only once it has ended, when no
-// live run refers to it yet, and the run that names it reads its response.
+// Retain is Records.Retain keeping, besides, every finished run a pull or
+// an activate under way in this process may still read: the runs it names
+// as the run-after predecessors of the runs it starts (the download runs
+// of its layers, the unpack runs of its chains), which it names only once
+// they have ended, when no live run refers to them yet, and the activate
+// run of its image, whose response it reads once the run has ended.
 func (p *Pipelines) Retain(ctx context.Context, pol Retention, now time.Time) (RetentionResult, error) {
 	return RecordsOf(p.db).retain(ctx, pol, now, pruneBatch, p.heldRunIDs)
 }
 
-// heldRunIDs lists the idempotency ids of the runs the pulls under way
-// may still name as predecessors: the chains they build on (their unpack
-// runs' ids) and the downloads of their layers.
+// heldRunIDs lists the idempotency ids of the runs the pulls and
+// activates under way may still read: the chains they build on (their
+// unpack runs' ids), the downloads of their layers and their images (the
+// activate runs' ids).
 func (p *Pipelines) heldRunIDs() []string {
-	return append(p.building.ids(), p.downloadHolds.ids()...)
+	return append(p.building.ids(), p.runHolds.ids()...)
 }
 
 // retain is Retain in transactions of at most batch rows; held, when set,

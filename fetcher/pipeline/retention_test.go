@@ -194,3 +194,39 @@ func TestRetentionKeepsTheRunsAPullNames(t *testing.T) {
 		t.Errorf("retention after the pull forgot %d runs, want the pull's 5 (2 downloads, 2 unpacks, 1 activate)", res.Runs)
 	}
 }
+
+// TestRetentionKeepsTheActivateRunAPullAwaits: a pull, and an activate,
+// read the activate run's response once it has ended, when no live run
+// refers to it. A retention pass that comes between the run's end and
+// that read (here: the count keeps one finished run, newer than the
+// activate run) must not forget the run: the image is activated and
+// registered, and the call must say so, not fail on a run not found.
+func TestRetentionKeepsTheActivateRunAPullAwaits(t *testing.T) {
+	e := newPullEnv(t, nil)
+	e.srv.Put(t, "a/1.tar", layerTar(t, "base", 3000))
+	ctx := context.Background()
+	newer := time.Now().Add(time.Hour)
+	if err := seed.InsertRun(ctx, e.db, seed.Run{ID: "newer", FSM: "m", IdempotencyID: "newer", State: "running", Created: newer}); err != nil {
+		t.Fatal(err)
+	}
+	if err := seed.FinishRun(ctx, e.db, "newer", "complete", newer); err != nil {
+		t.Fatal(err)
+	}
+	passes := 0
+	e.p.hooks = map[string]func(){"activate:started": func() {
+		passes++
+		e.waitNoLiveRun("the activate run")
+		if _, err := e.p.Retain(ctx, Retention{RunsMaxAge: -1, RunsMaxCount: 1, FailedImagesMaxAge: -1}, time.Now()); err != nil {
+			t.Errorf("retention pass: %v", err)
+		}
+	}}
+	if _, err := e.pull("a/", "a"); err != nil {
+		t.Fatalf("pull with a retention pass once its activate run ended: %v", err)
+	}
+	if _, err := e.p.Activate(ctx, "a"); err != nil {
+		t.Fatalf("activate with a retention pass once its activate run ended: %v", err)
+	}
+	if passes != 2 {
+		t.Fatalf("%d retention passes ran, want one for the pull and one for the activate", passes)
+	}
+}
