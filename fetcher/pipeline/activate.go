@@ -417,12 +417,21 @@ func (p *Pipelines) verifyImageLayout(ctx context.Context, r *ActivateRequest, k
 		return fmt.Errorf("activate %s: %w", r.Source, err)
 	}
 	verr := tarball.VerifyLayoutDirOf(dir, p.opts.RequiredDirs)
+	var le *tarball.LayoutError
+	refused := errors.As(verr, &le)
+	if refused {
+		log.G(ctx).WithField("image", r.Source).WithError(verr).Warn("security: image layout rejected")
+	}
 	if uerr := umount(); uerr != nil {
+		if verr != nil {
+			// Retried like any failed unmount, the check's verdict kept:
+			// should every attempt fail so, the run's error says why the
+			// image was not accepted.
+			return fmt.Errorf("activate %s: %w; then unmount %s: %w", r.Source, verr, dir, uerr)
+		}
 		return fmt.Errorf("activate %s: unmount %s: %w", r.Source, dir, uerr)
 	}
-	var le *tarball.LayoutError
-	if errors.As(verr, &le) {
-		log.G(ctx).WithField("image", r.Source).WithError(verr).Warn("security: image layout rejected")
+	if refused {
 		if err := p.opts.Snapshots.Remove(ctx, key); err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("activate %s: remove %s of a rejected layout (%w): %w", r.Source, key, verr, err)
 		}
