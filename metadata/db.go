@@ -182,8 +182,9 @@ func dsn(path string, readOnly bool, busy time.Duration, sync Synchronous) strin
 // if absent, sets WAL mode and migrates to the latest embedded migration
 // (refusing a database whose migration ledger does not match the embedded
 // migrations, and copying a non-empty database to <path>.pre-v<N> before
-// migrating it). A read-only open requires the file to exist, verifies the
-// ledger, and never writes.
+// migrating it), and removes the temporary files that backups killed
+// midway left in its directory. A read-only open requires the file to
+// exist, verifies the ledger, and never writes.
 func Open(ctx context.Context, opts Options) (*DB, error) {
 	path := opts.Path
 	if path == "" {
@@ -211,6 +212,9 @@ func Open(ctx context.Context, opts Options) (*DB, error) {
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 			return nil, fmt.Errorf("metadata: creating the directory of database %s: %w", path, err)
 		}
+		// What backups (the copies before migrating among them) killed
+		// midway left beside the database goes at the daemon's start.
+		removeStaleBackupTemps(ctx, filepath.Dir(path))
 	}
 
 	sdb, err := sql.Open(driverName, dsn(path, opts.ReadOnly, busy, sync))

@@ -52,6 +52,10 @@ var ErrSchemaTooNew = errors.New("metadata: database schema newer than this bina
 // transaction after the migration's SQL and before its ledger row.
 var migrationHook func(version int)
 
+// backupHook, when set (tests only), runs in each backup once the copy is
+// written to its temporary file tmp, before it is synced and renamed.
+var backupHook func(tmp string)
+
 // ledgerBootstrap is the schema_migrations table of migration 1; the runner creates
 // it before the first migration so migration 1 can be recorded.
 const ledgerBootstrap = `CREATE TABLE IF NOT EXISTS schema_migrations (
@@ -479,7 +483,9 @@ func (d *DB) backupBeforeMigration(ctx context.Context, next int) (string, error
 // connections (and processes) keep writing: SQLite's VACUUM INTO reads one
 // read transaction's snapshot. The copy is written to a temporary file beside
 // dest, synced and renamed over dest, so dest is never half written. An
-// existing dest is replaced.
+// existing dest is replaced. The temporary files that backups killed
+// midway left in dest's directory are removed first; those of backups
+// still running are not.
 func (d *DB) Backup(ctx context.Context, dest string) error {
 	_, err := d.backup(ctx, dest, nil)
 	return err
@@ -494,15 +500,20 @@ func (d *DB) backup(ctx context.Context, dest string, keep func(c *sql.Conn, tmp
 		// database its writers and its write-ahead log go on with.
 		return false, fmt.Errorf("metadata: backup of %s to %s: the destination is the database's own file %s; write the copy elsewhere", d.path, dest, own)
 	}
+	removeStaleBackupTemps(ctx, filepath.Dir(dest))
 	// VACUUM INTO accepts an existing empty file: a unique empty temporary
-	// file keeps concurrent backups to the same dest apart.
-	f, err := os.CreateTemp(filepath.Dir(dest), filepath.Base(dest)+".tmp-*")
+	// file keeps concurrent backups to the same dest apart. Its lock, held
+	// until it is renamed or removed, keeps other backups' sweeps off it.
+	f, err := createBackupTemp(dest)
 	if err != nil {
 		return false, fmt.Errorf("metadata: backup of %s to %s: %w", d.path, dest, err)
 	}
+	defer f.Close()
 	tmp := f.Name()
-	f.Close()
 	ok, err := d.vacuumInto(ctx, tmp, keep)
+	if err == nil && ok && backupHook != nil {
+		backupHook(tmp)
+	}
 	if err != nil || !ok {
 		_ = os.Remove(tmp)
 		if err != nil {

@@ -59,6 +59,30 @@ func runChild(role string) error {
 			}
 		}
 		return migrateAndPrintApplied(ctx, path)
+	case "backup-pause", "migrate-backup-pause":
+		// Pause in a backup (to BACKUP_DEST, or the copy before migrating)
+		// once its temporary file is written, until killed or until
+		// RELEASE_FILE exists.
+		release := os.Getenv("RELEASE_FILE")
+		backupHook = func(tmp string) {
+			fmt.Printf("PAUSED %s\n", tmp)
+			for release == "" || !exists(release) {
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		if role == "migrate-backup-pause" {
+			return migrateAndPrintApplied(ctx, path)
+		}
+		d, err := Open(ctx, Options{Path: path, ReadOnly: true})
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		if err := d.Backup(ctx, os.Getenv("BACKUP_DEST")); err != nil {
+			return err
+		}
+		fmt.Println("BACKED UP")
+		return nil
 	case "migrate":
 		fmt.Println("OPENING")
 		return migrateAndPrintApplied(ctx, path)
