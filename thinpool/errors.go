@@ -30,6 +30,10 @@ var (
 	// ErrNotFound means the thin id is not in the pool's metadata, or the
 	// named device-mapper device does not exist.
 	ErrNotFound = errors.New("not found")
+	// ErrNotActive means the kernel has no active pool of the name
+	// (OpenActive): no device-mapper device of that name, or one without
+	// a live table.
+	ErrNotActive = errors.New("pool not active")
 	// ErrExists means the thin id or the device-mapper name is already taken.
 	ErrExists = errors.New("already exists")
 	// ErrBusy means the device is open or mounted (EBUSY from the kernel).

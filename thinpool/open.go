@@ -77,6 +77,43 @@ func Open(ctx context.Context, cfg Config) (*Pool, error) {
 	return p, nil
 }
 
+// OpenActive opens the pool described by cfg only when the kernel has it
+// active: a device-mapper device of that name with a live thin-pool table
+// on the configured metadata. It is Open for the commands that only read:
+// it neither creates nor attaches nor loads anything, so a device of that
+// name without a live table (a creation cut short before its table was
+// loaded or resumed, or another tool's device being set up) is reported,
+// wrapping ErrNotActive, and left as it is.
+func OpenActive(ctx context.Context, cfg Config) (*Pool, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("thinpool: open active pool: invalid config: %w: %w", ErrInvalid, err)
+	}
+	ctl, err := control()
+	if err != nil {
+		return nil, fmt.Errorf("thinpool: open active pool %q: %w", cfg.Name, err)
+	}
+	p := &Pool{cfg: cfg, name: cfg.Name, ctl: ctl, blockSize: cfg.blockSizeSectors()}
+	info, err := ctl.info(p.name)
+	switch {
+	case errors.Is(err, unix.ENXIO):
+		return nil, fmt.Errorf("thinpool: pool %q: no device-mapper device of that name: %w", p.name, ErrNotActive)
+	case err != nil:
+		return nil, fmt.Errorf("thinpool: open active pool %q: %w", p.name, err)
+	case !info.hasLiveTable():
+		return nil, fmt.Errorf("thinpool: pool %q: the device-mapper device of that name has no live table (inactive table loaded: %v): %w",
+			p.name, info.hasInactiveTbl(), ErrNotActive)
+	}
+	if err := p.adopt(); err != nil {
+		return nil, fmt.Errorf("thinpool: open active pool %q: %w", p.name, err)
+	}
+	if _, err := ensureNode(p.name, p.dev); err != nil {
+		return nil, fmt.Errorf("thinpool: open active pool %q: %w", p.name, err)
+	}
+	log.G(ctx).WithField("pool", p.name).WithField("dev", p.devStr).Debug("thinpool: opened active pool")
+	return p, nil
+}
+
 // adopt checks that the active device p.name is a thin pool on our devices
 // and learns its device number, block size and metadata device.
 func (p *Pool) adopt() error {

@@ -71,16 +71,26 @@ func parsePoolFlags(fs *flag.FlagSet, args []string) error {
 }
 
 // openActivePool opens the configured pool only if the kernel already has
-// it (thinpool.Open would create a missing pool).
+// it active, changing nothing: thinpool.Open would create a missing pool,
+// or load and resume a table into a device of that name that has none
+// live. sysfs answers first, so that a host without device-mapper (or
+// without the permission to use it) hears that the pool is not active.
 func openActivePool(ctx context.Context, cfg *plugin.Config) (*thinpool.Pool, error) {
+	notActive := func(err error) error {
+		return fmt.Errorf("pool %q is not active (start the daemon to create or reattach it; pool files are kept in %s): %w", cfg.Pool.Name, cfg.Pool.RootDir, err)
+	}
 	active, err := dmDeviceExists(cfg.Pool.Name)
 	if err != nil {
 		return nil, err
 	}
 	if !active {
-		return nil, fmt.Errorf("pool %q is not active (start the daemon to create or reattach it; pool files are kept in %s)", cfg.Pool.Name, cfg.Pool.RootDir)
+		return nil, notActive(fmt.Errorf("no device-mapper device of that name: %w", thinpool.ErrNotActive))
 	}
-	return thinpool.Open(ctx, cfg.ThinpoolConfig())
+	p, err := thinpool.OpenActive(ctx, cfg.ThinpoolConfig())
+	if errors.Is(err, thinpool.ErrNotActive) {
+		return nil, notActive(err)
+	}
+	return p, err
 }
 
 // dmDeviceExists reports whether a device-mapper device called name exists,

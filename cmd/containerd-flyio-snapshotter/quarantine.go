@@ -4,6 +4,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/cmd/internal/cli"
 
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -85,11 +86,11 @@ since when it is quarantined and why. The database is opened read-only.`)
 	}
 	defer db.Close()
 	var pool snapshotter.DevicePool // nil: the pool is not active
-	if active, err := dmDeviceExists(cfg.Pool.Name); err == nil && active {
-		p, err := thinpool.Open(ctx, cfg.ThinpoolConfig())
-		if err != nil {
-			return err
-		}
+	switch p, err := openActivePool(ctx, cfg); {
+	case errors.Is(err, thinpool.ErrNotActive):
+	case err != nil:
+		return err
+	default:
 		defer p.Close()
 		pool = p
 	}
