@@ -111,6 +111,13 @@ func ReadRecords(db *metadata.DB) Records {
 	return Records{q: db.Statements()}
 }
 
+// ReadRecordsIn returns the snapshotter's queries on q, for reads that
+// must all see one state of the database: q is the one given by
+// (*metadata.DB).ReadSnapshot.
+func ReadRecordsIn(q metadata.Querier) Records {
+	return Records{q: q}
+}
+
 // RecordsTx returns the snapshotter's queries inside tx, a transaction
 // given by (*metadata.DB).WithTx.
 func RecordsTx(tx *sql.Tx) Records {

@@ -310,7 +310,9 @@ Lists every thin id in the pool's metadata next to the database's record of
 it (device name, role, state, pending intent, quarantine) and the active
 device-mapper device mapping it, and flags each disagreement: an id in the
 pool that the database does not explain, or a device record whose id is not
-in the pool. The database is opened read-only.`)
+in the pool. The database is read before and after the pool, and what
+only the daemon's work in progress between the reads makes differ (a device
+being created or deleted) is not flagged. The database is opened read-only.`)
 	cli.AddDBFlags(fs)
 	format := cli.AddFormatFlag(fs, cli.DefaultFormatUsage)
 	check := fs.Bool("check", false, "exit with status 1 when pool and database disagree")
@@ -331,7 +333,7 @@ in the pool. The database is opened read-only.`)
 		return err
 	}
 	defer pool.Close()
-	rows, err := poolRows(ctx, pool, snapshotter.ReadRecords(db))
+	rows, err := poolRows(ctx, pool, db)
 	if err != nil {
 		return err
 	}
@@ -379,10 +381,59 @@ func dash(s string) string {
 	return s
 }
 
+// poolLister is what poolRows reads of the pool (*thinpool.Pool).
+type poolLister interface {
+	ThinIDs(ctx context.Context) ([]uint32, error)
+	ActiveDevices(ctx context.Context) ([]thinpool.ActiveDevice, error)
+}
+
+// poolRecords is what the database says of the pool's thin ids, as one
+// read transaction saw it.
+type poolRecords struct {
+	devs        []snapshotter.ThinDevice
+	intents     []snapshotter.DeviceIntent
+	quarantined []snapshotter.QuarantinedID
+}
+
+// readPoolRecords reads the device records, intents and quarantined ids in
+// one read transaction: read one after the other, they could straddle a
+// commit of the daemon that moves an id from an intent to a record.
+func readPoolRecords(ctx context.Context, db *metadata.DB) (poolRecords, error) {
+	var r poolRecords
+	err := db.ReadSnapshot(ctx, func(q metadata.Querier) error {
+		recs := snapshotter.ReadRecordsIn(q)
+		var err error
+		if r.devs, err = recs.ThinDevices(ctx, ""); err != nil {
+			return err
+		}
+		if r.intents, err = recs.Intents(ctx); err != nil {
+			return err
+		}
+		r.quarantined, err = recs.QuarantinedIDs(ctx)
+		return err
+	})
+	if err != nil {
+		return poolRecords{}, fmt.Errorf("read the device records of %s: %w", db.Path(), err)
+	}
+	return r, nil
+}
+
 // poolRows merges the pool's thin ids, its active devices and the
 // database's device records, intents and quarantined ids into one row per
 // id, in id order.
-func poolRows(ctx context.Context, pool *thinpool.Pool, q snapshotter.Records) ([]thinRow, error) {
+//
+// The daemon may be working meanwhile: it records an intent before it
+// creates a device and the device's record after, and it deletes a device
+// from the pool before it drops the device's record. So the database is
+// read before and after the pool, and a disagreement is reported only when
+// the pool disagrees with both reads alike: what the daemon committed
+// between them explains the pool in one of them. The rows show the second
+// read.
+func poolRows(ctx context.Context, pool poolLister, db *metadata.DB) ([]thinRow, error) {
+	before, err := readPoolRecords(ctx, db)
+	if err != nil {
+		return nil, err
+	}
 	ids, err := pool.ThinIDs(ctx)
 	if err != nil {
 		return nil, err
@@ -391,18 +442,25 @@ func poolRows(ctx context.Context, pool *thinpool.Pool, q snapshotter.Records) (
 	if err != nil {
 		return nil, err
 	}
-	devs, err := q.ThinDevices(ctx, "")
+	after, err := readPoolRecords(ctx, db)
 	if err != nil {
 		return nil, err
 	}
-	intents, err := q.Intents(ctx)
-	if err != nil {
-		return nil, err
+	rows := mergePoolRows(ids, active, after)
+	earlier := map[uint32]string{}
+	for _, r := range mergePoolRows(ids, active, before) {
+		earlier[r.ID] = r.Problem
 	}
-	quarantined, err := q.QuarantinedIDs(ctx)
-	if err != nil {
-		return nil, err
+	for i := range rows {
+		if rows[i].Problem != earlier[rows[i].ID] {
+			rows[i].Problem = ""
+		}
 	}
+	return rows, nil
+}
+
+// mergePoolRows is poolRows for one read of the database.
+func mergePoolRows(ids []uint32, active []thinpool.ActiveDevice, recs poolRecords) []thinRow {
 	byID := map[uint32]*thinRow{}
 	row := func(id uint32) *thinRow {
 		if r, ok := byID[id]; ok {
@@ -419,15 +477,15 @@ func poolRows(ctx context.Context, pool *thinpool.Pool, q snapshotter.Records) (
 		r := row(a.ThinID)
 		r.Active = strings.TrimPrefix(strings.Join([]string{r.Active, a.Name}, ","), ",")
 	}
-	for _, d := range devs {
+	for _, d := range recs.devs {
 		r := row(d.ID)
 		r.Name, r.Role, r.State = d.Name, d.Role, d.State
 	}
-	for _, in := range intents {
+	for _, in := range recs.intents {
 		row(in.DeviceID).Intent = in.Op
 	}
 	deletedQuarantine := map[uint32]bool{}
-	for _, qi := range quarantined {
+	for _, qi := range recs.quarantined {
 		row(qi.DeviceID).Quarantined = qi.Reason
 		deletedQuarantine[qi.DeviceID] = qi.Deleted
 	}
@@ -446,5 +504,5 @@ func poolRows(ctx context.Context, pool *thinpool.Pool, q snapshotter.Records) (
 		out = append(out, *r)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out, nil
+	return out
 }
