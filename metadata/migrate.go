@@ -279,6 +279,17 @@ func (d *DB) verifyLedger(ctx context.Context, allowNewer bool) (int, error) {
 		return 0, fmt.Errorf("metadata: refusing database %s: %w", d.path, err)
 	}
 	if len(rows) == 0 {
+		// Migration 1 creates the first tables and records itself in the
+		// ledger in one transaction: tables without a ledger are another
+		// program's database, which a migration would write this schema
+		// into.
+		has, err := d.hasUserTables(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if has {
+			return 0, fmt.Errorf("metadata: refusing database %s: %w: it has tables but no migration ledger (schema_migrations), so it is not a containerd-flyio-snapshotter database; check the path", d.path, ErrLedgerMismatch)
+		}
 		return 0, nil
 	}
 	return rows[len(rows)-1].Version, nil
