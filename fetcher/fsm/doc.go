@@ -25,7 +25,10 @@
 // Guarantees, given transitions that are idempotent:
 //   - a transition whose completion was checkpointed never runs again for
 //     that run; after a crash only the interrupted transition runs again,
-//     from its start, with the response checkpointed before it;
+//     from its start, with the response checkpointed before it; one that
+//     ended the run does not run again once the OnFail cleanup has begun
+//     (a crash then runs the cleanup again and the run ends failed with
+//     the transition's reason);
 //   - at most one pending or running run exists per (FSM, idempotency id):
 //     concurrent starts with one id share one run;
 //   - at most the queue's limit of runs of one queue execute at once; a run

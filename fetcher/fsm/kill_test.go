@@ -484,3 +484,75 @@ func childManager(t *testing.T, dbPath string) (context.Context, *metadata.DB, *
 	}
 	return ctx, db, fsm.NewManager(fsm.NewSQLiteStore(db))
 }
+
+// TestKilledDuringCleanupEndsWithTheTransitionsReason: a process stopped
+// for good (as kill -9 stops it) inside the cleanup of a run its
+// transition aborted leaves the run live. The next start runs the cleanup
+// again and ends the run with the transition's reason, without running
+// the transition again: this one, like a validation that removes the file
+// it rejects, cannot reach its verdict twice.
+func TestKilledDuringCleanupEndsWithTheTransitionsReason(t *testing.T) {
+	db := openDB(t)
+	ctx := waitCtx(t)
+	file := filepath.Join(t.TempDir(), "layer")
+	if err := os.WriteFile(file, []byte("hostile"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var calls, cleanups atomic.Int32
+	build := func(m *fsm.Manager, inCleanup func()) (fsm.StartFunc[testReq], func(context.Context) error) {
+		t.Helper()
+		start, resume, err := fsm.Register[testReq, testResp](m, "rejecting").
+			Start("validate", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
+				calls.Add(1)
+				if _, err := os.Stat(file); err != nil {
+					return nil, fmt.Errorf("validate: %w", err)
+				}
+				if err := os.Remove(file); err != nil {
+					return nil, err
+				}
+				return nil, fsm.Abort(errors.New("security: tarball rejected: path escapes the root"))
+			}, fsm.WithRetry(fsm.FixedRetry(2, time.Millisecond))).
+			End("complete").
+			OnFail(func(ctx context.Context, req *fsm.Request[testReq, testResp]) error {
+				cleanups.Add(1)
+				inCleanup()
+				return nil
+			}).Build(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return start, resume
+	}
+
+	m1 := fsm.NewManager(fsm.NewSQLiteStore(db))
+	inCleanup, killed := make(chan struct{}), make(chan struct{})
+	start, _ := build(m1, func() { close(inCleanup); <-killed })
+	id, err := start(ctx, "x", &testReq{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-inCleanup:
+	case <-ctx.Done():
+		t.Fatal("the aborted run never reached its cleanup")
+	}
+	t.Cleanup(func() {
+		close(killed)
+		if err := m1.Close(ctx); err != nil {
+			t.Errorf("closing the first manager: %v", err)
+		}
+	})
+
+	m2 := newManager(t, db)
+	_, resume := build(m2, func() {})
+	if err := resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	state, _, err := m2.Wait(ctx, id)
+	if !state.Terminal() || state == fsm.StateComplete || err == nil || !strings.Contains(err.Error(), "security: tarball rejected") {
+		t.Errorf("resumed run ended %s: %v; want it ended with the rejection as its reason", state, err)
+	}
+	if calls.Load() != 1 || cleanups.Load() != 2 {
+		t.Errorf("transition ran %d times, cleanup %d; want the transition once and the cleanup again after the restart", calls.Load(), cleanups.Load())
+	}
+}

@@ -197,7 +197,7 @@ func (f *machine[R, W]) runFrom(ctx context.Context, rec *RunRecord, idx int, in
 		case err == nil || isHandoff:
 			raw, merr := json.Marshal(resp)
 			if merr != nil {
-				f.finish(ctx, rec, StateFailed, fmt.Sprintf("transition %q: encoding response: %v", t.name, merr))
+				f.conclude(ctx, rec, StateFailed, fmt.Sprintf("transition %q: encoding response: %v", t.name, merr))
 				return
 			}
 			rec.Response = raw
@@ -215,19 +215,19 @@ func (f *machine[R, W]) runFrom(ctx context.Context, rec *RunRecord, idx int, in
 		case IsAbort(err):
 			lg.WithError(err).Warn("fsm: transition aborted the run")
 			f.m.keepCause(rec.ID, err)
-			f.finish(ctx, rec, StateAborted, fmt.Sprintf("transition %q: %v", t.name, err))
+			f.conclude(ctx, rec, StateAborted, fmt.Sprintf("transition %q: %v", t.name, err))
 			return
 		case IsUnrecoverable(err):
 			lg.WithError(err).Error("fsm: transition failed unrecoverably")
 			f.m.keepCause(rec.ID, err)
-			f.finish(ctx, rec, StateFailed, fmt.Sprintf("transition %q: %v", t.name, err))
+			f.conclude(ctx, rec, StateFailed, fmt.Sprintf("transition %q: %v", t.name, err))
 			return
 		default:
 			rec.LastError = fmt.Sprintf("transition %q attempt %d: %v", t.name, attempt, err)
 			if attempt >= t.cfg.retry.attempts() {
 				lg.WithError(err).Error("fsm: transition out of attempts")
 				f.m.keepCause(rec.ID, err)
-				f.finish(ctx, rec, StateFailed, fmt.Sprintf("transition %q failed after %d attempts: %v", t.name, attempt, err))
+				f.conclude(ctx, rec, StateFailed, fmt.Sprintf("transition %q failed after %d attempts: %v", t.name, attempt, err))
 				return
 			}
 			delay := t.cfg.retry.Delay(attempt)
@@ -309,6 +309,26 @@ func (f *machine[R, W]) attempt(ctx context.Context, t transition[R, W], rec Run
 // cp builds the checkpoint of rec at transition name with attempts.
 func (f *machine[R, W]) cp(rec RunRecord, name string, attempts int, resp json.RawMessage) Checkpoint {
 	return Checkpoint{RunID: rec.ID, State: rec.State, Transition: name, Attempts: attempts, Response: resp, LastError: rec.LastError}
+}
+
+// conclude finishes rec, whose current transition has just ended it without
+// completing. When there is a cleanup to run, the row first says that
+// transition has no attempt left, with reason as its last error: a crash
+// during the cleanup then resumes into the end (runFrom), which runs the
+// cleanup again, instead of into the transition, which may have removed
+// what it would need to reach its verdict again (a rejected file), and
+// the run keeps its reason.
+func (f *machine[R, W]) conclude(ctx context.Context, rec *RunRecord, state State, reason string) {
+	if f.onFail != nil {
+		decided := *rec
+		decided.LastError = reason
+		attempts := max(rec.Attempts, f.transitions[f.index(rec.Transition)].cfg.retry.attempts())
+		if err := f.m.checkpoint(ctx, f.cp(decided, rec.Transition, attempts, nil)); err != nil {
+			f.stall(ctx, *rec, err)
+			return
+		}
+	}
+	f.finish(ctx, rec, state, reason)
 }
 
 // finish records a terminal state and wakes waiters.
