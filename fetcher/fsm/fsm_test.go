@@ -462,6 +462,71 @@ func TestRunAfterAbortPropagates(t *testing.T) {
 	}
 }
 
+// fakeFlakyStore is the SQLite store but for the reads of one run, the
+// next failures of which fail as a database that is briefly unavailable
+// fails them: a fault injected at the store's boundary.
+type fakeFlakyStore struct {
+	fsm.Store
+	mu       sync.Mutex
+	run      string
+	failures int
+}
+
+func (s *fakeFlakyStore) failReads(runID string, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.run, s.failures = runID, n
+}
+
+func (s *fakeFlakyStore) GetRun(ctx context.Context, runID string) (fsm.RunRecord, error) {
+	s.mu.Lock()
+	fail := runID == s.run && s.failures > 0
+	if fail {
+		s.failures--
+	}
+	s.mu.Unlock()
+	if fail {
+		return fsm.RunRecord{}, fmt.Errorf("fake: reading run %s: database is locked", runID)
+	}
+	return s.Store.GetRun(ctx, runID)
+}
+
+// TestRunAfterSurvivesAFailedReadOfThePredecessor: a read of a run-after
+// predecessor that fails once (the database briefly unavailable) is read
+// again; the waiting run goes on when its predecessor completes instead
+// of stopping in memory, pending, until the next start of the process.
+func TestRunAfterSurvivesAFailedReadOfThePredecessor(t *testing.T) {
+	db := openDB(t)
+	store := &fakeFlakyStore{Store: fsm.NewSQLiteStore(db)}
+	m := fsm.NewManager(store)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+		defer cancel()
+		if err := m.Close(ctx); err != nil {
+			t.Errorf("closing manager: %v", err)
+		}
+	})
+	gate := make(chan struct{})
+	var unpackCalls atomic.Int32
+	download, unpack := chainFSMs(t, m, gate, nil, &unpackCalls)
+	ctx := waitCtx(t)
+	dlID, err := download(ctx, "alpine", &testReq{Name: "alpine"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	upID, err := unpack(ctx, "alpine", &testReq{Name: "alpine"}, fsm.WithRunAfter(dlID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.failReads(dlID, 1)
+	close(gate)
+	resp, err := fsm.Await[testResp](ctx, m, upID)
+	if err != nil || resp.Path != "unpacked /images/alpine.tar" {
+		row, _ := fsm.NewSQLiteStore(db).GetRun(ctx, upID)
+		t.Fatalf("unpack after one failed read of its predecessor: %+v, %v (row %s at %q); want it complete", resp, err, row.State, row.Transition)
+	}
+}
+
 func TestIdempotentStart(t *testing.T) {
 	db, m := newManagerOnNewDB(t)
 	var calls atomic.Int32

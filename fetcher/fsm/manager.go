@@ -284,6 +284,27 @@ func (m *Manager) awaitTerminal(ctx context.Context, runID string) (RunRecord, e
 	}
 }
 
+// awaitPredecessor is awaitTerminal for a run waiting for its run-after
+// run runID, a failed read of that run tried again a few times as a
+// checkpoint is: the waiting run stops in memory on the error it returns,
+// and stays pending with nothing driving it until the next start.
+func (m *Manager) awaitPredecessor(ctx context.Context, runID string) (RunRecord, error) {
+	delay := 50 * time.Millisecond
+	for try := 1; ; try++ {
+		rec, err := m.awaitTerminal(ctx, runID)
+		if err == nil || ctx.Err() != nil || errors.Is(err, ErrRunNotFound) || try == 5 {
+			return rec, err
+		}
+		log.G(ctx).WithError(err).WithField("run_after", runID).WithField("try", try).Warn("fsm: reading a run-after run failed, retrying")
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return rec, ctx.Err()
+		}
+		delay *= 2
+	}
+}
+
 // Wait blocks until run runID reaches a terminal state (or ctx ends) and
 // returns that state and the run's final response JSON. The error is nil
 // only for a complete run; an aborted or failed run gives a *RunError

@@ -101,7 +101,7 @@ func (f *machine[R, W]) execute(ctx context.Context, rec RunRecord) {
 	}
 
 	for _, id := range rec.RunAfter {
-		p, err := f.m.awaitTerminal(ctx, id)
+		p, err := f.m.awaitPredecessor(ctx, id)
 		switch {
 		case ctx.Err() != nil:
 			return
