@@ -928,11 +928,19 @@ func (x *extractor) remove(l *level, base string) error {
 // once: afterwards it only holds what this archive writes, so repeated
 // markers cost nothing.
 func (x *extractor) clearLower(raw, dir string) error {
+	return x.clearDir(raw, dir, dir)
+}
+
+// clearDir is clearLower of dir, entered as at. Once entered, the
+// directory is entered again by its real path (the lower symlinks on the
+// way resolved): dir may be named through a lower symlink inside it
+// (a/self -> .), which the clearing removes with the rest.
+func (x *extractor) clearDir(raw, dir, at string) error {
 	k := x.chk.key(dir)
 	if _, done := x.cleared[k]; done {
 		return nil
 	}
-	l, err := x.cur.cd(raw, dir, false)
+	l, err := x.cur.cd(raw, at, false)
 	if l == nil || err != nil {
 		return err
 	}
@@ -950,20 +958,17 @@ func (x *extractor) clearLower(raw, dir string) error {
 	for _, n := range names {
 		child := path.Join(dir, n)
 		_, wrote := x.wrote[x.chk.key(path.Join(realDir, n))]
+		if l, err = x.cur.cd(raw, realDir, false); l == nil || err != nil {
+			return err
+		}
 		if !wrote && !x.chk.written(child) {
-			if l, err = x.cur.cd(raw, dir, false); err != nil {
-				return err
-			}
 			if err := x.remove(l, n); err != nil {
 				return err
 			}
 			continue
 		}
-		if l, err = x.cur.cd(raw, dir, false); err != nil {
-			return err
-		}
 		if fi, err := l.r.Lstat(n); err == nil && fi.IsDir() {
-			if err := x.clearLower(raw, child); err != nil {
+			if err := x.clearDir(raw, child, path.Join(realDir, n)); err != nil {
 				return err
 			}
 		}

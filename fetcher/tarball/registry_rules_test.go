@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -634,5 +635,55 @@ func TestAllowMissingEndMarker(t *testing.T) {
 			_, err = ExtractDir(context.Background(), bytes.NewReader(whole[:c.n]), newSandbox(t).target, ExtractOptions{Limits: limits, NoChown: true})
 			checkRejection(t, "Extract", err, hostile{rule: ErrMalformed, entry: c.entry})
 		})
+	}
+}
+
+// TestOpaqueWhiteoutThroughALowerSymlinkToItsOwnDirectory: with
+// Limits.LowerSymlinks, an opaque whiteout named through a lower layer's
+// symlink that points at the directory holding it (a/self -> .) clears
+// that directory, the symlink among the rest, as containerd's applier
+// does: the names after the symlink are found by the directory's real
+// path, not through the symlink just removed, and a directory the layer
+// wrote there is cleared of the lower layer's files too.
+func TestOpaqueWhiteoutThroughALowerSymlinkToItsOwnDirectory(t *testing.T) {
+	s := newSandbox(t)
+	a := filepath.Join(s.target, "a")
+	if err := os.MkdirAll(filepath.Join(a, "w"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(a, "w", "lower"), []byte("lower"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Lower names on both sides of the symlink, whatever order the file
+	// system lists them in.
+	for i := range 10 {
+		if err := os.WriteFile(filepath.Join(a, fmt.Sprintf("f%d", i)), []byte("lower"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if i == 4 {
+			if err := os.Symlink(".", filepath.Join(a, "self")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	b := build(t, file("a/self/w/new", "new"), file("a/self/.wh..wh..opq", ""))
+	opts := ExtractOptions{Limits: Limits{LowerSymlinks: true}, NoChown: true}
+	if _, err := ExtractDir(context.Background(), bytes.NewReader(b), s.target, opts); err != nil {
+		t.Fatalf("Extract: %v", err)
+	}
+	s.intact(t)
+	var left []string
+	err := filepath.WalkDir(a, func(p string, d os.DirEntry, err error) error {
+		if err == nil && p != a {
+			rel, _ := filepath.Rel(a, p)
+			left = append(left, rel)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"w", "w/new"}; !slices.Equal(left, want) {
+		t.Errorf("a holds %v, want %v: the layer's file only", left, want)
 	}
 }
