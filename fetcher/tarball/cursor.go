@@ -32,6 +32,15 @@ type cursor struct {
 	// symlink under another name, so the cursor asks by where it is
 	// before following it, and refuses it if the archive made it.
 	made func(name string) bool
+	// step is the checker's key of a child from its parent's (checker.step):
+	// every level carries the key of its real path.
+	step func(parent uint64, comp string) uint64
+	// leave, unless nil, is called with a level about to lose its
+	// descriptor while it may still exist: popped, or closed out of the
+	// window of open levels. Nothing is written in a directory but while
+	// it is the cursor's top, so its content is settled until the cursor
+	// comes back to it (the extractor sets its times then).
+	leave func(l *level) error
 }
 
 // maxSymlinkHops bounds the symlinks one cd follows, as the kernel's
@@ -45,13 +54,14 @@ const maxOpenLevels = 64
 
 type level struct {
 	name string   // root-relative path ("." for the root)
+	key  uint64   // the checker's key of name
 	comp string   // last component ("" for the root)
 	r    *os.Root // the directory, confined; nil while closed (never the root)
 	f    *os.File // the directory as a file, for *at calls; opened on demand
 }
 
-func newCursor(root *os.Root, follow bool, made func(name string) bool) *cursor {
-	return &cursor{stack: []level{{name: ".", r: root}}, follow: follow, made: made}
+func newCursor(root *os.Root, follow bool, made func(name string) bool, step func(uint64, string) uint64) *cursor {
+	return &cursor{stack: []level{{name: ".", key: rootKey, r: root}}, follow: follow, made: made, step: step}
 }
 
 func (c *cursor) top() *level { return &c.stack[len(c.stack)-1] }
@@ -80,15 +90,30 @@ func (l *level) close(isRoot bool) {
 	}
 }
 
-// pop closes levels until depth levels remain.
-func (c *cursor) pop(depth int) {
+// pop closes levels until depth levels remain, telling leave of each
+// (but the root) when leaving; it returns leave's first error.
+func (c *cursor) pop(depth int, leaving bool) error {
+	var first error
 	for len(c.stack) > depth {
+		if err := c.left(len(c.stack)-1, leaving); err != nil && first == nil {
+			first = err
+		}
 		c.stack[len(c.stack)-1].close(len(c.stack) == 1)
 		c.stack = c.stack[:len(c.stack)-1]
 	}
+	return first
 }
 
-func (c *cursor) close() { c.pop(0) }
+// left tells leave of level i, an open level other than the root, when
+// leaving.
+func (c *cursor) left(i int, leaving bool) error {
+	if !leaving || c.leave == nil || i == 0 || c.stack[i].r == nil {
+		return nil
+	}
+	return c.leave(&c.stack[i])
+}
+
+func (c *cursor) close() { c.pop(0, false) }
 
 // cd moves to dir (a clean root-relative path), checking every component it
 // enters is a real directory: a symlink is a rejection (ErrThroughSymlink),
@@ -111,7 +136,9 @@ func (c *cursor) walk(raw, dir string, create bool, hops int) (*level, error) {
 	for k < len(comps) && k+1 < len(c.stack) && c.stack[k+1].comp == comps[k] {
 		k++
 	}
-	c.pop(k + 1)
+	if err := c.pop(k+1, true); err != nil {
+		return nil, err
+	}
 	if err := c.reopen(raw); err != nil {
 		return nil, err
 	}
@@ -160,7 +187,13 @@ func (c *cursor) walk(raw, dir string, create bool, hops int) (*level, error) {
 		if err != nil {
 			return nil, err
 		}
-		c.push(level{name: name, comp: comp, r: sub})
+		key := rootKey
+		if c.step != nil {
+			key = c.step(t.key, comp)
+		}
+		if err := c.push(level{name: name, key: key, comp: comp, r: sub}); err != nil {
+			return nil, err
+		}
 	}
 	return c.top(), nil
 }
@@ -181,16 +214,19 @@ func inRoot(dir, target string) string {
 }
 
 // push adds an open level below the top, closing the descriptor of the
-// level that falls out of the window.
-func (c *cursor) push(l level) {
+// level that falls out of the window (after telling leave of it).
+func (c *cursor) push(l level) error {
 	if t := c.top(); t.f != nil { // only the deepest level needs its file
 		t.f.Close()
 		t.f = nil
 	}
 	c.stack = append(c.stack, l)
 	if i := len(c.stack) - 2 - maxOpenLevels; i > 0 {
+		err := c.left(i, true)
 		c.stack[i].close(false)
+		return err
 	}
+	return nil
 }
 
 // reopen gives the top level a descriptor again if it was closed, opening
@@ -219,7 +255,11 @@ func (c *cursor) reopen(raw string) error {
 			return err
 		}
 		if i-1 > 0 && len(c.stack)-1-(i-1) > maxOpenLevels {
+			err := c.left(i-1, true)
 			p.close(false)
+			if err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -229,7 +269,7 @@ func (c *cursor) reopen(raw string) error {
 func (c *cursor) removed(name string) {
 	for i := 1; i < len(c.stack); i++ {
 		if n := c.stack[i].name; n == name || strings.HasPrefix(n, name+"/") {
-			c.pop(i)
+			c.pop(i, false) // removed: nothing to settle
 			return
 		}
 	}

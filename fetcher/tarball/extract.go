@@ -175,6 +175,7 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 		opts:    opts,
 		buf:     make([]byte, readBufferSize),
 		cleared: make(map[uint64]struct{}),
+		times:   make(map[uint64][2]unix.Timespec),
 		links:   make(map[uint64]struct{}),
 		wrote:   make(map[uint64]struct{}),
 	}
@@ -184,7 +185,8 @@ func Extract(ctx context.Context, r io.Reader, root *os.Root, opts ExtractOption
 	// either way (checker.admit).
 	x.chk = newChecker(opts.Limits, opts.StripRootfs && !opts.DetectRootfs)
 	x.st.StrippedRootfs = x.chk.strip
-	x.cur = newCursor(root, opts.Limits.LowerSymlinks, x.madeSymlink)
+	x.cur = newCursor(root, opts.Limits.LowerSymlinks, x.madeSymlink, x.chk.step)
+	x.cur.leave = x.settle
 	defer x.cur.close()
 	hash := hashNone
 	if opts.HashStream {
@@ -338,8 +340,14 @@ type extractor struct {
 	st   Stats
 	buf  []byte
 
-	dirTimes []dirTime           // applied at the end: writing children changes them
-	cleared  map[uint64]struct{} // directories an opaque whiteout already emptied
+	// times are the access and modification times the archive gives
+	// directories, by the key (checker.key) of their real root-relative
+	// path: set when the entry is applied, and again whenever the cursor
+	// leaves the directory (settle) and at the end (finish), since
+	// writing in it changes them. Keyed by a hash, they cost a few dozen
+	// bytes a directory whatever its name's length.
+	times   map[uint64][2]unix.Timespec
+	cleared map[uint64]struct{} // directories an opaque whiteout already emptied
 	// links are where this archive made symlinks (and hard links to
 	// symlinks), by the key (checker.key) of their real root-relative
 	// path: lower symlinks on the way to them resolved.
@@ -379,11 +387,6 @@ func (x *extractor) madeSymlink(name string) bool {
 // madeLink records that this archive made a symlink at base in l.
 func (x *extractor) madeLink(l *level, base string) {
 	x.links[x.chk.key(path.Join(l.name, base))] = struct{}{}
-}
-
-type dirTime struct {
-	name         string
-	atime, mtime time.Time
 }
 
 func (x *extractor) progress(entry string) {
@@ -579,13 +582,18 @@ var (
 
 // setTimes sets base's times in l without following a symlink.
 func setTimes(l *level, base string, atime, mtime time.Time) error {
+	atime, mtime = entryTimes(atime, mtime)
+	return setTimespec(l, base, [2]unix.Timespec{timespec(atime), timespec(mtime)})
+}
+
+// setTimespec sets base's access and modification times in l (ts) without
+// following a symlink.
+func setTimespec(l *level, base string, ts [2]unix.Timespec) error {
 	fd, err := l.fd()
 	if err != nil {
 		return err
 	}
-	atime, mtime = entryTimes(atime, mtime)
-	ts := []unix.Timespec{timespec(atime), timespec(mtime)}
-	if err := unix.UtimesNanoAt(fd, base, ts, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+	if err := unix.UtimesNanoAt(fd, base, ts[:], unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return &fs.PathError{Op: "utimensat", Path: path.Join(l.name, base), Err: err}
 	}
 	return nil
@@ -685,8 +693,20 @@ func (x *extractor) dir(raw string, e entry) error {
 			return err
 		}
 	}
-	x.dirTimes = append(x.dirTimes, dirTime{e.name, h.AccessTime, h.ModTime})
-	return nil
+	atime, mtime := entryTimes(h.AccessTime, h.ModTime)
+	ts := [2]unix.Timespec{timespec(atime), timespec(mtime)}
+	x.times[x.chk.key(path.Join(l.name, base))] = ts
+	return setTimespec(l, base, ts)
+}
+
+// settle sets the times the archive gave the directory of l, if it gave
+// any, as the cursor leaves it: what was written in it since changed them.
+func (x *extractor) settle(l *level) error {
+	ts, ok := x.times[l.key]
+	if !ok {
+		return nil
+	}
+	return setTimespec(l, ".", ts)
 }
 
 // countingBody reports progress while a large file is copied.
@@ -976,31 +996,11 @@ func (x *extractor) clearDir(raw, dir, at string) error {
 	return nil
 }
 
-// finish sets the directories' times, now that nothing more is written in
-// them; a directory replaced or removed since is skipped. A directory the
-// archive lists more than once gets its last entry's times, as its mode.
+// finish sets the times of the directories the cursor is still in, the
+// root's last: the others were set when the cursor last left them.
 func (x *extractor) finish() error {
-	set := make(map[string]bool, len(x.dirTimes))
-	for i := len(x.dirTimes) - 1; i >= 0; i-- {
-		d := x.dirTimes[i]
-		if set[d.name] {
-			continue
-		}
-		set[d.name] = true
-		var pe *PolicyError
-		l, err := x.cur.cd(d.name, d.name, false)
-		if errors.As(err, &pe) || (err == nil && l == nil) {
-			continue
-		}
-		if err == nil {
-			// The directory itself: its parent's descriptor is not at
-			// hand, but it is a real directory, opened without following.
-			atime, mtime := entryTimes(d.atime, d.mtime)
-			err = l.r.Chtimes(".", atime, mtime)
-		}
-		if err != nil {
-			return fmt.Errorf("set times of %s: %w", quote(d.name), &escapedError{err})
-		}
+	if err := x.cur.pop(1, true); err != nil {
+		return err
 	}
-	return nil
+	return x.settle(x.cur.top())
 }
