@@ -54,9 +54,12 @@ var (
 )
 
 // zstdMaxWindow bounds the memory one zstd stream may ask for (its window):
-// 64 MiB admits every level of the zstd tool, long mode up to --long=26,
-// while a hostile frame header cannot make the decoder allocate more.
-const zstdMaxWindow = 64 << 20
+// 128 MiB (window log 27) admits every level of the zstd tool, --ultra -22
+// included, and its long mode at its default (--long, 27), while a hostile
+// frame header cannot make the decoder allocate more. containerd's own
+// decoder admits up to 512 MiB; a layer asking for more than this is
+// refused with an error that names the limit (corruptError).
+const zstdMaxWindow = 128 << 20
 
 // entryAllowance is how many bytes of the decompressed stream each entry
 // the limits admit may take besides its file's content: its header, the
@@ -171,7 +174,13 @@ type corruptError struct {
 	err  error
 }
 
-func (e *corruptError) Error() string { return fmt.Sprintf("corrupt %s data: %v", e.comp, e.err) }
+func (e *corruptError) Error() string {
+	if errors.Is(e.err, zstd.ErrWindowSizeExceeded) {
+		return fmt.Sprintf("zstd data asks for a window larger than %d MiB, the most accepted (zstd --ultra -22 and --long use 128 MiB), so that one layer cannot take more memory: %v",
+			zstdMaxWindow>>20, e.err)
+	}
+	return fmt.Sprintf("corrupt %s data: %v", e.comp, e.err)
+}
 func (e *corruptError) Unwrap() error { return e.err }
 
 func (d *decoded) Read(p []byte) (int, error) {
