@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"os/user"
@@ -482,15 +483,20 @@ func (c *Config) Validate() error {
 // inflater.
 func (c *Config) InflateWith() string { return tarball.ResolveGzipCommand(c.Daemon.GzipCommand) }
 
+// maxGID is the largest id a socket can be given: the kernel's gid_t is
+// 32 bits, cutting a larger id down to another group's, and (gid_t)-1
+// asks chown to leave the group as it is.
+const maxGID = math.MaxUint32 - 1
+
 // SocketGID resolves daemon.socket_group: a group id, or a group name
 // looked up in the group database.
 func (c *Config) SocketGID() (int, error) {
 	g := c.Daemon.SocketGroup
-	if id, err := strconv.Atoi(g); err == nil {
-		if id < 0 {
-			return 0, fmt.Errorf("must be a group name or a non-negative id, got %d", id)
+	if id, err := strconv.ParseInt(g, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
+		if err != nil || id < 0 || id > maxGID {
+			return 0, fmt.Errorf("must be a group name or an id from 0 to %d, got %q", maxGID, g)
 		}
-		return id, nil
+		return int(id), nil
 	}
 	grp, err := user.LookupGroup(g)
 	if err != nil {

@@ -492,6 +492,11 @@ func TestValidateRules(t *testing.T) {
 		{"download timeout", func(c *Config) { c.Pipeline.DownloadTimeout = D(0) }, `pipeline.download_timeout: must be a positive duration such as "30m", got "0s"`},
 		{"extract timeout", func(c *Config) { c.Pipeline.ExtractTimeout = D(-time.Second) }, "pipeline.extract_timeout: must be a positive duration"},
 		{"socket group", func(c *Config) { c.Daemon.SocketGroup = "no-such-group-here" }, "daemon.socket_group: must be a group name or id"},
+		// The kernel's gid_t is 32 bits and (gid_t)-1 means "leave the
+		// group": a larger id would be cut to another group's (2^32+1 is
+		// gid 1), and 4294967295 would leave the socket root's.
+		{"socket group id past gid_t", func(c *Config) { c.Daemon.SocketGroup = "4294967297" }, `daemon.socket_group: must be a group name or an id from 0 to 4294967294, got "4294967297"`},
+		{"socket group id of no group", func(c *Config) { c.Daemon.SocketGroup = "4294967295" }, `daemon.socket_group: must be a group name or an id from 0 to 4294967294, got "4294967295"`},
 		{"max layers", func(c *Config) { c.Pipeline.MaxLayers = 0 }, "pipeline.max_layers: must be at least 1, got 0"},
 		{"s3 idle timeout", func(c *Config) { c.S3.IdleTimeout = D(0) }, "s3.idle_timeout: must be a positive duration"},
 		{"s3 part size small", func(c *Config) { c.S3.PartSize = 512 << 10 }, "s3.part_size: must be between 1MiB and 5GiB, got 512KiB"},
