@@ -18,6 +18,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -322,8 +323,17 @@ func decodeErrors(source string, data []byte, err error) error {
 	if errors.As(err, &de) {
 		row, col := de.Position()
 		msg := strings.TrimPrefix(de.Error(), "toml: ")
-		if k := de.Key(); len(k) > 0 {
-			msg = strings.Join(k, ".") + ": " + msg
+		// go-toml names the key of a value of the wrong type in full, but
+		// that of a key set twice without its table, and none for a
+		// value it cannot parse (an unquoted "10GiB"): the line says.
+		key := strings.Join(de.Key(), ".")
+		if len(de.Key()) <= 1 {
+			if k := keyAt(data, row); k != "" {
+				key = k
+			}
+		}
+		if key != "" {
+			msg = key + ": " + msg
 		}
 		return &configError{msg: fmt.Sprintf("config %s:%d:%d: %s", source, row, col, msg), err: err}
 	}
@@ -334,6 +344,38 @@ func decodeErrors(source string, data []byte, err error) error {
 		return fmt.Errorf("config %s: %s: %w", source, key, err)
 	}
 	return fmt.Errorf("config %s: %w", source, err)
+}
+
+var (
+	// tomlHeader is a line opening a table: [section].
+	tomlHeader = regexp.MustCompile(`^\s*\[\s*([A-Za-z0-9_-]+(?:\s*\.\s*[A-Za-z0-9_-]+)*)\s*\]\s*(?:#.*)?$`)
+	// tomlAssign is a line setting a bare (maybe dotted) key.
+	tomlAssign = regexp.MustCompile(`^\s*([A-Za-z0-9_-]+(?:\s*\.\s*[A-Za-z0-9_-]+)*)\s*=`)
+)
+
+// keyAt returns the dotted key that line row (from 1) of the TOML document
+// data sets, with the table opened last before it, or "" when that line
+// sets no key (a header, the rest of a value begun above).
+func keyAt(data []byte, row int) string {
+	lines := strings.Split(string(data), "\n")
+	if row < 1 || row > len(lines) {
+		return ""
+	}
+	m := tomlAssign.FindStringSubmatch(lines[row-1])
+	if m == nil {
+		return ""
+	}
+	var parts []string
+	for _, line := range lines[:row-1] {
+		if h := tomlHeader.FindStringSubmatch(line); h != nil {
+			parts = strings.Split(h[1], ".")
+		}
+	}
+	parts = append(slices.Clone(parts), strings.Split(m[1], ".")...)
+	for i := range parts {
+		parts[i] = strings.TrimSpace(parts[i])
+	}
+	return strings.Join(parts, ".")
 }
 
 // misTypedKey returns the dotted key of the first Size, Duration or

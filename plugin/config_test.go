@@ -387,6 +387,34 @@ func TestTypeErrorsNameKeyAndLine(t *testing.T) {
 	}
 }
 
+// TestSyntaxErrorsNameKeyAndLine: a value the TOML parser cannot read
+// (an unquoted size, duration or percent, the likeliest slip) and a key
+// set twice are named by their dotted key, table included, beside the
+// line, as every other problem of the file is.
+func TestSyntaxErrorsNameKeyAndLine(t *testing.T) {
+	cases := []struct{ body, want string }{
+		{"[pool]\ndata_size = 10GiB\n", ":2:15: pool.data_size: strings must be quoted"},
+		{"[pool]\nmin_free_space = 10%\n", ":2:20: pool.min_free_space: expected newline"},
+		{"[daemon]\nsocket = /run/x.sock\n", ":2:10: daemon.socket: unexpected character"},
+		{"# retention\n[gc] # collection\n  interval = 5m  \n", ":3:15: gc.interval: strings must be quoted"},
+		{"[pool]\nname = \"a\"\n[gc]\nenabled = true\nenabled = false\n", ":5:1: gc.enabled: key enabled is already defined"},
+		{"[pool]\nname = \"a\"\nname = \"b\"\n", ":3:1: pool.name: key name is already defined"},
+		// No key on the line: the position alone.
+		{"[pool\nname = \"a\"\n", ":1:6: expected ']' to close table name"},
+	}
+	for _, tc := range cases {
+		p := writeConfig(t, tc.body)
+		_, err := LoadConfig(p)
+		if err == nil {
+			t.Errorf("%q accepted", tc.body)
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "config "+p) {
+			t.Errorf("%q: error %q, want it to start with the file and contain %q", tc.body, err, tc.want)
+		}
+	}
+}
+
 func TestMissingFile(t *testing.T) {
 	_, err := LoadConfig("/nonexistent/flyio.toml")
 	if err == nil || !strings.Contains(err.Error(), "/nonexistent/flyio.toml") {
