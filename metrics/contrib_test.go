@@ -440,3 +440,138 @@ func TestMetricsDoc(t *testing.T) {
 		}
 	}
 }
+
+// targetLabels are the labels Prometheus adds to every series it scrapes.
+var targetLabels = []string{"instance", "job"}
+
+var (
+	// promqlSelector is a metric name with its label matchers.
+	promqlSelector = regexp.MustCompile(`([a-zA-Z_:][\w:]*)\s*\{([^{}]*)\}`)
+	// promqlMatcher is one label matcher of a selector.
+	promqlMatcher = regexp.MustCompile(`(\w+)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"`)
+	// literalAlternation is a regular expression that only lists values.
+	literalAlternation = regexp.MustCompile(`^[\w-]+(\|[\w-]+)*$`)
+)
+
+// labelValues returns the values family mf's samples give label.
+func labelValues(mf *dto.MetricFamily, label string) []string {
+	var out []string
+	for _, m := range mf.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == label && !slices.Contains(out, l.GetValue()) {
+				out = append(out, l.GetValue())
+			}
+		}
+	}
+	return out
+}
+
+// family returns the family a series name belongs to (a histogram's
+// _bucket, _count and _sum included) and whether it is a bucket, or nil.
+func family(fams map[string]*dto.MetricFamily, name string) (*dto.MetricFamily, bool) {
+	if mf := fams[name]; mf != nil {
+		return mf, false
+	}
+	for _, suffix := range []string{"_bucket", "_count", "_sum"} {
+		if base, ok := strings.CutSuffix(name, suffix); ok && fams[base].GetType() == dto.MetricType_HISTOGRAM {
+			return fams[base], suffix == "_bucket"
+		}
+	}
+	return nil, false
+}
+
+// checkSelectors fails for every label matcher in expr that names a label
+// the selected metric does not have, or matches a value (a literal, or a
+// regular expression listing literals) that the daemon never gives that
+// label: such a selector matches nothing, and the alert or panel on it
+// stays silent whatever the host does. Label values are checked only
+// where the gathered registry shows them (everything gives every outcome,
+// state and bound a sample) and the matcher names no $variable.
+func checkSelectors(t *testing.T, what, expr string, fams map[string]*dto.MetricFamily, values bool) int {
+	t.Helper()
+	n := 0
+	for _, sel := range promqlSelector.FindAllStringSubmatch(expr, -1) {
+		name := sel[1]
+		if scrapeSeries[name] {
+			continue
+		}
+		mf, bucket := family(fams, name)
+		if mf == nil {
+			t.Errorf("%s: %s is not a metric the daemon exports", what, name)
+			continue
+		}
+		have := append(labelNames(mf, bucket), targetLabels...)
+		for _, m := range promqlMatcher.FindAllStringSubmatch(sel[2], -1) {
+			label, op, value := m[1], m[2], m[3]
+			n++
+			if !slices.Contains(have, label) {
+				t.Errorf("%s: %s has no label %q (it has %s)", what, name, label, strings.Join(slices.Compact(slices.Sorted(slices.Values(have))), ", "))
+				continue
+			}
+			if !values || slices.Contains(targetLabels, label) || label == "le" || strings.Contains(value, "$") {
+				continue
+			}
+			var want []string
+			switch {
+			case op == "=" || op == "!=":
+				want = []string{value}
+			case literalAlternation.MatchString(value):
+				want = strings.Split(value, "|")
+			}
+			known := labelValues(mf, label)
+			for _, v := range want {
+				if !slices.Contains(known, v) {
+					t.Errorf("%s: %s{%s%s%q}: the daemon never gives %s the value %q (it gives %s)", what, name, label, op, value, label, v, strings.Join(known, ", "))
+				}
+			}
+		}
+	}
+	return n
+}
+
+// TestAlertsAndDashboardMatchExportedLabels: every label an alert rule,
+// a panel of the dashboard or an input series of the rules' unit tests
+// matches on is one the metric has, and every value an alert rule or a
+// panel matches is one the daemon gives it. The unit tests feed series
+// by hand, so a rule matching a label or value that the daemon never
+// exports passes them and never fires on a host.
+func TestAlertsAndDashboardMatchExportedLabels(t *testing.T) {
+	fams := families(t, everything(t))
+	var rules alertRules
+	readYAML(t, alertRulesFile, &rules)
+	matchers := 0
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			matchers += checkSelectors(t, "rule "+r.Alert, r.Expr, fams, true)
+		}
+	}
+	b, err := os.ReadFile(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash map[string]any
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatalf("%s: %v", dashboardFile, err)
+	}
+	var queries []string
+	dashboardQueries(dash, &queries)
+	for _, q := range queries {
+		matchers += checkSelectors(t, fmt.Sprintf("dashboard query %q", q), q, fams, true)
+	}
+	var tests struct {
+		Tests []struct {
+			InputSeries []struct {
+				Series string `yaml:"series"`
+			} `yaml:"input_series"`
+		} `yaml:"tests"`
+	}
+	readYAML(t, alertTestsFile, &tests)
+	for _, tc := range tests.Tests {
+		for _, s := range tc.InputSeries {
+			matchers += checkSelectors(t, alertTestsFile+" series "+s.Series, s.Series, fams, false)
+		}
+	}
+	if matchers == 0 {
+		t.Fatal("no label matcher found: the pattern is wrong")
+	}
+}
