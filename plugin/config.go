@@ -477,14 +477,12 @@ func (c *Config) Validate() error {
 	default:
 		p.Add("daemon.log_format", "must be %q or %q, got %q", log.TextFormat, log.JSONFormat, d.LogFormat)
 	}
-	if d.MetricsAddress != "" {
-		if _, port, err := net.SplitHostPort(d.MetricsAddress); err != nil || port == "" {
-			p.Add("daemon.metrics_address", "must be host:port (e.g. \"127.0.0.1:9123\") or empty to disable, got %q", d.MetricsAddress)
-		}
+	if d.MetricsAddress != "" && !listenAddress(d.MetricsAddress) {
+		p.Add("daemon.metrics_address", "must be host:port with a port up to 65535 (e.g. \"127.0.0.1:9123\") or empty to disable, got %q", d.MetricsAddress)
 	}
 	if d.DebugAddress != "" {
-		if _, port, err := net.SplitHostPort(d.DebugAddress); err != nil || port == "" {
-			p.Add("daemon.debug_address", "must be host:port (e.g. \"127.0.0.1:9124\") or empty to disable, got %q", d.DebugAddress)
+		if !listenAddress(d.DebugAddress) {
+			p.Add("daemon.debug_address", "must be host:port with a port up to 65535 (e.g. \"127.0.0.1:9124\") or empty to disable, got %q", d.DebugAddress)
 		} else if d.DebugAddress == d.MetricsAddress {
 			p.Add("daemon.debug_address", "must differ from daemon.metrics_address, both are %q", d.DebugAddress)
 		}
@@ -518,6 +516,18 @@ func (c *Config) Validate() error {
 			c.Pool.MetadataThreshold, c.GC.HighThreshold)
 	}
 	return p.Err()
+}
+
+// listenAddress reports whether addr is a host:port a TCP listener can
+// take: a port from 0 to 65535 or a service name of the host's, which
+// only net.Listen would refuse otherwise, once the pool is open.
+func listenAddress(addr string) bool {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "" {
+		return false
+	}
+	_, err = net.LookupPort("tcp", port)
+	return err == nil
 }
 
 // InflateWith is the program daemon.gzip_command names for the
