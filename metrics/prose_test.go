@@ -100,3 +100,42 @@ func TestProseNamesExportedMetrics(t *testing.T) {
 		t.Fatal("no metric named in the docs: the pattern is wrong")
 	}
 }
+
+// proseAlert is an alert of contrib/prometheus/alerts.yml as the docs name
+// it.
+var proseAlert = regexp.MustCompile(`\bFlyio[A-Z][A-Za-z0-9]*\b`)
+
+// TestProseNamesExistingAlerts: every alert the README, the example config,
+// the docs and the rule file's own comments and unit tests name
+// (FlyioPoolUnderReserve, ...) is a rule of the rule file, so a renamed
+// or removed rule leaves no runbook pointing at an alert that never
+// fires, and no unit test expecting silence from a rule that is gone
+// (promtool passes it).
+func TestProseNamesExistingAlerts(t *testing.T) {
+	var rules alertRules
+	readYAML(t, alertRulesFile, &rules)
+	var names []string
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			names = append(names, r.Alert)
+		}
+	}
+	seen := 0
+	for _, file := range append(proseFiles(t), metricsDocFile, alertRulesFile, alertTestsFile) {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			for _, name := range proseAlert.FindAllString(line, -1) {
+				seen++
+				if !slices.Contains(names, name) {
+					t.Errorf("%s:%d: %s is not an alert of %s", file, i+1, name, alertRulesFile)
+				}
+			}
+		}
+	}
+	if seen == 0 {
+		t.Fatal("no alert named in the docs: the pattern is wrong")
+	}
+}
