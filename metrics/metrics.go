@@ -28,8 +28,11 @@ import (
 // Namespace prefixes every metric name.
 const Namespace = "flyio_snapshotter"
 
-// scrapeTimeout bounds the pool and database reads of one scrape.
-const scrapeTimeout = 10 * time.Second
+// scrapeTimeout bounds the pool and database reads of one scrape. It is
+// half of Prometheus's default scrape_timeout (10 s): a source given up
+// on must leave the scrape time to answer with the rest before
+// Prometheus gives up on it whole and the daemon reads as down.
+const scrapeTimeout = 5 * time.Second
 
 // Metrics is one registry with the daemon's metrics. Create it with New,
 // add sources with Wrap, AddPool and AddDevices, serve it with Handler.

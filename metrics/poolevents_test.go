@@ -6,8 +6,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 
@@ -166,5 +168,51 @@ func TestScrapeWithAFailingSource(t *testing.T) {
 	}
 	if second := scrape(); !strings.Contains(second, `promhttp_metric_handler_errors_total{cause="gathering"} 1`) {
 		t.Errorf("the failed gathering is not counted:\n%s", second)
+	}
+}
+
+// wedgedDevices is a fake DeviceCounter whose read answers only when its
+// context ends: a database or a kernel call wedged past any scrape.
+type wedgedDevices struct{}
+
+func (wedgedDevices) DeviceCounts(ctx context.Context) (map[string]int, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// prometheusScrapeTimeout is Prometheus's default scrape_timeout: a
+// scrape not answered by then is a failed one (up 0), whatever follows.
+const prometheusScrapeTimeout = 10 * time.Second
+
+// TestScrapeWithAWedgedSourceAnswersInTime: a source that never answers
+// is given up on soon enough that the scrape, with every other metric,
+// reaches a Prometheus that waits its default scrape_timeout. Answered
+// later, the scrape is lost whole and the daemon reads as down
+// (FlyioSnapshotterDown) instead of FlyioMetricsIncomplete naming the
+// source.
+func TestScrapeWithAWedgedSourceAnswersInTime(t *testing.T) {
+	m := New()
+	e := NewPoolEvents("p1")
+	m.AddPoolEvents(e)
+	m.AddDevices(wedgedDevices{})
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	req, err := http.NewRequest(http.MethodGet, srv.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Prometheus-Scrape-Timeout-Seconds", strconv.Itoa(int(prometheusScrapeTimeout/time.Second)))
+	start := time.Now()
+	resp, err := (&http.Client{Timeout: prometheusScrapeTimeout}).Do(req)
+	if err != nil {
+		t.Fatalf("scrape with a wedged source not answered within Prometheus's default scrape_timeout (%s): %v", prometheusScrapeTimeout, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), Namespace+`_pool_low_water_events_total{pool="p1"} 0`) {
+		t.Fatalf("scrape with a wedged source after %s: %s, without the other sources' metrics:\n%s", time.Since(start), resp.Status, body)
 	}
 }
