@@ -210,16 +210,39 @@ func BuiltinDefaults() *Config {
 	return c
 }
 
+// builtinSections are the sections the built-in plugin reads: it opens
+// the database and the pool and serves snapshots from them (Open), with
+// daemon.root_dir beside them; the S3 pipelines, image collection,
+// retention, the diff service, metrics and the sockets run only under
+// the daemon's serve.
+var builtinSections = map[string]bool{"metadata": true, "pool": true}
+
 // ResolveBuiltin completes a config that containerd decoded over
 // BuiltinDefaults: an unset daemon.root_dir becomes pluginRoot (the
 // plugin's directory under containerd's root), the derived paths are
-// filled in, and the result is validated.
+// filled in, and the result is validated. A key the built-in plugin does
+// not read set to other than its default is refused, named, like an
+// unknown key: it would be validated and then ignored.
 func ResolveBuiltin(c *Config, pluginRoot string) error {
 	if c.Daemon.RootDir == "" {
 		c.Daemon.RootDir = pluginRoot
 	}
 	c.resolve()
-	return c.Validate()
+	var p conf.Problems
+	p.Join(c.Validate())
+	def := BuiltinDefaults()
+	def.Daemon.RootDir = c.Daemon.RootDir
+	def.resolve()
+	have, want := reflect.ValueOf(c).Elem(), reflect.ValueOf(def).Elem()
+	for _, f := range configFields() {
+		if builtinSections[f.Section] || f.Section == "daemon" && f.Key == "root_dir" {
+			continue
+		}
+		if !reflect.DeepEqual(have.FieldByIndex(f.Index).Interface(), want.FieldByIndex(f.Index).Interface()) {
+			p.Add(f.Section+"."+f.Key, "is not used by the built-in plugin, which reads only [metadata], [pool] and daemon.root_dir (the rest is the daemon's, under serve): remove it")
+		}
+	}
+	return p.Err()
 }
 
 // MountDir is where the diff service mounts the snapshots it applies

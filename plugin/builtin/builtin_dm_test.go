@@ -11,6 +11,7 @@ import (
 	"github.com/containerd/containerd/v2/plugins"
 	cplugin "github.com/containerd/plugin"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
 )
 
@@ -23,6 +24,9 @@ func TestInitBuildsWorkingSnapshotter(t *testing.T) {
 	root := cfg.Daemon.RootDir
 	cfg.Daemon.RootDir = "" // containerd's plugin root fills it in
 	cfg.Metadata.Path, cfg.Pool.RootDir, cfg.Pipeline.DownloadDir = "", "", ""
+	// The sockets are the daemon's: the plugin refuses keys it does not use.
+	def := plugin.BuiltinDefaults()
+	cfg.Daemon.Socket, cfg.Daemon.ControlSocket = def.Daemon.Socket, def.Daemon.ControlSocket
 
 	ic := cplugin.NewContext(ctx, cplugin.NewPluginSet(), map[string]string{plugins.PropertyRootDir: root})
 	ic.Config = cfg

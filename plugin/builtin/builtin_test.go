@@ -100,3 +100,32 @@ func TestInitRejectsBadConfigBeforeTouchingAnything(t *testing.T) {
 		t.Errorf("plugin root was created by a rejected config: %v", err)
 	}
 }
+
+// TestKeysTheBuiltinPluginDoesNotUseAreRefused: in containerd the plugin
+// serves snapshots from [metadata] and [pool] only; a key of another
+// section set in containerd's config (image collection, S3, metrics)
+// would be validated and then ignored, so it is refused, named.
+func TestKeysTheBuiltinPluginDoesNotUseAreRefused(t *testing.T) {
+	cfg := decodeLikeContainerd(t, `
+version = 3
+[plugins.'io.containerd.snapshotter.v1.flyio'.pool]
+  name = "ctr-pool"
+[plugins.'io.containerd.snapshotter.v1.flyio'.gc]
+  high_threshold = 70.0
+  low_threshold = 60.0
+[plugins.'io.containerd.snapshotter.v1.flyio'.daemon]
+  metrics_address = "127.0.0.1:9123"
+`)
+	err := plugin.ResolveBuiltin(cfg, "/var/lib/containerd/io.containerd.snapshotter.v1.flyio")
+	if err == nil {
+		t.Fatal("keys the built-in plugin never reads were accepted")
+	}
+	for _, key := range []string{"gc.high_threshold", "gc.low_threshold", "daemon.metrics_address"} {
+		if !strings.Contains(err.Error(), key+": is not used by the built-in plugin") {
+			t.Errorf("error %q does not name %s", err, key)
+		}
+	}
+	if strings.Contains(err.Error(), "pool.name") {
+		t.Errorf("error %q names pool.name, which the plugin uses", err)
+	}
+}
