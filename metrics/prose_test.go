@@ -18,7 +18,9 @@ import (
 var proseMetric = regexp.MustCompile(Namespace + `_[a-z0-9_]*[a-z0-9](\*|_\*)?(\{[^{}]*\})?`)
 
 // proseFiles are the operator documents outside docs/metrics.md (which
-// TestMetricsDoc renders whole) that name metrics in their text.
+// TestMetricsDoc renders whole) that name metrics in their text, the
+// rule file's comments and annotations and the dashboard's descriptions
+// among them.
 func proseFiles(t *testing.T) []string {
 	t.Helper()
 	files, err := filepath.Glob("../docs/*.md")
@@ -26,7 +28,7 @@ func proseFiles(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	files = slices.DeleteFunc(files, func(f string) bool { return f == metricsDocFile })
-	return append(files, "../README.md", "../config.toml.example")
+	return append(files, "../README.md", "../config.toml.example", alertRulesFile, alertTestsFile, dashboardFile)
 }
 
 // labelNames returns the label names of family mf, and "le" for a
@@ -45,9 +47,11 @@ func labelNames(mf *dto.MetricFamily, bucket bool) []string {
 }
 
 // TestProseNamesExportedMetrics: every metric the README, the example
-// config and the docs name in their text (flyio_snapshotter_...) is one
-// the daemon exports, a name prefix ending in "*" matches one, and every
-// label written with it in braces is one of its labels.
+// config, the docs, the rule file's annotations and the dashboard's
+// descriptions name in their text (flyio_snapshotter_...) is one the
+// daemon exports, a name prefix ending in "*" matches one, and every
+// label written with it in braces is one of its labels (or Prometheus's
+// instance and job).
 func TestProseNamesExportedMetrics(t *testing.T) {
 	fams := families(t, everything(t))
 	seen := 0
@@ -83,7 +87,7 @@ func TestProseNamesExportedMetrics(t *testing.T) {
 				if labels == "" {
 					continue
 				}
-				have := labelNames(mf, bucket)
+				have := append(labelNames(mf, bucket), targetLabels...)
 				for _, l := range strings.Split(strings.Trim(labels, "{}"), ",") {
 					l = strings.TrimSpace(l)
 					if i := strings.IndexAny(l, "=!~"); i >= 0 {
