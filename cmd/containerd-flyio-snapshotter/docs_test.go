@@ -15,7 +15,7 @@ import (
 const binName = "containerd-flyio-snapshotter"
 
 // docCommandFiles are the operator documents whose command lines
-// TestDocsCommandsExist checks.
+// TestDocsCommandsExist checks, the alert rules' runbooks among them.
 func docCommandFiles(t *testing.T) []string {
 	t.Helper()
 	files, err := filepath.Glob("../../docs/*.md")
@@ -26,13 +26,15 @@ func docCommandFiles(t *testing.T) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return append(append(files, more...), "../../README.md", "../../config.toml.example")
+	return append(append(files, more...), "../../README.md", "../../config.toml.example",
+		"../../contrib/prometheus/alerts.yml", "../../contrib/containerd/config.toml.snippet")
 }
 
 var (
 	// docBinCall is the daemon's binary named with what follows it, up to
-	// the end of a code span, a comment or the line.
-	docBinCall = regexp.MustCompile(`(?:^|[\s/` + "`" + `(])` + binName + ` ([^` + "`" + `#|;&]*)`)
+	// the end of a code span, a comment, a quoted string (a rule's
+	// annotation) or the line.
+	docBinCall = regexp.MustCompile(`(?:^|[\s/` + "`" + `(])` + binName + ` ([^` + "`" + `#|;&"]*)`)
 	// docSpan is an inline code span.
 	docSpan = regexp.MustCompile("`([^`]+)`")
 )
@@ -62,7 +64,10 @@ func docCommands(t *testing.T) map[string]docCommand {
 		for i, line := range strings.Split(text, "\n") {
 			where := file + ":" + strconv.Itoa(i+1)
 			for _, m := range docBinCall.FindAllStringSubmatch(line, -1) {
-				out[where+": "+strings.TrimSpace(m[0])] = docCommand{words: strings.Fields(m[1])}
+				// A command at the end of a sentence of prose ends
+				// with its full stop.
+				words := strings.Fields(strings.TrimRight(strings.TrimSpace(m[1]), ".,:"))
+				out[where+": "+strings.TrimSpace(m[0])] = docCommand{words: words}
 			}
 			for _, m := range docSpan.FindAllStringSubmatch(line, -1) {
 				words := strings.Fields(m[1])
