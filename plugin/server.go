@@ -32,6 +32,7 @@ import (
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/differ"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/conf"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metrics"
 )
 
@@ -283,7 +284,20 @@ func ListenUnix(ctx context.Context, path string, mode fs.FileMode, gid int) (ne
 	}
 	defer os.RemoveAll(private)
 	tmp := filepath.Join(private, "s")
-	lis, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	// The private directory's name makes the bound path longer than path,
+	// which may already be as long as a unix address holds: past that, the
+	// socket is bound through the directory's descriptor, whose path under
+	// /proc is short whatever the directory's is.
+	bindAt := tmp
+	if len(tmp) > conf.MaxSocketPath {
+		fd, err := unix.Open(private, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("socket %s: private directory: %w", path, err)
+		}
+		defer unix.Close(fd)
+		bindAt = fmt.Sprintf("/proc/self/fd/%d/s", fd)
+	}
+	lis, err := net.ListenUnix("unix", &net.UnixAddr{Name: bindAt, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("socket %s: %w", path, err)
 	}

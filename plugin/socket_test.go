@@ -161,3 +161,41 @@ func TestPeerCheckRefusesOthers(t *testing.T) {
 		t.Errorf("uid 65534 with supplementary group 4242: %q, want served", out)
 	}
 }
+
+// TestListenUnixAtTheLongestPathValidateTakes: a socket path as long as
+// daemon.socket may be (107 bytes), with a short name in a deep directory,
+// is listened on and answers. The socket is bound under a private
+// directory beside it first, whose longer path must not be what a unix
+// address has to hold.
+func TestListenUnixAtTheLongestPathValidateTakes(t *testing.T) {
+	base := socketDir(t)
+	name := "s.sock"
+	dir := filepath.Join(base, strings.Repeat("d", 107-len(base)-2-len(name)))
+	sock := filepath.Join(dir, name)
+	if len(sock) != 107 {
+		t.Fatalf("socket path is %d bytes, want 107", len(sock))
+	}
+	c := DefaultConfig()
+	c.Daemon.Socket = sock
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate refuses the path: %v", err)
+	}
+	lis, err := ListenUnix(context.Background(), sock, SocketMode, 0)
+	if err != nil {
+		t.Fatalf("ListenUnix at a %d-byte path Validate accepts: %v", len(sock), err)
+	}
+	defer lis.Close()
+	go func() {
+		if c, err := lis.Accept(); err == nil {
+			c.Close()
+		}
+	}()
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatalf("dial %s: %v", sock, err)
+	}
+	conn.Close()
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("directory holds %d entries, want the socket only", len(ents))
+	}
+}

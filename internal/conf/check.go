@@ -48,15 +48,15 @@ func (p *Problems) PositiveDuration(key string, d Duration) {
 	}
 }
 
-// maxSocketPath is what a unix socket's sun_path holds: 108 bytes
+// MaxSocketPath is what a unix socket's sun_path holds: 108 bytes
 // including the terminating NUL.
-const maxSocketPath = 107
+const MaxSocketPath = 107
 
 // SocketPath records a problem unless path is an absolute path a unix
 // socket may have; an empty path is accepted when optional.
 func (p *Problems) SocketPath(key, path string, optional bool) {
 	p.AbsPath(key, path, optional)
-	if len(path) > maxSocketPath {
-		p.Add(key, "unix socket path must be at most %d bytes, got %d (%q)", maxSocketPath, len(path), path)
+	if len(path) > MaxSocketPath {
+		p.Add(key, "unix socket path must be at most %d bytes, got %d (%q)", MaxSocketPath, len(path), path)
 	}
 }
