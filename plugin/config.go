@@ -217,6 +217,11 @@ func BuiltinDefaults() *Config {
 // the daemon's serve.
 var builtinSections = map[string]bool{"metadata": true, "pool": true}
 
+// builtinUnread are the keys of builtinSections the built-in plugin does
+// not read: the pool grows only where the daemon handles its low-water
+// events (watchPool) and collects images (gc's Grow).
+var builtinUnread = map[string]bool{"pool.max_data_size": true, "pool.growth_reserve": true}
+
 // ResolveBuiltin completes a config that containerd decoded over
 // BuiltinDefaults: an unset daemon.root_dir becomes pluginRoot (the
 // plugin's directory under containerd's root), the derived paths are
@@ -235,11 +240,12 @@ func ResolveBuiltin(c *Config, pluginRoot string) error {
 	def.resolve()
 	have, want := reflect.ValueOf(c).Elem(), reflect.ValueOf(def).Elem()
 	for _, f := range configFields() {
-		if builtinSections[f.Section] || f.Section == "daemon" && f.Key == "root_dir" {
+		key := f.Section + "." + f.Key
+		if builtinSections[f.Section] && !builtinUnread[key] || key == "daemon.root_dir" {
 			continue
 		}
 		if !reflect.DeepEqual(have.FieldByIndex(f.Index).Interface(), want.FieldByIndex(f.Index).Interface()) {
-			p.Add(f.Section+"."+f.Key, "is not used by the built-in plugin, which reads only [metadata], [pool] and daemon.root_dir (the rest is the daemon's, under serve): remove it")
+			p.Add(key, "is not used by the built-in plugin, which reads only [metadata], [pool] but its growth, and daemon.root_dir (the rest is the daemon's, under serve): remove it")
 		}
 	}
 	return p.Err()

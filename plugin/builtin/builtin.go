@@ -12,9 +12,10 @@
 //	  base_image_size = "10GiB"
 //
 // The plugin reads [metadata], [pool] and daemon.root_dir only: the S3
-// pipelines, image collection, retention, the diff service, metrics and
-// the sockets are the daemon's, under serve, and a key of theirs set here
-// is refused rather than ignored. When daemon.root_dir is not set, the
+// pipelines, image collection, retention, the pool's growth
+// (pool.max_data_size, pool.growth_reserve), the diff service, metrics
+// and the sockets are the daemon's, under serve, and a key of theirs set
+// here is refused rather than ignored. When daemon.root_dir is not set, the
 // plugin's root under containerd's root directory is used
 // (/var/lib/containerd/io.containerd.snapshotter.v1.flyio by default), and
 // the database and the pool files are derived from it.

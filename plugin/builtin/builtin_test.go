@@ -102,14 +102,17 @@ func TestInitRejectsBadConfigBeforeTouchingAnything(t *testing.T) {
 }
 
 // TestKeysTheBuiltinPluginDoesNotUseAreRefused: in containerd the plugin
-// serves snapshots from [metadata] and [pool] only; a key of another
-// section set in containerd's config (image collection, S3, metrics)
-// would be validated and then ignored, so it is refused, named.
+// serves snapshots from [metadata] and [pool] only, and does not grow the
+// pool; a key of another section set in containerd's config (image
+// collection, S3, metrics), or of the pool's growth, would be validated
+// and then ignored, so it is refused, named.
 func TestKeysTheBuiltinPluginDoesNotUseAreRefused(t *testing.T) {
 	cfg := decodeLikeContainerd(t, `
 version = 3
 [plugins.'io.containerd.snapshotter.v1.flyio'.pool]
   name = "ctr-pool"
+  max_data_size = "200GiB"
+  growth_reserve = "2GiB"
 [plugins.'io.containerd.snapshotter.v1.flyio'.gc]
   high_threshold = 70.0
   low_threshold = 60.0
@@ -120,7 +123,8 @@ version = 3
 	if err == nil {
 		t.Fatal("keys the built-in plugin never reads were accepted")
 	}
-	for _, key := range []string{"gc.high_threshold", "gc.low_threshold", "daemon.metrics_address"} {
+	// The pool grows only at the daemon's low-water handling.
+	for _, key := range []string{"gc.high_threshold", "gc.low_threshold", "daemon.metrics_address", "pool.max_data_size", "pool.growth_reserve"} {
 		if !strings.Contains(err.Error(), key+": is not used by the built-in plugin") {
 			t.Errorf("error %q does not name %s", err, key)
 		}
