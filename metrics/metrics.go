@@ -140,7 +140,12 @@ func (m *Metrics) observe(method string, start time.Time, err error) {
 // PoolStatuser is what AddPool reads: *thinpool.Pool.
 type PoolStatuser interface {
 	Name() string
-	Status(ctx context.Context) (thinpool.PoolStatus, error)
+	// Peek is the pool's status as the kernel holds it. A scrape does not
+	// ask for the status that first commits the metadata (Status): that
+	// waits on the metadata device's writes, which the ioctl does not
+	// give up, so a stalled device would hang every scrape; the kernel
+	// commits every second anyway.
+	Peek(ctx context.Context) (thinpool.PoolStatus, error)
 	MinFreePercent() float64
 	// LowWaterBlocks is the data low-water mark of the pool's live table,
 	// in data blocks: the kernel raises its event when the free data
@@ -203,7 +208,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
 	defer cancel()
 	name := c.pool.Name()
-	st, err := c.pool.Status(ctx)
+	st, err := c.pool.Peek(ctx)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(dataUsedDesc, err)
 		return

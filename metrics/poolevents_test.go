@@ -51,6 +51,9 @@ func (f *fakePoolStatus) Name() string { return "p1" }
 func (f *fakePoolStatus) Status(context.Context) (thinpool.PoolStatus, error) {
 	return f.st, nil
 }
+func (f *fakePoolStatus) Peek(context.Context) (thinpool.PoolStatus, error) {
+	return f.st, nil
+}
 func (f *fakePoolStatus) MinFreePercent() float64 { return f.reserve }
 func (f *fakePoolStatus) LowWaterBlocks(context.Context) (uint64, error) {
 	return f.lowWater, f.lowWaterErr
@@ -129,6 +132,9 @@ func TestPoolUnderLowWater(t *testing.T) {
 type failingPoolStatus struct{ fakePoolStatus }
 
 func (failingPoolStatus) Status(context.Context) (thinpool.PoolStatus, error) {
+	return thinpool.PoolStatus{}, errors.New("dm status flyio-pool: no such device or address")
+}
+func (failingPoolStatus) Peek(context.Context) (thinpool.PoolStatus, error) {
 	return thinpool.PoolStatus{}, errors.New("dm status flyio-pool: no such device or address")
 }
 
@@ -214,5 +220,46 @@ func TestScrapeWithAWedgedSourceAnswersInTime(t *testing.T) {
 	}
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), Namespace+`_pool_low_water_events_total{pool="p1"} 0`) {
 		t.Fatalf("scrape with a wedged source after %s: %s, without the other sources' metrics:\n%s", time.Since(start), resp.Status, body)
+	}
+}
+
+// stalledCommitPool is a fake pool whose metadata device has stalled: a
+// status that first commits the metadata (Status) waits for writes that
+// do not finish, and, like the ioctl, does not give up with its context;
+// the status the kernel holds in memory (Peek) answers.
+type stalledCommitPool struct {
+	fakePoolStatus
+	stalled chan struct{}
+}
+
+func (p *stalledCommitPool) Status(context.Context) (thinpool.PoolStatus, error) {
+	<-p.stalled
+	return p.st, nil
+}
+
+// TestScrapeDoesNotCommitThePoolsMetadata: a scrape reads the pool's
+// usage as the kernel holds it, without making the pool commit its
+// metadata first, so a metadata device that stalls (a failing disk, a
+// saturated one) leaves the pool's metrics, and the scrape, answering.
+func TestScrapeDoesNotCommitThePoolsMetadata(t *testing.T) {
+	p := &stalledCommitPool{fakePoolStatus: fakePoolStatus{st: thinpool.PoolStatus{TotalDataBlocks: 100, UsedDataBlocks: 50,
+		TotalMetadataBlocks: 100, BlockSizeSectors: 128, Mode: thinpool.ModeReadWrite}}, stalled: make(chan struct{})}
+	m := New()
+	m.AddPool(p)
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	// Before the server's Close, which waits for the scrape under way.
+	defer close(p.stalled)
+	resp, err := (&http.Client{Timeout: prometheusScrapeTimeout}).Get(srv.URL)
+	if err != nil {
+		t.Fatalf("scrape with the pool's metadata device stalled not answered within Prometheus's default scrape_timeout (%s): %v", prometheusScrapeTimeout, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := Namespace + `_pool_data_used_bytes{pool="p1"} 3.2768e+06`; !strings.Contains(string(body), want) {
+		t.Errorf("scrape with the pool's metadata device stalled lacks %s:\n%s", want, body)
 	}
 }
