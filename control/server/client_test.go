@@ -34,31 +34,40 @@ func (fakeStalledPuller) Activate(context.Context, string) (*api.ActivateRespons
 	return nil, errors.New("not served")
 }
 
-// TestClientCancelCutsThePull: the client hands progress over as the daemon
-// sends it (before any result), and a caller that gives up (Ctrl-C in
-// `pull`) gets its context's error back at once while the daemon sees the
-// connection go and its request's context end.
-func TestClientCancelCutsThePull(t *testing.T) {
+// serveForTest serves p's control API on a socket in a temporary
+// directory until the test ends, checking Serve then returns no error; it
+// returns the socket's path.
+func serveForTest(t *testing.T, p Puller) string {
+	t.Helper()
 	sock := filepath.Join(t.TempDir(), "control.sock")
 	lis, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srvCtx, stopSrv := context.WithCancel(context.Background())
-	p := fakeStalledPuller{ended: make(chan error, 1)}
+	ctx, stop := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- Serve(srvCtx, lis, p) }()
-	defer func() {
-		stopSrv()
+	go func() { served <- Serve(ctx, lis, p) }()
+	t.Cleanup(func() {
+		stop()
 		if err := <-served; err != nil {
 			t.Errorf("Serve: %v", err)
 		}
-	}()
+	})
+	return sock
+}
+
+// TestClientCancelCutsThePull: the client hands progress over as the daemon
+// sends it (before any result), and a caller that gives up (Ctrl-C in
+// `pull`) gets its context's error back at once while the daemon sees the
+// connection go and its request's context end.
+func TestClientCancelCutsThePull(t *testing.T) {
+	p := fakeStalledPuller{ended: make(chan error, 1)}
+	sock := serveForTest(t, p)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var events []api.Event
-	_, err = control.NewClient(sock).Pull(ctx, api.PullRequest{Bucket: "b", Key: "img/"}, func(e api.Event) {
+	_, err := control.NewClient(sock).Pull(ctx, api.PullRequest{Bucket: "b", Key: "img/"}, func(e api.Event) {
 		events = append(events, e)
 		cancel()
 	})

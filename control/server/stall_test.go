@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -81,21 +80,8 @@ func waitHandlerGone(t *testing.T, f string, within time.Duration, what string) 
 func TestStalledPullClientIsDropped(t *testing.T) {
 	defer func(d time.Duration) { pullWriteTimeout = d }(pullWriteTimeout)
 	pullWriteTimeout = 300 * time.Millisecond
-	sock := filepath.Join(t.TempDir(), "control.sock")
-	lis, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
 	p := fakeDetachedPuller{events: 500, delivered: make(chan struct{}), ended: make(chan error, 1)}
-	served := make(chan error, 1)
-	go func() { served <- Serve(ctx, lis, p) }()
-	defer func() {
-		cancel()
-		if err := <-served; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	}()
+	sock := serveForTest(t, p)
 
 	c, err := net.Dial("unix", sock)
 	if err != nil {
@@ -141,21 +127,8 @@ func TestStalledPullClientIsDropped(t *testing.T) {
 func TestStalledRequestBodyIsDropped(t *testing.T) {
 	defer func(d time.Duration) { bodyReadTimeout = d }(bodyReadTimeout)
 	bodyReadTimeout = 300 * time.Millisecond
-	sock := filepath.Join(t.TempDir(), "control.sock")
-	lis, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
 	p := fakeStalledPuller{ended: make(chan error, 1)}
-	served := make(chan error, 1)
-	go func() { served <- Serve(ctx, lis, p) }()
-	defer func() {
-		cancel()
-		if err := <-served; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	}()
+	sock := serveForTest(t, p)
 	for _, path := range []string{"/v1/pull", "/v1/activate"} {
 		c, err := net.Dial("unix", sock)
 		if err != nil {

@@ -165,13 +165,7 @@ func TestRetentionKeepsTheRunsAPullNames(t *testing.T) {
 	e.srv.Put(t, "a/1.tar", layerTar(t, "base", 3000))
 	e.srv.Put(t, "a/2.tar", layerTar(t, "app", 3000))
 	ctx := context.Background()
-	newer := time.Now().Add(time.Hour)
-	if err := seed.InsertRun(ctx, e.db, seed.Run{ID: "newer", FSM: "m", IdempotencyID: "newer", State: "running", Created: newer}); err != nil {
-		t.Fatal(err)
-	}
-	if err := seed.FinishRun(ctx, e.db, "newer", "complete", newer); err != nil {
-		t.Fatal(err)
-	}
+	finishRunNewerThanNow(t, e)
 	passes := 0
 	e.p.hooks = map[string]func(){"download:awaited": func() {
 		passes++
@@ -195,6 +189,20 @@ func TestRetentionKeepsTheRunsAPullNames(t *testing.T) {
 	}
 }
 
+// finishRunNewerThanNow records a finished run an hour newer than now, the
+// one a retention keeping a single finished run keeps.
+func finishRunNewerThanNow(t *testing.T, e *env) {
+	t.Helper()
+	ctx := context.Background()
+	newer := time.Now().Add(time.Hour)
+	if err := seed.InsertRun(ctx, e.db, seed.Run{ID: "newer", FSM: "m", IdempotencyID: "newer", State: "running", Created: newer}); err != nil {
+		t.Fatal(err)
+	}
+	if err := seed.FinishRun(ctx, e.db, "newer", "complete", newer); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestRetentionKeepsTheActivateRunAPullAwaits: a pull, and an activate,
 // read the activate run's response once it has ended, when no live run
 // refers to it. A retention pass that comes between the run's end and
@@ -205,13 +213,7 @@ func TestRetentionKeepsTheActivateRunAPullAwaits(t *testing.T) {
 	e := newPullEnv(t, nil)
 	e.srv.Put(t, "a/1.tar", layerTar(t, "base", 3000))
 	ctx := context.Background()
-	newer := time.Now().Add(time.Hour)
-	if err := seed.InsertRun(ctx, e.db, seed.Run{ID: "newer", FSM: "m", IdempotencyID: "newer", State: "running", Created: newer}); err != nil {
-		t.Fatal(err)
-	}
-	if err := seed.FinishRun(ctx, e.db, "newer", "complete", newer); err != nil {
-		t.Fatal(err)
-	}
+	finishRunNewerThanNow(t, e)
 	passes := 0
 	e.p.hooks = map[string]func(){"activate:started": func() {
 		passes++
