@@ -3,8 +3,10 @@ package plugin
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/pprof"
+	"sync"
 	"time"
 
 	"github.com/containerd/log"
@@ -85,30 +87,33 @@ type S3RequestHealth struct {
 	OK bool `json:"ok"`
 }
 
-// CheckHealth runs every check of src, each bounded by its own timeout.
+// CheckHealth runs every check of src at once, each bounded by its own
+// timeout, so the answer comes within healthCheckTimeout.
 func CheckHealth(ctx context.Context, src HealthSources) Health {
 	var h Health
+	var wg sync.WaitGroup
 
 	h.Pool.Name = src.Pool.Name()
-	pctx, cancel := context.WithTimeout(ctx, healthCheckTimeout)
-	st, err := src.Pool.Status(pctx)
-	cancel()
-	if err != nil {
-		h.Pool.Error = err.Error()
-	} else {
+	wg.Go(func() {
+		st, err := bounded(ctx, src.Pool.Status)
+		if err != nil {
+			h.Pool.Error = err.Error()
+			return
+		}
 		h.Pool.Mode, h.Pool.NeedsCheck = string(st.Mode), st.NeedsCheck
 		h.Pool.ReadWrite = st.Mode == thinpool.ModeReadWrite
-	}
+	})
 
 	h.Database.Path = src.DB.Path()
-	dctx, cancel := context.WithTimeout(ctx, healthCheckTimeout)
-	err = src.DB.Ping(dctx)
-	cancel()
-	if err != nil {
-		h.Database.Error = err.Error()
-	} else {
+	wg.Go(func() {
+		_, err := bounded(ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, src.DB.Ping(ctx) })
+		if err != nil {
+			h.Database.Error = err.Error()
+			return
+		}
 		h.Database.Open = true
-	}
+	})
+	wg.Wait()
 
 	s3ok := true
 	if src.S3 != nil {
@@ -119,6 +124,32 @@ func CheckHealth(ctx context.Context, src HealthSources) Health {
 	}
 	h.Healthy = h.Pool.ReadWrite && h.Database.Open && s3ok
 	return h
+}
+
+// bounded is check under healthCheckTimeout, waited for in its own
+// goroutine: the pool's status is one ioctl that first commits the pool's
+// metadata, and neither it nor SQLite's file IO gives up with ctx, so on a
+// stalled device waiting on them directly would hang the prober. A check
+// given up on finishes in its goroutine whenever the kernel answers.
+func bounded[T any](ctx context.Context, check func(context.Context) (T, error)) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, healthCheckTimeout)
+	defer cancel()
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := check(ctx)
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-ctx.Done():
+		var zero T
+		return zero, fmt.Errorf("not answered within %s: %w", healthCheckTimeout, ctx.Err())
+	}
 }
 
 // healthHandler answers GET /healthz with CheckHealth as JSON: 200 when

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/aws/smithy-go/middleware"
 
@@ -162,5 +164,47 @@ func TestServeNeedsDebugHandler(t *testing.T) {
 	err := Serve(context.Background(), newNative(t), ServeOptions{Socket: filepath.Join(t.TempDir(), "s.sock"), DebugListener: lis})
 	if err == nil || !strings.Contains(err.Error(), "debug endpoint needs a handler") {
 		t.Fatalf("Serve with a debug listener and no handler: %v", err)
+	}
+}
+
+// stalledPool is a fake pool whose metadata device has stalled: its
+// status, one ioctl that first commits the metadata, waits for writes
+// that do not finish and, like the ioctl, does not give up with its
+// context.
+type stalledPool struct {
+	fakePool
+	stalled chan struct{}
+}
+
+func (p *stalledPool) Status(context.Context) (thinpool.PoolStatus, error) {
+	<-p.stalled
+	return p.fakePool.Status(context.Background())
+}
+
+// TestHealthzAnswersWithThePoolStalled: with the pool's status call
+// wedged in the kernel, /healthz still answers, unhealthy and naming the
+// pool, within the bound troubleshooting.md promises, so a prober (a
+// load balancer, a watchdog) reads the daemon as unhealthy with its
+// reason instead of timing out on it.
+func TestHealthzAnswersWithThePoolStalled(t *testing.T) {
+	db := metadatatest.Open(t)
+	pool := &stalledPool{fakePool: fakePool{st: thinpool.PoolStatus{Mode: thinpool.ModeReadWrite}}, stalled: make(chan struct{})}
+	srv := httptest.NewServer(DebugHandler(HealthSources{Pool: pool, DB: db}))
+	defer srv.Close()
+	// Before the server's Close, which waits for the request under way.
+	defer close(pool.stalled)
+
+	slack := 2 * time.Second
+	resp, err := (&http.Client{Timeout: healthCheckTimeout + slack}).Get(srv.URL + "/healthz")
+	if err != nil {
+		t.Fatalf("/healthz with the pool's status stalled not answered within %s: %v", healthCheckTimeout+slack, err)
+	}
+	defer resp.Body.Close()
+	var h Health
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusServiceUnavailable || h.Healthy || h.Pool.ReadWrite || h.Pool.Error == "" || !h.Database.Open {
+		t.Fatalf("/healthz with the pool's status stalled: %s %+v, want 503 naming the pool alone", resp.Status, h)
 	}
 }
