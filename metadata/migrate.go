@@ -468,7 +468,7 @@ func (d *DB) backupBeforeMigration(ctx context.Context, next int) (string, error
 	// (it waited for the write lock meanwhile): its own copy, taken
 	// before it migrated, is the one of version next-1, and a copy of the
 	// migrated database must not take its place.
-	kept, err := d.backup(ctx, dest, func(c *sql.Conn, tmp string) (bool, error) {
+	kept, err := d.backup(ctx, dest, true, func(c *sql.Conn, tmp string) (bool, error) {
 		if _, err := c.ExecContext(ctx, `ATTACH DATABASE ? AS copy`, tmp); err != nil {
 			return false, err
 		}
@@ -498,14 +498,23 @@ func (d *DB) backupBeforeMigration(ctx context.Context, next int) (string, error
 // midway left in dest's directory are removed first; those of backups
 // still running are not.
 func (d *DB) Backup(ctx context.Context, dest string) error {
-	_, err := d.backup(ctx, dest, nil)
+	_, err := d.backup(ctx, dest, true, nil)
 	return err
 }
 
-// backup is Backup; when keep is not nil, it is asked, on the connection
-// that wrote it, whether the copy written to tmp is to replace dest, and
-// the copy is dropped unless it says so.
-func (d *DB) backup(ctx context.Context, dest string, keep func(c *sql.Conn, tmp string) (bool, error)) (bool, error) {
+// BackupNew is Backup to a dest that must not exist: when a file of that
+// name is there by the time the copy is finished (another backup to the
+// same name, or anything else, wrote it meanwhile), it is left as it is,
+// the copy is dropped and the error satisfies errors.Is(err, fs.ErrExist).
+func (d *DB) BackupNew(ctx context.Context, dest string) error {
+	_, err := d.backup(ctx, dest, false, nil)
+	return err
+}
+
+// backup is Backup, or BackupNew unless replace; when keep is not nil, it
+// is asked, on the connection that wrote it, whether the copy written to
+// tmp is to replace dest, and the copy is dropped unless it says so.
+func (d *DB) backup(ctx context.Context, dest string, replace bool, keep func(c *sql.Conn, tmp string) (bool, error)) (bool, error) {
 	if own := d.ownFile(dest); own != "" {
 		// Renamed over the live file, the copy would take the place of a
 		// database its writers and its write-ahead log go on with.
@@ -536,12 +545,29 @@ func (d *DB) backup(ctx context.Context, dest string, keep func(c *sql.Conn, tmp
 		_ = os.Remove(tmp)
 		return false, fmt.Errorf("metadata: backup of %s to %s: %w", d.path, dest, err)
 	}
-	if err := os.Rename(tmp, dest); err != nil {
+	if err := install(tmp, dest, replace); err != nil {
 		_ = os.Remove(tmp)
 		return false, fmt.Errorf("metadata: backup of %s to %s: %w", d.path, dest, err)
 	}
 	_ = syncFile(filepath.Dir(dest))
 	return true, nil
+}
+
+// install puts the finished copy tmp in dest's place: renamed over it when
+// replace; otherwise linked in, which link(2) refuses with EEXIST when dest
+// exists by then, so a check that dest is absent made before the copy
+// (which takes long) cannot be outdated by the time it lands. The
+// temporary name is then removed; if that fails, the next backup's sweep
+// removes it, dest keeping the copy.
+func install(tmp, dest string, replace bool) error {
+	if replace {
+		return os.Rename(tmp, dest)
+	}
+	if err := os.Link(tmp, dest); err != nil {
+		return err
+	}
+	_ = os.Remove(tmp)
+	return nil
 }
 
 // ownFile is the file of the database (the database, its write-ahead log,

@@ -257,7 +257,8 @@ func runDBBackup(ctx context.Context, args []string) error {
 Write a consistent copy of the database to DEST (SQLite VACUUM INTO from one
 read transaction: safe while the daemon writes). The copy is written to a
 temporary file beside DEST and renamed, so DEST is never half written.
-DEST must not exist unless --force is given.`)
+DEST must not exist unless --force is given, neither before the copy nor
+when it is finished (a DEST written meanwhile is kept).`)
 	force := fs.Bool("force", false, "replace DEST if it exists")
 	format, err := parseDBFlags(fs, args, 1, "one argument DEST")
 	if err != nil {
@@ -274,7 +275,15 @@ DEST must not exist unless --force is given.`)
 		return err
 	}
 	defer d.Close()
-	if err := d.Backup(ctx, dest); err != nil {
+	// The check above fails fast; BackupNew keeps a DEST written while
+	// the copy was being made.
+	backup := d.BackupNew
+	if *force {
+		backup = d.Backup
+	}
+	if err := backup(ctx, dest); errors.Is(err, os.ErrExist) {
+		return &cli.ExitError{Code: 1, Msg: fmt.Sprintf("%s exists (use --force to replace it)", dest)}
+	} else if err != nil {
 		return err
 	}
 	st, err := os.Stat(dest)
