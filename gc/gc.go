@@ -262,6 +262,10 @@ type Observer interface {
 	// removed for cause ("usage" or "rm") and the pool data bytes its
 	// removal freed.
 	Removed(cause, source string, freed int64)
+	// Freed counts the pool data bytes freed for cause by removing the
+	// chains of failed pulls from source: they are no image, so no image
+	// is counted.
+	Freed(cause, source string, freed int64)
 }
 
 // Options configure New. DB, Snapshots, Usage, Guard and Prune are
@@ -1167,7 +1171,7 @@ func (c *Collector) sweepOrphans(ctx context.Context, chains []string, cause str
 	log.G(ctx).WithField("chains", removed).WithField("cause", cause).WithField("freed", bytesOf(uint64(max(freed, 0)))).
 		WithField("usage", after.String()).Info("gc: chains of no image removed (left by failed pulls)")
 	if c.opts.Observer != nil {
-		c.opts.Observer.Removed(cause, api.SourceS3, freed)
+		c.opts.Observer.Freed(cause, api.SourceS3, freed)
 	}
 	return freed, nil
 }

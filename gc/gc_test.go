@@ -122,6 +122,11 @@ func (c *counts) Removed(cause, source string, freed int64) {
 	c.removed[cause+"/"+source]++
 	c.freed += freed
 }
+func (c *counts) Freed(cause, source string, freed int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.freed += freed
+}
 
 // harness is a collector over the real snapshotter on a fake thin pool,
 // the fake containerd and a real database.
@@ -1169,6 +1174,9 @@ func TestCollectRemovesChainsOfNoImage(t *testing.T) {
 	if len(rep.Removed) != 0 {
 		t.Errorf("removed %+v, want no image: the failed pull's top chain frees enough", rep.Removed)
 	}
+	if h.obs.removed["usage"] != 1 {
+		t.Errorf("observed removals %v, want img1 alone: a failed pull's chains are no image", h.obs.removed)
+	}
 	h.snapshotGone("f2")
 	h.snapshotPresent("f1") // a container's snapshot is on it
 	h.present("img2")
@@ -1197,6 +1205,11 @@ func TestRemoveTakesChainsOfItsFailedPull(t *testing.T) {
 	}
 	if len(removed) != 1 || removed[0].ImageID != "failed" || removed[0].Freed != 800*mib {
 		t.Errorf("removed %+v, want image failed with 800 MiB freed", removed)
+	}
+	// The chains are no image: the one image rm removed is counted once,
+	// and the chains' space among the bytes freed.
+	if h.obs.removed["rm"] != 1 || h.obs.freed != 800*mib {
+		t.Errorf("observed removals %v and %d MiB freed, want one rm image and 800 MiB", h.obs.removed, h.obs.freed/mib)
 	}
 	h.snapshotGone("f1", "f2")
 	h.snapshotPresent("o1", "n1")

@@ -9,8 +9,8 @@ import (
 // GC counts image garbage collection (package gc's Observer):
 // flyio_snapshotter_gc_runs_total{trigger}, _gc_duration_seconds{trigger},
 // _gc_removed_images_total{cause,source} and
-// _gc_removed_bytes_total{cause,source} (pool data freed; source is s3 or
-// registry), and, once SetThresholds is called, _gc_threshold_ratio{bound}.
+// _gc_removed_bytes_total{cause,source} (pool data freed, by images and
+// by the layers of failed pulls; source is s3 or registry), and, once SetThresholds is called, _gc_threshold_ratio{bound}.
 // Create it with NewGC, register it with AddGC.
 type GC struct {
 	runs       *prometheus.CounterVec
@@ -31,7 +31,7 @@ func NewGC() *GC {
 		removed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "gc_removed_images_total",
 			Help: "Images removed from the pool, by cause (usage: the pool was past the high threshold; rm: an operator asked) and source (s3: pulled from S3 by the daemon; registry: unpacked by containerd)."}, []string{"cause", "source"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "gc_removed_bytes_total",
-			Help: "Pool data bytes freed by removing images, by cause and source."}, []string{"cause", "source"}),
+			Help: "Pool data bytes freed by removing images and the layers of failed pulls that no image has, by cause and source."}, []string{"cause", "source"}),
 		thresholds: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "gc_threshold_ratio",
 			Help: "Share of the pool's data or metadata at which garbage collection starts (bound high) and down to which it removes images (bound low); absent while collection is off."}, []string{"bound"}),
 	}
@@ -56,6 +56,15 @@ func (g *GC) Ran(trigger string, d time.Duration) {
 // outgrew it, counts nothing).
 func (g *GC) Removed(cause, source string, freed int64) {
 	g.removed.WithLabelValues(cause, source).Inc()
+	if freed > 0 {
+		g.bytes.WithLabelValues(cause, source).Add(float64(freed))
+	}
+}
+
+// Freed counts the pool data bytes freed for cause by removing the
+// layers of failed pulls from source, which are no image: only
+// _gc_removed_bytes_total grows.
+func (g *GC) Freed(cause, source string, freed int64) {
 	if freed > 0 {
 		g.bytes.WithLabelValues(cause, source).Add(float64(freed))
 	}
