@@ -145,10 +145,70 @@ func bounded[T any](ctx context.Context, check func(context.Context) (T, error))
 	}()
 	select {
 	case r := <-done:
+		if r.err != nil && ctx.Err() != nil {
+			// A check that gave up with ctx says the same as one given up.
+			return r.v, fmt.Errorf("not answered within %s: %w", healthCheckTimeout, r.err)
+		}
 		return r.v, r.err
 	case <-ctx.Done():
 		var zero T
 		return zero, fmt.Errorf("not answered within %s: %w", healthCheckTimeout, ctx.Err())
+	}
+}
+
+// poolStatuser is HealthSources.Pool.
+type poolStatuser interface {
+	Name() string
+	Status(ctx context.Context) (thinpool.PoolStatus, error)
+}
+
+// sharedStatus is a pool whose status calls, while one is under way, are
+// answered by that one. A call stuck in the kernel (a stalled metadata
+// device) holds its goroutine and thread however long it stays stuck, and
+// bounded gives it up without ending it: without sharing, each probe
+// meanwhile would leave one more stuck behind it.
+type sharedStatus struct {
+	pool poolStatuser
+	mu   sync.Mutex
+	cur  *statusCall // nil when no call is under way
+}
+
+// statusCall is one status call; done is closed once st and err are set.
+type statusCall struct {
+	done chan struct{}
+	st   thinpool.PoolStatus
+	err  error
+}
+
+func (s *sharedStatus) Name() string { return s.pool.Name() }
+
+// Status joins the call under way, or starts one, and waits for it until
+// ctx ends.
+func (s *sharedStatus) Status(ctx context.Context) (thinpool.PoolStatus, error) {
+	s.mu.Lock()
+	call := s.cur
+	if call == nil {
+		call = &statusCall{done: make(chan struct{})}
+		s.cur = call
+		// The call outlives the probe that started it: it runs on a
+		// context of its own, which no probe's end cancels, bounded like
+		// one check.
+		go func() {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), healthCheckTimeout)
+			defer cancel()
+			call.st, call.err = s.pool.Status(cctx)
+			s.mu.Lock()
+			s.cur = nil
+			s.mu.Unlock()
+			close(call.done)
+		}()
+	}
+	s.mu.Unlock()
+	select {
+	case <-call.done:
+		return call.st, call.err
+	case <-ctx.Done():
+		return thinpool.PoolStatus{}, ctx.Err()
 	}
 }
 
@@ -186,6 +246,7 @@ func healthHandler(src HealthSources) http.Handler {
 // It is its own mux: nothing registered on http.DefaultServeMux leaks in.
 func DebugHandler(src HealthSources) http.Handler {
 	mux := http.NewServeMux()
+	src.Pool = &sharedStatus{pool: src.Pool}
 	mux.Handle("/healthz", healthHandler(src))
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

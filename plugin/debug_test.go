@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -174,9 +175,11 @@ func TestServeNeedsDebugHandler(t *testing.T) {
 type stalledPool struct {
 	fakePool
 	stalled chan struct{}
+	calls   atomic.Int32
 }
 
 func (p *stalledPool) Status(context.Context) (thinpool.PoolStatus, error) {
+	p.calls.Add(1)
 	<-p.stalled
 	return p.fakePool.Status(context.Background())
 }
@@ -204,7 +207,50 @@ func TestHealthzAnswersWithThePoolStalled(t *testing.T) {
 	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
 		t.Fatal(err)
 	}
-	if resp.StatusCode != http.StatusServiceUnavailable || h.Healthy || h.Pool.ReadWrite || h.Pool.Error == "" || !h.Database.Open {
+	if resp.StatusCode != http.StatusServiceUnavailable || h.Healthy || h.Pool.ReadWrite || !strings.Contains(h.Pool.Error, "not answered within 5s") || !h.Database.Open {
 		t.Fatalf("/healthz with the pool's status stalled: %s %+v, want 503 naming the pool alone", resp.Status, h)
+	}
+}
+
+// TestHealthzProbesShareAStalledPoolStatus: while the pool's status call
+// is stuck in the kernel, further probes wait on that call instead of
+// making one each: every call given up on would stay stuck, holding a
+// thread, and a prober every few seconds would pile them up for as long
+// as the device stalls.
+func TestHealthzProbesShareAStalledPoolStatus(t *testing.T) {
+	db := metadatatest.Open(t)
+	pool := &stalledPool{fakePool: fakePool{st: thinpool.PoolStatus{Mode: thinpool.ModeReadWrite}}, stalled: make(chan struct{})}
+	h := DebugHandler(HealthSources{Pool: pool, DB: db})
+	for probe := 0; probe < 3; probe++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequestWithContext(ctx, http.MethodGet, "/healthz", nil))
+		cancel()
+		if rec.Code != http.StatusServiceUnavailable {
+			t.Fatalf("probe %d with the pool's status stalled: %d, want 503", probe, rec.Code)
+		}
+	}
+	if n := pool.calls.Load(); n != 1 {
+		t.Errorf("3 probes with the pool's status stalled made %d status calls, want 1", n)
+	}
+	close(pool.stalled)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+		if rec.Code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/healthz after the pool's status answered: %d\n%s", rec.Code, rec.Body)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Once it has answered, the next probe asks again.
+	n := pool.calls.Load()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+	if rec.Code != http.StatusOK || pool.calls.Load() != n+1 {
+		t.Errorf("a probe after the stalled status answered: %d, %d status calls in all, want 200 and %d", rec.Code, pool.calls.Load(), n+1)
 	}
 }
