@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/containerd/log"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metrics"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
@@ -163,50 +164,31 @@ type poolStatuser interface {
 }
 
 // sharedStatus is a pool whose status calls, while one is under way, are
-// answered by that one. A call stuck in the kernel (a stalled metadata
-// device) holds its goroutine and thread however long it stays stuck, and
-// bounded gives it up without ending it: without sharing, each probe
-// meanwhile would leave one more stuck behind it.
+// answered by that one (singleflight). A call stuck in the kernel (a
+// stalled metadata device) holds its goroutine and thread however long it
+// stays stuck, and bounded gives it up without ending it: without sharing,
+// each probe meanwhile would leave one more stuck behind it.
 type sharedStatus struct {
-	pool poolStatuser
-	mu   sync.Mutex
-	cur  *statusCall // nil when no call is under way
-}
-
-// statusCall is one status call; done is closed once st and err are set.
-type statusCall struct {
-	done chan struct{}
-	st   thinpool.PoolStatus
-	err  error
+	pool  poolStatuser
+	calls singleflight.Group
 }
 
 func (s *sharedStatus) Name() string { return s.pool.Name() }
 
 // Status joins the call under way, or starts one, and waits for it until
-// ctx ends.
+// ctx ends. The call outlives the probe that started it: it runs on a
+// context of its own, which no probe's end cancels, bounded like one
+// check.
 func (s *sharedStatus) Status(ctx context.Context) (thinpool.PoolStatus, error) {
-	s.mu.Lock()
-	call := s.cur
-	if call == nil {
-		call = &statusCall{done: make(chan struct{})}
-		s.cur = call
-		// The call outlives the probe that started it: it runs on a
-		// context of its own, which no probe's end cancels, bounded like
-		// one check.
-		go func() {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), healthCheckTimeout)
-			defer cancel()
-			call.st, call.err = s.pool.Status(cctx)
-			s.mu.Lock()
-			s.cur = nil
-			s.mu.Unlock()
-			close(call.done)
-		}()
-	}
-	s.mu.Unlock()
+	ch := s.calls.DoChan("status", func() (any, error) {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), healthCheckTimeout)
+		defer cancel()
+		return s.pool.Status(cctx)
+	})
 	select {
-	case <-call.done:
-		return call.st, call.err
+	case r := <-ch:
+		st, _ := r.Val.(thinpool.PoolStatus)
+		return st, r.Err
 	case <-ctx.Done():
 		return thinpool.PoolStatus{}, ctx.Err()
 	}
