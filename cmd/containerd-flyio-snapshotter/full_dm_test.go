@@ -149,13 +149,16 @@ func TestContainerFillingPool(t *testing.T) {
 	// the no-space timeout, then fail.
 	// Watch the pool meanwhile: when its writes start to wait (queued),
 	// and when the kernel's no-space timeout turns it to failing them.
+	// Peek, not Status: a status that first commits the metadata waits on
+	// the pool's own I/O, which on a full pool under emulation can take
+	// long enough to see the queueing late and the wait short.
 	var queuedAt, failingAt time.Time
 	wctx, stopWatch := context.WithCancel(ctx)
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
 		for wctx.Err() == nil && failingAt.IsZero() {
-			if st, err := e.pool.Status(wctx); err == nil {
+			if st, err := e.pool.Peek(wctx); err == nil {
 				switch {
 				case st.WritesQueued() && queuedAt.IsZero():
 					queuedAt = time.Now()
