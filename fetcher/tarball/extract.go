@@ -880,6 +880,12 @@ func (x *extractor) hardlink(raw string, e entry) error {
 		return err
 	}
 	if err := unix.Linkat(int(src.Fd()), path.Base(e.link), fd, base, 0); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			// The target was there before the entry's name was cleared:
+			// it lay under that name (reached through a lower symlink),
+			// and the layer, not the disk, is at fault.
+			return reject(raw, ErrHardlinkTarget, "-> %s lay under the name this entry replaces", quote(e.link))
+		}
 		return &os.LinkError{Op: "linkat", Old: e.link, New: e.name, Err: err}
 	}
 	if symlink {

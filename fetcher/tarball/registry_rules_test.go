@@ -687,3 +687,30 @@ func TestOpaqueWhiteoutThroughALowerSymlinkToItsOwnDirectory(t *testing.T) {
 		t.Errorf("a holds %v, want %v: the layer's file only", left, want)
 	}
 }
+
+// TestHardLinkToAFileItsOwnNameReplaces: a hard link whose target lies in
+// the directory its own name replaces, reached through a lower symlink
+// (lower b -> a; entry a, a hard link to b/c/c), has no target once its
+// name is cleared. That is the layer's fault, refused as a hard link to
+// nothing in the tree (ErrHardlinkTarget, not retried), not an I/O error
+// worth another attempt.
+func TestHardLinkToAFileItsOwnNameReplaces(t *testing.T) {
+	s := newSandbox(t)
+	if err := os.MkdirAll(filepath.Join(s.target, "a", "c"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(s.target, "a", "c", "c"), []byte("lower"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("a", filepath.Join(s.target, "b")); err != nil {
+		t.Fatal(err)
+	}
+	b := build(t, hardlink("a", "b/c/c"))
+	opts := ExtractOptions{Limits: Limits{LowerSymlinks: true, LowerHardlinks: true}, NoChown: true}
+	_, err := ExtractDir(context.Background(), bytes.NewReader(b), s.target, opts)
+	var pe *PolicyError
+	if !errors.Is(err, ErrHardlinkTarget) || !errors.As(err, &pe) {
+		t.Fatalf("Extract: %v; want the layer refused for a hard link to nothing in the tree (%v)", err, ErrHardlinkTarget)
+	}
+	s.intact(t)
+}
