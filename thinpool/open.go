@@ -36,6 +36,21 @@ func checkName(what, name string) error {
 	return nil
 }
 
+// newPool validates cfg (defaults filled in) and returns the Pool it
+// describes, with the device-mapper control device open and nothing
+// asked of the kernel yet; op names the caller in its errors.
+func newPool(cfg Config, op string) (*Pool, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("thinpool: %s: invalid config: %w: %w", op, ErrInvalid, err)
+	}
+	ctl, err := control()
+	if err != nil {
+		return nil, fmt.Errorf("thinpool: %s %q: %w", op, cfg.Name, err)
+	}
+	return &Pool{cfg: cfg, name: cfg.Name, ctl: ctl, blockSize: cfg.blockSizeSectors()}, nil
+}
+
 // Open creates the pool described by cfg when it is absent and reuses it
 // when it is present: an active pool of that name is reused as is (daemon
 // restart); when the pool is gone but its files are present (reboot), the
@@ -44,18 +59,13 @@ func checkName(what, name string) error {
 // Existing DataDevice/MetadataDevice are used as given (a fresh metadata
 // device must have been zeroed by the caller).
 func Open(ctx context.Context, cfg Config) (*Pool, error) {
-	cfg = cfg.withDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("thinpool: open: invalid config: %w: %w", ErrInvalid, err)
-	}
-	ctl, err := control()
+	p, err := newPool(cfg, "open pool")
 	if err != nil {
-		return nil, fmt.Errorf("thinpool: open pool %q: %w", cfg.Name, err)
+		return nil, err
 	}
-	p := &Pool{cfg: cfg, name: cfg.Name, ctl: ctl, blockSize: cfg.blockSizeSectors()}
 	lg := log.G(ctx).WithField("pool", p.name)
 
-	info, err := ctl.info(p.name)
+	info, err := p.ctl.info(p.name)
 	switch {
 	case err == nil && info.hasLiveTable():
 		if err := p.adopt(); err != nil {
@@ -85,16 +95,11 @@ func Open(ctx context.Context, cfg Config) (*Pool, error) {
 // loaded or resumed, or another tool's device being set up) is reported,
 // wrapping ErrNotActive, and left as it is.
 func OpenActive(ctx context.Context, cfg Config) (*Pool, error) {
-	cfg = cfg.withDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("thinpool: open active pool: invalid config: %w: %w", ErrInvalid, err)
-	}
-	ctl, err := control()
+	p, err := newPool(cfg, "open active pool")
 	if err != nil {
-		return nil, fmt.Errorf("thinpool: open active pool %q: %w", cfg.Name, err)
+		return nil, err
 	}
-	p := &Pool{cfg: cfg, name: cfg.Name, ctl: ctl, blockSize: cfg.blockSizeSectors()}
-	info, err := ctl.info(p.name)
+	info, err := p.ctl.info(p.name)
 	switch {
 	case errors.Is(err, unix.ENXIO):
 		return nil, fmt.Errorf("thinpool: pool %q: no device-mapper device of that name: %w", p.name, ErrNotActive)
