@@ -4,6 +4,8 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -132,5 +134,88 @@ func TestEntryTimesAsContainerdSetsThem(t *testing.T) {
 		if st.Atim.Sec != c.atime || st.Mtim.Sec != c.mtime {
 			t.Errorf("%s: atime %d, mtime %d; want %d, %d", c.name, st.Atim.Sec, st.Mtim.Sec, c.atime, c.mtime)
 		}
+	}
+}
+
+// TestHardLinkHeaderSetsTheFilesMetadata: a hard link entry's owner, mode,
+// user.* attribute and times are the file's once it is applied, as
+// containerd's applier leaves them (the last header applied wins), for a
+// link to a file of the archive and to a lower layer's; a link to a
+// symlink changes its owner and times only. A hard link whose header
+// carries a setuid or setgid bit is refused without Limits.AllowSetID, as
+// a file with one is.
+func TestHardLinkHeaderSetsTheFilesMetadata(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("setting owners takes root: run the tests as root")
+	}
+	mtime := time.Date(2020, 5, 6, 7, 8, 9, 0, time.UTC)
+	link := func(name, target string) ent {
+		e := hardlink(name, target).mode(0o750).owner(1000, 1001).pax("SCHILY.xattr.user.k", "v")
+		e.hdr.ModTime = mtime
+		return e
+	}
+	symLink := hardlink("s2", "s").owner(1000, 1001)
+	symLink.hdr.ModTime = mtime
+	limits := Limits{LowerHardlinks: true, AllowSetID: true}
+	s := newSandbox(t)
+	if err := os.WriteFile(filepath.Join(s.target, "lower"), []byte("lower"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b := build(t, file("f", "x").mode(0o644), link("f2", "f"), link("lower2", "lower"), symlink("s", "f"), symLink)
+	if _, err := ExtractDir(context.Background(), bytes.NewReader(b), s.target, ExtractOptions{Limits: limits}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"f", "lower"} {
+		var st unix.Stat_t
+		if err := unix.Lstat(filepath.Join(s.target, name), &st); err != nil {
+			t.Fatal(err)
+		}
+		v, err := unix.Lgetxattr(filepath.Join(s.target, name), "user.k", make([]byte, 8))
+		if st.Mode&0o7777 != 0o750 || st.Uid != 1000 || st.Gid != 1001 || st.Nlink != 2 || st.Mtim.Sec != mtime.Unix() || err != nil || v != 1 {
+			t.Errorf("%s: mode %o, owner %d:%d, %d names, mtime %d, user.k %d bytes (%v); want the link's 750, 1000:1001, 2, %d, 1 byte",
+				name, st.Mode&0o7777, st.Uid, st.Gid, st.Nlink, st.Mtim.Sec, v, err, mtime.Unix())
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(filepath.Join(s.target, "s"), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFLNK || st.Uid != 1000 || st.Mtim.Sec != mtime.Unix() {
+		t.Errorf("s: %+v, %v; want a symlink owned by 1000 with the link's mtime", st, err)
+	}
+
+	for name, e := range map[string]ent{"setuid": hardlink("f2", "f").mode(0o4755), "setgid": hardlink("f2", "f").mode(0o2755)} {
+		_, err := ExtractDir(context.Background(), bytes.NewReader(build(t, file("f", "x"), e)), newSandbox(t).target, ExtractOptions{})
+		if !errors.Is(err, ErrSetID) {
+			t.Errorf("a hard link with a %s bit: %v, want %v", name, err, ErrSetID)
+		}
+	}
+}
+
+// TestHardLinkToALowerSymlinkOnAnEntrysPath: an entry written through a
+// lower layer's symlink (c -> d) makes c a directory as far as its name
+// tells; a later hard link to c names the symlink, and is made, as
+// containerd's applier makes it. A hard link to a directory an entry's
+// path made is still refused.
+func TestHardLinkToALowerSymlinkOnAnEntrysPath(t *testing.T) {
+	limits := Limits{LowerHardlinks: true, LowerSymlinks: true}
+	s := newSandbox(t)
+	if err := os.Symlink("d", filepath.Join(s.target, "c")); err != nil {
+		t.Fatal(err)
+	}
+	b := build(t, file("c/g", "g"), hardlink("h", "c"))
+	if _, err := ExtractDir(context.Background(), bytes.NewReader(b), s.target, ExtractOptions{Limits: limits}); err != nil {
+		t.Fatalf("Extract: %v", err)
+	}
+	c, errC := os.Lstat(filepath.Join(s.target, "c"))
+	h, errH := os.Lstat(filepath.Join(s.target, "h"))
+	if errC != nil || errH != nil || !os.SameFile(c, h) || h.Mode()&fs.ModeSymlink == 0 {
+		t.Errorf("h: %v, %v; want a second name of the symlink c", errH, errC)
+	}
+	if got, err := os.ReadFile(filepath.Join(s.target, "d/g")); err != nil || string(got) != "g" {
+		t.Errorf("d/g: %q, %v; want the entry written through c", got, err)
+	}
+	s.intact(t)
+
+	_, err := ExtractDir(context.Background(), bytes.NewReader(build(t, file("x/y", "y"), hardlink("h", "x"))), newSandbox(t).target, ExtractOptions{Limits: limits})
+	if !errors.Is(err, ErrHardlinkTarget) {
+		t.Errorf("a hard link to a directory an entry's path made: %v, want %v", err, ErrHardlinkTarget)
 	}
 }

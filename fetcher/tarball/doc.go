@@ -26,7 +26,9 @@
 //     onto, which Extract finds there;
 //   - no setuid bit, no setgid bit except on directories, no
 //     security.capability xattr (ErrSetID, ErrFileCapability), unless
-//     Limits.AllowSetID;
+//     Limits.AllowSetID; a hard link's header counts, since Extract gives
+//     the file its owner, mode, attributes and times, as containerd's
+//     applier does;
 //   - no character or block devices (ErrDeviceNode), unless
 //     Limits.AllowDeviceNodes, and then none whose major or minor number
 //     does not fit 32 bits (ErrDeviceNumber). Named pipes (FIFOs) are

@@ -855,11 +855,13 @@ func (x *extractor) hardlink(raw string, e entry) error {
 	if err != nil {
 		return err
 	}
-	ok, symlink := l != nil, false
+	ok, typ := l != nil, fs.FileMode(0)
 	if ok {
 		fi, err := l.r.Lstat(path.Base(e.link))
 		ok = err == nil && !fi.IsDir()
-		symlink = ok && fi.Mode()&fs.ModeSymlink != 0
+		if ok {
+			typ = fi.Mode().Type()
+		}
 	}
 	if !ok {
 		return reject(raw, ErrHardlinkTarget, "-> %s is not in the tree", quote(e.link))
@@ -888,13 +890,43 @@ func (x *extractor) hardlink(raw string, e entry) error {
 		}
 		return &os.LinkError{Op: "linkat", Old: e.link, New: e.name, Err: err}
 	}
-	if symlink {
+	if typ == fs.ModeSymlink {
 		// A second name of a symlink is one more symlink the archive
 		// made; the checker knows it as a hard link, which no entry may
 		// be below, by its name in the archive only.
 		x.madeLink(dst, base)
 	}
-	return nil
+	return x.linkMetadata(dst, base, raw, e, typ)
+}
+
+// linkMetadata gives the inode a hard link entry named (base in l, of type
+// typ) the entry's owner, mode, extended attributes and times, as
+// containerd's applier does: the header of a hard link describes the file
+// as much as the target's did, and the last one applied is what the file
+// keeps. A symlink's mode cannot change; only a regular file is opened,
+// and only to set its extended attributes.
+func (x *extractor) linkMetadata(l *level, base, raw string, e entry, typ fs.FileMode) error {
+	h := e.hdr
+	if err := x.chown(l, base, h); err != nil {
+		return err
+	}
+	if typ != fs.ModeSymlink {
+		if err := l.r.Chmod(base, fileMode(h.Mode)); err != nil {
+			return err
+		}
+	}
+	if typ == 0 && hasXattrs(h) {
+		f, err := l.r.OpenFile(base, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+		if err != nil {
+			return err
+		}
+		err = x.xattrs(int(f.Fd()), raw, e)
+		f.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return setTimes(l, base, h.AccessTime, h.ModTime)
 }
 
 // node makes a named pipe or a device (typ, one of S_IFIFO, S_IFCHR and

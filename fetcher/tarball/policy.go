@@ -187,8 +187,11 @@ func (k kind) leaf() bool {
 }
 
 type node struct {
-	kind   kind
-	serial uint32 // when the name was (re)created; used to tell stale names
+	kind kind
+	// implicit: a kDir known only as the parent of an entry, which a
+	// lower layer's symlink may be (Limits.LowerSymlinks).
+	implicit bool
+	serial   uint32 // when the name was (re)created; used to tell stale names
 }
 
 // entry is a header the checker admitted, with names normalised.
@@ -446,7 +449,7 @@ func (c *checker) admit(hdr *tar.Header) (entry, error) {
 	if name == "." && e.op != opDir {
 		return entry{}, reject(raw, ErrRootNotDir, "")
 	}
-	if !c.limits.AllowSetID && e.op != opHardlink {
+	if !c.limits.AllowSetID {
 		if hdr.Mode&04000 != 0 || (hdr.Mode&02000 != 0 && e.op != opDir) {
 			return entry{}, reject(raw, ErrSetID, "mode %04o", hdr.Mode&07777)
 		}
@@ -459,6 +462,9 @@ func (c *checker) admit(hdr *tar.Header) (entry, error) {
 	if old, ok := c.nodes[key]; !(ok && old.serial >= newest && old.kind == kDir && k == kDir) {
 		c.serial++
 		c.set(name, key, node{kind: k, serial: c.serial})
+	} else if old.implicit {
+		old.implicit = false
+		c.nodes[key] = old
 	}
 	if above {
 		e.op = opSkip
@@ -605,7 +611,7 @@ func (c *checker) ancestors(raw, dir string, record bool) (uint32, error) {
 				return 0, reject(raw, ErrTooManyDirs, "more than %d directories not listed in the archive", c.limits.MaxEntries)
 			}
 			c.serial++
-			n = node{kind: kDir, serial: c.serial}
+			n = node{kind: kDir, implicit: true, serial: c.serial}
 			c.nodes[key] = n
 		}
 		newest = max(newest, n.serial)
@@ -689,6 +695,13 @@ func (c *checker) linkTarget(raw, name, linkname string) (string, error) {
 		return "", reject(raw, ErrHardlinkTarget, "-> %s replaces its own target", quote(t))
 	}
 	n, ok := c.nodes[c.key(t)]
+	if ok && n.kind == kDir && n.implicit && c.limits.LowerSymlinks {
+		// A name this archive knows only as an entry's parent may be a
+		// lower layer's symlink, to which containerd's applier makes a
+		// second name: as for a name this archive has not written, the
+		// extraction finds out what it is, and refuses a directory.
+		n, ok = node{}, false
+	}
 	lower := !ok && c.limits.LowerHardlinks
 	if (!ok && !lower) || n.kind == kRemoved || n.kind == kDir || t == "." {
 		return "", reject(raw, ErrHardlinkTarget, "-> %s", quote(t))
