@@ -10,7 +10,6 @@
 package differ
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -114,10 +113,11 @@ func (a *Applier) Apply(ctx context.Context, desc ocispec.Descriptor, mounts []m
 	comp, err := images.DiffCompression(ctx, desc.MediaType)
 	if err == nil && comp == "" {
 		// OCI's plain types: containerd's applier reads the bytes as a
-		// tar stream as they are, so compressed bytes are no tar layer.
+		// tar stream as they are, so bytes the extractor would
+		// decompress are no tar layer.
 		var magic [4]byte
 		n, _ := ra.ReadAt(magic[:], 0)
-		if bytes.HasPrefix(magic[:n], []byte{0x1f, 0x8b}) || bytes.HasPrefix(magic[:n], []byte{0x28, 0xb5, 0x2f, 0xfd}) {
+		if tarball.DetectCompression(magic[:n]) != tarball.Plain {
 			return ocispec.Descriptor{}, fmt.Errorf("apply layer %s: media type %q says a plain tar, but the blob is compressed: %w", desc.Digest, desc.MediaType, errdefs.ErrInvalidArgument)
 		}
 	}
