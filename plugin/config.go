@@ -90,8 +90,9 @@ type DaemonConfig struct {
 	// under /debug/pprof/ and the health check /healthz; empty disables
 	// it.
 	DebugAddress string `toml:"debug_address"`
-	// SocketGroup is the group (a name or a number) given both sockets:
-	// its members, and root, may use them.
+	// SocketGroup is the group (a name or a number) given the control
+	// socket: its members, and root, may use it. Socket is root's alone
+	// (DaemonSocketMode).
 	SocketGroup string `toml:"socket_group"`
 	// GzipCommand says how gzip layers are inflated, S3 layers and the
 	// registry layers the diff service applies alike: tarball's

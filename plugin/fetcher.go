@@ -297,9 +297,9 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 	}, nil
 }
 
-// listenControl listens on the control socket like the snapshots socket
-// (SocketMode, daemon.socket_group), and lets only root and that group's
-// members through (PeerCheck): it pulls from any bucket with the daemon's
+// listenControl listens on the control socket (SocketMode,
+// daemon.socket_group), and lets only root and that group's members
+// through (PeerCheck): it pulls from any bucket with the daemon's
 // credentials.
 func (s *Service) listenControl(ctx context.Context, path string) (net.Listener, error) {
 	gid, err := s.Config.SocketGID()

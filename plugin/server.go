@@ -40,9 +40,17 @@ import (
 // after its context is done before cutting them off.
 const DefaultShutdownTimeout = 30 * time.Second
 
-// SocketMode is the permission of both sockets: root and members of the
-// socket's group (daemon.socket_group) may connect.
+// SocketMode is the permission of the control socket: root and members
+// of its group (daemon.socket_group) may connect.
 const SocketMode fs.FileMode = 0o660
+
+// DaemonSocketMode is the permission of daemon.socket, owned by root and
+// root's group, whatever daemon.socket_group says: only root may connect.
+// Its snapshots and diff APIs act as root for their caller (Apply mounts
+// what the caller names and writes a layer there, setuid bits and owners
+// kept; a snapshot committed under a chain ID is what the S3 pipelines
+// take as that chain), and containerd, their one client, runs as root.
+const DaemonSocketMode fs.FileMode = 0o600
 
 // DefaultSocketGroup is daemon.socket_group's default: root's group, so
 // only root may drive the daemon.
@@ -52,8 +60,6 @@ const DefaultSocketGroup = "0"
 type ServeOptions struct {
 	// Socket is the unix socket path to listen on (required).
 	Socket string
-	// SocketGID is the group given the socket (0: root's group).
-	SocketGID int
 	// MetricsAddress is the host:port of the /metrics HTTP endpoint; empty
 	// serves no metrics.
 	MetricsAddress string
@@ -116,7 +122,7 @@ func (e *httpEndpoint) listen() error {
 }
 
 // Serve serves sn as containerd's snapshots gRPC service on opts.Socket
-// (created with SocketMode, its directory created, a stale socket left by
+// (created with DaemonSocketMode, its directory created, a stale socket left by
 // a dead process replaced; a socket another live process serves is an
 // error) and, when configured, the metrics and debug endpoints. Namespaces
 // come from each request's gRPC metadata, as containerd's proxy sends them.
@@ -155,7 +161,7 @@ func Serve(ctx context.Context, sn snapshots.Snapshotter, opts ServeOptions) (er
 			return err
 		}
 	}
-	lis, err := ListenUnix(ctx, opts.Socket, SocketMode, opts.SocketGID)
+	lis, err := ListenUnix(ctx, opts.Socket, DaemonSocketMode, 0)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
@@ -467,16 +473,12 @@ func (s *Service) Serve(ctx context.Context, ready, stopping func()) error {
 	if s.served != nil {
 		sn = s.served
 	}
-	gid, err := s.Config.SocketGID()
-	if err != nil {
-		return err
-	}
 	applier, closeApplier, err := s.applier(ctx)
 	if err != nil {
 		return err
 	}
 	defer closeApplier()
-	opts := ServeOptions{Socket: s.Config.Daemon.Socket, SocketGID: gid, Ready: ready, Stopping: stopping}
+	opts := ServeOptions{Socket: s.Config.Daemon.Socket, Ready: ready, Stopping: stopping}
 	if addr := s.Config.Daemon.DebugAddress; addr != "" {
 		opts.DebugAddress, opts.Debug = addr, DebugHandler(s.healthSources())
 	}

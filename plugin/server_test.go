@@ -94,8 +94,8 @@ func TestServeAnswersProxyClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o660 {
-		t.Errorf("socket mode = %v, want a socket with 0660", fi.Mode())
+	if fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
+		t.Errorf("socket mode = %v, want a socket with 0600", fi.Mode())
 	}
 
 	client := DialProxy(t, socket)

@@ -72,8 +72,8 @@ func TestServiceOverSocket(t *testing.T) {
 	defer stop()
 
 	fi, err := os.Stat(cfg.Daemon.Socket)
-	if err != nil || fi.Mode().Perm() != 0o660 {
-		t.Fatalf("socket %s: %v, mode %v; want 0660", cfg.Daemon.Socket, err, fi.Mode())
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket %s: %v, mode %v; want 0600", cfg.Daemon.Socket, err, fi.Mode())
 	}
 
 	client := plugin.DialProxy(t, cfg.Daemon.Socket)

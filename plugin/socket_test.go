@@ -28,6 +28,12 @@ func TestMain(m *testing.M) {
 	if sock := os.Getenv(dialEnv); sock != "" {
 		os.Exit(dialAndPrint(sock))
 	}
+	if sock := os.Getenv(applyEnv); sock != "" {
+		os.Exit(applyAndPrint(sock))
+	}
+	if sock := os.Getenv(commitEnv); sock != "" {
+		os.Exit(commitAndPrint(sock))
+	}
 	os.Exit(m.Run())
 }
 

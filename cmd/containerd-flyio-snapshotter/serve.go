@@ -23,8 +23,8 @@ daemon on the same root or database exits at once naming the holder's pid. It op
 (migrating) the metadata database, opens the thin pool
 (creating loop-file-backed pool files under pool.root_dir on the first start
 when no devices are configured), reconciles the database with the pool, and
-serves containerd's snapshots gRPC API on daemon.socket (mode 0660, group
-daemon.socket_group) for containerd's [proxy_plugins] entry. Snapshot keys are not scoped by the
+serves containerd's snapshots gRPC API on daemon.socket (mode 0600, root's
+alone: its APIs act as root for their caller) for containerd's [proxy_plugins] entry. Snapshot keys are not scoped by the
 request's containerd namespace: containerd already makes every key it sends
 unique across namespaces, and its garbage collector calls without one.
 

@@ -1,0 +1,108 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
+	"github.com/containerd/containerd/v2/core/snapshots/proxy"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// commitEnv makes the test binary, re-run by commitAsOther, a client of
+// the snapshots API on the socket it names: it prepares a snapshot and
+// commits it under commitNameEnv, and prints the answer.
+const (
+	commitEnv     = "PLUGIN_TEST_SNAPSHOTS_COMMIT_SOCKET"
+	commitNameEnv = "PLUGIN_TEST_SNAPSHOTS_COMMIT_NAME"
+)
+
+func commitAndPrint(sock string) int {
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		fmt.Println("error:", err)
+		return 0
+	}
+	defer conn.Close()
+	sn := proxy.NewSnapshotter(snapshotsapi.NewSnapshotsClient(conn), "flyio")
+	ctx := namespaces.WithNamespace(context.Background(), "default")
+	if _, err := sn.Prepare(ctx, "planted", ""); err != nil {
+		fmt.Println("error:", err)
+		return 0
+	}
+	if err := sn.Commit(ctx, os.Getenv(commitNameEnv), "planted"); err != nil {
+		fmt.Println("error:", err)
+		return 0
+	}
+	fmt.Println("committed")
+	return 0
+}
+
+// TestSnapshotsAPIRefusesCallersOtherThanRoot: the S3 pipelines take a
+// committed snapshot named by a chain ID as that chain, unpacked (a chain
+// containerd unpacked is used so). A caller other than root committing a
+// snapshot under a chain ID would have the next pull of an image with that
+// chain take whatever it committed. daemon.socket is root's alone (mode
+// 0600, root's group, whatever daemon.socket_group says), so such a
+// caller, even one in root's group, cannot connect; containerd, as root,
+// is served.
+func TestSnapshotsAPIRefusesCallersOtherThanRoot(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Fatal("this test needs root, to run a client as another user")
+	}
+	sock := filepath.Join(socketDir(t), "snap.sock")
+	sn := newNative(t)
+	startServe(t, sn, ServeOptions{Socket: sock})
+	const chain = "sha256:5a1f2e3d4c5b6a79881726354453627180a9b8c7d6e5f40312233445566778899"
+
+	var st syscall.Stat_t
+	if err := syscall.Stat(sock, &st); err != nil || st.Mode&0o777 != 0o600 || st.Uid != 0 || st.Gid != 0 {
+		t.Errorf("%s: mode %o, owner %d:%d, %v; want 600, root:root", sock, st.Mode&0o777, st.Uid, st.Gid, err)
+	}
+	out := commitAsOther(t, sock, chain, 0, 4242)
+	if !strings.Contains(out, "permission denied") {
+		t.Errorf("uid 65534 in groups 0 and 4242 committing %s: %q, want its connection refused (permission denied)", chain, out)
+	}
+	ctx := namespaces.WithNamespace(context.Background(), "default")
+	if _, err := sn.Stat(ctx, chain); err == nil {
+		t.Errorf("a caller other than root committed a snapshot named %s", chain)
+	}
+
+	client := DialProxy(t, sock)
+	if _, err := client.Prepare(ctx, "k", ""); err != nil {
+		t.Fatalf("Prepare as root: %v", err)
+	}
+	if err := client.Commit(ctx, chain, "k"); err != nil {
+		t.Fatalf("Commit as root: %v", err)
+	}
+}
+
+// commitAsOther runs the snapshots client (commitAndPrint) as uid and gid
+// 65534 with the supplementary groups given, and returns what it printed.
+func commitAsOther(t *testing.T, sock, name string, groups ...uint32) string {
+	t.Helper()
+	self, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(socketDir(t), "commit")
+	if err := os.WriteFile(bin, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), commitEnv+"="+sock, commitNameEnv+"="+name)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534, Groups: groups}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("client as uid 65534: %v: %s", err, out)
+	}
+	return string(out)
+}
