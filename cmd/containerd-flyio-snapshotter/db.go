@@ -14,11 +14,15 @@ import (
 	"strconv"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 )
 
 const dbDescription = `
-Maintain the metadata database (SQLite, WAL) while the daemon runs or not.
+Maintain the metadata database (SQLite, WAL): check and backup while the
+daemon runs or not; migrate with the daemon stopped.
 
 Subcommands:
   migrate              apply the embedded schema migrations the database lacks
@@ -134,8 +138,11 @@ func openDBTo(ctx context.Context, readOnly bool, migrateTo int) (*metadata.DB, 
 func runDBMigrate(ctx context.Context, args []string) error {
 	fs := cli.NewFlagSet("db migrate", "db migrate [--to N] [--create] [--format table|json] [--config FILE] [--db PATH]", `
 Apply the embedded schema migrations the database lacks, each in its own
-BEGIN IMMEDIATE transaction with its ledger row (so a concurrent daemon or a
-second 'db migrate' waits, then finds the work done). Before migrating a
+BEGIN IMMEDIATE transaction with its ledger row. Run it with the daemon
+stopped: it holds the daemon's lock (daemon.lock beside the database, or
+<db>.lock) while it works, so it is refused while a daemon runs on the
+database, and a daemon started meanwhile exits at once (systemd starts it
+again). Before migrating a
 database that already has tables, a consistent copy is written beside it as
 <db>.pre-v<N>, N being the first version applied. Creates the database if it
 does not exist; its directory must exist unless --create is given (so a
@@ -152,16 +159,21 @@ version this binary embeds.`)
 	if *to < 0 || *to > metadata.LatestVersion() {
 		return cli.UsageError(fs, fmt.Sprintf("--to %d: want a schema version from 1 to %d", *to, metadata.LatestVersion()))
 	}
+	path, err := dbPath()
+	if err != nil {
+		return err
+	}
 	if !*create {
-		path, err := dbPath()
-		if err != nil {
-			return err
-		}
 		dir := filepath.Dir(path)
 		if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 			return fmt.Errorf("database %s: directory %s does not exist (pass --create to make it)", path, dir)
 		}
 	}
+	unlock, err := lockAgainstDaemon(path)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	d, err := openDBTo(ctx, false, *to)
 	if err != nil {
 		return err
@@ -192,6 +204,58 @@ version this binary embeds.`)
 		}
 	}
 	return nil
+}
+
+// lockAgainstDaemon takes the locks a daemon using the database at path
+// holds for its whole life, so that no daemon runs on it until release is
+// called: the lock of the root the database lies in (plugin.LockFileName
+// beside it) and the database's own (path + ".lock"), which a daemon
+// whose database lies outside its root takes. Only lock files that exist
+// are taken: a daemon that never ran on the database made neither. Each
+// lock taken records this process's pid, as the daemon's do, so that a
+// daemon starting meanwhile names it. A lock held by a running daemon (or
+// another migration) is refused (exit status 1) naming its holder: a
+// migration under a running daemon would change the schema its statements
+// were written for.
+func lockAgainstDaemon(path string) (release func(), err error) {
+	var held []*os.File
+	release = func() {
+		for _, f := range held {
+			f.Close() // closing the file drops its lock
+		}
+	}
+	for _, lock := range []string{filepath.Join(filepath.Dir(path), plugin.LockFileName), path + ".lock"} {
+		f, err := os.OpenFile(lock, os.O_RDWR, 0)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			release()
+			return nil, fmt.Errorf("database %s: open the daemon's lock: %w", path, err)
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			holder := "unknown pid"
+			if b, rerr := os.ReadFile(lock); rerr == nil && strings.TrimSpace(string(b)) != "" {
+				holder = "pid " + strings.TrimSpace(string(b))
+			}
+			f.Close()
+			release()
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, &cli.ExitError{Code: 1, Msg: fmt.Sprintf("database %s is in use (lock %s held by %s, a running daemon or another db migrate): stop the daemon first (systemctl stop containerd-flyio-snapshotter), or let it migrate the database as it starts", path, lock, holder)}
+			}
+			return nil, fmt.Errorf("database %s: lock %s: %w", path, lock, err)
+		}
+		held = append(held, f)
+		err = f.Truncate(0)
+		if err == nil {
+			_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+		}
+		if err != nil {
+			release()
+			return nil, fmt.Errorf("database %s: lock %s: record pid: %w", path, lock, err)
+		}
+	}
+	return release, nil
 }
 
 func runDBCheck(ctx context.Context, args []string) error {

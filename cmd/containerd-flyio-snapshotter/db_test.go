@@ -13,10 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/inventory"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 )
 
@@ -399,5 +402,56 @@ func TestDBMigrateCreate(t *testing.T) {
 	}
 	if fi, err := os.Stat(filepath.Dir(path)); err != nil || fi.Mode().Perm() != 0o700 {
 		t.Errorf("--create made %s: %v, %v; want a 0700 directory", filepath.Dir(path), fi, err)
+	}
+}
+
+// holdDaemonLock takes the lock file at path as a running daemon holds
+// it (an exclusive flock, its pid inside) until the test ends.
+func holdDaemonLock(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(strconv.Itoa(os.Getpid()) + "\n"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDBMigrateRefusesARunningDaemonsDatabase: db migrate runs with the
+// daemon stopped; while a daemon holds the database (the lock of the root
+// the database lies in, or the database's own lock beside it when it lies
+// outside its root) the migration is refused, naming the holder, and the
+// schema stays where the running daemon expects it.
+func TestDBMigrateRefusesARunningDaemonsDatabase(t *testing.T) {
+	for _, c := range []struct{ name, lock string }{
+		{"in its root", plugin.LockFileName},
+		{"outside its root", "m.db.lock"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "m.db")
+			if code, out, errOut := runCommand(t, nil, "db", "migrate", "--to", "7", "--db", path); code != 0 {
+				t.Fatalf("db migrate --to 7 = %d, %q, %q", code, out, errOut)
+			}
+			holdDaemonLock(t, filepath.Join(dir, c.lock))
+			code, out, errOut := runCommand(t, nil, "db", "migrate", "--db", path)
+			want := "held by pid " + strconv.Itoa(os.Getpid())
+			if code != 1 || out != "" || !strings.Contains(errOut, want) || !strings.Contains(errOut, "stop the daemon") {
+				t.Errorf("db migrate under a running daemon = %d, %q, %q; want 1 naming %q and to stop the daemon", code, out, errOut, want)
+			}
+			d, err := metadata.Open(context.Background(), metadata.Options{Path: path, ReadOnly: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			if v, err := d.SchemaVersion(context.Background()); err != nil || v != 7 {
+				t.Errorf("schema version after the refused migration = %d, %v; want 7", v, err)
+			}
+		})
 	}
 }
