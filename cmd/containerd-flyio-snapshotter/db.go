@@ -62,21 +62,22 @@ func runDB(ctx context.Context, args []string) error {
 }
 
 // parseDBFlags parses a db subcommand's flags (which include --config,
-// --db and --format, returned) and requires exactly nargs positional
-// arguments.
-func parseDBFlags(fs *flag.FlagSet, args []string, nargs int, what string) (*cli.FormatFlag, error) {
+// --db and --format, returned), before or after its positional arguments,
+// and requires exactly nargs of those, which it returns.
+func parseDBFlags(fs *flag.FlagSet, args []string, nargs int, what string) (*cli.FormatFlag, []string, error) {
 	cli.AddDBFlags(fs)
 	format := cli.AddFormatFlag(fs, cli.DefaultFormatUsage)
-	if err := cli.ParseFlags(fs, args); err != nil {
-		return nil, err
+	pos, err := cli.ParseInterspersed(fs, args)
+	if err != nil {
+		return nil, nil, err
 	}
-	if fs.NArg() != nargs {
+	if len(pos) != nargs {
 		if nargs == 0 {
-			return nil, cli.UsageError(fs, fmt.Sprintf("unexpected argument %q", fs.Arg(0)))
+			return nil, nil, cli.UsageError(fs, fmt.Sprintf("unexpected argument %q", pos[0]))
 		}
-		return nil, cli.UsageError(fs, fmt.Sprintf("want %s, got %d arguments", what, fs.NArg()))
+		return nil, nil, cli.UsageError(fs, fmt.Sprintf("want %s, got %d arguments", what, len(pos)))
 	}
-	return format, nil
+	return format, pos, nil
 }
 
 // dbPath is the database the flags and the config name.
@@ -152,7 +153,7 @@ version N (a staged upgrade); without it the schema goes to the latest
 version this binary embeds.`)
 	to := fs.Int("to", 0, "stop after schema `VERSION` (0: the latest, "+strconv.Itoa(metadata.LatestVersion())+")")
 	create := fs.Bool("create", false, "create the database's directory (mode 0700) when it does not exist")
-	format, err := parseDBFlags(fs, args, 0, "")
+	format, _, err := parseDBFlags(fs, args, 0, "")
 	if err != nil {
 		return err
 	}
@@ -268,7 +269,7 @@ and exits 1 if there is any; exits 0 and prints one "ok" line otherwise.
 With --format json it prints one object instead: the database, "ok",
 the schema version and the problems (a list, empty when ok); the exit
 status is the same, with nothing on stderr.`)
-	format, err := parseDBFlags(fs, args, 0, "")
+	format, _, err := parseDBFlags(fs, args, 0, "")
 	if err != nil {
 		return err
 	}
@@ -324,11 +325,11 @@ temporary file beside DEST and renamed, so DEST is never half written.
 DEST must not exist unless --force is given, neither before the copy nor
 when it is finished (a DEST written meanwhile is kept).`)
 	force := fs.Bool("force", false, "replace DEST if it exists")
-	format, err := parseDBFlags(fs, args, 1, "one argument DEST")
+	format, pos, err := parseDBFlags(fs, args, 1, "one argument DEST")
 	if err != nil {
 		return err
 	}
-	dest := fs.Arg(0)
+	dest := pos[0]
 	// A DEST that is the database's own file is refused by the backup
 	// itself (metadata.DB.Backup), --force or not.
 	if _, err := os.Stat(dest); err == nil && !*force {

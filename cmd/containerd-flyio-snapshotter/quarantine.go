@@ -138,14 +138,15 @@ ok, and the error when not ok (nothing on stderr). Exit status 1 when an
 id was not changed.`)
 	cli.AddDBFlags(fs)
 	format := cli.AddFormatFlag(fs, cli.DefaultFormatUsage)
-	if err := cli.ParseFlags(fs, args); err != nil {
+	pos, err := cli.ParseInterspersed(fs, args)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() == 0 {
+	if len(pos) == 0 {
 		return cli.UsageError(fs, "name at least one quarantined thin id (pool quarantine ls lists them)")
 	}
 	var ids []uint32
-	for _, a := range fs.Args() {
+	for _, a := range pos {
 		id, err := strconv.ParseUint(a, 10, 32)
 		if err != nil || id == 0 || id > thinpool.MaxThinID {
 			return cli.UsageError(fs, fmt.Sprintf("thin id %q: must be a number from 1 to %d", a, thinpool.MaxThinID))
