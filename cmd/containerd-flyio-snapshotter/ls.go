@@ -17,6 +17,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/tarball"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/inventory"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 )
@@ -322,12 +323,19 @@ func runLsKind[T any](ctx context.Context, w io.Writer, d *metadata.DB, k lsKind
 	for _, r := range kept {
 		cells := make([]string, len(k.columns))
 		for i, c := range k.columns {
-			cells[i] = c.cell(r, now)
+			cells[i] = shown(c.cell(r, now))
 		}
 		fmt.Fprintln(tw, strings.Join(cells, "\t"))
 	}
 	return tw.Flush()
 }
+
+// shown is a table cell as printed: the records hold text the daemon did
+// not write (an S3 server's error message in a failure reason, a
+// program's output in a run's last error), so control and format
+// characters are escaped as validate escapes an archive's names (a tab
+// too, which would shift the columns); printable text is unchanged.
+func shown(s string) string { return tarball.Escape(s) }
 
 // lsKindRunner runs one kind: filter validation first (a usage error), then
 // the listing.

@@ -142,8 +142,8 @@ func writeRuns(w io.Writer, runs []fsm.RunRecord, format string, now time.Time) 
 		if queue == "" {
 			queue = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", r.ID, r.FSM, shorten(r.IdempotencyID, 40), r.State,
-			r.Transition, r.Attempts, queue, humanAge(now.Sub(r.CreatedAt)), shorten(oneLine(r.LastError), 80))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", shown(r.ID), shown(r.FSM), shown(shorten(r.IdempotencyID, 40)), shown(string(r.State)),
+			shown(r.Transition), r.Attempts, shown(queue), humanAge(now.Sub(r.CreatedAt)), shown(shorten(oneLine(r.LastError), 80)))
 	}
 	return tw.Flush()
 }

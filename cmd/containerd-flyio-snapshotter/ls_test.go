@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/fsm"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/inventory"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
@@ -414,5 +415,47 @@ func TestLsOlderSchema(t *testing.T) {
 	after, err := os.ReadFile(path)
 	if err != nil || !bytes.Equal(after, src) {
 		t.Errorf("ls changed the database it refused to list (%v)", err)
+	}
+}
+
+// TestLsTablesEscapeRecordedText: a failure reason or a run's last error
+// carries text the daemon did not write (an S3 server's error message, a
+// program's), recorded as it came; the tables show its control and format
+// characters escaped, as validate shows an archive's names, so that
+// listing the records cannot rewrite the terminal or forge a line.
+func TestLsTablesEscapeRecordedText(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "m.db")
+	d, err := metadata.Open(ctx, metadata.Options{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostile := "AccessDenied: \x1b]0;owned\x07\u202eok\u009b2J\rforged"
+	if err := pipeline.RecordsOf(d).MarkImageFailed(ctx, "img-x", "s3://bkt/x.tar", "list s3://bkt/x.tar: "+hostile); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	if _, _, err := fsm.NewSQLiteStore(d).CreateRun(ctx, fsm.RunRecord{ID: "run-x", FSM: "download-image", IdempotencyID: "sha256:x",
+		Request: []byte(`{}`), Transition: "download", State: fsm.StatePending, CreatedAt: now, UpdatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if err := fsm.NewSQLiteStore(d).Checkpoint(ctx, fsm.Checkpoint{RunID: "run-x", State: fsm.StateFailed, Transition: "download",
+		Attempts: 1, LastError: hostile, At: now}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, kind := range []string{"images", "runs"} {
+		code, out, errOut := runCommand(t, nil, "ls", kind, "--db", path)
+		if code != 0 {
+			t.Fatalf("ls %s = %d, %q, %q", kind, code, out, errOut)
+		}
+		if i := strings.IndexFunc(out, func(r rune) bool { return r != '\n' && !strconv.IsPrint(r) }); i >= 0 {
+			t.Errorf("ls %s prints %q raw:\n%q", kind, []rune(out[i:])[0], out)
+		}
+		if !strings.Contains(out, `\x1b]0;owned\a`) {
+			t.Errorf("ls %s does not show the escape sequence escaped:\n%q", kind, out)
+		}
 	}
 }
