@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -289,5 +290,44 @@ func TestPullProgressFitsTerminal(t *testing.T) {
 	}
 	if !sawLayer {
 		t.Errorf("pull's terminal output shows no line of layer 1's download: %q", out)
+	}
+}
+
+// failingPuller is a fake of the daemon's pipelines, behind a real control
+// server, whose pulls and activations fail with err's text, as a pull
+// whose S3 server answered an error does.
+type failingPuller struct{ err error }
+
+func (p failingPuller) Pull(context.Context, api.PullRequest, func(api.Event)) (*api.PullResult, error) {
+	return nil, p.err
+}
+
+func (p failingPuller) Activate(context.Context, string) (*api.ActivateResponse, error) {
+	return nil, p.err
+}
+
+// TestFailureTextEscapedOnStderr: the daemon's reason for a failed pull
+// or activation may carry text it did not write (an S3 server's error
+// message); the CLI prints it with its control and format characters
+// escaped, so that the operator's terminal gets no escape sequence and
+// no carriage return that would overwrite the line, and keeps the line
+// breaks of a reason of several lines.
+func TestFailureTextEscapedOnStderr(t *testing.T) {
+	hostile := "list s3://bkt/app/: api error AccessDenied: \x1b]0;owned\x07\u202eok\u009b2J\rforged\nsecond line"
+	socket := serveFake(t, failingPuller{errors.New(hostile)})
+	for _, args := range [][]string{
+		{"pull", "--control-socket", socket, "s3://bkt/app/"},
+		{"activate", "--control-socket", socket, "app"},
+	} {
+		code, out, errOut := runCommand(t, nil, args...)
+		if code != 1 || out != "" {
+			t.Errorf("%v = %d, %q, %q; want 1 and nothing on stdout", args, code, out, errOut)
+		}
+		if i := strings.IndexFunc(errOut, func(r rune) bool { return r != '\n' && !strconv.IsPrint(r) }); i >= 0 {
+			t.Errorf("%v prints %q raw on stderr: %q", args, []rune(errOut[i:])[0], errOut)
+		}
+		if !strings.Contains(errOut, `\x1b]0;owned\a`) || !strings.Contains(errOut, "\nsecond line") {
+			t.Errorf("%v: stderr %q lacks the reason escaped, line by line", args, errOut)
+		}
 	}
 }
