@@ -18,6 +18,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/control/server"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/integration/stack"
 )
 
 func TestPullHelp(t *testing.T) {
@@ -328,6 +329,47 @@ func TestFailureTextEscapedOnStderr(t *testing.T) {
 		}
 		if !strings.Contains(errOut, `\x1b]0;owned\a`) || !strings.Contains(errOut, "\nsecond line") {
 			t.Errorf("%v: stderr %q lacks the reason escaped, line by line", args, errOut)
+		}
+	}
+}
+
+// TestPullInterrupted: Ctrl-C during a pull ends the command, not the
+// daemon's pull, and the command says so (and what to do) instead of a
+// bare "context canceled", in both output formats; the exit status is 1.
+func TestPullInterrupted(t *testing.T) {
+	const want = "interrupted: the pull goes on in the daemon"
+	for _, format := range []string{"table", "json"} {
+		p := fakeStalledPuller{refusingPuller{t}, make(chan struct{})}
+		socket := serveFake(t, p)
+		var stdout, stderr stack.LockedBuffer
+		cmd := exec.Command(os.Args[0], "-test.run=^TestValidateCommandHelperProcess$", "--",
+			"pull", "--control-socket", socket, "--format", format, "s3://bkt/app/")
+		cmd.Env = append(os.Environ(), "FLYIO_VALIDATE_HELPER=1")
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-p.started:
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatal("the pull never reached the daemon")
+		}
+		if err := cmd.Process.Signal(os.Interrupt); err != nil {
+			t.Fatal(err)
+		}
+		err := cmd.Wait()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+			t.Errorf("pull --format %s interrupted: %v, want exit status 1", format, err)
+		}
+		got := stderr.String()
+		if format == "json" {
+			got = stdout.String()
+		}
+		if !strings.Contains(got, want) || strings.Contains(got, "context canceled") {
+			t.Errorf("pull --format %s interrupted said %q; want %q", format, got, want)
 		}
 	}
 }

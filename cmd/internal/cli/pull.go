@@ -174,6 +174,7 @@ func runPull(ctx context.Context, args []string) error {
 	pr.cols = func() int { return terminalCols(os.Stderr) }
 	pr.rows = func() int { return terminalRows(os.Stderr) }
 	res, err := c.Pull(ctx, req, pr.event)
+	err = interrupted(ctx, err)
 	pr.finish()
 	if err != nil {
 		return refusedAsUsage(fs, name, err)
@@ -182,6 +183,28 @@ func runPull(ctx context.Context, args []string) error {
 		return fmt.Errorf("pull of %s done, but writing its result failed: %w", res.Ref, err)
 	}
 	return nil
+}
+
+// interruptedError is a pull the command stopped waiting for when it was
+// interrupted (Ctrl-C, SIGTERM): its message says what became of the
+// pull, which the daemon goes on with; it unwraps to the error the
+// interruption caused.
+type interruptedError struct{ err error }
+
+func (e *interruptedError) Error() string {
+	return "interrupted: the pull goes on in the daemon, which records the image when it ends; run the same pull again to wait for it (containerd-flyio-snapshotter ls runs lists its runs meanwhile)"
+}
+
+func (e *interruptedError) Unwrap() error { return e.err }
+
+// interrupted is err as the operator should read it: an interruptedError
+// when ctx, the command's, ended (the command was interrupted), err as it
+// is otherwise.
+func interrupted(ctx context.Context, err error) error {
+	if err == nil || ctx.Err() == nil {
+		return err
+	}
+	return &interruptedError{err: err}
 }
 
 // refusedAsUsage makes the daemon's refusal of a malformed request (the
@@ -233,6 +256,7 @@ func pullJSON(ctx context.Context, c *control.Client, req api.PullRequest, w io.
 		}
 	}
 	res, err := c.Pull(ctx, req, func(e api.Event) { write(control.Line{Event: &e}) })
+	err = interrupted(ctx, err)
 	var refused *control.RequestError
 	if errors.As(err, &refused) {
 		return err // a usage error, on stderr, as before any request
