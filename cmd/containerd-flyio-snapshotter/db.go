@@ -332,7 +332,10 @@ when it is finished (a DEST written meanwhile is kept).`)
 	dest := pos[0]
 	// A DEST that is the database's own file is refused by the backup
 	// itself (metadata.DB.Backup), --force or not.
-	if _, err := os.Stat(dest); err == nil && !*force {
+	if fi, err := os.Stat(dest); err == nil && fi.IsDir() {
+		// --force replaces a file; the rename cannot replace a directory.
+		return &cli.ExitError{Code: 1, Msg: fmt.Sprintf("%s is a directory: give the path of the file to write", dest)}
+	} else if err == nil && !*force {
 		return &cli.ExitError{Code: 1, Msg: fmt.Sprintf("%s exists (use --force to replace it)", dest)}
 	}
 	d, err := openDB(ctx, true)
@@ -346,7 +349,7 @@ when it is finished (a DEST written meanwhile is kept).`)
 	if *force {
 		backup = d.Backup
 	}
-	if err := backup(ctx, dest); errors.Is(err, os.ErrExist) {
+	if err := backup(ctx, dest); errors.Is(err, os.ErrExist) && !*force {
 		return &cli.ExitError{Code: 1, Msg: fmt.Sprintf("%s exists (use --force to replace it)", dest)}
 	} else if err != nil {
 		return err

@@ -455,3 +455,26 @@ func TestDBMigrateRefusesARunningDaemonsDatabase(t *testing.T) {
 		})
 	}
 }
+
+// TestDBBackupForceOntoADirectory: --force replaces a file, not a
+// directory; the refusal says what DEST is instead of advising the
+// --force already given, and leaves the directory and no temporary file.
+func TestDBBackupForceOntoADirectory(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "m.db")
+	populate(t, path, time.Now())
+	dest := filepath.Join(dir, "backups")
+	if err := os.MkdirAll(filepath.Join(dest, "kept"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runCommand(t, nil, "db", "backup", "--db", path, "--force", dest)
+	if code != 1 || out != "" || strings.Contains(errOut, "use --force") || !strings.Contains(errOut, "is a directory") {
+		t.Errorf("db backup --force onto a directory = %d, %q, %q; want 1 saying DEST is a directory", code, out, errOut)
+	}
+	if _, err := os.Stat(filepath.Join(dest, "kept")); err != nil {
+		t.Errorf("the directory's content: %v", err)
+	}
+	if left, _ := filepath.Glob(dest + ".*"); len(left) != 0 {
+		t.Errorf("left behind: %v", left)
+	}
+}
