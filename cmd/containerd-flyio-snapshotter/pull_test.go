@@ -49,6 +49,9 @@ func TestPullUsageErrors(t *testing.T) {
 		{[]string{"--frobnicate", "s3://bkt/a.tar"}, "unknown flag --frobnicate"},
 		{[]string{"--namespace", "k8s.io", "--namespace", "bad/ns", "s3://bkt/a.tar"}, `--namespace: containerd namespace "bad/ns": must be letters`},
 		{[]string{"--namespace", "", "s3://bkt/a.tar"}, "empty namespace"},
+		// A script's unset variable: not the default name, silently.
+		{[]string{"--name", "", "s3://bkt/a.tar"}, `invalid value "" for flag --name: empty name`},
+		{[]string{"s3://bkt/a.tar", "--name="}, `invalid value "" for flag --name: empty name`},
 	}
 	for _, tc := range cases {
 		args := append([]string{"pull", "--control-socket", socket}, tc.args...)

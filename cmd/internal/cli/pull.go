@@ -137,7 +137,16 @@ func runPull(ctx context.Context, args []string) error {
 	format := AddFormatFlag(fs, "output `FORMAT`: table (progress on stderr, the result on stdout) or json (the daemon's events and result as JSON lines on stdout); text, the former name of table, is deprecated and will be removed in the next release")
 	format.textAlias = true
 	addControlSocketFlag(fs, &socket)
-	fs.StringVar(&name, "name", "", "image `REF` to register the result under, an image reference (default: s3.local/BUCKET/KEY-or-PREFIX, tagged latest or, when the path is not already a reference path, with the image id)")
+	fs.Func("name", "image `REF` to register the result under, an image reference (default: s3.local/BUCKET/KEY-or-PREFIX, tagged latest or, when the path is not already a reference path, with the image id)", func(v string) error {
+		// An empty value is a script's unset variable far more often
+		// than a wish for the default name, which leaving --name out
+		// asks for.
+		if v == "" {
+			return errors.New("empty name (leave --name out for the default name)")
+		}
+		name = v
+		return nil
+	})
 	var replace bool
 	fs.BoolVar(&replace, "replace", false, "take the name over when another pulled image has it, or containerd has it for an image this daemon did not create (its labels kept)")
 	fs.BoolVar(&refresh, "refresh", false, "run the pipelines even if the image is pulled and unchanged in S3 (they check every layer's device and rebuild what is missing)")
