@@ -117,6 +117,9 @@ func TestUsageErrorIsOneLine(t *testing.T) {
 		{[]string{"db"}, "db", "name a subcommand"},
 		{[]string{"db", "migrate", "--to", "9999"}, "db migrate", "--to 9999: want a schema version"},
 		{[]string{"db", "backup"}, "db backup", "want one argument DEST"},
+		// A script's unset variable: not the configured database, silently.
+		{[]string{"db", "migrate", "--db", ""}, "db migrate", `invalid value "" for flag --db: must name a database file`},
+		{[]string{"ls", "images", "--db="}, "ls", `invalid value "" for flag --db: must name a database file`},
 		{[]string{"validate"}, "validate", "expected exactly one FILE.tar"},
 		{[]string{"rm"}, "rm", "rm takes at least one REF"},
 		{[]string{"activate", "a", "b"}, "activate", "activate takes exactly one REF"},

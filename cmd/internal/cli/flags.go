@@ -69,7 +69,16 @@ func AddConfigFlags(fs *flag.FlagSet) {
 // the subcommands that open the database themselves.
 func AddDBFlags(fs *flag.FlagSet) {
 	AddConfigFlags(fs)
-	fs.StringVar(&Config.DB, "db", "", "SQLite database `PATH`, overriding the config's metadata.path")
+	fs.Func("db", "SQLite database `PATH`, overriding the config's metadata.path", func(v string) error {
+		// An empty value is a script's unset variable: the command would
+		// act on the configured database (the daemon's) instead of the
+		// one the script meant.
+		if v == "" {
+			return errors.New("must name a database file")
+		}
+		Config.DB = v
+		return nil
+	})
 }
 
 // WriteJSON writes v to w as indented JSON: a subcommand's --format json.
