@@ -120,6 +120,7 @@ func TestUsageErrorIsOneLine(t *testing.T) {
 		// A script's unset variable: not the configured database, silently.
 		{[]string{"db", "migrate", "--db", ""}, "db migrate", `invalid value "" for flag --db: must name a database file`},
 		{[]string{"ls", "images", "--db="}, "ls", `invalid value "" for flag --db: must name a database file`},
+		{[]string{"db", "backup", ""}, "db backup", "DEST must not be empty"},
 		{[]string{"validate"}, "validate", "expected exactly one FILE.tar"},
 		{[]string{"rm"}, "rm", "rm takes at least one REF"},
 		{[]string{"activate", "a", "b"}, "activate", "activate takes exactly one REF"},

@@ -330,6 +330,9 @@ when it is finished (a DEST written meanwhile is kept).`)
 		return err
 	}
 	dest := pos[0]
+	if dest == "" {
+		return cli.UsageError(fs, "DEST must not be empty")
+	}
 	// A DEST that is the database's own file is refused by the backup
 	// itself (metadata.DB.Backup), --force or not.
 	if fi, err := os.Stat(dest); err == nil && fi.IsDir() {
