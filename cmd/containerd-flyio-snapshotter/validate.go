@@ -3,6 +3,7 @@ package main
 import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/cmd/internal/cli"
 
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -82,7 +83,9 @@ func runValidate(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		defer f.Close()
 		in = f
 	}
-	rep, err := tarball.Validate(ctx, in, limits)
+	// Large reads from the interruptible reader, so that its goroutine per
+	// read costs nothing against the validation's own work.
+	rep, err := tarball.Validate(ctx, bufio.NewReaderSize(&interruptibleReader{ctx: ctx, r: in}, 1<<20), limits)
 	if err != nil {
 		if tarball.IsRejection(err) {
 			if format.JSON() {
@@ -141,4 +144,42 @@ type ValidateReport struct {
 	HasRootfs   bool   `json:"has_rootfs"`
 	Compression string `json:"compression"`
 	DiffID      string `json:"diff_id"`
+}
+
+// interruptibleReader reads r until ctx ends: a read blocked on r (standard
+// input a terminal, or a pipe whose writer sends nothing) then returns
+// ctx's error at once, so that Ctrl-C ends validate instead of waiting for
+// bytes that may never come. The blocked read is left to its goroutine,
+// which ends with the process; no read is started after ctx has ended.
+type interruptibleReader struct {
+	ctx context.Context
+	r   io.Reader
+	buf []byte // what each read goroutine fills, reused while none is left blocked
+}
+
+// Read reads from r into p, or returns ctx's error once ctx has ended.
+func (ir *interruptibleReader) Read(p []byte) (int, error) {
+	if err := ir.ctx.Err(); err != nil {
+		return 0, err
+	}
+	if cap(ir.buf) < len(p) {
+		ir.buf = make([]byte, len(p))
+	}
+	buf := ir.buf[:len(p)]
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := ir.r.Read(buf)
+		done <- result{n, err}
+	}()
+	select {
+	case res := <-done:
+		return copy(p, buf[:res.n]), res.err
+	case <-ir.ctx.Done():
+		ir.buf = nil // the goroutine may still write into it
+		return 0, ir.ctx.Err()
+	}
 }

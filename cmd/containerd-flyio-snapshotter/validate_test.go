@@ -8,6 +8,7 @@ import (
 	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -266,5 +267,46 @@ func TestValidateCommandXattrsAndPadding(t *testing.T) {
 	padded = append(padded, make([]byte, 8192)...)
 	if code, stdout, stderr := runCommand(t, append(padded, 'x'), "validate", "-"); code != 1 || !strings.Contains(stderr, "data after the end-of-archive marker") {
 		t.Errorf("exit %d, stdout %q, stderr %q; want the trailing byte refused", code, stdout, stderr)
+	}
+}
+
+// TestValidateInterruptedWhileReading: Ctrl-C ends validate while it
+// waits for bytes that do not come (standard input a terminal or a pipe
+// whose writer is idle), with exit status 2 and "interrupted", instead of
+// going on waiting.
+func TestValidateInterruptedWhileReading(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close() // the writer stays open and silent while validate runs
+	var stderr stack.LockedBuffer
+	cmd := exec.Command(os.Args[0], "-test.run=^TestValidateCommandHelperProcess$", "--", "validate", "-")
+	cmd.Env = append(os.Environ(), "FLYIO_VALIDATE_HELPER=1")
+	cmd.Stdin, cmd.Stderr = r, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	// The header's first bytes, then nothing: validate is reading.
+	if _, err := w.Write([]byte("etc/")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(stderr.String(), "interrupted") {
+			t.Errorf("validate - interrupted: %v, stderr %q; want exit status 2 and \"interrupted\"", err, stderr.String())
+		}
+	case <-time.After(10 * time.Second):
+		cmd.Process.Kill()
+		<-exited
+		t.Fatal("validate - went on waiting for its input 10s after Ctrl-C")
 	}
 }
