@@ -41,6 +41,34 @@ func lockDaemon(root, db string) ([]*os.File, error) {
 	return []*os.File{rl, dl}, nil
 }
 
+// LockDatabase takes, at once, the locks a daemon on the database at db
+// holds for its whole life (lockDaemon): its root's, when db lies in a
+// root (LockFileName beside it), and db's own (db + ".lock"). Only lock
+// files that exist are taken, so none is made beside a database no daemon
+// ran on. Each records this process's pid, as a daemon's does, so that a
+// daemon starting meanwhile names it. A lock held by another process is
+// an error matching ErrLocked and naming the holder. release drops them.
+func LockDatabase(db string) (release func(), err error) {
+	var held []*os.File
+	release = func() {
+		for _, f := range held {
+			f.Close() // closing the file drops its lock
+		}
+	}
+	for _, p := range []string{filepath.Join(filepath.Dir(db), LockFileName), db + ".lock"} {
+		if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		f, err := lockPath(p)
+		if err != nil {
+			release()
+			return nil, err
+		}
+		held = append(held, f)
+	}
+	return release, nil
+}
+
 // lockRoot takes the exclusive lock of root (created 0700 if missing) at
 // once or fails naming the lock file and the holder's pid. The lock goes
 // with the returned file, and with the process.

@@ -14,8 +14,6 @@ import (
 	"strconv"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 )
@@ -207,54 +205,18 @@ version this binary embeds.`)
 	return nil
 }
 
-// lockAgainstDaemon takes the locks a daemon using the database at path
-// holds for its whole life, so that no daemon runs on it until release is
-// called: the lock of the root the database lies in (plugin.LockFileName
-// beside it) and the database's own (path + ".lock"), which a daemon
-// whose database lies outside its root takes. Only lock files that exist
-// are taken: a daemon that never ran on the database made neither. Each
-// lock taken records this process's pid, as the daemon's do, so that a
-// daemon starting meanwhile names it. A lock held by a running daemon (or
-// another migration) is refused (exit status 1) naming its holder: a
-// migration under a running daemon would change the schema its statements
-// were written for.
+// lockAgainstDaemon takes the locks a daemon on the database at path holds
+// (plugin.LockDatabase), so that no daemon runs on it until release is
+// called. A lock held by a running daemon (or another migration) is
+// refused (exit status 1) naming its holder: a migration under a running
+// daemon would change the schema its statements were written for.
 func lockAgainstDaemon(path string) (release func(), err error) {
-	var held []*os.File
-	release = func() {
-		for _, f := range held {
-			f.Close() // closing the file drops its lock
-		}
+	release, err = plugin.LockDatabase(path)
+	if errors.Is(err, plugin.ErrLocked) {
+		return nil, &cli.ExitError{Code: 1, Msg: fmt.Sprintf("database %s is in use (%v; a running daemon or another db migrate): stop the daemon first (systemctl stop containerd-flyio-snapshotter), or let it migrate the database as it starts", path, err)}
 	}
-	for _, lock := range []string{filepath.Join(filepath.Dir(path), plugin.LockFileName), path + ".lock"} {
-		f, err := os.OpenFile(lock, os.O_RDWR, 0)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			release()
-			return nil, fmt.Errorf("database %s: open the daemon's lock: %w", path, err)
-		}
-		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-			holder := "unknown pid"
-			if b, rerr := os.ReadFile(lock); rerr == nil && strings.TrimSpace(string(b)) != "" {
-				holder = "pid " + strings.TrimSpace(string(b))
-			}
-			f.Close()
-			release()
-			if errors.Is(err, unix.EWOULDBLOCK) {
-				return nil, &cli.ExitError{Code: 1, Msg: fmt.Sprintf("database %s is in use (lock %s held by %s, a running daemon or another db migrate): stop the daemon first (systemctl stop containerd-flyio-snapshotter), or let it migrate the database as it starts", path, lock, holder)}
-			}
-			return nil, fmt.Errorf("database %s: lock %s: %w", path, lock, err)
-		}
-		held = append(held, f)
-		err = f.Truncate(0)
-		if err == nil {
-			_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-		}
-		if err != nil {
-			release()
-			return nil, fmt.Errorf("database %s: lock %s: record pid: %w", path, lock, err)
-		}
+	if err != nil {
+		return nil, fmt.Errorf("database %s: %w", path, err)
 	}
 	return release, nil
 }
