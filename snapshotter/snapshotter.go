@@ -638,8 +638,8 @@ func (s *Snapshotter) quarantineAndDrop(ctx context.Context, plan createPlan, re
 }
 
 // discard gives back the blocks of removed device dev before its deletion
-// (Config.DiscardBlocks): it activates the device if it is not active and
-// discards all of it. A failure only costs the space the discard would
+// (Config.DiscardBlocks): it activates the device, which reclaim unmapped
+// first, and discards all of it. A failure only costs the space the discard would
 // have given back, so it is logged and the deletion goes on; a crash
 // leaves the device removed, and the next reclaim discards it again.
 func (s *Snapshotter) discard(ctx context.Context, dev ThinDevice) {
@@ -939,6 +939,14 @@ func (s *Snapshotter) reclaim(ctx context.Context, dev ThinDevice) error {
 		return nil
 	}
 	if s.cfg.DiscardBlocks {
+		// Unmap it first: the kernel refuses to remove a device anyone
+		// holds open (a VM given its path as a disk), and that refusal is
+		// the only check that sees such a holder, whose plain open the
+		// discard's exclusive one does not conflict with. The device is
+		// then discarded on a mapping of this call's own.
+		if err := s.pool.Deactivate(ctx, dev.Name); err != nil {
+			return fmt.Errorf("reclaim %s: deactivate before discarding (still open?): %w", dev.Name, err)
+		}
 		s.discard(ctx, dev)
 	}
 	if err := s.destroy(ctx, dev.Name, dev.ID); err != nil {

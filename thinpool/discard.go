@@ -15,7 +15,9 @@ import (
 // too, so a loop-file pool's file gives them back to the filesystem under
 // it. Deleting a thin id frees its blocks in the pool only: the loop file
 // keeps them allocated. The device is opened exclusively, so one mounted or
-// open elsewhere is refused with ErrBusy and its data left as it is. A pool
+// opened exclusively elsewhere is refused with ErrBusy and its data left as
+// it is; a plain open elsewhere (a VM's disk) is not seen: the caller must
+// know nobody holds it (a deactivation the kernel allowed tells). A pool
 // that ignores discards gives an error matching errors.ErrUnsupported.
 func (p *Pool) Discard(ctx context.Context, name string) error {
 	if err := p.usable(); err != nil {

@@ -1,0 +1,85 @@
+package snapshotter
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool/thinpooltest"
+)
+
+// openHolderPool is a fake at the pool's boundary: FakePool, with devices
+// a process holds open without O_EXCL (a VM given an activation's device
+// path as its disk). As with the kernel, removing such a device fails
+// busy, while Discard, whose exclusive open only conflicts with other
+// exclusive holders (a mount), goes through.
+type openHolderPool struct {
+	*thinpooltest.FakePool
+	mu   sync.Mutex
+	held map[string]bool
+}
+
+func (p *openHolderPool) hold(name string, held bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.held[name] = held
+}
+
+func (p *openHolderPool) Deactivate(ctx context.Context, name string) error {
+	p.mu.Lock()
+	held := p.held[name]
+	p.mu.Unlock()
+	if held {
+		return fmt.Errorf("open holder pool: deactivate %s: open elsewhere: %w", name, thinpool.ErrBusy)
+	}
+	return p.FakePool.Deactivate(ctx, name)
+}
+
+// TestReclaimSparesDeviceHeldOpen: the reclaim of a removed snapshot whose
+// device is still held open neither discards nor deletes it (Cleanup
+// reports it), and once it is let go the next Cleanup does both.
+func TestReclaimSparesDeviceHeldOpen(t *testing.T) {
+	bg := context.Background()
+	for _, async := range []bool{true, false} {
+		t.Run(fmt.Sprintf("async_remove=%v", async), func(t *testing.T) {
+			pool := &openHolderPool{FakePool: thinpooltest.NewFakePool(), held: map[string]bool{}}
+			s, err := New(bg, metadatatest.Open(t), pool, Config{AsyncRemove: async, DiscardBlocks: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Prepare(bg, "vm-disk", ""); err != nil {
+				t.Fatal(err)
+			}
+			name, _, id, err := s.DeviceOf(bg, "vm-disk")
+			if err != nil {
+				t.Fatal(err)
+			}
+			pool.hold(name, true)
+			if err := s.Remove(bg, "vm-disk"); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Cleanup(bg); err == nil {
+				t.Error("Cleanup reported no error for a removed device held open")
+			}
+			if got := pool.Discarded(); len(got) != 0 {
+				t.Fatalf("discarded %v while a process holds it open: its data is gone under the holder", got)
+			}
+			if ok, _ := pool.ThinExists(bg, id); !ok {
+				t.Fatalf("thin %d deleted while held open", id)
+			}
+			pool.hold(name, false)
+			if err := s.Cleanup(bg); err != nil {
+				t.Fatalf("Cleanup once let go: %v", err)
+			}
+			if got := pool.Discarded(); len(got) != 1 || got[0] != name {
+				t.Errorf("discarded %v once let go, want [%s]", got, name)
+			}
+			if ok, _ := pool.ThinExists(bg, id); ok {
+				t.Errorf("thin %d still in the pool once let go", id)
+			}
+		})
+	}
+}
