@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -15,7 +16,8 @@ import (
 // process still holds open without O_EXCL (a VM using an activation's
 // device path as its disk) keeps its data through Cleanup with
 // pool.discard_blocks: the device is neither discarded nor deleted until
-// it is let go, and the Cleanup after that deletes it.
+// it is let go (each Cleanup trying briefly, not for the pool's whole busy
+// retry), and the Cleanup after that deletes it.
 func TestCleanupLeavesOpenDeviceIntact(t *testing.T) {
 	e := newTestEnv(t, "do")
 	ctx := nsCtx("default")
@@ -53,8 +55,12 @@ func TestCleanupLeavesOpenDeviceIntact(t *testing.T) {
 	if err := s.Remove(ctx, "vm-disk"); err != nil {
 		t.Fatal(err)
 	}
+	start := time.Now()
 	if err := s.Cleanup(context.Background()); err == nil {
 		t.Error("Cleanup deleted a device a process holds open")
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("Cleanup took %v over one removed device held open: it waits out the pool's busy retry", took.Round(time.Millisecond))
 	}
 	clear(buf)
 	if _, err := unix.Pread(fd, buf, off); err != nil {

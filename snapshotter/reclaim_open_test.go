@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
@@ -16,10 +17,14 @@ import (
 // path as its disk). As with the kernel, removing such a device fails
 // busy, while Discard, whose exclusive open only conflicts with other
 // exclusive holders (a mount), goes through.
+// When busyWait is set, Deactivate of a held device keeps trying for that
+// long (or until its context ends) before it gives up, as thinpool.Pool's
+// does for about 5 s.
 type openHolderPool struct {
 	*thinpooltest.FakePool
-	mu   sync.Mutex
-	held map[string]bool
+	busyWait time.Duration
+	mu       sync.Mutex
+	held     map[string]bool
 }
 
 func (p *openHolderPool) hold(name string, held bool) {
@@ -33,6 +38,10 @@ func (p *openHolderPool) Deactivate(ctx context.Context, name string) error {
 	held := p.held[name]
 	p.mu.Unlock()
 	if held {
+		select {
+		case <-ctx.Done():
+		case <-time.After(p.busyWait):
+		}
 		return fmt.Errorf("open holder pool: deactivate %s: open elsewhere: %w", name, thinpool.ErrBusy)
 	}
 	return p.FakePool.Deactivate(ctx, name)
@@ -81,5 +90,39 @@ func TestReclaimSparesDeviceHeldOpen(t *testing.T) {
 				t.Errorf("thin %d still in the pool once let go", id)
 			}
 		})
+	}
+}
+
+// TestCleanupDoesNotWaitOutHeldDevices: a removed device held open stays
+// so for as long as its holder runs (a VM on an activation a re-pull
+// replaced), so a Cleanup, which the collector runs after each image it
+// removes while the pool is full, must not wait out the pool's whole
+// busy retry on it each time: it tries briefly and goes on.
+func TestCleanupDoesNotWaitOutHeldDevices(t *testing.T) {
+	bg := context.Background()
+	pool := &openHolderPool{FakePool: thinpooltest.NewFakePool(), held: map[string]bool{}, busyWait: 5 * time.Second}
+	s, err := New(bg, metadatatest.Open(t), pool, Config{AsyncRemove: true, DiscardBlocks: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"vm-1", "vm-2"} {
+		if _, err := s.Prepare(bg, key, ""); err != nil {
+			t.Fatal(err)
+		}
+		name, _, _, err := s.DeviceOf(bg, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool.hold(name, true)
+		if err := s.Remove(bg, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	if err := s.Cleanup(bg); err == nil {
+		t.Error("Cleanup reported no error for removed devices held open")
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("Cleanup took %v over 2 removed devices held open: it waits out the pool's busy retry on each", took.Round(time.Millisecond))
 	}
 }

@@ -938,15 +938,22 @@ func (s *Snapshotter) reclaim(ctx context.Context, dev ThinDevice) error {
 			Debug("reclaim: device already reclaimed by another caller; its id is left to its new record")
 		return nil
 	}
+	// Unmap it first: the kernel refuses to remove a device anyone holds
+	// open (a mount, or a VM given its path as a disk), and that refusal
+	// is the only check that sees a plain open, which the discard's
+	// exclusive one does not conflict with. Such a holder keeps the device
+	// for as long as it runs, so the pool's busy retry (seconds, meant for
+	// udev's brief probe of a new mapping) is cut short: every Cleanup,
+	// which the collector runs after each image it removes, would pay it
+	// again for each held device.
+	hctx, cancel := context.WithTimeout(ctx, heldCheckTimeout)
+	err = s.pool.Deactivate(hctx, dev.Name)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("reclaim %s: deactivate (held open? the device is left for a later Cleanup): %w", dev.Name, err)
+	}
 	if s.cfg.DiscardBlocks {
-		// Unmap it first: the kernel refuses to remove a device anyone
-		// holds open (a VM given its path as a disk), and that refusal is
-		// the only check that sees such a holder, whose plain open the
-		// discard's exclusive one does not conflict with. The device is
-		// then discarded on a mapping of this call's own.
-		if err := s.pool.Deactivate(ctx, dev.Name); err != nil {
-			return fmt.Errorf("reclaim %s: deactivate before discarding (still open?): %w", dev.Name, err)
-		}
+		// Discarded on a mapping of this call's own.
 		s.discard(ctx, dev)
 	}
 	if err := s.destroy(ctx, dev.Name, dev.ID); err != nil {
@@ -969,6 +976,11 @@ func (s *Snapshotter) reclaim(ctx context.Context, dev ThinDevice) error {
 	}
 	return nil
 }
+
+// heldCheckTimeout bounds reclaim's first deactivation of a removed
+// device, which fails while something holds the device open: a few of
+// the pool's busy retries, not all of them.
+const heldCheckTimeout = 250 * time.Millisecond
 
 // Cleanup deletes from the pool every device whose snapshot was removed.
 // It carries on past a device it cannot delete and returns all the errors.
