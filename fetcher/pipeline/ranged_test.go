@@ -104,6 +104,22 @@ func TestPullRangedLayersInOrder(t *testing.T) {
 	e.srv.Put(t, "seq/3.tar", layerTar(t, "q3", 3*s3source.MinPartSize, tarFile{name: "usr/three", body: []byte("3")}))
 	e.srv.Faults.Shape(0, 8<<20) // 8 MiB/s per answer: each layer takes a while
 	w := e.watchStreams()
+	// The link is slower than extraction: layer n's last part comes once
+	// layer n's extraction follows its transfer (layer n-1 is in place),
+	// whatever else the machine is doing meanwhile. A minute at most: a
+	// pull that never starts it fails the checks below.
+	for n, key := range map[int]string{2: "seq/2.tar", 3: "seq/3.tar"} {
+		e.srv.Faults.BeforeGet(key, partRange(2), func() {
+			for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+				w.mu.Lock()
+				started := w.started
+				w.mu.Unlock()
+				if started >= n {
+					return
+				}
+			}
+		})
+	}
 	var (
 		mu        sync.Mutex
 		overlaps  int // transfers that started while another was under way
