@@ -231,6 +231,9 @@ type Snapshots interface {
 	Remove(ctx context.Context, key string) error
 	RemoveIf(ctx context.Context, key string, guard snapshotter.RemoveGuard) error
 	Cleanup(ctx context.Context) error
+	// HeldOpen reports whether the device of snapshot key is held open
+	// (snapshotter.Snapshotter.HeldOpen).
+	HeldOpen(ctx context.Context, key string) (bool, error)
 }
 
 // Names is containerd's side of the pool: where S3 images are registered
@@ -916,6 +919,17 @@ func (c *Collector) inUse(ctx context.Context, cd *candidate, v *poolView) (stri
 		}
 		if live {
 			return pullRunsLive, nil
+		}
+		// An activation's device is what an operator hands a VM, or
+		// mounts, by its path: no record says so, the kernel's open
+		// count does.
+		key := pipeline.ActivationKey(cd.s3.ImageID)
+		held, err := c.opts.Snapshots.HeldOpen(ctx, key)
+		if err != nil && !errdefs.IsNotFound(err) {
+			return "", fmt.Errorf("gc: image %s: %w", cd.id(), err)
+		}
+		if held {
+			return fmt.Sprintf("its activation's device (snapshot %q) is open: a VM, a mount or a process uses it", key), nil
 		}
 	}
 	if v.blind != nil && cd.s3 != nil {

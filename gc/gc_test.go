@@ -1414,3 +1414,42 @@ func TestStatfsBytesCountsFragments(t *testing.T) {
 		t.Errorf("statfs without a fragment size: total %d, want 65536000", total)
 	}
 }
+
+// TestImageKeptWhileItsActivationIsOpen: an S3 image's activation device
+// is what an operator hands a VM, or mounts, by its path, which no record
+// says. While the kernel counts an open of it, neither a collection nor
+// rm removes the image, and both say why; once it is closed, rm does.
+func TestImageKeptWhileItsActivationIsOpen(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 1000*mib, Options{})
+	h.image("img1", "vm-disk", layer{"c1", 450 * mib})
+	h.image("img2", "idle", layer{"c2", 450 * mib}) // 902 MiB: 90%
+	act, ok, err := snapshotter.ReadRecords(h.db).Snapshot(ctx, pipeline.ActivationKey("img1"))
+	if err != nil || !ok {
+		t.Fatalf("img1's activation: %v, %v", ok, err)
+	}
+	h.pool.Hold(act.DeviceName)
+
+	rep, err := h.c.Collect(ctx, "test", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Removed) != 1 || rep.Removed[0].ImageID != "img2" {
+		t.Fatalf("removed %+v, want img2 alone, the least recently used image, img1, being open", rep.Removed)
+	}
+	if want := "its activation's device"; !strings.Contains(rep.Kept["img1"], want) {
+		t.Errorf("img1 kept because %q, want it to say %q", rep.Kept["img1"], want)
+	}
+	h.present("img1")
+
+	_, err = h.c.Remove(ctx, []string{"vm-disk"})
+	if !errors.Is(err, ErrInUse) || !strings.Contains(err.Error(), "is open: a VM, a mount or a process uses it") {
+		t.Errorf("rm of an image whose activation is open: %v, want it refused as in use", err)
+	}
+	h.present("img1")
+
+	h.pool.Release(act.DeviceName)
+	if removed, err := h.c.Remove(ctx, []string{"vm-disk"}); err != nil || len(removed) != 1 {
+		t.Errorf("rm once the activation is closed: %+v, %v; want img1 removed", removed, err)
+	}
+}

@@ -275,6 +275,28 @@ func (s *Snapshotter) Usage(ctx context.Context, key string) (snapshots.Usage, e
 	return snapshots.Usage{Size: max(size, 0)}, nil
 }
 
+// HeldOpen reports whether the device of snapshot key is held open now
+// (a mount, or a VM or process given its path): something outside the
+// daemon uses it, which no record says. A device that is not active is
+// not held. A missing snapshot is an error matching errdefs.ErrNotFound.
+func (s *Snapshotter) HeldOpen(ctx context.Context, key string) (bool, error) {
+	if err := s.open(); err != nil {
+		return false, err
+	}
+	r, err := s.get(ctx, key)
+	if err != nil {
+		return false, err
+	}
+	st, err := s.pool.ThinStatus(ctx, r.DeviceName)
+	if errors.Is(err, thinpool.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("snapshot %q: %w", key, err)
+	}
+	return st.OpenCount > 0, nil
+}
+
 // mappedBytes reads the mapped size of r's device, activating it if needed.
 func (s *Snapshotter) mappedBytes(ctx context.Context, r CDSnapshot) (int64, error) {
 	st, err := s.pool.ThinStatus(ctx, r.DeviceName)

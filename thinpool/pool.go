@@ -122,4 +122,7 @@ type ThinStatus struct {
 	HasMapped           bool
 	// Failed is true when the kernel reports the device as failed.
 	Failed bool
+	// OpenCount is how many opens of the device are held now: a mount, a
+	// VM given its path as a disk, any process reading it.
+	OpenCount int
 }

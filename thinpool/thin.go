@@ -751,7 +751,7 @@ func (p *Pool) ThinStatus(ctx context.Context, name string) (ThinStatus, error) 
 	if err := checkName("device", name); err != nil {
 		return ThinStatus{}, p.errf(nil, err, "thin status")
 	}
-	targets, _, err := p.ctl.tableStatus(name, false, false)
+	targets, info, err := p.ctl.tableStatus(name, false, false)
 	if errors.Is(err, unix.ENXIO) {
 		return ThinStatus{}, p.errf(ErrNotFound, err, "thin status %q", name)
 	}
@@ -765,5 +765,6 @@ func (p *Pool) ThinStatus(ctx context.Context, name string) (ThinStatus, error) 
 	if err != nil {
 		return ThinStatus{}, p.errf(nil, err, "thin status %q", name)
 	}
+	st.OpenCount = int(info.OpenCount)
 	return st, nil
 }

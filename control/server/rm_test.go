@@ -18,3 +18,6 @@ func (fakeEmptyPool) RemoveIf(context.Context, string, snapshotter.RemoveGuard) 
 	return nil
 }
 func (fakeEmptyPool) Cleanup(context.Context) error { return nil }
+func (fakeEmptyPool) HeldOpen(context.Context, string) (bool, error) {
+	return false, nil
+}

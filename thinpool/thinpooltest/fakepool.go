@@ -47,6 +47,8 @@ type FakePool struct {
 	root string
 	// discarded are the names Discard was called on, in order.
 	discarded []string
+	// opens counts the opens held on an active device (Hold).
+	opens map[string]int
 }
 
 // thin is one thin device: the runs of sectors it maps, shared with its
@@ -246,8 +248,32 @@ func (p *FakePool) Activate(ctx context.Context, name string, id uint32, sizeByt
 func (p *FakePool) Deactivate(ctx context.Context, name string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.opens[name] > 0 {
+		return fmt.Errorf("fake pool: deactivate %s: held open %d times: %w", name, p.opens[name], thinpool.ErrBusy)
+	}
 	delete(p.active, name)
 	return nil
+}
+
+// Hold opens active device name once more, as a mount or a VM given its
+// path would: ThinStatus counts it in OpenCount, and Deactivate refuses
+// the device (thinpool.ErrBusy), as the kernel does, until Release.
+func (p *FakePool) Hold(name string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.opens == nil {
+		p.opens = map[string]int{}
+	}
+	p.opens[name]++
+}
+
+// Release closes one open of device name that Hold made.
+func (p *FakePool) Release(name string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.opens[name] > 0 {
+		p.opens[name]--
+	}
 }
 
 // ThinExists reports whether the pool holds thin id id.
@@ -293,7 +319,7 @@ func (p *FakePool) ThinStatus(ctx context.Context, name string) (thinpool.ThinSt
 	for _, r := range p.thins[id].runs {
 		mapped += r.sectors
 	}
-	return thinpool.ThinStatus{MappedSectors: mapped, HasMapped: mapped > 0}, nil
+	return thinpool.ThinStatus{MappedSectors: mapped, HasMapped: mapped > 0, OpenCount: p.opens[name]}, nil
 }
 
 // Format checks devPath is a mapped device of the pool
