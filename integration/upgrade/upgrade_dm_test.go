@@ -405,10 +405,11 @@ func (e *env) rollBack() {
 	if err := os.Rename(db, db+".rolled-back"); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{db + "-wal", db + "-shm"} {
-		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
-			t.Fatal(err)
-		}
+	if err := os.Rename(db+"-wal", db+".rolled-back-wal"); err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	if err := os.Remove(db + "-shm"); err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
 	}
 	if err := copyFile(backup, db); err != nil {
 		t.Fatal(err)
