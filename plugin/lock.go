@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
 // LockFileName is the file in daemon.root_dir whose lock (flock) the
@@ -17,8 +19,8 @@ import (
 const LockFileName = "daemon.lock"
 
 // ErrLocked is matched by Open's error when another live process holds
-// the lock of daemon.root_dir, or of the database.
-var ErrLocked = errors.New("another daemon is running on this root or database")
+// the lock of daemon.root_dir, of the database, or of the pool (lockPool).
+var ErrLocked = errors.New("another daemon is running on this root, database or pool")
 
 // lockDaemon takes the locks of a daemon on root whose database is db:
 // root's (lockRoot) and, when db is not in root, db's own (the file
@@ -106,4 +108,108 @@ func lockPath(path string) (*os.File, error) {
 		return nil, fmt.Errorf("lock %s: record pid: %w", path, err)
 	}
 	return f, nil
+}
+
+// PoolLockDir is the host-wide directory of the pool locks that no
+// daemon's own directories can hold: the pool's device-mapper name
+// (pool-<name>.lock) and the number of each configured block device
+// (dev-<major>:<minor>.lock). Both name things the kernel shares among
+// every process of the host, so their locks must be found by every daemon
+// whatever its root_dir; /run/lock is where the host keeps the locks of
+// shared resources, and as a tmpfs it is emptied at boot, as the kernel's
+// device-mapper names are.
+const PoolLockDir = "/run/lock/containerd-flyio-snapshotter"
+
+// poolLockDir is PoolLockDir; tests put it elsewhere.
+var poolLockDir = PoolLockDir
+
+// lockPool takes the locks of the pool pool describes, which a daemon
+// holds for its whole life beside its root's, so that two daemons never
+// run one pool: the second would adopt the first's live pool and reconcile
+// it against its own database, deleting the first's devices as unknown.
+// A pool is keyed by its device-mapper name, and by its backing stores:
+// the files data and metadata of a loop-file pool (the lock files beside
+// them, <file>.lock, after the file's symbolic links), or the configured
+// block devices (by device number, in PoolLockDir: every node of a device
+// names one lock, and the device itself is never opened, let alone
+// written). Each lock is taken at once or refused as lockPath refuses,
+// naming it and the holder's pid; on refusal none is kept.
+func lockPool(pool thinpool.Config) (_ []*os.File, err error) {
+	var held []*os.File
+	defer func() {
+		if err != nil {
+			for _, f := range held {
+				f.Close()
+			}
+		}
+	}()
+	take := func(path string) error {
+		f, err := lockPath(path)
+		if err != nil {
+			return fmt.Errorf("pool %s: %w", pool.Name, err)
+		}
+		held = append(held, f)
+		return nil
+	}
+	if err := makeLockDir(poolLockDir); err != nil {
+		return nil, fmt.Errorf("pool %s: %w", pool.Name, err)
+	}
+	if err := take(filepath.Join(poolLockDir, "pool-"+pool.Name+".lock")); err != nil {
+		return nil, err
+	}
+	if pool.DataDevice != "" {
+		for _, dev := range []string{pool.DataDevice, pool.MetadataDevice} {
+			var st unix.Stat_t
+			if err := unix.Stat(dev, &st); err != nil {
+				return nil, fmt.Errorf("pool %s: lock device %s: %w", pool.Name, dev, err)
+			}
+			if st.Mode&unix.S_IFMT != unix.S_IFBLK {
+				return nil, fmt.Errorf("pool %s: lock device %s: not a block device", pool.Name, dev)
+			}
+			name := fmt.Sprintf("dev-%d:%d.lock", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+			if err := take(filepath.Join(poolLockDir, name)); err != nil {
+				return nil, err
+			}
+		}
+		return held, nil
+	}
+	if err := os.MkdirAll(pool.RootDir, 0o700); err != nil {
+		return nil, fmt.Errorf("pool %s: lock %s: %w", pool.Name, pool.RootDir, err)
+	}
+	for _, name := range []string{thinpool.DataFileName, thinpool.MetadataFileName} {
+		file := filepath.Join(pool.RootDir, name)
+		// A file reached through a link is locked beside the file itself,
+		// where a daemon naming it directly looks.
+		if real, err := filepath.EvalSymlinks(file); err == nil {
+			file = real
+		}
+		if err := take(file + ".lock"); err != nil {
+			return nil, err
+		}
+	}
+	return held, nil
+}
+
+// makeLockDir makes dir (0700; its missing parents 0755, as the host
+// makes /run/lock) unless it is there, and refuses it unless it is a
+// directory of this process's user that no other user may write: /run/lock
+// is writable by every user on many hosts, and a lock file another user
+// may replace (by a link to a file the daemon would then truncate, or by
+// a file of their own that they hold locked) is no lock.
+func makeLockDir(dir string) error {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return fmt.Errorf("make lock directory %s: %w", dir, err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("make lock directory %s: %w", dir, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return fmt.Errorf("lock directory %s: %w", dir, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR || int(st.Uid) != os.Geteuid() || st.Mode&0o022 != 0 {
+		return fmt.Errorf("lock directory %s is not a directory of uid %d that only it may write (uid %d, mode %#o): remove it, the daemon makes it anew",
+			dir, os.Geteuid(), st.Uid, st.Mode&0o7777)
+	}
+	return nil
 }

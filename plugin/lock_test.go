@@ -1,12 +1,17 @@
 package plugin
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
 
 // TestLockRootSingleInstance: while one owner holds the root's lock a
@@ -85,5 +90,167 @@ func TestLockDaemonSharedDatabase(t *testing.T) {
 	}
 	for _, l := range append(c, d...) {
 		l.Close()
+	}
+}
+
+// hostDaemonConfig is a daemon's configuration with every path under
+// dir/name and a loop-file pool named name. Its database path is made a
+// directory: a daemon that passes its locks stops there, at the database,
+// before it reaches device-mapper, which these tests on the host must
+// never touch.
+func hostDaemonConfig(t *testing.T, dir, name string) *Config {
+	t.Helper()
+	root := filepath.Join(dir, name)
+	cfg := DefaultConfig()
+	cfg.Daemon.RootDir = root
+	cfg.Daemon.Socket = filepath.Join(root, "run", "snap.sock")
+	cfg.Daemon.ControlSocket = ""
+	cfg.Metadata.Path = filepath.Join(root, "metadata.db")
+	cfg.Pool.RootDir = filepath.Join(root, "pool")
+	cfg.Pipeline.DownloadDir = filepath.Join(root, "images")
+	cfg.Pool.Name = name
+	if err := os.MkdirAll(cfg.Metadata.Path, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// holdDaemonLocks takes what Open takes before it opens anything for cfg,
+// as a running daemon holds it, until the test ends.
+func holdDaemonLocks(t *testing.T, cfg *Config) {
+	t.Helper()
+	held, err := lockDaemon(cfg.Daemon.RootDir, cfg.Metadata.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl, err := lockPool(cfg.ThinpoolConfig())
+	held = append(held, pl...)
+	t.Cleanup(func() {
+		for _, f := range held {
+			f.Close()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// mknodBlock makes a block device node of major:minor at path, which
+// stat reads without the device being there; it skips the test where
+// nodes cannot be made.
+func mknodBlock(t *testing.T, path string, major, minor uint32) {
+	t.Helper()
+	if err := unix.Mknod(path, unix.S_IFBLK|0o600, int(unix.Mkdev(major, minor))); err != nil {
+		t.Skipf("mknod %s: %v", path, err)
+	}
+}
+
+// TestOpenRefusesSharedPool: a daemon whose root_dir and database are its
+// own, but whose pool is a running daemon's (its loop files, its block
+// devices, under whatever node names, or its device-mapper name), is
+// refused at once, naming the lock and the holder's pid, before it opens
+// its database; a daemon on another pool is not.
+func TestOpenRefusesSharedPool(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	poolLockDir = filepath.Join(dir, "run-lock")
+	t.Cleanup(func() { poolLockDir = PoolLockDir })
+	devs := filepath.Join(dir, "dev")
+	if err := os.Mkdir(devs, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// 7 is the loop driver's major; nothing opens these nodes.
+	mknodBlock(t, filepath.Join(devs, "data"), 7, 240)
+	mknodBlock(t, filepath.Join(devs, "meta"), 7, 241)
+	mknodBlock(t, filepath.Join(devs, "data-alias"), 7, 240)
+	mknodBlock(t, filepath.Join(devs, "meta-other"), 7, 242)
+
+	loop := hostDaemonConfig(t, dir, "loop")
+	holdDaemonLocks(t, loop)
+	block := hostDaemonConfig(t, dir, "block")
+	block.Pool.DataDevice = filepath.Join(devs, "data")
+	block.Pool.MetadataDevice = filepath.Join(devs, "meta")
+	block.Pool.DataSize, block.Pool.MetadataSize = 0, 0
+	holdDaemonLocks(t, block)
+	pid := "pid " + strconv.Itoa(os.Getpid())
+
+	for _, tc := range []struct {
+		name  string
+		edit  func(c *Config)
+		names string // the lock the refusal names; "" when not refused
+	}{
+		{"the loop files of another pool", func(c *Config) { c.Pool.RootDir = loop.Pool.RootDir },
+			filepath.Join(loop.Pool.RootDir, thinpool.DataFileName+".lock")},
+		{"the name of another pool", func(c *Config) { c.Pool.Name = loop.Pool.Name },
+			filepath.Join(poolLockDir, "pool-loop.lock")},
+		{"the data device of another pool by another node", func(c *Config) {
+			c.Pool.DataDevice = filepath.Join(devs, "data-alias")
+			c.Pool.MetadataDevice = filepath.Join(devs, "meta-other")
+		}, filepath.Join(poolLockDir, "dev-7:240.lock")},
+		{"another pool", func(c *Config) {}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := hostDaemonConfig(t, dir, strings.ReplaceAll(tc.name, " ", "-"))
+			tc.edit(cfg)
+			if cfg.Pool.DataDevice != "" {
+				cfg.Pool.DataSize, cfg.Pool.MetadataSize = 0, 0
+			}
+			svc, err := Open(ctx, cfg)
+			if svc != nil {
+				svc.Close()
+				t.Fatal("opened a service on the host")
+			}
+			if tc.names == "" {
+				if errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), "metadata database") {
+					t.Fatalf("a daemon on a pool of its own: %v, want it past its locks, stopped at its database", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), tc.names) || !strings.Contains(err.Error(), pid) {
+				t.Fatalf("a second daemon on %s: %v, want %v naming %s and %s", tc.name, err, ErrLocked, tc.names, pid)
+			}
+			// The refused daemon let go of its own root's lock.
+			rl, err := lockRoot(cfg.Daemon.RootDir)
+			if err != nil {
+				t.Fatalf("root after the refusal: %v", err)
+			}
+			rl.Close()
+		})
+	}
+}
+
+// TestLockPoolRefusesOpenLockDir: the host-wide lock directory is refused
+// when another user may write it, where a planted link or a file held
+// locked would make the lock a lie, and taken again once it is the
+// daemon's own.
+func TestLockPoolRefusesOpenLockDir(t *testing.T) {
+	dir := t.TempDir()
+	poolLockDir = filepath.Join(dir, "run-lock")
+	t.Cleanup(func() { poolLockDir = PoolLockDir })
+	if err := os.Mkdir(poolLockDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(poolLockDir, 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	cfg := hostDaemonConfig(t, dir, "a").ThinpoolConfig()
+	if held, err := lockPool(cfg); err == nil || !strings.Contains(err.Error(), poolLockDir) {
+		for _, f := range held {
+			f.Close()
+		}
+		t.Fatalf("lock in a directory every user writes: %v, want a refusal naming %s", err, poolLockDir)
+	}
+	if err := os.Chmod(poolLockDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	held, err := lockPool(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range held {
+		f.Close()
 	}
 }

@@ -53,7 +53,7 @@ type Service struct {
 	metrics     *metrics.Metrics
 	metricsOnce sync.Once
 	// locks are the single-instance locks of daemon.root_dir and of the
-	// database (lockDaemon).
+	// database (lockDaemon), and of the pool (lockPool).
 	locks []*os.File
 	// gcMetrics counts image garbage collection once StartFetcher has run.
 	gcMetrics *metrics.GC
@@ -92,8 +92,9 @@ func (s *Service) metricsRegistry() *metrics.Metrics {
 }
 
 // Open validates cfg, takes the single-instance locks of daemon.root_dir
-// (LockFileName) and, when it is elsewhere, of the database (ErrLocked,
-// naming the lock and the holder's pid, if another process has one),
+// (LockFileName), when it is elsewhere of the database, and of the pool's
+// name and backing stores (lockPool) (ErrLocked, naming the lock and the
+// holder's pid, if another process has one),
 // opens the database read-write (migrating it), opens or creates the thin
 // pool and builds the snapshotter, which reconciles the database with the
 // pool before Open returns. On error everything opened so
@@ -116,8 +117,15 @@ func Open(ctx context.Context, cfg *Config) (_ *Service, err error) {
 	}
 	l := log.G(ctx).WithField("db", cfg.Metadata.Path).WithField("pool", cfg.Pool.Name).WithField("gzip_inflater", inflater)
 	// Before anything is opened for writing: a second daemon on the same
-	// root would reconcile and resume the first one's work under it.
+	// root would reconcile and resume the first one's work under it, and
+	// one on the same pool would adopt it and delete the first's devices
+	// as unknown to its own database.
 	if s.locks, err = lockDaemon(cfg.Daemon.RootDir, cfg.Metadata.Path); err != nil {
+		return nil, fmt.Errorf("open service: %w", err)
+	}
+	pl, err := lockPool(cfg.ThinpoolConfig())
+	s.locks = append(s.locks, pl...)
+	if err != nil {
 		return nil, fmt.Errorf("open service: %w", err)
 	}
 	if s.DB, err = metadata.Open(ctx, cfg.MetadataOptions(false)); err != nil {

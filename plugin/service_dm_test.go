@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -200,4 +201,43 @@ func TestOpenFailsCleanly(t *testing.T) {
 		t.Fatalf("reopen the first service: %v", err)
 	}
 	svc.Close()
+}
+
+// TestSecondDaemonOnPoolRefused: a daemon with a root and a database of
+// its own but a running daemon's pool (its name and its loop files), one
+// that deletes the devices its database does not explain, is refused
+// before it opens anything, naming the running daemon's pid; the running
+// daemon's snapshot is still there.
+func TestSecondDaemonOnPoolRefused(t *testing.T) {
+	ctx := namespaces.WithNamespace(context.Background(), "ns")
+	first := dmtest.Config(t)
+	svc, err := plugin.Open(ctx, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	if _, err := svc.Snapshotter.Prepare(ctx, "work", ""); err != nil {
+		t.Fatal(err)
+	}
+
+	c := *dmtest.Config(t) // a copy: its teardown keeps its own pool name
+	second := &c
+	second.Pool.Config = first.Pool.Config
+	second.Pool.DeleteUnknownDevices = true
+	other, err := plugin.Open(ctx, second)
+	if err == nil {
+		other.Close()
+	}
+	pid := "pid " + strconv.Itoa(os.Getpid())
+	if !errors.Is(err, plugin.ErrLocked) || !strings.Contains(err.Error(), pid) {
+		t.Errorf("a second daemon on a running daemon's pool: %v, want %v naming %s", err, plugin.ErrLocked, pid)
+	}
+	if _, err := os.Stat(second.Metadata.Path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused daemon made its database: %v", err)
+	}
+	mounts, err := svc.Snapshotter.Mounts(ctx, "work")
+	if err != nil {
+		t.Fatalf("the running daemon's snapshot after the second daemon: %v", err)
+	}
+	withMounted(t, mounts, func(string) {})
 }
