@@ -17,9 +17,11 @@ import (
 )
 
 const serveDescription = `
-Runs the daemon: takes the lock of daemon.root_dir (daemon.lock), and of
-metadata.path when it is outside that root (its name + ".lock"); a second
-daemon on the same root or database exits at once naming the holder's pid. It opens
+Runs the daemon: takes the lock of daemon.root_dir (daemon.lock), of
+metadata.path when it is outside that root (its name + ".lock"), and of
+the pool (its name's, under /run/lock/containerd-flyio-snapshotter, and
+its loop files' or block devices'); a second daemon on the same root,
+database or pool exits at once naming the holder's pid. It opens
 (migrating) the metadata database, opens the thin pool
 (creating loop-file-backed pool files under pool.root_dir on the first start
 when no devices are configured), reconciles the database with the pool, and
