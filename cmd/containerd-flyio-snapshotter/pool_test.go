@@ -40,7 +40,7 @@ func TestPoolUsageErrors(t *testing.T) {
 		{[]string{"pool", "status", "--config", cfg, "--format", "yaml"}, 2, `must be table or json, got "yaml"`},
 		{[]string{"pool", "status", "--config", cfg, "extra"}, 2, `unexpected argument "extra"`},
 		// No such pool in the kernel: reported, and nothing is created.
-		{[]string{"pool", "status", "--config", cfg}, 1, `pool "flyio-test-never-created" is not active`},
+		{[]string{"pool", "status", "--config", cfg}, 1, `pool "` + testPoolName + `" is not active`},
 	}
 	for _, tc := range cases {
 		code, _, errOut := runCommand(t, nil, tc.args...)

@@ -91,8 +91,8 @@ func TestPoolQuarantineUsageErrors(t *testing.T) {
 		{[]string{"pool", "quarantine", "delete", "--config", cfg, "x"}, 2, `thin id "x"`},
 		{[]string{"pool", "quarantine", "ls", "--config", cfg, "extra"}, 2, `unexpected argument "extra"`},
 		// Changing needs the pool: reported, and nothing is created.
-		{[]string{"pool", "quarantine", "delete", "--config", cfg, "42"}, 1, `pool "flyio-test-never-created" is not active`},
-		{[]string{"pool", "quarantine", "release", "--config", cfg, "43"}, 1, `pool "flyio-test-never-created" is not active`},
+		{[]string{"pool", "quarantine", "delete", "--config", cfg, "42"}, 1, `pool "` + testPoolName + `" is not active`},
+		{[]string{"pool", "quarantine", "release", "--config", cfg, "43"}, 1, `pool "` + testPoolName + `" is not active`},
 	} {
 		code, _, errOut := runCommand(t, nil, tc.args...)
 		if code != tc.code || !strings.Contains(errOut, tc.inStderr) {

@@ -11,6 +11,11 @@ import (
 	"testing"
 )
 
+// testPoolName is the pool of tempConfig's configs, which no test makes:
+// of this process, since a daemon locks its pool's name host-wide, and two
+// runs of the tests on one host must not refuse each other's daemons.
+var testPoolName = fmt.Sprintf("flyio-test-never-created-%d", os.Getpid())
+
 // tempConfig writes a config whose every path is under a temporary
 // directory, so a command that got past validation could not touch the
 // host's real paths.
@@ -19,7 +24,7 @@ func tempConfig(t *testing.T, extra string) (path, root string) {
 	root = filepath.Join(t.TempDir(), "root")
 	path = filepath.Join(t.TempDir(), "config.toml")
 	body := "[daemon]\nroot_dir = \"" + root + "\"\nsocket = \"" + filepath.Join(root, "s.sock") + "\"\ncontrol_socket = \"\"\n" +
-		"[pool]\nname = \"flyio-test-never-created\"\n" + extra
+		"[pool]\nname = \"" + testPoolName + "\"\n" + extra
 	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
 		t.Fatal(err)
 	}
