@@ -71,7 +71,8 @@ func Classify(err error) Kind {
 		return KindNotFound
 	}
 	if errors.Is(err, ErrListLoop) || errors.Is(err, ErrListTooLong) || errors.Is(err, ErrTooManyLayers) ||
-		errors.Is(err, ErrWeakETag) || errors.Is(err, ErrETagControl) || errors.Is(err, ErrNoETag) || errors.Is(err, ErrNoContentRange) || errors.Is(err, ErrBadContentRange) {
+		errors.Is(err, ErrWeakETag) || errors.Is(err, ErrETagControl) || errors.Is(err, ErrNoETag) || errors.Is(err, ErrNoContentRange) || errors.Is(err, ErrBadContentRange) ||
+		errors.Is(err, ErrListPageTooLarge) {
 		return KindInvalid
 	}
 	if errors.Is(err, ErrTimeout) {

@@ -229,7 +229,7 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 			o.BaseEndpoint = aws.String(cfg.Endpoint)
 		}
 		o.UsePathStyle = cfg.PathStyle
-		o.APIOptions = append(o.APIOptions, addBoundErrorBodies(idle))
+		o.APIOptions = append(o.APIOptions, addBoundErrorBodies(idle), addBoundListPages)
 		o.APIOptions = append(o.APIOptions, cfg.APIOptions...)
 		// Checksums only where S3 requires them: S3-compatible servers
 		// often lack the newer checksum headers, and the pipeline computes

@@ -1,0 +1,41 @@
+package s3source_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
+)
+
+// TestListPageBounded: a listing page longer than any S3 sends (its keys
+// not layers, so no layer limit applies) is refused once its body passes
+// MaxListPageBytes, instead of being decoded into memory whole.
+func TestListPageBounded(t *testing.T) {
+	srv := s3test.NewServer(t)
+	pad := strings.Repeat("x", 200)
+	var objs []listed
+	for i := range (s3source.MaxListPageBytes + 1<<20) / len(pad) {
+		objs = append(objs, listed{fmt.Sprintf("img/%s%07d.txt", pad, i), 1})
+	}
+	page := listing("img/", "", objs...)
+	srv.Faults.Answer(1, "", func(int) []byte { return page })
+	src := hostileSource(t, srv, s3source.Config{})
+	got, err := src.List(context.Background(), "img/")
+	if !errors.Is(err, s3source.ErrListPageTooLarge) || got != nil {
+		t.Fatalf("List of a %d-byte page: %d objects, %v; want %v", len(page), len(got), err, s3source.ErrListPageTooLarge)
+	}
+	if k := s3source.Classify(err); k != s3source.KindInvalid {
+		t.Errorf("kind %v, want invalid", k)
+	}
+	// A page of the usual size is read.
+	srv.Faults.Reset()
+	small := listing("img/", "", listed{"img/01.tar", 1})
+	srv.Faults.Answer(1, "", func(int) []byte { return small })
+	if got, err := src.List(context.Background(), "img/"); err != nil || len(got) != 1 {
+		t.Fatalf("List of a small page: %v, %v", got, err)
+	}
+}
