@@ -22,7 +22,8 @@ const maxErrorBody = 1 << 20
 const MaxListPageBytes = 16 << 20
 
 // ErrListPageTooLarge: a listing page's body is longer than
-// MaxListPageBytes, more than S3 ever sends.
+// MaxListPageBytes, or the page holds more than the 1,000 entries a
+// listing asks for: more than S3 ever sends.
 var ErrListPageTooLarge = errors.New("listing page is longer than S3 sends")
 
 // boundErrorBodies is a deserialize middleware that bounds the body of an

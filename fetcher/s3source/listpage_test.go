@@ -39,3 +39,26 @@ func TestListPageBounded(t *testing.T) {
 		t.Fatalf("List of a small page: %v, %v", got, err)
 	}
 }
+
+// TestListPageEntriesBounded: a page of more entries than the 1,000 S3
+// sends at most is refused, so that the keys a listing remembers across
+// its pages (to refuse one listed twice) stay bounded by the page cap.
+func TestListPageEntriesBounded(t *testing.T) {
+	srv := s3test.NewServer(t)
+	objs := make([]listed, 1001)
+	for i := range objs {
+		objs[i] = listed{fmt.Sprintf("img/%04d.txt", i), 1}
+	}
+	srv.Faults.Answer(1, "", func(int) []byte { return listing("img/", "", objs...) })
+	src := hostileSource(t, srv, s3source.Config{})
+	got, err := src.List(context.Background(), "img/")
+	if !errors.Is(err, s3source.ErrListPageTooLarge) || got != nil || !strings.Contains(err.Error(), "1001 entries") {
+		t.Fatalf("List of a page of 1001 entries: %d objects, %v; want %v naming the count", len(got), err, s3source.ErrListPageTooLarge)
+	}
+	// A full page of 1,000 is read.
+	srv.Faults.Reset()
+	srv.Faults.Answer(1, "", func(int) []byte { return listing("img/", "", objs[:1000]...) })
+	if _, err := src.List(context.Background(), "img/"); err != nil {
+		t.Fatalf("List of a page of 1000 entries: %v", err)
+	}
+}

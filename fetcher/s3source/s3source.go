@@ -380,11 +380,16 @@ var (
 	ErrTooManyLayers = errors.New("image has too many layers")
 )
 
+// maxListEntries is the most keys and common prefixes a listing page
+// may hold: S3's own page size, asked for in every listing request.
+const maxListEntries = 1000
+
 // List returns the layer objects (IsLayerKey) directly under prefix (no deeper "/"), in
 // key order. An empty prefix lists the bucket's top level. Every key listed
 // must pass ValidateKey and lie under prefix, every size be non-negative
-// (*KeyError otherwise); a listing of more than Config.MaxListPages pages or
-// repeating a continuation token is refused.
+// (*KeyError otherwise); a listing of more than Config.MaxListPages pages,
+// repeating a continuation token, or with a page larger than S3 sends
+// (ErrListPageTooLarge) is refused.
 func (s *Source) List(ctx context.Context, prefix string) ([]Object, error) {
 	return s.list(ctx, prefix, 0)
 }
@@ -398,7 +403,7 @@ func (s *Source) list(ctx context.Context, prefix string, limit int) ([]Object, 
 		}
 	}
 	where := fmt.Sprintf("list s3://%s/%s", s.bucket, prefix)
-	in := &s3.ListObjectsV2Input{Bucket: aws.String(s.bucket), Delimiter: aws.String("/")}
+	in := &s3.ListObjectsV2Input{Bucket: aws.String(s.bucket), Delimiter: aws.String("/"), MaxKeys: aws.Int32(maxListEntries)}
 	if prefix != "" {
 		in.Prefix = aws.String(prefix)
 	}
@@ -411,6 +416,11 @@ func (s *Source) list(ctx context.Context, prefix string, limit int) ([]Object, 
 		})
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", where, err)
+		}
+		// The keys remembered across pages are bounded by the pages'
+		// count only if each page is.
+		if n := len(page.Contents) + len(page.CommonPrefixes); n > maxListEntries {
+			return nil, fmt.Errorf("%s: page %d: %w: %d entries, asked for at most %d", where, pages, ErrListPageTooLarge, n, maxListEntries)
 		}
 		for _, o := range page.Contents {
 			k, size := aws.ToString(o.Key), aws.ToInt64(o.Size)
