@@ -26,7 +26,7 @@ var errReaderClosed = errors.New("s3 object reader is closed")
 // full: at most n parts are buffered, and a slow caller slows the
 // requests instead of growing memory. A part whose body fails retryably or
 // ends short is reopened at the byte it reached, sharing the reader's
-// resume budget. Read and Close are not safe for concurrent use.
+// resume budget; one whose request failed, after a pause (see pause). Read and Close are not safe for concurrent use.
 type rangedReader struct {
 	parent     context.Context
 	src        *Source
@@ -141,7 +141,8 @@ func (r *rangedReader) fetch(w *partWorker, part int) error {
 	filled := 0
 	for {
 		body, err := r.openPart(part, int64(filled))
-		if err == nil {
+		opened := err == nil
+		if opened {
 			for err == nil && filled < len(buf) {
 				var n int
 				n, err = body.Read(buf[filled:])
@@ -165,6 +166,11 @@ func (r *rangedReader) fetch(w *partWorker, part int) error {
 		if !r.resume(err, part, start+int64(filled)) {
 			return fmt.Errorf("read s3://%s/%s part %d (bytes %d-%d) at offset %d (after %d resumes): %w",
 				r.src.bucket, r.obj.Key, part, start, start+int64(len(buf))-1, start+int64(filled), r.Resumes(), err)
+		}
+		if !opened {
+			if err := pause(r.ctx, r.Resumes()); err != nil {
+				return fmt.Errorf("read s3://%s/%s part %d: waiting to resume: %w", r.src.bucket, r.obj.Key, part, err)
+			}
 		}
 	}
 }

@@ -4,13 +4,46 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
+	"time"
 
 	"github.com/containerd/log"
 )
 
+// A reader pauses before it asks again for bytes whose request failed
+// without a body (an error answer such as 503 SlowDown, a refused
+// connection): resumePause before its first resume, doubled at each resume
+// after it up to maxResumePause, each spread over [d/2, d] so that readers
+// failing together do not ask again together. A body cut mid-way is
+// resumed at once: the server was answering.
+const (
+	resumePause    = 200 * time.Millisecond
+	maxResumePause = 5 * time.Second
+)
+
+// pause waits before the resume-th resume (1-based) of a read whose last
+// request failed without a body, or until ctx ends (its error).
+func pause(ctx context.Context, resume int) error {
+	d := resumePause
+	for i := 1; i < resume && d < maxResumePause; i++ {
+		d *= 2
+	}
+	d = min(d, maxResumePause)
+	d = d/2 + rand.N(d/2+1)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // ResumingReader reads a whole object, reopening it with a ranged GET at
 // the offset reached (and If-Match on its ETag) when the body fails with a
-// retryable error, up to MaxResumes times. A truncated body (the server
+// retryable error, up to MaxResumes times (after a pause when the request
+// itself failed). A truncated body (the server
 // ends it before the object's size) counts as such a failure. Errors that
 // are not retryable, or one more failure than allowed, end the read with
 // that error (see Classify). It is not safe for concurrent use.
@@ -80,6 +113,11 @@ func (r *ResumingReader) Read(p []byte) (int, error) {
 			b, err := r.src.Open(r.ctx, r.obj.Key, r.offset, opts...)
 			if err != nil {
 				r.fail(err)
+				if r.err == nil {
+					if err := pause(r.ctx, r.resumes); err != nil {
+						r.err = fmt.Errorf("read s3://%s/%s at offset %d: waiting to resume: %w", r.src.bucket, r.obj.Key, r.offset, err)
+					}
+				}
 				continue
 			}
 			if b.Size != r.obj.Size {

@@ -33,9 +33,10 @@ type faultyS3 struct {
 // Request is what the server recorded of one request.
 type Request struct {
 	Method  string
-	Key     string // "" for the bucket itself
-	Range   string // the Range header, "" if none
-	IfMatch string // the If-Match header, "" if none
+	Key     string    // "" for the bucket itself
+	Range   string    // the Range header, "" if none
+	IfMatch string    // the If-Match header, "" if none
+	At      time.Time // when it arrived
 }
 
 type faultKind int
@@ -200,7 +201,7 @@ func (f *faultyS3) take(r *http.Request, key string) plan {
 		f.signed++
 	}
 	f.counts[method+" "+key]++
-	f.log = append(f.log, Request{Method: method, Key: key, Range: r.Header.Get("Range"), IfMatch: r.Header.Get("If-Match")})
+	f.log = append(f.log, Request{Method: method, Key: key, Range: r.Header.Get("Range"), IfMatch: r.Header.Get("If-Match"), At: time.Now()})
 	p := plan{latency: f.latency, rate: f.rate}
 	due := map[*fault]bool{}
 	for _, fl := range f.faults {
