@@ -46,6 +46,9 @@ type rangedReader struct {
 	offset int64 // bytes handed out in all
 	closed bool  // Close was called
 	err    error // the read's end, once known
+	// stream reads the rest of the object once the server was seen to
+	// answer a part with the whole object (ErrRangeIgnored).
+	stream *ResumingReader
 }
 
 // partWorker is one connection's buffer and its hand-off with Read. Only
@@ -65,8 +68,15 @@ func (s *Source) newRangedReader(ctx context.Context, obj Object, maxResumes int
 		parts: int((obj.Size + s.partSize - 1) / s.partSize)}
 }
 
-// Resumes is how many part bodies were reopened after a failure.
-func (r *rangedReader) Resumes() int { return int(r.resumes.Load()) }
+// Resumes is how many part bodies were reopened after a failure, and
+// bodies of the stream the read went on with, if any.
+func (r *rangedReader) Resumes() int {
+	n := int(r.resumes.Load())
+	if r.stream != nil {
+		n += r.stream.Resumes()
+	}
+	return n
+}
 
 // partBuf returns a buffer of the source's part size, reused if one is
 // free.
@@ -165,10 +175,10 @@ func (r *rangedReader) fetch(w *partWorker, part int) error {
 		}
 		if !r.resume(err, part, start+int64(filled)) {
 			return fmt.Errorf("read s3://%s/%s part %d (bytes %d-%d) at offset %d (after %d resumes): %w",
-				r.src.bucket, r.obj.Key, part, start, start+int64(len(buf))-1, start+int64(filled), r.Resumes(), err)
+				r.src.bucket, r.obj.Key, part, start, start+int64(len(buf))-1, start+int64(filled), r.resumes.Load(), err)
 		}
 		if !opened {
-			if err := pause(r.ctx, r.Resumes()); err != nil {
+			if err := pause(r.ctx, int(r.resumes.Load())); err != nil {
 				return fmt.Errorf("read s3://%s/%s part %d: waiting to resume: %w", r.src.bucket, r.obj.Key, part, err)
 			}
 		}
@@ -178,7 +188,7 @@ func (r *rangedReader) fetch(w *partWorker, part int) error {
 // resume takes one resume from the budget for a retryable failure, and
 // says whether the part may be reopened.
 func (r *rangedReader) resume(err error, part int, offset int64) bool {
-	if Classify(err) != KindRetryable || r.ctx.Err() != nil {
+	if Classify(err) != KindRetryable || errors.Is(err, ErrRangeIgnored) || r.ctx.Err() != nil {
 		return false
 	}
 	for {
@@ -202,6 +212,9 @@ func (r *rangedReader) Read(p []byte) (int, error) {
 	if r.closed {
 		return 0, fmt.Errorf("read s3://%s/%s: %w", r.src.bucket, r.obj.Key, errReaderClosed)
 	}
+	if r.stream != nil {
+		return r.stream.Read(p)
+	}
 	if r.ctx == nil {
 		r.start()
 	}
@@ -220,6 +233,10 @@ func (r *rangedReader) Read(p []byte) (int, error) {
 		select {
 		case <-w.progress:
 		case err := <-w.failed:
+			if errors.Is(err, ErrRangeIgnored) {
+				r.toStream()
+				return r.stream.Read(p)
+			}
 			return 0, r.fail(err)
 		case <-r.ctx.Done():
 			return 0, r.fail(fmt.Errorf("read s3://%s/%s at offset %d: %w", r.src.bucket, r.obj.Key, r.offset, r.ctx.Err()))
@@ -243,6 +260,27 @@ func (r *rangedReader) release(w *partWorker) bool {
 	return true
 }
 
+// toStream stops the workers and goes on reading the object as one stream
+// from the bytes handed out so far, with the resumes left: the server
+// answers parts with the whole object, which a stream reads once.
+func (r *rangedReader) toStream() {
+	r.stop()
+	log.G(r.parent).WithField("key", r.obj.Key).WithField("offset", r.offset).Info("s3 ranged read goes on as one stream")
+	r.stream = &ResumingReader{ctx: r.parent, src: r.src, obj: r.obj, maxResumes: max(r.maxResumes-int(r.resumes.Load()), 0),
+		etag: r.obj.ETag, offset: r.offset}
+}
+
+// stop cancels the workers' requests, waits for them and gives their
+// buffers back.
+func (r *rangedReader) stop() {
+	r.cancel()
+	r.wg.Wait()
+	for _, w := range r.workers {
+		r.src.parts.Put(w.buf)
+	}
+	r.workers = nil
+}
+
 // fail ends the read with err and stops the requests still running.
 func (r *rangedReader) fail(err error) error {
 	r.err = err
@@ -257,12 +295,10 @@ func (r *rangedReader) Close() error {
 	if r.ctx == nil {
 		return nil
 	}
-	r.cancel()
-	r.wg.Wait()
-	for _, w := range r.workers {
-		r.src.parts.Put(w.buf)
+	r.stop()
+	if r.stream != nil {
+		r.stream.Close()
 	}
-	r.workers = nil
 	if r.err == nil {
 		r.err = fmt.Errorf("read s3://%s/%s: %w", r.src.bucket, r.obj.Key, errReaderClosed)
 	}

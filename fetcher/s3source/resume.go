@@ -73,9 +73,10 @@ type Reader interface {
 
 // Ranged reports whether NewReader reads obj as concurrent ranged GETs:
 // an object larger than Config.PartSize that has an ETag, when
-// Config.ConnectionsPerObject is above 1.
+// Config.ConnectionsPerObject is above 1 and the server was not seen to
+// answer a ranged GET with the whole object (ErrRangeIgnored).
 func (s *Source) Ranged(obj Object) bool {
-	return s.connections > 1 && obj.Size > s.partSize && obj.ETag != ""
+	return s.connections > 1 && obj.Size > s.partSize && obj.ETag != "" && !s.rangesIgnored.Load()
 }
 
 // NewReader returns a Reader of obj (from List, Stat or ResolveImage: its

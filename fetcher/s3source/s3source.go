@@ -20,7 +20,9 @@
 // parts out in order: S3 serves each connection at a capped rate, so
 // parallel parts reach several times one stream's throughput. Every part
 // carries If-Match with the listed ETag, so an object overwritten during
-// the read fails it (ErrChanged) instead of mixing two versions.
+// the read fails it (ErrChanged) instead of mixing two versions. From a
+// server that answers a part with the whole object, the read goes on as
+// one stream, and so do later reads.
 package s3source
 
 import (
@@ -35,6 +37,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -168,6 +171,9 @@ type Source struct {
 
 	partSize    int64
 	connections int
+	// rangesIgnored is set once the server answered a ranged GET with the
+	// whole object: from then on objects are read as one stream (Ranged).
+	rangesIgnored atomic.Bool
 	// parts recycles the part buffers of ranged reads (all PartSize
 	// long), so a pull of many layers does not allocate each anew.
 	parts sync.Pool
@@ -521,6 +527,11 @@ var (
 	// ErrBadContentRange: a ranged GET answered with a Content-Range that
 	// cannot be read, or that places the bytes elsewhere than asked.
 	ErrBadContentRange = errors.New("ranged GET answered with bytes other than the ones asked for")
+	// ErrRangeIgnored: a GET of one part of an object (a closed range
+	// past its first byte) was answered 200 with the whole object. The
+	// part is not taken by reading past every part before it, which
+	// would read an object of n parts about n/2 times over.
+	ErrRangeIgnored = errors.New("ranged GET answered with the whole object: the server does not serve byte ranges")
 	// ErrETagControl: an ETag holding a control character (a line break,
 	// DEL), which no HTTP header may carry, so it could never be sent
 	// back as If-Match.
@@ -656,8 +667,10 @@ func (s *Source) Open(ctx context.Context, key string, offset int64, opts ...Ope
 
 // open is Open of the length bytes at offset ("Range: bytes=offset-end"),
 // or of the rest of the object when length < 0. A server may send fewer
-// bytes than asked (the object's end) or, ignoring the range, more: the
-// caller reads what it needs.
+// bytes than asked (the object's end) or more: the caller reads what it
+// needs. A whole object sent for a length past offset 0 is
+// ErrRangeIgnored, and the source reads objects as one stream from then
+// on (Ranged).
 func (s *Source) open(ctx context.Context, key string, offset, length int64, opts ...OpenOption) (*Body, error) {
 	if err := ValidateKey(key); err != nil {
 		return nil, err
@@ -728,9 +741,21 @@ func (s *Source) open(ctx context.Context, key string, offset, length int64, opt
 	if in.Range != nil && aws.ToString(out.ContentRange) == "" {
 		// A 200 is the whole object (the range ignored), read below; a
 		// 206 without Content-Range is some part no one can place.
-		if raw, ok := awsmiddleware.GetRawResponse(out.ResultMetadata).(*smithyhttp.Response); ok && raw.StatusCode == http.StatusPartialContent {
+		raw, ok := awsmiddleware.GetRawResponse(out.ResultMetadata).(*smithyhttp.Response)
+		if ok && raw.StatusCode == http.StatusPartialContent {
 			out.Body.Close()
 			return nil, fmt.Errorf("get s3://%s/%s from offset %d: %w", s.bucket, key, offset, ErrNoContentRange)
+		}
+		if ok && raw.StatusCode == http.StatusOK && length > 0 {
+			// Only a ranged read asks for a closed range. Its first part
+			// is the whole object's start; a later one is refused.
+			if !s.rangesIgnored.Swap(true) {
+				log.G(ctx).WithField("bucket", s.bucket).WithField("key", key).Warn("s3 server answered a ranged GET with the whole object; reading objects as one stream")
+			}
+			if offset > 0 {
+				out.Body.Close()
+				return nil, fmt.Errorf("get s3://%s/%s bytes %d-%d: %w", s.bucket, key, offset, offset+length-1, ErrRangeIgnored)
+			}
 		}
 	}
 	if cr := aws.ToString(out.ContentRange); in.Range != nil && cr != "" {
