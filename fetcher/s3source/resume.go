@@ -55,7 +55,8 @@ type ResumingReader struct {
 
 	// etag is what every GET of the read carries as If-Match: the listed
 	// ETag, or, when the listing gave none, the one the first answer
-	// carried, so that a resume never splices another version on.
+	// carried, so that a resume never splices another version on. When
+	// neither gave one, the read is not resumed past its first byte.
 	etag    string
 	body    *Body
 	offset  int64
@@ -161,8 +162,16 @@ func (r *ResumingReader) Read(p []byte) (int, error) {
 	return 0, r.err
 }
 
-// fail records a failure: retryable ones are resumed while allowed.
+// fail records a failure: retryable ones are resumed while allowed, but
+// past the object's first byte only with an ETag to hold the resume to
+// the version read so far. Without one the failure ends the read as it
+// is, retryable: a caller that reads the object again from its start gets
+// one version whole.
 func (r *ResumingReader) fail(err error) {
+	if r.etag == "" && r.offset > 0 {
+		r.err = fmt.Errorf("read s3://%s/%s at offset %d: not resumed, the server gave the object no ETag to hold a resume to the bytes read so far: %w", r.src.bucket, r.obj.Key, r.offset, err)
+		return
+	}
 	if Classify(err) == KindRetryable && r.resumes < r.maxResumes && r.ctx.Err() == nil {
 		r.resumes++
 		log.G(r.ctx).WithField("key", r.obj.Key).WithField("offset", r.offset).WithError(err).Info("s3 read failed, resuming")
