@@ -16,7 +16,8 @@ const (
 	// KindNone: no error.
 	KindNone Kind = iota
 	// KindRetryable: throttling, a 5xx, a timeout, a connection refused,
-	// reset or cut mid-body: try again (the transition's backoff).
+	// reset or cut mid-body, temporary credentials that expired on the
+	// way: try again (the transition's backoff).
 	KindRetryable
 	// KindNotFound: no such key, bucket or layer: abort the pipeline.
 	KindNotFound
@@ -94,8 +95,13 @@ func Classify(err error) Kind {
 		case "NoSuchKey", "NoSuchBucket", "NotFound":
 			return KindNotFound
 		case "AccessDenied", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch",
-			"AllAccessDisabled", "AccountProblem", "InvalidToken", "ExpiredToken":
+			"AllAccessDisabled", "AccountProblem", "InvalidToken":
 			return KindAccessDenied
+		case "ExpiredToken", "ExpiredTokenException", "TokenRefreshRequired":
+			// Temporary credentials that expired between signing and
+			// S3's check: the SDK's credential cache fetches new ones once
+			// its own clock has them expired, so asking again succeeds.
+			return KindRetryable
 		case "PreconditionFailed":
 			return KindChanged
 		case "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
