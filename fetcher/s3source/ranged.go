@@ -26,7 +26,9 @@ var errReaderClosed = errors.New("s3 object reader is closed")
 // full: at most n parts are buffered, and a slow caller slows the
 // requests instead of growing memory. A part whose body fails retryably or
 // ends short is reopened at the byte it reached, sharing the reader's
-// resume budget; one whose request failed, after a pause (see pause). Read and Close are not safe for concurrent use.
+// resume budget unless ResumeProgress bytes came since the part's failure
+// before; one whose request failed, after a pause (see pause). Read and
+// Close are not safe for concurrent use.
 type rangedReader struct {
 	parent     context.Context
 	src        *Source
@@ -34,7 +36,8 @@ type rangedReader struct {
 	maxResumes int
 	parts      int // how many parts obj has
 
-	resumes atomic.Int64 // taken from maxResumes by every worker
+	resumes atomic.Int64 // every worker's resumes
+	charged atomic.Int64 // those taken from maxResumes (see ResumeProgress)
 
 	ctx     context.Context // canceled by Close or by the first failure
 	cancel  context.CancelFunc
@@ -149,6 +152,7 @@ func (r *rangedReader) fetch(w *partWorker, part int) error {
 	buf := (*w.buf)[:r.partLen(part)]
 	start := int64(part) * r.src.partSize
 	filled := 0
+	received := 0 // since the part's last failure
 	for {
 		body, err := r.openPart(part, int64(filled))
 		opened := err == nil
@@ -158,6 +162,7 @@ func (r *rangedReader) fetch(w *partWorker, part int) error {
 				n, err = body.Read(buf[filled:])
 				if n > 0 {
 					filled += n
+					received += n
 					w.filled.Store(int64(filled))
 					select {
 					case w.progress <- struct{}{}:
@@ -173,34 +178,39 @@ func (r *rangedReader) fetch(w *partWorker, part int) error {
 				err = fmt.Errorf("part body ended at byte %d of %d: %w", filled, len(buf), io.ErrUnexpectedEOF)
 			}
 		}
-		if !r.resume(err, part, start+int64(filled)) {
+		free := received >= ResumeProgress
+		received = 0
+		if !r.resume(err, part, start+int64(filled), free) {
 			return fmt.Errorf("read s3://%s/%s part %d (bytes %d-%d) at offset %d (after %d resumes): %w",
 				r.src.bucket, r.obj.Key, part, start, start+int64(len(buf))-1, start+int64(filled), r.resumes.Load(), err)
 		}
 		if !opened {
-			if err := pause(r.ctx, int(r.resumes.Load())); err != nil {
+			if err := pause(r.ctx, int(r.charged.Load())); err != nil {
 				return fmt.Errorf("read s3://%s/%s part %d: waiting to resume: %w", r.src.bucket, r.obj.Key, part, err)
 			}
 		}
 	}
 }
 
-// resume takes one resume from the budget for a retryable failure, and
-// says whether the part may be reopened.
-func (r *rangedReader) resume(err error, part int, offset int64) bool {
+// resume takes one resume from the budget for a retryable failure, none
+// for one that is free (it came ResumeProgress bytes after the part's
+// failure before it), and says whether the part may be reopened.
+func (r *rangedReader) resume(err error, part int, offset int64, free bool) bool {
 	if Classify(err) != KindRetryable || errors.Is(err, ErrRangeIgnored) || r.ctx.Err() != nil {
 		return false
 	}
-	for {
-		n := r.resumes.Load()
+	for !free {
+		n := r.charged.Load()
 		if n >= int64(r.maxResumes) {
 			return false
 		}
-		if r.resumes.CompareAndSwap(n, n+1) {
-			log.G(r.ctx).WithField("key", r.obj.Key).WithField("part", part).WithField("offset", offset).WithError(err).Info("s3 part read failed, resuming")
-			return true
+		if r.charged.CompareAndSwap(n, n+1) {
+			break
 		}
 	}
+	r.resumes.Add(1)
+	log.G(r.ctx).WithField("key", r.obj.Key).WithField("part", part).WithField("offset", offset).WithError(err).Info("s3 part read failed, resuming")
+	return true
 }
 
 // Read implements io.Reader over the whole object, part after part, never
@@ -266,7 +276,7 @@ func (r *rangedReader) release(w *partWorker) bool {
 func (r *rangedReader) toStream() {
 	r.stop()
 	log.G(r.parent).WithField("key", r.obj.Key).WithField("offset", r.offset).Info("s3 ranged read goes on as one stream")
-	r.stream = &ResumingReader{ctx: r.parent, src: r.src, obj: r.obj, maxResumes: max(r.maxResumes-int(r.resumes.Load()), 0),
+	r.stream = &ResumingReader{ctx: r.parent, src: r.src, obj: r.obj, maxResumes: max(r.maxResumes-int(r.charged.Load()), 0),
 		etag: r.obj.ETag, offset: r.offset}
 }
 

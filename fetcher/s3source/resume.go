@@ -21,6 +21,11 @@ const (
 	maxResumePause = 5 * time.Second
 )
 
+// ResumeProgress is how much of a body a read must have received since
+// its last failure for the next failure's resume not to be taken from the
+// reader's budget (NewReader).
+const ResumeProgress = 1 << 20
+
 // pause waits before the resume-th resume (1-based) of a read whose last
 // request failed without a body, or until ctx ends (its error).
 func pause(ctx context.Context, resume int) error {
@@ -42,11 +47,13 @@ func pause(ctx context.Context, resume int) error {
 
 // ResumingReader reads a whole object, reopening it with a ranged GET at
 // the offset reached (and If-Match on its ETag) when the body fails with a
-// retryable error, up to MaxResumes times (after a pause when the request
-// itself failed). A truncated body (the server
-// ends it before the object's size) counts as such a failure. Errors that
-// are not retryable, or one more failure than allowed, end the read with
-// that error (see Classify). It is not safe for concurrent use.
+// retryable error (after a pause when the request itself failed): up to
+// maxResumes times, not counting the failures that came ResumeProgress
+// bytes or more after the one before them, which moved the read on. A
+// truncated body (the server ends it before the object's size) counts as
+// such a failure. Errors that are not retryable, or one more failure than
+// allowed, end the read with that error (see Classify). It is not safe
+// for concurrent use.
 type ResumingReader struct {
 	ctx        context.Context
 	src        *Source
@@ -61,7 +68,12 @@ type ResumingReader struct {
 	body    *Body
 	offset  int64
 	resumes int
-	err     error
+	// charged is the resumes taken from maxResumes: those after a failure
+	// that came less than ResumeProgress bytes after the one before it.
+	charged int
+	// received is the bytes of bodies received since the last failure.
+	received int64
+	err      error
 }
 
 // Reader reads one whole object, in order, as one io.Reader.
@@ -82,9 +94,11 @@ func (s *Source) Ranged(obj Object) bool {
 
 // NewReader returns a Reader of obj (from List, Stat or ResolveImage: its
 // Size and ETag are what the read must match) that resumes up to
-// maxResumes failed bodies in all. An object for which Ranged holds is
-// read as concurrent ranged GETs of one part each; any other as one stream
-// (a ResumingReader). Close stops every request of the reader.
+// maxResumes failed bodies in all, besides those that failed after
+// receiving ResumeProgress bytes or more since the failure before (their
+// number is bounded by the object's size). An object for which Ranged
+// holds is read as concurrent ranged GETs of one part each; any other as
+// one stream (a ResumingReader). Close stops every request of the reader.
 func (s *Source) NewReader(ctx context.Context, obj Object, maxResumes int) Reader {
 	if s.Ranged(obj) {
 		return s.newRangedReader(ctx, obj, maxResumes)
@@ -116,7 +130,7 @@ func (r *ResumingReader) Read(p []byte) (int, error) {
 			if err != nil {
 				r.fail(err)
 				if r.err == nil {
-					if err := pause(r.ctx, r.resumes); err != nil {
+					if err := pause(r.ctx, r.charged); err != nil {
 						r.err = fmt.Errorf("read s3://%s/%s at offset %d: waiting to resume: %w", r.src.bucket, r.obj.Key, r.offset, err)
 					}
 				}
@@ -139,6 +153,7 @@ func (r *ResumingReader) Read(p []byte) (int, error) {
 		}
 		n, err := r.body.Read(p)
 		r.offset += int64(n)
+		r.received += int64(n)
 		if err == io.EOF && r.offset < r.obj.Size {
 			err = fmt.Errorf("body ended at %d of %d bytes: %w", r.offset, r.obj.Size, io.ErrUnexpectedEOF)
 		}
@@ -162,7 +177,8 @@ func (r *ResumingReader) Read(p []byte) (int, error) {
 	return 0, r.err
 }
 
-// fail records a failure: retryable ones are resumed while allowed, but
+// fail records a failure: retryable ones are resumed while allowed (one
+// that came ResumeProgress bytes after the failure before it always), but
 // past the object's first byte only with an ETag to hold the resume to
 // the version read so far. Without one the failure ends the read as it
 // is, retryable: a caller that reads the object again from its start gets
@@ -172,8 +188,13 @@ func (r *ResumingReader) fail(err error) {
 		r.err = fmt.Errorf("read s3://%s/%s at offset %d: not resumed, the server gave the object no ETag to hold a resume to the bytes read so far: %w", r.src.bucket, r.obj.Key, r.offset, err)
 		return
 	}
-	if Classify(err) == KindRetryable && r.resumes < r.maxResumes && r.ctx.Err() == nil {
+	free := r.received >= ResumeProgress
+	if Classify(err) == KindRetryable && (free || r.charged < r.maxResumes) && r.ctx.Err() == nil {
+		if !free {
+			r.charged++
+		}
 		r.resumes++
+		r.received = 0
 		log.G(r.ctx).WithField("key", r.obj.Key).WithField("offset", r.offset).WithError(err).Info("s3 read failed, resuming")
 		return
 	}
