@@ -138,7 +138,7 @@ func (r *rangedReader) openPart(part int, skip int64) (*Body, error) {
 	if err != nil {
 		return nil, err
 	}
-	if b.Size != r.obj.Size {
+	if b.Size >= 0 && b.Size != r.obj.Size {
 		b.Close()
 		return nil, fmt.Errorf("read s3://%s/%s part %d: size %d, listed as %d: %w", r.src.bucket, r.obj.Key, part, b.Size, r.obj.Size, ErrChanged)
 	}

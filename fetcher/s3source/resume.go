@@ -136,7 +136,7 @@ func (r *ResumingReader) Read(p []byte) (int, error) {
 				}
 				continue
 			}
-			if b.Size != r.obj.Size {
+			if b.Size >= 0 && b.Size != r.obj.Size {
 				b.Close()
 				r.err = fmt.Errorf("read s3://%s/%s: size %d, listed as %d: %w", r.src.bucket, r.obj.Key, b.Size, r.obj.Size, ErrChanged)
 				break

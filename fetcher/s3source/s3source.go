@@ -625,7 +625,7 @@ func (s *Source) ResolveImage(ctx context.Context, keyOrPrefix string) ([]Object
 type Body struct {
 	io.ReadCloser
 	Offset int64  // where this body starts in the object
-	Size   int64  // the whole object's size
+	Size   int64  // the whole object's size; -1 when the answer did not say (no Content-Length, sent chunked)
 	ETag   string // the object's ETag, in S3's quoted form (see Object.ETag)
 }
 
@@ -737,7 +737,11 @@ func (s *Source) open(ctx context.Context, key string, offset, length int64, opt
 		out.Body.Close()
 		return nil, fmt.Errorf("get s3://%s/%s: ETag %s, want %s: %w", s.bucket, key, shownETag(etag), shownETag(want), ErrChanged)
 	}
-	size := aws.ToInt64(out.ContentLength)
+	// A body sent chunked gives no length: unknown, not empty.
+	size := int64(-1)
+	if out.ContentLength != nil {
+		size = *out.ContentLength
+	}
 	if in.Range != nil && aws.ToString(out.ContentRange) == "" {
 		// A 200 is the whole object (the range ignored), read below; a
 		// 206 without Content-Range is some part no one can place.
