@@ -313,6 +313,9 @@ var (
 	ErrKeyOutsidePrefix = errors.New("listed key is outside the prefix")
 	// ErrNegativeSize: a listing or HEAD gave an object a negative size.
 	ErrNegativeSize = errors.New("object has a negative size")
+	// ErrNoSize: a listing entry without a size, or a HEAD answered
+	// without a Content-Length: nothing says how long the object is.
+	ErrNoSize = errors.New("object listed without a size")
 	// ErrKeyListedTwice: a listing returned the same key twice (on two
 	// pages): it cannot be trusted to say which objects the image has.
 	ErrKeyListedTwice = errors.New("listing returned the key twice")
@@ -392,8 +395,8 @@ const maxListEntries = 1000
 
 // List returns the layer objects (IsLayerKey) directly under prefix (no deeper "/"), in
 // key order. An empty prefix lists the bucket's top level. Every key listed
-// must pass ValidateKey and lie under prefix, every size be non-negative
-// (*KeyError otherwise); a listing of more than Config.MaxListPages pages,
+// must pass ValidateKey and lie under prefix, every size be non-negative,
+// every layer's be given (*KeyError otherwise); a listing of more than Config.MaxListPages pages,
 // repeating a continuation token, or with a page larger than S3 sends
 // (ErrListPageTooLarge) is refused.
 func (s *Source) List(ctx context.Context, prefix string) ([]Object, error) {
@@ -441,6 +444,9 @@ func (s *Source) list(ctx context.Context, prefix string, limit int) ([]Object, 
 			// even from a server that ignores the listing's delimiter.
 			if !IsLayerKey(k) || strings.Contains(k[len(prefix):], "/") {
 				continue
+			}
+			if o.Size == nil {
+				return nil, fmt.Errorf("%s: %w", where, &KeyError{Key: k, Rule: ErrNoSize})
 			}
 			etag, err := normalizeETag(aws.ToString(o.ETag))
 			if err != nil {
@@ -496,6 +502,9 @@ func (s *Source) Stat(ctx context.Context, key string) (Object, error) {
 	})
 	if err != nil {
 		return Object{}, fmt.Errorf("stat s3://%s/%s: %w", s.bucket, key, err)
+	}
+	if h.ContentLength == nil {
+		return Object{}, fmt.Errorf("stat s3://%s/%s: HEAD answered without a Content-Length: %w", s.bucket, key, &KeyError{Key: key, Rule: ErrNoSize})
 	}
 	if aws.ToInt64(h.ContentLength) < 0 {
 		return Object{}, fmt.Errorf("stat s3://%s/%s: %w", s.bucket, key, &KeyError{Key: key, Rule: ErrNegativeSize})
