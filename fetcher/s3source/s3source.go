@@ -270,6 +270,13 @@ func bounded[T any](ctx context.Context, s *Source, do func(context.Context) (T,
 	return v, err
 }
 
+// timedOut reports whether err is a wait that ran out: ours (ErrTimeout)
+// or the transport's (connect, response headers).
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.Is(err, ErrTimeout) || (errors.As(err, &ne) && ne.Timeout())
+}
+
 // idleBody is an object's body whose every Read must make progress within
 // d: otherwise the request is canceled, which ends the blocked Read.
 type idleBody struct {
@@ -600,12 +607,35 @@ func LayerBase(key string) string {
 	return key
 }
 
+// resolveAttempts is how many times ResolveImage asks S3 when it is
+// refused retryably: the pull that asks has no state machine to retry it,
+// and one 503 SlowDown or 500, which S3 answers now and then, would fail
+// it.
+const resolveAttempts = 4
+
 // ResolveImage turns what a user names into the image's layers: a layer
 // key (IsLayerKey) is one object (stat'ed); anything else is a prefix
 // ("/" appended if missing) whose layer objects directly under it are the
 // layers, in key order, at most Config.MaxLayers of them
-// (ErrTooManyLayers).
+// (ErrTooManyLayers). Unlike the other calls, it asks again after a
+// retryable failure (after a pause, see pause), up to resolveAttempts
+// times in all, but not after a request not answered in time, which
+// waited its turn already.
 func (s *Source) ResolveImage(ctx context.Context, keyOrPrefix string) ([]Object, error) {
+	for attempt := 1; ; attempt++ {
+		objs, err := s.resolveImage(ctx, keyOrPrefix)
+		if err == nil || attempt >= resolveAttempts || Classify(err) != KindRetryable || timedOut(err) || ctx.Err() != nil {
+			return objs, err
+		}
+		log.G(ctx).WithField("bucket", s.bucket).WithField("image", keyOrPrefix).WithField("attempt", attempt).WithError(err).Info("s3: resolving the image failed, asking again")
+		if pause(ctx, attempt) != nil {
+			return objs, err
+		}
+	}
+}
+
+// resolveImage is one attempt of ResolveImage.
+func (s *Source) resolveImage(ctx context.Context, keyOrPrefix string) ([]Object, error) {
 	if err := ValidateKey(keyOrPrefix); err != nil {
 		return nil, err
 	}
