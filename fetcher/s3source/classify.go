@@ -71,7 +71,7 @@ func Classify(err error) Kind {
 	if errors.Is(err, ErrNoLayers) {
 		return KindNotFound
 	}
-	if errors.Is(err, ErrListLoop) || errors.Is(err, ErrListTooLong) || errors.Is(err, ErrTooManyLayers) ||
+	if errors.Is(err, ErrListLoop) || errors.Is(err, ErrListTooLong) || errors.Is(err, ErrListTokenTooLong) || errors.Is(err, ErrTooManyLayers) ||
 		errors.Is(err, ErrWeakETag) || errors.Is(err, ErrETagControl) || errors.Is(err, ErrNoETag) || errors.Is(err, ErrNoContentRange) || errors.Is(err, ErrBadContentRange) ||
 		errors.Is(err, ErrListPageTooLarge) {
 		return KindInvalid

@@ -62,3 +62,21 @@ func TestListPageEntriesBounded(t *testing.T) {
 		t.Fatalf("List of a page of 1000 entries: %v", err)
 	}
 }
+
+// TestListTokenBounded: a continuation token longer than any S3 gives is
+// refused at the page that gives it, instead of being sent back in the
+// next request's URL and kept, with every token before it, to tell a loop.
+func TestListTokenBounded(t *testing.T) {
+	srv := s3test.NewServer(t)
+	srv.Faults.Answer(1000, "", func(i int) []byte {
+		return listing("img/", fmt.Sprintf("%d%s", i, strings.Repeat("t", 64<<10)), listed{fmt.Sprintf("img/%04d.txt", i), 1})
+	})
+	src := hostileSource(t, srv, s3source.Config{})
+	_, err := src.List(context.Background(), "img/")
+	if !errors.Is(err, s3source.ErrListTokenTooLong) || s3source.Classify(err) != s3source.KindInvalid {
+		t.Fatalf("List with 64 KiB tokens: %v (kind %v); want %v", err, s3source.Classify(err), s3source.ErrListTokenTooLong)
+	}
+	if n := srv.Requests("GET", ""); n != 1 {
+		t.Errorf("%d listing requests, want 1", n)
+	}
+}

@@ -391,10 +391,19 @@ var (
 	ErrListTooLong = errors.New("listing has too many pages")
 	// ErrListLoop: a continuation token the server already gave.
 	ErrListLoop = errors.New("listing repeats a continuation token")
+	// ErrListTokenTooLong: a continuation token longer than
+	// maxListToken, which S3's (a few hundred bytes) never are.
+	ErrListTokenTooLong = errors.New("listing gives a continuation token longer than S3 does")
 	// ErrTooManyLayers: more layer objects under an image's prefix than
 	// Config.MaxLayers.
 	ErrTooManyLayers = errors.New("image has too many layers")
 )
+
+// maxListToken bounds a continuation token, which every later request
+// of the listing carries in its URL and which is kept to tell a loop:
+// S3's are a few hundred bytes, and a server encoding the last key in
+// its token (at most 1,024 bytes) stays well under it.
+const maxListToken = 4 << 10
 
 // maxListEntries is the most keys and common prefixes a listing page
 // may hold: S3's own page size, asked for in every listing request.
@@ -404,8 +413,8 @@ const maxListEntries = 1000
 // key order. An empty prefix lists the bucket's top level. Every key listed
 // must pass ValidateKey and lie under prefix, every size be non-negative,
 // every layer's be given (*KeyError otherwise); a listing of more than Config.MaxListPages pages,
-// repeating a continuation token, or with a page larger than S3 sends
-// (ErrListPageTooLarge) is refused.
+// repeating a continuation token or giving one longer than S3 does, or
+// with a page larger than S3 sends (ErrListPageTooLarge) is refused.
 func (s *Source) List(ctx context.Context, prefix string) ([]Object, error) {
 	return s.list(ctx, prefix, 0)
 }
@@ -471,6 +480,8 @@ func (s *Source) list(ctx context.Context, prefix string, limit int) ([]Object, 
 		switch {
 		case tok == "":
 			return nil, fmt.Errorf("%s: page %d is truncated but gives no continuation token: %w", where, pages, ErrListLoop)
+		case len(tok) > maxListToken:
+			return nil, fmt.Errorf("%s: page %d: %w: %d bytes, at most %d", where, pages, ErrListTokenTooLong, len(tok), maxListToken)
 		case seen[tok]:
 			return nil, fmt.Errorf("%s: page %d: %w %q", where, pages, ErrListLoop, tok)
 		case pages >= s.maxPages:
