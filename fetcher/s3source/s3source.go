@@ -284,12 +284,23 @@ type idleBody struct {
 	cancel context.CancelFunc
 	d      time.Duration
 	what   string
+	// expired is set when a Read went d without data and canceled the
+	// request. Bytes may still come back from that Read, arrived as the
+	// timeout fired; the Read after it then fails on the canceled
+	// request, which is the timeout's failure too, not the caller's.
+	expired atomic.Bool
+}
+
+func (b *idleBody) expire() {
+	b.expired.Store(true)
+	b.cancel()
 }
 
 func (b *idleBody) Read(p []byte) (int, error) {
-	t := time.AfterFunc(b.d, b.cancel)
+	t := time.AfterFunc(b.d, b.expire)
 	n, err := b.rc.Read(p)
-	if !t.Stop() && err != nil && err != io.EOF {
+	t.Stop()
+	if err != nil && err != io.EOF && b.expired.Load() {
 		err = fmt.Errorf("%s: no data for %v: %w (%w)", b.what, b.d, ErrTimeout, err)
 	}
 	return n, err
