@@ -191,6 +191,10 @@ func (u Usage) DataRoom() uint64 {
 	return free - min(free, u.DataReserve)
 }
 
+// DataAboveReserve is the data space a pull's new devices could take in
+// an empty pool: the whole data space less the reserve.
+func (u Usage) DataAboveReserve() uint64 { return u.DataTotal - min(u.DataTotal, u.DataReserve) }
+
 // DataPercent is the data usage in percent.
 func (u Usage) DataPercent() float64 { return percent(u.DataUsed, u.DataTotal) }
 
@@ -1297,16 +1301,21 @@ func (c *Collector) MakeRoom(ctx context.Context, source string, needs []pipelin
 	for _, n := range needs {
 		total += need(n.Bytes)
 	}
-	// A pull larger than the pool's whole data space, grown as far as it
-	// may, would not fit with every image removed: refuse it before the
-	// collection empties the pool for nothing.
-	u, err := c.grow(ctx, source, func(u Usage) bool { return u.DataTotal >= total })
+	// A pull larger than what the pool's whole data space, grown as far as
+	// it may, holds above its reserve would not fit with every image
+	// removed (new devices are refused under the reserve): refuse it
+	// before the collection empties the pool for nothing.
+	u, err := c.grow(ctx, source, func(u Usage) bool { return u.DataAboveReserve() >= total })
 	if err != nil {
 		return err
 	}
-	if total > u.DataTotal {
-		return fmt.Errorf("pull %s: its layers need %s, more than the pool's whole data space (%s) even with every image removed: %w",
-			source, bytesOf(total), bytesOf(u.DataTotal), ErrNoRoom)
+	if total > u.DataAboveReserve() {
+		above := ""
+		if u.DataReserve > 0 {
+			above = fmt.Sprintf(" holds above its reserve of %s (pool.min_free_space, under which new devices are refused),", bytesOf(u.DataReserve))
+		}
+		return fmt.Errorf("pull %s: its layers need %s, more than the pool's whole data space (%s)%s even with every image removed: %w",
+			source, bytesOf(total), bytesOf(u.DataTotal), above, ErrNoRoom)
 	}
 	// Disabled removes no image for the pull; what cannot fit is still
 	// refused before any device is made.

@@ -1453,3 +1453,30 @@ func TestImageKeptWhileItsActivationIsOpen(t *testing.T) {
 		t.Errorf("rm once the activation is closed: %+v, %v; want img1 removed", removed, err)
 	}
 }
+
+// TestMakeRoomRefusesPullLargerThanPoolAboveReserveAtOnce: the pool
+// refuses new devices under its reserve, so a pull needing more than the
+// pool holds above it would not fit with every image removed either: it is
+// refused before any image is removed for it, as a pull larger than the
+// whole pool is.
+func TestMakeRoomRefusesPullLargerThanPoolAboveReserveAtOnce(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 1000*mib, Options{})
+	// A pool with room for every device the test makes, and the default
+	// 10% reserve (100 MiB).
+	h.pool.SetSpace(thinpool.PoolStatus{BlockSizeSectors: 128, TotalDataBlocks: 1000 * mib / sectorBytes / 128,
+		UsedMetadataBlocks: 10, TotalMetadataBlocks: 1000}, 10)
+	for i := 1; i <= 4; i++ {
+		h.image(fmt.Sprintf("img%d", i), fmt.Sprintf("name%d", i), layer{fmt.Sprintf("c%d", i), 150 * mib})
+	}
+	// 840 MiB with the margin: 945 MiB, under the pool's 1000 MiB but over
+	// the 900 MiB above its reserve.
+	err := h.c.MakeRoom(ctx, "s3://bucket/big/", []pipeline.LayerNeed{{Position: 1, Key: "big/1.tar", Bytes: 840 * mib}})
+	if !errors.Is(err, ErrNoRoom) {
+		t.Fatalf("MakeRoom of 945 MiB in a pool of 1000 MiB with a 100 MiB reserve: %v, want ErrNoRoom", err)
+	}
+	if !strings.Contains(err.Error(), "more than the pool's whole data space (1000.0 MiB) holds above its reserve of 100.0 MiB") {
+		t.Errorf("MakeRoom's refusal %q does not name the pool's size and its reserve", err)
+	}
+	h.present("img1", "img2", "img3", "img4")
+}
