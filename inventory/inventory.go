@@ -113,10 +113,11 @@ type Image struct {
 	FailureReason    string    `json:"failure_reason,omitempty"`
 	CreatedAt        time.Time `json:"created_at"`
 	UpdatedAt        time.Time `json:"updated_at"`
-	// LastUsedAt is the image's last use, its last pull (one answered from
-	// the records too) or activation: what garbage collection removes the
-	// least recent of first. Zero, and left out of JSON, for an image never
-	// pulled.
+	// LastUsedAt is the image's last use, the later of its last pull (one
+	// answered from the records too) and its last activation or touch:
+	// what garbage collection removes the least recent of first. Zero, and
+	// left out of JSON, for an image never pulled (the time of a failed
+	// try, which retention reads, is no use).
 	LastUsedAt time.Time `json:"last_used_at,omitzero"`
 }
 
@@ -152,7 +153,8 @@ func Images(ctx context.Context, db *metadata.DB) ([]Image, error) {
 		(SELECT count(*) FROM image_layers il WHERE il.image_id = i.image_id),
 		COALESCE((SELECT group_concat(n.name, char(10)) FROM (SELECT name FROM image_names
 			WHERE image_id = i.image_id ORDER BY registered_ns, name) n), ''),
-		(SELECT COALESCE(s.used_ns, s.pulled_ns) FROM s3_images s WHERE s.image_id = i.image_id)
+		(SELECT CASE WHEN s.pulled_ns IS NOT NULL THEN MAX(COALESCE(s.used_ns, 0), s.pulled_ns) END
+			FROM s3_images s WHERE s.image_id = i.image_id)
 		FROM images i
 		LEFT JOIN unpacked_images u ON u.image_id = i.image_id
 		ORDER BY i.id`)

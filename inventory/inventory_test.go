@@ -162,3 +162,35 @@ func TestImageStateFailedWhateverItsActivation(t *testing.T) {
 		}
 	}
 }
+
+// TestImageLastUsedIsWhatCollectionReads: an image's last use is the one
+// garbage collection removes the least recent of first: the later of its
+// last pull and its last touch (a re-pull whose client left before any
+// touch counts at its pull), and none for an image never pulled, however
+// many of its tries failed (each records the try's time as used_ns, for
+// retention).
+func TestImageLastUsedIsWhatCollectionReads(t *testing.T) {
+	ctx, db := context.Background(), metadatatest.Open(t)
+	w := seed.NewWorld(t, db)
+	w.PullNoActivation("s3-r", "s3://bkt/r/", "r:latest", seed.TwoLayers("r/", "r")...)
+	touched, repulled := time.Unix(1_800_000_000, 0).UTC(), time.Unix(1_800_003_600, 0).UTC()
+	w.Exec(`UPDATE s3_images SET used_ns = ?, pulled_ns = ? WHERE image_id = 's3-r'`, touched.UnixNano(), repulled.UnixNano())
+	w.Must(seed.MarkImageFailed(ctx, db, "s3-f", "s3://bkt/f.tar", "list s3://bkt: access denied"))
+	w.Exec(`UPDATE s3_images SET used_ns = created_ns WHERE image_id = 's3-f'`) // a second failed try
+	imgs, err := Images(ctx, db)
+	if err != nil || len(imgs) != 2 {
+		t.Fatalf("Images = %+v, %v", imgs, err)
+	}
+	for _, v := range imgs {
+		switch v.ImageID {
+		case "s3-r":
+			if !v.LastUsedAt.Equal(repulled) {
+				t.Errorf("image re-pulled at %v, last touched at %v: LastUsedAt %v, want its re-pull", repulled, touched, v.LastUsedAt)
+			}
+		case "s3-f":
+			if !v.LastUsedAt.IsZero() {
+				t.Errorf("image never pulled, tried twice: LastUsedAt %v, want none", v.LastUsedAt)
+			}
+		}
+	}
+}
