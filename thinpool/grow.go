@@ -52,6 +52,11 @@ func (b Backing) Unbacked() uint64 {
 // the filesystem has free.
 func (b Backing) Overcommitted() bool { return b.Loop && b.Unbacked() > b.FSFree }
 
+// statfs is unix.Statfs, which Backing reads the loop files' filesystem
+// with; a test puts a fake in its place to give it a filesystem it cannot
+// mount.
+var statfs = unix.Statfs
+
 // Backing reads the filesystem under the pool's loop files.
 func (p *Pool) Backing(ctx context.Context) (Backing, error) {
 	if err := p.usable(); err != nil {
@@ -62,11 +67,18 @@ func (p *Pool) Backing(ctx context.Context) (Backing, error) {
 	}
 	b := Backing{Loop: true, Dir: p.cfg.RootDir, GrowthReserve: uint64(max(p.cfg.GrowthReserve.Bytes(), 0))}
 	var fs unix.Statfs_t
-	if err := unix.Statfs(p.cfg.RootDir, &fs); err != nil {
+	if err := statfs(p.cfg.RootDir, &fs); err != nil {
 		return Backing{}, p.errf(nil, err, "statfs %s", p.cfg.RootDir)
 	}
-	b.FSFree = fs.Bavail * uint64(fs.Bsize)
-	b.FSSize = fs.Blocks * uint64(fs.Bsize)
+	// The block counts are in fragments (f_frsize), as df reads them;
+	// f_bsize is the size of an efficient transfer, larger on some
+	// filesystems.
+	unit := uint64(fs.Frsize)
+	if unit == 0 {
+		unit = uint64(fs.Bsize)
+	}
+	b.FSFree = fs.Bavail * unit
+	b.FSSize = fs.Blocks * unit
 	for _, name := range []string{DataFileName, MetadataFileName} {
 		var st unix.Stat_t
 		path := filepath.Join(p.cfg.RootDir, name)

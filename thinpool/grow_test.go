@@ -1,6 +1,13 @@
 package thinpool
 
-import "testing"
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
 
 // TestBackingOvercommitted: loop files overcommit their filesystem when what
 // they may still claim (virtual size less what they hold) is more than it
@@ -18,5 +25,43 @@ func TestBackingOvercommitted(t *testing.T) {
 		if got := c.b.Overcommitted(); got != c.want {
 			t.Errorf("%+v: Overcommitted = %v, want %v (unbacked %d)", c.b, got, c.want, c.b.Unbacked())
 		}
+	}
+}
+
+// TestBackingCountsFragments: a filesystem's block counts are in fragments
+// (f_frsize), as df reads them, not in its transfer size (f_bsize) where
+// the two differ (FUSE filesystems give both): the free space growth
+// takes from must not be read as sixteen times what it is.
+func TestBackingCountsFragments(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{DataFileName, MetadataFileName} {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	real := statfs
+	t.Cleanup(func() { statfs = real })
+	frsize := int64(4096)
+	// fakeStatfs: the filesystem of dir is 1000 fragments of 4 KiB, 250 of
+	// them available, with a 64 KiB transfer size.
+	statfs = func(path string, fs *unix.Statfs_t) error {
+		if path != dir {
+			return real(path, fs)
+		}
+		*fs = unix.Statfs_t{Bsize: 65536, Frsize: frsize, Blocks: 1000, Bavail: 250}
+		return nil
+	}
+	p := &Pool{cfg: Config{Name: "test", RootDir: dir}, name: "test", ctl: &dmControl{fd: -1}}
+	b, err := p.Backing(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.FSFree != 250*4096 || b.FSSize != 1000*4096 {
+		t.Errorf("Backing of 1000 fragments of 4 KiB, 250 available (transfer size 64 KiB): free %d, size %d; want %d and %d",
+			b.FSFree, b.FSSize, 250*4096, 1000*4096)
+	}
+	frsize = 0 // not given: the block size is the unit
+	if b, err = p.Backing(context.Background()); err != nil || b.FSSize != 1000*65536 {
+		t.Errorf("Backing without a fragment size: size %d, %v; want %d", b.FSSize, err, 1000*65536)
 	}
 }
