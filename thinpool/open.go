@@ -311,6 +311,9 @@ func (p *Pool) ensureFiles(ctx context.Context) (metaFile, dataFile string, err 
 	}
 	metaFile = filepath.Join(p.cfg.RootDir, MetadataFileName)
 	dataFile = filepath.Join(p.cfg.RootDir, DataFileName)
+	if err := checkDataFileKept(metaFile, dataFile); err != nil {
+		return "", "", err
+	}
 	if err := makeSparse(dataFile, p.cfg.DataSize.Bytes(), false); err != nil {
 		return "", "", err
 	}
@@ -318,6 +321,34 @@ func (p *Pool) ensureFiles(ctx context.Context) (metaFile, dataFile string, err 
 		return "", "", err
 	}
 	return metaFile, dataFile, nil
+}
+
+// checkDataFileKept refuses a data file that is gone (absent, or empty)
+// beside metadata whose devices map data blocks: the data file is made
+// before the metadata file, so such metadata had a data file, and a new
+// empty one under it would have every device read zeros where it wrote
+// its data. Metadata that is absent, fresh or unreadable, or that maps no
+// data block, takes a new data file.
+func checkDataFileKept(metaFile, dataFile string) error {
+	if fi, err := os.Stat(dataFile); err == nil && fi.Size() > 0 {
+		return nil
+	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("stat %s: %w", dataFile, err)
+	}
+	if fi, err := os.Stat(metaFile); err != nil || fi.Size() == 0 {
+		return nil
+	}
+	if _, _, ok, err := committedDataSpace(metaFile); err != nil || !ok {
+		return nil
+	}
+	used, inUse, err := firstDataBlockInUse(metaFile, 0)
+	if err != nil || !inUse {
+		return nil
+	}
+	return fmt.Errorf("data file %s is missing or empty, but the pool's metadata %s records data block %d in use: "+
+		"the data the pool's devices hold is lost; restore the data file or recreate the pool "+
+		"(see \"The pool's data file is shorter than its metadata\" in docs/operating.md): %w",
+		dataFile, metaFile, used, ErrInvalid)
 }
 
 // makeSparse creates file of size bytes unless it exists; a new metadata
