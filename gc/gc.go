@@ -1309,6 +1309,10 @@ func (c *Collector) MakeRoom(ctx context.Context, source string, needs []pipelin
 	if err != nil {
 		return err
 	}
+	if u.DataTotal == 0 {
+		return fmt.Errorf("pull %s: the pool's status has no block counts (a failed pool; `pool status` shows its mode): it needs repair, not room: %w",
+			source, ErrNoRoom)
+	}
 	if total > u.DataAboveReserve() {
 		above := ""
 		if u.DataReserve > 0 {
@@ -1352,13 +1356,15 @@ func (c *Collector) MakeRoom(ctx context.Context, source string, needs []pipelin
 }
 
 // grow grows the pool (Options.Grow) one step at a time until enough says
-// its usage is enough or it cannot grow, and returns the usage then.
+// its usage is enough or it cannot grow, and returns the usage then. A
+// pool whose status has no block counts (a failed pool) is not grown: no
+// growth would show in its usage, and it needs repair.
 func (c *Collector) grow(ctx context.Context, source string, enough func(Usage) bool) (Usage, error) {
 	u, err := c.opts.Usage(ctx)
 	if err != nil {
 		return u, fmt.Errorf("pull %s: pool usage: %w", source, err)
 	}
-	for c.opts.Grow != nil && !enough(u) {
+	for c.opts.Grow != nil && u.DataTotal > 0 && !enough(u) {
 		grew, err := c.opts.Grow(ctx)
 		if err != nil {
 			log.G(ctx).WithError(err).WithField("source", source).Warn("gc: growing the pool for a pull")

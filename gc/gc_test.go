@@ -1480,3 +1480,30 @@ func TestMakeRoomRefusesPullLargerThanPoolAboveReserveAtOnce(t *testing.T) {
 	}
 	h.present("img1", "img2", "img3", "img4")
 }
+
+// TestMakeRoomDoesNotGrowFailedPool: a failed pool's status has no block
+// counts (the kernel prints "Fail"), so its usage says no data space at
+// all. A pull then is refused at once, saying the pool gave no size; the
+// pool is not grown for it step after step up to pool.max_data_size,
+// each growth reloading the table of a pool that needs repair.
+func TestMakeRoomDoesNotGrowFailedPool(t *testing.T) {
+	ctx := context.Background()
+	grows := 0
+	// fakeGrow: a growth of a loop-file pool that succeeds while the
+	// failed pool's status still has no block counts, up to ten steps.
+	fakeGrow := func(context.Context) (bool, error) {
+		if grows == 10 {
+			return false, nil
+		}
+		grows++
+		return true, nil
+	}
+	h := newHarness(t, 0, Options{Grow: fakeGrow})
+	err := h.c.MakeRoom(ctx, "s3://bucket/img/", []pipeline.LayerNeed{{Position: 1, Key: "img/1.tar", Bytes: 10 * mib}})
+	if !errors.Is(err, ErrNoRoom) || !strings.Contains(err.Error(), "no block counts") {
+		t.Errorf("MakeRoom on a pool whose status has no block counts: %v, want ErrNoRoom saying so", err)
+	}
+	if grows != 0 {
+		t.Errorf("MakeRoom grew a failed pool %d times", grows)
+	}
+}
