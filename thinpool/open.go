@@ -160,10 +160,30 @@ func (p *Pool) checkOwnMetadata(metaDev uint64) error {
 		return nil
 	}
 	want := filepath.Join(p.cfg.RootDir, MetadataFileName)
-	if got := loopBackingFile(metaDev); got != "" && filepath.Clean(strings.TrimSuffix(got, " (deleted)")) != want {
+	if got := loopBackingFile(metaDev); got != "" && !sameFile(strings.TrimSuffix(got, " (deleted)"), want) {
 		return fmt.Errorf("active pool %q keeps its metadata in %s, not %s: %w", p.name, got, want, ErrExists)
 	}
 	return nil
+}
+
+// sameFile reports whether backing, the path the kernel gives a loop
+// device's backing file (resolved: no symlink in it), names the file at
+// path, which may be reached through symlinks (a root directory under a
+// /var/lib that links to a data disk): the same file when both exist,
+// else the same path once path's directory is resolved (a backing file
+// deleted since).
+func sameFile(backing, path string) bool {
+	backing = filepath.Clean(backing)
+	if backing == path {
+		return true
+	}
+	a, aerr := os.Stat(backing)
+	b, berr := os.Stat(path)
+	if aerr == nil && berr == nil {
+		return os.SameFile(a, b)
+	}
+	dir, err := filepath.EvalSymlinks(filepath.Dir(path))
+	return err == nil && filepath.Join(dir, filepath.Base(path)) == backing
 }
 
 // activatePool loads the thin-pool table into device p.name (creating the
