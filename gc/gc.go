@@ -433,17 +433,30 @@ func (c *Collector) Begin(imageID string) (end func()) {
 	}
 }
 
+// callerPull, given as the except of holdPulls, Collect's own or
+// sweepOrphans', stands for the one pull under way that calls (MakeRoom's
+// caller, which is not told its image ID): that pull's chains are held
+// from before it asks for room (pipeline.Pipelines.Guard), and it has not
+// built any yet.
+const callerPull = "\x00the calling pull"
+
 // holdPulls makes every pull starting from now wait in Begin until
 // release is called, and reports false (holding nothing) when a pull other
-// than one of image except is under way: what the caller removes (a layer
-// file, a chain of no image) is what such a pull may be about to use.
+// than one of image except is under way (other than the one pull that
+// calls, for callerPull): what the caller removes (a layer file, a chain
+// of no image) is what such a pull may be about to use.
 func (c *Collector) holdPulls(except string) (release func(), ok bool) {
 	c.pmu.Lock()
 	defer c.pmu.Unlock()
+	total := 0
 	for id, n := range c.pulling {
-		if id != except || n > 1 {
+		total += n
+		if except != callerPull && (id != except || n > 1) {
 			return nil, false
 		}
+	}
+	if except == callerPull && total > 1 {
+		return nil, false
 	}
 	c.holding = true
 	return func() {
@@ -458,7 +471,7 @@ func (c *Collector) holdPulls(except string) (release func(), ok bool) {
 // tarball cache after every pull.
 func (c *Collector) Pulled(ctx context.Context, imageID string) {
 	if !c.opts.Disabled {
-		if _, err := c.Collect(ctx, "pull", 0); err != nil {
+		if _, err := c.collect(ctx, "pull", 0, imageID); err != nil {
 			log.G(ctx).WithError(err).WithField("image", imageID).Warn("gc: collection after a pull")
 		}
 	}
@@ -652,6 +665,14 @@ func over(u Usage, need uint64, pct float64) bool {
 // asked for it ("pull", "room", "timer", "commit", "apply", "low_water"),
 // for the logs and the metric.
 func (c *Collector) Collect(ctx context.Context, trigger string, need uint64) (*Report, error) {
+	return c.collect(ctx, trigger, need, "")
+}
+
+// collect is Collect for a caller that is itself a pull under way, of
+// image own (callerPull when its image is not known; "" for a caller that
+// is no pull): the chains of no image are swept unless a pull other than
+// that one is under way.
+func (c *Collector) collect(ctx context.Context, trigger string, need uint64, own string) (*Report, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	start := time.Now()
@@ -690,7 +711,7 @@ func (c *Collector) Collect(ctx context.Context, trigger string, need uint64) (*
 	var errs []error
 	if pool.blind != nil {
 		lg.WithError(pool.blind).Warn("gc: containerd is not answering: chains no S3 image has are kept (a registry image may have them), and so are the S3 images containerd has names of, until it answers")
-	} else if freed, err := c.sweepOrphans(ctx, pool.orphans(imgs, ""), "usage"); err != nil {
+	} else if freed, err := c.sweepOrphans(ctx, pool.orphans(imgs, ""), "usage", own); err != nil {
 		errs = append(errs, err)
 	} else if freed != 0 {
 		if u, err = c.opts.Usage(ctx); err != nil {
@@ -1143,14 +1164,15 @@ func fromSource(url, source string) bool {
 }
 
 // sweepOrphans removes the orphan chains given (top first), each guarded
-// like an image's chain, while no pull runs: a pull under way may be about
-// to name one in its image. A chain something was put on, or a live run
-// uses, stays. It reports the pool data freed.
-func (c *Collector) sweepOrphans(ctx context.Context, chains []string, cause string) (int64, error) {
+// like an image's chain, while no pull other than the caller's own (of
+// image own, see holdPulls) runs: a pull under way may be about to name
+// one in its image. A chain something was put on, or a live run uses,
+// stays. It reports the pool data freed.
+func (c *Collector) sweepOrphans(ctx context.Context, chains []string, cause, own string) (int64, error) {
 	if len(chains) == 0 {
 		return 0, nil
 	}
-	release, ok := c.holdPulls("")
+	release, ok := c.holdPulls(own)
 	if !ok {
 		return 0, nil
 	}
@@ -1279,7 +1301,7 @@ func (c *Collector) Remove(ctx context.Context, refs []string) ([]api.Removed, e
 		imgs, err := Images(ctx, c.opts.DB)
 		if err == nil && pool.blind == nil {
 			var freed int64
-			freed, err = c.sweepOrphans(ctx, pool.orphans(imgs, im.Source), "rm")
+			freed, err = c.sweepOrphans(ctx, pool.orphans(imgs, im.Source), "rm", "")
 			r.Freed += freed
 		}
 		if err != nil {
@@ -1325,7 +1347,9 @@ func (c *Collector) MakeRoom(ctx context.Context, source string, needs []pipelin
 	// refused before any device is made.
 	var rep *Report
 	if !c.opts.Disabled {
-		if rep, err = c.Collect(log.WithLogger(ctx, log.G(ctx).WithField("source", source)), "room", total); err != nil {
+		// MakeRoom's caller is a pull under way (pipeline.PoolGuard), the
+		// only one when no other is.
+		if rep, err = c.collect(log.WithLogger(ctx, log.G(ctx).WithField("source", source)), "room", total, callerPull); err != nil {
 			log.G(ctx).WithError(err).WithField("source", source).Warn("gc: collection before a pull")
 		}
 	}

@@ -1507,3 +1507,42 @@ func TestMakeRoomDoesNotGrowFailedPool(t *testing.T) {
 		t.Errorf("MakeRoom grew a failed pool %d times", grows)
 	}
 }
+
+// TestMakeRoomRemovesChainsOfNoImageForItsPull: the collection a pull asks
+// for room with (MakeRoom, called while that pull is under way) removes
+// the chains failed pulls left, which no image names: the pull asking is
+// no other pull that could be about to name them. A pull that fits once
+// they are gone is let through, not refused while they hold the room.
+func TestMakeRoomRemovesChainsOfNoImageForItsPull(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 1000*mib, Options{})
+	h.failedPull("failed", "s3://bucket/distroless/", layer{"f1", 500 * mib})
+	h.image("img1", "one", layer{"c1", 200 * mib})
+	h.add("container", "c1", snapshotter.SnapKindActive, nil, 0) // in use: nothing else to collect
+	end := h.c.Begin("s3-new")
+	defer end()
+	// 300 MiB with the margin: 337.5 MiB, more than the 299 MiB free
+	// with the chain of no image, less than the 799 MiB without it.
+	err := h.c.MakeRoom(ctx, "s3://bucket/new/", []pipeline.LayerNeed{{Position: 1, Key: "new/1.tar", Bytes: 300 * mib}})
+	if err != nil {
+		t.Fatalf("MakeRoom for the one pull under way, with 500 MiB held by the chain of no image: %v", err)
+	}
+	h.snapshotGone("f1")
+	h.present("img1")
+}
+
+// TestPulledRemovesChainsOfNoImage: the collection after a pull (Pulled,
+// called before that pull ends) removes the chains failed pulls left, as
+// a collection with no pull under way does: the pull that ended recorded
+// its image, so none of them is its own.
+func TestPulledRemovesChainsOfNoImage(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 1000*mib, Options{})
+	h.failedPull("failed", "s3://bucket/distroless/", layer{"f1", 500 * mib})
+	end := h.c.Begin("img1")
+	defer end()
+	h.image("img1", "one", layer{"c1", 400 * mib}) // 90.1%
+	h.c.Pulled(ctx, "img1")
+	h.snapshotGone("f1")
+	h.present("img1")
+}
