@@ -197,13 +197,18 @@ func onRetry(fm *metrics.Fetch) func(fsm, step string) {
 	return fm.StepRetried
 }
 
-// poolFree is the pool's free data space in bytes.
+// poolFree is the pool's free data space in bytes above its reserve
+// (pool.min_free_space): the reserve is kept for the writes of the
+// running containers, and a layer's extraction, whose size a compressed
+// tarball does not tell, must stop short of it.
 func (s *Service) poolFree(ctx context.Context) (int64, error) {
 	st, err := s.Pool.Status(ctx)
 	if err != nil {
 		return 0, err
 	}
-	return int64(st.TotalDataBlocks-st.UsedDataBlocks) * int64(st.BlockSizeSectors) * 512, nil
+	free := (st.TotalDataBlocks - min(st.UsedDataBlocks, st.TotalDataBlocks)) * uint64(st.BlockSizeSectors) * 512
+	reserve, _ := st.ReserveBytes(s.Pool.MinFreePercent())
+	return int64(free - min(free, reserve)), nil
 }
 
 // registrar is the containerd registrar of [containerd], or nil when no

@@ -111,7 +111,8 @@ type Options struct {
 	RetryInitial time.Duration
 	// NoChown extracts files owned by the extracting user (tests).
 	NoChown bool
-	// PoolFree, when set, returns the pool's free data space: a layer's
+	// PoolFree, when set, returns the pool's free data space a layer may
+	// take (the daemon's leaves out the pool's reserve): a layer's
 	// extraction may write at most that much (and MaxLayerSize).
 	PoolFree func(ctx context.Context) (int64, error)
 	// SpoolSize bounds the bytes of decompressed tar streams kept in the
