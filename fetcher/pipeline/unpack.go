@@ -471,7 +471,10 @@ func (p *Pipelines) openLayerFile(ctx context.Context, req *upReq, dl *DownloadR
 }
 
 // extractBudget is the most file content one extraction may write: the
-// pool's free data space, and limit when it is positive.
+// pool's free data space, and limit when it is positive. A pool with no
+// free space (PoolFree leaves out the reserve: a pool at it has none) is
+// a budget of one byte, which refuses any file data: the extractor reads
+// a budget of 0 as no limit.
 func (p *Pipelines) extractBudget(ctx context.Context, limit int64) (int64, error) {
 	budget := limit
 	if p.opts.PoolFree != nil {
@@ -480,7 +483,7 @@ func (p *Pipelines) extractBudget(ctx context.Context, limit int64) (int64, erro
 			return 0, fmt.Errorf("free space of the pool: %w", err)
 		}
 		if budget <= 0 || free < budget {
-			budget = free
+			budget = max(free, 1)
 		}
 	}
 	return budget, nil
