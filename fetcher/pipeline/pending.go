@@ -117,7 +117,8 @@ func (p *Pipelines) registration(ctx context.Context, name string) (registered, 
 // and reports how many are still pending. While containerd's socket is
 // absent nothing changes. A name containerd has for an image this daemon
 // did not create, named without --replace, is refused there
-// (ErrForeignImage): the records give it up, as a refused pull does. Each
+// (ErrForeignImage): the records give it up and containerd's other
+// namespaces lose it where it is ours, as for a refused pull. Each
 // image is held by the pool guard while its name is registered, as a pull
 // holds it: no removal runs meanwhile.
 func (p *Pipelines) RegisterPending(ctx context.Context) (int, error) {
@@ -182,6 +183,14 @@ func (p *Pipelines) registerPendingName(ctx context.Context, pn pendingName) (bo
 	case errors.Is(err, ErrForeignImage):
 		log.G(ctx).WithError(err).WithField("name", pn.Name).WithField("image", imageID).
 			Error("register: containerd got an image of this name, not ours, while it could not be registered; the records give the name up")
+		// The name may be registered in other namespaces already (its
+		// other pending rows, or a pull before): an image of ours there
+		// that no record names would never be removed. Those go first,
+		// so that a failure or a crash before the record is dropped
+		// leaves the name pending, to be refused and taken back again.
+		if err := p.opts.Registrar.Unregister(ctx, pn.Name); err != nil {
+			return true, fmt.Errorf("register %s: taking back the registrations of a name given up: %w", pn.Name, err)
+		}
 		return false, rec.dropImageName(ctx, pn.Name, imageID)
 	case err != nil:
 		return true, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"path/filepath"
 	"sync"
@@ -11,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 )
@@ -265,5 +268,41 @@ func TestActivateHoldsTheImage(t *testing.T) {
 	}
 	if n := g.holds(imageID); n != 0 {
 		t.Errorf("%d holds on the image left after activate", n)
+	}
+}
+
+// TestRegisterPendingRefusedTakesBackTheEarlierNamespaces, on containerd's
+// metadata store: a name pulled into namespaces default and k8s.io while
+// containerd was down, which k8s.io then gives to someone else's image, is
+// registered in default and refused in k8s.io once containerd answers. The
+// records give the name up, and default keeps no image of ours under it:
+// no record would name it, so nothing would ever remove it. The other
+// image stays as it was.
+func TestRegisterPendingRefusedTakesBackTheEarlierNamespaces(t *testing.T) {
+	bg := context.Background()
+	e, reg := newContainerdPullEnv(t)
+	reg.down.Store(true)
+	const name = "pending/app"
+	e.srv.Put(t, "pa/1.tar", layerTar(t, "pa", 300))
+	if _, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "pa/", Ref: name, Namespaces: []string{"default", "k8s.io"}}); err != nil {
+		t.Fatalf("pull while containerd is down: %v", err)
+	}
+	k8s := namespaces.WithNamespace(bg, "k8s.io")
+	theirs := images.Image{Name: name, Target: manifestDesc("their manifest"), Labels: map[string]string{"owner": "someone"}}
+	if _, err := reg.st.images.Create(k8s, theirs); err != nil {
+		t.Fatal(err)
+	}
+	reg.down.Store(false)
+	if _, err := e.p.RegisterPending(bg); err != nil {
+		t.Fatalf("RegisterPending once containerd answers: %v", err)
+	}
+	if id, _ := RecordsOf(e.db).ImageIDByName(bg, name); id != "" {
+		t.Errorf("the refused name stayed recorded for %s", id)
+	}
+	if img, err := reg.st.images.Get(namespaces.WithNamespace(bg, "default"), name); !errdefs.IsNotFound(err) {
+		t.Errorf("containerd's namespace default after the refusal: %+v, %v; want no image %s", img, err, name)
+	}
+	if img, err := reg.st.images.Get(k8s, name); err != nil || img.Target.Digest != theirs.Target.Digest || !maps.Equal(img.Labels, theirs.Labels) {
+		t.Errorf("the other image in k8s.io: %+v, %v; want it as it was", img, err)
 	}
 }
