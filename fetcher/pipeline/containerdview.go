@@ -42,7 +42,8 @@ const (
 //     never removes what it does not own; without a Registrar it also
 //     leaves out the committed chain snapshots (containerd never adopts
 //     them then);
-//   - Remove of a committed chain snapshot made by the pipelines is refused
+//   - Remove of a committed chain snapshot made by the pipelines, or made
+//     by containerd's unpacker and built on by them (chainKey), is refused
 //     (FailedPrecondition) while an image of it has a name containerd does
 //     not have yet (pending.go), and while a live run uses that chain (a pull under
 //     way commits chains that containerd adopts only when the image is
@@ -80,6 +81,18 @@ func private(info snapshots.Info) bool {
 func pipelineChain(info snapshots.Info) bool {
 	_, ok := info.Labels[LabelSource]
 	return ok && info.Kind == snapshots.KindCommitted
+}
+
+// registryChain is the chain ID of info when it is a chain containerd's
+// unpacker committed in our pool ("<namespace>/<n>/<chain ID>", labelled
+// containerd.io/snapshot.ref = the chain ID): one the pipelines take as
+// that chain (chainKey). It is "" for any other snapshot.
+func registryChain(info snapshots.Info) string {
+	chain := info.Labels[snapshots.LabelSnapshotRef]
+	if chain == "" || info.Kind != snapshots.KindCommitted || !strings.HasSuffix(info.Name, "/"+chain) {
+		return ""
+	}
+	return chain
 }
 
 func (v *containerdView) Walk(ctx context.Context, fn snapshots.WalkFunc, filters ...string) error {
@@ -121,7 +134,16 @@ func (v *containerdView) Remove(ctx context.Context, key string) error {
 		return err
 	}
 	if !pipelineChain(info) {
-		if err := v.Snapshots.Remove(ctx, key); err != nil {
+		remove := v.Snapshots.Remove
+		if chain := registryChain(info); chain != "" {
+			// The pipelines build on it as they build on a chain of
+			// their own (chainKey): kept alike while a run or a pull
+			// uses the chain.
+			remove = func(ctx context.Context, key string) error {
+				return v.Snapshots.RemoveIf(ctx, key, v.p.containerdGuard(chain))
+			}
+		}
+		if err := remove(ctx, key); err != nil {
 			return err
 		}
 		if g := v.p.guard; g != nil {

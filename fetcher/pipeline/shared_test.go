@@ -335,3 +335,47 @@ func TestPullUsesChainContainerdUnpacked(t *testing.T) {
 		t.Errorf("containerd's unpack of chains in the pool made %d snapshots", m-n)
 	}
 }
+
+// TestPullKeepsTheRegistryChainItBuildsOn, on containerd's metadata store:
+// an S3 pull whose base layer containerd's unpacker made for a registry
+// image builds on containerd's snapshot of that chain. containerd's
+// collector, run once the registry image is gone while the pull's top
+// layer waits to be extracted on that snapshot, is refused its removal,
+// as it is for a chain the pipelines committed: the pull holds the chain
+// until it ends. The pull then succeeds on containerd's snapshot.
+func TestPullKeepsTheRegistryChainItBuildsOn(t *testing.T) {
+	e := newPullEnv(t, newFakeRegistrar())
+	base, top := layerTar(t, "base", 1000), layerTar(t, "top", 1000)
+	e.srv.Put(t, "r/1.tar", base)
+	e.srv.Put(t, "r/2.tar", top)
+	cdb := containerdDB(t, e.p.ContainerdView(e.sn))
+	st := storesOf(cdb, true)
+	if !containerdUnpack(t, e.sn, st, "default", "", sha(base), nil) {
+		t.Fatal("containerd did not unpack the base")
+	}
+	cdBase := backendKeyOf(t, e.sn, "default", sha(base))
+	ctx := namespaces.WithNamespace(context.Background(), "default")
+	var once sync.Once
+	e.p.hooks = map[string]func(){"create-device:started": func() {
+		once.Do(func() {
+			// The registry image is removed: containerd forgets its
+			// chain, and its collector removes what it no longer knows.
+			if err := st.snapshots.Remove(ctx, sha(base)); err != nil {
+				t.Errorf("containerd's removal of the registry chain: %v", err)
+			}
+			if _, err := cdb.GarbageCollect(ctx); err != nil {
+				t.Errorf("containerd's collection: %v", err)
+			}
+		})
+	}}
+	res, err := e.pull("r/", "r")
+	if err != nil {
+		t.Fatalf("pull built on containerd's snapshot of its base, collected meanwhile: %v", err)
+	}
+	if _, err := e.sn.Stat(context.Background(), cdBase); err != nil {
+		t.Errorf("containerd's snapshot %s of the base chain the pull built on: %v", cdBase, err)
+	}
+	if p := e.sn.list(t)[res.TopChainID].ParentKey; p != cdBase {
+		t.Errorf("the pull's top chain is on %q; want containerd's %q", p, cdBase)
+	}
+}
