@@ -238,9 +238,17 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 		defer p.building.hold(l.ChainID)()
 	}
 	for i, l := range known {
-		alive, _, err := p.deviceAlive(ctx, l.ChainID)
+		// The chain's snapshot may be one containerd's unpacker committed
+		// (chainKey), which the unpack run uses as it finds it.
+		key, err := p.chainKey(ctx, l.ChainID)
 		if err != nil {
 			return nil, fmt.Errorf("pull %s: layer %d: %w", source, i+1, err)
+		}
+		alive := false
+		if key != "" {
+			if alive, _, err = p.deviceAlive(ctx, key); err != nil {
+				return nil, fmt.Errorf("pull %s: layer %d: %w", source, i+1, err)
+			}
 		}
 		if !alive {
 			known = known[:i]

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"github.com/opencontainers/image-spec/identity"
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 )
 
@@ -377,5 +379,41 @@ func TestPullKeepsTheRegistryChainItBuildsOn(t *testing.T) {
 	}
 	if p := e.sn.list(t)[res.TopChainID].ParentKey; p != cdBase {
 		t.Errorf("the pull's top chain is on %q; want containerd's %q", p, cdBase)
+	}
+}
+
+// TestRepullWithoutTarballsOnARegistryChain: an image whose base chain is
+// containerd's snapshot (a registry image's layer), pulled, then pulled
+// with --refresh once its tarballs left the download cache, downloads
+// nothing: its layers are unpacked as recorded, whether the pipelines or
+// containerd's unpacker committed their chains.
+func TestRepullWithoutTarballsOnARegistryChain(t *testing.T) {
+	e := newPullEnv(t, newFakeRegistrar())
+	base, top := layerTar(t, "base", 1000), layerTar(t, "top", 1000)
+	e.srv.Put(t, "w/1.tar", base)
+	e.srv.Put(t, "w/2.tar", top)
+	st := containerdOver(t, e.p.ContainerdView(e.sn))
+	if !containerdUnpack(t, e.sn, st, "default", "", sha(base), nil) {
+		t.Fatal("containerd did not unpack the base")
+	}
+	first := e.mustPull("w/", "w")
+	files, err := RecordsOf(e.db).ListLayerFiles(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if err := os.Remove(f.Path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := e.p.Pull(context.Background(), api.PullRequest{Bucket: e.srv.Bucket, Key: "w/", Ref: "w", Refresh: true}, nil)
+	if err != nil {
+		t.Fatalf("refresh pull without the tarballs: %v", err)
+	}
+	if res.Downloaded != 0 || res.TopChainID != first.TopChainID {
+		t.Errorf("refresh pull: %d layers downloaded, top chain %s; want 0 and %s", res.Downloaded, res.TopChainID, first.TopChainID)
+	}
+	if get := e.srv.Requests("GET", "w/1.tar") + e.srv.Requests("GET", "w/2.tar"); get != 2 {
+		t.Errorf("the pulls fetched the layers %d times, want 2 (the first pull's)", get)
 	}
 }
