@@ -274,7 +274,11 @@ func (f *faultSnapshots) readFile(t testing.TB, key, path string) string {
 // does in its active snapshot).
 func (f *faultSnapshots) writeFile(t testing.TB, key, path, data string) {
 	t.Helper()
-	if err := os.WriteFile(f.devicePath(t, key, path), []byte(data), 0o644); err != nil {
+	full := f.devicePath(t, key, path)
+	if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+		t.Fatalf("%s: %v", key, err)
+	}
+	if err := os.WriteFile(full, []byte(data), 0o644); err != nil {
 		t.Fatalf("%s: %v", key, err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -520,7 +521,8 @@ func (r Records) pulledImageState(ctx context.Context, imageID string) (*pulledS
 			return nil
 		}
 		// Each layer with the diff ID of its chain, NULL unless the chain
-		// is recorded with its committed snapshot.
+		// is recorded with its committed snapshot: keyed by the chain ID,
+		// or one containerd's unpacker committed (chainKey).
 		s := &pulledState{Image: *im}
 		complete := true
 		if s.Layers, err = queryAll(ctx, tx, "layers of image "+imageID, func(r rowScanner) (ImageLayer, error) {
@@ -529,25 +531,30 @@ func (r Records) pulledImageState(ctx context.Context, imageID string) (*pulledS
 			complete = complete && diff.Valid
 			s.DiffIDs = append(s.DiffIDs, diff.String)
 			return l, err
-		}, `SELECT `+imageLayerColumns+`, (SELECT c.diff_id FROM chains c
-				JOIN cd_snapshots cs ON cs.key = c.chain_id AND cs.kind = 'committed' WHERE c.chain_id = image_layers.chain_id)
+		}, `SELECT `+imageLayerColumns+`, (SELECT c.diff_id FROM chains c WHERE c.chain_id = image_layers.chain_id AND (
+				EXISTS (SELECT 1 FROM cd_snapshots cs WHERE cs.key = c.chain_id AND cs.kind = 'committed')
+				OR EXISTS (SELECT 1 FROM cd_snapshots cs WHERE json_extract(cs.labels, '$."containerd.io/snapshot.ref"') = c.chain_id
+					AND cs.kind = 'committed' AND substr(cs.key, -length(c.chain_id) - 1) = '/' || c.chain_id)))
 			FROM image_layers WHERE image_id = ? ORDER BY position`, imageID); err != nil {
 			return err
 		}
 		if !complete || len(s.Layers) == 0 {
 			return nil
 		}
-		var kind, parent string
-		err = tx.QueryRowContext(ctx, `SELECT a.kind, IFNULL(p.key, ''), d.name FROM cd_snapshots a
+		var kind, parent, parentRef string
+		err = tx.QueryRowContext(ctx, `SELECT a.kind, IFNULL(p.key, ''), IFNULL(json_extract(p.labels, '$."containerd.io/snapshot.ref"'), ''), d.name FROM cd_snapshots a
 			JOIN thin_devices d ON d.device_id = a.device_id
-			LEFT JOIN cd_snapshots p ON p.id = a.parent_id WHERE a.key = ?`, ActivationKey(imageID)).Scan(&kind, &parent, &s.ActivationDevice)
+			LEFT JOIN cd_snapshots p ON p.id = a.parent_id WHERE a.key = ?`, ActivationKey(imageID)).Scan(&kind, &parent, &parentRef, &s.ActivationDevice)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
 		}
 		if err != nil {
 			return fmt.Errorf("activation: %w", err)
 		}
-		if kind != "active" || parent != s.Layers[len(s.Layers)-1].ChainID {
+		// The activation sits on the top chain's snapshot: the chain ID,
+		// or containerd's "<namespace>/<n>/<chain ID>" (chainKey).
+		top := s.Layers[len(s.Layers)-1].ChainID
+		if kind != "active" || parent != top && (parentRef != top || !strings.HasSuffix(parent, "/"+top)) {
 			return nil
 		}
 		if s.Names, err = queryAll(ctx, tx, "names", func(r rowScanner) (string, error) {

@@ -417,3 +417,30 @@ func TestRepullWithoutTarballsOnARegistryChain(t *testing.T) {
 		t.Errorf("the pulls fetched the layers %d times, want 2 (the first pull's)", get)
 	}
 }
+
+// TestRepullAnsweredFromTheRecordsOnRegistryChains: an image whose chains
+// are containerd's snapshots (a registry image's layers: here its base,
+// and, for an image of that one layer, its top, on which its activation
+// sits) is answered from the records when pulled again unchanged, as any
+// image: no run, no snapshotter call.
+func TestRepullAnsweredFromTheRecordsOnRegistryChains(t *testing.T) {
+	e := newPullEnv(t, newFakeRegistrar())
+	base, top := layerTar(t, "base", 1000), layerTar(t, "top", 1000)
+	e.srv.Put(t, "v/1.tar", base)
+	e.srv.Put(t, "v/2.tar", top)
+	e.srv.Put(t, "b/1.tar", base)
+	st := containerdOver(t, e.p.ContainerdView(e.sn))
+	layout := map[string]string{"etc/marker": "base", "usr/pad.bin": "", "var/.keep": ""}
+	if !containerdUnpack(t, e.sn, st, "default", "", sha(base), layout) {
+		t.Fatal("containerd did not unpack the base")
+	}
+	for _, prefix := range []string{"v/", "b/"} {
+		first := e.mustPull(prefix, "")
+		checkNoWork := e.checkNoWorkSince("re-pull of " + prefix)
+		res := e.mustPull(prefix, "")
+		if res.TopChainID != first.TopChainID || res.Snapshot.DevicePath != first.Snapshot.DevicePath {
+			t.Errorf("re-pull of %s: %+v; first pull %+v", prefix, res, first)
+		}
+		checkNoWork()
+	}
+}
