@@ -555,9 +555,10 @@ func (p *Pipelines) checkName(ctx context.Context, imageID, name string, nss []s
 // nameImage gives image imageID the name name: checked (checkName),
 // recorded, then registered in containerd as the image of layers in each
 // namespace of nss. A registration refused (ErrForeignImage) takes back
-// the record this call added, and the registrations it made in the
-// namespaces before the one that refused: a containerd image of ours
-// whose name no record gives is one nothing would ever remove. The record and the registration of one name
+// the registrations it made in the namespaces before the one that
+// refused, then the record this call added: a containerd image of ours
+// whose name no record gives is one nothing would ever remove, so the
+// record stays when the registrations cannot be taken back. The record and the registration of one name
 // are done under that name's lock (Pipelines.names), so two namings of it
 // (two --replace pulls) leave the records and containerd naming the same
 // image: the one named last.
@@ -579,11 +580,14 @@ func (p *Pipelines) nameImage(ctx context.Context, imageID, name string, nss []s
 	}
 	err = p.registerName(ctx, name, nss, layers, replace)
 	if errors.Is(err, ErrForeignImage) && had != imageID {
+		// The registrations go first, the record last: should containerd
+		// not answer (or the daemon die) in between, the record still
+		// names what containerd has, and removing the image removes it.
 		ctx := context.WithoutCancel(ctx)
-		if derr := RecordsOf(p.db).dropImageName(ctx, name, imageID); derr != nil {
+		if uerr := p.opts.Registrar.Unregister(ctx, name); uerr != nil {
+			log.G(ctx).WithError(uerr).WithField("name", name).Error("register: taking back the registrations made before the refusal; the name stays recorded for the image")
+		} else if derr := RecordsOf(p.db).dropImageName(ctx, name, imageID); derr != nil {
 			log.G(ctx).WithError(derr).WithField("name", name).Error("register: taking back a refused name")
-		} else if uerr := p.opts.Registrar.Unregister(ctx, name); uerr != nil {
-			log.G(ctx).WithError(uerr).WithField("name", name).Error("register: taking back the registrations made before the refusal")
 		}
 	}
 	return err

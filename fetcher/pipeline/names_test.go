@@ -3,8 +3,10 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -303,5 +305,54 @@ func TestRegisterRefusedInALaterNamespaceTakesBackTheEarlier(t *testing.T) {
 	}
 	if img, err := reg.st.images.Get(k8s, name); err != nil || img.Target.Digest != theirs.Target.Digest || !maps.Equal(img.Labels, theirs.Labels) {
 		t.Errorf("the other image in k8s.io: %+v, %v; want it as it was", img, err)
+	}
+}
+
+// unregisterFailsRegistrar is a fake at the containerd boundary: the
+// storesRegistrar whose Unregister fails (containerd timing out) while
+// fail is set, having removed nothing.
+type unregisterFailsRegistrar struct {
+	*storesRegistrar
+	fail atomic.Bool
+}
+
+func (r *unregisterFailsRegistrar) Unregister(ctx context.Context, ref string) error {
+	if r.fail.Load() {
+		return fmt.Errorf("unregister %s: injected: containerd did not answer in time", ref)
+	}
+	return r.storesRegistrar.Unregister(ctx, ref)
+}
+
+// TestRegisterRefusedTakeBackFailedKeepsTheName, on containerd's metadata
+// store: a pull into namespaces default and k8s.io whose name k8s.io gives
+// to someone else's image meanwhile is refused there; when the name cannot
+// then be taken back from default (containerd does not answer), the records
+// keep it for the image, so that an image of ours containerd has under it
+// is one a record names (an rm of the image removes it) rather than one
+// nothing would ever remove.
+func TestRegisterRefusedTakeBackFailedKeepsTheName(t *testing.T) {
+	e, stores := newContainerdPullEnv(t)
+	reg := &unregisterFailsRegistrar{storesRegistrar: stores}
+	reg.fail.Store(true)
+	e.p.opts.Registrar = reg
+	const name = "late/kept"
+	bg := context.Background()
+	k8s := namespaces.WithNamespace(bg, "k8s.io")
+	theirs := images.Image{Name: name, Target: manifestDesc("their manifest"), Labels: map[string]string{"owner": "someone"}}
+	stores.beforeRegister = func() {
+		if _, err := stores.st.images.Create(k8s, theirs); err != nil {
+			t.Error(err)
+		}
+	}
+	e.srv.Put(t, "k/1.tar", layerTar(t, "k", 500))
+	_, err := e.pullReq(api.PullRequest{Bucket: e.srv.Bucket, Key: "k/", Ref: name, Namespaces: []string{"default", "k8s.io"}})
+	if !errors.Is(err, ErrForeignImage) && !strings.Contains(err.Error(), ErrForeignImage.Error()) {
+		t.Fatalf("pull whose name k8s.io gave away meanwhile: %v; want the foreign image refused", err)
+	}
+	_, imageID := imageSource(e.srv.Bucket, "k/")
+	img, gerr := stores.st.images.Get(namespaces.WithNamespace(bg, "default"), name)
+	id, _ := RecordsOf(e.db).ImageIDByName(bg, name)
+	if gerr == nil && ownImage(img) && id != imageID {
+		t.Errorf("containerd's namespace default keeps an image of ours named %s, which the records give to %q; want the records to name it for %s", name, id, imageID)
 	}
 }
