@@ -7,10 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	diffapi "github.com/containerd/containerd/api/services/diff/v1"
@@ -29,7 +27,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/differ"
 )
 
-// applyEnv makes the test binary, re-run by applyAsOther, a client of the
+// applyEnv makes the test binary, re-run by runAsOther, a client of the
 // diff API on the socket it names: it asks Apply to write the layer of
 // applyDigestEnv onto a bind mount of applyTargetEnv, and prints the answer.
 const (
@@ -91,7 +89,7 @@ func TestDiffApplyRefusesCallersOtherThanRoot(t *testing.T) {
 		Applier: &differ.Applier{Content: cs, Limits: differ.DefaultConfig().Limits()}})
 
 	victim := t.TempDir()
-	out := applyAsOther(t, sock, desc.Digest, victim, 0, 4242)
+	out := runAsOther(t, []string{applyEnv + "=" + sock, applyDigestEnv + "=" + desc.Digest.String(), applyTargetEnv + "=" + victim}, 0, 4242)
 	if !strings.Contains(out, "permission denied") {
 		t.Errorf("uid 65534 in groups 0 and 4242 asking to apply onto %s: %q, want its connection refused (permission denied)", victim, out)
 	}
@@ -115,26 +113,4 @@ func TestDiffApplyRefusesCallersOtherThanRoot(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(target, "planted")); err != nil {
 		t.Errorf("Apply as root: %v", err)
 	}
-}
-
-// applyAsOther runs the Apply client (applyAndPrint) as uid and gid 65534
-// with the supplementary groups given, and returns what it printed.
-func applyAsOther(t *testing.T, sock string, dgst digest.Digest, target string, groups ...uint32) string {
-	t.Helper()
-	self, err := os.ReadFile(os.Args[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(socketDir(t), "apply")
-	if err := os.WriteFile(bin, self, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(), applyEnv+"="+sock, applyDigestEnv+"="+dgst.String(), applyTargetEnv+"="+target)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534, Groups: groups}}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("client as uid 65534: %v: %s", err, out)
-	}
-	return string(out)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -17,7 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-// commitEnv makes the test binary, re-run by commitAsOther, a client of
+// commitEnv makes the test binary, re-run by runAsOther, a client of
 // the snapshots API on the socket it names: it prepares a snapshot and
 // commits it under commitNameEnv, and prints the answer.
 const (
@@ -67,7 +66,7 @@ func TestSnapshotsAPIRefusesCallersOtherThanRoot(t *testing.T) {
 	if err := syscall.Stat(sock, &st); err != nil || st.Mode&0o777 != 0o600 || st.Uid != 0 || st.Gid != 0 {
 		t.Errorf("%s: mode %o, owner %d:%d, %v; want 600, root:root", sock, st.Mode&0o777, st.Uid, st.Gid, err)
 	}
-	out := commitAsOther(t, sock, chain, 0, 4242)
+	out := runAsOther(t, []string{commitEnv + "=" + sock, commitNameEnv + "=" + chain}, 0, 4242)
 	if !strings.Contains(out, "permission denied") {
 		t.Errorf("uid 65534 in groups 0 and 4242 committing %s: %q, want its connection refused (permission denied)", chain, out)
 	}
@@ -83,26 +82,4 @@ func TestSnapshotsAPIRefusesCallersOtherThanRoot(t *testing.T) {
 	if err := client.Commit(ctx, chain, "k"); err != nil {
 		t.Fatalf("Commit as root: %v", err)
 	}
-}
-
-// commitAsOther runs the snapshots client (commitAndPrint) as uid and gid
-// 65534 with the supplementary groups given, and returns what it printed.
-func commitAsOther(t *testing.T, sock, name string, groups ...uint32) string {
-	t.Helper()
-	self, err := os.ReadFile(os.Args[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(socketDir(t), "commit")
-	if err := os.WriteFile(bin, self, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(), commitEnv+"="+sock, commitNameEnv+"="+name)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534, Groups: groups}}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("client as uid 65534: %v: %s", err, out)
-	}
-	return string(out)
 }

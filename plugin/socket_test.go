@@ -57,6 +57,15 @@ func dialAndPrint(sock string) int {
 // supplementary groups given, and returns what it printed.
 func asOther(t *testing.T, sock string, groups ...uint32) string {
 	t.Helper()
+	return runAsOther(t, []string{dialEnv + "=" + sock}, groups...)
+}
+
+// runAsOther runs a copy of the test binary, with env added to its
+// environment (naming the helper TestMain runs instead of the tests), as
+// uid and gid 65534 (nobody) with the supplementary groups given, and
+// returns what it printed.
+func runAsOther(t *testing.T, env []string, groups ...uint32) string {
+	t.Helper()
 	if os.Getuid() != 0 {
 		t.Fatal("this test needs root, to run a client as another user")
 	}
@@ -65,12 +74,12 @@ func asOther(t *testing.T, sock string, groups ...uint32) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := filepath.Join(socketDir(t), "dial")
+	bin := filepath.Join(socketDir(t), "client")
 	if err := os.WriteFile(bin, self, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin)
-	cmd.Env = append(os.Environ(), dialEnv+"="+sock)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534, Groups: groups}}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
