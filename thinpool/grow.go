@@ -270,11 +270,8 @@ func setLoopCapacity(node string) error {
 // error_if_no_space from an earlier version: the pool was activated
 // under another configuration), so that events come where the owner
 // expects them and writes on a full pool wait; it sets the kernel's
-// no-space timeout (Config.NoSpaceTimeout); it has the filesystem
-// allocate the blocks of a loop-file pool's metadata file
-// (allocateMetadata: a pool already active, made by an earlier version,
-// has a sparse one); and it warns when the loop files could outgrow the
-// filesystem holding them. It removes the probe
+// no-space timeout (Config.NoSpaceTimeout); and it warns when the loop
+// files could outgrow the filesystem holding them. It removes the probe
 // devices of ThinExists calls whose process was killed. First it resumes the
 // pool and its thin devices when they are suspended: a process killed
 // inside a table reload or a snapshot leaves them so, and every IO to them
@@ -289,7 +286,6 @@ func (p *Pool) Adjust(ctx context.Context) error {
 	if err := p.removeDeadProbes(ctx); err != nil {
 		return p.errf(nil, err, "adjust")
 	}
-	p.allocateMetadata(ctx)
 	p.warnOvercommit(ctx)
 	p.syncNoSpaceTimeout(ctx)
 	if err := p.syncTable(ctx); err != nil {

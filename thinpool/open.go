@@ -340,45 +340,7 @@ func (p *Pool) ensureFiles(ctx context.Context) (metaFile, dataFile string, err 
 	if err := makeSparse(metaFile, p.cfg.MetadataSize.Bytes(), true); err != nil {
 		return "", "", err
 	}
-	p.allocateMetadata(ctx)
 	return metaFile, dataFile, nil
-}
-
-// allocateMetadata has the filesystem allocate every block of a loop-file
-// pool's metadata file that it has not yet (fallocate, keeping the size
-// and the content). Each metadata commit writes blocks the file may never
-// have held; in a sparse file each needs the filesystem to allocate it,
-// and a metadata write that fails (the filesystem full of downloads, logs
-// or the data file's blocks) turns the pool read-only with needs_check,
-// every device refused until thin_repair. The metadata is a small part of
-// the pool (pool.metadata_size); the data file stays sparse, and a data
-// write the full filesystem refuses fails that write alone. Not being able
-// to (a filesystem without fallocate, or already full) is logged: the pool
-// works as before.
-func (p *Pool) allocateMetadata(ctx context.Context) {
-	if p.cfg.DataDevice != "" {
-		return
-	}
-	path := filepath.Join(p.cfg.RootDir, MetadataFileName)
-	err := func() error {
-		f, err := os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		fi, err := f.Stat()
-		if err != nil {
-			return err
-		}
-		if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_KEEP_SIZE, 0, fi.Size()); err != nil {
-			return fmt.Errorf("fallocate %d bytes: %w", fi.Size(), err)
-		}
-		return f.Sync()
-	}()
-	if err != nil {
-		log.G(ctx).WithError(err).WithField("pool", p.name).WithField("file", path).
-			Warn("thinpool: cannot allocate the metadata file's blocks; a metadata write the full filesystem refuses will turn the pool read-only (needs_check)")
-	}
 }
 
 // checkDataFileKept refuses a data file that is gone (absent, or empty)
