@@ -2,8 +2,8 @@ package snapshotter
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,39 +12,27 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool/thinpooltest"
 )
 
-// openHolderPool is a fake at the pool's boundary: FakePool, with devices
-// a process holds open without O_EXCL (a VM given an activation's device
-// path as its disk). As with the kernel, removing such a device fails
-// busy, while Discard, whose exclusive open only conflicts with other
-// exclusive holders (a mount), goes through.
-// When busyWait is set, Deactivate of a held device keeps trying for that
-// long (or until its context ends) before it gives up, as thinpool.Pool's
-// does for about 5 s.
+// openHolderPool is a fake at the pool's boundary: FakePool, whose held
+// devices (FakePool.Hold: a VM given an activation's device path as its
+// disk) refuse removal busy, as the kernel does, while Discard, whose
+// exclusive open only conflicts with other exclusive holders (a mount),
+// goes through. When busyWait is set, Deactivate of a held device keeps
+// trying for that long (or until its context ends) before it gives up,
+// as thinpool.Pool's does for about 5 s.
 type openHolderPool struct {
 	*thinpooltest.FakePool
 	busyWait time.Duration
-	mu       sync.Mutex
-	held     map[string]bool
-}
-
-func (p *openHolderPool) hold(name string, held bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.held[name] = held
 }
 
 func (p *openHolderPool) Deactivate(ctx context.Context, name string) error {
-	p.mu.Lock()
-	held := p.held[name]
-	p.mu.Unlock()
-	if held {
+	err := p.FakePool.Deactivate(ctx, name)
+	if errors.Is(err, thinpool.ErrBusy) {
 		select {
 		case <-ctx.Done():
 		case <-time.After(p.busyWait):
 		}
-		return fmt.Errorf("open holder pool: deactivate %s: open elsewhere: %w", name, thinpool.ErrBusy)
 	}
-	return p.FakePool.Deactivate(ctx, name)
+	return err
 }
 
 // TestReclaimSparesDeviceHeldOpen: the reclaim of a removed snapshot whose
@@ -54,7 +42,7 @@ func TestReclaimSparesDeviceHeldOpen(t *testing.T) {
 	bg := context.Background()
 	for _, async := range []bool{true, false} {
 		t.Run(fmt.Sprintf("async_remove=%v", async), func(t *testing.T) {
-			pool := &openHolderPool{FakePool: thinpooltest.NewFakePool(), held: map[string]bool{}}
+			pool := &openHolderPool{FakePool: thinpooltest.NewFakePool()}
 			s, err := New(bg, metadatatest.Open(t), pool, Config{AsyncRemove: async, DiscardBlocks: true})
 			if err != nil {
 				t.Fatal(err)
@@ -66,7 +54,7 @@ func TestReclaimSparesDeviceHeldOpen(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			pool.hold(name, true)
+			pool.Hold(name)
 			if err := s.Remove(bg, "vm-disk"); err != nil {
 				t.Fatal(err)
 			}
@@ -79,7 +67,7 @@ func TestReclaimSparesDeviceHeldOpen(t *testing.T) {
 			if ok, _ := pool.ThinExists(bg, id); !ok {
 				t.Fatalf("thin %d deleted while held open", id)
 			}
-			pool.hold(name, false)
+			pool.Release(name)
 			if err := s.Cleanup(bg); err != nil {
 				t.Fatalf("Cleanup once let go: %v", err)
 			}
@@ -100,7 +88,7 @@ func TestReclaimSparesDeviceHeldOpen(t *testing.T) {
 // busy retry on it each time: it tries briefly and goes on.
 func TestCleanupDoesNotWaitOutHeldDevices(t *testing.T) {
 	bg := context.Background()
-	pool := &openHolderPool{FakePool: thinpooltest.NewFakePool(), held: map[string]bool{}, busyWait: 5 * time.Second}
+	pool := &openHolderPool{FakePool: thinpooltest.NewFakePool(), busyWait: 5 * time.Second}
 	s, err := New(bg, metadatatest.Open(t), pool, Config{AsyncRemove: true, DiscardBlocks: true})
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +101,7 @@ func TestCleanupDoesNotWaitOutHeldDevices(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pool.hold(name, true)
+		pool.Hold(name)
 		if err := s.Remove(bg, key); err != nil {
 			t.Fatal(err)
 		}
