@@ -133,8 +133,7 @@ func (p *Pipelines) chainKey(ctx context.Context, chainID string) (string, error
 	key := ""
 	filter := fmt.Sprintf(`kind==committed,labels.%q==%q`, snapshots.LabelSnapshotRef, chainID)
 	err = p.opts.Snapshots.Walk(ctx, func(_ context.Context, i snapshots.Info) error {
-		if key == "" && i.Kind == snapshots.KindCommitted && strings.HasSuffix(i.Name, "/"+chainID) &&
-			i.Labels[snapshots.LabelSnapshotRef] == chainID {
+		if key == "" && registryChain(i) == chainID {
 			key = i.Name
 		}
 		return nil
