@@ -80,7 +80,8 @@ var ErrAborted = errors.New("fsm: run aborted")
 // ErrFailed matches (errors.Is) a RunError of a failed run.
 var ErrFailed = errors.New("fsm: run failed")
 
-// ErrClosed is returned by start functions and Resume after Close.
+// ErrClosed is returned by start functions and Resume after Close, and by
+// Wait for a run Close left live.
 var ErrClosed = errors.New("fsm: manager closed")
 
 // RunError is how Wait reports a run that ended aborted or failed: which

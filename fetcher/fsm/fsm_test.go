@@ -840,3 +840,95 @@ func TestRetryObserverAndOnFail(t *testing.T) {
 		t.Errorf("cleanups = %d at %q, want 1 at make", cleanups.Load(), cleaned)
 	}
 }
+
+// TestWaitEndsWhenTheManagerCloses: a caller waiting for a run the closing
+// manager leaves live (it resumes at the next start) is told the manager
+// closed, instead of waiting for an end that never comes in this process.
+func TestWaitEndsWhenTheManagerCloses(t *testing.T) {
+	db := openDB(t)
+	m := fsm.NewManager(fsm.NewSQLiteStore(db))
+	entered := make(chan struct{})
+	start := mustBuild(t, fsm.Register[testReq, testResp](m, "cut").
+		Start("one", func(ctx context.Context, req *fsm.Request[testReq, testResp]) (*fsm.Response[testResp], error) {
+			close(entered)
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}).
+		End("done"))
+	ctx, id := startX(t, start)
+	<-entered
+	waited := make(chan error, 1)
+	go func() {
+		_, _, err := m.Wait(ctx, id)
+		waited <- err
+	}()
+	if err := m.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-waited:
+		if !errors.Is(err, fsm.ErrClosed) {
+			t.Fatalf("Wait for a run cut by Close = %v; want ErrClosed", err)
+		}
+	case <-time.After(waitLimit):
+		t.Fatalf("Wait for run %s still blocked %s after Close returned", id, waitLimit)
+	}
+	if _, _, err := m.Wait(ctx, id); !errors.Is(err, fsm.ErrClosed) {
+		t.Fatalf("Wait after Close = %v; want ErrClosed", err)
+	}
+}
+
+// pausingStore is a fake Store that holds CreateRun until released, to
+// put a start between its check of the manager and its row.
+type pausingStore struct {
+	fsm.Store
+	creating, release chan struct{}
+}
+
+func (s *pausingStore) CreateRun(ctx context.Context, r fsm.RunRecord) (fsm.RunRecord, bool, error) {
+	close(s.creating)
+	<-s.release
+	return s.Store.CreateRun(ctx, r)
+}
+
+// TestCloseWaitsForStartsUnderWay: a start already past its check of the
+// manager when Close begins has written its run before Close returns, so
+// that nothing this manager's callers do reaches the database after it is
+// closed (a new process resuming from the same file would otherwise miss
+// that run, or race it).
+func TestCloseWaitsForStartsUnderWay(t *testing.T) {
+	db := openDB(t)
+	store := &pausingStore{Store: fsm.NewSQLiteStore(db), creating: make(chan struct{}), release: make(chan struct{})}
+	m := fsm.NewManager(store)
+	start := mustBuild(t, fsm.Register[testReq, testResp](m, "late").Start("one", step("one", nil)).End("done"))
+	ctx := waitCtx(t)
+	started := make(chan error, 1)
+	go func() {
+		_, err := start(ctx, "x", &testReq{})
+		started <- err
+	}()
+	<-store.creating
+	closed := make(chan error, 1)
+	go func() { closed <- m.Close(ctx) }()
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while a start was writing its run", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(store.release)
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-started:
+		if !errors.Is(err, fsm.ErrClosed) {
+			t.Fatalf("start cut by Close = %v; want its run recorded and ErrClosed", err)
+		}
+	default:
+		t.Fatal("Close returned before the start under way did")
+	}
+	runs, err := fsm.NewSQLiteStore(db).ListRuns(ctx, fsm.RunFilter{FSM: "late"})
+	if err != nil || len(runs) != 1 || runs[0].State != fsm.StatePending {
+		t.Fatalf("runs after Close: %+v, %v; want the one started, pending for the next Resume", runs, err)
+	}
+}

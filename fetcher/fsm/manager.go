@@ -116,8 +116,9 @@ func NewManager(store Store, opts ...ManagerOption) *Manager {
 
 // Close stops every run goroutine of this manager: their contexts are
 // canceled, in-flight attempts end, and runs stay recorded as they are
-// (running or pending) so that the next process resumes them. It returns
-// when all goroutines have ended or ctx is done.
+// (running or pending) so that the next process resumes them. Waits for
+// runs left live end with ErrClosed. It returns when all goroutines have
+// ended, and every start under way has written its run, or ctx is done.
 func (m *Manager) Close(ctx context.Context) error {
 	m.mu.Lock()
 	m.closed = true
@@ -280,6 +281,10 @@ func (m *Manager) awaitTerminal(ctx context.Context, runID string) (RunRecord, e
 		case <-ch:
 		case <-ctx.Done():
 			return rec, ctx.Err()
+		case <-m.base.Done():
+			// The run stops without an end in this process; the next
+			// one's Resume carries it on.
+			return rec, ErrClosed
 		}
 	}
 }
@@ -292,7 +297,7 @@ func (m *Manager) awaitPredecessor(ctx context.Context, runID string) (RunRecord
 	delay := 50 * time.Millisecond
 	for try := 1; ; try++ {
 		rec, err := m.awaitTerminal(ctx, runID)
-		if err == nil || ctx.Err() != nil || errors.Is(err, ErrRunNotFound) || try == 5 {
+		if err == nil || ctx.Err() != nil || errors.Is(err, ErrRunNotFound) || errors.Is(err, ErrClosed) || try == 5 {
 			return rec, err
 		}
 		log.G(ctx).WithError(err).WithField("run_after", runID).WithField("try", try).Warn("fsm: reading a run-after run failed, retrying")
@@ -310,7 +315,8 @@ func (m *Manager) awaitPredecessor(ctx context.Context, runID string) (RunRecord
 // only for a complete run; an aborted or failed run gives a *RunError
 // (errors.Is ErrAborted / ErrFailed); an unknown id wraps ErrRunNotFound.
 // A run that stopped because its checkpoints could not be written returns
-// that error while its state stays live for the next Resume.
+// that error while its state stays live for the next Resume; a run still
+// live once Close has begun gives ErrClosed.
 func (m *Manager) Wait(ctx context.Context, runID string) (State, json.RawMessage, error) {
 	rec, err := m.awaitTerminal(ctx, runID)
 	if err != nil {

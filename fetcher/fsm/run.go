@@ -48,12 +48,19 @@ func (f *machine[R, W]) start(ctx context.Context, id string, req *R, opts ...St
 	if cfg.queue != "" && f.m.queues[cfg.queue] == nil {
 		return "", fmt.Errorf("fsm: starting %q id %q: queue %q has no limit configured (WithQueueLimit)", f.name, id, cfg.queue)
 	}
+	// A start under way holds Close until its run is written: once Close
+	// returns, no caller of this manager writes a run, which a process
+	// resuming from the same database would otherwise miss or race.
 	f.m.mu.Lock()
 	closed := f.m.closed
+	if !closed {
+		f.m.wg.Add(1)
+	}
 	f.m.mu.Unlock()
 	if closed {
 		return "", fmt.Errorf("fsm: starting %q id %q: %w", f.name, id, ErrClosed)
 	}
+	defer f.m.wg.Done()
 	for _, after := range cfg.runAfter {
 		if _, err := f.m.store.GetRun(ctx, after); err != nil {
 			return "", fmt.Errorf("fsm: starting %q id %q: run-after %s: %w", f.name, id, after, err)
@@ -103,7 +110,7 @@ func (f *machine[R, W]) execute(ctx context.Context, rec RunRecord) {
 	for _, id := range rec.RunAfter {
 		p, err := f.m.awaitPredecessor(ctx, id)
 		switch {
-		case ctx.Err() != nil:
+		case ctx.Err() != nil, errors.Is(err, ErrClosed):
 			return
 		case errors.Is(err, ErrRunNotFound):
 			f.finish(ctx, &rec, StateAborted, fmt.Sprintf("run-after run %s does not exist", id))

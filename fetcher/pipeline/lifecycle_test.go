@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -628,7 +629,11 @@ func TestUnpackStoppedMidExtractionStartsAfresh(t *testing.T) {
 			<-release
 		}
 	}}
-	go e.pull("g/", "g") //nolint:errcheck // the stop ends the pull
+	pulled := make(chan error, 1)
+	go func() {
+		_, err := e.pull("g/", "g")
+		pulled <- err
+	}()
 	select {
 	case <-reached:
 	case <-time.After(30 * time.Second):
@@ -646,6 +651,16 @@ func TestUnpackStoppedMidExtractionStartsAfresh(t *testing.T) {
 	close(release)
 	if err := <-closed; err != nil {
 		t.Fatalf("stopping the daemon: %v", err)
+	}
+	// The client is told the daemon stopped, and its pull has written all
+	// it will before the next daemon starts on the same database.
+	select {
+	case err := <-pulled:
+		if !errors.Is(err, fsm.ErrClosed) {
+			t.Fatalf("the pull the stop cut returned %v; want it told the daemon stopped (fsm.ErrClosed)", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the pull the stop cut has not returned 30 s after the stop")
 	}
 	r := e.upperUnpackRun(t)
 	if r.Transition != "extract-layers" || r.Attempts != 0 {
