@@ -186,6 +186,12 @@ func (c *inflateCommand) fill() {
 	switch {
 	case err != io.EOF:
 		c.end = &sourceError{fmt.Errorf("gzip command %s: read its output: %w", c.path, err)}
+	case killedFromOutside(exit):
+		// Not the program's verdict on the data: a stop of the whole
+		// service (systemd signals every process of the unit), the OOM
+		// killer or an operator ended it, and the layer may inflate on
+		// the next attempt.
+		c.end = &sourceError{fmt.Errorf("gzip command %s: %w", c.path, exit)}
 	case exit != nil:
 		msg := strings.TrimSpace(c.stderr.String())
 		if msg == "" {
@@ -198,6 +204,26 @@ func (c *inflateCommand) fill() {
 	default:
 		c.end = errNoEndMark
 	}
+}
+
+// killedFromOutside reports whether exit is the end of a program killed
+// by a signal that others send (SIGTERM, SIGKILL, SIGINT, SIGHUP), as
+// opposed to an exit status or a signal of its own fault (SIGSEGV,
+// SIGABRT), which the data it read may have caused.
+func killedFromOutside(exit error) bool {
+	var ee *exec.ExitError
+	if !errors.As(exit, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	if !ok || !ws.Signaled() {
+		return false
+	}
+	switch ws.Signal() {
+	case syscall.SIGTERM, syscall.SIGKILL, syscall.SIGINT, syscall.SIGHUP:
+		return true
+	}
+	return false
 }
 
 func (c *inflateCommand) wait() error {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
@@ -276,4 +277,37 @@ func children(t testing.TB) []string {
 		}
 	}
 	return kids
+}
+
+// TestGzipCommandKilledIsNotAVerdict: a gzip command ended by a signal
+// sent from outside (systemd's SIGTERM to every process of the unit at a
+// stop, the OOM killer's SIGKILL) says nothing of the layer's data, so the
+// extraction fails retryably instead of refusing the layer as malformed.
+func TestGzipCommandKilledIsNotAVerdict(t *testing.T) {
+	var ents []ent
+	for i := range 20000 {
+		ents = append(ents, file("f"+strconv.Itoa(i), strings.Repeat("x", 1000+i%100)))
+	}
+	gz := s3test.Gzip(t, build(t, ents...))
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		s := newSandbox(t)
+		killed := false
+		_, err := ExtractDir(context.Background(), layerFile(t, gz), s.target, ExtractOptions{NoChown: true, GzipCommand: igzip(t),
+			Progress: func(p Progress) {
+				if killed || p.Entries < 100 {
+					return
+				}
+				killed = true
+				for _, k := range children(t) {
+					pid, _ := strconv.Atoi(strings.Fields(k)[0])
+					syscall.Kill(pid, sig)
+				}
+			}})
+		if !killed {
+			t.Fatalf("%v: the extraction ended before the program could be signalled: %v", sig, err)
+		}
+		if err == nil || IsRejection(err) || IsPermanent(err) {
+			t.Errorf("%v sent to the gzip command: %v; want a retryable error, not a verdict on the layer", sig, err)
+		}
+	}
 }
