@@ -121,6 +121,15 @@ func TestUsageErrorIsOneLine(t *testing.T) {
 		{[]string{"db", "migrate", "--db", ""}, "db migrate", `invalid value "" for flag --db: must name a database file`},
 		{[]string{"ls", "images", "--db="}, "ls", `invalid value "" for flag --db: must name a database file`},
 		{[]string{"db", "backup", ""}, "db backup", "DEST must not be empty"},
+		// Likewise for the daemon's sockets: not the configured daemon's.
+		{[]string{"pull", "s3://b/k", "--control-socket", ""}, "pull", `invalid value "" for flag --control-socket: must name a socket`},
+		{[]string{"rm", "--socket=", "x"}, "rm", `invalid value "" for flag --socket: must name a socket`},
+		{[]string{"activate", "x", "--control-socket="}, "activate", `invalid value "" for flag --control-socket: must name a socket`},
+		// (A configuration that cannot be read keeps serve from starting
+		// a daemon on the host's paths should the flag pass.)
+		{[]string{"serve", "--config", "/nonexistent/config.toml", "--socket", ""}, "serve", `invalid value "" for flag --socket: must name a socket`},
+		{[]string{"serve", "--config", "/nonexistent/config.toml", "--control-socket="}, "serve", `invalid value "" for flag --control-socket: must name a socket`},
+		{[]string{"serve", "--config", "/nonexistent/config.toml", "--metrics-address="}, "serve", `invalid value "" for flag --metrics-address: must name HOST:PORT`},
 		{[]string{"validate"}, "validate", "expected exactly one FILE.tar"},
 		{[]string{"rm"}, "rm", "rm takes at least one REF"},
 		{[]string{"activate", "a", "b"}, "activate", "activate takes exactly one REF"},

@@ -67,9 +67,9 @@ func newServeFlagSet() (*serveFlags, func(args []string) error) {
 	fs := cli.NewFlagSet("serve", "serve [--config FILE] [flags]", serveDescription)
 	cli.AddDBFlags(fs)
 	f := &serveFlags{}
-	fs.StringVar(&f.socket, "socket", "", "unix socket `PATH` of the snapshots gRPC API containerd's proxy plugin calls, overriding daemon.socket (the control socket is --control-socket)")
-	fs.StringVar(&f.controlSocket, "control-socket", "", "unix socket `PATH` of the control API (pull, rm, activate), overriding daemon.control_socket")
-	fs.StringVar(&f.metrics, "metrics-address", "", "`HOST:PORT` of the metrics endpoint, overriding daemon.metrics_address")
+	fs.Func("socket", "unix socket `PATH` of the snapshots gRPC API containerd's proxy plugin calls, overriding daemon.socket (the control socket is --control-socket)", cli.NonEmpty(&f.socket, "a socket"))
+	fs.Func("control-socket", "unix socket `PATH` of the control API (pull, rm, activate), overriding daemon.control_socket", cli.NonEmpty(&f.controlSocket, "a socket"))
+	fs.Func("metrics-address", "`HOST:PORT` of the metrics endpoint, overriding daemon.metrics_address", cli.NonEmpty(&f.metrics, "HOST:PORT"))
 	fs.StringVar(&f.logLevel, "log-level", "", "log `LEVEL` (trace, debug, info, warn, error, fatal or panic), overriding daemon.log_level")
 	fs.StringVar(&f.logFormat, "log-format", "", "log `FORMAT` (text or json), overriding daemon.log_format")
 	return f, func(args []string) error {

@@ -158,10 +158,28 @@ func warnDeprecated(cmd, old, replacement string) {
 // deprecated spelling: before, --socket named the control socket on the
 // subcommands that talk to the daemon but the snapshots socket on serve.
 func addControlSocketFlag(fs *flag.FlagSet, dst *string) {
-	fs.StringVar(dst, "control-socket", "", "control socket `PATH` of the daemon, overriding daemon.control_socket")
+	fs.Func("control-socket", "control socket `PATH` of the daemon, overriding daemon.control_socket", NonEmpty(dst, "a socket"))
+	set := NonEmpty(dst, "a socket")
 	fs.Func("socket", "deprecated spelling of --control-socket `PATH` (removed in the next release)", func(v string) error {
+		if err := set(v); err != nil {
+			return err
+		}
 		warnDeprecated(fs.Name(), "--socket", "--control-socket (--socket means daemon.socket on serve)")
-		*dst = v
 		return nil
 	})
+}
+
+// NonEmpty returns a flag.Func setter of dst that refuses an empty value,
+// naming what the flag must name. Such a flag overrides a configuration
+// key only when given a value, so an empty one (a script's unset
+// variable) would leave the configured value in force, the default
+// daemon's socket say, instead of the one the script meant.
+func NonEmpty(dst *string, what string) func(string) error {
+	return func(v string) error {
+		if v == "" {
+			return fmt.Errorf("must name %s", what)
+		}
+		*dst = v
+		return nil
+	}
 }
