@@ -13,10 +13,14 @@ images, the way garbage collection does: each image's names are removed
 from containerd where this daemon created them (an image of that name
 another tool made, or one a pull was refused, stays as it is), then its
 activation, the chains no other image uses,
-their devices, and its records and layer files. An image in use (a
-container snapshot on it, a pull of it under way, or pinned by [gc] pinned
-or containerd's io.cri-containerd.pinned label) is refused with the
-reason. REF is a name given to pull, or the image's s3:// source (what
+their devices, and its records and layer files. An image in use is
+refused with the reason: a container or a container snapshot on it, a
+pull of it under way, a containerd lease holding it, its activation's
+device is open (a VM, a mount or a process uses it), or pinned by [gc]
+pinned or containerd's io.cri-containerd.pinned label; so is one
+containerd has a name of while containerd does not answer, since its
+containers and pins cannot be checked then. REF is a name given to
+pull, or the image's s3:// source (what
 'ls images -q' prints). Prints one line per image removed; with --format
 json, one JSON object: {"removed":[...]} with each image removed, and
 "error" with the reasons when some REF was not removed. Exit status 0 when
