@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"os"
@@ -309,6 +310,9 @@ func ParseConfig(source string, data []byte) (*Config, error) {
 	if err := dec.Decode(c); err != nil {
 		return nil, decodeErrors(source, data, err)
 	}
+	if err := caseMismatches(source, data); err != nil {
+		return nil, err
+	}
 	c.resolve()
 	if err := c.Validate(); err != nil {
 		return nil, prefixLines("config "+source+": ", err)
@@ -374,6 +378,78 @@ func decodeErrors(source string, data []byte, err error) error {
 		return fmt.Errorf("config %s: %s: %w", source, key, err)
 	}
 	return fmt.Errorf("config %s: %w", source, err)
+}
+
+// caseMismatches refuses the tables and keys of the document data that
+// name a known one in another case: go-toml matches keys to fields
+// ignoring case, where TOML keys are case-sensitive, so [Daemon] would be
+// read as [daemon], and with both in one file the later silently wins.
+func caseMismatches(source string, data []byte) error {
+	var doc map[string]any
+	if toml.Unmarshal(data, &doc) != nil {
+		return nil // the decode that accepted data said what it held
+	}
+	known := map[string]map[string]bool{}
+	for _, f := range configFields() {
+		if known[f.Section] == nil {
+			known[f.Section] = map[string]bool{}
+		}
+		known[f.Section][f.Key] = true
+	}
+	// meant is the known name in names that name equals but for case.
+	meant := func(name string, names map[string]bool) string {
+		for n := range names {
+			if strings.EqualFold(n, name) {
+				return n
+			}
+		}
+		return ""
+	}
+	var lines []string
+	refuse := func(what, key, want string) {
+		at := ""
+		if row := rowOf(data, key, what == "unknown table"); row > 0 {
+			at = fmt.Sprintf(":%d:1", row)
+		}
+		lines = append(lines, fmt.Sprintf("config %s%s: %s %q (keys are case-sensitive: did you mean %q?)", source, at, what, key, want))
+	}
+	sections := slices.Sorted(maps.Keys(doc))
+	for _, sec := range sections {
+		keys, ok := known[sec]
+		if !ok {
+			sectionNames := map[string]bool{}
+			for n := range known {
+				sectionNames[n] = true
+			}
+			refuse("unknown table", sec, meant(sec, sectionNames))
+			continue
+		}
+		table, _ := doc[sec].(map[string]any)
+		for _, k := range slices.Sorted(maps.Keys(table)) {
+			if !keys[k] {
+				refuse("unknown key", sec+"."+k, sec+"."+meant(k, keys))
+			}
+		}
+	}
+	if len(lines) == 0 {
+		return nil
+	}
+	return &configError{msg: strings.Join(lines, "\n")}
+}
+
+// rowOf returns the line (from 1) of data that opens table key (table)
+// or sets the dotted key, or 0 when none does.
+func rowOf(data []byte, key string, table bool) int {
+	for i, line := range strings.Split(string(data), "\n") {
+		if table {
+			if h := tomlHeader.FindStringSubmatch(line); h != nil && strings.Join(strings.Fields(h[1]), "") == key {
+				return i + 1
+			}
+		} else if keyAt(data, i+1) == key {
+			return i + 1
+		}
+	}
+	return 0
 }
 
 var (

@@ -671,3 +671,24 @@ func TestClientReadsTheDaemonsControlSocket(t *testing.T) {
 		}
 	}
 }
+
+// TestKeysDifferingInCaseAreUnknown: keys are matched as written, as TOML
+// defines them. A table or key that names a known one in another case is
+// refused, naming it, its line and the key meant, rather than applied:
+// otherwise [pipeline] and [Pipeline] in one file would both be read, the
+// later silently winning.
+func TestKeysDifferingInCaseAreUnknown(t *testing.T) {
+	p := writeConfig(t, "[daemon]\nlog_level = \"info\"\n\n[Daemon]\nlog_level = \"debug\"\n\n[gc]\nInterval = \"1h\"\n")
+	_, err := LoadConfig(p)
+	if err == nil {
+		t.Fatal("keys differing in case from the known ones accepted")
+	}
+	for _, want := range []string{
+		p + ":4:1: unknown table \"Daemon\" (keys are case-sensitive: did you mean \"daemon\"?)",
+		p + ":8:1: unknown key \"gc.Interval\" (keys are case-sensitive: did you mean \"gc.interval\"?)",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not contain %q", err, want)
+		}
+	}
+}
