@@ -48,6 +48,7 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/pipeline"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/conf"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/fsspace"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/snapshotter"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
@@ -93,20 +94,6 @@ type Usage struct {
 	DataReserve uint64
 }
 
-// statfsBytes returns the total bytes of the filesystem fs describes and
-// those the daemon cannot use (all but the blocks available to it). Its
-// block counts are in fragments (f_frsize), as df reads them; f_bsize is
-// the size of an efficient transfer, the same on most filesystems but not
-// on all.
-func statfsBytes(fs *unix.Statfs_t) (total, used uint64) {
-	unit := uint64(fs.Frsize)
-	if unit == 0 {
-		unit = uint64(fs.Bsize)
-	}
-	total = fs.Blocks * unit
-	return total, total - min(total, fs.Bavail*unit)
-}
-
 // HostUsage returns the used and total bytes of the fullest filesystem
 // holding one of paths (used counts what the daemon cannot use: the
 // filesystem's reserve for root is not free to it either), less the blocks
@@ -122,7 +109,8 @@ func HostUsage(exclude []string, paths ...string) (used, total uint64, err error
 		if err := unix.Stat(p, &dir); err != nil {
 			return 0, 0, fmt.Errorf("stat %s: %w", p, err)
 		}
-		t, u := statfsBytes(&fs)
+		t, avail := fsspace.Bytes(&fs)
+		u := t - min(t, avail)
 		for _, f := range exclude {
 			var st unix.Stat_t
 			if err := unix.Stat(f, &st); err == nil && st.Dev == dir.Dev {

@@ -1401,20 +1401,6 @@ func TestRemovalRefusedHalfWayLeavesRecordsOfWhatIsLeft(t *testing.T) {
 	}
 }
 
-// TestStatfsBytesCountsFragments: a filesystem's block counts are in
-// fragments (f_frsize), as df reads them, not in its transfer size
-// (f_bsize) where the two differ.
-func TestStatfsBytesCountsFragments(t *testing.T) {
-	fs := unix.Statfs_t{Bsize: 65536, Frsize: 4096, Blocks: 1000, Bavail: 250}
-	if total, used := statfsBytes(&fs); total != 4096000 || used != 3072000 {
-		t.Errorf("statfs of 1000 fragments of 4 KiB (transfer size 64 KiB), 250 available: total %d, used %d; want 4096000 and 3072000", total, used)
-	}
-	fs.Frsize = 0 // not given: the block size is the unit
-	if total, _ := statfsBytes(&fs); total != 65536000 {
-		t.Errorf("statfs without a fragment size: total %d, want 65536000", total)
-	}
-}
-
 // TestImageKeptWhileItsActivationIsOpen: an S3 image's activation device
 // is what an operator hands a VM, or mounts, by its path, which no record
 // says. While the kernel counts an open of it, neither a collection nor

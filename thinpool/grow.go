@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/durable"
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/fsspace"
 )
 
 // growthStepDivisor sizes one growth: a quarter of the data size, so a few
@@ -70,15 +71,7 @@ func (p *Pool) Backing(ctx context.Context) (Backing, error) {
 	if err := statfs(p.cfg.RootDir, &fs); err != nil {
 		return Backing{}, p.errf(nil, err, "statfs %s", p.cfg.RootDir)
 	}
-	// The block counts are in fragments (f_frsize), as df reads them;
-	// f_bsize is the size of an efficient transfer, larger on some
-	// filesystems.
-	unit := uint64(fs.Frsize)
-	if unit == 0 {
-		unit = uint64(fs.Bsize)
-	}
-	b.FSFree = fs.Bavail * unit
-	b.FSSize = fs.Blocks * unit
+	b.FSSize, b.FSFree = fsspace.Bytes(&fs)
 	for _, name := range []string{DataFileName, MetadataFileName} {
 		var st unix.Stat_t
 		path := filepath.Join(p.cfg.RootDir, name)
