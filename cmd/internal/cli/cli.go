@@ -17,10 +17,10 @@ import (
 	"os"
 	"os/signal"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
-	"unicode/utf8"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/escape"
 )
 
 // Program is the name of the running binary in usage and error messages;
@@ -203,6 +203,10 @@ func Main(args []string) int {
 	if err == nil {
 		return 0
 	}
+	// An error can carry text neither the CLI nor the daemon wrote (an S3
+	// server's error message, relayed by the daemon), which must neither
+	// drive the terminal nor overwrite the line; the line breaks of a
+	// message of several lines (a configuration's problems) are kept.
 	var ee *ExitError
 	if errors.As(err, &ee) {
 		name := c.Name
@@ -210,31 +214,13 @@ func Main(args []string) int {
 			name = ee.Usage // "pool status", not "pool"
 		}
 		if ee.Msg != "" {
-			fmt.Fprintf(os.Stderr, "%s %s: %s\n", Program, name, printable(ee.Msg))
+			fmt.Fprintf(os.Stderr, "%s %s: %s\n", Program, name, escape.Lines(ee.Msg))
 		}
 		if ee.Usage != "" {
 			seeHelp(os.Stderr, ee.Usage)
 		}
 		return ee.Code
 	}
-	fmt.Fprintf(os.Stderr, "%s %s: %s\n", Program, c.Name, printable(err.Error()))
+	fmt.Fprintf(os.Stderr, "%s %s: %s\n", Program, c.Name, escape.Lines(err.Error()))
 	return 1
-}
-
-// printable is msg as a terminal may show it: each line with its control
-// and format characters (ESC, CR, a bidi override) and invalid UTF-8
-// escaped as in a Go string, and unchanged when it has none. An error
-// can carry text neither the CLI nor the daemon wrote (an S3 server's
-// error message, relayed by the daemon), which must neither drive the
-// terminal nor overwrite the line; the line breaks of a message of
-// several lines (a configuration's problems, one a line) are kept.
-func printable(msg string) string {
-	lines := strings.Split(msg, "\n")
-	for i, l := range lines {
-		if strings.IndexFunc(l, func(r rune) bool { return r == utf8.RuneError || !strconv.IsPrint(r) }) >= 0 {
-			q := strconv.Quote(l)
-			lines[i] = q[1 : len(q)-1]
-		}
-	}
-	return strings.Join(lines, "\n")
 }
