@@ -10,6 +10,8 @@ import (
 
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/flock"
 )
 
 // A backup writes its copy to a temporary file beside its destination,
@@ -72,7 +74,7 @@ func createBackupTemp(dest string) (*os.File, error) {
 		if err != nil {
 			return nil, err
 		}
-		err = flockNB(f)
+		err = flock.TryLock(f)
 		if err == nil {
 			// Between its creation and the lock, another backup's sweep
 			// may have found the file unlocked and removed it: it is ours
@@ -93,16 +95,6 @@ func createBackupTemp(dest string) (*os.File, error) {
 		return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
 	}
 	return nil, fmt.Errorf("create a temporary file beside %s: %d files in a row were taken by other backups' sweeps", dest, tries)
-}
-
-// flockNB takes f's exclusive flock without waiting.
-func flockNB(f *os.File) error {
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if !errors.Is(err, unix.EINTR) {
-			return err
-		}
-	}
 }
 
 // removeStaleBackupTemps removes, in dir, the temporary files of backups
@@ -142,7 +134,7 @@ func removeIfUnlocked(p string) (bool, error) {
 		return false, err
 	}
 	defer f.Close()
-	if err := flockNB(f); errors.Is(err, unix.EWOULDBLOCK) {
+	if err := flock.TryLock(f); errors.Is(err, unix.EWOULDBLOCK) {
 		return false, nil // a live backup's
 	} else if err != nil {
 		return false, fmt.Errorf("lock %s: %w", p, err)

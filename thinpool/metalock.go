@@ -10,6 +10,8 @@ import (
 
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
+
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/flock"
 )
 
 // MetadataSnapLockFileName is the file under Config.RootDir (or, for a
@@ -48,12 +50,10 @@ func (p *Pool) lockMetaSnap(ctx context.Context) (unlock func(), err error) {
 	}
 	waiting := false
 	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		err := flock.TryLock(f)
 		switch {
 		case err == nil:
 			return func() { f.Close() }, nil
-		case errors.Is(err, unix.EINTR):
-			continue
 		case !errors.Is(err, unix.EWOULDBLOCK):
 			f.Close()
 			return nil, fmt.Errorf("lock metadata snapshot: flock %s: %w", path, err)
