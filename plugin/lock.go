@@ -33,15 +33,15 @@ func lockDaemon(root, db string) ([]*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
+	held := heldLocks{rl}
 	if filepath.Dir(filepath.Clean(db)) == filepath.Clean(root) {
-		return []*os.File{rl}, nil
+		return held, nil
 	}
-	dl, err := lockPath(db + ".lock")
-	if err != nil {
-		rl.Close()
+	if err := held.take(db + ".lock"); err != nil {
+		held.release()
 		return nil, err
 	}
-	return []*os.File{rl, dl}, nil
+	return held, nil
 }
 
 // LockDatabase takes, at once, the locks a daemon on the database at db
@@ -52,24 +52,38 @@ func lockDaemon(root, db string) ([]*os.File, error) {
 // daemon starting meanwhile names it. A lock held by another process is
 // an error matching ErrLocked and naming the holder. release drops them.
 func LockDatabase(db string) (release func(), err error) {
-	var held []*os.File
-	release = func() {
-		for _, f := range held {
-			f.Close() // closing the file drops its lock
-		}
-	}
+	var held heldLocks
 	for _, p := range []string{filepath.Join(filepath.Dir(db), LockFileName), db + ".lock"} {
 		if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) {
 			continue
 		}
-		f, err := lockPath(p)
-		if err != nil {
-			release()
+		if err := held.take(p); err != nil {
+			held.release()
 			return nil, err
 		}
-		held = append(held, f)
 	}
-	return release, nil
+	return held.release, nil
+}
+
+// heldLocks are the lock files a caller takes one after another
+// (lockPath), so that the refusal of one drops those taken before it.
+type heldLocks []*os.File
+
+// take takes the lock of the file at path (lockPath) and keeps it in h.
+func (h *heldLocks) take(path string) error {
+	f, err := lockPath(path)
+	if err != nil {
+		return err
+	}
+	*h = append(*h, f)
+	return nil
+}
+
+// release drops every lock in h: closing a file drops its lock.
+func (h heldLocks) release() {
+	for _, f := range h {
+		f.Close()
+	}
 }
 
 // lockRoot takes the exclusive lock of root (created 0700 if missing) at
@@ -136,20 +150,16 @@ var poolLockDir = PoolLockDir
 // written). Each lock is taken at once or refused as lockPath refuses,
 // naming it and the holder's pid; on refusal none is kept.
 func lockPool(pool thinpool.Config) (_ []*os.File, err error) {
-	var held []*os.File
+	var held heldLocks
 	defer func() {
 		if err != nil {
-			for _, f := range held {
-				f.Close()
-			}
+			held.release()
 		}
 	}()
 	take := func(path string) error {
-		f, err := lockPath(path)
-		if err != nil {
+		if err := held.take(path); err != nil {
 			return fmt.Errorf("pool %s: %w", pool.Name, err)
 		}
-		held = append(held, f)
 		return nil
 	}
 	if err := makeLockDir(poolLockDir); err != nil {
