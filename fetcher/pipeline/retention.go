@@ -143,13 +143,21 @@ func (p *Pipelines) heldRunIDs() []string {
 // is read in each transaction (under its write lock, so a pull's hold
 // taken before it starts or joins a run is seen by every later batch).
 func (r Records) retain(ctx context.Context, pol Retention, now time.Time, batch int, held func() []string) (RetentionResult, error) {
-	heldJSON := func() (string, error) {
-		ids := []string{}
-		if held != nil {
-			ids = append(ids, held()...)
+	// freeRuns is a batch of q, a DELETE of finished runs over
+	// finishedRunFree, whose first argument is the JSON array of the runs
+	// held, read in the batch's transaction; args follow it.
+	freeRuns := func(q string, args ...any) func(*sql.Tx) (int, error) {
+		return func(tx *sql.Tx) (int, error) {
+			ids := []string{}
+			if held != nil {
+				ids = append(ids, held()...)
+			}
+			h, err := json.Marshal(ids)
+			if err != nil {
+				return 0, fmt.Errorf("runs held by pulls: %w", err)
+			}
+			return execCount(ctx, tx, q, append([]any{string(h)}, args...)...)
 		}
-		b, err := json.Marshal(ids)
-		return string(b), err
 	}
 	pol = pol.withDefaults()
 	var res RetentionResult
@@ -158,13 +166,7 @@ func (r Records) retain(ctx context.Context, pol Retention, now time.Time, batch
 		q := `DELETE FROM fsm_runs WHERE run_id IN (SELECT r.run_id FROM fsm_runs r
 			WHERE ` + finishedRunFree + ` AND IFNULL(r.finished_at, r.updated_at) < ? LIMIT ?)`
 		cutoff := now.Add(-pol.RunsMaxAge).UnixNano()
-		if err := r.pruneBatches(ctx, batch, &res.Runs, false, &scratch, func(tx *sql.Tx) (int, error) {
-			h, err := heldJSON()
-			if err != nil {
-				return 0, fmt.Errorf("runs held by pulls: %w", err)
-			}
-			return execCount(ctx, tx, q, h, cutoff, batch)
-		}); err != nil {
+		if err := r.pruneBatches(ctx, batch, &res.Runs, false, &scratch, freeRuns(q, cutoff, batch)); err != nil {
 			return res, fmt.Errorf("pipeline: retention: finished runs older than %s: %w", pol.RunsMaxAge, err)
 		}
 	}
@@ -176,13 +178,7 @@ func (r Records) retain(ctx context.Context, pol Retention, now time.Time, batch
 				SELECT run_id FROM fsm_runs WHERE state IN ('complete', 'aborted', 'failed')
 				 ORDER BY IFNULL(finished_at, updated_at) DESC, run_id DESC LIMIT ?)
 			ORDER BY IFNULL(r.finished_at, r.updated_at), r.run_id LIMIT ?)`
-		if err := r.pruneBatches(ctx, batch, &res.Runs, false, &scratch, func(tx *sql.Tx) (int, error) {
-			h, err := heldJSON()
-			if err != nil {
-				return 0, fmt.Errorf("runs held by pulls: %w", err)
-			}
-			return execCount(ctx, tx, q, h, pol.RunsMaxCount, batch)
-		}); err != nil {
+		if err := r.pruneBatches(ctx, batch, &res.Runs, false, &scratch, freeRuns(q, pol.RunsMaxCount, batch)); err != nil {
 			return res, fmt.Errorf("pipeline: retention: finished runs beyond %d: %w", pol.RunsMaxCount, err)
 		}
 	}
