@@ -68,9 +68,6 @@ func (f *fakeETagServer) RoundTrip(r *http.Request) (*http.Response, error) {
 // one part as ranged parts, two at a time.
 func etagSource(t *testing.T, srv *s3test.Server, fake *fakeETagServer) *s3source.Source {
 	t.Helper()
-	// The SDK adds a CA bundle named in the environment only to a client
-	// of its own making.
-	t.Setenv("AWS_CA_BUNDLE", "")
 	fake.next = http.DefaultTransport
 	return hostileSource(t, srv, s3source.Config{HTTPClient: &http.Client{Transport: fake},
 		PartSize: conf.Size(part), ConnectionsPerObject: 2})

@@ -5,7 +5,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"path/filepath"
 	"testing"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3source"
@@ -18,11 +17,8 @@ import (
 // them expired, so the read is asked again (after a pause) instead of the
 // download being given up as access denied.
 func TestExpiredTokenIsRetried(t *testing.T) {
-	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
-	t.Setenv("AWS_SECRET_ACCESS_KEY", "secret")
+	envCredentials(t)
 	t.Setenv("AWS_SESSION_TOKEN", "token")
-	t.Setenv("AWS_CONFIG_FILE", filepath.Join(t.TempDir(), "none"))
-	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", filepath.Join(t.TempDir(), "none"))
 	srv := s3test.NewServer(t)
 	data := payload(3000)
 	srv.Put(t, "img/01.tar", data)

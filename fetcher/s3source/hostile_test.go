@@ -16,10 +16,17 @@ import (
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/internal/conf"
 )
 
-// hostileSource is a source on srv with short deadlines, as a test can
-// afford to wait for.
-func hostileSource(t *testing.T, srv *s3test.Server, cfg s3source.Config) *s3source.Source {
+// hostileSource is a source on srv, anonymous and path-style, with cfg's
+// other settings (short deadlines, as a test can afford to wait for, a
+// fake in front of the server). The SDK adds a CA bundle named in the
+// environment only to a client of its own making and refuses the caller's
+// with one, so a cfg with an HTTP client of the test's own is made with
+// AWS_CA_BUNDLE cleared.
+func hostileSource(t testing.TB, srv *s3test.Server, cfg s3source.Config) *s3source.Source {
 	t.Helper()
+	if cfg.HTTPClient != nil {
+		t.Setenv("AWS_CA_BUNDLE", "")
+	}
 	cfg.Bucket, cfg.Region, cfg.Endpoint, cfg.PathStyle, cfg.Anonymous = srv.Bucket, "us-east-1", srv.URL, true, true
 	src, err := s3source.New(context.Background(), cfg)
 	if err != nil {

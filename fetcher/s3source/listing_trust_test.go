@@ -42,17 +42,13 @@ func (n noListedETags) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// TestResumeHoldsToTheFirstAnswersETag: an object listed without an ETag
-// is read as one stream. Its body is cut after 1000 bytes and the object
-// overwritten with another of the same size before the resume: the
-// resume carries the ETag the first answer gave, so the read fails as
-// changed instead of returning v1's first bytes followed by v2's rest.
-func TestResumeHoldsToTheFirstAnswersETag(t *testing.T) {
-	srv := s3test.NewServer(t)
-	// The test server's CA goes with the SDK's own client only.
-	t.Setenv("AWS_CA_BUNDLE", "")
-	src := hostileSource(t, srv, s3source.Config{HTTPClient: &http.Client{Transport: noListedETags{http.DefaultTransport}}})
-	v1, v2 := bytes.Repeat([]byte("1"), 4000), bytes.Repeat([]byte("2"), 4000)
+// readOverwrittenMidway puts v1 at img/01.tar and lists it through src,
+// which must list it without an ETag, then reads it through src (at most
+// 3 resumes) with the first GET's body cut after 1000 bytes and the object
+// overwritten with v2 before a GET of the rest. It returns the object as
+// listed, the closed reader, what the read returned and its error.
+func readOverwrittenMidway(t *testing.T, srv *s3test.Server, src *s3source.Source, v1, v2 []byte) (s3source.Object, s3source.Reader, []byte, error) {
+	t.Helper()
 	srv.Put(t, "img/01.tar", v1)
 	objs, err := src.List(context.Background(), "img/")
 	if err != nil || len(objs) != 1 || objs[0].ETag != "" {
@@ -64,6 +60,19 @@ func TestResumeHoldsToTheFirstAnswersETag(t *testing.T) {
 	r := src.NewReader(context.Background(), objs[0], 3)
 	got, err := io.ReadAll(r)
 	r.Close()
+	return objs[0], r, got, err
+}
+
+// TestResumeHoldsToTheFirstAnswersETag: an object listed without an ETag
+// is read as one stream. Its body is cut after 1000 bytes and the object
+// overwritten with another of the same size before the resume: the
+// resume carries the ETag the first answer gave, so the read fails as
+// changed instead of returning v1's first bytes followed by v2's rest.
+func TestResumeHoldsToTheFirstAnswersETag(t *testing.T) {
+	srv := s3test.NewServer(t)
+	src := hostileSource(t, srv, s3source.Config{HTTPClient: &http.Client{Transport: noListedETags{http.DefaultTransport}}})
+	v1, v2 := bytes.Repeat([]byte("1"), 4000), bytes.Repeat([]byte("2"), 4000)
+	_, _, got, err := readOverwrittenMidway(t, srv, src, v1, v2)
 	if !errors.Is(err, s3source.ErrChanged) {
 		t.Fatalf("read of an object overwritten between two GETs: %d bytes (%d of v1), %v; want ErrChanged", len(got), bytes.Count(got, []byte("1")), err)
 	}
@@ -197,7 +206,6 @@ func (n noContentRange) RoundTrip(r *http.Request) (*http.Response, error) {
 // later as an object that changed).
 func TestPartialAnswerWithoutContentRange(t *testing.T) {
 	srv := s3test.NewServer(t)
-	t.Setenv("AWS_CA_BUNDLE", "") // the test server's CA goes with the SDK's own client only
 	src := hostileSource(t, srv, s3source.Config{HTTPClient: &http.Client{Transport: noContentRange{http.DefaultTransport}}})
 	srv.Put(t, "img/01.tar", bytes.Repeat([]byte("x"), 4000))
 	_, err := src.Open(context.Background(), "img/01.tar", 1000)

@@ -39,7 +39,6 @@ func TestObjectWithoutSize(t *testing.T) {
 		t.Errorf("listing without a size: %+v, %v (kind %v); want %v naming the key", objs, err, s3source.Classify(err), s3source.ErrNoSize)
 	}
 
-	t.Setenv("AWS_CA_BUNDLE", "") // the SDK cannot add it to a client of the test's own
 	srv.Put(t, "img/01.tar", payload(1000))
 	src = hostileSource(t, srv, s3source.Config{HTTPClient: &http.Client{Transport: headWithoutLength{http.DefaultTransport}}})
 	objs, err = src.ResolveImage(context.Background(), "img/01.tar")

@@ -1,9 +1,6 @@
 package s3source_test
 
 import (
-	"bytes"
-	"context"
-	"io"
 	"net/http"
 	"testing"
 
@@ -26,12 +23,7 @@ func TestCutsAfterProgressAreResumed(t *testing.T) {
 		data := payload(8 << 20)
 		obj := putAndStat(t, srv, src, "far.tar", data)
 		srv.Faults.Truncate(6, "far.tar", s3source.ResumeProgress+1)
-		r := src.NewReader(context.Background(), obj, budget)
-		got, err := io.ReadAll(r)
-		r.Close()
-		if err != nil || !bytes.Equal(got, data) {
-			t.Fatalf("read %d bytes, err %v; want the %d-byte object", len(got), err, len(data))
-		}
+		r := readWhole(t, src, obj, budget, data)
 		if r.Resumes() != 6 || srv.Requests(http.MethodGet, "far.tar") != 7 {
 			t.Errorf("resumes %d, GETs %d; want 6 and 7", r.Resumes(), srv.Requests(http.MethodGet, "far.tar"))
 		}
@@ -45,12 +37,7 @@ func TestCutsAfterProgressAreResumed(t *testing.T) {
 		// Each part's first GET is cut half-way; its resume, asking for
 		// the half left, is sent it whole.
 		srv.Faults.Truncate(8, "far.tar", ps/2)
-		r := src.NewReader(context.Background(), obj, budget)
-		got, err := io.ReadAll(r)
-		r.Close()
-		if err != nil || !bytes.Equal(got, data) {
-			t.Fatalf("read %d bytes, err %v; want the %d-byte object", len(got), err, len(data))
-		}
+		r := readWhole(t, src, obj, budget, data)
 		if r.Resumes() != 4 {
 			t.Errorf("resumes %d, want 4 (one per part)", r.Resumes())
 		}

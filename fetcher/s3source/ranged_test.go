@@ -26,12 +26,7 @@ const part = s3source.MinPartSize
 // conns at a time.
 func partedSource(t testing.TB, srv *s3test.Server, partSize int64, conns int) *s3source.Source {
 	t.Helper()
-	src, err := s3source.New(context.Background(), s3source.Config{Bucket: srv.Bucket, Region: "us-east-1", Endpoint: srv.URL,
-		PathStyle: true, Anonymous: true, PartSize: conf.Size(partSize), ConnectionsPerObject: conns})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return src
+	return hostileSource(t, srv, s3source.Config{PartSize: conf.Size(partSize), ConnectionsPerObject: conns})
 }
 
 // putAndStat stores data under key and returns the object as listed.
@@ -78,12 +73,7 @@ func TestRangedReaderSizes(t *testing.T) {
 			key := fmt.Sprintf("sizes/%d.tar", size)
 			data := payload(size)
 			obj := putAndStat(t, srv, src, key, data)
-			r := src.NewReader(context.Background(), obj, 0)
-			got, err := io.ReadAll(r)
-			r.Close()
-			if err != nil || !bytes.Equal(got, data) {
-				t.Fatalf("read %d bytes, err %v; want the %d-byte object", len(got), err, size)
-			}
+			readWhole(t, src, obj, 0, data)
 			reqs := gets(srv, key)
 			if size <= part {
 				if want := min(size, 1); len(reqs) != want || (want == 1 && reqs[0].Range != "") {
@@ -126,12 +116,7 @@ func TestRangedReaderOneStream(t *testing.T) {
 			if !c.etag {
 				obj.ETag = ""
 			}
-			r := src.NewReader(context.Background(), obj, 0)
-			got, err := io.ReadAll(r)
-			r.Close()
-			if err != nil || !bytes.Equal(got, data) {
-				t.Fatalf("read %d bytes, err %v", len(got), err)
-			}
+			readWhole(t, src, obj, 0, data)
 			if reqs := gets(srv, "one.tar"); len(reqs) != 1 || reqs[0].Range != "" {
 				t.Errorf("GETs %+v, want one without Range", reqs)
 			}
@@ -150,12 +135,7 @@ func TestRangedReaderResumesCutParts(t *testing.T) {
 	srv.Faults.DropAfter(1, "cut.tar", part/2)
 	srv.Faults.Truncate(1, "cut.tar", part/3)
 
-	r := src.NewReader(context.Background(), obj, 5)
-	got, err := io.ReadAll(r)
-	r.Close()
-	if err != nil || !bytes.Equal(got, data) {
-		t.Fatalf("read %d bytes, err %v; want the %d-byte object", len(got), err, len(data))
-	}
+	r := readWhole(t, src, obj, 5, data)
 	if r.Resumes() != 2 {
 		t.Errorf("resumes %d, want 2 (a reset and a short body)", r.Resumes())
 	}

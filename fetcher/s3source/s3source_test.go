@@ -18,15 +18,34 @@ import (
 
 func newSource(t *testing.T, srv *s3test.Server, timeout time.Duration) *s3source.Source {
 	t.Helper()
-	cfg := s3source.Config{Bucket: srv.Bucket, Region: "us-east-1", Endpoint: srv.URL, PathStyle: true, Anonymous: true}
+	var cfg s3source.Config
 	if timeout > 0 {
 		cfg.HTTPClient = &http.Client{Timeout: timeout}
 	}
-	src, err := s3source.New(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
+	return hostileSource(t, srv, cfg)
+}
+
+// readWhole reads obj through src, reopening a failed body at most
+// maxResumes times, and fails the test unless what it reads is data. It
+// returns the closed reader, for its count of resumes.
+func readWhole(t testing.TB, src *s3source.Source, obj s3source.Object, maxResumes int, data []byte) s3source.Reader {
+	t.Helper()
+	r := src.NewReader(context.Background(), obj, maxResumes)
+	got, err := io.ReadAll(r)
+	r.Close()
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read %d bytes, %v (kind %v); want the %d-byte object", len(got), err, s3source.Classify(err), len(data))
 	}
-	return src
+	return r
+}
+
+// envCredentials gives the SDK's default chain static credentials in the
+// environment, and no configuration or credentials file to find others in.
+func envCredentials(t *testing.T) {
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "secret")
+	t.Setenv("AWS_CONFIG_FILE", filepath.Join(t.TempDir(), "none"))
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", filepath.Join(t.TempDir(), "none"))
 }
 
 func payload(n int) []byte {
@@ -346,11 +365,8 @@ func TestResumingReader(t *testing.T) {
 // what the SDK's default chain finds (here the environment), and an empty
 // region falls back to us-east-1.
 func TestDefaultCredentialChain(t *testing.T) {
-	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
-	t.Setenv("AWS_SECRET_ACCESS_KEY", "secret")
+	envCredentials(t)
 	t.Setenv("AWS_REGION", "")
-	t.Setenv("AWS_CONFIG_FILE", filepath.Join(t.TempDir(), "none"))
-	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", filepath.Join(t.TempDir(), "none"))
 	srv := s3test.NewServer(t)
 	srv.Put(t, "p/1.tar", []byte("x"))
 	src, err := s3source.New(context.Background(), s3source.Config{Bucket: srv.Bucket, Endpoint: srv.URL, PathStyle: true})

@@ -1,9 +1,6 @@
 package s3source_test
 
 import (
-	"bytes"
-	"context"
-	"io"
 	"testing"
 	"time"
 
@@ -30,12 +27,7 @@ func TestSlowDownIsBackedOff(t *testing.T) {
 			data := payload(3*part + 1)
 			obj := putAndStat(t, srv, src, "slow.tar", data)
 			srv.Faults.FailNext(2, "slow.tar", 503, "SlowDown")
-			r := src.NewReader(context.Background(), obj, 5)
-			got, err := io.ReadAll(r)
-			r.Close()
-			if err != nil || !bytes.Equal(got, data) {
-				t.Fatalf("read %d bytes, err %v; want the %d-byte object", len(got), err, len(data))
-			}
+			r := readWhole(t, src, obj, 5, data)
 			if r.Resumes() != 2 {
 				t.Errorf("resumes %d, want 2", r.Resumes())
 			}
