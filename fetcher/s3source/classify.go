@@ -21,7 +21,8 @@ const (
 	KindRetryable
 	// KindNotFound: no such key, bucket or layer: abort the pipeline.
 	KindNotFound
-	// KindAccessDenied: 401/403 or no usable credentials: abort.
+	// KindAccessDenied: 401/403 or no usable credentials (CredentialsError,
+	// unless a credential service answered 429 or 5xx): abort.
 	KindAccessDenied
 	// KindChanged: the object changed between two ranged reads (412 on
 	// If-Match): start the download over.
@@ -81,6 +82,19 @@ func Classify(err error) Kind {
 	}
 	if errors.Is(err, context.Canceled) {
 		return KindCanceled
+	}
+	var ce *CredentialsError
+	if errors.As(err, &ce) {
+		// The chain found no credentials: asking again finds none either.
+		// Its own retries (three of the metadata service) are done, and a
+		// refused connection or a timeout there means a host without one.
+		// Only a credential service that is overloaded or failing (429,
+		// 5xx: STS, the metadata service throttling) is worth a retry.
+		var re *smithyhttp.ResponseError
+		if errors.As(ce.Err, &re) && (re.HTTPStatusCode() == 429 || re.HTTPStatusCode() >= 500) {
+			return KindRetryable
+		}
+		return KindAccessDenied
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return KindRetryable

@@ -230,6 +230,9 @@ func New(ctx context.Context, cfg Config) (*Source, error) {
 	if awsCfg.Region == "" {
 		awsCfg.Region = "us-east-1"
 	}
+	if !cfg.Anonymous && awsCfg.Credentials != nil {
+		awsCfg.Credentials = credentialsProvider{awsCfg.Credentials}
+	}
 	client := s3.NewFromConfig(awsCfg, func(o *s3.Options) {
 		if cfg.Endpoint != "" {
 			o.BaseEndpoint = aws.String(cfg.Endpoint)
