@@ -28,8 +28,9 @@ const (
 	// If-Match): start the download over.
 	KindChanged
 	// KindInvalid: a bad key, a request S3 refuses as malformed (other
-	// 4xx), or an answer that breaks S3's rules (a listing that never
-	// ends, an ETag that cannot tie a read to its version): abort.
+	// 4xx) or redirects for good (301: a bucket in another region), or
+	// an answer that breaks S3's rules (a listing that never ends, an
+	// ETag that cannot tie a read to its version): abort.
 	KindInvalid
 	// KindCanceled: the caller's context was canceled.
 	KindCanceled
@@ -132,6 +133,11 @@ func Classify(err error) Kind {
 			return KindAccessDenied
 		case code == 412:
 			return KindChanged
+		case code == 301:
+			// PermanentRedirect: the bucket is in another region than
+			// s3.region, or not behind s3.endpoint; the same request is
+			// redirected every time.
+			return KindInvalid
 		case code == 408 || code == 429 || code >= 500:
 			return KindRetryable
 		case code >= 400:
