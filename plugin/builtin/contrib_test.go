@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -119,6 +120,16 @@ func TestSystemdUnit(t *testing.T) {
 			if got := unit[sec][k]; len(got) != 1 || got[0] != v {
 				t.Errorf("[%s] %s = %q, want %q", sec, k, got, v)
 			}
+		}
+	}
+	// The runs a stopped daemon left resume at its start and read S3 at
+	// once: started before the network is up, they would spend their
+	// transitions' few retries in seconds and fail their pulls. systemd
+	// documents Wants= and After= network-online.target for a service
+	// that talks to the network as it starts.
+	for _, k := range []string{"Wants", "After"} {
+		if !slices.Contains(strings.Fields(strings.Join(unit["Unit"][k], " ")), "network-online.target") {
+			t.Errorf("[Unit] %s = %q, want network-online.target among them", k, unit["Unit"][k])
 		}
 	}
 }
