@@ -147,7 +147,8 @@ var poolLockDir = PoolLockDir
 // them, <file>.lock, after the file's symbolic links), or the configured
 // block devices (by device number, in PoolLockDir: every node of a device
 // names one lock, and the device itself is never opened, let alone
-// written). Each lock is taken at once or refused as lockPath refuses,
+// written), and the file a configured loop device is attached to, as a
+// loop-file pool locks it. Each lock is taken at once or refused as lockPath refuses,
 // naming it and the holder's pid; on refusal none is kept.
 func lockPool(pool thinpool.Config) (_ []*os.File, err error) {
 	var held heldLocks
@@ -181,6 +182,18 @@ func lockPool(pool thinpool.Config) (_ []*os.File, err error) {
 			if err := take(filepath.Join(poolLockDir, name)); err != nil {
 				return nil, err
 			}
+			// A loop device is its backing file, which a loop-file pool
+			// locks beside it: a node set up by hand once may be
+			// attached to another pool's file after a reboot.
+			file, err := loopBackingFile(st.Rdev)
+			if err != nil {
+				return nil, fmt.Errorf("pool %s: lock device %s: %w", pool.Name, dev, err)
+			}
+			if file != "" {
+				if err := take(file + ".lock"); err != nil {
+					return nil, err
+				}
+			}
 		}
 		return held, nil
 	}
@@ -199,6 +212,29 @@ func lockPool(pool thinpool.Config) (_ []*os.File, err error) {
 		}
 	}
 	return held, nil
+}
+
+// loopBackingFile is the file the loop device rdev is attached to, after
+// its symbolic links as a loop-file pool resolves its own, or "" when
+// rdev is not an attached loop device or its file was deleted (no pool
+// can name it then).
+func loopBackingFile(rdev uint64) (string, error) {
+	sys := fmt.Sprintf("/sys/dev/block/%d:%d/loop/backing_file", unix.Major(rdev), unix.Minor(rdev))
+	b, err := os.ReadFile(sys)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read the loop device's backing file: %w", err)
+	}
+	file := strings.TrimSuffix(string(b), "\n")
+	if strings.HasSuffix(file, " (deleted)") || !filepath.IsAbs(file) {
+		return "", nil
+	}
+	if real, err := filepath.EvalSymlinks(file); err == nil {
+		file = real
+	}
+	return file, nil
 }
 
 // makeLockDir makes dir (0700; its missing parents 0755, as the host
