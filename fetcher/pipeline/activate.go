@@ -55,6 +55,9 @@ type Registrar interface {
 	// (in every namespace), leaving others' images as they are; a name
 	// nowhere registered, or no containerd, is not an error.
 	Unregister(ctx context.Context, ref string) error
+	// Namespaces lists the namespaces where ref is an image this daemon
+	// created; none when it is nowhere, or there is no containerd.
+	Namespaces(ctx context.Context, ref string) ([]string, error)
 }
 
 type acReq = fsm.Request[ActivateRequest, api.ActivateResponse]

@@ -63,6 +63,32 @@ func (c *ContainerdRegistrar) Unregister(ctx context.Context, ref string) error 
 	return unregister(ctx, cl.ImageService(), nss, ref)
 }
 
+// Namespaces implements Registrar: the containerd namespaces where ref is
+// an image this daemon created, none without containerd.
+func (c *ContainerdRegistrar) Namespaces(ctx context.Context, ref string) ([]string, error) {
+	cl, err := c.client(ctx, ref)
+	if err != nil || cl == nil {
+		return nil, err
+	}
+	defer cl.Close()
+	nss, err := c.namespaces(ctx, cl, ref)
+	if err != nil {
+		return nil, err
+	}
+	return ourNamespaces(ctx, cl.ImageService(), nss, ref)
+}
+
+// ourNamespaces lists the namespaces of nss where is has ref as an image
+// this daemon created.
+func ourNamespaces(ctx context.Context, is images.Store, nss []string, ref string) ([]string, error) {
+	var ours []string
+	err := eachOurs(ctx, is, nss, ref, func(_ context.Context, ns string, _ images.Image) error {
+		ours = append(ours, ns)
+		return nil
+	})
+	return ours, err
+}
+
 // unregister deletes image ref from is in each namespace of nss where it
 // is an image this daemon created, waiting for containerd's garbage
 // collection; an image of that name someone else made stays as it is.

@@ -65,6 +65,14 @@ func (r Records) namePending(ctx context.Context, name string) (bool, error) {
 	return n > 0, nil
 }
 
+// pendingNamespaces lists the namespaces where containerd lacks name.
+func (r Records) pendingNamespaces(ctx context.Context, name string) ([]string, error) {
+	return queryAll(ctx, r.db.Statements(), "list pending namespaces of "+name, func(s rowScanner) (string, error) {
+		var ns string
+		return ns, s.Scan(&ns)
+	}, `SELECT namespace FROM containerd_pending WHERE name = ? ORDER BY namespace`, name)
+}
+
 // pendingNames lists the pending names, oldest first.
 func (r Records) pendingNames(ctx context.Context) ([]pendingName, error) {
 	return queryAll(ctx, r.db.Statements(), "list pending registrations", func(s rowScanner) (pendingName, error) {

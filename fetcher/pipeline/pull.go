@@ -611,9 +611,10 @@ func (p *Pipelines) Activate(ctx context.Context, ref string) (*api.ActivateResp
 	} else if len(names) > 0 {
 		name = names[0]
 	}
+	nss := p.namedIn(ctx, name)
 	// The run's response is read once the run has ended.
 	defer p.runHolds.hold(imageID)()
-	runID, err := p.startActivate(ctx, imageID, &ActivateRequest{ImageID: imageID, Source: img.Source, Ref: name, Layers: layers})
+	runID, err := p.startActivate(ctx, imageID, &ActivateRequest{ImageID: imageID, Source: img.Source, Ref: name, Layers: layers, Namespaces: nss})
 	if err != nil {
 		return nil, err
 	}
@@ -623,6 +624,36 @@ func (p *Pipelines) Activate(ctx context.Context, ref string) (*api.ActivateResp
 		p.used(ctx, imageID, false)
 	}
 	return resp, err
+}
+
+// namedIn is where an activate registers name again: the containerd
+// namespaces that have it as an image of ours, and those where its
+// registration waits for containerd (pending). A pull registered it in the
+// namespaces it was asked for, and registering it in the registrar's own
+// (none: the answer) would add it where no pull asked; only a name
+// nowhere, or a containerd that does not say, gets the registrar's own.
+func (p *Pipelines) namedIn(ctx context.Context, name string) []string {
+	if name == "" || p.opts.Registrar == nil {
+		return nil
+	}
+	lg := log.G(ctx).WithField("name", name)
+	nss, err := p.opts.Registrar.Namespaces(ctx, name)
+	if err != nil {
+		lg.WithError(err).Warn("activate: containerd did not say where the name is registered; registering it in the default namespace")
+		return nil
+	}
+	pending, err := RecordsOf(p.db).pendingNamespaces(ctx, name)
+	if err != nil {
+		lg.WithError(err).Warn("activate: reading where the name waits for containerd")
+	}
+	for _, ns := range pending {
+		// "" is the registrar's own namespace, which the pending
+		// registration itself takes care of.
+		if ns != "" && !slices.Contains(nss, ns) {
+			nss = append(nss, ns)
+		}
+	}
+	return nss
 }
 
 func newPullID() string {

@@ -117,6 +117,22 @@ func (r *fakeRegistrar) Unregister(_ context.Context, ref string) error {
 	return nil
 }
 
+// Namespaces lists the namespaces that have ref ("" for the fake's own).
+func (r *fakeRegistrar) Namespaces(_ context.Context, ref string) ([]string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var nss []string
+	for key := range r.names {
+		if key == ref {
+			nss = append(nss, "")
+		} else if ns, ok := strings.CutSuffix(key, "|"+ref); ok {
+			nss = append(nss, ns)
+		}
+	}
+	slices.Sort(nss)
+	return nss, nil
+}
+
 // registeredTop is the top chain ref is registered with ("" if none).
 func (r *fakeRegistrar) registeredTop(ref string) string {
 	r.mu.Lock()

@@ -142,6 +142,16 @@ func (r *storesRegistrar) Unregister(ctx context.Context, ref string) error {
 	return unregister(ctx, r.st.images, nss, ref)
 }
 
+func (r *storesRegistrar) Namespaces(ctx context.Context, ref string) ([]string, error) {
+	if r.down.Load() {
+		return nil, nil // as ContainerdRegistrar without containerd's socket
+	}
+	r.mu.Lock()
+	nss := slices.Sorted(maps.Keys(r.nss))
+	r.mu.Unlock()
+	return ourNamespaces(ctx, r.st.images, nss, ref)
+}
+
 func (r *storesRegistrar) Registered(ctx context.Context, ref string, diffIDs []string) (bool, error) {
 	if r.down.Load() {
 		return true, nil // as ContainerdRegistrar: nothing to register in

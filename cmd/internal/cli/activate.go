@@ -13,7 +13,9 @@ const activateDescription = `
 Asks the running daemon (over daemon.control_socket) to activate a pulled
 image again: its active snapshot "snap-<image id>" on the top of its
 unpacked chain is checked and, if it or its device is gone, re-created and
-registered. Prints the snapshot and its device (with --format json, the
+registered: in the containerd namespaces that have its name (those its
+pulls registered it in), or in [containerd] namespace when none has it
+(pull --namespace NS registers it again elsewhere). Prints the snapshot and its device (with --format json, the
 daemon's answer as one JSON object, or {"error": REASON} on failure). Exit
 status 0 on success, 1 with the reason on failure, 2 on a usage error.
 `
