@@ -33,6 +33,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"sort"
 	"strconv"
 	"strings"
@@ -47,6 +48,7 @@ import (
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go/middleware"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 	"github.com/containerd/log"
@@ -340,6 +342,9 @@ var (
 	// ErrKeyListedTwice: a listing returned the same key twice (on two
 	// pages): it cannot be trusted to say which objects the image has.
 	ErrKeyListedTwice = errors.New("listing returned the key twice")
+	// ErrKeyEncoding: a listing that says it URL-encoded its keys gave
+	// one that does not decode.
+	ErrKeyEncoding = errors.New("listed key is not URL-encoded as its listing says")
 )
 
 // unprintable reports a rune ValidateKey refuses: a control character
@@ -429,6 +434,9 @@ const maxListEntries = 1000
 // every layer's be given (*KeyError otherwise); a listing of more than Config.MaxListPages pages,
 // repeating a continuation token or giving one longer than S3 does, or
 // with a page larger than S3 sends (ErrListPageTooLarge) is refused.
+// Keys are asked for URL-encoded and decoded when the answer says they
+// are, so a key holding a character XML cannot carry is refused by name
+// (ErrKeyControl) like any other bad key.
 func (s *Source) List(ctx context.Context, prefix string) ([]Object, error) {
 	return s.list(ctx, prefix, 0)
 }
@@ -442,7 +450,13 @@ func (s *Source) list(ctx context.Context, prefix string, limit int) ([]Object, 
 		}
 	}
 	where := fmt.Sprintf("list s3://%s/%s", s.bucket, prefix)
-	in := &s3.ListObjectsV2Input{Bucket: aws.String(s.bucket), Delimiter: aws.String("/"), MaxKeys: aws.Int32(maxListEntries)}
+	// Keys URL-encoded: S3 lists a character XML 1.0 cannot hold (a C0
+	// control) as a character reference no XML parser accepts, so one
+	// such key would fail every page it is on as an unreadable answer,
+	// retried, naming no key; encoded, it reaches checkListed, which
+	// refuses it by name.
+	in := &s3.ListObjectsV2Input{Bucket: aws.String(s.bucket), Delimiter: aws.String("/"), MaxKeys: aws.Int32(maxListEntries),
+		EncodingType: types.EncodingTypeUrl}
 	if prefix != "" {
 		in.Prefix = aws.String(prefix)
 	}
@@ -463,6 +477,15 @@ func (s *Source) list(ctx context.Context, prefix string, limit int) ([]Object, 
 		}
 		for _, o := range page.Contents {
 			k, size := aws.ToString(o.Key), aws.ToInt64(o.Size)
+			// A server that ignores encoding-type (many S3-compatible
+			// ones) lists the keys as they are, and does not say url.
+			if page.EncodingType == types.EncodingTypeUrl {
+				dk, err := url.QueryUnescape(k)
+				if err != nil {
+					return nil, fmt.Errorf("%s: %w", where, &KeyError{Key: k, Rule: ErrKeyEncoding})
+				}
+				k = dk
+			}
 			if err := checkListed(prefix, k, size); err != nil {
 				return nil, fmt.Errorf("%s: %w", where, err)
 			}
