@@ -141,6 +141,17 @@ func (p *Pipelines) Pull(ctx context.Context, req api.PullRequest, progress func
 				err = fmt.Errorf("pull %s: %s is listed in S3 but its GET says it does not exist, twice, the image listed again unchanged in between; every object a listing names must be readable: %w",
 					source, oe.url, err)
 			}
+		default:
+			// Changed, yet listed again with the same ETag and size: a
+			// replica whose GET lags its listing, or a server whose GETs
+			// give other ETags than its listings. One more GET; then the
+			// failure says so, not that the object changed, which the
+			// listing does not show.
+			lg.WithError(err).Warn("an object S3 lists unchanged was refused on GET as another version; pulling once more")
+			if res, err = p.runPipelines(ctx, req, source, imageID, ref, layers, progress); errors.As(err, &oe) && errors.Is(err, s3source.ErrChanged) {
+				err = fmt.Errorf("pull %s: %s is listed unchanged in S3 but its GET says it is another version, twice, the image listed again unchanged in between; a listing and the GETs of its objects must agree on their ETags: %w",
+					source, oe.url, err)
+			}
 		}
 	}
 	// The pull's records (or its failure) keep what it built on now: the
