@@ -6,6 +6,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/containerd/log"
 	systemd "github.com/coreos/go-systemd/v22/daemon"
@@ -111,6 +113,12 @@ func (f *serveFlags) serveConfig() (*plugin.Config, error) {
 }
 
 func runServe(ctx context.Context, args []string) (err error) {
+	// A log line that cannot be written is lost, not the daemon: without
+	// this, Go's runtime kills the process with SIGPIPE at its first write
+	// to a stderr whose reader is gone (a log pipe's reader died). Being
+	// notified rather than ignoring it leaves the signal's default to the
+	// programs the daemon runs (igzip).
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	f, parse := newServeFlagSet()
 	if err := parse(args); err != nil {
 		return err
