@@ -713,3 +713,69 @@ func (e *env) upperUnpackRun(t *testing.T) fsm.RunRecord {
 	}
 	return upper[0]
 }
+
+// TestStopEndsThePullsItCuts: a daemon stopped gracefully during a pull
+// (here while the pull's extraction of its layer as it downloads is held
+// at its start) has Close return only once that pull has ended: what the
+// pull does on its way out (its extraction stopped and its snapshot
+// removed) is done before the next daemon starts on the same database and
+// pool, whose start-up sweep would otherwise race it. The pull says the
+// daemon stopped and is not recorded as a failure of the image: its runs
+// resume at the next start. Nothing of the extraction is left.
+func TestStopEndsThePullsItCuts(t *testing.T) {
+	e := newPullEnv(t, nil)
+	e.srv.Put(t, "w/1.tar", layerTar(t, "w", 100_000))
+	reached, release := make(chan struct{}), make(chan struct{})
+	e.p.hooks = map[string]func(){"stream-extract:started": func() {
+		close(reached)
+		<-release
+	}}
+	pulled := make(chan error, 1)
+	go func() {
+		_, err := e.pull("w/", "w")
+		pulled <- err
+	}()
+	select {
+	case <-reached:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the layer's extraction as it downloads never started")
+	}
+	closed := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		closed <- e.p.Close(ctx)
+	}()
+	<-e.p.Manager().Done()
+	// The extraction is held a second past the stop's start: a Close
+	// that waits for the pull returns only after it is let go.
+	closedFirst := false
+	select {
+	case err := <-closed:
+		closedFirst = true
+		closed <- err
+	case <-time.After(time.Second):
+	}
+	close(release)
+	if err := <-closed; err != nil {
+		t.Fatalf("stopping the daemon: %v", err)
+	}
+	if closedFirst {
+		t.Error("Close returned while the pull it cut still ran: the pull stops its extraction and removes its snapshot after the stop")
+	}
+	select {
+	case err := <-pulled:
+		if !errors.Is(err, fsm.ErrClosed) {
+			t.Errorf("the pull the stop cut returned %v; want it told the daemon stopped (fsm.ErrClosed)", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the pull the stop cut has not returned 30 s after the stop")
+	}
+	_, imageID := imageSource(e.srv.Bucket, "w/")
+	if im, err := RecordsOf(e.db).GetImage(context.Background(), imageID); err != nil || im != nil && im.FailureReason != "" {
+		t.Errorf("after the stop the image is recorded %+v (%v); want no failure recorded: the pull did not fail", im, err)
+	}
+	if x := e.sn.extractions(t); len(x) != 0 {
+		t.Errorf("extraction snapshots left after the stop: %v", x)
+	}
+}

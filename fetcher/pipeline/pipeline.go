@@ -184,6 +184,16 @@ type Pipelines struct {
 	// between another's record and registration, and the records and
 	// containerd would end naming different images.
 	names keyed.Mutex[string]
+	// stopping is canceled, with fsm.ErrClosed as its cause, when Close
+	// begins: the pulls and activates under way (calls, counted while
+	// callsMu says the pipelines are not closed) are cut with it, and
+	// Close returns only once they have ended, so that none of them
+	// removes, records or registers anything after it.
+	stopping context.Context
+	stop     context.CancelCauseFunc
+	callsMu  sync.Mutex
+	closed   bool
+	calls    sync.WaitGroup
 }
 
 // New builds the manager, the queues and the three machines over opts.DB.
@@ -222,6 +232,7 @@ func New(ctx context.Context, opts Options) (*Pipelines, error) {
 		}
 	}
 	p := &Pipelines{opts: opts, db: opts.DB, deviceLive: mappedDeviceLive, mountAt: mountAll}
+	p.stopping, p.stop = context.WithCancelCause(context.Background())
 	p.spools.limit = opts.SpoolSize
 	p.hooks = faultHooks(ctx)
 	p.m = fsm.NewManager(fsm.NewSQLiteStore(opts.DB),
@@ -261,8 +272,54 @@ func (p *Pipelines) Resume(ctx context.Context) error {
 func (p *Pipelines) Manager() *fsm.Manager { return p.m }
 
 // Close stops the runs of this process; they stay recorded for the next
-// Resume.
-func (p *Pipelines) Close(ctx context.Context) error { return p.m.Close(ctx) }
+// Resume. The pulls and activates under way are cut (their errors match
+// fsm.ErrClosed) and later ones refused; Close returns once they have
+// ended too, or ctx is done.
+func (p *Pipelines) Close(ctx context.Context) error {
+	p.callsMu.Lock()
+	p.closed = true
+	p.callsMu.Unlock()
+	p.stop(fsm.ErrClosed)
+	err := p.m.Close(ctx)
+	ended := make(chan struct{})
+	go func() { p.calls.Wait(); close(ended) }()
+	select {
+	case <-ended:
+		return err
+	case <-ctx.Done():
+		return errors.Join(err, fmt.Errorf("pipeline: closing: pulls or activates still ending: %w", ctx.Err()))
+	}
+}
+
+// begin counts a pull or an activate under way until end is called, and
+// returns its context, which Close cuts; once Close has begun it is
+// refused (fsm.ErrClosed).
+func (p *Pipelines) begin(ctx context.Context) (_ context.Context, end func(), err error) {
+	p.callsMu.Lock()
+	defer p.callsMu.Unlock()
+	if p.closed {
+		return nil, nil, fsm.ErrClosed
+	}
+	p.calls.Add(1)
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(p.stopping, func() { cancel(fsm.ErrClosed) })
+	return ctx, func() {
+		stop()
+		cancel(nil)
+		p.calls.Done()
+	}, nil
+}
+
+// stopped is err, the error of a call begun with begin whose context is
+// ctx, said to be the daemon's stop (matching fsm.ErrClosed) when Close
+// cut the call: what the caller is to be told, rather than the canceled
+// context the call met.
+func stopped(ctx context.Context, err error) error {
+	if err != nil && !errors.Is(err, fsm.ErrClosed) && errors.Is(context.Cause(ctx), fsm.ErrClosed) {
+		return fmt.Errorf("%w: %w", fsm.ErrClosed, err)
+	}
+	return err
+}
 
 func (o Options) blobDir() string { return filepath.Join(o.DownloadDir, "blobs", "sha256") }
 func (o Options) tmpDir() string  { return filepath.Join(o.DownloadDir, "tmp") }

@@ -49,7 +49,20 @@ var ErrImageTooLarge = errors.New("image too large")
 // progress is blocked, the latest is delivered, and all of them before
 // Pull returns, unless progress stays blocked past a grace of seconds at
 // the end: Pull then returns, and progress gets the rest once it returns.
+// A pull under way when Close begins is cut, and its error matches
+// fsm.ErrClosed; Close returns once it has ended.
 func (p *Pipelines) Pull(ctx context.Context, req api.PullRequest, progress func(api.Event)) (*api.PullResult, error) {
+	ctx, end, err := p.begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("pull: %w", err)
+	}
+	defer end()
+	res, err := p.pull(ctx, req, progress)
+	return res, stopped(ctx, err)
+}
+
+// pull is Pull once counted as under way.
+func (p *Pipelines) pull(ctx context.Context, req api.PullRequest, progress func(api.Event)) (*api.PullResult, error) {
 	if p.opts.Snapshots == nil {
 		return nil, errors.New("pull: the pipelines have no snapshotter")
 	}
@@ -574,8 +587,20 @@ func (p *Pipelines) firstFailure(ctx context.Context, runIDs []string) error {
 
 // Activate runs the Activate machine again for the image ref names (one of
 // its names or its s3:// source; its activation re-created if it is gone)
-// and returns its snapshot.
+// and returns its snapshot. Like a pull, an activate under way when Close
+// begins is cut (fsm.ErrClosed), and Close waits for it to end.
 func (p *Pipelines) Activate(ctx context.Context, ref string) (*api.ActivateResponse, error) {
+	ctx, end, err := p.begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("activate %q: %w", ref, err)
+	}
+	defer end()
+	res, err := p.activate(ctx, ref)
+	return res, stopped(ctx, err)
+}
+
+// activate is Activate once counted as under way.
+func (p *Pipelines) activate(ctx context.Context, ref string) (*api.ActivateResponse, error) {
 	imageID, err := RecordsOf(p.db).ImageIDByRef(ctx, ref)
 	if err != nil {
 		return nil, err
