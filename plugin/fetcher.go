@@ -252,6 +252,18 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 		p.Close(ctx)
 		return nil, fmt.Errorf("fetcher: %w", err)
 	}
+	// The control socket is listened on before anything is started that
+	// a failure would have to stop: the daemon closes the pool and the
+	// database and exits once StartFetcher fails, and a loop left running
+	// (the pool's watch grows the pool, suspending it for the reload)
+	// would work on them closed, or be cut half-way by the exit.
+	var lis net.Listener
+	if sock := s.Config.Daemon.ControlSocket; sock != "" {
+		if lis, err = s.listenControl(ctx, sock); err != nil {
+			p.Close(ctx)
+			return nil, fmt.Errorf("fetcher: control %w", err)
+		}
+	}
 	sctx, cancel := context.WithCancel(ctx)
 	p.SetPoolGuard(col)
 	var loops sync.WaitGroup
@@ -276,13 +288,7 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 		p.RetainEvery(sctx, s.Config.Retention.Interval.Duration, s.Config.Retention.Policy())
 	}()
 	done := make(chan struct{})
-	if sock := s.Config.Daemon.ControlSocket; sock != "" {
-		lis, err := s.listenControl(ctx, sock)
-		if err != nil {
-			cancel()
-			p.Close(ctx)
-			return nil, fmt.Errorf("fetcher: control %w", err)
-		}
+	if lis != nil {
 		go func() {
 			defer close(done)
 			if err := server.Serve(sctx, lis, fetcherAPI{s3Policy{Pipelines: p, cfg: s.Config, metrics: s.fetchMetrics(), pulls: &pullsUnderWay{}}, col}); err != nil {
