@@ -146,7 +146,7 @@ func serveActivate(p Puller, w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := p.Activate(r.Context(), req.Ref)
 	if err != nil {
-		writeJSON(w, http.StatusInternalServerError, control.ActivateAnswer{Error: err.Error()})
+		writeJSON(w, http.StatusInternalServerError, control.ActivateAnswer{Error: stoppedAnswer(r, "activate", err)})
 		return
 	}
 	writeJSON(w, http.StatusOK, control.ActivateAnswer{Result: res})
@@ -204,18 +204,29 @@ var pullWriteTimeout = time.Minute
 // to do, since the pull's runs resume when the daemon starts again.
 var errDaemonStopping = errors.New("daemon stopping: run the same pull again once it is back")
 
+// stoppedAnswer is the error answered to request r, a what ("activate",
+// "rm"), that failed with err: when the daemon's stop cut it (Serve), what
+// to do, as a pull is told, rather than the canceled context it met.
+func stoppedAnswer(r *http.Request, what string, err error) string {
+	if errors.Is(context.Cause(r.Context()), errDaemonStopping) {
+		return fmt.Sprintf("daemon stopping: run the same %s again once it is back (%v)", what, err)
+	}
+	return err.Error()
+}
+
 // Serve answers on lis until ctx is done, then stops and removes the
 // socket. A pull in flight is then answered with errDaemonStopping and its
 // context cancelled with it (its state machines go on in the daemon, which
-// resumes them at its next start); other requests get a second to finish.
+// resumes them at its next start); other requests get a second to finish,
+// then are cut and answered that the daemon stops (stoppedAnswer).
 func Serve(ctx context.Context, lis net.Listener, p Puller) error {
 	stopping, stop := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer stop(nil)
 	// Requests run on base, cut when the grace has passed; Serve returns
 	// only once every handler has, since the daemon then closes what they
 	// use (the pipelines, the pool, the database).
-	base, cutRequests := context.WithCancel(context.WithoutCancel(ctx))
-	defer cutRequests()
+	base, cutRequests := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cutRequests(nil)
 	var running handlers
 	h := handler(p, stopping)
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -236,9 +247,20 @@ func Serve(ctx context.Context, lis net.Listener, p Puller) error {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
-		cutRequests()
+		cutRequests(errDaemonStopping)
+		// The requests cut answer on their connections, still open, that
+		// the daemon stops (stoppedAnswer), for a second at most; then
+		// the connections are closed under any handler still writing.
+		ended := make(chan struct{})
+		go func() { running.wait(); close(ended) }()
+		answer := time.NewTimer(time.Second)
+		select {
+		case <-ended:
+		case <-answer.C:
+		}
+		answer.Stop()
 		_ = srv.Close()
-		running.wait()
+		<-ended
 		return nil
 	case err := <-errc:
 		// The socket failed; the daemon goes on serving containerd, and
@@ -248,7 +270,7 @@ func Serve(ctx context.Context, lis net.Listener, p Puller) error {
 		// them.
 		defer context.AfterFunc(ctx, func() {
 			stop(errDaemonStopping)
-			cutRequests()
+			cutRequests(errDaemonStopping)
 		})()
 		running.wait()
 		_ = srv.Close()
@@ -305,7 +327,7 @@ func serveRm(rm Remover, w http.ResponseWriter, r *http.Request) {
 	status := http.StatusOK
 	if err != nil {
 		log.G(r.Context()).WithError(err).WithField("refs", req.Refs).Warn("control: rm refused or failed")
-		a.Error, status = err.Error(), http.StatusConflict
+		a.Error, status = stoppedAnswer(r, "rm", err), http.StatusConflict
 	}
 	writeJSON(w, status, a)
 }

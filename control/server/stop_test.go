@@ -118,3 +118,80 @@ func TestServeReturnsAfterItsHandlersWhenItsSocketFails(t *testing.T) {
 		t.Fatal("Serve returned while an activate it accepted still ran: the daemon would close the database and the pool under it")
 	}
 }
+
+// TestDaemonStopTellsActivateToRunAgain: the daemon stops while an
+// activate waits for its run (past Serve's second of grace). Its answer
+// says the daemon is stopping and to run the activate again once it is
+// back, as a pull's does, rather than the "context canceled" its cut
+// request met, which says neither what happened nor what to do.
+func TestDaemonStopTellsActivateToRunAgain(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "control.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &slowActivate{entered: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- Serve(ctx, lis, p) }()
+	answered := make(chan error, 1)
+	go func() {
+		_, err := control.NewClient(sock).Activate(context.Background(), "img")
+		answered <- err
+	}()
+	<-p.entered
+	cancel()
+	if err := <-served; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+	select {
+	case err := <-answered:
+		if err == nil || !strings.Contains(err.Error(), "daemon stopping: run the same activate again once it is back") {
+			t.Errorf("activate across a daemon stop: %v; want the daemon's word that it stops and to run the activate again", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the activate has no answer 10 s after the daemon stopped")
+	}
+}
+
+// slowRm is slowActivate serving rm too: its Remove waits past Serve's
+// second of grace, until its context is cut.
+type slowRm struct{ *slowActivate }
+
+func (s slowRm) Remove(ctx context.Context, refs []string) ([]api.Removed, error) {
+	close(s.entered)
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestDaemonStopTellsRmToRunAgain: as for activate, an rm the daemon's
+// stop cuts is answered that the daemon stops and to run it again.
+func TestDaemonStopTellsRmToRunAgain(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "control.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := slowRm{&slowActivate{entered: make(chan struct{})}}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- Serve(ctx, lis, p) }()
+	answered := make(chan error, 1)
+	go func() {
+		_, err := control.NewClient(sock).Remove(context.Background(), []string{"img"})
+		answered <- err
+	}()
+	<-p.entered
+	cancel()
+	if err := <-served; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+	select {
+	case err := <-answered:
+		if err == nil || !strings.Contains(err.Error(), "daemon stopping: run the same rm again once it is back") {
+			t.Errorf("rm across a daemon stop: %v; want the daemon's word that it stops and to run the rm again", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the rm has no answer 10 s after the daemon stopped")
+	}
+}
