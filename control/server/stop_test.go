@@ -125,33 +125,11 @@ func TestServeReturnsAfterItsHandlersWhenItsSocketFails(t *testing.T) {
 // back, as a pull's does, rather than the "context canceled" its cut
 // request met, which says neither what happened nor what to do.
 func TestDaemonStopTellsActivateToRunAgain(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "control.sock")
-	lis, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
 	p := &slowActivate{entered: make(chan struct{})}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- Serve(ctx, lis, p) }()
-	answered := make(chan error, 1)
-	go func() {
-		_, err := control.NewClient(sock).Activate(context.Background(), "img")
-		answered <- err
-	}()
-	<-p.entered
-	cancel()
-	if err := <-served; err != nil {
-		t.Fatalf("Serve: %v", err)
-	}
-	select {
-	case err := <-answered:
-		if err == nil || !strings.Contains(err.Error(), "daemon stopping: run the same activate again once it is back") {
-			t.Errorf("activate across a daemon stop: %v; want the daemon's word that it stops and to run the activate again", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the activate has no answer 10 s after the daemon stopped")
-	}
+	checkStopAnswer(t, p, p.entered, "activate", func(c *control.Client) error {
+		_, err := c.Activate(context.Background(), "img")
+		return err
+	})
 }
 
 // slowRm is slowActivate serving rm too: its Remove waits past Serve's
@@ -167,31 +145,40 @@ func (s slowRm) Remove(ctx context.Context, refs []string) ([]api.Removed, error
 // TestDaemonStopTellsRmToRunAgain: as for activate, an rm the daemon's
 // stop cuts is answered that the daemon stops and to run it again.
 func TestDaemonStopTellsRmToRunAgain(t *testing.T) {
+	p := slowRm{&slowActivate{entered: make(chan struct{})}}
+	checkStopAnswer(t, p, p.entered, "rm", func(c *control.Client) error {
+		_, err := c.Remove(context.Background(), []string{"img"})
+		return err
+	})
+}
+
+// checkStopAnswer serves p, makes the request call, stops the daemon once
+// p has entered it (entered closed), and checks that the request's answer
+// says the daemon stops and to run the what again.
+func checkStopAnswer(t *testing.T, p Puller, entered <-chan struct{}, what string, call func(*control.Client) error) {
+	t.Helper()
 	sock := filepath.Join(t.TempDir(), "control.sock")
 	lis, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := slowRm{&slowActivate{entered: make(chan struct{})}}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- Serve(ctx, lis, p) }()
 	answered := make(chan error, 1)
-	go func() {
-		_, err := control.NewClient(sock).Remove(context.Background(), []string{"img"})
-		answered <- err
-	}()
-	<-p.entered
+	go func() { answered <- call(control.NewClient(sock)) }()
+	<-entered
 	cancel()
 	if err := <-served; err != nil {
 		t.Fatalf("Serve: %v", err)
 	}
+	want := "daemon stopping: run the same " + what + " again once it is back"
 	select {
 	case err := <-answered:
-		if err == nil || !strings.Contains(err.Error(), "daemon stopping: run the same rm again once it is back") {
-			t.Errorf("rm across a daemon stop: %v; want the daemon's word that it stops and to run the rm again", err)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s across a daemon stop: %v; want the daemon's word that it stops and to run the %s again", what, err, what)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("the rm has no answer 10 s after the daemon stopped")
+		t.Fatalf("the %s has no answer 10 s after the daemon stopped", what)
 	}
 }
