@@ -629,22 +629,13 @@ func TestUnpackStoppedMidExtractionStartsAfresh(t *testing.T) {
 			<-release
 		}
 	}}
-	pulled := make(chan error, 1)
-	go func() {
-		_, err := e.pull("g/", "g")
-		pulled <- err
-	}()
+	pulled := e.pullAsync("g/", "g")
 	select {
 	case <-reached:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the top layer's extraction never reached its seventh entry")
 	}
-	closed := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		closed <- e.p.Close(ctx)
-	}()
+	closed := e.closeAsync()
 	// The extraction goes on once the stop has canceled the runs'
 	// context, to find it canceled.
 	<-e.p.Manager().Done()
@@ -654,14 +645,7 @@ func TestUnpackStoppedMidExtractionStartsAfresh(t *testing.T) {
 	}
 	// The client is told the daemon stopped, and its pull has written all
 	// it will before the next daemon starts on the same database.
-	select {
-	case err := <-pulled:
-		if !errors.Is(err, fsm.ErrClosed) {
-			t.Fatalf("the pull the stop cut returned %v; want it told the daemon stopped (fsm.ErrClosed)", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the pull the stop cut has not returned 30 s after the stop")
-	}
+	wantPullStopped(t, pulled)
 	r := e.upperUnpackRun(t)
 	if r.Transition != "extract-layers" || r.Attempts != 0 {
 		t.Fatalf("after the stop the top layer's unpack run is at %q with %d attempts counted, want extract-layers with none", r.Transition, r.Attempts)
@@ -730,22 +714,13 @@ func TestStopEndsThePullsItCuts(t *testing.T) {
 		close(reached)
 		<-release
 	}}
-	pulled := make(chan error, 1)
-	go func() {
-		_, err := e.pull("w/", "w")
-		pulled <- err
-	}()
+	pulled := e.pullAsync("w/", "w")
 	select {
 	case <-reached:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the layer's extraction as it downloads never started")
 	}
-	closed := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		closed <- e.p.Close(ctx)
-	}()
+	closed := e.closeAsync()
 	<-e.p.Manager().Done()
 	// The extraction is held a second past the stop's start: a Close
 	// that waits for the pull returns only after it is let go.
@@ -763,19 +738,49 @@ func TestStopEndsThePullsItCuts(t *testing.T) {
 	if closedFirst {
 		t.Error("Close returned while the pull it cut still ran: the pull stops its extraction and removes its snapshot after the stop")
 	}
-	select {
-	case err := <-pulled:
-		if !errors.Is(err, fsm.ErrClosed) {
-			t.Errorf("the pull the stop cut returned %v; want it told the daemon stopped (fsm.ErrClosed)", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the pull the stop cut has not returned 30 s after the stop")
-	}
+	wantPullStopped(t, pulled)
 	_, imageID := imageSource(e.srv.Bucket, "w/")
 	if im, err := RecordsOf(e.db).GetImage(context.Background(), imageID); err != nil || im != nil && im.FailureReason != "" {
 		t.Errorf("after the stop the image is recorded %+v (%v); want no failure recorded: the pull did not fail", im, err)
 	}
 	if x := e.sn.extractions(t); len(x) != 0 {
 		t.Errorf("extraction snapshots left after the stop: %v", x)
+	}
+}
+
+// pullAsync starts a pull of key named ref and returns where its error
+// comes once it returns.
+func (e *env) pullAsync(key, ref string) <-chan error {
+	pulled := make(chan error, 1)
+	go func() {
+		_, err := e.pull(key, ref)
+		pulled <- err
+	}()
+	return pulled
+}
+
+// closeAsync stops the daemon (Close, 30 s at most) and returns where its
+// error comes.
+func (e *env) closeAsync() chan error {
+	closed := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		closed <- e.p.Close(ctx)
+	}()
+	return closed
+}
+
+// wantPullStopped checks that the pull whose error comes on pulled
+// returned within 30 s of the stop, told the daemon stopped.
+func wantPullStopped(t *testing.T, pulled <-chan error) {
+	t.Helper()
+	select {
+	case err := <-pulled:
+		if !errors.Is(err, fsm.ErrClosed) {
+			t.Fatalf("the pull the stop cut returned %v; want it told the daemon stopped (fsm.ErrClosed)", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the pull the stop cut has not returned 30 s after the stop")
 	}
 }
