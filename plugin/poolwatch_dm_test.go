@@ -5,6 +5,7 @@ package plugin_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"testing"
@@ -26,46 +27,8 @@ import (
 func TestDaemonGrowsPoolAlreadyUnderLowWater(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cfg := dmtest.Config(t)
-	exec.Command("ip", "link", "set", "lo", "up").Run()
-	srv := s3test.NewServer(t)
-	cfg.S3.Region, cfg.S3.Endpoint, cfg.S3.PathStyle, cfg.S3.Anonymous = "us-east-1", srv.URL, true, true
-	cfg.Pool.DataSize, cfg.Pool.MaxDataSize, cfg.Pool.GrowthReserve = 64<<20, 128<<20, 1<<20 // 1024 blocks of 64 KiB
-	cfg.GC.Enabled = false
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	svc, err := plugin.Open(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer svc.Close()
-
-	// The daemon is not watching yet: a device writes past the mark.
-	const id, name = 4000, "poolwatch-filler"
-	if err := svc.Pool.CreateThin(ctx, id); err != nil {
-		t.Fatal(err)
-	}
-	path, err := svc.Pool.Activate(ctx, name, id, 128<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|unix.O_DIRECT, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 1<<20+4096)
-	off := (4096 - int(uintptr(unsafe.Pointer(&buf[0]))&4095)) & 4095
-	chunk := buf[off : off+1<<20]
-	for i := range chunk {
-		chunk[i] = byte(i)
-	}
-	for pos := int64(0); pos < 60<<20; pos += 1 << 20 {
-		if _, err := f.WriteAt(chunk, pos); err != nil {
-			t.Fatal(err)
-		}
-	}
-	f.Close()
+	const id = 4000
+	svc := openUnderLowWater(ctx, t, id, nil)
 	st, err := svc.Pool.Status(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -105,4 +68,56 @@ func TestDaemonGrowsPoolAlreadyUnderLowWater(t *testing.T) {
 	if err := svc.Pool.Delete(ctx, id+1); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// openUnderLowWater opens a service (its configuration changed by edit,
+// when given) on a 64 MiB pool allowed to grow to 128 MiB, with GC off and
+// a local S3 server, and, while nothing watches the pool, fills thin
+// device id (activated, 128 MiB) with 60 MiB: the pool is then under its
+// low-water mark. The service is closed when the test ends.
+func openUnderLowWater(ctx context.Context, t *testing.T, id uint32, edit func(*plugin.Config)) *plugin.Service {
+	t.Helper()
+	cfg := dmtest.Config(t)
+	exec.Command("ip", "link", "set", "lo", "up").Run()
+	srv := s3test.NewServer(t)
+	cfg.S3.Region, cfg.S3.Endpoint, cfg.S3.PathStyle, cfg.S3.Anonymous = "us-east-1", srv.URL, true, true
+	cfg.Pool.DataSize, cfg.Pool.MaxDataSize, cfg.Pool.GrowthReserve = 64<<20, 128<<20, 1<<20 // 1024 blocks of 64 KiB
+	cfg.GC.Enabled = false
+	if edit != nil {
+		edit(cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := plugin.Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Close() })
+	path, err := func() (string, error) {
+		if err := svc.Pool.CreateThin(ctx, id); err != nil {
+			return "", err
+		}
+		return svc.Pool.Activate(ctx, fmt.Sprintf("lowwater-filler-%d", id), id, 128<<20)
+	}()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|unix.O_DIRECT, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20+4096)
+	off := (4096 - int(uintptr(unsafe.Pointer(&buf[0]))&4095)) & 4095
+	chunk := buf[off : off+1<<20]
+	for i := range chunk {
+		chunk[i] = byte(i)
+	}
+	for pos := int64(0); pos < 60<<20; pos += 1 << 20 {
+		if _, err := f.WriteAt(chunk, pos); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return svc
 }

@@ -6,18 +6,12 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"testing"
 	"time"
-	"unsafe"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/fetcher/s3test"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
-	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
 )
 
 // TestStartFetcherRefusedLeavesNothingRunning: a control socket the daemon
@@ -32,45 +26,15 @@ import (
 func TestStartFetcherRefusedLeavesNothingRunning(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cfg := dmtest.Config(t)
-	exec.Command("ip", "link", "set", "lo", "up").Run()
-	srv := s3test.NewServer(t)
-	cfg.S3.Region, cfg.S3.Endpoint, cfg.S3.PathStyle, cfg.S3.Anonymous = "us-east-1", srv.URL, true, true
-	cfg.Pool.DataSize, cfg.Pool.MaxDataSize, cfg.Pool.GrowthReserve = 64<<20, 128<<20, 1<<20 // 1024 blocks of 64 KiB
-	cfg.Daemon.ControlSocket = filepath.Join(cfg.Daemon.RootDir, "control.d")
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
+	var cfg *plugin.Config
+	svc := openUnderLowWater(ctx, t, 4000, func(c *plugin.Config) {
+		c.GC.Enabled = plugin.DefaultConfig().GC.Enabled
+		c.Daemon.ControlSocket = filepath.Join(c.Daemon.RootDir, "control.d")
+		cfg = c
+	})
 	if err := os.MkdirAll(cfg.Daemon.ControlSocket, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	svc, err := plugin.Open(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer svc.Close()
-	// A device writes past the mark while no watch runs.
-	const id, name = 4000, "startfetcher-filler"
-	if err := svc.Pool.CreateThin(ctx, id); err != nil {
-		t.Fatal(err)
-	}
-	path, err := svc.Pool.Activate(ctx, name, id, 128<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|unix.O_DIRECT, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 1<<20+4096)
-	off := (4096 - int(uintptr(unsafe.Pointer(&buf[0]))&4095)) & 4095
-	chunk := buf[off : off+1<<20]
-	for pos := int64(0); pos < 60<<20; pos += 1 << 20 {
-		if _, err := f.WriteAt(chunk, pos); err != nil {
-			t.Fatal(err)
-		}
-	}
-	f.Close()
 	before, err := svc.Pool.Status(ctx)
 	if err != nil {
 		t.Fatal(err)
