@@ -37,8 +37,9 @@ const (
 	// DefaultSpoolSize is Options.SpoolSize's default: the tar streams of
 	// a few large layers.
 	DefaultSpoolSize = 2 << 30
-	// maxResumes bounds the Range resumes of one download attempt, but
-	// for those after a body that brought s3source.ResumeProgress bytes.
+	// maxResumes bounds the Range resumes of one download attempt (of
+	// each connection of a ranged one), but for those after a body that
+	// brought s3source.ResumeProgress bytes.
 	maxResumes = 5
 	// fixedDelay is the wait of the "fixed retry" transitions.
 	fixedDelay = time.Second

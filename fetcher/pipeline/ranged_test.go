@@ -15,13 +15,18 @@ import (
 )
 
 // newRangedEnv is a pull environment whose S3 source reads objects larger
-// than s3source.MinPartSize as concurrent ranged parts.
+// than s3source.MinPartSize as concurrent ranged parts, 2 at a time.
 func newRangedEnv(t *testing.T) *env {
+	return newRangedEnvConns(t, 2)
+}
+
+// newRangedEnvConns is newRangedEnv reading conns parts at a time.
+func newRangedEnvConns(t *testing.T, conns int) *env {
 	e := newPullEnv(t, nil)
 	opts := e.options()
 	opts.Sources = func(ctx context.Context, bucket string) (*s3source.Source, error) {
 		return s3source.New(ctx, s3source.Config{Bucket: bucket, Region: "us-east-1", Endpoint: e.srv.URL, PathStyle: true, Anonymous: true,
-			PartSize: s3source.MinPartSize, ConnectionsPerObject: 2})
+			PartSize: s3source.MinPartSize, ConnectionsPerObject: conns})
 	}
 	opts.Snapshots, opts.ThinExists = e.sn, e.sn.ThinExists
 	p, err := New(context.Background(), opts)
@@ -64,6 +69,33 @@ func TestPullResetMidPart(t *testing.T) {
 		t.Errorf("%d ranged GETs of the object, want its 4 parts and a resume", ranged)
 	}
 	e.assertNoExtraction()
+}
+
+// TestPullRidesOutASlowDownBurst: S3 answering SlowDown to every GET of
+// a layer for two seconds in the middle of its ranged download (a fleet
+// pulling one image at once) slows the download down; the parts already
+// received are kept, not thrown away for a download of the object from
+// its first byte again.
+func TestPullRidesOutASlowDownBurst(t *testing.T) {
+	e := newRangedEnvConns(t, 4)
+	data := layerTar(t, "burst", 8*s3source.MinPartSize)
+	e.srv.Put(t, "burst/1.tar", data)
+	// Part 4 is asked for once part 0 was handed out in full: from then
+	// on no GET of part 0 is due but a download's from its start.
+	e.srv.Faults.BeforeGet("burst/1.tar", partRange(4), func() { e.srv.Faults.FailFor(2*time.Second, "burst/1.tar", 503, "SlowDown") })
+	res := e.mustPull("burst/", "burst")
+	if res.Layers[0].DiffID != sha(data) {
+		t.Errorf("layer's diff ID %s, want %s", res.Layers[0].DiffID, sha(data))
+	}
+	first := 0
+	for _, r := range e.srv.Faults.Recorded() {
+		if r.Method == "GET" && r.Key == "burst/1.tar" && r.Range == partRange(0) {
+			first++
+		}
+	}
+	if first != 1 {
+		t.Errorf("the layer's first part asked for %d times, want once: the download started over", first)
+	}
 }
 
 // TestPullOverwrittenBetweenParts: an object overwritten in S3 between two

@@ -25,10 +25,15 @@ var errReaderClosed = errors.New("s3 object reader is closed")
 // and starts the next only once Read has handed the previous one out in
 // full: at most n parts are buffered, and a slow caller slows the
 // requests instead of growing memory. A part whose body fails retryably or
-// ends short is reopened at the byte it reached, sharing the reader's
+// ends short is reopened at the byte it reached, taking from its worker's
 // resume budget unless ResumeProgress bytes came since the part's failure
-// before; one whose request failed, after a pause (see pause). Read and
-// Close are not safe for concurrent use.
+// before; one whose request failed, after a pause (see pause) that grows
+// with the worker's resumes. Each worker has the budget and the pauses a
+// single stream has: S3 refusing requests for a while (503 SlowDown)
+// refuses the concurrent parts together, and a budget they shared would
+// run out n times sooner than a single stream's, ending a read that is
+// otherwise riding the refusals out. Read and Close are not safe for
+// concurrent use.
 type rangedReader struct {
 	parent     context.Context
 	src        *Source
@@ -37,7 +42,6 @@ type rangedReader struct {
 	parts      int // how many parts obj has
 
 	resumes atomic.Int64 // every worker's resumes
-	charged atomic.Int64 // those taken from maxResumes (see ResumeProgress)
 
 	ctx     context.Context // canceled by Close or by the first failure
 	cancel  context.CancelFunc
@@ -64,6 +68,10 @@ type partWorker struct {
 	progress chan struct{} // filled grew (a wake-up; may be stale)
 	failed   chan error    // the worker's last word: its part failed
 	free     chan struct{} // Read has handed out all of buf
+	// charged is the worker's resumes taken from the reader's
+	// maxResumes (see ResumeProgress); only the worker touches it while
+	// it runs.
+	charged int
 }
 
 func (s *Source) newRangedReader(ctx context.Context, obj Object, maxResumes int) *rangedReader {
@@ -180,33 +188,30 @@ func (r *rangedReader) fetch(w *partWorker, part int) error {
 		}
 		free := received >= ResumeProgress
 		received = 0
-		if !r.resume(err, part, start+int64(filled), free) {
+		if !r.resume(w, err, part, start+int64(filled), free) {
 			return fmt.Errorf("read s3://%s/%s part %d (bytes %d-%d) at offset %d (after %d resumes): %w",
 				r.src.bucket, r.obj.Key, part, start, start+int64(len(buf))-1, start+int64(filled), r.resumes.Load(), err)
 		}
 		if !opened {
-			if err := pause(r.ctx, int(r.charged.Load())); err != nil {
+			if err := pause(r.ctx, w.charged); err != nil {
 				return fmt.Errorf("read s3://%s/%s part %d: waiting to resume: %w", r.src.bucket, r.obj.Key, part, err)
 			}
 		}
 	}
 }
 
-// resume takes one resume from the budget for a retryable failure, none
+// resume takes one resume from w's budget for a retryable failure, none
 // for one that is free (it came ResumeProgress bytes after the part's
 // failure before it), and says whether the part may be reopened.
-func (r *rangedReader) resume(err error, part int, offset int64, free bool) bool {
+func (r *rangedReader) resume(w *partWorker, err error, part int, offset int64, free bool) bool {
 	if Classify(err) != KindRetryable || errors.Is(err, ErrRangeIgnored) || r.ctx.Err() != nil {
 		return false
 	}
-	for !free {
-		n := r.charged.Load()
-		if n >= int64(r.maxResumes) {
+	if !free {
+		if w.charged >= r.maxResumes {
 			return false
 		}
-		if r.charged.CompareAndSwap(n, n+1) {
-			break
-		}
+		w.charged++
 	}
 	r.resumes.Add(1)
 	log.G(r.ctx).WithField("key", r.obj.Key).WithField("part", part).WithField("offset", offset).WithError(err).Info("s3 part read failed, resuming")
@@ -271,12 +276,18 @@ func (r *rangedReader) release(w *partWorker) bool {
 }
 
 // toStream stops the workers and goes on reading the object as one stream
-// from the bytes handed out so far, with the resumes left: the server
-// answers parts with the whole object, which a stream reads once.
+// from the bytes handed out so far, with the resumes the worker charged
+// the most left: the server answers parts with the whole object, which a
+// stream reads once.
 func (r *rangedReader) toStream() {
-	r.stop()
+	workers := r.workers
+	r.stop() // the workers are done with charged
+	charged := 0
+	for _, w := range workers {
+		charged = max(charged, w.charged)
+	}
 	log.G(r.parent).WithField("key", r.obj.Key).WithField("offset", r.offset).Info("s3 ranged read goes on as one stream")
-	r.stream = &ResumingReader{ctx: r.parent, src: r.src, obj: r.obj, maxResumes: max(r.maxResumes-int(r.charged.Load()), 0),
+	r.stream = &ResumingReader{ctx: r.parent, src: r.src, obj: r.obj, maxResumes: max(r.maxResumes-charged, 0),
 		etag: r.obj.ETag, offset: r.offset}
 }
 

@@ -178,19 +178,20 @@ func TestRangedReaderResumesCutParts(t *testing.T) {
 	}
 }
 
-// TestRangedReaderResumeBudget: more failures than maxResumes end the read
-// with a retryable error, after only bytes of the object.
+// TestRangedReaderResumeBudget: more failures of a connection than
+// maxResumes end the read with a retryable error, after only bytes of the
+// object; each of the 4 connections resumes 2 times at most.
 func TestRangedReaderResumeBudget(t *testing.T) {
 	srv := s3test.NewServer(t)
 	src := partedSource(t, srv, part, 4)
 	data := payload(4 * part)
 	obj := putAndStat(t, srv, src, "budget.tar", data)
-	srv.Faults.DropAfter(3, "budget.tar", 1000)
+	srv.Faults.DropAfter(100, "budget.tar", 1000)
 	r := src.NewReader(context.Background(), obj, 2)
 	got, err := io.ReadAll(r)
 	r.Close()
-	if err == nil || !s3source.IsRetryable(err) || r.Resumes() != 2 {
-		t.Errorf("3 resets with 2 resumes allowed: %v (kind %v), resumes %d", err, s3source.Classify(err), r.Resumes())
+	if err == nil || !s3source.IsRetryable(err) || r.Resumes() < 2 || r.Resumes() > 4*2 {
+		t.Errorf("every body reset with 2 resumes allowed per connection: %v (kind %v), resumes %d, want 2 to 8", err, s3source.Classify(err), r.Resumes())
 	}
 	if !bytes.HasPrefix(data, got) || len(got) == len(data) {
 		t.Errorf("read %d bytes before the error, not a strict prefix of the object", len(got))

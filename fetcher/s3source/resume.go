@@ -94,11 +94,12 @@ func (s *Source) Ranged(obj Object) bool {
 
 // NewReader returns a Reader of obj (from List, Stat or ResolveImage: its
 // Size and ETag are what the read must match) that resumes up to
-// maxResumes failed bodies in all, besides those that failed after
-// receiving ResumeProgress bytes or more since the failure before (their
-// number is bounded by the object's size). An object for which Ranged
-// holds is read as concurrent ranged GETs of one part each; any other as
-// one stream (a ResumingReader). Close stops every request of the reader.
+// maxResumes failed bodies per connection, besides those that failed
+// after receiving ResumeProgress bytes or more since the failure before
+// (their number is bounded by the object's size). An object for which
+// Ranged holds is read as concurrent ranged GETs of one part each, each
+// connection with that budget; any other as one stream (a
+// ResumingReader). Close stops every request of the reader.
 func (s *Source) NewReader(ctx context.Context, obj Object, maxResumes int) Reader {
 	if s.Ranged(obj) {
 		return s.newRangedReader(ctx, obj, maxResumes)

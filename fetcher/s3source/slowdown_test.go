@@ -13,9 +13,9 @@ const minResumePause = 100 * time.Millisecond
 
 // TestSlowDownIsBackedOff: a GET answered 503 SlowDown is asked again
 // only after a pause that grows with each one, by a single stream and by
-// a ranged read alike, instead of at once: S3 asks for fewer requests,
-// and a fleet retrying at once would keep it throttled. The object still
-// comes back whole.
+// each connection of a ranged read alike, instead of at once: S3 asks for
+// fewer requests, and a fleet retrying at once would keep it throttled.
+// The object still comes back whole.
 func TestSlowDownIsBackedOff(t *testing.T) {
 	for _, c := range []struct {
 		name  string
@@ -26,29 +26,38 @@ func TestSlowDownIsBackedOff(t *testing.T) {
 			src := partedSource(t, srv, part, c.conns)
 			data := payload(3*part + 1)
 			obj := putAndStat(t, srv, src, "slow.tar", data)
-			srv.Faults.FailNext(2, "slow.tar", 503, "SlowDown")
+			// Two for each connection, which asks for one part.
+			throttled := 2 * c.conns
+			srv.Faults.FailNext(throttled, "slow.tar", 503, "SlowDown")
 			r := readWhole(t, src, obj, 5, data)
-			if r.Resumes() != 2 {
-				t.Errorf("resumes %d, want 2", r.Resumes())
+			if r.Resumes() != throttled {
+				t.Errorf("resumes %d, want %d", r.Resumes(), throttled)
 			}
 			// Each throttled GET's range is asked again only after a pause,
-			// and the pauses grow (which request took which pause is up to
-			// the workers of a ranged read).
+			// and the pauses of one range grow (which GET of the ranged
+			// read was throttled is up to its workers).
 			reqs := gets(srv, "slow.tar")
-			var gaps []time.Duration
-			for i, q := range reqs[:2] {
+			gaps := map[string][]time.Duration{}
+			for i, q := range reqs[:throttled] {
 				for _, next := range reqs[i+1:] {
 					if next.Range == q.Range {
-						gaps = append(gaps, next.At.Sub(q.At))
+						gaps[q.Range] = append(gaps[q.Range], next.At.Sub(q.At))
 						break
 					}
 				}
 			}
-			if len(gaps) != 2 {
-				t.Fatalf("%d throttled GETs asked again, want 2: %+v", len(gaps), reqs)
+			n, grown := 0, false
+			for rng, g := range gaps {
+				n += len(g)
+				for i, d := range g {
+					if least := minResumePause << i; d < least {
+						t.Errorf("range %q asked again after %v, want at least %v after its throttled GET %d", rng, g, least, i+1)
+					}
+				}
+				grown = grown || len(g) > 1
 			}
-			if min(gaps[0], gaps[1]) < minResumePause || max(gaps[0], gaps[1]) < 2*minResumePause {
-				t.Errorf("throttled GETs asked again after %v, want at least %v and one at least %v", gaps, minResumePause, 2*minResumePause)
+			if n != throttled || !grown {
+				t.Fatalf("%d throttled GETs asked again, want %d, one range at least twice: %+v", n, throttled, reqs)
 			}
 		})
 	}

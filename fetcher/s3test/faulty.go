@@ -64,6 +64,9 @@ type fault struct {
 	served int    // answers given so far (faultAnswer)
 	rng    string // the Range header it applies to (faultHook)
 	fn     func() // what to run (faultHook)
+	// until, when set, makes a status fault apply to every matching
+	// request before it instead of to times of them (FailFor).
+	until time.Time
 }
 
 func newFaultyS3(next http.Handler, bucket string) *faultyS3 {
@@ -81,6 +84,13 @@ func (f *faultyS3) add(fl *fault) {
 // "AccessDenied", as given.
 func (f *faultyS3) FailNext(n int, key string, status int, code string) {
 	f.add(&fault{kind: faultStatus, key: key, times: n, status: status, code: code})
+}
+
+// FailFor answers every request for key (any key if "") with an S3 error,
+// as FailNext does, for d from now: a burst of throttling (503 SlowDown)
+// or of a failing S3, however many requests come meanwhile.
+func (f *faultyS3) FailFor(d time.Duration, key string, status int, code string) {
+	f.add(&fault{kind: faultStatus, key: key, times: 1, status: status, code: code, until: time.Now().Add(d)})
 }
 
 // Fail503 answers the next n requests for key with 503 ServiceUnavailable.
@@ -204,7 +214,12 @@ func (f *faultyS3) take(r *http.Request, key string) plan {
 	f.log = append(f.log, Request{Method: method, Key: key, Range: r.Header.Get("Range"), IfMatch: r.Header.Get("If-Match"), At: time.Now()})
 	p := plan{latency: f.latency, rate: f.rate}
 	due := map[*fault]bool{}
+	now := time.Now()
 	for _, fl := range f.faults {
+		if !fl.until.IsZero() && !now.Before(fl.until) {
+			fl.times = 0 // over: dropped below
+			continue
+		}
 		if (fl.key != "" && fl.key != key) || (fl.method != "" && fl.method != method) {
 			continue
 		}
@@ -226,7 +241,7 @@ func (f *faultyS3) take(r *http.Request, key string) plan {
 	}
 	kept := f.faults[:0]
 	for _, fl := range f.faults {
-		if fl == p.delay || fl == p.status || fl == p.cut || due[fl] {
+		if (fl == p.delay || fl == p.status || fl == p.cut || due[fl]) && fl.until.IsZero() {
 			fl.times--
 		}
 		if fl == p.status && fl.kind == faultAnswer {

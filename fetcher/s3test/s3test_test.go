@@ -73,6 +73,24 @@ func TestFaultsAndCounts(t *testing.T) {
 	}
 }
 
+// TestFailFor: a burst fails every request for its key while it lasts,
+// however many, and none after.
+func TestFailFor(t *testing.T) {
+	srv := NewServer(t)
+	srv.Put(t, "a/b.tar", []byte("0123456789"))
+	url := srv.URL + "/" + srv.Bucket + "/a/b.tar"
+	srv.Faults.FailFor(300*time.Millisecond, "a/b.tar", 503, "SlowDown")
+	for i := range 5 {
+		if code, b, err := get(t, url); err != nil || code != 503 || !strings.Contains(string(b), "SlowDown") {
+			t.Errorf("GET %d in the burst: %d %q %v, want 503 SlowDown", i, code, b, err)
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	if code, b, err := get(t, url); err != nil || code != 200 || string(b) != "0123456789" {
+		t.Errorf("GET after the burst: %d %q %v, want the object", code, b, err)
+	}
+}
+
 // getWith GETs url with header set as send does, failing the test on any
 // error.
 func getWith(t *testing.T, url string, header map[string]string) (*http.Response, []byte) {
