@@ -46,8 +46,8 @@ func TestResolveAsksAgainAfterSlowDown(t *testing.T) {
 	if _, err := src.ResolveImage(ctx, "img/"); !s3source.IsRetryable(err) {
 		t.Errorf("listing throttled for good: %v (kind %v), want retryable", err, s3source.Classify(err))
 	}
-	if n := srv.Requests(http.MethodGet, ""); n != 4 {
-		t.Errorf("%d listing requests while throttled for good, want 4", n)
+	if n := srv.Requests(http.MethodGet, ""); n != 6 {
+		t.Errorf("%d listing requests while throttled for good, want 6", n)
 	}
 	// A server that does not answer in time was waited for already: it is
 	// not asked again.
@@ -56,5 +56,24 @@ func TestResolveAsksAgainAfterSlowDown(t *testing.T) {
 	src = hostileSource(t, srv, s3source.Config{ResponseHeaderTimeout: conf.D(200 * time.Millisecond)})
 	if _, err := src.ResolveImage(ctx, "img/"); !s3source.IsRetryable(err) || srv.Requests(http.MethodGet, "") != 1 {
 		t.Errorf("listing not answered in time: %v after %d requests; want retryable after 1", err, srv.Requests(http.MethodGet, ""))
+	}
+}
+
+// TestResolveRidesOutASlowDownBurst: S3 answering SlowDown to every
+// request for two seconds, as it does to a fleet starting to pull one
+// image at once, does not fail the pull at its LIST or HEAD: they are
+// asked again for as long as a download's read (with its budget of 5
+// resumes) would ask for its bytes, not given up after a second.
+func TestResolveRidesOutASlowDownBurst(t *testing.T) {
+	srv := s3test.NewServer(t)
+	srv.Put(t, "img/01.tar", payload(10))
+	src := hostileSource(t, srv, s3source.Config{})
+	for _, key := range []string{"img/", "img/01.tar"} {
+		srv.Faults.Reset()
+		srv.Faults.FailFor(2*time.Second, "", 503, "SlowDown")
+		start := time.Now()
+		if objs, err := src.ResolveImage(context.Background(), key); err != nil || len(objs) != 1 {
+			t.Errorf("resolve %s through a 2s SlowDown burst: %+v, %v after %v and %d requests; want the image", key, objs, err, time.Since(start).Round(time.Millisecond), srv.TotalRequests())
+		}
 	}
 }

@@ -658,8 +658,12 @@ func LayerBase(key string) string {
 // resolveAttempts is how many times ResolveImage asks S3 when it is
 // refused retryably: the pull that asks has no state machine to retry it,
 // and one 503 SlowDown or 500, which S3 answers now and then, would fail
-// it.
-const resolveAttempts = 4
+// it. It is the requests a download's read with its budget of 5 resumes
+// makes for a range S3 keeps refusing, so that the pauses between them
+// (see pause) add up to as long, 3.1 s to 6.2 s: a burst of SlowDown
+// that every host of a fleet pulling one image at once meets, and their
+// downloads ride out, does not fail every pull at its start instead.
+const resolveAttempts = 6
 
 // ResolveImage turns what a user names into the image's layers: a layer
 // key (IsLayerKey) is one object (stat'ed); anything else is a prefix
