@@ -586,12 +586,24 @@ func (p *Pipelines) updateDB(ctx context.Context, req *upReq) (*upResp, error) {
 	return fsm.NewResponse(out), nil
 }
 
+// unmountDir unmounts everything mounted at dir and removes dir. A mount
+// that something still holds (a process with a file open in it) is
+// detached lazily rather than left in place: its callers go on to remove
+// the snapshot under it, and once no record names the snapshot nothing
+// would ever unmount it, so its device could never be deleted. Detached,
+// the device stays busy only until the holder lets go; the snapshotter's
+// Cleanup, and its reconciliation at start-up, retry a removed device
+// they could not unmap.
 func unmountDir(dir string) error {
 	if _, err := os.Stat(dir); err != nil {
 		return nil
 	}
 	for i := 0; i < 8; i++ {
-		if err := unix.Unmount(dir, 0); err != nil {
+		err := unix.Unmount(dir, 0)
+		if errors.Is(err, unix.EBUSY) {
+			err = unix.Unmount(dir, unix.MNT_DETACH)
+		}
+		if err != nil {
 			break
 		}
 	}
