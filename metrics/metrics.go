@@ -56,7 +56,7 @@ func New() *Metrics {
 		ops: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: Namespace,
 			Name:      "operation_duration_seconds",
-			Help:      "Latency of snapshotter methods and of the diff service's Apply, by method and outcome (ok, not_found, already_exists, failed_precondition, invalid_argument, canceled, error).",
+			Help:      "Latency of snapshotter methods and of the diff service's Apply, by method and outcome (ok, not_found, already_exists, failed_precondition, invalid_argument, resource_exhausted: the pool refused it to keep its reserve, deadline_exceeded: the caller's deadline ran out, canceled: the caller left, error).",
 			// 0.5 ms to ~33 s: device-mapper calls take milliseconds, a
 			// first Prepare that formats the base device takes seconds, as
 			// does applying a layer.
@@ -125,7 +125,15 @@ func outcome(err error) string {
 		return "failed_precondition"
 	case errdefs.IsInvalidArgument(err):
 		return "invalid_argument"
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errdefs.IsCanceled(err):
+	case errdefs.IsResourceExhausted(err):
+		// The pool refused it to keep its reserve: the outcome to alert
+		// on before containers fail to start.
+		return "resource_exhausted"
+	case errors.Is(err, context.DeadlineExceeded), errdefs.IsDeadlineExceeded(err):
+		// The caller's deadline ran out while the call waited (a busy
+		// pool or database): a slowness to see, not a caller that left.
+		return "deadline_exceeded"
+	case errors.Is(err, context.Canceled), errdefs.IsCanceled(err):
 		return "canceled"
 	default:
 		return "error"

@@ -137,6 +137,8 @@ func TestOutcome(t *testing.T) {
 		"failed_precondition": errdefs.ErrFailedPrecondition,
 		"invalid_argument":    errdefs.ErrInvalidArgument,
 		"canceled":            fmt.Errorf("op: %w", context.Canceled),
+		"deadline_exceeded":   fmt.Errorf("op: %w", context.DeadlineExceeded),
+		"resource_exhausted":  fmt.Errorf("prepare: pool below its reserve: %w", errdefs.ErrResourceExhausted),
 		"error":               errors.New("disk on fire"),
 	}
 	for want, err := range cases {
