@@ -234,6 +234,7 @@ func registrar(c *Config) pipeline.Registrar {
 // (pipeline.ContainerdView). stop closes both; runs under way stay recorded
 // for the next start.
 func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
+	holdStart(ctx, "start-fetcher:begin")
 	p, err := pipeline.New(ctx, s.PipelineOptions())
 	if err != nil {
 		return nil, fmt.Errorf("fetcher: %w", err)

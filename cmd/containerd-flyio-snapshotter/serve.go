@@ -168,6 +168,14 @@ func runServe(ctx context.Context, args []string) (err error) {
 	}()
 	stopFetcher, err := svc.StartFetcher(ctx)
 	if err != nil {
+		// The same stop, once the service is open: the pipelines' start
+		// fails on the canceled context (resuming the runs reads the
+		// database with it). StartFetcher stops what it had started, and
+		// the deferred Close closes the service.
+		if ctx.Err() != nil {
+			l.WithError(err).Info("stopped while starting: the S3 pipelines were not started")
+			return nil
+		}
 		return err
 	}
 	defer stopFetcher()

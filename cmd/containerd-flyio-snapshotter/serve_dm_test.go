@@ -15,6 +15,7 @@ import (
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/plugin/dmtest"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/thinpool"
 )
@@ -162,5 +163,46 @@ func TestPoolLsFindsUnknownDevice(t *testing.T) {
 	}
 	if !strings.Contains(out, "4242") {
 		t.Errorf("table does not list thin id 4242:\n%s", out)
+	}
+}
+
+// TestServeStoppedWhileStartingFetcherExitsZero: a SIGTERM that reaches
+// serve once its service is open but before the S3 pipelines have resumed
+// the runs a previous process left (systemctl stop, or a restart, right
+// after a start) stops it with status 0, as systemd expects of a stop it
+// asked for: the daemon says it stopped while starting, and leaves
+// neither socket behind. The test binary's start-up hold
+// (plugin.FaultHoldStartEnv) keeps serve at that step until it is
+// signalled.
+func TestServeStoppedWhileStartingFetcherExitsZero(t *testing.T) {
+	cfg := dmtest.Config(t)
+	cfg.Daemon.ControlSocket = filepath.Join(cfg.Daemon.RootDir, "run", "control.sock")
+	cfgPath := dmtest.WriteConfig(t, cfg)
+	serve := startCommand(t, []string{plugin.FaultHoldStartEnv + "=start-fetcher:begin"}, "serve", "--config", cfgPath)
+	deadline := time.Now().Add(3 * time.Minute)
+	for !strings.Contains(serve.stderr.String(), "start-up held here") {
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not reach StartFetcher in 3 minutes:\n%s", serve.stderr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := serve.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-serve.exited:
+		if err != nil {
+			t.Errorf("serve stopped while starting its S3 pipelines exited with %v, want status 0\n%s", err, serve.stderr)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("serve still runs 2 minutes after a SIGTERM it got while starting its S3 pipelines:\n%s", serve.stderr)
+	}
+	if !strings.Contains(serve.stderr.String(), "stopped while starting") {
+		t.Errorf("serve did not say it stopped while starting:\n%s", serve.stderr)
+	}
+	for _, sock := range []string{cfg.Daemon.Socket, cfg.Daemon.ControlSocket} {
+		if _, err := os.Lstat(sock); !os.IsNotExist(err) {
+			t.Errorf("socket %s exists after serve stopped while starting: %v", sock, err)
+		}
 	}
 }
