@@ -15,7 +15,8 @@ import (
 
 // FaultHoldStartEnv names an environment variable for stop tests: when set
 // to a point of StartFetcher ("start-fetcher:begin", before the pipelines
-// are built), StartFetcher waits there until its context is done, then
+// are built; "start-fetcher:resumed", once the runs a previous process left
+// are resumed), StartFetcher waits there until its context is done, then
 // goes on, so that a test can stop the daemon at exactly that step of its
 // start-up.
 const FaultHoldStartEnv = "FLYIO_FAULT_HOLD_START_AT"

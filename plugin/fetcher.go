@@ -239,10 +239,20 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("fetcher: %w", err)
 	}
+	// abandon closes the pipelines of a start that fails, waiting for the
+	// runs Resume launched to end whatever ctx says: the failure is often
+	// ctx's own (a stop asked during start-up), and the daemon closes the
+	// pool and the database once StartFetcher returns.
+	abandon := func() {
+		if err := p.Close(context.WithoutCancel(ctx)); err != nil {
+			log.G(ctx).WithError(err).Warn("closing the pipelines of a start that failed")
+		}
+	}
 	if err := p.Resume(ctx); err != nil {
-		p.Close(ctx)
+		abandon()
 		return nil, fmt.Errorf("fetcher: resume: %w", err)
 	}
+	holdStart(ctx, "start-fetcher:resumed")
 	if _, err := p.Prune(ctx); err != nil {
 		log.G(ctx).WithError(err).Warn("fetcher: pruning records of removed snapshots")
 	}
@@ -250,7 +260,7 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 	s.pipelines = p
 	col, err := s.newCollector(p)
 	if err != nil {
-		p.Close(ctx)
+		abandon()
 		return nil, fmt.Errorf("fetcher: %w", err)
 	}
 	// The control socket is listened on before anything is started that
@@ -261,7 +271,7 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 	var lis net.Listener
 	if sock := s.Config.Daemon.ControlSocket; sock != "" {
 		if lis, err = s.listenControl(ctx, sock); err != nil {
-			p.Close(ctx)
+			abandon()
 			return nil, fmt.Errorf("fetcher: control %w", err)
 		}
 	}
