@@ -171,18 +171,34 @@ func TestPoolLsFindsUnknownDevice(t *testing.T) {
 // the runs a previous process left (systemctl stop, or a restart, right
 // after a start) stops it with status 0, as systemd expects of a stop it
 // asked for: the daemon says it stopped while starting, and leaves
-// neither socket behind. The test binary's start-up hold
-// (plugin.FaultHoldStartEnv) keeps serve at that step until it is
-// signalled.
+// neither socket behind.
 func TestServeStoppedWhileStartingFetcherExitsZero(t *testing.T) {
+	if stderr := serveStoppedAt(t, "start-fetcher:begin"); !strings.Contains(stderr, "stopped while starting") {
+		t.Errorf("serve did not say it stopped while starting:\n%s", stderr)
+	}
+}
+
+// TestServeStoppedOnceRunsResumedExitsZero: the same stop, reaching serve
+// once the pipelines have resumed the runs left (the pruning of removed
+// snapshots and the rest of the start then meet a canceled context),
+// stops it with status 0 too.
+func TestServeStoppedOnceRunsResumedExitsZero(t *testing.T) {
+	serveStoppedAt(t, "start-fetcher:resumed")
+}
+
+// serveStoppedAt runs serve held at point of its start-up (the test
+// binary's plugin.FaultHoldStartEnv) until it is sent SIGTERM, and wants it
+// to exit 0 leaving neither socket behind. It returns serve's stderr.
+func serveStoppedAt(t *testing.T, point string) string {
+	t.Helper()
 	cfg := dmtest.Config(t)
 	cfg.Daemon.ControlSocket = filepath.Join(cfg.Daemon.RootDir, "run", "control.sock")
 	cfgPath := dmtest.WriteConfig(t, cfg)
-	serve := startCommand(t, []string{plugin.FaultHoldStartEnv + "=start-fetcher:begin"}, "serve", "--config", cfgPath)
+	serve := startCommand(t, []string{plugin.FaultHoldStartEnv + "=" + point}, "serve", "--config", cfgPath)
 	deadline := time.Now().Add(3 * time.Minute)
 	for !strings.Contains(serve.stderr.String(), "start-up held here") {
 		if time.Now().After(deadline) {
-			t.Fatalf("serve did not reach StartFetcher in 3 minutes:\n%s", serve.stderr)
+			t.Fatalf("serve did not reach %s in 3 minutes:\n%s", point, serve.stderr)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -192,17 +208,15 @@ func TestServeStoppedWhileStartingFetcherExitsZero(t *testing.T) {
 	select {
 	case err := <-serve.exited:
 		if err != nil {
-			t.Errorf("serve stopped while starting its S3 pipelines exited with %v, want status 0\n%s", err, serve.stderr)
+			t.Errorf("serve stopped at %s exited with %v, want status 0\n%s", point, err, serve.stderr)
 		}
 	case <-time.After(2 * time.Minute):
-		t.Fatalf("serve still runs 2 minutes after a SIGTERM it got while starting its S3 pipelines:\n%s", serve.stderr)
-	}
-	if !strings.Contains(serve.stderr.String(), "stopped while starting") {
-		t.Errorf("serve did not say it stopped while starting:\n%s", serve.stderr)
+		t.Fatalf("serve still runs 2 minutes after a SIGTERM it got at %s:\n%s", point, serve.stderr)
 	}
 	for _, sock := range []string{cfg.Daemon.Socket, cfg.Daemon.ControlSocket} {
 		if _, err := os.Lstat(sock); !os.IsNotExist(err) {
-			t.Errorf("socket %s exists after serve stopped while starting: %v", sock, err)
+			t.Errorf("socket %s exists after serve stopped at %s: %v", sock, point, err)
 		}
 	}
+	return serve.stderr.String()
 }
