@@ -351,6 +351,19 @@ type Collector struct {
 	// layer into it (Preparing), like committed.
 	preparing chan struct{}
 
+	// room makes one MakeRoom judge the pool at a time, so that the room
+	// given to one pull is counted by the next.
+	room sync.Mutex
+	gmu  sync.Mutex
+	// given is the data bytes MakeRoom let pulls under way have, until
+	// each ends (the release MakeRoom returns), and givenPulls how many
+	// pulls they are: a pull's devices are made and written after
+	// MakeRoom judged the pool, so the pool's usage does not show them
+	// yet, and a second pull judged on that usage alone would be let
+	// into the same room.
+	given      uint64
+	givenPulls int
+
 	wmu sync.Mutex
 	// writing maps the active snapshots containerd writes layers into
 	// (Preparing) to when they were prepared, until their commit or
@@ -1301,20 +1314,53 @@ func (c *Collector) Remove(ctx context.Context, refs []string) ([]api.Removed, e
 }
 
 // MakeRoom implements pipeline.PoolGuard: it collects when the pool could
-// not take needs below the high threshold, grows the pool (Options.Grow)
-// while the layers still do not fit, then refuses the pull (ErrNoRoom)
-// when a layer does not fit in the data space left, or when the metadata
-// is past the high threshold (new devices would fill it, and a full
-// metadata device turns the pool read-only).
-func (c *Collector) MakeRoom(ctx context.Context, source string, needs []pipeline.LayerNeed) error {
+// not take needs, with the room it gave the pulls still under way, below
+// the high threshold, grows the pool (Options.Grow) while the layers still
+// do not fit, then refuses the pull (ErrNoRoom) when a layer does not fit
+// in the data space left, or when the metadata is past the high threshold
+// (new devices would fill it, and a full metadata device turns the pool
+// read-only). The room it lets a pull have is counted as taken until the
+// pull calls release, as well as whatever of it the pull's writes show in
+// the pool's usage by then: a pull's share of the usage cannot be told
+// apart from the containers' writes, and counting it twice refuses a pull
+// that would have fitted, where counting it not at all lets pulls fill
+// the pool together.
+func (c *Collector) MakeRoom(ctx context.Context, source string, needs []pipeline.LayerNeed) (release func(), err error) {
+	c.room.Lock()
+	defer c.room.Unlock()
 	var total uint64
 	for _, n := range needs {
 		total += need(n.Bytes)
 	}
+	if err := c.makeRoom(ctx, source, needs, total); err != nil {
+		return func() {}, err
+	}
+	c.gmu.Lock()
+	c.given += total
+	c.givenPulls++
+	c.gmu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			c.gmu.Lock()
+			c.given -= total
+			c.givenPulls--
+			c.gmu.Unlock()
+		})
+	}, nil
+}
+
+// makeRoom is MakeRoom's judgment of needs, total bytes with the margin,
+// under c.room.
+func (c *Collector) makeRoom(ctx context.Context, source string, needs []pipeline.LayerNeed, total uint64) error {
+	c.gmu.Lock()
+	others, otherPulls := c.given, c.givenPulls
+	c.gmu.Unlock()
 	// A pull larger than what the pool's whole data space, grown as far as
 	// it may, holds above its reserve would not fit with every image
 	// removed (new devices are refused under the reserve): refuse it
-	// before the collection empties the pool for nothing.
+	// before the collection empties the pool for nothing. The pulls under
+	// way end; they are not counted here.
 	u, err := c.grow(ctx, source, func(u Usage) bool { return u.DataAboveReserve() >= total })
 	if err != nil {
 		return err
@@ -1337,11 +1383,11 @@ func (c *Collector) MakeRoom(ctx context.Context, source string, needs []pipelin
 	if !c.opts.Disabled {
 		// MakeRoom's caller is a pull under way (pipeline.PoolGuard), the
 		// only one when no other is.
-		if rep, err = c.collect(log.WithLogger(ctx, log.G(ctx).WithField("source", source)), "room", total, callerPull); err != nil {
+		if rep, err = c.collect(log.WithLogger(ctx, log.G(ctx).WithField("source", source)), "room", total+others, callerPull); err != nil {
 			log.G(ctx).WithError(err).WithField("source", source).Warn("gc: collection before a pull")
 		}
 	}
-	if u, err = c.grow(ctx, source, func(u Usage) bool { return u.DataRoom() >= total }); err != nil {
+	if u, err = c.grow(ctx, source, func(u Usage) bool { return u.DataRoom() >= total+others }); err != nil {
 		return err
 	}
 	kept := ""
@@ -1355,6 +1401,10 @@ func (c *Collector) MakeRoom(ctx context.Context, source string, needs []pipelin
 	free, reserve := u.DataRoom(), ""
 	if u.DataReserve > 0 {
 		reserve = fmt.Sprintf(", above its reserve of %s (pool.min_free_space, under which new devices are refused),", bytesOf(u.DataReserve))
+	}
+	if others > 0 {
+		reserve += fmt.Sprintf(" less the %s given to %d other pull(s) under way,", bytesOf(others), otherPulls)
+		free -= min(free, others)
 	}
 	var cum uint64
 	for _, n := range needs {

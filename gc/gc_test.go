@@ -410,7 +410,7 @@ func TestCollectKeepsImagesInUse(t *testing.T) {
 	}
 	// Nothing else can go: a pull that needs more than is free is refused,
 	// naming the free space and the layer.
-	err = h.c.MakeRoom(ctx, "s3://bucket/big/", []pipeline.LayerNeed{{Position: 1, Key: "big/1.tar", Bytes: 100 * mib}, {Position: 2, Key: "big/2.tar", Bytes: 200 * mib}})
+	err = h.makeRoom(ctx, "s3://bucket/big/", []pipeline.LayerNeed{{Position: 1, Key: "big/1.tar", Bytes: 100 * mib}, {Position: 2, Key: "big/2.tar", Bytes: 200 * mib}})
 	if !errors.Is(err, ErrNoRoom) {
 		t.Fatalf("MakeRoom = %v, want ErrNoRoom", err)
 	}
@@ -421,7 +421,7 @@ func TestCollectKeepsImagesInUse(t *testing.T) {
 	}
 	h.present("img1", "img2", "img3", "img4", "img5")
 	// A pull that fits is let through.
-	if err := h.c.MakeRoom(ctx, "s3://bucket/small/", []pipeline.LayerNeed{{Position: 1, Key: "small/1.tar", Bytes: 100 * mib}}); err != nil {
+	if err := h.makeRoom(ctx, "s3://bucket/small/", []pipeline.LayerNeed{{Position: 1, Key: "small/1.tar", Bytes: 100 * mib}}); err != nil {
 		t.Errorf("MakeRoom of a layer that fits: %v", err)
 	}
 	// Once the live run is over, the next prune removes img6's layer file.
@@ -462,7 +462,7 @@ func TestMakeRoomCollectsFirst(t *testing.T) {
 	files := h.image("img1", "one", layer{"c1", 300 * mib})
 	h.image("img2", "two", layer{"c2", 300 * mib}) // 60.2%
 	// 300 MiB more, with the margin 337.5 MiB: 94%, past the high threshold.
-	if err := h.c.MakeRoom(ctx, "s3://bucket/img3/", []pipeline.LayerNeed{{Position: 1, Key: "img3/1.tar", Bytes: 300 * mib}}); err != nil {
+	if err := h.makeRoom(ctx, "s3://bucket/img3/", []pipeline.LayerNeed{{Position: 1, Key: "img3/1.tar", Bytes: 300 * mib}}); err != nil {
 		t.Fatal(err)
 	}
 	h.gone("img1", "one", []string{"c1"}, files)
@@ -560,7 +560,7 @@ func TestDisabledCollectsNothingButRemoveWorks(t *testing.T) {
 	files := h.image("img1", "one", layer{"c1", 500 * mib})
 	h.image("img2", "two", layer{"c2", 400 * mib}) // 90.2%
 	h.c.Pulled(ctx, "img2")
-	if err := h.c.MakeRoom(ctx, "s3://bucket/img3/", []pipeline.LayerNeed{{Position: 1, Key: "img3/1.tar", Bytes: 50 * mib}}); err != nil {
+	if err := h.makeRoom(ctx, "s3://bucket/img3/", []pipeline.LayerNeed{{Position: 1, Key: "img3/1.tar", Bytes: 50 * mib}}); err != nil {
 		t.Errorf("MakeRoom with collection disabled: %v", err)
 	}
 	h.present("img1", "img2")
@@ -678,14 +678,14 @@ func TestMakeRoomGrowsPool(t *testing.T) {
 		h.add("ctr-"+id, "c-"+id, snapshotter.SnapKindActive, nil, 0) // in use: nothing to collect
 	}
 	// 300 MiB with the margin: 337.5 MiB; 98 MiB free, 298 after one step.
-	if err := h.c.MakeRoom(ctx, "s3://bucket/img3/", []pipeline.LayerNeed{{Position: 1, Key: "img3/1.tar", Bytes: 300 * mib}}); err != nil {
+	if err := h.makeRoom(ctx, "s3://bucket/img3/", []pipeline.LayerNeed{{Position: 1, Key: "img3/1.tar", Bytes: 300 * mib}}); err != nil {
 		t.Fatalf("MakeRoom with growth allowed: %v", err)
 	}
 	if grows != 2 || h.total != 1400*mib {
 		t.Fatalf("grew %d times to %d MiB; want twice, to 1400 MiB", grows, h.total/mib)
 	}
 	h.present("img1", "img2")
-	err := h.c.MakeRoom(ctx, "s3://bucket/img4/", []pipeline.LayerNeed{{Position: 1, Key: "img4/1.tar", Bytes: 800 * mib}})
+	err := h.makeRoom(ctx, "s3://bucket/img4/", []pipeline.LayerNeed{{Position: 1, Key: "img4/1.tar", Bytes: 800 * mib}})
 	if !errors.Is(err, ErrNoRoom) || h.total != 1600*mib {
 		t.Fatalf("MakeRoom past the growth limit: %v (pool %d MiB); want ErrNoRoom at 1600 MiB", err, h.total/mib)
 	}
@@ -1223,7 +1223,7 @@ func TestMakeRoomRefusesPullLargerThanPoolAtOnce(t *testing.T) {
 	for i := 1; i <= 4; i++ {
 		h.image(fmt.Sprintf("img%d", i), fmt.Sprintf("name%d", i), layer{fmt.Sprintf("c%d", i), 150 * mib})
 	}
-	err := h.c.MakeRoom(ctx, "s3://bucket/huge/", []pipeline.LayerNeed{{Position: 1, Key: "huge/1.tar", Bytes: 2000 * mib}})
+	err := h.makeRoom(ctx, "s3://bucket/huge/", []pipeline.LayerNeed{{Position: 1, Key: "huge/1.tar", Bytes: 2000 * mib}})
 	if !errors.Is(err, ErrNoRoom) || !strings.Contains(err.Error(), "pull s3://bucket/huge/: its layers need 2.20 GiB, more than the pool's whole data space (1000.0 MiB)") {
 		t.Fatalf("MakeRoom = %v, want ErrNoRoom naming the pull, its need and the pool's size", err)
 	}
@@ -1315,12 +1315,12 @@ func TestMakeRoomWithCollectionDisabledStillRefusesWhatCannotFit(t *testing.T) {
 		return true, nil
 	}})
 	h.image("img1", "one", layer{"c1", 500 * mib})
-	err := h.c.MakeRoom(ctx, "s3://bucket/big/", []pipeline.LayerNeed{{Position: 1, Key: "big/1.tar", Bytes: 2000 * mib}})
+	err := h.makeRoom(ctx, "s3://bucket/big/", []pipeline.LayerNeed{{Position: 1, Key: "big/1.tar", Bytes: 2000 * mib}})
 	if !errors.Is(err, ErrNoRoom) {
 		t.Errorf("MakeRoom of a 2000 MiB layer in a 1000 MiB pool with collection disabled: %v, want ErrNoRoom", err)
 	}
 	h.present("img1")
-	if err := h.c.MakeRoom(ctx, "s3://bucket/mid/", []pipeline.LayerNeed{{Position: 1, Key: "mid/1.tar", Bytes: 550 * mib}}); err != nil {
+	if err := h.makeRoom(ctx, "s3://bucket/mid/", []pipeline.LayerNeed{{Position: 1, Key: "mid/1.tar", Bytes: 550 * mib}}); err != nil {
 		t.Errorf("MakeRoom of a layer that fits once the pool grew, collection disabled: %v", err)
 	}
 	if h.total != 1200*mib {
@@ -1348,7 +1348,7 @@ func TestMakeRoomLeavesTheReserve(t *testing.T) {
 	space()
 	// 300 MiB with the margin: 337.5 MiB, of 398 MiB free, 298 of them
 	// above the 100 MiB reserve.
-	err := h.c.MakeRoom(ctx, "s3://bucket/img2/", []pipeline.LayerNeed{{Position: 1, Key: "img2/1.tar", Bytes: 300 * mib}})
+	err := h.makeRoom(ctx, "s3://bucket/img2/", []pipeline.LayerNeed{{Position: 1, Key: "img2/1.tar", Bytes: 300 * mib}})
 	if errors.Is(err, ErrNoRoom) {
 		return
 	}
@@ -1457,7 +1457,7 @@ func TestMakeRoomRefusesPullLargerThanPoolAboveReserveAtOnce(t *testing.T) {
 	}
 	// 840 MiB with the margin: 945 MiB, under the pool's 1000 MiB but over
 	// the 900 MiB above its reserve.
-	err := h.c.MakeRoom(ctx, "s3://bucket/big/", []pipeline.LayerNeed{{Position: 1, Key: "big/1.tar", Bytes: 840 * mib}})
+	err := h.makeRoom(ctx, "s3://bucket/big/", []pipeline.LayerNeed{{Position: 1, Key: "big/1.tar", Bytes: 840 * mib}})
 	if !errors.Is(err, ErrNoRoom) {
 		t.Fatalf("MakeRoom of 945 MiB in a pool of 1000 MiB with a 100 MiB reserve: %v, want ErrNoRoom", err)
 	}
@@ -1485,7 +1485,7 @@ func TestMakeRoomDoesNotGrowFailedPool(t *testing.T) {
 		return true, nil
 	}
 	h := newHarness(t, 0, Options{Grow: fakeGrow})
-	err := h.c.MakeRoom(ctx, "s3://bucket/img/", []pipeline.LayerNeed{{Position: 1, Key: "img/1.tar", Bytes: 10 * mib}})
+	err := h.makeRoom(ctx, "s3://bucket/img/", []pipeline.LayerNeed{{Position: 1, Key: "img/1.tar", Bytes: 10 * mib}})
 	if !errors.Is(err, ErrNoRoom) || !strings.Contains(err.Error(), "no block counts") {
 		t.Errorf("MakeRoom on a pool whose status has no block counts: %v, want ErrNoRoom saying so", err)
 	}
@@ -1509,7 +1509,7 @@ func TestMakeRoomRemovesChainsOfNoImageForItsPull(t *testing.T) {
 	defer end()
 	// 300 MiB with the margin: 337.5 MiB, more than the 299 MiB free
 	// with the chain of no image, less than the 799 MiB without it.
-	err := h.c.MakeRoom(ctx, "s3://bucket/new/", []pipeline.LayerNeed{{Position: 1, Key: "new/1.tar", Bytes: 300 * mib}})
+	err := h.makeRoom(ctx, "s3://bucket/new/", []pipeline.LayerNeed{{Position: 1, Key: "new/1.tar", Bytes: 300 * mib}})
 	if err != nil {
 		t.Fatalf("MakeRoom for the one pull under way, with 500 MiB held by the chain of no image: %v", err)
 	}
@@ -1531,4 +1531,47 @@ func TestPulledRemovesChainsOfNoImage(t *testing.T) {
 	h.c.Pulled(ctx, "img1")
 	h.snapshotGone("f1")
 	h.present("img1")
+}
+
+// TestMakeRoomCountsRoomGivenToPullsUnderWay: two pulls asking for room
+// at once each fit alone but not together; the room made for the first
+// is not there for the second until the first ends, or both are let
+// through and their layers' writes go into the reserve and on to a full
+// pool.
+func TestMakeRoomCountsRoomGivenToPullsUnderWay(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 1000*mib, Options{})
+	// 480 MiB with the margin: 540 MiB each, 1080 MiB together, of a
+	// 1000 MiB pool.
+	needs := func(id string) []pipeline.LayerNeed {
+		return []pipeline.LayerNeed{{Position: 1, Key: id + "/1.tar", Bytes: 480 * mib}}
+	}
+	release, err := h.c.MakeRoom(ctx, "s3://bucket/a/", needs("a"))
+	if err != nil {
+		t.Fatalf("MakeRoom of the first pull: %v", err)
+	}
+	_, err = h.c.MakeRoom(ctx, "s3://bucket/b/", needs("b"))
+	if !errors.Is(err, ErrNoRoom) {
+		t.Fatalf("MakeRoom of a second pull while the first is under way = %v; want ErrNoRoom: together they need 1080 MiB of the pool's 1000 MiB", err)
+	}
+	if want := "less the 540.0 MiB given to 1 other pull(s) under way"; !strings.Contains(err.Error(), want) {
+		t.Errorf("MakeRoom error %q does not say %q", err, want)
+	}
+	// The first pull ends (its layers, had it written them, would show in
+	// the pool's usage from now): its room is free again.
+	release()
+	release()
+	release, err = h.c.MakeRoom(ctx, "s3://bucket/b/", needs("b"))
+	if err != nil {
+		t.Fatalf("MakeRoom of the second pull once the first ended: %v", err)
+	}
+	release()
+}
+
+// makeRoom is MakeRoom for a pull that ends at once: the room it was
+// given is released before it returns.
+func (h *harness) makeRoom(ctx context.Context, source string, needs []pipeline.LayerNeed) error {
+	release, err := h.c.MakeRoom(ctx, source, needs)
+	release()
+	return err
 }

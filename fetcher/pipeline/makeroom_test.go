@@ -17,18 +17,23 @@ type roomGuard struct {
 	p     *Pipelines
 	chain string
 
-	mu      sync.Mutex
-	asked   int
-	guarded []error
+	mu       sync.Mutex
+	asked    int
+	released int
+	guarded  []error
 }
 
-func (g *roomGuard) MakeRoom(ctx context.Context, _ string, _ []LayerNeed) error {
+func (g *roomGuard) MakeRoom(ctx context.Context, _ string, _ []LayerNeed) (func(), error) {
 	err := g.p.db.WithTx(ctx, func(tx *sql.Tx) error { return g.p.Guard(g.chain)(ctx, tx) })
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.asked++
 	g.guarded = append(g.guarded, err)
-	return nil
+	return func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		g.released++
+	}, nil
 }
 
 // TestMakeRoomKeepsTheChainsThePullCountsAsUnpacked: the room a pull asks
@@ -47,6 +52,9 @@ func TestMakeRoomKeepsTheChainsThePullCountsAsUnpacked(t *testing.T) {
 	defer g.mu.Unlock()
 	if g.asked != 1 {
 		t.Fatalf("MakeRoom asked %d times, want 1", g.asked)
+	}
+	if g.released != 1 {
+		t.Errorf("the room made for the pull released %d times once it ended, want 1", g.released)
 	}
 	if err := g.guarded[0]; !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("during MakeRoom, the removal of chain %s, which the pull counted as unpacked, is not refused (guard: %v)", base.TopChainID, err)

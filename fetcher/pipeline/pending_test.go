@@ -189,11 +189,13 @@ func (g *holdingGuard) holds(imageID string) int {
 	return g.held[imageID]
 }
 
-func (*holdingGuard) MakeRoom(context.Context, string, []LayerNeed) error { return nil }
-func (*holdingGuard) Pulled(context.Context, string)                      {}
-func (*holdingGuard) Preparing(context.Context, string)                   {}
-func (*holdingGuard) Committed(context.Context, string, string)           {}
-func (*holdingGuard) Dropped(context.Context, string)                     {}
+func (*holdingGuard) MakeRoom(context.Context, string, []LayerNeed) (func(), error) {
+	return func() {}, nil
+}
+func (*holdingGuard) Pulled(context.Context, string)            {}
+func (*holdingGuard) Preparing(context.Context, string)         {}
+func (*holdingGuard) Committed(context.Context, string, string) {}
+func (*holdingGuard) Dropped(context.Context, string)           {}
 
 // heldRegistrar is downFakeRegistrar noting whether the image was held
 // by the pool guard at each registration.

@@ -25,8 +25,11 @@ type PoolGuard interface {
 	Begin(imageID string) (end func())
 	// MakeRoom makes room in the pool for needs (collecting unused images
 	// when it must) and returns an error naming the pool's free space and
-	// the first layer that does not fit when there is not enough.
-	MakeRoom(ctx context.Context, source string, needs []LayerNeed) error
+	// the first layer that does not fit when there is not enough. The room
+	// it makes is the pull's until release is called (once its layers are
+	// written, or it gave up): later calls do not count it as free. Release
+	// is never nil.
+	MakeRoom(ctx context.Context, source string, needs []LayerNeed) (release func(), err error)
 	// Pulled is called after a pull of imageID succeeded.
 	Pulled(ctx context.Context, imageID string)
 	// Preparing is called after containerd prepared active snapshot key
@@ -74,8 +77,9 @@ func (p *Pipelines) used(ctx context.Context, imageID string, pulled bool) {
 // Those are held (Guard) until release is called, from before the room is
 // made: the collection that makes it must not remove the chains it
 // counted as there (another image's), which the pull would then unpack
-// again on room never made. The caller releases them once the pull's own
-// holds are taken (runPipelines) or it gave up.
+// again on room never made. The caller releases them, and the room made,
+// once the pull's layers are written (runPipelines returned) or it gave
+// up.
 func (p *Pipelines) makeRoom(ctx context.Context, bucket, source string, layers []api.Layer) (release func(), err error) {
 	if p.guard == nil {
 		return func() {}, nil
@@ -100,7 +104,11 @@ func (p *Pipelines) makeRoom(ctx context.Context, bucket, source string, layers 
 	if len(needs) == 0 {
 		return release, nil
 	}
-	return release, p.guard.MakeRoom(ctx, source, needs)
+	room, err := p.guard.MakeRoom(ctx, source, needs)
+	if room != nil {
+		releases = append(releases, room)
+	}
+	return release, err
 }
 
 // unpackedPrefix returns the bottom layers of a pull that are unpacked as
