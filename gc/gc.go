@@ -92,6 +92,13 @@ type Usage struct {
 	// bytes: under it the pool refuses new devices, so a pull's layers
 	// must fit above it.
 	DataReserve uint64
+	// Backed is true for a pool on loop files: BackingRoom is then the
+	// data the filesystem holding them can still back
+	// (thinpool.Backing.DataRoom). A sparse data file may promise more
+	// than that filesystem has left (logs and downloads fill it too), and
+	// a write past it fails in the loop device.
+	Backed      bool
+	BackingRoom uint64
 }
 
 // HostUsage returns the used and total bytes of the fullest filesystem
@@ -173,10 +180,15 @@ func (u Usage) DataFree() uint64 {
 }
 
 // DataRoom is the data space a pull's new devices may take: what is free
-// above the reserve.
+// above the reserve, and, for a pool on loop files, what their filesystem
+// can still back.
 func (u Usage) DataRoom() uint64 {
 	free := u.DataFree()
-	return free - min(free, u.DataReserve)
+	free -= min(free, u.DataReserve)
+	if u.Backed {
+		free = min(free, u.BackingRoom)
+	}
+	return free
 }
 
 // DataAboveReserve is the data space a pull's new devices could take in
@@ -1401,6 +1413,9 @@ func (c *Collector) makeRoom(ctx context.Context, source string, needs []pipelin
 	free, reserve := u.DataRoom(), ""
 	if u.DataReserve > 0 {
 		reserve = fmt.Sprintf(", above its reserve of %s (pool.min_free_space, under which new devices are refused),", bytesOf(u.DataReserve))
+	}
+	if u.Backed && u.BackingRoom < u.DataFree()-min(u.DataFree(), u.DataReserve) {
+		reserve += fmt.Sprintf(" of which the filesystem under the pool's loop files can back only %s more (free space there),", bytesOf(u.BackingRoom))
 	}
 	if others > 0 {
 		reserve += fmt.Sprintf(" less the %s given to %d other pull(s) under way,", bytesOf(others), otherPulls)

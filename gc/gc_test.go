@@ -1575,3 +1575,32 @@ func (h *harness) makeRoom(ctx context.Context, source string, needs []pipeline.
 	release()
 	return err
 }
+
+// TestMakeRoomCountsTheLoopFilesFilesystem: a pool on loop files has the
+// room its filesystem can still back, whatever the pool's own counts say
+// (sparse files larger than the filesystem's free space, which logs and
+// downloads fill): a pull whose layers the filesystem cannot hold is
+// refused before any device, not let through to writes the loop device
+// fails with EIO.
+func TestMakeRoomCountsTheLoopFilesFilesystem(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 1000*mib, Options{})
+	// fakeUsage: the pool's usage, its loop files' filesystem able to back
+	// 200 MiB more of its data.
+	fakeUsage := func(ctx context.Context) (Usage, error) {
+		u, err := h.usage(ctx)
+		u.Backed, u.BackingRoom = true, 200*mib
+		return u, err
+	}
+	h.c.opts.Usage = fakeUsage
+	err := h.makeRoom(ctx, "s3://bucket/img/", []pipeline.LayerNeed{{Position: 1, Key: "img/1.tar", Bytes: 300 * mib}})
+	if !errors.Is(err, ErrNoRoom) {
+		t.Fatalf("MakeRoom of 337.5 MiB in an empty pool whose loop files' filesystem backs 200 MiB more = %v; want ErrNoRoom", err)
+	}
+	if want := "the filesystem under the pool's loop files can back only 200.0 MiB more"; !strings.Contains(err.Error(), want) {
+		t.Errorf("MakeRoom error %q does not say %q", err, want)
+	}
+	if err := h.makeRoom(ctx, "s3://bucket/img/", []pipeline.LayerNeed{{Position: 1, Key: "img/1.tar", Bytes: 150 * mib}}); err != nil {
+		t.Errorf("MakeRoom of 168.75 MiB the filesystem backs: %v", err)
+	}
+}

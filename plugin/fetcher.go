@@ -200,15 +200,26 @@ func onRetry(fm *metrics.Fetch) func(fsm, step string) {
 // poolFree is the pool's free data space in bytes above its reserve
 // (pool.min_free_space): the reserve is kept for the writes of the
 // running containers, and a layer's extraction, whose size a compressed
-// tarball does not tell, must stop short of it.
+// tarball does not tell, must stop short of it. For a pool on loop files
+// it is at most what their filesystem can still back
+// (thinpool.Backing.DataRoom).
 func (s *Service) poolFree(ctx context.Context) (int64, error) {
 	st, err := s.Pool.Status(ctx)
 	if err != nil {
 		return 0, err
 	}
-	free := (st.TotalDataBlocks - min(st.UsedDataBlocks, st.TotalDataBlocks)) * uint64(st.BlockSizeSectors) * 512
+	block := uint64(st.BlockSizeSectors) * 512
+	free := (st.TotalDataBlocks - min(st.UsedDataBlocks, st.TotalDataBlocks)) * block
 	reserve, _ := st.ReserveBytes(s.Pool.MinFreePercent())
-	return int64(free - min(free, reserve)), nil
+	free -= min(free, reserve)
+	b, err := s.Pool.Backing(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if b.Loop {
+		free = min(free, b.DataRoom(st.UsedDataBlocks*block))
+	}
+	return int64(free), nil
 }
 
 // registrar is the containerd registrar of [containerd], or nil when no

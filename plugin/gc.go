@@ -46,6 +46,13 @@ func (s *Service) newCollector(p *pipeline.Pipelines) (*gc.Collector, error) {
 			}
 			u := gc.UsageOf(st)
 			u.DataReserve, _ = st.ReserveBytes(s.Pool.MinFreePercent())
+			if loopFiles != nil {
+				b, err := s.Pool.Backing(ctx)
+				if err != nil {
+					return gc.Usage{}, err
+				}
+				u.Backed, u.BackingRoom = true, b.DataRoom(u.DataUsed)
+			}
 			u.HostUsed, u.HostTotal, err = gc.HostUsage(loopFiles, hostPaths...)
 			return u, err
 		}

@@ -33,8 +33,9 @@ type Backing struct {
 	FSSize uint64
 	// Virtual is the loop files' apparent size (data plus metadata).
 	Virtual uint64
-	// Allocated is what the loop files already hold on the filesystem.
-	Allocated uint64
+	// Allocated is what the loop files already hold on the filesystem;
+	// DataAllocated is the data file's share of it.
+	Allocated, DataAllocated uint64
 	// GrowthReserve is Config.GrowthReserve in bytes: the free space Grow
 	// leaves on the filesystem.
 	GrowthReserve uint64
@@ -47,6 +48,22 @@ func (b Backing) Unbacked() uint64 {
 		return 0
 	}
 	return b.Virtual - b.Allocated
+}
+
+// DataRoom is the pool data the loop files' filesystem can still back,
+// with usedData bytes of the pool's data in use: the data file's blocks
+// the pool does not use (a deleted device's, which its discards did not
+// punch out of the file), and what the filesystem has free. A pool
+// writing past it gets EIO from its loop device, whatever its own free
+// block count says. GrowthReserve, which only growth keeps, is not left
+// out: the writes fail at the filesystem's end, not at the reserve's. It
+// is 0 for a pool on block devices (Loop false), whose data device backs
+// all of its blocks.
+func (b Backing) DataRoom(usedData uint64) uint64 {
+	if !b.Loop {
+		return 0
+	}
+	return b.DataAllocated - min(b.DataAllocated, usedData) + b.FSFree
 }
 
 // Overcommitted reports whether the loop files could need more space than
@@ -80,6 +97,9 @@ func (p *Pool) Backing(ctx context.Context) (Backing, error) {
 		}
 		b.Virtual += uint64(st.Size)
 		b.Allocated += uint64(st.Blocks) * 512
+		if name == DataFileName {
+			b.DataAllocated = uint64(st.Blocks) * 512
+		}
 	}
 	return b, nil
 }

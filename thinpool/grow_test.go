@@ -56,6 +56,9 @@ func TestBackingCountsFragments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if b.DataAllocated != 0 {
+		t.Errorf("Backing of an empty data file: %d bytes of data allocated, want 0", b.DataAllocated)
+	}
 	if b.FSFree != 250*4096 || b.FSSize != 1000*4096 {
 		t.Errorf("Backing of 1000 fragments of 4 KiB, 250 available (transfer size 64 KiB): free %d, size %d; want %d and %d",
 			b.FSFree, b.FSSize, 250*4096, 1000*4096)
@@ -63,5 +66,26 @@ func TestBackingCountsFragments(t *testing.T) {
 	frsize = 0 // not given: the block size is the unit
 	if b, err = p.Backing(context.Background()); err != nil || b.FSSize != 1000*65536 {
 		t.Errorf("Backing without a fragment size: size %d, %v; want %d", b.FSSize, err, 1000*65536)
+	}
+}
+
+// TestBackingDataRoom: the pool data a loop-file pool's filesystem can
+// still back is what it has free and the data file's blocks the pool does
+// not use; a pool on block devices has none to count.
+func TestBackingDataRoom(t *testing.T) {
+	for _, c := range []struct {
+		b    Backing
+		used uint64
+		want uint64
+	}{
+		{Backing{Loop: true, FSFree: 5 << 30, GrowthReserve: 1 << 30, DataAllocated: 10 << 30}, 10 << 30, 5 << 30},
+		{Backing{Loop: true, FSFree: 5 << 30, GrowthReserve: 1 << 30, DataAllocated: 10 << 30}, 7 << 30, 8 << 30}, // 3 GiB of deleted devices' blocks
+		{Backing{Loop: true, FSFree: 5 << 30, GrowthReserve: 1 << 30, DataAllocated: 2 << 30}, 3 << 30, 5 << 30},  // partly written blocks
+		{Backing{Loop: true}, 0, 0},
+		{Backing{}, 0, 0},
+	} {
+		if got := c.b.DataRoom(c.used); got != c.want {
+			t.Errorf("%+v with %d bytes used: DataRoom = %d, want %d", c.b, c.used, got, c.want)
+		}
 	}
 }
