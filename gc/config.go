@@ -33,13 +33,23 @@ func DefaultConfig() Config {
 	return Config{Enabled: true, HighThreshold: DefaultHighThreshold, LowThreshold: DefaultLowThreshold, Interval: conf.D(DefaultInterval)}
 }
 
+// minThreshold is the least a threshold may be: the thresholds are
+// percents, and one of 1 or less is a fraction written for one (0.85 for
+// 85%), which would collect at under 1% of the pool, removing every unused
+// image after every pull.
+const minThreshold = 1.0
+
 // Validate checks the [gc] keys and returns one error per bad value,
 // joined, each naming the key.
 func (c Config) Validate() error {
 	var p conf.Problems
 	switch {
+	case c.HighThreshold > 0 && c.HighThreshold <= minThreshold:
+		p.Add("gc.high_threshold", "must be a percent (85 for 85%%), not a fraction, above %v and at most 100, got %v", minThreshold, c.HighThreshold)
 	case !(c.HighThreshold > 0 && c.HighThreshold <= 100):
 		p.Add("gc.high_threshold", "must be a percent above 0 and at most 100, got %v", c.HighThreshold)
+	case c.LowThreshold > 0 && c.LowThreshold <= minThreshold:
+		p.Add("gc.low_threshold", "must be a percent (80 for 80%%), not a fraction, above %v and below gc.high_threshold (%v), got %v", minThreshold, c.HighThreshold, c.LowThreshold)
 	case !(c.LowThreshold > 0 && c.LowThreshold < c.HighThreshold):
 		p.Add("gc.low_threshold", "must be a percent above 0 and below gc.high_threshold (%v), got %v", c.HighThreshold, c.LowThreshold)
 	}
