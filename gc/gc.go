@@ -195,8 +195,22 @@ func (u Usage) DataRoom() uint64 {
 // an empty pool: the whole data space less the reserve.
 func (u Usage) DataAboveReserve() uint64 { return u.DataTotal - min(u.DataTotal, u.DataReserve) }
 
-// DataPercent is the data usage in percent.
-func (u Usage) DataPercent() float64 { return percent(u.DataUsed, u.DataTotal) }
+// DataPercent is the data usage in percent, of dataTotal.
+func (u Usage) DataPercent() float64 { return percent(u.DataUsed, u.dataTotal()) }
+
+// dataTotal is the data space usage is judged against: the pool's; or,
+// for a pool on loop files whose filesystem cannot back all of the pool's
+// free space, what is used and what that filesystem can still back. Past
+// it the pool's writes fail in the loop device (and a metadata write that
+// fails there fails the pool), whatever its own counts say; removing
+// images lowers the usage this way too, since the blocks they free in the
+// pool are the data file's to write again.
+func (u Usage) dataTotal() uint64 {
+	if u.Backed && u.BackingRoom < u.DataFree() {
+		return u.DataUsed + u.BackingRoom
+	}
+	return u.DataTotal
+}
 
 // MetaPercent is the metadata usage in percent.
 func (u Usage) MetaPercent() float64 { return percent(u.MetaUsed, u.MetaTotal) }
@@ -210,7 +224,10 @@ func percent(used, total uint64) float64 {
 
 // String prints both usages, for logs and messages.
 func (u Usage) String() string {
-	s := fmt.Sprintf("data %.1f%% (%s of %s), metadata %.1f%%", u.DataPercent(), bytesOf(u.DataUsed), bytesOf(u.DataTotal), u.MetaPercent())
+	s := fmt.Sprintf("data %.1f%% (%s of %s), metadata %.1f%%", u.DataPercent(), bytesOf(u.DataUsed), bytesOf(u.dataTotal()), u.MetaPercent())
+	if t := u.dataTotal(); t != u.DataTotal {
+		s += fmt.Sprintf(" (the pool's %s on loop files whose filesystem backs only %s more)", bytesOf(u.DataTotal), bytesOf(u.BackingRoom))
+	}
 	if u.HostTotal > 0 {
 		s += fmt.Sprintf(", host filesystem %.1f%%", u.HostPercent())
 	}
@@ -643,7 +660,7 @@ func (c *Collector) watchWrites(ctx context.Context) (watching, stuck bool) {
 		// pool's: at most the band between the thresholds counts, so that
 		// another workload's writes can start a collection no earlier than
 		// the low threshold, and make it go at most that band below it.
-		pending = min(pending, uint64(float64(u.DataTotal)*(c.opts.HighThreshold-c.opts.LowThreshold)/100))
+		pending = min(pending, uint64(float64(u.dataTotal())*(c.opts.HighThreshold-c.opts.LowThreshold)/100))
 	}
 	if !over(u, pending, c.opts.HighThreshold) {
 		return true, false
@@ -771,7 +788,7 @@ func (c *Collector) collect(ctx context.Context, trigger string, need uint64, ow
 // poolOver reports whether the pool's data (with need more) or metadata
 // is at pct or more: over, leaving the host filesystem out.
 func poolOver(u Usage, need uint64, pct float64) bool {
-	return percent(u.DataUsed+need, u.DataTotal) >= pct || u.MetaPercent() >= pct
+	return percent(u.DataUsed+need, u.dataTotal()) >= pct || u.MetaPercent() >= pct
 }
 
 // poolView is what one collection sees of the pool: the snapshots on each

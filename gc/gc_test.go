@@ -1604,3 +1604,36 @@ func TestMakeRoomCountsTheLoopFilesFilesystem(t *testing.T) {
 		t.Errorf("MakeRoom of 168.75 MiB the filesystem backs: %v", err)
 	}
 }
+
+// TestCollectWhenTheLoopFilesFilesystemCannotBackThePool: a pool on loop
+// files whose filesystem can back little more of its data (logs and other
+// programs filled it) is as full as that lets it be, whatever its own
+// counts say: collection removes unused images there, which gives their
+// blocks back to the pool to write again, before the pool's next writes
+// fail in the loop device.
+func TestCollectWhenTheLoopFilesFilesystemCannotBackThePool(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t, 1000*mib, Options{})
+	h.image("img1", "one", layer{"c1", 100 * mib})
+	h.image("img2", "two", layer{"c2", 100 * mib})
+	h.image("img3", "three", layer{"c3", 100 * mib}) // 30% of the pool's own 1000 MiB
+	// fakeUsage: the data file holds 301 MiB of the filesystem, which has
+	// 20 MiB more to give it: a removed image's blocks stay in the file,
+	// for the pool to write again.
+	fakeUsage := func(ctx context.Context) (Usage, error) {
+		u, err := h.usage(ctx)
+		u.Backed, u.BackingRoom = true, 20*mib+(301*mib-min(u.DataUsed, 301*mib))
+		return u, err
+	}
+	h.c.opts.Usage = fakeUsage
+	rep, err := h.c.Collect(ctx, "timer", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 301 MiB of the 321 MiB the filesystem backs: 93.8%, past 85%; one
+	// removal brings it to 62.5%.
+	if len(rep.Removed) != 1 || rep.Removed[0].ImageID != "img1" {
+		t.Fatalf("collection on a pool whose loop files' filesystem backs 20 MiB more removed %+v; want img1, the least recently used", rep.Removed)
+	}
+	h.present("img2", "img3")
+}
