@@ -20,6 +20,20 @@ import (
 // what is written.
 const growthStepDivisor = 4
 
+// metadataBytesPerBlock is the metadata the kernel's thin-provisioning
+// guide sizes per data block. The metadata device does not grow with the
+// data, so growth stops at the data it maps at that rate (MetadataDataLimit):
+// past it, a pool whose data is written fills its metadata first and turns
+// read-only, with data free.
+const metadataBytesPerBlock = 48
+
+// MetadataDataLimit is the data, in bytes, that metadataBlocks 4 KiB
+// metadata blocks map in blocks of blockBytes, at metadataBytesPerBlock
+// per block.
+func MetadataDataLimit(metadataBlocks, blockBytes uint64) uint64 {
+	return metadataBlocks * metaBlockSize / metadataBytesPerBlock * blockBytes
+}
+
 // Backing describes the filesystem under a loop-file pool.
 type Backing struct {
 	// Loop is false for a pool on block devices; the other fields are then
@@ -147,9 +161,10 @@ type Growth struct {
 func (g Growth) Grew() bool { return g.To > g.From }
 
 // Grow makes a loop-file pool's data larger by one step (a quarter of its
-// size) while Config.MaxDataSize allows, never adding more than the
-// filesystem holding the loop files has free beyond Config.GrowthReserve
-// and what the files may still claim. It extends the data file, has the
+// size) while Config.MaxDataSize and the pool's metadata allow
+// (MetadataDataLimit), never adding more than the filesystem holding the
+// loop files has free beyond Config.GrowthReserve and what the files may
+// still claim. It extends the data file, has the
 // loop device take the new size (LOOP_SET_CAPACITY), and reloads the pool
 // table with the new length online (load, suspend, resume: IO to thin
 // devices waits during the swap and goes on after it). A pool on block
@@ -179,6 +194,20 @@ func (p *Pool) Grow(ctx context.Context) (Growth, error) {
 	case g.From+block > maxData:
 		g.Reason = fmt.Sprintf("the data size %d is at the maximum %d", g.From, maxData)
 		return g, nil
+	}
+	st, err := p.status(true)
+	if err != nil {
+		return g, p.errf(nil, err, "grow: read status")
+	}
+	if st.TotalMetadataBlocks > 0 {
+		if limit := int64(min(MetadataDataLimit(st.TotalMetadataBlocks, uint64(block)), uint64(maxData))); limit < maxData {
+			maxData = limit
+			if g.From+block > maxData {
+				g.Reason = fmt.Sprintf("the data size %d is at the %d bytes the pool's %d bytes of metadata map (%d bytes per %d-byte block); a larger pool needs a larger metadata device",
+					g.From, maxData, st.TotalMetadataBlocks*metaBlockSize, metadataBytesPerBlock, block)
+				return g, nil
+			}
+		}
 	}
 	b, err := p.Backing(ctx)
 	if err != nil {

@@ -602,3 +602,34 @@ func TestAdjustResumesSuspendedPoolAndDevices(t *testing.T) {
 	}
 	mustEqual(t, "block written after Adjust", d.read(0, mib), pattern(9, mib))
 }
+
+// TestGrowthStopsAtWhatTheMetadataMaps: the metadata device does not grow
+// with the data, so growth stops at the data the metadata can map (the
+// kernel's guide: 48 bytes of metadata per data block). Past it a pool
+// whose data was written would fill its metadata first and turn
+// read-only, whatever data it had free.
+func TestGrowthStopsAtWhatTheMetadataMaps(t *testing.T) {
+	ctx := context.Background()
+	dir := scratch.Dir(t, "tp-metacap-")
+	// 2 MiB of metadata maps 43690 blocks of 64 KiB: 2730.6 MiB.
+	const limit = 2 << 20 / 48 * (64 << 10)
+	cfg := Config{Name: "tp-metacap", RootDir: dir,
+		DataSize: 2560 * mib, MetadataSize: 2 << 20, MaxDataSize: 8 << 30, GrowthReserve: mib}
+	p, err := Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { destroyPool(t, cfg) })
+	g, err := p.Grow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !g.Grew() || g.To > limit {
+		t.Fatalf("Grow of a 2560 MiB pool with 2 MiB of metadata = %+v; want it grown to at most %d bytes, what the metadata maps", g, limit)
+	}
+	g, err = p.Grow(ctx)
+	if err != nil || g.Grew() || !strings.Contains(g.Reason, "metadata") {
+		t.Fatalf("second Grow = %+v, %v; want none, the reason naming the metadata", g, err)
+	}
+	t.Logf("refused: %s", g.Reason)
+}
