@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -183,9 +184,18 @@ func readBody(w http.ResponseWriter, r *http.Request, v any) error {
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, fmt.Sprintf("encoding the answer: %v", err), http.StatusInternalServerError)
+		return
+	}
+	// With its length the answer is whole once flushed (Serve flushes it
+	// as its handler returns), without the end of a chunked body, which
+	// net/http writes only after the handler has returned.
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	_, _ = w.Write(append(b, '\n'))
 }
 
 // idleTimeout is how long a connection with no request under way stays
@@ -236,6 +246,10 @@ func Serve(ctx context.Context, lis net.Listener, p Puller) error {
 		}
 		defer running.wg.Done()
 		h.ServeHTTP(w, r)
+		// The answer reaches its connection before the handler counts as
+		// ended: once every handler has, a stopping Serve closes the
+		// connections, and what net/http still held would be lost.
+		_ = http.NewResponseController(w).Flush()
 	}), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout,
 		BaseContext: func(net.Listener) context.Context { return base }}
 	errc := make(chan error, 1)
