@@ -1135,13 +1135,20 @@ func (c *Collector) removeS3(ctx context.Context, im *Image, v *poolView) error 
 			// it, so they are shared too.
 			break
 		}
-		err := c.opts.Snapshots.RemoveIf(ctx, ch, c.opts.Guard(ch))
+		restore, err := dropLayer(ctx, c.opts.DB, im.ImageID, ch)
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		err = c.opts.Snapshots.RemoveIf(ctx, ch, c.opts.Guard(ch))
 		if errdefs.IsNotFound(err) {
 			continue
 		}
 		if err != nil {
 			// Something was put on it since it was checked: it stays,
-			// with what is below it.
+			// with what is below it, and so does the image's record of it.
+			if rerr := restore(ctx); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
 			return fmt.Errorf("%s: layer %d (chain %s): %w", what, i+1, ch, err)
 		}
 	}

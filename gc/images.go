@@ -136,3 +136,52 @@ func ImageByID(ctx context.Context, db *metadata.DB, imageID string) (*Image, er
 	}
 	return im, nil
 }
+
+// layerRow is one image_layers row as dropLayer read it.
+type layerRow struct {
+	position           int
+	key, etag, version string
+	size               int64
+	chain              string
+}
+
+// dropLayer forgets that image imageID has chain among its layers, before
+// the chain's snapshot is removed. A removal killed after that snapshot is
+// gone then leaves an image whose recorded layers all still stand, which
+// the next start's prune keeps, named as before, so the same rm finishes
+// it; had the row stayed, the prune would forget the image and the chains
+// below would belong to no image, out of any rm's reach. The restore it
+// returns records the layer again, for a removal of the chain refused.
+func dropLayer(ctx context.Context, db *metadata.DB, imageID, chain string) (restore func(context.Context) error, err error) {
+	var rows []layerRow
+	err = db.WithTx(ctx, func(tx *sql.Tx) error {
+		rs, err := metadata.QueryAll(ctx, tx, func(s *sql.Rows) (layerRow, error) {
+			var r layerRow
+			return r, s.Scan(&r.position, &r.key, &r.etag, &r.version, &r.size, &r.chain)
+		}, `SELECT position, key, etag, version_id, size_bytes, chain_id FROM image_layers WHERE image_id = ? AND chain_id = ?`, imageID, chain)
+		if err != nil {
+			return err
+		}
+		rows = rs
+		_, err = tx.ExecContext(ctx, `DELETE FROM image_layers WHERE image_id = ? AND chain_id = ?`, imageID, chain)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("gc: forget layer %s of image %s: %w", chain, imageID, err)
+	}
+	return func(ctx context.Context) error {
+		err := db.WithTx(ctx, func(tx *sql.Tx) error {
+			for _, r := range rows {
+				if _, err := tx.ExecContext(ctx, `INSERT INTO image_layers (image_id, position, key, etag, version_id, size_bytes, chain_id)
+					VALUES (?, ?, ?, ?, ?, ?, ?)`, imageID, r.position, r.key, r.etag, r.version, r.size, r.chain); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("gc: record layer %s of image %s again: %w", chain, imageID, err)
+		}
+		return nil
+	}, nil
+}
