@@ -444,13 +444,17 @@ func (r *DownloadResponse) setReport(rep tarball.Report) {
 	r.DiffID = rep.DiffID
 }
 
-// rejectLayer removes a rejected layer file and forgets it (and the
-// objects recorded as that content).
+// rejectLayer forgets a rejected layer file's content (its layer row and
+// the objects recorded as it). The file itself stays for the run's
+// cleanup (cleanupDownload), which runs once the rejection is recorded as
+// the run's verdict: a kill before that resumes the validate step, which
+// must find the file to reach the rejection, and its reason, again.
 func (p *Pipelines) rejectLayer(ctx context.Context, resp *DownloadResponse) error {
-	if err := os.Remove(resp.LocalPath); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove rejected %s: %w", resp.LocalPath, err)
+	if err := RecordsOf(p.db).forgetLayer(ctx, resp.Checksum); err != nil {
+		return err
 	}
-	return RecordsOf(p.db).forgetLayer(ctx, resp.Checksum)
+	p.hook("validate:rejecting")
+	return nil
 }
 
 // storeMetadata: the layer file and the object it came from, one
@@ -472,13 +476,30 @@ func (p *Pipelines) storeMetadata(ctx context.Context, req *dlReq) (*dlResp, err
 }
 
 // cleanupDownload removes what a download run that did not complete may
-// have left: its temp file. A layer file it renamed into place stays:
-// another live download of the same content may have renamed onto the same
-// path and not yet recorded it. Pruning (and the start-up sweep) removes it
-// when no run is live and no layer row names it.
+// have left: its temp file, and a layer file the validate step ended the
+// run on (rejected, or unreadable) when no layer row names its content
+// (rejectLayer forgot the rows of a rejected one). Any other layer file
+// it renamed into place stays: another live download of the same content
+// may have renamed onto the same path and not yet recorded it. Pruning
+// (and the start-up sweep) removes it when no run is live and no layer
+// row names it.
 func (p *Pipelines) cleanupDownload(ctx context.Context, req *dlReq) error {
+	url := S3URL(req.Msg.Bucket, req.Msg.S3Key)
 	if err := os.Remove(p.tmpPath(req.Run.IdempotencyID)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("download %s: remove temp file: %w", S3URL(req.Msg.Bucket, req.Msg.S3Key), err)
+		return fmt.Errorf("download %s: remove temp file: %w", url, err)
+	}
+	if req.Run.Transition != "validate" || req.Resp == nil || req.Resp.LocalPath == "" || req.Resp.Checksum == "" {
+		return nil
+	}
+	f, err := RecordsOf(p.db).LayerFile(ctx, req.Resp.Checksum)
+	if err != nil {
+		return fmt.Errorf("download %s: layer row of %s: %w", url, req.Resp.Checksum, err)
+	}
+	if f != nil {
+		return nil
+	}
+	if err := os.Remove(req.Resp.LocalPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("download %s: remove rejected %s: %w", url, req.Resp.LocalPath, err)
 	}
 	return nil
 }
