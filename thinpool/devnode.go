@@ -75,3 +75,48 @@ func blockDevNumber(path string) (uint64, error) {
 	}
 	return st.Rdev, nil
 }
+
+// removeStaleNodes removes the block nodes in MapperDir named with prefix
+// that no device-mapper device of that name and device number stands
+// behind: what a deactivation cut between the kernel's removal and the
+// node's leaves, naming a device number a later device may take. A name
+// the kernel still has is asked again just before its node goes, so a
+// device activated meanwhile keeps its node. Symlinks (udev's) are left
+// alone. It returns the names whose nodes it removed.
+func (p *Pool) removeStaleNodes(prefix string) ([]string, error) {
+	entries, err := os.ReadDir(MapperDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", MapperDir, err)
+	}
+	var (
+		removed []string
+		errs    []error
+	)
+	for _, e := range entries {
+		name := e.Name()
+		if len(name) <= len(prefix) || name[:len(prefix)] != prefix || e.Type()&os.ModeType != os.ModeDevice {
+			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(filepath.Join(MapperDir, name), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFBLK {
+			continue
+		}
+		info, err := p.ctl.info(name)
+		switch {
+		case err == nil && info.Dev == st.Rdev:
+			continue
+		case err != nil && !errors.Is(err, unix.ENXIO):
+			errs = append(errs, fmt.Errorf("stale node %s: %w", DevicePath(name), err))
+			continue
+		}
+		if err := removeNode(name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, name)
+	}
+	return removed, errors.Join(errs...)
+}

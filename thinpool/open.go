@@ -84,6 +84,14 @@ func Open(ctx context.Context, cfg Config) (*Pool, error) {
 	if _, err := ensureNode(p.name, p.dev); err != nil {
 		return nil, fmt.Errorf("thinpool: open pool %q: %w", p.name, err)
 	}
+	// A start follows whatever stopped the last run, a kill inside
+	// Deactivate included: the nodes of this pool's names that outlived
+	// their devices go before anything opens them.
+	if removed, err := p.removeStaleNodes(p.name + "-"); err != nil {
+		lg.WithError(err).Warn("thinpool: removing device nodes left without their devices")
+	} else if len(removed) > 0 {
+		lg.WithField("names", strings.Join(removed, ",")).Info("thinpool: removed device nodes left without their devices")
+	}
 	return p, nil
 }
 
