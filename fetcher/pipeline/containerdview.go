@@ -290,32 +290,40 @@ func (p *Pipelines) removeActivationsOf(ctx context.Context, parent string) erro
 // (Records.PruneOrphans) and deletes the layer files no record needs any
 // more, and those no layer row names at all (a download that failed after
 // renaming its file into place). containerd's garbage collection calls it
-// through Cleanup; it is safe to call at any time. While a pull is under
-// way it keeps object records and layer files (the result says Deferred):
-// the pull may have found them already downloaded and be about to unpack
-// them.
+// through Cleanup; it is safe to call at any time. It keeps the object
+// records and layer files a live run or a pull under way may still read
+// (the pulls' objects are held from before their downloads start, so a
+// pull that found them already downloaded keeps them until it ends). The
+// files no layer row names it removes only while no pull is under way and
+// no run is live (otherwise the result says Deferred): a download's file
+// is in place before its row.
 func (p *Pipelines) Prune(ctx context.Context) (PruneResult, error) {
-	files := p.files.TryLock()
-	if files {
-		defer p.files.Unlock()
-	}
-	res, err := RecordsOf(p.db).PruneOrphans(ctx, files)
+	res, stamps, err := RecordsOf(p.db).pruneOrphans(ctx, pruneBatch, true, p.objectHolds.ids)
 	if err != nil {
 		return res, fmt.Errorf("prune: %w", err)
 	}
 	var errs []error
-	for _, path := range res.LayerPaths {
-		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("prune: remove layer file %s: %w", path, err))
+	for i, path := range res.LayerPaths {
+		if err := removeLayerFile(path, stamps[i]); err != nil {
+			errs = append(errs, fmt.Errorf("prune: %w", err))
 		}
 	}
-	if files && !res.Deferred {
-		// p.files is held and no run was live: no download is between
-		// renaming its file into place and recording it.
-		n, err := p.removeStrayLayerFiles(ctx)
-		res.StrayFiles = n
-		if err != nil {
+	res.Deferred = true
+	if p.files.TryLock() {
+		defer p.files.Unlock()
+		live, err := RecordsOf(p.db).LiveRuns(ctx)
+		switch {
+		case err != nil:
 			errs = append(errs, fmt.Errorf("prune: %w", err))
+		case live == 0:
+			// p.files is held and no run is live: no download is between
+			// renaming its file into place and recording it.
+			res.Deferred = false
+			n, err := p.removeStrayLayerFiles(ctx)
+			res.StrayFiles = n
+			if err != nil {
+				errs = append(errs, fmt.Errorf("prune: %w", err))
+			}
 		}
 	}
 	if res.Chains+res.Images+res.Objects+len(res.LayerPaths)+res.StrayFiles > 0 {
@@ -324,6 +332,27 @@ func (p *Pipelines) Prune(ctx context.Context) (PruneResult, error) {
 			WithField("deferred", res.Deferred).Info("pruned records of removed snapshots")
 	}
 	return res, errors.Join(errs...)
+}
+
+// removeLayerFile removes the file at path of a layer row just deleted,
+// unless it is not the file that row recorded (stamp, when recorded): a
+// download of the same content, under another key, renames its own file
+// onto that path before it records it, and that one is not stray.
+func removeLayerFile(path string, stamp fileID) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("remove layer file %s: %w", path, err)
+	}
+	if stamp != (fileID{}) && stampOf(fi) != stamp {
+		return nil
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove layer file %s: %w", path, err)
+	}
+	return nil
 }
 
 // removeStrayLayerFiles removes the files in blobs/sha256 that no layer row

@@ -784,3 +784,49 @@ func wantPullStopped(t *testing.T, pulled <-chan error) {
 		t.Fatal("the pull the stop cut has not returned 30 s after the stop")
 	}
 }
+
+// TestPruneWhileAnotherPullIsUnderWay: on a host where some pull is
+// always under way, a prune still forgets the objects of an image
+// containerd removed and deletes their layer files, and keeps those of the
+// pull under way, which then succeeds.
+func TestPruneWhileAnotherPullIsUnderWay(t *testing.T) {
+	e := newPullEnv(t, nil)
+	ctx := context.Background()
+	oldTar := layerTar(t, "o1", 3000)
+	e.srv.Put(t, "old/1.tar", oldTar)
+	old := e.mustPull("old/", "old")
+	oldFile := e.p.blobPath(sha(oldTar))
+	if _, err := os.Stat(oldFile); err != nil {
+		t.Fatalf("layer file of the first image: %v", err)
+	}
+	for _, key := range []string{old.Snapshot.SnapshotName, old.Layers[0].ChainID} {
+		if err := e.sn.Remove(ctx, key); err != nil {
+			t.Fatalf("remove %s: %v", key, err)
+		}
+	}
+
+	e.srv.Put(t, "new/1.tar", layerTar(t, "n1", 3000))
+	e.srv.Put(t, "new/2.tar", layerTar(t, "n2", 3000))
+	var during PruneResult // summed over the prunes, one per layer awaited
+	e.p.hooks = map[string]func(){"download:awaited": func() {
+		res, err := e.p.Prune(ctx)
+		if err != nil {
+			t.Errorf("prune during the pull: %v", err)
+		}
+		during.Objects += res.Objects
+		during.LayerPaths = append(during.LayerPaths, res.LayerPaths...)
+	}}
+	res, err := e.pull("new/", "new")
+	if err != nil {
+		t.Fatalf("pull with a prune between its downloads and its unpack: %v", err)
+	}
+	if during.Objects != 1 || len(during.LayerPaths) != 1 || during.LayerPaths[0] != oldFile {
+		t.Errorf("prune during another pull: %+v; want the removed image's object forgotten and its layer file %s deleted", during, oldFile)
+	}
+	if _, err := os.Stat(oldFile); !os.IsNotExist(err) {
+		t.Errorf("layer file %s of the removed image still there after the prune (%v)", oldFile, err)
+	}
+	if got := e.sn.readFile(t, res.Snapshot.SnapshotName, "etc/marker"); got != "n2" {
+		t.Errorf("pulled image shows marker %q, want n2", got)
+	}
+}

@@ -141,6 +141,12 @@ type Pipelines struct {
 	// (named as the predecessors of unpack runs) and their images'
 	// activate runs. Retention keeps them (Retain).
 	runHolds chainHolds
+	// objectHolds counts the s3:// URLs of the objects the pulls under way
+	// download or find downloaded, from before their download runs start
+	// or are joined until the pulls end: Prune keeps their records and
+	// layer files, which the pulls' unpack runs read once the downloads
+	// have ended.
+	objectHolds chainHolds
 	// validated holds the blobs this process validated while downloading
 	// them (local path → validatedFile).
 	validated sync.Map

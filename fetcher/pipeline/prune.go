@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -21,8 +22,9 @@ type PruneResult struct {
 	// deletes them once PruneOrphans has returned (the rows go first, so a
 	// crash leaves a stray file, never a row without its file).
 	LayerPaths []string
-	// Deferred is true when live runs kept the objects and layers part from
-	// running (a pull under way may be about to use them).
+	// Deferred is true when the objects and layers part did not run (files
+	// false), or, from Pipelines.Prune, when a pull under way or a live run
+	// kept it from looking for layer files no layer row names.
 	Deferred bool
 	// StrayFiles counts the files of the download directory's blobs that
 	// no layer row named, removed by Pipelines.Prune (PruneOrphans leaves
@@ -46,20 +48,48 @@ const pruneBatch = 500
 //   - images one of whose layers' chains is gone (their layers and names
 //     with them): the image cannot be activated again without a pull;
 //
-// then, only when files is true and no run is pending or running, the
-// object records no image's layer names, and the layer files no object
-// record names (otherwise the result is Deferred).
+// then, only when files is true (otherwise the result is Deferred), the
+// object records that no image's layer names and nothing under way may
+// still read (objectInUse), and the layer files no object record names.
+// Some run is live at almost any time on a busy host, so a live run keeps
+// only what it names, not everything.
 //
 // It works in transactions of at most pruneBatch rows, each step after the
 // one before it is done; an error or a crash half-way leaves records the
 // next call prunes (every step's rule reads the state, not a list made
 // earlier). The result counts what the committed batches removed.
 func (r Records) PruneOrphans(ctx context.Context, files bool) (PruneResult, error) {
-	return r.pruneOrphans(ctx, pruneBatch, files)
+	res, _, err := r.pruneOrphans(ctx, pruneBatch, files, nil)
+	return res, err
 }
 
-func (r Records) pruneOrphans(ctx context.Context, batch int, files bool) (PruneResult, error) {
-	var res PruneResult
+// objectInUse is true for the object record o that a live run names, or
+// whose s3:// URL is among the JSON array ?1 (the objects the pulls under
+// way in this process will read, Pipelines.objectHolds): a download of it
+// (which records it, or hands its recorded file on), an unpack of the layer
+// downloaded from it (which reads that file), an activate of an image
+// listing it (which records the image's layers). ?2, ?3 and ?4 are the
+// download, unpack and activate machines' names.
+const objectInUse = `('s3://' || o.bucket || '/' || o.key IN (SELECT value FROM json_each(?1))
+	OR EXISTS (SELECT 1 FROM fsm_runs r WHERE r.state IN ('pending', 'running') AND (
+		(r.fsm = ?2 AND json_extract(r.request, '$.Bucket') = o.bucket AND json_extract(r.request, '$.S3Key') = o.key)
+		OR (r.fsm = ?3 AND json_extract(r.request, '$.s3_url') = 's3://' || o.bucket || '/' || o.key)
+		OR (r.fsm = ?4 AND substr(json_extract(r.request, '$.source'), 1, length(o.bucket) + 6) = 's3://' || o.bucket || '/'
+			AND EXISTS (SELECT 1 FROM json_each(r.request, '$.layers') j WHERE json_extract(j.value, '$.key') = o.key)))))`
+
+// pruneOrphans is PruneOrphans in transactions of at most batch rows,
+// returning besides the stat stamps the rows of res.LayerPaths recorded,
+// in the same order: a file found with another stamp was put there since
+// (a download of the same content) and is not the caller's to delete.
+// held, when set, lists the s3:// URLs of the objects the pulls under way
+// will read, read in each transaction (under its write lock, so that a
+// pull's hold taken before it starts or joins a download is seen by every
+// later batch).
+func (r Records) pruneOrphans(ctx context.Context, batch int, files bool, held func() []string) (PruneResult, []fileID, error) {
+	var (
+		res    PruneResult
+		stamps []fileID
+	)
 	// A chain row is written after its snapshot is committed, so a row
 	// without a committed snapshot was removed behind it. That snapshot is
 	// keyed by the chain ID, or is one containerd's unpacker committed
@@ -70,54 +100,67 @@ func (r Records) pruneOrphans(ctx context.Context, batch int, files bool) (Prune
 		AND NOT EXISTS (SELECT 1 FROM cd_snapshots c WHERE json_extract(c.labels, '$."containerd.io/snapshot.ref"') = chains.chain_id
 			AND c.kind = 'committed' AND substr(c.key, -length(chains.chain_id) - 1) = '/' || chains.chain_id)
 		AND NOT ` + fmt.Sprintf(liveRunOn, "chains.chain_id") + ` LIMIT ?)`
-	if err := r.pruneBatches(ctx, batch, &res.Chains, false, &res, func(tx *sql.Tx) (int, error) {
+	if err := r.pruneBatches(ctx, batch, &res.Chains, &res, func(tx *sql.Tx) (int, error) {
 		return execCount(ctx, tx, chains, batch)
 	}); err != nil {
-		return res, fmt.Errorf("pipeline: prune chains: %w", err)
+		return res, nil, fmt.Errorf("pipeline: prune chains: %w", err)
 	}
 	images := `DELETE FROM s3_images WHERE image_id IN (SELECT DISTINCT il.image_id FROM image_layers il
 		WHERE NOT EXISTS (SELECT 1 FROM chains c WHERE c.chain_id = il.chain_id)
 		AND NOT ` + fmt.Sprintf(liveRunOn, "il.image_id") + ` LIMIT ?)`
-	if err := r.pruneBatches(ctx, batch, &res.Images, false, &res, func(tx *sql.Tx) (int, error) {
+	if err := r.pruneBatches(ctx, batch, &res.Images, &res, func(tx *sql.Tx) (int, error) {
 		return execCount(ctx, tx, images, batch)
 	}); err != nil {
-		return res, fmt.Errorf("pipeline: prune images: %w", err)
+		return res, nil, fmt.Errorf("pipeline: prune images: %w", err)
 	}
 	if !files {
 		res.Deferred = true
-		return res, nil
+		return res, nil, nil
 	}
-	objects := `DELETE FROM s3_objects WHERE rowid IN (SELECT rowid FROM s3_objects WHERE NOT EXISTS
+	objects := `DELETE FROM s3_objects WHERE rowid IN (SELECT o.rowid FROM s3_objects o WHERE NOT EXISTS
 		(SELECT 1 FROM image_layers il JOIN s3_images i ON i.image_id = il.image_id
-		  WHERE il.key = s3_objects.key
-		    AND substr(i.source, 1, length(s3_objects.bucket) + 6) = 's3://' || s3_objects.bucket || '/') LIMIT ?)`
-	if err := r.pruneBatches(ctx, batch, &res.Objects, true, &res, func(tx *sql.Tx) (int, error) {
-		return execCount(ctx, tx, objects, batch)
+		  WHERE il.key = o.key
+		    AND substr(i.source, 1, length(o.bucket) + 6) = 's3://' || o.bucket || '/')
+		AND NOT ` + objectInUse + ` LIMIT ?5)`
+	if err := r.pruneBatches(ctx, batch, &res.Objects, &res, func(tx *sql.Tx) (int, error) {
+		ids := []string{}
+		if held != nil {
+			ids = append(ids, held()...)
+		}
+		h, err := json.Marshal(ids)
+		if err != nil {
+			return 0, fmt.Errorf("objects held by pulls: %w", err)
+		}
+		return execCount(ctx, tx, objects, string(h), api.FSMDownload, api.FSMUnpack, api.FSMActivate, batch)
 	}); err != nil {
-		return res, fmt.Errorf("pipeline: prune objects: %w", err)
-	}
-	if res.Deferred {
-		return res, nil
+		return res, nil, fmt.Errorf("pipeline: prune objects: %w", err)
 	}
 	// A layer file is found only through an object record (check-exists
 	// reads the object, then the file by its digest; a rebuild downloads
 	// again), so a file no object names is of no use, whichever chains
 	// stand on its layer.
-	unused := `SELECT digest, path FROM layers WHERE NOT EXISTS (SELECT 1 FROM s3_objects o WHERE o.digest = layers.digest) LIMIT ?`
+	unused := `SELECT digest, path, stat_size, stat_mtime_ns, stat_ino FROM layers
+		WHERE NOT EXISTS (SELECT 1 FROM s3_objects o WHERE o.digest = layers.digest) LIMIT ?`
 	var layers int
-	if err := r.pruneBatches(ctx, batch, &layers, true, &res, func(tx *sql.Tx) (int, error) {
+	if err := r.pruneBatches(ctx, batch, &layers, &res, func(tx *sql.Tx) (int, error) {
 		rows, err := tx.QueryContext(ctx, unused, batch)
 		if err != nil {
 			return 0, err
 		}
-		var digests, paths []string
+		var (
+			digests, paths []string
+			found          []fileID
+		)
 		for rows.Next() {
-			var digest, path string
-			if err := rows.Scan(&digest, &path); err != nil {
+			var (
+				digest, path string
+				st           fileID
+			)
+			if err := rows.Scan(&digest, &path, &st.size, &st.mtimeNs, &st.ino); err != nil {
 				rows.Close()
 				return 0, err
 			}
-			digests, paths = append(digests, digest), append(paths, path)
+			digests, paths, found = append(digests, digest), append(paths, path), append(found, st)
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
@@ -130,32 +173,22 @@ func (r Records) pruneOrphans(ctx context.Context, batch int, files bool) (Prune
 		}
 		// Kept only once the batch commits (see pruneBatches).
 		res.LayerPaths = append(res.LayerPaths, paths...)
+		stamps = append(stamps, found...)
 		return len(digests), nil
 	}); err != nil {
-		return res, fmt.Errorf("pipeline: prune layers: %w", err)
+		// A batch that did not commit took its paths back, not its stamps.
+		return res, stamps[:len(res.LayerPaths)], fmt.Errorf("pipeline: prune layers: %w", err)
 	}
-	return res, nil
+	return res, stamps, nil
 }
 
 // pruneBatches runs step, one write transaction each, until it removes
 // fewer than batch rows, adding what committed batches removed to *count.
-// When idle is true a batch first checks that no run is pending or
-// running; if one is, it stops and marks res deferred.
-func (r Records) pruneBatches(ctx context.Context, batch int, count *int, idle bool, res *PruneResult, step func(tx *sql.Tx) (int, error)) error {
+func (r Records) pruneBatches(ctx context.Context, batch int, count *int, res *PruneResult, step func(tx *sql.Tx) (int, error)) error {
 	for {
 		paths := len(res.LayerPaths)
-		n, deferred := 0, false
+		n := 0
 		err := r.db.WithTx(ctx, func(tx *sql.Tx) error {
-			if idle {
-				var live int
-				if err := tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM fsm_runs WHERE state IN ('pending', 'running')`).Scan(&live); err != nil {
-					return fmt.Errorf("live runs: %w", err)
-				}
-				if live > 0 {
-					deferred = true
-					return nil
-				}
-			}
 			var err error
 			n, err = step(tx)
 			return err
@@ -163,10 +196,6 @@ func (r Records) pruneBatches(ctx context.Context, batch int, count *int, idle b
 		if err != nil {
 			res.LayerPaths = res.LayerPaths[:paths]
 			return err
-		}
-		if deferred {
-			res.Deferred = true
-			return nil
 		}
 		*count += n
 		if n < batch {

@@ -3,11 +3,15 @@ package pipeline
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest"
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/metadata/metadatatest/seed"
@@ -99,16 +103,17 @@ func TestPruneOrphansAfterGC(t *testing.T) {
 }
 
 // TestPruneOrphansWaitsForLiveRuns: a chain a live run is making again is
-// kept, and so is an image a live run is pulling; objects and layer files
-// nobody refers to may belong to a pull under way, so they stay while any
-// run is live.
+// kept, and so is an image a live run is pulling; an object nobody lists
+// any more, with its layer file, is kept while a live run names it (a
+// download of it, an unpack of its layer, an activate of an image listing
+// it), and only then: on a busy host some run is live at almost any time.
 func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
 	w, db := pruneWorld(t)
 	ctx := context.Background()
 	t0 := time.Unix(1_800_000_000, 0)
-	live := func(id, fsm, idem, state string) {
+	live := func(id, fsm, idem, state, request string) {
 		t.Helper()
-		if err := seed.InsertRun(ctx, db, seed.Run{ID: id, FSM: fsm, IdempotencyID: idem, State: state, Created: t0}); err != nil {
+		if err := seed.InsertRun(ctx, db, seed.Run{ID: id, FSM: fsm, IdempotencyID: idem, State: state, Created: t0, Request: request}); err != nil {
 			t.Fatalf("insert run %s: %v", id, err)
 		}
 	}
@@ -118,36 +123,43 @@ func TestPruneOrphansWaitsForLiveRuns(t *testing.T) {
 	}
 
 	// An unpack of c-b is under way: nothing of s3-b goes.
-	live("unpack", "unpack-layer", "sha256:c-b", "running")
-	checkPrune(t, db, "prune while c-b is being unpacked", PruneResult{Deferred: true})
+	live("unpack", "unpack-layer", "sha256:c-b", "running", "")
+	checkPrune(t, db, "prune while c-b is being unpacked", PruneResult{})
 	if !w.Has("chains", "chain_id = 'sha256:c-b'") {
 		t.Errorf("chain c-b was forgotten while a run was making it")
 	}
 	finish("unpack")
 
 	// A pull of s3-b is pending: the chain goes, the image stays.
-	live("pull", "pull-image", "s3-b", "pending")
-	checkPrune(t, db, "prune while s3-b is being pulled", PruneResult{Chains: 1, Deferred: true})
+	live("pull", "pull-image", "s3-b", "pending", "")
+	checkPrune(t, db, "prune while s3-b is being pulled", PruneResult{Chains: 1})
 	if !w.Has("s3_images", "image_id = 's3-b'") {
 		t.Errorf("image s3-b was forgotten while a run was pulling it")
 	}
 	finish("pull")
 
-	// Another download is running: the image goes, its objects and layer
-	// file wait.
-	live("dl", "download-layer", "s3://bkt/z.tar", "running")
-	checkPrune(t, db, "prune with an unrelated live run", PruneResult{Images: 1, Deferred: true})
-	if !w.Has("s3_objects", "bucket = 'bkt' AND key = 'b/2.tar'") {
-		t.Errorf("object b/2.tar pruned while a run was live")
+	// A download of b/2.tar, an unpack of the layer downloaded from it and
+	// an activate of an image listing it are live, and an unrelated
+	// download: the image goes, and b/1.tar (whose layer s3-a keeps), but
+	// b/2.tar and its layer file stay while any of the three is live.
+	live("other", api.FSMDownload, "obj-z", "running", `{"Bucket":"bkt","S3Key":"z.tar"}`)
+	live("dl", api.FSMDownload, "obj-b2", "running", `{"Bucket":"bkt","S3Key":"b/2.tar"}`)
+	live("up", api.FSMUnpack, "sha256:c-b2", "pending", `{"chain_id":"sha256:c-b2","s3_url":"s3://bkt/b/2.tar"}`)
+	live("act", api.FSMActivate, "s3-b2", "pending", `{"image_id":"s3-b2","source":"s3://bkt/b/","layers":[{"key":"b/2.tar"}]}`)
+	checkPrune(t, db, "prune with b/2.tar downloading", PruneResult{Images: 1, Objects: 1})
+	for _, run := range []string{"dl", "up", "act"} {
+		if !w.Has("s3_objects", "bucket = 'bkt' AND key = 'b/2.tar'") || !w.Has("layers", "digest = 'sha256:d-b'") {
+			t.Fatalf("object b/2.tar or its layer d-b pruned while run %s named it", run)
+		}
+		finish(run)
+		want := PruneResult{}
+		if run == "act" {
+			want = PruneResult{Objects: 1, LayerPaths: []string{seed.LayerPath("sha256:d-b")}}
+		}
+		checkPrune(t, db, "prune once run "+run+" ended", want)
 	}
-	if !w.Has("layers", "digest = 'sha256:d-b'") {
-		t.Errorf("layer d-b pruned while a run was live")
-	}
-	finish("dl")
-
-	// Idle: the rest goes.
-	checkPrune(t, db, "prune once idle", PruneResult{Objects: 2, LayerPaths: []string{seed.LayerPath("sha256:d-b")}})
 	checkAIntact(t, w)
+	finish("other")
 }
 
 // TestLiveRunsUsing: liveRunsUsing counts the live runs whose request names a chain, by a
@@ -204,7 +216,7 @@ func TestPruneOrphansInBatches(t *testing.T) {
 			}
 		}
 	}
-	res, err := RecordsOf(db).pruneOrphans(ctx, 2, true)
+	res, _, err := RecordsOf(db).pruneOrphans(ctx, 2, true, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,7 +227,7 @@ func TestPruneOrphansInBatches(t *testing.T) {
 	if res.LayerPaths = slices.Compact(res.LayerPaths); len(res.LayerPaths) != n {
 		t.Fatalf("layer paths repeat: %v", res.LayerPaths)
 	}
-	if res, err := RecordsOf(db).pruneOrphans(ctx, 2, true); err != nil || fmt.Sprint(res) != fmt.Sprint(PruneResult{}) {
+	if res, _, err := RecordsOf(db).pruneOrphans(ctx, 2, true, nil); err != nil || fmt.Sprint(res) != fmt.Sprint(PruneResult{}) {
 		t.Fatalf("second prune = %+v, %v; want nothing left", res, err)
 	}
 }
@@ -262,5 +274,90 @@ func TestPruneOrphansLayerFileOnlyWhileAnObjectNamesIt(t *testing.T) {
 		LayerPaths: []string{seed.LayerPath("sha256:d1"), seed.LayerPath("sha256:d-a")}})
 	if !w.Has("layers", "digest = 'sha256:gz1'") || !w.Has("chains", "chain_id = 'sha256:d1'") {
 		t.Errorf("s3-g's layer file or its chain was pruned")
+	}
+}
+
+// TestPruneOrphansBoundedOnABusyHost: a host that pulls a new version of
+// its images all the time, some run always live, while containerd removes
+// the old versions: the records and layer files pruning forgets stay
+// bounded by the images kept, however long the host runs.
+func TestPruneOrphansBoundedOnABusyHost(t *testing.T) {
+	db := metadatatest.Open(t)
+	w := seed.NewWorld(t, db)
+	ctx := context.Background()
+	t0 := time.Unix(1_800_000_000, 0)
+	const kept, versions = 5, 60
+	for v := range versions {
+		// The download of the next version is always under way.
+		w.Must(seed.InsertRun(ctx, db, seed.Run{ID: fmt.Sprintf("dl-%d", v), FSM: api.FSMDownload, IdempotencyID: fmt.Sprintf("obj-%d", v),
+			State: "running", Created: t0, Request: fmt.Sprintf(`{"Bucket":"bkt","S3Key":"app/v%d/2.tar"}`, v+1)}))
+		if v > 0 {
+			w.Must(seed.FinishRun(ctx, db, fmt.Sprintf("dl-%d", v-1), "complete", t0))
+		}
+		w.Pull(fmt.Sprintf("s3-v%d", v), fmt.Sprintf("s3://bkt/app/v%d/", v), fmt.Sprintf("app:v%d", v), seed.TwoLayers(fmt.Sprintf("app/v%d/", v), fmt.Sprintf("v%d", v))...)
+		if old := v - kept; old >= 0 {
+			w.RemoveSnapshot(seed.ActivationKey(fmt.Sprintf("s3-v%d", old)))
+			w.RemoveSnapshot(fmt.Sprintf("sha256:c-v%d", old))
+		}
+		if _, err := RecordsOf(db).PruneOrphans(ctx, true); err != nil {
+			t.Fatalf("prune after version %d: %v", v, err)
+		}
+	}
+	// Each kept image: two objects, its top layer; the bottom layer is
+	// shared by all.
+	if n, want := w.Count("s3_objects"), 2*kept; n != want {
+		t.Errorf("%d object records after %d versions, %d kept; want %d", n, versions, kept, want)
+	}
+	if n, want := w.Count("layers"), kept+1; n != want {
+		t.Errorf("%d layer records (and files) after %d versions, %d kept; want %d", n, versions, kept, want)
+	}
+}
+
+// TestRemoveLayerFileOnlyTheOneRecorded: a pruned layer row's file is
+// removed only while it is the file the row recorded; one a download of the
+// same content renamed onto that path since is that download's.
+func TestRemoveLayerFileOnlyTheOneRecorded(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "blob")
+	write := func() fileID {
+		t.Helper()
+		tmp := filepath.Join(dir, "tmp")
+		if err := os.WriteFile(tmp, []byte("layer"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return stampOf(fi)
+	}
+	recorded := write()
+	keep, err := os.Open(path) // the recorded file's inode stays in use, so the next one gets another
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer keep.Close()
+	write()
+	if err := removeLayerFile(path, recorded); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Errorf("file renamed onto the pruned row's path since it was recorded: %v; want it kept", err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := removeLayerFile(path, stampOf(fi)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the recorded file: %v; want it removed", err)
+	}
+	if err := removeLayerFile(path, fileID{}); err != nil {
+		t.Errorf("remove of a file already gone: %v", err)
 	}
 }

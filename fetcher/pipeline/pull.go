@@ -303,6 +303,7 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 		// is named as the predecessor of the layer's unpack run, and no
 		// retention pass may forget it before then.
 		defer p.runHolds.hold(dlIDs[i])()
+		defer p.objectHolds.hold(S3URL(req.Bucket, layers[i].Key))()
 		// Every layer above the bottom one may have to wait for its
 		// parent: its validation keeps its tar stream (spool.go).
 		if i > 0 {

@@ -166,7 +166,7 @@ func (r Records) retain(ctx context.Context, pol Retention, now time.Time, batch
 		q := `DELETE FROM fsm_runs WHERE run_id IN (SELECT r.run_id FROM fsm_runs r
 			WHERE ` + finishedRunFree + ` AND IFNULL(r.finished_at, r.updated_at) < ? LIMIT ?)`
 		cutoff := now.Add(-pol.RunsMaxAge).UnixNano()
-		if err := r.pruneBatches(ctx, batch, &res.Runs, false, &scratch, freeRuns(q, cutoff, batch)); err != nil {
+		if err := r.pruneBatches(ctx, batch, &res.Runs, &scratch, freeRuns(q, cutoff, batch)); err != nil {
 			return res, fmt.Errorf("pipeline: retention: finished runs older than %s: %w", pol.RunsMaxAge, err)
 		}
 	}
@@ -178,7 +178,7 @@ func (r Records) retain(ctx context.Context, pol Retention, now time.Time, batch
 				SELECT run_id FROM fsm_runs WHERE state IN ('complete', 'aborted', 'failed')
 				 ORDER BY IFNULL(finished_at, updated_at) DESC, run_id DESC LIMIT ?)
 			ORDER BY IFNULL(r.finished_at, r.updated_at), r.run_id LIMIT ?)`
-		if err := r.pruneBatches(ctx, batch, &res.Runs, false, &scratch, freeRuns(q, pol.RunsMaxCount, batch)); err != nil {
+		if err := r.pruneBatches(ctx, batch, &res.Runs, &scratch, freeRuns(q, pol.RunsMaxCount, batch)); err != nil {
 			return res, fmt.Errorf("pipeline: retention: finished runs beyond %d: %w", pol.RunsMaxCount, err)
 		}
 	}
@@ -189,7 +189,7 @@ func (r Records) retain(ctx context.Context, pol Retention, now time.Time, batch
 			  AND NOT ` + fmt.Sprintf(liveRunOn, "i.image_id") + `
 			  AND COALESCE(i.used_ns, i.created_ns) < ? LIMIT ?)`
 		cutoff := now.Add(-pol.FailedImagesMaxAge).UnixNano()
-		if err := r.pruneBatches(ctx, batch, &res.FailedImages, false, &scratch, func(tx *sql.Tx) (int, error) {
+		if err := r.pruneBatches(ctx, batch, &res.FailedImages, &scratch, func(tx *sql.Tx) (int, error) {
 			return execCount(ctx, tx, q, cutoff, batch)
 		}); err != nil {
 			return res, fmt.Errorf("pipeline: retention: failed images older than %s: %w", pol.FailedImagesMaxAge, err)
