@@ -347,6 +347,13 @@ type Options struct {
 	// before the commit, so usage alone shows it too late. While
 	// containerd writes a layer, Loop counts them as needed.
 	Pending func(ctx context.Context) (uint64, error)
+	// FilesInUse, when set, returns the digests of the layer files a pull
+	// under way or a live run may still read
+	// (pipeline.Pipelines.LayerFilesInUse), keeping the pulls from taking
+	// new ones until release is called: TrimTarballs then trims the rest
+	// while pulls are under way. Unset, it trims only when no pull other
+	// than the caller's is under way and no run is live.
+	FilesInUse func(ctx context.Context) (inUse map[string]bool, release func(), err error)
 	// TarballCache is the byte budget of the downloaded tarballs of
 	// unpacked layers (TrimTarballs, after every pull and every Interval);
 	// zero keeps none once unpacked. DefaultTarballCache is the daemon's

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/containerd/log"
@@ -39,18 +40,30 @@ type Trimmed struct {
 // never removed: a pull may still need it. Records stay, so a pull that
 // needs a removed file (its chain was removed meanwhile) downloads it
 // again, and a pull of an image still unpacked needs none (the pipelines
-// skip the layers unpacked as recorded). It does nothing while a run is
-// live or a pull other than one of image except is under way (that pull
-// could be about to use a file), and pulls wait for it to finish.
+// skip the layers unpacked as recorded). It keeps the tarballs a pull
+// under way or a live run may read (Options.FilesInUse), and pulls
+// starting meanwhile wait for it to finish; without FilesInUse it does
+// nothing while a run is live or a pull other than one of image except is
+// under way. A file that is not the one its row recorded (a download of the
+// same content renamed its own onto that path since) is left alone.
 func (c *Collector) TrimTarballs(ctx context.Context, except string) (Trimmed, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	release, ok := c.holdPulls(except)
-	if !ok {
-		return Trimmed{Skipped: "a pull is under way"}, nil
+	if ok {
+		defer release()
 	}
-	defer release()
-	if live, err := pipeline.RecordsOf(c.opts.DB).LiveRuns(ctx); err != nil {
+	var inUse map[string]bool
+	if c.opts.FilesInUse != nil {
+		used, done, err := c.opts.FilesInUse(ctx)
+		if err != nil {
+			return Trimmed{}, fmt.Errorf("gc: trim tarballs: %w", err)
+		}
+		defer done()
+		inUse = used
+	} else if !ok {
+		return Trimmed{Skipped: "a pull is under way"}, nil
+	} else if live, err := pipeline.RecordsOf(c.opts.DB).LiveRuns(ctx); err != nil {
 		return Trimmed{}, fmt.Errorf("gc: trim tarballs: %w", err)
 	} else if live > 0 {
 		return Trimmed{Skipped: fmt.Sprintf("%d run(s) pending or running", live)}, nil
@@ -86,6 +99,7 @@ func (c *Collector) TrimTarballs(ctx context.Context, except string) (Trimmed, e
 		path, digest string
 		size         int64
 		used         time.Time
+		file         *pipeline.LayerFile
 	}
 	var (
 		cands []cand
@@ -100,19 +114,22 @@ func (c *Collector) TrimTarballs(ctx context.Context, except string) (Trimmed, e
 		// A compressed tarball's digest is that of its compressed bytes;
 		// its layer, unpacked, is known by its diff ID.
 		used, unpacked := lastUse[cmp.Or(f.DiffID, f.Digest)]
-		if !unpacked {
+		if !unpacked || inUse[f.Digest] {
 			continue
 		}
 		if used.IsZero() {
 			used = f.CreatedAt
 		}
-		cands = append(cands, cand{path: f.Path, digest: f.Digest, size: fi.Size(), used: used})
+		cands = append(cands, cand{path: f.Path, digest: f.Digest, size: fi.Size(), used: used, file: f})
 	}
 	slices.SortStableFunc(cands, func(a, b cand) int { return a.used.Compare(b.used) })
 	var errs []error
 	for _, cd := range cands {
 		if tr.Kept <= c.opts.TarballCache {
 			break
+		}
+		if !recordedFile(cd.file) {
+			continue
 		}
 		if err := os.Remove(cd.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("gc: remove tarball %s: %w", cd.path, err))
@@ -126,4 +143,18 @@ func (c *Collector) TrimTarballs(ctx context.Context, except string) (Trimmed, e
 			Info("gc: tarball of an unpacked layer removed from the download cache")
 	}
 	return tr, errors.Join(errs...)
+}
+
+// recordedFile reports whether f's file is the one its row recorded (size,
+// mtime and inode, when recorded) or is gone.
+func recordedFile(f *pipeline.LayerFile) bool {
+	if f.StatIno == 0 && f.StatMtimeNs == 0 {
+		return true
+	}
+	fi, err := os.Stat(f.Path)
+	if err != nil {
+		return errors.Is(err, os.ErrNotExist)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && fi.Size() == f.StatSize && fi.ModTime().UnixNano() == f.StatMtimeNs && st.Ino == f.StatIno
 }

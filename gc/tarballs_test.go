@@ -111,3 +111,44 @@ func TestTrimTarballsTrimsCompressedLayers(t *testing.T) {
 		}
 	}
 }
+
+// TestTrimTarballsWhileAPullIsUnderWay: on a host where some pull is
+// always under way, the tarball cache is still trimmed to its budget,
+// keeping the tarballs that pull or a live run may read (FilesInUse, here
+// a fake naming one) and holding off the pulls' new holds until the trim
+// is done.
+func TestTrimTarballsWhileAPullIsUnderWay(t *testing.T) {
+	ctx := context.Background()
+	released := false
+	inUse := map[string]bool{"sha256:diff-c-img1": true}
+	h := newHarness(t, 1000*mib, Options{TarballCache: 14, FilesInUse: func(context.Context) (map[string]bool, func(), error) {
+		return inUse, func() { released = true }, nil
+	}})
+	files := map[string][]string{}
+	for _, id := range []string{"img1", "img2", "img3"} {
+		files[id] = h.image(id, "name-"+id, layer{"c-" + id, mib})
+	}
+	for _, id := range []string{"img1", "img2", "img3"} { // img1 least recently used
+		if err := pipeline.RecordsOf(h.db).TouchImage(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	end := h.c.Begin("other")
+	defer end()
+	tr, err := h.c.TrimTarballs(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Files != 1 || tr.Kept != 14 || tr.Skipped != "" {
+		t.Errorf("trim during another pull = %+v; want img2's tarball removed, img1's (in use) and img3's kept", tr)
+	}
+	for id, fs := range files {
+		_, err := os.Stat(fs[0])
+		if removed, want := errors.Is(err, os.ErrNotExist), id == "img2"; removed != want {
+			t.Errorf("tarball of %s removed = %v, want %v", id, removed, want)
+		}
+	}
+	if !released {
+		t.Errorf("the hold FilesInUse took was not released")
+	}
+}

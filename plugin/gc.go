@@ -59,6 +59,7 @@ func (s *Service) newCollector(p *pipeline.Pipelines) (*gc.Collector, error) {
 	}
 	o.Usage, o.Glance = usage(s.Pool.Status), usage(s.Pool.Peek)
 	o.Guard = p.Guard
+	o.FilesInUse = p.LayerFilesInUse
 	o.Pending = gc.DirtyBytes
 	o.Prune = func(ctx context.Context) error {
 		_, err := p.Prune(ctx)

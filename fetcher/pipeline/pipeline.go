@@ -147,6 +147,10 @@ type Pipelines struct {
 	// layer files, which the pulls' unpack runs read once the downloads
 	// have ended.
 	objectHolds chainHolds
+	// objectGate is read-locked by a pull while it takes its objectHolds,
+	// and write-locked by LayerFilesInUse until its caller is done with
+	// the files: a pull that finds a file must have been seen holding it.
+	objectGate sync.RWMutex
 	// validated holds the blobs this process validated while downloading
 	// them (local path → validatedFile).
 	validated sync.Map

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/flyio-snapshotter/containerd-flyio-snapshotter/api"
 )
@@ -238,6 +239,40 @@ func (r Records) strayLayerFiles(ctx context.Context, dir string) ([]string, err
 		stray = append(stray, path)
 	}
 	return stray, nil
+}
+
+// LayerFilesInUse returns the digests of the layer files a pull under way
+// or a live run may still read: those of the objects they name
+// (objectInUse), and the files live downloads have checkpointed before
+// recording them. Until release is called, pulls wait before holding
+// their objects, so a file missing from the answer is none a pull found
+// downloaded; its download will find it gone and download again. The
+// caller removes files meanwhile, and releases promptly.
+func (p *Pipelines) LayerFilesInUse(ctx context.Context) (inUse map[string]bool, release func(), err error) {
+	p.objectGate.Lock()
+	var once sync.Once
+	release = func() { once.Do(p.objectGate.Unlock) }
+	h, err := json.Marshal(append([]string{}, p.objectHolds.ids()...))
+	if err != nil {
+		release()
+		return nil, nil, fmt.Errorf("pipeline: objects held by pulls: %w", err)
+	}
+	digests, err := queryAll(ctx, p.db.Statements(), "layer files in use", func(s rowScanner) (string, error) {
+		var d string
+		return d, s.Scan(&d)
+	}, `SELECT o.digest FROM s3_objects o WHERE `+objectInUse+`
+		UNION SELECT json_extract(response, '$.checksum') FROM fsm_runs
+		 WHERE fsm = ?2 AND state IN ('pending', 'running') AND json_extract(response, '$.checksum') IS NOT NULL`,
+		string(h), api.FSMDownload, api.FSMUnpack, api.FSMActivate)
+	if err != nil {
+		release()
+		return nil, nil, err
+	}
+	inUse = make(map[string]bool, len(digests))
+	for _, d := range digests {
+		inUse[d] = true
+	}
+	return inUse, release, nil
 }
 
 // LiveRuns counts the FSM runs pending or running.

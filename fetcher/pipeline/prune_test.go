@@ -361,3 +361,52 @@ func TestRemoveLayerFileOnlyTheOneRecorded(t *testing.T) {
 		t.Errorf("remove of a file already gone: %v", err)
 	}
 }
+
+// TestLayerFilesInUse: the layer files a pull under way holds, or a live
+// run names, are in use; pulls wait to hold objects until the caller
+// releases.
+func TestLayerFilesInUse(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, 0)
+	data := imageTar(t, 4<<10, 3)
+	e.srv.Put(t, "s/1.tar", data)
+	resp, _, err := e.download("s/1.tar")
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(what string, want bool) {
+		t.Helper()
+		inUse, release, err := e.p.LayerFilesInUse(ctx)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if e.p.objectGate.TryRLock() {
+			t.Errorf("%s: a pull could hold objects before the release", what)
+		}
+		release()
+		if !e.p.objectGate.TryRLock() {
+			t.Errorf("%s: pulls still kept from holding objects after the release", what)
+		} else {
+			e.p.objectGate.RUnlock()
+		}
+		if inUse[resp.Checksum] != want {
+			t.Errorf("%s: layer file in use = %v, want %v", what, inUse[resp.Checksum], want)
+		}
+	}
+	check("nothing under way", false)
+	release := e.p.objectHolds.hold(resp.S3URL)
+	check("a pull holding the object", true)
+	release()
+	if err := seed.InsertRun(ctx, e.db, seed.Run{ID: "dl", FSM: api.FSMDownload, IdempotencyID: "obj-x", State: "running",
+		Created: time.Unix(1_800_000_000, 0), Request: `{"Bucket":"other","S3Key":"k"}`}); err != nil {
+		t.Fatal(err)
+	}
+	check("a live download of another object", false)
+	if err := e.db.WithTx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `UPDATE fsm_runs SET response = json_object('checksum', ?) WHERE run_id = 'dl'`, resp.Checksum)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	check("a live download that downloaded the same content", true)
+}

@@ -297,6 +297,9 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 		l := layers[i]
 		return &DownloadRequest{Bucket: req.Bucket, S3Key: l.Key, Size: l.Size, ETag: l.ETag}
 	}
+	// A trim of the tarball cache under way (LayerFilesInUse) finishes
+	// before the objects are held: their downloads then find what it left.
+	p.objectGate.RLock()
 	for i := len(known); i < len(layers); i++ {
 		dlIDs[i] = objectRunID(downloadRequest(i))
 		// Held before its run is started or joined: once ended, the run
@@ -310,6 +313,7 @@ func (p *Pipelines) runPipelines(ctx context.Context, req api.PullRequest, sourc
 			defer p.wantSpool(ctx, dlIDs[i])()
 		}
 	}
+	p.objectGate.RUnlock()
 	startDownload := func(i int) {
 		defer close(dlStarted[i])
 		runID, err := p.startDownload(ctx, dlIDs[i], downloadRequest(i), fsm.WithQueue(QueueDownloads), fsm.WithParent(parent))
