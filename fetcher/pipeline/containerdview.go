@@ -298,7 +298,7 @@ func (p *Pipelines) removeActivationsOf(ctx context.Context, parent string) erro
 // no run is live (otherwise the result says Deferred): a download's file
 // is in place before its row.
 func (p *Pipelines) Prune(ctx context.Context) (PruneResult, error) {
-	res, stamps, err := RecordsOf(p.db).pruneOrphans(ctx, pruneBatch, true, p.objectHolds.ids)
+	res, stamps, err := RecordsOf(p.db).pruneOrphans(ctx, pruneBatch, true, p.objectHolds.ids, p.heldRunIDs)
 	if err != nil {
 		return res, fmt.Errorf("prune: %w", err)
 	}

@@ -830,3 +830,41 @@ func TestPruneWhileAnotherPullIsUnderWay(t *testing.T) {
 		t.Errorf("pulled image shows marker %q, want n2", got)
 	}
 }
+
+// TestPruneSparesAPullWhoseObjectChanged: a pull between its downloads
+// and its unpack still reads the files it downloaded after another pull
+// recorded its objects' new content under the same keys (the objects were
+// overwritten in S3); a prune then keeps those files, and the pull
+// succeeds.
+func TestPruneSparesAPullWhoseObjectChanged(t *testing.T) {
+	e := newPullEnv(t, nil)
+	ctx := context.Background()
+	e.srv.Put(t, "chg/1.tar", layerTar(t, "c1", 3000))
+	e.srv.Put(t, "chg/2.tar", layerTar(t, "c2", 3000))
+	var removed []string
+	e.p.hooks = map[string]func(){"download:awaited": func() {
+		// What a pull of the overwritten objects records.
+		for _, k := range []string{"1", "2"} {
+			path := filepath.Join(t.TempDir(), "new")
+			if err := os.WriteFile(path, []byte("new content"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := RecordsOf(e.db).StoreDownload(ctx, Object{Bucket: e.srv.Bucket, Key: "chg/" + k + ".tar", ETag: `"new"`, SizeBytes: 11, Digest: "sha256:new" + k},
+				LayerFile{Digest: "sha256:new" + k, Path: path, SizeBytes: 11}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		res, err := e.p.Prune(ctx)
+		if err != nil {
+			t.Errorf("prune during the pull: %v", err)
+		}
+		removed = append(removed, res.LayerPaths...)
+	}}
+	res, err := e.pull("chg/", "chg")
+	if err != nil {
+		t.Fatalf("pull with its objects recorded anew and a prune between its downloads and its unpack: %v (the prune removed %v)", err, removed)
+	}
+	if got := e.sn.readFile(t, res.Snapshot.SnapshotName, "etc/marker"); got != "c2" {
+		t.Errorf("pulled image shows marker %q, want c2", got)
+	}
+}

@@ -60,7 +60,7 @@ const pruneBatch = 500
 // next call prunes (every step's rule reads the state, not a list made
 // earlier). The result counts what the committed batches removed.
 func (r Records) PruneOrphans(ctx context.Context, files bool) (PruneResult, error) {
-	res, _, err := r.pruneOrphans(ctx, pruneBatch, files, nil)
+	res, _, err := r.pruneOrphans(ctx, pruneBatch, files, nil, nil)
 	return res, err
 }
 
@@ -78,15 +78,30 @@ const objectInUse = `('s3://' || o.bucket || '/' || o.key IN (SELECT value FROM 
 		OR (r.fsm = ?4 AND substr(json_extract(r.request, '$.source'), 1, length(o.bucket) + 6) = 's3://' || o.bucket || '/'
 			AND EXISTS (SELECT 1 FROM json_each(r.request, '$.layers') j WHERE json_extract(j.value, '$.key') = o.key)))))`
 
+// handedOnFiles selects the digests of the layer files download runs
+// handed on that something may still read by name from their responses:
+// the run's own, while live; the unpack run that waits for it; the pull
+// that holds it (its idempotency id among the JSON array %s). Such a file
+// is kept even once its object was recorded with other content (the
+// object was overwritten, and pulled again). ?2 is the download machine's
+// name.
+const handedOnFiles = `SELECT json_extract(d.response, '$.checksum') FROM fsm_runs d
+	WHERE d.fsm = ?2 AND json_extract(d.response, '$.checksum') IS NOT NULL AND (
+		d.state IN ('pending', 'running')
+		OR d.idempotency_id IN (SELECT value FROM json_each(%s))
+		OR EXISTS (SELECT 1 FROM fsm_runs l WHERE l.state IN ('pending', 'running')
+			AND ' ' || l.run_after || ' ' LIKE '%% ' || d.run_id || ' %%'))`
+
 // pruneOrphans is PruneOrphans in transactions of at most batch rows,
 // returning besides the stat stamps the rows of res.LayerPaths recorded,
 // in the same order: a file found with another stamp was put there since
 // (a download of the same content) and is not the caller's to delete.
 // held, when set, lists the s3:// URLs of the objects the pulls under way
-// will read, read in each transaction (under its write lock, so that a
-// pull's hold taken before it starts or joins a download is seen by every
-// later batch).
-func (r Records) pruneOrphans(ctx context.Context, batch int, files bool, held func() []string) (PruneResult, []fileID, error) {
+// will read, and heldRuns the idempotency ids of the runs they will read
+// (Pipelines.heldRunIDs), read in each transaction (under its write lock,
+// so that a pull's hold taken before it starts or joins a download is seen
+// by every later batch).
+func (r Records) pruneOrphans(ctx context.Context, batch int, files bool, held, heldRuns func() []string) (PruneResult, []fileID, error) {
 	var (
 		res    PruneResult
 		stamps []fileID
@@ -141,10 +156,19 @@ func (r Records) pruneOrphans(ctx context.Context, batch int, files bool, held f
 	// again), so a file no object names is of no use, whichever chains
 	// stand on its layer.
 	unused := `SELECT digest, path, stat_size, stat_mtime_ns, stat_ino FROM layers
-		WHERE NOT EXISTS (SELECT 1 FROM s3_objects o WHERE o.digest = layers.digest) LIMIT ?`
+		WHERE NOT EXISTS (SELECT 1 FROM s3_objects o WHERE o.digest = layers.digest)
+		AND digest NOT IN (` + fmt.Sprintf(handedOnFiles, "?1") + `) LIMIT ?3`
 	var layers int
 	if err := r.pruneBatches(ctx, batch, &layers, &res, func(tx *sql.Tx) (int, error) {
-		rows, err := tx.QueryContext(ctx, unused, batch)
+		ids := []string{}
+		if heldRuns != nil {
+			ids = append(ids, heldRuns()...)
+		}
+		h, err := json.Marshal(ids)
+		if err != nil {
+			return 0, fmt.Errorf("runs held by pulls: %w", err)
+		}
+		rows, err := tx.QueryContext(ctx, unused, string(h), api.FSMDownload, batch)
 		if err != nil {
 			return 0, err
 		}
@@ -243,8 +267,8 @@ func (r Records) strayLayerFiles(ctx context.Context, dir string) ([]string, err
 
 // LayerFilesInUse returns the digests of the layer files a pull under way
 // or a live run may still read: those of the objects they name
-// (objectInUse), and the files live downloads have checkpointed before
-// recording them. Until release is called, pulls wait before holding
+// (objectInUse), and the files download runs handed on to them
+// (handedOnFiles). Until release is called, pulls wait before holding
 // their objects, so a file missing from the answer is none a pull found
 // downloaded; its download will find it gone and download again. The
 // caller removes files meanwhile, and releases promptly.
@@ -252,18 +276,21 @@ func (p *Pipelines) LayerFilesInUse(ctx context.Context) (inUse map[string]bool,
 	p.objectGate.Lock()
 	var once sync.Once
 	release = func() { once.Do(p.objectGate.Unlock) }
-	h, err := json.Marshal(append([]string{}, p.objectHolds.ids()...))
+	objects, err := json.Marshal(append([]string{}, p.objectHolds.ids()...))
 	if err != nil {
 		release()
 		return nil, nil, fmt.Errorf("pipeline: objects held by pulls: %w", err)
 	}
+	runs, err := json.Marshal(append([]string{}, p.heldRunIDs()...))
+	if err != nil {
+		release()
+		return nil, nil, fmt.Errorf("pipeline: runs held by pulls: %w", err)
+	}
 	digests, err := queryAll(ctx, p.db.Statements(), "layer files in use", func(s rowScanner) (string, error) {
 		var d string
 		return d, s.Scan(&d)
-	}, `SELECT o.digest FROM s3_objects o WHERE `+objectInUse+`
-		UNION SELECT json_extract(response, '$.checksum') FROM fsm_runs
-		 WHERE fsm = ?2 AND state IN ('pending', 'running') AND json_extract(response, '$.checksum') IS NOT NULL`,
-		string(h), api.FSMDownload, api.FSMUnpack, api.FSMActivate)
+	}, `SELECT o.digest FROM s3_objects o WHERE `+objectInUse+` UNION `+fmt.Sprintf(handedOnFiles, "?5"),
+		string(objects), api.FSMDownload, api.FSMUnpack, api.FSMActivate, string(runs))
 	if err != nil {
 		release()
 		return nil, nil, err

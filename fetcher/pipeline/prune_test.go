@@ -216,7 +216,7 @@ func TestPruneOrphansInBatches(t *testing.T) {
 			}
 		}
 	}
-	res, _, err := RecordsOf(db).pruneOrphans(ctx, 2, true, nil)
+	res, _, err := RecordsOf(db).pruneOrphans(ctx, 2, true, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +227,7 @@ func TestPruneOrphansInBatches(t *testing.T) {
 	if res.LayerPaths = slices.Compact(res.LayerPaths); len(res.LayerPaths) != n {
 		t.Fatalf("layer paths repeat: %v", res.LayerPaths)
 	}
-	if res, _, err := RecordsOf(db).pruneOrphans(ctx, 2, true, nil); err != nil || fmt.Sprint(res) != fmt.Sprint(PruneResult{}) {
+	if res, _, err := RecordsOf(db).pruneOrphans(ctx, 2, true, nil, nil); err != nil || fmt.Sprint(res) != fmt.Sprint(PruneResult{}) {
 		t.Fatalf("second prune = %+v, %v; want nothing left", res, err)
 	}
 }
@@ -409,4 +409,11 @@ func TestLayerFilesInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("a live download that downloaded the same content", true)
+	if err := seed.FinishRun(ctx, e.db, "dl", "complete", time.Unix(1_800_000_001, 0)); err != nil {
+		t.Fatal(err)
+	}
+	check("a finished download that downloaded the same content", false)
+	release = e.p.runHolds.hold("obj-x")
+	check("a finished download a pull holds", true)
+	release()
 }
