@@ -78,19 +78,41 @@ const objectInUse = `('s3://' || o.bucket || '/' || o.key IN (SELECT value FROM 
 		OR (r.fsm = ?4 AND substr(json_extract(r.request, '$.source'), 1, length(o.bucket) + 6) = 's3://' || o.bucket || '/'
 			AND EXISTS (SELECT 1 FROM json_each(r.request, '$.layers') j WHERE json_extract(j.value, '$.key') = o.key)))))`
 
+// objectsInUse is a WITH clause naming in_use(bucket, key) the objects
+// objectInUse is true for, with the same arguments, found from the live
+// runs and the URLs held rather than by reading every object: an
+// s3://bucket/key URL's bucket is its first path segment, as is an
+// image source's.
+const objectsInUse = `WITH urls(rest) AS (
+		SELECT substr(value, 6) FROM json_each(?1) WHERE value LIKE 's3://%/%'
+		UNION ALL SELECT substr(json_extract(r.request, '$.s3_url'), 6) FROM fsm_runs r
+		 WHERE r.fsm = ?3 AND r.state IN ('pending', 'running') AND json_extract(r.request, '$.s3_url') LIKE 's3://%/%'),
+	sources(request, rest) AS (
+		SELECT r.request, substr(json_extract(r.request, '$.source'), 6) FROM fsm_runs r
+		 WHERE r.fsm = ?4 AND r.state IN ('pending', 'running') AND json_extract(r.request, '$.source') LIKE 's3://%/%'),
+	in_use(bucket, key) AS MATERIALIZED (
+		SELECT substr(rest, 1, instr(rest, '/') - 1), substr(rest, instr(rest, '/') + 1) FROM urls
+		UNION ALL SELECT json_extract(r.request, '$.Bucket'), json_extract(r.request, '$.S3Key') FROM fsm_runs r
+		 WHERE r.fsm = ?2 AND r.state IN ('pending', 'running')
+		UNION ALL SELECT substr(s.rest, 1, instr(s.rest, '/') - 1), json_extract(j.value, '$.key') FROM sources s CROSS JOIN json_each(s.request, '$.layers') j)`
+
 // handedOnFiles selects the digests of the layer files download runs
 // handed on that something may still read by name from their responses:
 // the run's own, while live; the unpack run that waits for it; the pull
 // that holds it (its idempotency id among the JSON array %s). Such a file
 // is kept even once its object was recorded with other content (the
 // object was overwritten, and pulled again). ?2 is the download machine's
-// name.
-const handedOnFiles = `SELECT json_extract(d.response, '$.checksum') FROM fsm_runs d
-	WHERE d.fsm = ?2 AND json_extract(d.response, '$.checksum') IS NOT NULL AND (
-		d.state IN ('pending', 'running')
-		OR d.idempotency_id IN (SELECT value FROM json_each(%s))
-		OR EXISTS (SELECT 1 FROM fsm_runs l WHERE l.state IN ('pending', 'running')
-			AND ' ' || l.run_after || ' ' LIKE '%% ' || d.run_id || ' %%'))`
+// name. Each part is looked up from the few live runs or ids held (run
+// ids are hex, so a run_after list is a JSON array once quoted).
+const handedOnFiles = `SELECT checksum FROM (
+	SELECT json_extract(d.response, '$.checksum') AS checksum FROM fsm_runs d
+	 WHERE d.fsm = ?2 AND d.state IN ('pending', 'running')
+	UNION ALL SELECT json_extract(d.response, '$.checksum') FROM fsm_runs d
+	 WHERE d.idempotency_id IN (SELECT value FROM json_each(%s)) AND d.fsm = ?2
+	UNION ALL SELECT json_extract(d.response, '$.checksum') FROM fsm_runs l
+	 CROSS JOIN json_each('["' || replace(l.run_after, ' ', '","') || '"]') a CROSS JOIN fsm_runs d
+	 WHERE l.state IN ('pending', 'running') AND l.run_after != '' AND d.run_id = a.value AND d.fsm = ?2)
+	WHERE checksum IS NOT NULL`
 
 // pruneOrphans is PruneOrphans in transactions of at most batch rows,
 // returning besides the stat stamps the rows of res.LayerPaths recorded,
@@ -289,7 +311,8 @@ func (p *Pipelines) LayerFilesInUse(ctx context.Context) (inUse map[string]bool,
 	digests, err := queryAll(ctx, p.db.Statements(), "layer files in use", func(s rowScanner) (string, error) {
 		var d string
 		return d, s.Scan(&d)
-	}, `SELECT o.digest FROM s3_objects o WHERE `+objectInUse+` UNION `+fmt.Sprintf(handedOnFiles, "?5"),
+	}, objectsInUse+` SELECT o.digest FROM in_use k CROSS JOIN s3_objects o ON o.bucket = k.bucket AND o.key = k.key
+		UNION `+fmt.Sprintf(handedOnFiles, "?5"),
 		string(objects), api.FSMDownload, api.FSMUnpack, api.FSMActivate, string(runs))
 	if err != nil {
 		release()

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -416,4 +417,46 @@ func TestLayerFilesInUse(t *testing.T) {
 	release = e.p.runHolds.hold("obj-x")
 	check("a finished download a pull holds", true)
 	release()
+}
+
+// TestLayerFilesInUseDoesNotGrowWithObjects: LayerFilesInUse, during
+// which pulls wait, looks up the objects the live runs name rather than
+// reading every object recorded: ten times as many objects cost about the
+// same, not ten times as much.
+func TestLayerFilesInUseDoesNotGrowWithObjects(t *testing.T) {
+	ctx := context.Background()
+	per := func(objects int) time.Duration {
+		e := newEnv(t, 0)
+		if err := e.db.WithTx(ctx, func(tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, `WITH RECURSIVE i(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM i WHERE n < ?)
+				INSERT INTO s3_objects (bucket, key, etag, size_bytes, digest, downloaded_ns)
+				SELECT 'bkt', 'k/' || n || '.tar', 'e', 1, 'sha256:' || n, 1 FROM i`, objects)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 50 {
+			if err := seed.InsertRun(ctx, e.db, seed.Run{ID: fmt.Sprint("r", i), FSM: api.FSMActivate, IdempotencyID: fmt.Sprint("i", i), State: "running",
+				Created: time.Unix(1_800_000_000, 0), Request: fmt.Sprintf(`{"source":"s3://bkt/k/","layers":[{"key":"k/%d.tar"}]}`, i+1)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The fastest of a few rounds: other processes share the machine.
+		best := time.Duration(math.MaxInt64)
+		for range 5 {
+			start := time.Now()
+			inUse, release, err := e.p.LayerFilesInUse(ctx)
+			release()
+			if err != nil || len(inUse) != 50 {
+				t.Fatalf("layer files in use among %d objects: %d, %v; want the 50 the activate runs list", objects, len(inUse), err)
+			}
+			best = min(best, time.Since(start))
+		}
+		return best
+	}
+	small, large := per(2000), per(20000)
+	t.Logf("layer files in use: %v among 2000 objects, %v among 20000", small, large)
+	if large > 4*small {
+		t.Errorf("layer files in use took %v among 20000 objects, %v among 2000: grows with the objects", large, small)
+	}
 }
