@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"syscall"
 	"time"
 
 	"github.com/containerd/log"
@@ -128,7 +127,9 @@ func (c *Collector) TrimTarballs(ctx context.Context, except string) (Trimmed, e
 		if tr.Kept <= c.opts.TarballCache {
 			break
 		}
-		if !recordedFile(cd.file) {
+		if ok, err := cd.file.Recorded(); err != nil || !ok {
+			// Another file put there since (a download of the same
+			// content): not this row's to remove.
 			continue
 		}
 		if err := os.Remove(cd.path); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -143,18 +144,4 @@ func (c *Collector) TrimTarballs(ctx context.Context, except string) (Trimmed, e
 			Info("gc: tarball of an unpacked layer removed from the download cache")
 	}
 	return tr, errors.Join(errs...)
-}
-
-// recordedFile reports whether f's file is the one its row recorded (size,
-// mtime and inode, when recorded) or is gone.
-func recordedFile(f *pipeline.LayerFile) bool {
-	if f.StatIno == 0 && f.StatMtimeNs == 0 {
-		return true
-	}
-	fi, err := os.Stat(f.Path)
-	if err != nil {
-		return errors.Is(err, os.ErrNotExist)
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	return ok && fi.Size() == f.StatSize && fi.ModTime().UnixNano() == f.StatMtimeNs && st.Ino == f.StatIno
 }

@@ -339,20 +339,36 @@ func (p *Pipelines) Prune(ctx context.Context) (PruneResult, error) {
 // download of the same content, under another key, renames its own file
 // onto that path before it records it, and that one is not stray.
 func removeLayerFile(path string, stamp fileID) error {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("remove layer file %s: %w", path, err)
-	}
-	if stamp != (fileID{}) && stampOf(fi) != stamp {
-		return nil
+	ours, err := recordedAt(path, stamp)
+	if err != nil || !ours {
+		return err
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove layer file %s: %w", path, err)
 	}
 	return nil
+}
+
+// recordedAt reports whether the file at path is the one stamp recorded
+// (any file, for a row that recorded none), or is gone: nothing another
+// download put there.
+func recordedAt(path string, stamp fileID) (bool, error) {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("layer file %s: %w", path, err)
+	}
+	return stamp == (fileID{}) || stampOf(fi) == stamp, nil
+}
+
+// Recorded reports whether the file at f.Path is the one f's row recorded
+// (its size, modification time and inode), or is gone: a file a download
+// of the same content renamed onto that path since is not the row's to
+// remove.
+func (f *LayerFile) Recorded() (bool, error) {
+	return recordedAt(f.Path, fileID{f.StatSize, f.StatMtimeNs, f.StatIno})
 }
 
 // removeStrayLayerFiles removes the files in blobs/sha256 that no layer row
