@@ -421,8 +421,10 @@ func TestLayerFilesInUse(t *testing.T) {
 
 // TestLayerFilesInUseDoesNotGrowWithObjects: LayerFilesInUse, during
 // which pulls wait, looks up the objects the live runs name rather than
-// reading every object recorded: ten times as many objects cost about the
-// same, not ten times as much.
+// reading every object recorded: fifty times as many objects cost about
+// the same, not fifty times as much. The margin allowed (ten times) is
+// far above what a busy machine adds to the fastest of five rounds, and
+// far below what reading every object costs.
 func TestLayerFilesInUseDoesNotGrowWithObjects(t *testing.T) {
 	ctx := context.Background()
 	per := func(objects int) time.Duration {
@@ -454,9 +456,9 @@ func TestLayerFilesInUseDoesNotGrowWithObjects(t *testing.T) {
 		}
 		return best
 	}
-	small, large := per(2000), per(20000)
-	t.Logf("layer files in use: %v among 2000 objects, %v among 20000", small, large)
-	if large > 4*small {
-		t.Errorf("layer files in use took %v among 20000 objects, %v among 2000: grows with the objects", large, small)
+	small, large := per(2000), per(100000)
+	t.Logf("layer files in use: %v among 2000 objects, %v among 100000", small, large)
+	if large > 10*small {
+		t.Errorf("layer files in use took %v among 100000 objects, %v among 2000: grows with the objects", large, small)
 	}
 }
