@@ -250,17 +250,17 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("fetcher: %w", err)
 	}
-	// abandon closes the pipelines of a start that fails, waiting for the
-	// runs Resume launched to end whatever ctx says: the failure is often
-	// ctx's own (a stop asked during start-up), and the daemon closes the
-	// pool and the database once StartFetcher returns.
-	abandon := func() {
+	// closePipelines closes p, for stop and for a start that fails,
+	// waiting for the runs Resume launched to end whatever ctx says: a
+	// failed start's cause is often ctx's own (a stop asked during
+	// start-up), and the daemon closes the pool and the database next.
+	closePipelines := func() {
 		if err := p.Close(context.WithoutCancel(ctx)); err != nil {
-			log.G(ctx).WithError(err).Warn("closing the pipelines of a start that failed")
+			log.G(ctx).WithError(err).Warn("closing the pipelines")
 		}
 	}
 	if err := p.Resume(ctx); err != nil {
-		abandon()
+		closePipelines()
 		return nil, fmt.Errorf("fetcher: resume: %w", err)
 	}
 	holdStart(ctx, "start-fetcher:resumed")
@@ -271,7 +271,7 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 	s.pipelines = p
 	col, err := s.newCollector(p)
 	if err != nil {
-		abandon()
+		closePipelines()
 		return nil, fmt.Errorf("fetcher: %w", err)
 	}
 	// The control socket is listened on before anything is started that
@@ -282,7 +282,7 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 	var lis net.Listener
 	if sock := s.Config.Daemon.ControlSocket; sock != "" {
 		if lis, err = s.listenControl(ctx, sock); err != nil {
-			abandon()
+			closePipelines()
 			return nil, fmt.Errorf("fetcher: control %w", err)
 		}
 	}
@@ -324,9 +324,7 @@ func (s *Service) StartFetcher(ctx context.Context) (stop func(), err error) {
 		cancel()
 		<-done
 		loops.Wait()
-		if err := p.Close(context.WithoutCancel(ctx)); err != nil {
-			log.G(ctx).WithError(err).Warn("closing the pipelines")
-		}
+		closePipelines()
 	}, nil
 }
 
